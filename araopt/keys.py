@@ -1,0 +1,264 @@
+"""Aggregation keys: (slice, query) <-> 128-bit ARA bucket, and the declared key domain.
+
+Bit layout of a bucket (most significant first, documented in the README)::
+
+    [ slice column 1 | slice column 2 | ... | slice column k | query code (8 bits) ]
+
+Each slice column occupies ceil(log2(#values)) bits (at least 1) holding the index of the value in
+that column's dictionary (its distinct values in the domain, sorted). The query code is 0 for the
+bottom key (the count key for the baseline encoding) and l for value query l (1-based, params order).
+Impression-side columns are set by the source key piece, conversion-side columns and the query
+code by the trigger key piece; OR-ing the two pieces, as the browser does, gives the bucket.
+
+Dense key ids (what the core and the pipeline aggregate over) are ``slice_index * (d+1) + column``
+with ``column`` the encoder's output column (queries in order, then bottom/count).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+QUERY_BITS = 8
+MAX_BUCKET_BITS = 128
+BOTTOM_NAME = "bottom"
+COUNT_NAME = "count"
+KEYMAP_FORMAT_VERSION = "1.0"
+
+
+def _to_python(values: Sequence[Any]) -> list[Any]:
+    out = []
+    for v in values:
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        out.append(v)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class KeyDomain:
+    """The declared output domain: slices (as dictionary indices) x (value queries + bottom)."""
+
+    slice_columns: tuple[str, ...]
+    dictionaries: tuple[tuple[Any, ...], ...]
+    slices: np.ndarray  # (m, k) int64 dictionary indices, sorted lexicographically, unique
+    query_names: tuple[str, ...]
+    baseline: bool = False
+    conversion_slice_columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        slices = np.asarray(self.slices, dtype=np.int64).reshape(-1, len(self.slice_columns))
+        object.__setattr__(self, "slices", slices)
+        if len(self.dictionaries) != len(self.slice_columns):
+            raise ValueError("one dictionary per slice column is required")
+        if len(self.query_names) + 1 >= 2**QUERY_BITS:
+            raise ValueError(f"at most {2**QUERY_BITS - 2} value queries fit in the {QUERY_BITS}-bit query code")
+        if self.total_bits > MAX_BUCKET_BITS:
+            raise ValueError(
+                f"key bits do not fit: slice columns need {self.total_bits - QUERY_BITS} bits + {QUERY_BITS} query bits = "
+                f"{self.total_bits} > {MAX_BUCKET_BITS} (exceeds by {self.total_bits - MAX_BUCKET_BITS})"
+            )
+        for c, d in zip(self.slice_columns, self.dictionaries):
+            if len(set(d)) != len(d):
+                raise ValueError(f"dictionary of slice column {c!r} has duplicate values")
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, KeyDomain) and self.layout_checksum() == other.layout_checksum()
+                and self.conversion_slice_columns == other.conversion_slice_columns)
+
+    def __hash__(self) -> int:
+        return hash(self.layout_checksum())
+
+    # ---- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_slice_values(
+        cls, slice_columns: Sequence[str], columns: Mapping[str, Any], query_names: Sequence[str],
+        baseline: bool = False, conversion_slice_columns: Sequence[str] = (),
+    ) -> "KeyDomain":
+        """Domain of the distinct slices present in ``columns`` (dict of equal-length arrays)."""
+        frame = pd.DataFrame({c: np.asarray(columns[c]) for c in slice_columns}).drop_duplicates()
+        dictionaries = tuple(tuple(_to_python(sorted(frame[c].unique().tolist()))) for c in slice_columns)
+        domain = cls(tuple(slice_columns), dictionaries, np.zeros((0, len(slice_columns))), tuple(query_names),
+                     baseline, tuple(conversion_slice_columns))
+        idx, valid = domain.dictionary_indices({c: frame[c].to_numpy() for c in slice_columns})
+        assert valid.all()
+        return domain._with_slices(idx)
+
+    def _with_slices(self, idx: np.ndarray) -> "KeyDomain":
+        idx = np.unique(np.asarray(idx, dtype=np.int64).reshape(-1, len(self.slice_columns)), axis=0)
+        return KeyDomain(self.slice_columns, self.dictionaries, idx, self.query_names, self.baseline,
+                         self.conversion_slice_columns)
+
+    # ---- sizes and layout -------------------------------------------------------------------
+    @property
+    def num_slices(self) -> int:
+        return int(self.slices.shape[0])
+
+    @property
+    def num_columns(self) -> int:
+        """d + 1: value queries plus bottom (or count)."""
+        return len(self.query_names) + 1
+
+    @property
+    def num_keys(self) -> int:
+        return self.num_slices * self.num_columns
+
+    @property
+    def bottom_name(self) -> str:
+        return COUNT_NAME if self.baseline else BOTTOM_NAME
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(self.query_names) + (self.bottom_name,)
+
+    @property
+    def field_bits(self) -> tuple[int, ...]:
+        return tuple(max(1, math.ceil(math.log2(max(1, len(d))))) for d in self.dictionaries)
+
+    @property
+    def field_offsets(self) -> tuple[int, ...]:
+        offsets, off = [], QUERY_BITS
+        for bits in reversed(self.field_bits):
+            offsets.append(off)
+            off += bits
+        return tuple(reversed(offsets))
+
+    @property
+    def total_bits(self) -> int:
+        return QUERY_BITS + sum(self.field_bits)
+
+    def query_code(self, column: int) -> int:
+        """Query code of encoder column ``column``: l+1 for value query l, 0 for bottom/count."""
+        return 0 if column == len(self.query_names) else column + 1
+
+    # ---- record -> slice --------------------------------------------------------------------
+    def dictionary_indices(self, columns: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Per record and slice column, the dictionary index; and a mask of records fully known."""
+        arrays = [np.asarray(columns[c]) for c in self.slice_columns]
+        n = len(arrays[0]) if arrays else 0
+        idx = np.empty((n, len(arrays)), dtype=np.int64)
+        for j, (arr, dictionary) in enumerate(zip(arrays, self.dictionaries)):
+            idx[:, j] = pd.Index(list(dictionary)).get_indexer(arr)
+        return idx, (idx >= 0).all(axis=1)
+
+    def slice_index(self, columns: Mapping[str, Any]) -> np.ndarray:
+        """Dense slice index in [0, m) of each record, -1 where the slice is not in the domain."""
+        idx, valid = self.dictionary_indices(columns)
+        codes = self._mixed_radix(idx)
+        domain_codes = self._mixed_radix(self.slices)
+        pos = np.searchsorted(domain_codes, codes)
+        pos_clipped = np.minimum(pos, max(0, len(domain_codes) - 1))
+        found = valid & (len(domain_codes) > 0) & (domain_codes[pos_clipped] == codes if len(domain_codes) else False)
+        return np.where(found, pos_clipped, -1)
+
+    def _mixed_radix(self, idx: np.ndarray) -> np.ndarray:
+        sizes = [max(1, len(d)) for d in self.dictionaries]
+        if math.prod(sizes) >= 2**62:
+            raise ValueError("slice space too large for dense indexing (product of dictionary sizes >= 2^62)")
+        code = np.zeros(idx.shape[0], dtype=np.int64)
+        for j, size in enumerate(sizes):
+            code = code * size + np.clip(idx[:, j], 0, None)
+        return code
+
+    def slice_values(self) -> dict[str, list[Any]]:
+        """Slice column values of every domain slice, in slice-index order."""
+        return {c: [d[i] for i in self.slices[:, j]] for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries))}
+
+    # ---- buckets --------------------------------------------------------------------------------
+    def slice_bits(self, slice_row: Sequence[int], columns: Sequence[str] | None = None) -> int:
+        """The bits of a slice's fields (optionally only of ``columns``) at their offsets."""
+        wanted = set(self.slice_columns if columns is None else columns)
+        out = 0
+        for c, off, i in zip(self.slice_columns, self.field_offsets, slice_row):
+            if c in wanted:
+                out |= int(i) << off
+        return out
+
+    def bucket(self, slice_idx: int, column: int) -> int:
+        return self.slice_bits(self.slices[slice_idx]) | self.query_code(column)
+
+    def buckets(self) -> list[int]:
+        """128-bit bucket of every dense key id (slice-major, encoder column minor)."""
+        out = []
+        for row in self.slices:
+            base = self.slice_bits(row)
+            out.extend(base | self.query_code(col) for col in range(self.num_columns))
+        return out
+
+    def key_table(self) -> pd.DataFrame:
+        """The key map: bucket (hex), slice values, query name (or bottom/count), dense key id."""
+        values = self.slice_values()
+        m, k = self.num_slices, self.num_columns
+        frame = pd.DataFrame({c: np.repeat(np.asarray(v, dtype=object), k) for c, v in values.items()})
+        frame["query"] = np.tile(np.asarray(self.column_names, dtype=object), m)
+        frame["bucket"] = [f"0x{b:032x}" for b in self.buckets()]
+        frame["key_id"] = np.arange(m * k)
+        return frame
+
+    # ---- serialisation ------------------------------------------------------------------------
+    def to_json(self, params_sha256: str | None = None) -> dict[str, Any]:
+        return {
+            "format_version": KEYMAP_FORMAT_VERSION,
+            "slice_columns": list(self.slice_columns),
+            "conversion_slice_columns": list(self.conversion_slice_columns),
+            "dictionaries": {c: list(d) for c, d in zip(self.slice_columns, self.dictionaries)},
+            "queries": list(self.query_names),
+            "bottom_name": self.bottom_name,
+            "query_bits": QUERY_BITS,
+            "field_bits": dict(zip(self.slice_columns, self.field_bits)),
+            "slices": self.slices.tolist(),
+            "layout_sha256": self.layout_checksum(),
+            "params_sha256": params_sha256,
+        }
+
+    def layout_checksum(self) -> str:
+        blob = json.dumps([list(self.slice_columns), [list(d) for d in self.dictionaries], self.slices.tolist(),
+                           list(self.query_names), self.baseline], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> "KeyDomain":
+        try:
+            cols = tuple(data["slice_columns"])
+            dicts = tuple(tuple(data["dictionaries"][c]) for c in cols)
+            domain = cls(cols, dicts, np.asarray(data["slices"], dtype=np.int64).reshape(-1, len(cols)),
+                         tuple(data["queries"]), data.get("bottom_name") == COUNT_NAME,
+                         tuple(data.get("conversion_slice_columns", ())))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{source}: malformed key map ({exc!r})") from None
+        if data.get("layout_sha256") and data["layout_sha256"] != domain.layout_checksum():
+            raise ValueError(f"{source}: layout checksum mismatch (file edited or corrupt)")
+        return domain
+
+    def save(self, path: str | os.PathLike[str], params_sha256: str | None = None) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_json(params_sha256), fh, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "KeyDomain":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read key map {os.fspath(path)}: {exc}") from None
+        return cls.from_json(data, source=os.fspath(path))
+
+
+def bucket_to_bytes(bucket: int) -> bytes:
+    """16-byte big-endian encoding (the output-domain Avro's ``bucket`` field)."""
+    return int(bucket).to_bytes(16, "big")
+
+
+def bucket_from_bytes(raw: bytes) -> int:
+    """Big-endian bytes, possibly with leading zero bytes dropped (summary report Avro)."""
+    if len(raw) > 16:
+        raise ValueError(f"bucket has {len(raw)} bytes; ARA buckets are at most 16 (128 bits)")
+    return int.from_bytes(raw, "big")

@@ -1,0 +1,340 @@
+"""Parameter file of the ARA encoding: count limit C, clip thresholds C_l, budget fractions alpha_l.
+
+The parameters are those of Alg. 2 (L-infinity encoding), Alg. 5 (L1 encoding) and the paper's
+baseline (Sec. 5.1: a separate count key with its own fraction alpha_0, no bottom key). A parameter
+file is JSON, validated against ``schemas/params.schema.json`` and then semantically (fractions sum
+to one, encoding-specific fields). Every refusal is a ``ValueError`` naming the offending field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Mapping
+
+import jsonschema
+
+CONTRIBUTION_BUDGET = 65536
+"""Gamma: the ARA L1 contribution budget per source (impression)."""
+
+FORMAT_VERSION = "1.0"
+SUPPORTED_MAJOR_VERSION = 1
+ENCODINGS = ("linf", "l1", "baseline")
+L1_ROUNDINGS = ("floor", "randomized")
+MAX_EPSILON = 64.0
+FRACTION_TOLERANCE = 1e-9
+DEFAULT_COUNT_TAU = 5.0
+
+
+def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+    """Return epsilon as float if it lies in (0, 64] (the Aggregation Service's range)."""
+    try:
+        value = float(epsilon)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {epsilon!r}") from None
+    if not (math.isfinite(value) and 0.0 < value <= MAX_EPSILON):
+        raise ValueError(f"{name} must lie in (0, {MAX_EPSILON:g}], got {epsilon!r}")
+    return value
+
+
+def check_count_limit(count_limit: int, contribution_budget: int = CONTRIBUTION_BUDGET) -> int:
+    """Return the count limit C if it is an integer in [1, Gamma]."""
+    if isinstance(count_limit, bool) or not isinstance(count_limit, (int,)) and not (
+        isinstance(count_limit, float) and count_limit.is_integer()
+    ):
+        raise ValueError(f"count_limit must be an integer, got {count_limit!r}")
+    value = int(count_limit)
+    if not 1 <= value <= contribution_budget:
+        raise ValueError(f"count_limit must lie in [1, {contribution_budget}], got {count_limit!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class QueryParams:
+    """One value query q_l: its column, clip threshold C_l, budget fraction alpha_l and tau_l."""
+
+    column: str
+    clip_threshold: float
+    budget_fraction: float | None = None
+    tau: float | None = None
+
+    def __post_init__(self) -> None:
+        where = f"queries[{self.column!r}]"
+        if not isinstance(self.column, str) or not self.column:
+            raise ValueError(f"queries: column must be a non-empty string, got {self.column!r}")
+        if not _is_positive_finite(self.clip_threshold):
+            raise ValueError(f"{where}.clip_threshold must be a finite number > 0, got {self.clip_threshold!r}")
+        if self.budget_fraction is not None and not (
+            _is_positive_finite(self.budget_fraction) and self.budget_fraction <= 1.0
+        ):
+            raise ValueError(f"{where}.budget_fraction must lie in (0, 1], got {self.budget_fraction!r}")
+        if self.tau is not None and not _is_positive_finite(self.tau):
+            raise ValueError(f"{where}.tau must be a finite number > 0, got {self.tau!r}")
+
+    @property
+    def name(self) -> str:
+        return self.column
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a parameter file came from and what error it is predicted to have."""
+
+    training_start: str | None = None
+    training_end: str | None = None
+    rows: int | None = None
+    created_at: str | None = None
+    predicted_rmsre_tau: float | None = None
+    baseline_rmsre_tau: float | None = None
+    objective: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "training_window": {"start": self.training_start, "end": self.training_end},
+            "rows": self.rows,
+            "created_at": self.created_at,
+            "predicted_rmsre_tau": self.predicted_rmsre_tau,
+            "baseline_rmsre_tau": self.baseline_rmsre_tau,
+            "objective": self.objective,
+        }
+        out.update(dict(self.extra))
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Provenance":
+        data = dict(data)
+        window = data.pop("training_window", None) or {}
+        known = {k: data.pop(k, None) for k in ("rows", "created_at", "predicted_rmsre_tau", "baseline_rmsre_tau", "objective")}
+        return cls(training_start=window.get("start"), training_end=window.get("end"), extra=data, **known)
+
+
+@dataclass(frozen=True)
+class Params:
+    """All parameters of one ARA summary-report configuration (Sec. 4.1, Alg. 2/5, baseline).
+
+    ``queries`` are the value queries q_1..q_d in key order; the count q_0 is implicit.
+    ``budget_fraction`` of each query is alpha_l (L-inf and baseline; must sum to one together with
+    ``count_budget_fraction`` for the baseline); the L1 encoding (Alg. 5) uses no fractions.
+    ``conversion_slice_columns`` are the slice columns known only at conversion time (carried by the
+    trigger key piece); the others are impression features (carried by the source key piece).
+    """
+
+    count_limit: int
+    encoding: str
+    epsilon: float
+    slice_columns: tuple[str, ...]
+    queries: tuple[QueryParams, ...]
+    contribution_budget: int = CONTRIBUTION_BUDGET
+    count_budget_fraction: float | None = None
+    count_tau: float = DEFAULT_COUNT_TAU
+    l1_rounding: str = "floor"
+    conversion_slice_columns: tuple[str, ...] = ()
+    provenance: Provenance | None = None
+    format_version: str = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slice_columns", tuple(self.slice_columns))
+        object.__setattr__(self, "queries", tuple(self.queries))
+        object.__setattr__(self, "conversion_slice_columns", tuple(self.conversion_slice_columns))
+        _check_version(self.format_version)
+        if isinstance(self.contribution_budget, bool) or not isinstance(self.contribution_budget, int) or not (
+            1 <= self.contribution_budget <= CONTRIBUTION_BUDGET
+        ):
+            raise ValueError(f"contribution_budget must be an integer in [1, {CONTRIBUTION_BUDGET}], got {self.contribution_budget!r}")
+        object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
+        object.__setattr__(self, "count_limit", check_count_limit(self.count_limit, self.contribution_budget))
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        if self.l1_rounding not in L1_ROUNDINGS:
+            raise ValueError(f"l1_rounding must be one of {L1_ROUNDINGS}, got {self.l1_rounding!r}")
+        if not _is_positive_finite(self.count_tau):
+            raise ValueError(f"count_tau must be a finite number > 0, got {self.count_tau!r}")
+        if not self.queries:
+            raise ValueError("queries must list at least one value query")
+        if not all(isinstance(q, QueryParams) for q in self.queries):
+            raise ValueError("queries must be QueryParams instances")
+        names = [q.column for q in self.queries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"queries: duplicate column in {names}")
+        if any(not isinstance(c, str) or not c for c in self.slice_columns):
+            raise ValueError(f"slice_columns must be non-empty strings, got {self.slice_columns!r}")
+        if len(set(self.slice_columns)) != len(self.slice_columns):
+            raise ValueError(f"slice_columns has duplicates: {self.slice_columns!r}")
+        overlap = set(self.slice_columns) & set(names)
+        if overlap:
+            raise ValueError(f"slice_columns and queries share columns {sorted(overlap)}")
+        unknown = set(self.conversion_slice_columns) - set(self.slice_columns)
+        if unknown:
+            raise ValueError(f"conversion_slice_columns {sorted(unknown)} are not in slice_columns")
+        self._check_fractions()
+
+    def _check_fractions(self) -> None:
+        fractions = [q.budget_fraction for q in self.queries]
+        if self.encoding == "l1":
+            if any(f is not None for f in fractions) or self.count_budget_fraction is not None:
+                raise ValueError("budget_fraction must be absent (null) for encoding 'l1': Alg. 5 uses no fractions")
+            return
+        missing = [q.column for q in self.queries if q.budget_fraction is None]
+        if missing:
+            raise ValueError(f"queries{missing}.budget_fraction is required for encoding {self.encoding!r}")
+        total = float(sum(fractions))  # type: ignore[arg-type]
+        if self.encoding == "baseline":
+            if self.count_budget_fraction is None:
+                raise ValueError("count_budget_fraction is required for encoding 'baseline'")
+            total += float(self.count_budget_fraction)
+            what = "count_budget_fraction + queries[].budget_fraction"
+        else:
+            if self.count_budget_fraction is not None:
+                raise ValueError("count_budget_fraction is only used by encoding 'baseline'")
+            what = "queries[].budget_fraction"
+        if abs(total - 1.0) > FRACTION_TOLERANCE:
+            raise ValueError(f"{what} must sum to 1 (within {FRACTION_TOLERANCE:g}), got {total!r}")
+
+    # ---- derived quantities -------------------------------------------------------------
+    @property
+    def query_columns(self) -> tuple[str, ...]:
+        return tuple(q.column for q in self.queries)
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.queries)
+
+    @property
+    def per_conversion_budget(self) -> int:
+        """floor(Gamma / C): the L1 norm every L-inf / L1 contribution uses (Lemma 4.1)."""
+        return self.contribution_budget // self.count_limit
+
+    def with_epsilon(self, epsilon: float) -> "Params":
+        return dataclasses.replace(self, epsilon=epsilon)
+
+    # ---- serialisation --------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format_version": self.format_version,
+            "contribution_budget": self.contribution_budget,
+            "epsilon": self.epsilon,
+            "encoding": self.encoding,
+            "count_limit": self.count_limit,
+            "slice_columns": list(self.slice_columns),
+            "conversion_slice_columns": list(self.conversion_slice_columns),
+            "queries": [
+                {"column": q.column, "clip_threshold": q.clip_threshold, "budget_fraction": q.budget_fraction, "tau": q.tau}
+                for q in self.queries
+            ],
+            "count_budget_fraction": self.count_budget_fraction,
+            "count_tau": self.count_tau,
+            "provenance": self.provenance.to_json() if self.provenance else None,
+        }
+        if self.encoding == "l1":
+            out["l1_rounding"] = self.l1_rounding
+        return out
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+    def checksum(self) -> str:
+        """sha256 of the canonical serialisation (what ``save`` writes)."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically (temporary file + rename): a reader never sees a partial file."""
+        path = os.fspath(path)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(self.to_bytes())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "parameter file") -> "Params":
+        """Validate ``data`` (parsed JSON) against the schema and semantically; refuse with the field name."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: top level must be a JSON object")
+        if "format_version" in data:
+            _check_version(data["format_version"], source)
+        validator = jsonschema.Draft202012Validator(params_json_schema())
+        errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+        if errors:
+            err = errors[0]
+            where = _json_path(err)
+            raise ValueError(f"{source}: field {where}: {err.message}")
+        queries = tuple(
+            QueryParams(
+                column=q["column"], clip_threshold=float(q["clip_threshold"]),
+                budget_fraction=None if q.get("budget_fraction") is None else float(q["budget_fraction"]),
+                tau=None if q.get("tau") is None else float(q["tau"]),
+            )
+            for q in data["queries"]
+        )
+        prov = data.get("provenance")
+        try:
+            return cls(
+                count_limit=data["count_limit"], encoding=data["encoding"], epsilon=data["epsilon"],
+                slice_columns=tuple(data["slice_columns"]), queries=queries,
+                contribution_budget=data["contribution_budget"],
+                count_budget_fraction=data.get("count_budget_fraction"), count_tau=float(data["count_tau"]),
+                l1_rounding=data.get("l1_rounding", "floor"),
+                conversion_slice_columns=tuple(data.get("conversion_slice_columns", ())),
+                provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
+            )
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, source: str = "parameter file") -> "Params":
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{source}: not valid JSON ({exc})") from None
+        return cls.from_json(data, source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "Params":
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise ValueError(f"cannot read parameter file {path}: {exc.strerror}") from None
+        return cls.from_bytes(raw, source=path)
+
+
+def params_json_schema() -> dict[str, Any]:
+    """The JSON Schema of the parameter file (``schemas/params.schema.json``)."""
+    text = resources.files("araopt").joinpath("schemas/params.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def utc_now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _check_version(version: Any, source: str = "parameter file") -> None:
+    if not isinstance(version, str) or "." not in version:
+        raise ValueError(f"{source}: field format_version must look like 'MAJOR.MINOR', got {version!r}")
+    major = version.split(".", 1)[0]
+    if not major.isdigit() or int(major) != SUPPORTED_MAJOR_VERSION:
+        raise ValueError(
+            f"{source}: field format_version {version!r} has unknown major version (supported: {SUPPORTED_MAJOR_VERSION}.x)"
+        )
+
+
+def _json_path(err: jsonschema.ValidationError) -> str:
+    if err.validator == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else "?"
+        base = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        return f"{base}.{missing}".lstrip(".") or missing
+    if err.validator == "additionalProperties":
+        return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path).lstrip(".") or "(top level)"
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path).lstrip(".") or "(top level)"
+
+
+def _is_positive_finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0

@@ -1,0 +1,109 @@
+"""Discrete Laplace sampler against its exact pmf, variance and tails (fixed seeds: not flaky)."""
+import numpy as np
+import pytest
+from scipy import stats
+
+from araopt import sample_discrete_laplace
+from araopt.noise import (discrete_laplace_cdf, discrete_laplace_from_uniforms, discrete_laplace_pmf,
+                          discrete_laplace_variance, noise_parameter)
+from araopt.randomness import Simulation, keyed_uniforms, secure_generator
+
+N = 1_000_000
+
+
+def test_pmf_sums_to_one_and_variance_formula():
+    for a in (0.3, 1.0, 2.5):
+        k = np.arange(-400, 401)
+        pmf = discrete_laplace_pmf(k, a)
+        assert abs(pmf.sum() - 1) < 1e-12
+        assert abs((pmf * k**2).sum() - discrete_laplace_variance(a)) < 1e-9 * discrete_laplace_variance(a)
+    # small a: 2 e^a / (e^a - 1)^2 -> 2 / a^2 (and computed without cancellation)
+    a = 1e-7
+    assert abs(discrete_laplace_variance(a) / (2 / a**2) - 1) < 1e-6
+
+
+@pytest.mark.parametrize("epsilon", [0.01, 1.0, 64.0])
+def test_mean_and_variance_at_production_scales(epsilon):
+    a = noise_parameter(epsilon)
+    x = sample_discrete_laplace(a, N, np.random.default_rng(11))
+    var = discrete_laplace_variance(a)
+    assert abs(x.mean()) < 5 * np.sqrt(var / N)
+    # Var(s^2) = (mu4 - sigma^4)/N and DLap with small a has kurtosis ~6 (Laplace): sd(s^2)/s^2 ~ sqrt(5/N)
+    assert abs(x.var() / var - 1) < 5 * np.sqrt(5 / N)
+
+
+@pytest.mark.parametrize("a", [noise_parameter(1.0), 0.05, 1.0])
+def test_chi_square_on_exact_quantile_bins(a):
+    x = sample_discrete_laplace(a, N, np.random.default_rng(12))
+    # integer bin edges at the exact quantiles: P(bin) from the closed-form CDF, merged if duplicated
+    k = np.arange(-int(60 / a), int(60 / a) + 1) if a > 0.01 else None
+    qs = np.linspace(0.02, 0.98, 49)
+    if k is not None:
+        cdf = discrete_laplace_cdf(k, a)
+        edges = np.unique(k[np.searchsorted(cdf, qs)])
+    else:  # continuous-scale quantiles of the Laplace with the same rate, rounded to integers
+        edges = np.unique(np.round(stats.laplace.ppf(qs, scale=1 / a)).astype(np.int64))
+    probs = np.diff(np.concatenate([[0.0], discrete_laplace_cdf(edges, a), [1.0]]))
+    counts = np.bincount(np.searchsorted(edges, x, side="left"), minlength=len(edges) + 1)
+    chi2, p = stats.chisquare(counts, probs * N)
+    assert p > 1e-4, (chi2, p)
+
+
+def test_point_pmf_at_a_equal_one_where_a_k0_bug_would_show():
+    a = 1.0
+    x = sample_discrete_laplace(a, N, np.random.default_rng(13))
+    for k in range(-6, 7):
+        p = discrete_laplace_pmf(k, a)
+        emp = (x == k).mean()
+        assert abs(emp - p) < 5 * np.sqrt(p * (1 - p) / N), (k, emp, p)
+
+
+@pytest.mark.parametrize("a", [1.0, noise_parameter(10.0)])
+def test_tails(a):
+    x = sample_discrete_laplace(a, N, np.random.default_rng(14))
+    for t in (np.ceil(np.log(1e2) / a), np.ceil(np.log(1e4) / a)):
+        p = 1 - discrete_laplace_cdf(t - 1, a) + discrete_laplace_cdf(-t, a)  # P(|X| >= t)
+        emp = (np.abs(x) >= t).mean()
+        assert abs(emp - p) < 5 * np.sqrt(p * (1 - p) / N) + 1e-12, (t, emp, p)
+
+
+def test_secure_default_is_used_without_rng_and_is_not_repeatable():
+    a = 1.0
+    x1 = sample_discrete_laplace(a, 200_000)
+    x2 = sample_discrete_laplace(a, 200_000)
+    assert not np.array_equal(x1, x2)
+    var = discrete_laplace_variance(a)
+    assert abs(x1.var() / var - 1) < 6 * np.sqrt(5 / 200_000)
+    g = secure_generator()
+    assert type(g.bit_generator).__name__ == "AESCounter"
+
+
+def test_simulation_mode_is_explicit_and_repeatable():
+    sim = Simulation(seed=3)
+    assert np.array_equal(sim.generator().random(5), Simulation(seed=3).generator().random(5))
+    keys = np.arange(10, dtype=np.uint64)
+    u = keyed_uniforms(3, keys, 0)
+    assert np.array_equal(u[::-1], keyed_uniforms(3, keys[::-1], 0))  # order-independent
+    assert ((u >= 0) & (u < 1)).all()
+    with pytest.raises(ValueError):
+        Simulation(seed=-1)
+
+
+def test_keyed_uniforms_make_exact_dlap():
+    a = 1.0
+    keys = np.arange(N, dtype=np.uint64)
+    x = discrete_laplace_from_uniforms(a, keyed_uniforms(5, keys, 1), keyed_uniforms(5, keys, 2))
+    for k in range(-3, 4):
+        p = discrete_laplace_pmf(k, a)
+        assert abs((x == k).mean() - p) < 5 * np.sqrt(p * (1 - p) / N)
+
+
+@pytest.mark.parametrize("eps", [0, -1, 64.01, float("nan"), float("inf")])
+def test_bad_epsilon(eps):
+    with pytest.raises(ValueError, match="epsilon"):
+        noise_parameter(eps)
+
+
+def test_bad_a():
+    with pytest.raises(ValueError):
+        sample_discrete_laplace(0.0, 3)
