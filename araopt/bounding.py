@@ -16,17 +16,60 @@ from .params import CONTRIBUTION_BUDGET
 def impression_order(
     impression_ids: np.ndarray, conversion_times: np.ndarray, tie_breaker: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Permutation sorting records by (impression, time, tie_breaker, input position)."""
+    """Permutation sorting records by (impression, time, tie_breaker, input position).
+
+    Fast path (integer times): sort by impression, then sort once more on a single packed int64
+    key (dense impression index << time bits | time offset); runs of equal (impression, time) are
+    then ordered by (tie_breaker, input position). Falls back to ``np.lexsort`` otherwise.
+    """
     n = len(impression_ids)
     if len(conversion_times) != n or (tie_breaker is not None and len(tie_breaker) != n):
         raise ValueError(
             f"impression_ids, conversion_times and tie_breaker must have equal lengths, got "
             f"{n}, {len(conversion_times)}, {None if tie_breaker is None else len(tie_breaker)}"
         )
-    keys = [np.asarray(conversion_times), np.asarray(impression_ids)]
+    imp = np.asarray(impression_ids)
+    times = np.asarray(conversion_times)
+    position = np.arange(n)
+    if n == 0:
+        return position
+    if times.dtype.kind in "iu":
+        t0, t1 = int(times.min()), int(times.max())
+        time_bits = max(1, (t1 - t0).bit_length())
+        if imp.dtype.kind in "iu" and int(imp.min()) >= 0 and int(imp.max()).bit_length() + time_bits <= 62:
+            packed = imp.astype(np.int64)
+            packed <<= time_bits
+            offset = times.astype(np.int64, copy=True)
+            offset -= t0
+            packed |= offset
+            del offset
+            order = np.argsort(packed)
+            return _order_packed(packed[order], order, tie_breaker)
+        by_imp = np.argsort(imp)
+        sorted_imp = imp[by_imp]
+        new_group = np.empty(n, dtype=np.int64)
+        new_group[0] = 0
+        new_group[1:] = sorted_imp[1:] != sorted_imp[:-1]
+        group = np.cumsum(new_group)
+        if int(group[-1]).bit_length() + time_bits <= 62:
+            packed = (group << time_bits) | (times[by_imp].astype(np.int64) - t0)
+            second = np.argsort(packed)
+            return _order_packed(packed[second], by_imp[second], tie_breaker)
+    keys = [position, times, imp]
     if tie_breaker is not None:
-        keys.insert(0, np.asarray(tie_breaker))
-    return np.lexsort(keys)  # lexsort: last key is primary; it is stable, so input position breaks ties
+        keys.insert(1, np.asarray(tie_breaker))
+    return np.lexsort(keys)
+
+
+def _order_packed(sorted_key: np.ndarray, order: np.ndarray, tie_breaker: np.ndarray | None) -> np.ndarray:
+    """Finish a packed-key sort: order runs of equal (impression, time) by (tie_breaker, position)."""
+    ties = np.flatnonzero(sorted_key[1:] == sorted_key[:-1])
+    if ties.size:
+        pos = np.unique(np.concatenate([ties, ties + 1]))
+        keys = [order[pos]] + ([np.asarray(tie_breaker)[order[pos]]] if tie_breaker is not None else [])
+        keys.append(sorted_key[pos])
+        order[pos] = order[pos][np.lexsort(keys)]
+    return order
 
 
 def ranks_within_impression(sorted_impression_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -36,26 +79,37 @@ def ranks_within_impression(sorted_impression_ids: np.ndarray) -> tuple[np.ndarr
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     starts = np.empty(n, dtype=bool)
     starts[0] = True
-    starts[1:] = sorted_impression_ids[1:] != sorted_impression_ids[:-1]
-    group = np.cumsum(starts) - 1
+    np.not_equal(sorted_impression_ids[1:], sorted_impression_ids[:-1], out=starts[1:])
+    group = np.cumsum(starts, dtype=np.int64)
+    group -= 1
     start_pos = np.flatnonzero(starts)
-    rank = np.arange(n) - start_pos[group]
+    rank = np.arange(n, dtype=np.int64)
+    rank -= start_pos[group]
     return rank, group
 
 
 def bound_sorted(
     norms: np.ndarray, rank: np.ndarray, group: np.ndarray, contribution_budget: int = CONTRIBUTION_BUDGET,
+    equal_norm: int | None = None,
 ) -> np.ndarray:
-    """Alg. 1 on records already sorted by (impression, time): boolean kept mask in that order."""
-    norms = np.asarray(norms, dtype=np.int64)
-    n = len(norms)
+    """Alg. 1 on records already sorted by (impression, time): boolean kept mask in that order.
+
+    ``equal_norm``: every record has this norm (L-inf, L1), so ``norms`` is not consulted.
+    """
+    n = len(rank)
     kept = np.zeros(n, dtype=bool)
     if n == 0:
         return kept
-    if (norms < 0).any():
-        raise ValueError("contributions must be non-negative (Alg. 1 takes histogram contributions in Z>=0)")
-    if (norms == norms[0]).all():  # equal norms (L-inf, L1): the first floor(Gamma / norm) are kept
-        limit = n if norms[0] == 0 else contribution_budget // int(norms[0])
+    if equal_norm is None:
+        norms = np.asarray(norms, dtype=np.int64)
+        if (norms < 0).any():
+            raise ValueError("contributions must be non-negative (Alg. 1 takes histogram contributions in Z>=0)")
+        if (norms == norms[0]).all():
+            equal_norm = int(norms[0])
+    if equal_norm is not None:  # equal norms: the first floor(Gamma / norm) of each impression are kept
+        if equal_norm < 0:
+            raise ValueError("contributions must be non-negative (Alg. 1 takes histogram contributions in Z>=0)")
+        limit = n if equal_norm == 0 else contribution_budget // equal_norm
         return rank < limit
     used = np.zeros(int(group[-1]) + 1, dtype=np.int64)
     by_rank = np.argsort(rank, kind="stable")
@@ -87,7 +141,10 @@ def bound_contributions(
     norms = contrib.sum(axis=1) if contrib.ndim == 2 else contrib
     order = impression_order(impression_ids, conversion_times, tie_breaker)
     rank, group = ranks_within_impression(np.asarray(impression_ids)[order])
-    kept_sorted = bound_sorted(norms[order], rank, group, contribution_budget)
+    if n and (norms == norms[0]).all():  # L-inf / L1: skip gathering the norms
+        kept_sorted = bound_sorted(norms[:0], rank, group, contribution_budget, equal_norm=int(norms[0]))
+    else:
+        kept_sorted = bound_sorted(norms[order], rank, group, contribution_budget)
     kept = np.empty(n, dtype=bool)
     kept[order] = kept_sorted
     return kept

@@ -49,7 +49,10 @@ def randomized_round(omega: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """RR(omega) (eq. 2): ceil(omega) with probability frac(omega), else floor(omega). Unbiased."""
     omega = np.asarray(omega, dtype=np.float64)
     low = np.floor(omega)
-    return (low + (uniforms < (omega - low))).astype(np.int64)
+    frac = np.subtract(omega, low)
+    up = np.less(uniforms, frac)
+    low += up
+    return low.astype(np.int64)
 
 
 def clip_randomized_round(
@@ -103,41 +106,62 @@ def _uniforms(n: int, d: int, rng: np.random.Generator | None, uniforms: np.ndar
     return rng.random((n, d))
 
 
+_CHUNK_ROWS = 1 << 18  # temporaries of a few MB are recycled by malloc instead of page-faulted
+
+
 def encode(
     values: np.ndarray, params: Params, rng: np.random.Generator | None = None, *, uniforms: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Histogram contributions of each record: (n, d+1) int64, queries then bottom (baseline: count)."""
+    """Histogram contributions of each record: (n, d+1) int64, queries then bottom (baseline: count).
+
+    Records are processed in chunks; the random stream is consumed row by row, so the result does
+    not depend on the chunk size.
+    """
     vals = check_values(values, params.num_queries)
     n, d = vals.shape
+    if uniforms is not None:
+        uniforms = _uniforms(n, 1 if params.encoding == "l1" else d, None, uniforms)
+    elif rng is None:
+        raise ValueError("encode needs either rng (a numpy Generator) or uniforms")
+    out = np.empty((n, d + 1), dtype=np.int64)
+    width = 1 if params.encoding == "l1" else d
+    for start in range(0, n, _CHUNK_ROWS):
+        stop = min(n, start + _CHUNK_ROWS)
+        u = uniforms[start:stop] if uniforms is not None else rng.random((stop - start, width))  # type: ignore[union-attr]
+        _encode_chunk(vals[start:stop], params, u, out[start:stop])
+    return out
+
+
+def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarray) -> None:
+    d = vals.shape[1]
     thresholds = np.array([q.clip_threshold for q in params.queries], dtype=np.float64)
     budget = params.per_conversion_budget
-    out = np.empty((n, d + 1), dtype=np.int64)
     if params.encoding in ("linf", "baseline"):
-        u = _uniforms(n, d, rng, uniforms)
         scales = query_scales(params).astype(np.float64)
         for col in range(d):  # loop over queries (d <= 20), vectorized over records
-            omega = scales[col] * (np.minimum(vals[:, col], thresholds[col]) / thresholds[col])
+            omega = np.minimum(vals[:, col], thresholds[col])
+            omega *= scales[col] / thresholds[col]
             out[:, col] = randomized_round(omega, u[:, col])
         if params.encoding == "linf":
-            out[:, d] = budget - out[:, :d].sum(axis=1)
+            out[:, d] = budget
+            for col in range(d):
+                out[:, d] -= out[:, col]
         else:
             out[:, d] = count_scale(params)
-        return out
+        return
     # L1 (Alg. 5)
     scaled = vals / thresholds
-    norm = scaled.sum(axis=1)
-    shrink = 1.0 / np.maximum(1.0, norm)
+    shrink = 1.0 / np.maximum(1.0, scaled.sum(axis=1))
     if params.l1_rounding == "floor":
         u_real = scaled * (shrink * (params.contribution_budget / params.count_limit))[:, None]
         out[:, :d] = np.floor(u_real).astype(np.int64)
     else:
         u_real = scaled * (shrink * budget)[:, None]
-        offset = _uniforms(n, 1, rng, uniforms)[:, 0]
+        offset = u[:, 0]
         prefix = np.minimum(np.cumsum(u_real, axis=1), float(budget))
         cut = np.floor(prefix + offset[:, None])
         out[:, :d] = np.diff(cut, axis=1, prepend=np.floor(offset)[:, None]).astype(np.int64)
     out[:, d] = budget - out[:, :d].sum(axis=1)
-    return out
 
 
 def expected_contribution(values: np.ndarray, params: Params) -> np.ndarray:

@@ -1,0 +1,560 @@
+"""Mergeable, bounded-size sufficient statistics for the optimizer (Alg. 6), as a pure combiner.
+
+The optimizer needs, for every count limit C <= C_max, clip threshold C_l and slice j, the terms of
+the bias decomposition eq. (bias-simplified), V_D(q_l)_j - E U_lj = B_lj(C) + A_lj(C_l, C):
+B_lj(C) (value of the conversions Alg. 1 drops) and A_lj(C_l, C) = sum over kept conversions of
+max(0, v - C_l), plus the count of kept conversions and, for the exact objective, the randomized
+rounding variance. Under the L-inf and L1 encodings every contribution has L1 norm floor(Gamma/C),
+so Alg. 1 keeps exactly the conversions of rank < K(C) = Gamma // floor(Gamma/C) within their
+impression (rank = position in (conversion_time, record_keys()) order). Hence everything follows
+from per-(slice, rank) statistics with rank < R = max_{C <= C_max} K(C) (= C_max for C_max <= 255).
+
+What is kept (the combiner's state; ``compact`` consolidates it)
+  * ``rank_table``: exact count and exact sum of every query per (slice, rank class), rank classes
+    0..R-1 and one class ">= R". Slice totals V_D(q_l)_j (the truth) and B_lj(C) are exact.
+  * ``hist``: per (slice, rank < R, query, log bucket) the count, sum and sum of squares of the
+    values in the bucket. Buckets are fixed (``BucketLayout``): [0, v_lo), then
+    ``buckets_per_octave`` geometric buckets per octave up to v_hi, then [v_hi, inf).
+    A_lj(c) is exact when c is a bucket edge (it is sum - c count over the buckets above c) and is
+    linearly interpolated inside a bucket (error <= count_in_bucket x bucket_width / 4; relative
+    bucket width 2^(1/256) - 1 = 0.27 % by default).
+  * ``global_hist``: per (query, bucket) count and sum over all conversions (any rank): medians
+    (tau = 5 x median, Sec. 5.1) and quantiles (baselines) with relative error <= bucket width.
+  * ``impression_sizes``: exact histogram of conversions per impression, 1..H (H =
+    ``max_impression_size``) and one overflow bin: the baselines' count-limit quantile.
+  * ``samples`` (only when ``sample_size`` > 0): per (slice, rank < R) a bottom-k sample of value
+    vectors by record hash priority (mergeable, deterministic; the whole cell when it has <= k
+    conversions). Used for the L1 encoding (Alg. 5) with d >= 2, whose clipping is not separable
+    per query: estimates are exact for cells with <= k conversions, unbiased (Horvitz-Thompson with
+    the exact cell count) otherwise.
+  * exact per-query maximum, number of conversions and impressions.
+
+Size bound (does not grow with the number of conversions n): with m slices, d queries,
+B = layout.num_buckets (15,362 by default), R ranks, k samples, H impression sizes:
+  rank_table  m (R+1) (d+1)          hist        <= m R d B x 4 numbers (key, count, sum, sumsq)
+  global_hist <= d B x 3             samples     <= m R k (d + 1)        impression_sizes H+2.
+The sparse ``hist`` also never holds more than d x (conversions with rank < R) entries.
+
+Exact-objective rounding variance: sum over kept records of f(1-f), f = frac(s min(v, c)/c). A
+clipped value (v >= c) has f = 0. For a bucket below c we model omega = s v / c as Gaussian with the
+bucket's mean and standard deviation and take E f(1-f) (exact for a single distinct value,
+``frac_variance``); it is 1/6 within 4e-3 relative once the spread exceeds half a unit. The error
+per conversion is at most 1/4, i.e. at most (kept count / 4) / (kept count / 4 + Var DLap) of the
+value query's variance; in practice it is far smaller (see tests).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .bounding import impression_order, ranks_within_impression
+from .conversions import Conversions
+from .encoding import check_values
+from .params import CONTRIBUTION_BUDGET
+
+DEFAULT_MAX_COUNT_LIMIT = 20
+"""Chrome creates at most 20 aggregatable reports per source."""
+
+
+def kept_per_impression(count_limit: int, contribution_budget: int = CONTRIBUTION_BUDGET) -> int:
+    """K(C) = Gamma // floor(Gamma / C): conversions Alg. 1 keeps per impression (L-inf, L1)."""
+    return contribution_budget // (contribution_budget // int(count_limit))
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """Fixed log buckets: [0, min_value), geometric buckets between min_value and max_value, [max_value, inf)."""
+
+    min_value: float = 2.0**-20
+    max_value: float = 2.0**40
+    buckets_per_octave: int = 256
+
+    def __post_init__(self) -> None:
+        if not (0 < self.min_value < self.max_value and math.isfinite(self.max_value)):
+            raise ValueError(f"bucket layout needs 0 < min_value < max_value < inf, got {self.min_value}, {self.max_value}")
+        octaves = math.log2(self.max_value / self.min_value)
+        if abs(octaves - round(octaves)) > 1e-9:
+            raise ValueError("max_value / min_value must be a power of two")
+        if int(self.buckets_per_octave) < 1:
+            raise ValueError("buckets_per_octave must be >= 1")
+
+    @property
+    def num_log_buckets(self) -> int:
+        return int(round(math.log2(self.max_value / self.min_value))) * int(self.buckets_per_octave)
+
+    @property
+    def num_buckets(self) -> int:
+        return self.num_log_buckets + 2
+
+    def lower_edges(self) -> np.ndarray:
+        k = np.arange(self.num_log_buckets + 1, dtype=np.float64)
+        return np.concatenate([[0.0], self.min_value * np.exp2(k / self.buckets_per_octave)])
+
+    def upper_edges(self) -> np.ndarray:
+        return np.concatenate([self.lower_edges()[1:], [np.inf]])
+
+    def index(self, values: np.ndarray) -> np.ndarray:
+        """Bucket of every value (non-negative floats), exact with respect to ``lower_edges``."""
+        v = np.asarray(values, dtype=np.float64)
+        top = self.num_buckets - 1
+        with np.errstate(divide="ignore"):
+            raw = np.floor(np.log2(np.maximum(v, self.min_value) / self.min_value) * self.buckets_per_octave)
+        idx = np.clip(raw.astype(np.int64) + 1, 1, top)
+        idx[v < self.min_value] = 0
+        idx[v >= self.max_value] = top
+        lower, upper = self.lower_edges(), self.upper_edges()
+        idx -= (v < lower[idx]) & (idx > 0)
+        idx += (v >= upper[idx]) & (idx < top)
+        return idx
+
+
+@dataclass(frozen=True)
+class StatisticsSpec:
+    """What to collect: slice and value columns, C_max, bucket layout, L1 sample size, H."""
+
+    slice_columns: tuple[str, ...]
+    value_columns: tuple[str, ...]
+    max_count_limit: int = DEFAULT_MAX_COUNT_LIMIT
+    layout: BucketLayout = field(default_factory=BucketLayout)
+    sample_size: int | None = None
+    max_impression_size: int = 1024
+    contribution_budget: int = CONTRIBUTION_BUDGET
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slice_columns", tuple(self.slice_columns))
+        object.__setattr__(self, "value_columns", tuple(self.value_columns))
+        if not self.value_columns:
+            raise ValueError("at least one value column is required")
+        if len(set(self.slice_columns) | set(self.value_columns)) != len(self.slice_columns) + len(self.value_columns):
+            raise ValueError(f"slice and value columns must be distinct, got {self.slice_columns}, {self.value_columns}")
+        if isinstance(self.max_count_limit, bool) or not isinstance(self.max_count_limit, int) or self.max_count_limit < 1:
+            raise ValueError(f"max count limit C_max must be an integer >= 1, got {self.max_count_limit!r}")
+        if self.max_count_limit > self.contribution_budget:
+            raise ValueError(f"max count limit must be <= {self.contribution_budget}")
+        if self.sample_size is None:  # samples are only needed for L1 with d >= 2
+            object.__setattr__(self, "sample_size", 128 if len(self.value_columns) >= 2 else 0)
+        if int(self.sample_size) < 0 or int(self.max_impression_size) < 1:
+            raise ValueError("sample_size must be >= 0 and max_impression_size >= 1")
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.value_columns)
+
+    @property
+    def max_rank(self) -> int:
+        """R = max over C <= C_max of K(C): ranks whose records some candidate C keeps."""
+        return max(kept_per_impression(c, self.contribution_budget) for c in range(1, self.max_count_limit + 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# The accumulator (mutable, picklable: only dicts, lists and numpy arrays)
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class StatisticsAccumulator:
+    """Combiner state. Arrays are keyed by local slice ids (``slice_ids``); pending parts are lists."""
+
+    spec: StatisticsSpec
+    slice_ids: dict[tuple, int] = field(default_factory=dict)
+    rank_keys: list[np.ndarray] = field(default_factory=list)     # slice * (R+1) + rank class
+    rank_vals: list[np.ndarray] = field(default_factory=list)     # (k, 1 + d): count, sums
+    hist_keys: list[np.ndarray] = field(default_factory=list)     # ((slice R + rank) d + q) B + bucket
+    hist_vals: list[np.ndarray] = field(default_factory=list)     # (k, 3): count, sum, sumsq
+    global_keys: list[np.ndarray] = field(default_factory=list)   # q B + bucket
+    global_vals: list[np.ndarray] = field(default_factory=list)   # (k, 2): count, sum
+    sample_cells: list[np.ndarray] = field(default_factory=list)  # slice * R + rank
+    sample_prio: list[np.ndarray] = field(default_factory=list)   # uint64 record hash
+    sample_vals: list[np.ndarray] = field(default_factory=list)   # (k, d)
+    impression_sizes: np.ndarray | None = None
+    value_max: np.ndarray | None = None
+    num_conversions: int = 0
+    num_impressions: int = 0
+    pending_rows: int = 0
+
+
+def create_accumulator(spec: StatisticsSpec) -> StatisticsAccumulator:
+    acc = StatisticsAccumulator(spec=spec)
+    acc.impression_sizes = np.zeros(spec.max_impression_size + 2, dtype=np.int64)
+    acc.value_max = np.zeros(spec.num_queries)
+    return acc
+
+
+def _python_scalar(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _slice_codes(acc: StatisticsAccumulator, slices: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """Local slice id of every record; new slice tuples are registered (a loop over slices, not records)."""
+    cols = acc.spec.slice_columns
+    if not cols:
+        key = ()
+        sid = acc.slice_ids.setdefault(key, len(acc.slice_ids))
+        return np.full(n, sid, dtype=np.int64)
+    codes, uniques = [], []
+    for c in cols:
+        code, uniq = pd.factorize(np.asarray(slices[c]), sort=False)
+        codes.append(code.astype(np.int64))
+        uniques.append(np.asarray(uniq, dtype=object))
+    combined = codes[0].copy()
+    for code, uniq in zip(codes[1:], uniques[1:]):
+        combined = combined * len(uniq) + code
+    first_rows, inverse = np.unique(combined, return_index=True, return_inverse=True)[1:]
+    local = np.empty(len(first_rows), dtype=np.int64)
+    for i, row in enumerate(first_rows):
+        key = tuple(_python_scalar(uniq[code[row]]) for code, uniq in zip(codes, uniques))
+        local[i] = acc.slice_ids.setdefault(key, len(acc.slice_ids))
+    return local[inverse.reshape(-1)]
+
+
+def _reduce(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum ``vals`` rows with equal ``keys``; keys come out sorted and unique."""
+    if len(keys) == 0:
+        return keys.astype(np.int64), vals.reshape(0, vals.shape[1] if vals.ndim == 2 else 1)
+    uniq, inv = np.unique(keys, return_inverse=True)
+    inv = inv.reshape(-1)
+    out = np.empty((len(uniq), vals.shape[1]))
+    for col in range(vals.shape[1]):
+        out[:, col] = np.bincount(inv, weights=vals[:, col], minlength=len(uniq))
+    return uniq, out
+
+
+def _bottom_k(cells: np.ndarray, prio: np.ndarray, vals: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per cell, the k rows of smallest priority (ties: smaller values first, for determinism)."""
+    if len(cells) == 0:
+        return cells, prio, vals
+    order = np.lexsort((prio, cells))
+    cells, prio, vals = cells[order], prio[order], vals[order]
+    starts = np.r_[True, cells[1:] != cells[:-1]]
+    first = np.maximum.accumulate(np.where(starts, np.arange(len(cells)), 0))
+    keep = (np.arange(len(cells)) - first) < k
+    # drop exact duplicates of (cell, priority): the same record seen twice cannot happen, but keep it safe
+    return cells[keep], prio[keep], vals[keep]
+
+
+def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> StatisticsAccumulator:
+    """Add a batch that holds ALL conversions of each of its impressions; returns ``acc``.
+
+    Ranks are computed within impression by (conversion_time, record_keys()) with Alg. 1's order
+    (``araopt.bounding``), exactly as the mechanism does.
+    """
+    spec = acc.spec
+    missing = [c for c in spec.slice_columns if c not in conversions.slices]
+    if missing:
+        raise ValueError(f"conversions lack slice column(s) {missing}")
+    if tuple(conversions.value_columns) != spec.value_columns:
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, spec expects {spec.value_columns}")
+    n = len(conversions)
+    if n == 0:
+        return acc
+    vals = check_values(conversions.values, spec.num_queries)
+    d, R, B = spec.num_queries, spec.max_rank, spec.layout.num_buckets
+    keys = conversions.record_keys()
+    order = impression_order(conversions.impression_id, conversions.conversion_time, keys)
+    rank_sorted, group = ranks_within_impression(np.asarray(conversions.impression_id)[order])
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = rank_sorted
+    sizes = np.bincount(group)
+    acc.impression_sizes += np.bincount(np.minimum(sizes, spec.max_impression_size + 1),
+                                        minlength=spec.max_impression_size + 2)
+    acc.num_impressions += int(len(sizes))
+    acc.num_conversions += n
+    acc.value_max = np.maximum(acc.value_max, vals.max(axis=0))
+
+    sid = _slice_codes(acc, conversions.slices, n)
+    rclass = np.minimum(rank, R)
+    k, v = _reduce(sid * (R + 1) + rclass, np.column_stack([np.ones(n), vals]))
+    acc.rank_keys.append(k)
+    acc.rank_vals.append(v)
+
+    buckets = np.column_stack([spec.layout.index(vals[:, q]) for q in range(d)])
+    qidx = np.arange(d, dtype=np.int64)
+    gk, gv = _reduce((qidx[None, :] * B + buckets).reshape(-1),
+                     np.column_stack([np.ones(n * d), vals.reshape(-1)]))
+    acc.global_keys.append(gk)
+    acc.global_vals.append(gv)
+
+    low = rank < R
+    cell = sid[low] * R + rank[low]
+    hk = ((cell[:, None] * d + qidx[None, :]) * B + buckets[low]).reshape(-1)
+    lv = vals[low].reshape(-1)
+    hk, hv = _reduce(hk, np.column_stack([np.ones(len(lv)), lv, lv * lv]))
+    acc.hist_keys.append(hk)
+    acc.hist_vals.append(hv)
+
+    if spec.sample_size:
+        c, p, sv = _bottom_k(cell, keys[low], vals[low], spec.sample_size)
+        acc.sample_cells.append(c)
+        acc.sample_prio.append(p)
+        acc.sample_vals.append(sv)
+    acc.pending_rows += len(hk)
+    if acc.pending_rows > max(200_000, 2 * sum(len(x) for x in acc.hist_keys[:1])):
+        compact(acc)
+    return acc
+
+
+def _concat(parts: list[np.ndarray], empty_shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(empty_shape, dtype=dtype)
+
+
+def compact(acc: StatisticsAccumulator) -> StatisticsAccumulator:
+    """Consolidate pending parts (sum equal keys, keep bottom-k samples); returns ``acc``."""
+    d = acc.spec.num_queries
+    if len(acc.rank_keys) > 1:
+        k, v = _reduce(np.concatenate(acc.rank_keys), np.concatenate(acc.rank_vals))
+        acc.rank_keys, acc.rank_vals = [k], [v]
+    if len(acc.hist_keys) > 1:
+        k, v = _reduce(np.concatenate(acc.hist_keys), np.concatenate(acc.hist_vals))
+        acc.hist_keys, acc.hist_vals = [k], [v]
+    if len(acc.global_keys) > 1:
+        k, v = _reduce(np.concatenate(acc.global_keys), np.concatenate(acc.global_vals))
+        acc.global_keys, acc.global_vals = [k], [v]
+    if len(acc.sample_cells) > 1:
+        c, p, v = _bottom_k(np.concatenate(acc.sample_cells), np.concatenate(acc.sample_prio),
+                            np.concatenate(acc.sample_vals).reshape(-1, d), acc.spec.sample_size)
+        acc.sample_cells, acc.sample_prio, acc.sample_vals = [c], [p], [v]
+    acc.pending_rows = 0
+    return acc
+
+
+def _remap(keys: np.ndarray, per_slice: int, mapping: np.ndarray) -> np.ndarray:
+    return mapping[keys // per_slice] * per_slice + keys % per_slice
+
+
+def merge_accumulators(accumulators: Sequence[StatisticsAccumulator]) -> StatisticsAccumulator:
+    """Merge accumulators of the same spec (slice ids are remapped); the result is compacted."""
+    accs = list(accumulators)
+    if not accs:
+        raise ValueError("merge_accumulators needs at least one accumulator")
+    spec = accs[0].spec
+    if any(a.spec != spec for a in accs):
+        raise ValueError("cannot merge statistics of different specs")
+    out = create_accumulator(spec)
+    d, R, B = spec.num_queries, spec.max_rank, spec.layout.num_buckets
+    for a in accs:
+        mapping = np.empty(len(a.slice_ids), dtype=np.int64)
+        for key, local in a.slice_ids.items():
+            mapping[local] = out.slice_ids.setdefault(key, len(out.slice_ids))
+        out.rank_keys += [_remap(k, R + 1, mapping) for k in a.rank_keys]
+        out.rank_vals += list(a.rank_vals)
+        out.hist_keys += [_remap(k, R * d * B, mapping) for k in a.hist_keys]
+        out.hist_vals += list(a.hist_vals)
+        out.global_keys += list(a.global_keys)
+        out.global_vals += list(a.global_vals)
+        out.sample_cells += [_remap(c, R, mapping) for c in a.sample_cells]
+        out.sample_prio += list(a.sample_prio)
+        out.sample_vals += list(a.sample_vals)
+        out.impression_sizes += a.impression_sizes
+        out.value_max = np.maximum(out.value_max, a.value_max)
+        out.num_conversions += a.num_conversions
+        out.num_impressions += a.num_impressions
+    return compact(out)
+
+
+def _sort_key(key: tuple) -> tuple:
+    return tuple((type(v).__name__, v) for v in key)
+
+
+# ------------------------------------------------------------------------------------------------
+# The output
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class SufficientStatistics:
+    """Consolidated statistics; slices sorted by their slice-column values (see module docstring)."""
+
+    spec: StatisticsSpec
+    slice_keys: tuple[tuple, ...]
+    rank_counts: np.ndarray      # (m, R+1) exact counts per rank class (last: rank >= R)
+    rank_sums: np.ndarray        # (m, R+1, d) exact sums per rank class
+    hist_slice: np.ndarray       # sparse entries, sorted by (slice, rank, query, bucket)
+    hist_rank: np.ndarray
+    hist_query: np.ndarray
+    hist_bucket: np.ndarray
+    hist_count: np.ndarray
+    hist_sum: np.ndarray
+    hist_sumsq: np.ndarray
+    global_count: np.ndarray     # (d, B)
+    global_sum: np.ndarray       # (d, B)
+    impression_sizes: np.ndarray  # (H+2,) index s: impressions with s conversions; last: > H
+    value_max: np.ndarray        # (d,)
+    sample_slice: np.ndarray
+    sample_rank: np.ndarray
+    sample_priority: np.ndarray
+    sample_values: np.ndarray    # (k, d)
+    num_conversions: int
+    num_impressions: int
+
+    # ---- shapes ----------------------------------------------------------------------------------
+    @property
+    def num_slices(self) -> int:
+        return len(self.slice_keys)
+
+    @property
+    def num_queries(self) -> int:
+        return self.spec.num_queries
+
+    @property
+    def max_rank(self) -> int:
+        return self.spec.max_rank
+
+    @property
+    def value_columns(self) -> tuple[str, ...]:
+        return self.spec.value_columns
+
+    @property
+    def slice_columns(self) -> tuple[str, ...]:
+        return self.spec.slice_columns
+
+    def slice_values(self) -> dict[str, np.ndarray]:
+        return {c: np.array([k[i] for k in self.slice_keys]) for i, c in enumerate(self.spec.slice_columns)}
+
+    def size_in_numbers(self) -> int:
+        """How many numbers the statistics hold (compare with the bound in the module docstring)."""
+        arrays = (self.rank_counts, self.rank_sums, self.hist_slice, self.hist_count, self.hist_sum, self.hist_sumsq,
+                  self.impression_sizes, self.value_max, self.sample_priority, self.sample_values)
+        return int(sum(a.size for a in arrays)) + int(np.count_nonzero(self.global_count) * 3)
+
+    # ---- exact totals ------------------------------------------------------------------------------
+    def totals(self) -> np.ndarray:
+        """V_D(q_l)_j over ALL conversions, (m, d+1), count first (the truth of Def. 3.2)."""
+        out = np.empty((self.num_slices, self.num_queries + 1))
+        out[:, 0] = self.rank_counts.sum(axis=1)
+        out[:, 1:] = self.rank_sums.sum(axis=1)
+        return out
+
+    def kept_totals(self, kept_ranks: int) -> np.ndarray:
+        """Count and sums of the conversions with rank < kept_ranks (<= R), (m, d+1)."""
+        if kept_ranks > self.max_rank:
+            raise ValueError(f"statistics cover ranks < {self.max_rank}; {kept_ranks} requested (raise C_max)")
+        out = np.empty((self.num_slices, self.num_queries + 1))
+        out[:, 0] = self.rank_counts[:, :kept_ranks].sum(axis=1)
+        out[:, 1:] = self.rank_sums[:, :kept_ranks].sum(axis=1)
+        return out
+
+    # ---- distribution summaries ----------------------------------------------------------------------
+    def quantile(self, query: int, q: float) -> float:
+        """q-quantile of per-conversion values of a query, from ``global_hist`` (relative error <= bucket width).
+
+        Returns the mean of the bucket that holds the quantile (exact when it holds one distinct value).
+        """
+        counts = self.global_count[query]
+        total = counts.sum()
+        if total <= 0:
+            raise ValueError("no conversions in the statistics")
+        b = int(np.searchsorted(np.cumsum(counts), q * total, side="left"))
+        b = min(b, len(counts) - 1)
+        return float(self.global_sum[query, b] / counts[b])
+
+    def median(self, query: int) -> float:
+        return self.quantile(query, 0.5)
+
+    def mean(self, query: int) -> float:
+        return float(self.global_sum[query].sum() / max(1.0, self.global_count[query].sum()))
+
+    def taus(self, count_tau: float = 5.0) -> np.ndarray:
+        """tau = (count_tau, 5 median(q_1), ...) as ``error_model.default_taus`` (Sec. 5.1), from histograms."""
+        out = [float(count_tau)]
+        for q in range(self.num_queries):
+            tau = 5.0 * self.median(q)
+            if tau <= 0:
+                tau = 5.0 * self.mean(q) if self.mean(q) > 0 else 1.0
+            out.append(tau)
+        return np.array(out)
+
+    def impression_size_quantile(self, q: float) -> int:
+        """Smallest s with P(conversions per impression <= s) >= q (the overflow bin counts as H+1)."""
+        cum = np.cumsum(self.impression_sizes)
+        if cum[-1] <= 0:
+            raise ValueError("no impressions in the statistics")
+        return int(np.searchsorted(cum, q * cum[-1], side="left"))
+
+
+def extract_output(acc: StatisticsAccumulator) -> SufficientStatistics:
+    """Final statistics with slices in canonical (sorted) order; independent of batching and merge order."""
+    compact(acc)
+    spec = acc.spec
+    d, R, B = spec.num_queries, spec.max_rank, spec.layout.num_buckets
+    keys = sorted(acc.slice_ids, key=_sort_key)
+    m = len(keys)
+    mapping = np.empty(m, dtype=np.int64)
+    for new, key in enumerate(keys):
+        mapping[acc.slice_ids[key]] = new
+    rank_counts = np.zeros((m, R + 1))
+    rank_sums = np.zeros((m, R + 1, d))
+    if acc.rank_keys:
+        rk = _remap(acc.rank_keys[0], R + 1, mapping)
+        rv = acc.rank_vals[0]
+        rank_counts.reshape(-1)[rk] = rv[:, 0]
+        rank_sums.reshape(-1, d)[rk] = rv[:, 1:]
+    hk = _remap(acc.hist_keys[0], R * d * B, mapping) if acc.hist_keys else np.zeros(0, dtype=np.int64)
+    hv = acc.hist_vals[0] if acc.hist_vals else np.zeros((0, 3))
+    order = np.argsort(hk, kind="stable")
+    hk, hv = hk[order], hv[order]
+    bucket = hk % B
+    rest = hk // B
+    query = rest % d
+    cell = rest // d
+    global_count = np.zeros((d, B))
+    global_sum = np.zeros((d, B))
+    if acc.global_keys:
+        global_count.reshape(-1)[acc.global_keys[0]] = acc.global_vals[0][:, 0]
+        global_sum.reshape(-1)[acc.global_keys[0]] = acc.global_vals[0][:, 1]
+    if acc.sample_cells:
+        sc = _remap(acc.sample_cells[0], R, mapping)
+        sp, sv = acc.sample_prio[0], acc.sample_vals[0].reshape(-1, d)
+        o = np.lexsort((sp, sc))
+        sc, sp, sv = sc[o], sp[o], sv[o]
+    else:
+        sc, sp, sv = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64), np.zeros((0, d))
+    return SufficientStatistics(
+        spec=spec, slice_keys=tuple(keys), rank_counts=rank_counts, rank_sums=rank_sums,
+        hist_slice=cell // R, hist_rank=cell % R, hist_query=query, hist_bucket=bucket,
+        hist_count=hv[:, 0].copy(), hist_sum=hv[:, 1].copy(), hist_sumsq=hv[:, 2].copy(),
+        global_count=global_count, global_sum=global_sum, impression_sizes=acc.impression_sizes.copy(),
+        value_max=acc.value_max.copy(), sample_slice=sc // R, sample_rank=sc % R, sample_priority=sp,
+        sample_values=sv, num_conversions=int(acc.num_conversions), num_impressions=int(acc.num_impressions),
+    )
+
+
+def compute_statistics_in_memory(conversions: Conversions, spec: StatisticsSpec, batches: int = 1) -> SufficientStatistics:
+    """Statistics of in-memory conversions (split into ``batches`` impression-complete batches, then merged)."""
+    if batches <= 1:
+        return extract_output(add_conversions(create_accumulator(spec), conversions))
+    _, inv = np.unique(np.asarray(conversions.impression_id).astype(str) if np.asarray(conversions.impression_id).dtype == object
+                       else conversions.impression_id, return_inverse=True)
+    part = inv.reshape(-1) % batches
+    accs = [add_conversions(create_accumulator(spec), conversions.take(np.flatnonzero(part == b))) for b in range(batches)]
+    return extract_output(merge_accumulators(accs))
+
+
+# ------------------------------------------------------------------------------------------------
+# Rounding variance of a Gaussian-smeared value (exact objective)
+# ------------------------------------------------------------------------------------------------
+
+_GH_NODES, _GH_WEIGHTS = np.polynomial.hermite.hermgauss(24)
+
+
+def frac_variance(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """E f(1-f), f = frac(omega), omega ~ N(mu, sigma^2): the mean variance of RR(omega) (eq. 2).
+
+    sigma = 0 gives f(mu)(1 - f(mu)) exactly; sigma >= 0.5 gives 1/6 (error <= 7.3e-4 absolute,
+    from the Fourier series f(1-f) = 1/6 - sum_k cos(2 pi k x) / (pi k)^2); in between, 24-point
+    Gauss-Hermite quadrature.
+    """
+    mu = np.asarray(mu, dtype=np.float64)
+    sigma = np.asarray(sigma, dtype=np.float64)
+    out = np.full(np.broadcast(mu, sigma).shape, 1.0 / 6.0)
+    mu, sigma = np.broadcast_to(mu, out.shape), np.broadcast_to(sigma, out.shape)
+    point = sigma <= 1e-9
+    f = mu[point] - np.floor(mu[point])
+    out[point] = f * (1.0 - f)
+    mid = ~point & (sigma < 0.5)
+    if mid.any():
+        x = mu[mid, None] + np.sqrt(2.0) * sigma[mid, None] * _GH_NODES[None, :]
+        f = x - np.floor(x)
+        out[mid] = (f * (1.0 - f)) @ _GH_WEIGHTS / np.sqrt(np.pi)
+    return out

@@ -1,0 +1,1 @@
+"""Deployment assets: Dataflow Flex Templates, Cloud Scheduler, Cloud Composer (see deploy/README.md)."""

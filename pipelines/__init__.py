@@ -1,0 +1,1 @@
+"""Runnable pipelines and CLI entry points of araopt."""

@@ -1,0 +1,60 @@
+"""Shared pipeline plumbing: runner selection, pipeline options, one-line CLI errors."""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Callable, Sequence
+
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, SetupOptions, StandardOptions
+
+LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
+
+
+def pipeline_options(beam_args: Sequence[str]) -> PipelineOptions:
+    """Beam options from the leftover CLI arguments (``--runner``, ``--project``, ...).
+
+    Locally (no ``--runner`` or DirectRunner) we default to ``direct_running_mode=in_memory``.
+    """
+    opts = PipelineOptions(list(beam_args))
+    opts.view_as(SetupOptions).save_main_session = False
+    direct = opts.view_as(DirectOptions)
+    if opts.view_as(StandardOptions).runner in LOCAL_RUNNERS and "--direct_running_mode" not in " ".join(beam_args):
+        direct.direct_running_mode = "in_memory"
+    return opts
+
+
+def make_runner(opts: PipelineOptions):
+    """The runner to use. DirectRunner means the FnApiRunner, chosen explicitly so that runs are
+    deterministic about their runner: Beam 2.77's DirectRunner would first try to download and start
+    the Prism runner (impossible offline; it logs a failure on every run) and then fall back."""
+    name = opts.view_as(StandardOptions).runner
+    if name not in LOCAL_RUNNERS:
+        return None  # let Beam resolve --runner (DataflowRunner, BundleBasedDirectRunner, ...)
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(opts.get_all_options())
+    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    return fn_runner.FnApiRunner(provision_info=info)
+
+
+def runner_name(opts: PipelineOptions) -> str:
+    name = opts.view_as(StandardOptions).runner
+    if name in LOCAL_RUNNERS:
+        return f"DirectRunner (FnApiRunner, {opts.view_as(DirectOptions).direct_running_mode})"
+    return str(name)
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
+    """Run ``run(argv)`` turning ValueError/UserError into a one-line message and exit code 2."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except (ValueError, UserError, FileNotFoundError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,1 @@
+"""Thin Apache Beam wrappers over the engine-free core in ``araopt`` (composite PTransforms)."""

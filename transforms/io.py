@@ -1,0 +1,65 @@
+"""Reading conversion logs (Parquet, local or gs://) as Arrow record batches through Beam IO."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from araopt.conversions import CONVERSION_TIME, IMPRESSION_ID, check_schema
+
+
+def match_files(pattern: str) -> list[str]:
+    """Paths matching a glob (local or gs://); a directory means every *.parquet below it."""
+    patterns = [pattern]
+    if not any(ch in pattern for ch in "*?[") and FileSystems.exists(pattern) and not pattern.endswith(".parquet"):
+        patterns = [FileSystems.join(pattern, "**.parquet"), FileSystems.join(pattern, "*.parquet")]
+    paths: list[str] = []
+    for p in patterns:
+        for m in FileSystems.match([p])[0].metadata_list:
+            if m.path not in paths and m.size_in_bytes > 0:
+                paths.append(m.path)
+    return sorted(paths)
+
+
+def input_pattern(pattern: str) -> str:
+    """The glob Beam should read: a directory becomes ``dir/**.parquet``."""
+    if not any(ch in pattern for ch in "*?[") and FileSystems.exists(pattern) and not pattern.endswith(".parquet"):
+        return FileSystems.join(pattern, "**.parquet")
+    return pattern
+
+
+def read_schema(path: str) -> pa.Schema:
+    with FileSystems.open(path) as fh:
+        return pq.read_schema(fh)
+
+
+def check_input(pattern: str, slice_columns: Sequence[str], value_columns: Sequence[str]) -> tuple[list[str], pa.Schema]:
+    """Driver-side check before any processing: files exist, required columns and types are right."""
+    paths = match_files(pattern)
+    if not paths:
+        raise ValueError(f"no input files match {pattern!r}")
+    schema = read_schema(paths[0])
+    check_schema(schema, slice_columns, value_columns, source=paths[0])
+    for p in paths[1:]:
+        other = read_schema(p)
+        check_schema(other, slice_columns, value_columns, source=p)
+    return paths, schema
+
+
+def needed_columns(slice_columns: Sequence[str], value_columns: Sequence[str]) -> list[str]:
+    return [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
+
+
+class ReadConversions(beam.PTransform):
+    """Parquet files -> PCollection of ``pa.Table`` record batches with only the needed columns."""
+
+    def __init__(self, pattern: str, columns: Sequence[str]):
+        super().__init__()
+        self._pattern = input_pattern(pattern)
+        self._columns = list(columns)
+
+    def expand(self, pbegin):
+        return pbegin | "ReadParquetBatches" >> beam.io.ReadFromParquetBatched(self._pattern, columns=self._columns)
