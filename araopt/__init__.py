@@ -4,6 +4,7 @@ Engine-free core (numpy/scipy/pyarrow only; never imports Beam). The public API:
 ``Params``, ``QueryParams``, ``encode``, ``bound_contributions``, ``sample_discrete_laplace``,
 ``summary_report``, ``reconstruct``, ``expected_error``, ``rmsre_tau``, ``KeyDomain``, ``measure``.
 """
+from . import aggregate, avro
 from .bounding import bound_contributions
 from .conversions import Conversions
 from .encoding import encode, randomized_round

@@ -28,8 +28,8 @@ such rows are never silently set to 0:
   -1 (no slice); and on Sale = 1 rows: time_delay_for_conversion < 0, SalesAmountInEuro < 0, or
   product_price < 0 (-1 means missing). With non-converting clicks kept, a Sale = 0 row with
   SalesAmountInEuro > 0 is contradictory and also goes there.
-A line with the wrong number of columns, or a non-numeric value in a numeric column, makes the
-file malformed: a ValueError names the line and nothing is published.
+A line with the wrong number of columns (an empty line included), or a non-numeric value in a
+numeric column, makes the file malformed: a ValueError names the line and nothing is published.
 Reading streams through pyarrow.csv.open_csv. Memory is bounded by ``block_size``.
 """
 from __future__ import annotations
@@ -255,10 +255,23 @@ def iter_criteo(path: str | os.PathLike[str], *, include_non_converting: bool = 
             _raise_bad_row(path, bad_rows)
         if batch.num_rows == 0:
             continue
+        _check_empty_lines(path, batch, first_line)
         yield map_batch(batch, first_line, include_non_converting)
         first_line += batch.num_rows
     if bad_rows:
         _raise_bad_row(path, bad_rows)
+
+
+def _check_empty_lines(path: str, batch: pa.RecordBatch, first_line: int) -> None:
+    """pyarrow parses an empty line as a row of nulls; the format has none, so it is malformed."""
+    if batch.column(0).null_count == 0:
+        return
+    empty = np.ones(batch.num_rows, dtype=bool)
+    for col in batch.columns:
+        empty &= col.is_null().to_numpy(zero_copy_only=False)
+    if empty.any():
+        n = first_line + int(np.argmax(empty))
+        raise ValueError(f"{path}: line {n}: expected {len(CRITEO_COLUMNS)} tab-separated columns, found 1 (empty line)")
 
 
 def _account(stats: CriteoStats, table: pa.Table, dead: pa.Table, dropped: int) -> None:

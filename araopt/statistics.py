@@ -56,6 +56,7 @@ from .conversions import Conversions
 from .encoding import check_values
 from .params import CONTRIBUTION_BUDGET
 
+_COMPACT_ROWS = 1_000_000
 DEFAULT_MAX_COUNT_LIMIT = 20
 """Chrome creates at most 20 aggregatable reports per source."""
 
@@ -291,7 +292,7 @@ def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> Sta
         acc.sample_prio.append(p)
         acc.sample_vals.append(sv)
     acc.pending_rows += len(hk)
-    if acc.pending_rows > max(200_000, 2 * sum(len(x) for x in acc.hist_keys[:1])):
+    if acc.pending_rows > _COMPACT_ROWS:
         compact(acc)
     return acc
 

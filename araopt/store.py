@@ -28,6 +28,7 @@ import datetime as _dt
 import enum
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -153,7 +154,10 @@ class LatestPointer:
         """Parse and validate pointer bytes; any defect raises :class:`StoreError` naming ``uri``."""
 
         def bad(reason: str) -> StoreError:
-            return StoreError(f"corrupt latest pointer {uri}: {reason}; restore it from a good version or republish")
+            return StoreError(
+                f"corrupt latest pointer {uri}: {reason}; "
+                "delete it (the next publish recreates it) or restore a good copy"
+            )
 
         try:
             body = json.loads(data.decode("utf-8"))
@@ -345,7 +349,7 @@ class ParameterStore(abc.ABC):
             sha256=sha,
             as_of=as_of,
             run_id=run_id,
-            published_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds"),
+            published_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds"),
             previous=current_version,
             serial=(0 if current is None else current.serial) + 1,
         )
@@ -381,7 +385,9 @@ class ParameterStore(abc.ABC):
             version, expected, source = pointer.version, pointer.sha256, self._object_uri(LATEST)
         else:
             if not isinstance(ref, str) or not _VERSION_RE.match(ref):
-                raise StoreError(f"invalid version name {ref!r} for store {self.uri} (expected YYYY-MM-DD-RUNID or 'latest')")
+                raise StoreError(
+                    f"invalid version name {ref!r} for store {self.uri} (expected YYYY-MM-DD-RUNID or 'latest')"
+                )
             version = ref
             expected, source = self._read_checksum(version), self._object_uri(_checksum_key(version))
         key = _params_key(version)
@@ -588,6 +594,15 @@ def _translate_os_errors(uri: str, action: str) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _describe(exc: BaseException) -> str:
+    """Short description of a transport error (requests' messages embed whole URLs)."""
+    text = str(exc)
+    endpoint = re.search(r"host='([^']+)', port=(\d+)", text)
+    if endpoint and "ConnectionError" in type(exc).__name__:
+        return f"{type(exc).__name__}: cannot connect to {endpoint.group(1)}:{endpoint.group(2)}"
+    return f"{type(exc).__name__}: {_one_line(text, 160)}"
+
+
 def make_gcs_client(project: str | None = None) -> storage.Client:
     """Create a google-cloud-storage client, or raise a one-line StoreError about credentials.
 
@@ -669,14 +684,17 @@ class GcsStore(ParameterStore):
             raise StoreError(f"cannot {action} {uri}: HTTP {exc.code}: {_one_line(exc.message, 160)}") from exc
         except api.RetryError as exc:
             cause = exc.cause if exc.cause is not None else exc
-            raise StoreError(
-                f"cannot {action} {uri}: gave up retrying ({type(cause).__name__}: {_one_line(cause, 160)})"
-            ) from exc
+            raise StoreError(f"cannot {action} {uri}: gave up retrying ({_describe(cause)})") from exc
         except auth_exceptions.GoogleAuthError as exc:
-            raise StoreError(f"cannot {action} {uri}: credentials failed ({_one_line(exc, 120)}): {_CREDENTIALS_HELP}") from exc
+            raise StoreError(
+                f"cannot {action} {uri}: credentials failed ({_one_line(exc, 120)}): {_CREDENTIALS_HELP}"
+            ) from exc
         except (OSError, storage_exceptions.InvalidResponse, storage_exceptions.DataCorruption) as exc:
             # requests' ConnectionError/Timeout are OSErrors; DataCorruption: download checksum failed.
-            raise StoreError(f"cannot {action} {uri}: {type(exc).__name__}: {_one_line(exc, 160)}") from exc
+            raise StoreError(f"cannot {action} {uri}: {_describe(exc)}") from exc
+
+    def _bucket_missing(self, key: str, action: str) -> StoreError:
+        return StoreError(f"cannot {action} {self._object_uri(key)}: bucket {self._bucket_name} not found")
 
     def _read(self, key: str) -> bytes | None:
         from google.api_core import exceptions as api  # noqa: PLC0415
@@ -703,7 +721,7 @@ class GcsStore(ParameterStore):
         except api.PreconditionFailed:
             return False
         except api.NotFound as exc:
-            raise StoreError(f"cannot create {self._object_uri(key)}: bucket {self._bucket_name} not found") from exc
+            raise self._bucket_missing(key, "create") from exc
         return True
 
     def _read_pointer(self) -> tuple[bytes | None, int]:
@@ -716,22 +734,19 @@ class GcsStore(ParameterStore):
                     LATEST, "read", lambda: self._bucket.get_blob(name, retry=self._retry, timeout=self._timeout)
                 )
             except api.NotFound as exc:
-                raise StoreError(f"cannot read {self._object_uri(LATEST)}: bucket {self._bucket_name} not found") from exc
+                raise self._bucket_missing(LATEST, "read") from exc
             if blob is None:
                 return None, 0
             generation = int(blob.generation)
             try:
-                data = self._call(
-                    LATEST,
-                    "read",
-                    lambda: blob.download_as_bytes(
-                        if_generation_match=generation, retry=self._retry, timeout=self._timeout
-                    ),
-                )
+                data = self._call(LATEST, "read", functools.partial(self._download_generation, blob, generation))
             except (api.PreconditionFailed, api.NotFound):
                 continue  # replaced between the metadata and the media request: read again
             return data, generation
         raise StoreError(f"cannot read {self._object_uri(LATEST)}: it kept changing during 5 attempts")
+
+    def _download_generation(self, blob: storage.Blob, generation: int) -> bytes:
+        return blob.download_as_bytes(if_generation_match=generation, retry=self._retry, timeout=self._timeout)
 
     def _swap_pointer(self, data: bytes, expected_generation: int) -> None:
         from google.api_core import exceptions as api  # noqa: PLC0415
@@ -755,7 +770,7 @@ class GcsStore(ParameterStore):
                 f"{self._object_uri(LATEST)} changed (generation is no longer {expected_generation})"
             ) from None
         except api.NotFound as exc:
-            raise StoreError(f"cannot replace {self._object_uri(LATEST)}: bucket {self._bucket_name} not found") from exc
+            raise self._bucket_missing(LATEST, "replace") from exc
 
     def _list_version_names(self) -> list[str]:
         from google.api_core import exceptions as api  # noqa: PLC0415
@@ -772,7 +787,7 @@ class GcsStore(ParameterStore):
         try:
             found = self._call(VERSIONS_DIR, "list", names)
         except api.NotFound as exc:
-            raise StoreError(f"cannot list {self._object_uri(VERSIONS_DIR)}: bucket {self._bucket_name} not found") from exc
+            raise self._bucket_missing(VERSIONS_DIR, "list") from exc
         return [name for name in found if "/" not in name]
 
 

@@ -177,7 +177,7 @@ def parse_bool(value: str | bool) -> bool:
 
 def resolve_as_of(value: str, today: _dt.date | None = None) -> str:
     """Turn ``today``/``yesterday`` (UTC) into YYYY-MM-DD; validate explicit dates."""
-    today = today or _dt.datetime.now(_dt.timezone.utc).date()
+    today = today or _dt.datetime.now(_dt.UTC).date()
     if value == "today":
         return today.isoformat()
     if value == "yesterday":

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 from datetime import date
 from typing import Callable, NoReturn, Sequence
@@ -198,6 +199,8 @@ def run_fit_synthetic(argv: Sequence[str] | None = None) -> int:
     parser = build_fit_parser()
 
     def body(a: argparse.Namespace) -> int:
+        if os.path.exists(a.out) and not a.overwrite:
+            raise ValueError(f"{a.out} already exists; pass --overwrite to replace it")
         slices = [c.strip() for c in a.slice_columns.split(",") if c.strip()]
         fit = synthetic.fit_synthetic_report(
             a.input, name=a.name, slice_columns=slices, value_column=a.value_column,

@@ -611,7 +611,7 @@ def test_local_disk_error_during_pointer_move(
 def test_unknown_scheme_is_rejected(uri: str) -> None:
     with pytest.raises(ValueError, match="unknown store scheme") as info:
         open_store(uri)
-    assert uri.split(":")[0] in assert_one_line(info.value)
+    assert uri.split(":", maxsplit=1)[0] in assert_one_line(info.value)
 
 
 @pytest.mark.parametrize("uri", ["", "gs://", "gs://UPPER/x", "file://remotehost/x"])

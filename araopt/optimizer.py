@@ -1,0 +1,737 @@
+"""Parameter optimization (Alg. 6) on sufficient statistics: L-inf (Alg. 2), L1 (Alg. 5), baselines.
+
+Objective. R^2 = 1/(d+1) sum_l mean_j pi_lj E(U_lj - V_lj)^2 (eq. obj-simplified), pi_lj =
+1/max(tau_l, V_lj)^2, bias from eq. (bias-simplified), variance either Relaxation 4.3 ("relaxed":
+2 C^2 C_l^2/(alpha_l^2 eps^2), 2 (d+1) C^2/eps^2) or Thm. 4.2 ("exact": exact DLap variance, the
+rounding variance and the floors floor(alpha_l Gamma/C), floor(Gamma/C)). ``objective`` evaluates
+it from the statistics for any parameters; it reuses ``error_model.rmsre_tau`` and the variance
+formulas of ``report.estimate_variance`` / ``error_model.relaxed_variance``.
+
+Search (L-inf), for every C = 1..C_max (Alg. 6), kept ranks K(C) = Gamma // floor(Gamma/C):
+  * For fixed thresholds, sum_l K_l/alpha_l^2 subject to sum alpha_l = 1 is minimised by
+    alpha_l ~ K_l^(1/3) (Lagrange), with K_l = W_l(C_l) C_l^2 the variance factor.
+  * For fixed alpha_l, each query is a 1-D problem. A_lj(c) is linear in c between consecutive
+    grid points (the bucket edges of the statistics: exact between data values in empty gaps,
+    interpolated inside a bucket), so the bias term is a quadratic in c on every segment and the
+    variance term W(c) c^2 / alpha^2 a cubic (relaxed: quadratic). The global minimum over all
+    segments is found in closed form (roots of the derivative on every segment, vectorized).
+  * d = 1: this is the global optimum of the model. d >= 2: alternating minimisation (each block
+    step is globally optimal, Thm. 4.4 biconvexity) from several starts (the paper's start:
+    99 % quantiles and equal split; per-query optima; the previous C's optimum), then a profile
+    coordinate search over all grid points with alpha eliminated in closed form:
+    min_c sum_l bias_l(c_l) + (sum_l K_l(c_l)^(1/3))^3.
+  * Exact objective: the search uses continuous alpha (s_l = alpha_l Gamma / C) and rounding
+    variance 1/6 per unclipped kept conversion; the result is floored to integer scales
+    (leftover units assigned greedily) and its objective recomputed by ``objective``.
+
+L1 (Alg. 5): d = 1 with randomized rounding is L-inf with alpha = 1 (exact). Otherwise the objective
+is evaluated on the statistics' per-(slice, rank) samples (exact for small cells, unbiased
+otherwise) and the thresholds are found by a coordinate search on a log grid (local optimum).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import optimize as sp_optimize
+from tqdm import tqdm
+
+from .encoding import count_scale, query_scales
+from .error_model import ErrorBreakdown, relaxed_variance, rmsre_tau
+from .noise import discrete_laplace_variance, noise_parameter
+from .params import CONTRIBUTION_BUDGET, Params, Provenance, QueryParams, check_epsilon
+from .report import estimate_variance
+from .statistics import SufficientStatistics, frac_variance, kept_per_impression
+
+OBJECTIVES = ("exact", "relaxed")
+ENCODINGS = ("linf", "l1")
+BASELINE_QUANTILES = (0.95, 0.99)
+_MAX_CELLS = 4_000_000  # slices x grid points per dense block (memory bound of the search)
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {kind!r}")
+    return kind
+
+
+def _check_max_count_limit(stats: SufficientStatistics, max_count_limit: int) -> int:
+    if isinstance(max_count_limit, bool) or not isinstance(max_count_limit, (int, np.integer)) or max_count_limit < 1:
+        raise ValueError(f"max count limit C_max must be an integer >= 1, got {max_count_limit!r}")
+    if int(max_count_limit) > stats.spec.max_count_limit:
+        raise ValueError(f"C_max = {max_count_limit} exceeds the statistics' C_max = {stats.spec.max_count_limit}")
+    return int(max_count_limit)
+
+
+def _taus(stats: SufficientStatistics, taus: np.ndarray | Sequence[float] | None) -> np.ndarray:
+    t = stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
+    if t.shape != (stats.num_queries + 1,) or not (t > 0).all():
+        raise ValueError(f"taus must be {stats.num_queries + 1} positive numbers (count first), got {t}")
+    return t
+
+
+# ================================================================================================
+# Objective from statistics
+# ================================================================================================
+
+def _hist_terms(
+    stats: SufficientStatistics, kept_ranks: int, thresholds: np.ndarray, omega_scales: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per slice and value query: sum over kept of min(v, c) (m, d), and sum f(1-f) of RR(omega) (m, d).
+
+    omega = omega_scale x min(v, c) / c; A_lj(c) exact at bucket edges, linear inside a bucket.
+    """
+    m, d = stats.num_slices, stats.num_queries
+    layout = stats.spec.layout
+    lower_all, upper_all = layout.lower_edges(), layout.upper_edges()
+    kept = stats.kept_totals(kept_ranks)
+    clipped = np.empty((m, d))
+    rounding = None if omega_scales is None else np.empty((m, d))
+    sel_rank = stats.hist_rank < kept_ranks
+    for q in range(d):
+        e = sel_rank & (stats.hist_query == q)
+        c = float(thresholds[q])
+        b = stats.hist_bucket[e]
+        lo = lower_all[b]
+        hi = np.maximum(np.minimum(upper_all[b], stats.value_max[q]), lo)
+        cnt, sm, sq = stats.hist_count[e], stats.hist_sum[e], stats.hist_sumsq[e]
+        width = hi - lo
+        inside = (lo < c) & (c < hi)
+        frac_above = np.where(lo >= c, 1.0, 0.0)
+        frac_above[inside] = (hi[inside] - c) / width[inside]
+        excess = np.where(lo >= c, sm - c * cnt, 0.0)
+        excess[inside] = (sm[inside] - lo[inside] * cnt[inside]) * frac_above[inside]
+        sl = stats.hist_slice[e]
+        clipped[:, q] = kept[:, q + 1] - np.bincount(sl, weights=excess, minlength=m)
+        if rounding is not None:
+            mean = sm / cnt
+            sd = np.sqrt(np.maximum(sq / cnt - mean**2, 0.0))
+            g = frac_variance(omega_scales[q] * mean / c, omega_scales[q] * sd / c)
+            rounding[:, q] = np.bincount(sl, weights=cnt * (1.0 - frac_above) * g, minlength=m)
+    return clipped, rounding
+
+
+def _sample_cells(stats: SufficientStatistics, kept_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Samples of kept ranks: (slice, values, Horvitz-Thompson weight = cell count / sampled)."""
+    if stats.spec.sample_size == 0:
+        raise ValueError("these statistics hold no samples (StatisticsSpec.sample_size = 0); the L1 objective "
+                         "with d >= 2 or floor rounding needs them")
+    sel = stats.sample_rank < kept_ranks
+    sl, rk, vals = stats.sample_slice[sel], stats.sample_rank[sel], stats.sample_values[sel]
+    cell = sl * stats.max_rank + rk
+    uniq, inv, n_s = np.unique(cell, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    weight = stats.rank_counts[uniq // stats.max_rank, uniq % stats.max_rank][inv] / n_s[inv]
+    return sl, vals, weight
+
+
+def _l1_sample_terms(
+    sl: np.ndarray, vals: np.ndarray, weight: np.ndarray, m: int, thresholds: np.ndarray, count_limit: int,
+    rounding_mode: str, contribution_budget: int = CONTRIBUTION_BUDGET,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Alg. 5 on samples: per slice E[U_l] (m, d) and rounding variance in W units (m, d)."""
+    d = vals.shape[1]
+    x = vals / thresholds[None, :]
+    shrink = 1.0 / np.maximum(1.0, x.sum(axis=1))
+    budget = contribution_budget // count_limit
+    expected = np.empty((m, d))
+    rounding = np.zeros((m, d))
+    for q in range(d):
+        if rounding_mode == "floor":
+            w = np.floor(x[:, q] * shrink * (contribution_budget / count_limit))
+            expected[:, q] = np.bincount(sl, weights=weight * w, minlength=m) * thresholds[q] / budget
+        else:
+            u = x[:, q] * shrink * budget
+            f = u - np.floor(u)
+            expected[:, q] = np.bincount(sl, weights=weight * vals[:, q] * shrink, minlength=m)
+            rounding[:, q] = np.bincount(sl, weights=weight * f * (1.0 - f), minlength=m)
+    return expected, rounding
+
+
+def baseline_kept_ranks(stats: SufficientStatistics, params: Params) -> int:
+    """Approximate kept ranks of the baseline: Gamma // (mean expected norm), capped at R.
+
+    Baseline norms vary per record (no bottom key), so Alg. 1 may keep more than C conversions of an
+    impression. From the statistics we take the mean expected norm over all conversions; this is an
+    approximation (``evaluation`` uses the exact error model on records for reported test errors).
+    """
+    scales = query_scales(params).astype(float)
+    mean_norm = float(count_scale(params))
+    edges_hi = stats.spec.layout.upper_edges()
+    for q, qp in enumerate(params.queries):
+        cnt, sm = stats.global_count[q], stats.global_sum[q]
+        mean_v = np.where(cnt > 0, sm / np.maximum(cnt, 1), 0.0)
+        clipped = np.where(edges_hi <= qp.clip_threshold, mean_v, np.minimum(mean_v, qp.clip_threshold))
+        mean_norm += scales[q] * float((cnt * clipped).sum() / max(cnt.sum(), 1.0)) / qp.clip_threshold
+    k = params.contribution_budget // max(1, int(round(mean_norm)))
+    return int(min(max(k, params.count_limit), stats.max_rank))
+
+
+def statistics_breakdown(stats: SufficientStatistics, params: Params, kind: str = "exact") -> ErrorBreakdown:
+    """Truth, E[U] and Var(U) per slice (m, d+1), count first, from statistics (cf. ``error_model.expected_error``)."""
+    _check_kind(kind)
+    if params.query_columns != stats.value_columns:
+        raise ValueError(f"params queries {params.query_columns} differ from the statistics' {stats.value_columns}")
+    m, d = stats.num_slices, stats.num_queries
+    thresholds = np.array([q.clip_threshold for q in params.queries], dtype=np.float64)
+    if params.encoding == "baseline":
+        kept_ranks = baseline_kept_ranks(stats, params)
+    else:
+        kept_ranks = kept_per_impression(params.count_limit, params.contribution_budget)
+    if kept_ranks > stats.max_rank:
+        raise ValueError(f"count limit {params.count_limit} keeps {kept_ranks} ranks; the statistics cover "
+                         f"{stats.max_rank} (C_max = {stats.spec.max_count_limit})")
+    kept = stats.kept_totals(kept_ranks)
+    expected = np.empty((m, d + 1))
+    expected[:, 0] = kept[:, 0]
+    want_round = kind == "exact"
+    if params.encoding == "l1" and (d > 1 or params.l1_rounding == "floor"):
+        sl, vals, weight = _sample_cells(stats, kept_ranks)
+        expected[:, 1:], rounding = _l1_sample_terms(sl, vals, weight, m, thresholds, params.count_limit,
+                                                     params.l1_rounding, params.contribution_budget)
+    else:
+        scales = query_scales(params).astype(np.float64)
+        expected[:, 1:], rounding = _hist_terms(stats, kept_ranks, thresholds, scales if want_round else None)
+    if want_round:
+        variance = estimate_variance(params, kept[:, 0], rounding)
+    else:
+        variance = relaxed_variance(params, m)
+    return ErrorBreakdown(truth=stats.totals(), expected=expected, variance=variance)
+
+
+def objective(stats: SufficientStatistics, params: Params, taus: np.ndarray | None = None, kind: str = "exact") -> float:
+    """RMSRE_tau (Def. 3.2) of ``params`` predicted from the statistics (exact or relaxed objective)."""
+    return rmsre_tau(statistics_breakdown(stats, params, kind), _taus(stats, taus)).combined
+
+
+# ================================================================================================
+# L-inf search structures
+# ================================================================================================
+
+@dataclass(frozen=True)
+class _Grid:
+    """Candidate thresholds of one query: all edges of occupied buckets (upper edges capped at max)."""
+
+    points: np.ndarray
+    entry_mask: np.ndarray   # entries of this query with bucket >= 1
+    entry_index: np.ndarray  # grid index of each such entry's lower edge
+
+
+def _grid(stats: SufficientStatistics, q: int) -> _Grid:
+    layout = stats.spec.layout
+    lower, upper = layout.lower_edges(), layout.upper_edges()
+    mask = (stats.hist_query == q) & (stats.hist_bucket >= 1)
+    occ = np.unique(stats.hist_bucket[mask])
+    vmax = float(stats.value_max[q])
+    if occ.size == 0:  # all values below the layout's minimum (or zero)
+        pts = np.array([layout.min_value, max(2 * layout.min_value, vmax)])
+        return _Grid(pts, mask, np.zeros(0, dtype=np.int64))
+    lo = lower[occ]
+    hi = np.maximum(np.minimum(upper[occ], vmax), lo)
+    bottom = max(layout.min_value, lo[0] / 1024.0)
+    pts = np.unique(np.concatenate([[bottom], lo, hi]))
+    if pts.size < 2:
+        pts = np.array([pts[0], pts[0] * 2.0])
+    idx = np.searchsorted(pts, lower[stats.hist_bucket[mask]])
+    return _Grid(pts, mask, idx)
+
+
+@dataclass(frozen=True)
+class _QueryModel:
+    """One value query at one C: bias and rounding-count on grid segments (per-slice sums collapsed)."""
+
+    g: np.ndarray        # (G,) grid points
+    bias: np.ndarray     # (G,) mean_j pi_j (B_j + A_j(g))^2
+    q1: np.ndarray       # (G-1,) segment linear coefficient of the bias (in t = c - g_i)
+    q2: np.ndarray       # (G-1,) segment quadratic coefficient
+    rho: np.ndarray      # (G,) mean_j pi_j N_j(values < g) over kept conversions
+    p: float             # mean_j pi_j
+
+    def locate(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        c = np.clip(np.asarray(c, dtype=np.float64), self.g[0], self.g[-1])
+        i = np.clip(np.searchsorted(self.g, c, side="right") - 1, 0, len(self.g) - 2)
+        return i, c - self.g[i]
+
+    def bias_at(self, c: np.ndarray) -> np.ndarray:
+        i, t = self.locate(c)
+        return self.bias[i] + self.q1[i] * t + self.q2[i] * t * t
+
+    def rho_at(self, c: np.ndarray) -> np.ndarray:
+        i, t = self.locate(c)
+        h = self.g[i + 1] - self.g[i]
+        return self.rho[i] + (self.rho[i + 1] - self.rho[i]) * t / h
+
+
+def _query_model(stats: SufficientStatistics, grid: _Grid, q: int, kept_ranks: int, pi: np.ndarray,
+                 dropped: np.ndarray, kept_count: np.ndarray) -> _QueryModel:
+    m = stats.num_slices
+    g = grid.points
+    G = len(g)
+    sel = stats.hist_rank[grid.entry_mask] < kept_ranks
+    sl = stats.hist_slice[grid.entry_mask][sel]
+    gi = grid.entry_index[sel]
+    cnt = stats.hist_count[grid.entry_mask][sel]
+    sm = stats.hist_sum[grid.entry_mask][sel]
+    bias = np.zeros(G)
+    q1 = np.zeros(G - 1)
+    q2 = np.zeros(G - 1)
+    rho = np.zeros(G)
+    h = np.diff(g)
+    step = max(1, _MAX_CELLS // G)
+    order = np.argsort(sl, kind="stable")
+    sl, gi, cnt, sm = sl[order], gi[order], cnt[order], sm[order]
+    bounds = np.searchsorted(sl, np.arange(0, m + step, step))
+    for k, j0 in enumerate(range(0, m, step)):
+        j1 = min(m, j0 + step)
+        a, b = bounds[k], bounds[k + 1]
+        mc = j1 - j0
+        flat = (sl[a:b] - j0) * G + gi[a:b]
+        ntail = np.bincount(flat, weights=cnt[a:b], minlength=mc * G).reshape(mc, G)
+        stail = np.bincount(flat, weights=sm[a:b], minlength=mc * G).reshape(mc, G)
+        ntail = np.cumsum(ntail[:, ::-1], axis=1)[:, ::-1]
+        stail = np.cumsum(stail[:, ::-1], axis=1)[:, ::-1]
+        y = dropped[j0:j1, None] + stail - g[None, :] * ntail  # B_j + A_j(g) >= 0
+        w = pi[j0:j1, None]
+        bias += (w * y * y).sum(axis=0)
+        slope = np.diff(y, axis=1) / h[None, :]
+        q1 += 2.0 * (w * y[:, :-1] * slope).sum(axis=0)
+        q2 += (w * slope * slope).sum(axis=0)
+        rho += (w * (kept_count[j0:j1, None] - ntail)).sum(axis=0)
+    return _QueryModel(g, bias / m, q1 / m, q2 / m, rho / m, float(pi.mean()))
+
+
+@dataclass(frozen=True)
+class _LinfModel:
+    """The L-inf objective at one C (sum over queries of mean_j pi MSE; divide by d+1 for R^2)."""
+
+    count_limit: int
+    kind: str
+    epsilon: float
+    queries: tuple[_QueryModel, ...]
+    count_term: float
+    contribution_budget: int = CONTRIBUTION_BUDGET
+
+    @property
+    def d(self) -> int:
+        return len(self.queries)
+
+    def w_coeffs(self, q: int) -> tuple[np.ndarray, np.ndarray]:
+        """W(c) = w0 + w1 t on every segment, so that Var term = W(c) c^2 / alpha^2."""
+        qm = self.queries[q]
+        C, G = self.count_limit, self.contribution_budget
+        if self.kind == "relaxed":
+            w0 = np.full(len(qm.g) - 1, 2.0 * C * C * qm.p / self.epsilon**2)
+            return w0, np.zeros_like(w0)
+        v = discrete_laplace_variance(noise_parameter(self.epsilon, G))
+        f = (C / G) ** 2
+        w0 = (v * qm.p + qm.rho[:-1] / 6.0) * f
+        w1 = (np.diff(qm.rho) / 6.0 / np.diff(qm.g)) * f
+        return w0, w1
+
+    def var_factor(self, q: int, c: np.ndarray) -> np.ndarray:
+        """K_q(c) = W(c) c^2."""
+        qm = self.queries[q]
+        C, G = self.count_limit, self.contribution_budget
+        c = np.asarray(c, dtype=np.float64)
+        if self.kind == "relaxed":
+            w = 2.0 * C * C * qm.p / self.epsilon**2
+        else:
+            v = discrete_laplace_variance(noise_parameter(self.epsilon, G))
+            w = (v * qm.p + qm.rho_at(c) / 6.0) * (C / G) ** 2
+        return w * c * c
+
+    def value(self, c: np.ndarray, alpha: np.ndarray) -> float:
+        total = self.count_term
+        for q in range(self.d):
+            total += float(self.queries[q].bias_at(c[q])) + float(self.var_factor(q, c[q])) / alpha[q] ** 2
+        return total
+
+    def c_step(self, q: int, alpha: float) -> tuple[float, float]:
+        """Global minimiser over c of bias_q(c) + K_q(c)/alpha^2 (closed form on every segment)."""
+        qm = self.queries[q]
+        g, h = qm.g[:-1], np.diff(qm.g)
+        w0, w1 = self.w_coeffs(q)
+        ia = 1.0 / alpha**2
+        a0, a1, a2 = qm.q1 + (w1 * g * g + 2 * w0 * g) * ia, 2 * qm.q2 + (4 * w1 * g + 2 * w0) * ia, 3 * w1 * ia
+        cands = [np.zeros_like(h), h]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lin = np.where(a1 != 0, -a0 / a1, 0.0)
+            disc = a1 * a1 - 4 * a2 * a0
+            sq = np.sqrt(np.maximum(disc, 0.0))
+            r1 = np.where(a2 > 1e-300, (-a1 + sq) / (2 * a2), lin)
+            r2 = np.where(a2 > 1e-300, (-a1 - sq) / (2 * a2), lin)
+        for r in (r1, r2):
+            cands.append(np.clip(np.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0), 0.0, h))
+        t = np.stack(cands)  # (4, G-1)
+        cc = g[None, :] + t
+        val = (qm.bias[:-1][None, :] + qm.q1[None, :] * t + qm.q2[None, :] * t * t
+               + (w0[None, :] + w1[None, :] * t) * cc * cc * ia)
+        k = np.unravel_index(np.argmin(val), val.shape)
+        return float(cc[k]), float(val[k])
+
+    def alpha_step(self, c: np.ndarray) -> np.ndarray:
+        k = np.array([float(self.var_factor(q, c[q])) for q in range(self.d)])
+        r = np.cbrt(np.maximum(k, 1e-300))
+        return r / r.sum()
+
+    def profile_value(self, c: np.ndarray) -> float:
+        k = np.array([float(self.var_factor(q, c[q])) for q in range(self.d)])
+        return self.count_term + sum(float(self.queries[q].bias_at(c[q])) for q in range(self.d)) + float(np.cbrt(k).sum() ** 3)
+
+
+def _linf_model(stats: SufficientStatistics, grids: Sequence[_Grid], C: int, kind: str, epsilon: float,
+                taus: np.ndarray) -> _LinfModel:
+    gamma = stats.spec.contribution_budget
+    K = kept_per_impression(C, gamma)
+    truth = stats.totals()
+    kept = stats.kept_totals(K)
+    pis = 1.0 / np.maximum(taus[None, :], truth) ** 2
+    d = stats.num_queries
+    queries = tuple(
+        _query_model(stats, grids[q], q, K, pis[:, q + 1], truth[:, q + 1] - kept[:, q + 1], kept[:, 0])
+        for q in range(d)
+    )
+    if kind == "relaxed":
+        var0 = 2.0 * (d + 1) * C * C / epsilon**2
+    else:
+        var0 = (d + 1) * discrete_laplace_variance(noise_parameter(epsilon, gamma)) / (gamma // C) ** 2
+    count_term = float((pis[:, 0] * ((truth[:, 0] - kept[:, 0]) ** 2 + var0)).mean())
+    return _LinfModel(C, kind, epsilon, queries, count_term, gamma)
+
+
+def _alternate(model: _LinfModel, c: np.ndarray, alpha: np.ndarray, max_iter: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
+    best = model.value(c, alpha)
+    for _ in range(max_iter):
+        alpha = model.alpha_step(c)
+        c = np.array([model.c_step(q, alpha[q])[0] for q in range(model.d)])
+        val = model.value(c, alpha)
+        if val >= best * (1 - 1e-12):
+            best = min(best, val)
+            break
+        best = val
+    return c, alpha, best
+
+
+def _profile_polish(model: _LinfModel, c: np.ndarray, sweeps: int = 10) -> np.ndarray:
+    """Coordinate search over all grid points of the profile objective (alpha eliminated)."""
+    c = c.copy()
+    cur = model.profile_value(c)
+    for _ in range(sweeps):
+        improved = False
+        for q in range(model.d):
+            qm = model.queries[q]
+            others = sum(float(np.cbrt(model.var_factor(k, c[k]))) for k in range(model.d) if k != q)
+            rest = model.count_term + sum(float(model.queries[k].bias_at(c[k])) for k in range(model.d) if k != q)
+            vals = rest + qm.bias + (others + np.cbrt(model.var_factor(q, qm.g))) ** 3
+            i = int(np.argmin(vals))
+            if vals[i] < cur * (1 - 1e-12):
+                c[q], cur, improved = qm.g[i], float(vals[i]), True
+        if not improved:
+            break
+    return c
+
+
+def _solve_linf(model: _LinfModel, starts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, float]:
+    d = model.d
+    if d == 1:
+        c, val = model.c_step(0, 1.0)
+        return np.array([c]), np.array([1.0]), val + model.count_term
+    best = (None, None, np.inf)
+    for c0 in starts:
+        c, alpha, val = _alternate(model, np.asarray(c0, dtype=np.float64), np.full(d, 1.0 / d))
+        c2 = _profile_polish(model, c)
+        c2, alpha2, val2 = _alternate(model, c2, model.alpha_step(c2))
+        if val2 < val:
+            c, alpha, val = c2, alpha2, val2
+        if val < best[2]:
+            best = (c, alpha, val)
+    return best  # type: ignore[return-value]
+
+
+# ================================================================================================
+# Building parameter files
+# ================================================================================================
+
+def _integer_fractions(k: np.ndarray, count_limit: int, gamma: int) -> np.ndarray:
+    """Budget fractions whose floors floor(alpha Gamma/C) minimise sum K_l / s_l^2 near alpha ~ K^(1/3)."""
+    d = len(k)
+    units = gamma // count_limit
+    if units < d:
+        raise ValueError(f"count limit {count_limit} leaves {units} budget units for {d} queries")
+    r = np.cbrt(np.maximum(k, 1e-300))
+    s = np.maximum(1, np.floor(r / r.sum() * units)).astype(np.int64)
+    while s.sum() > units:
+        s[int(np.argmax(s))] -= 1
+    for _ in range(int(units - s.sum())):
+        gain = k * (1.0 / s**2 - 1.0 / (s + 1.0) ** 2)
+        s[int(np.argmax(gain))] += 1
+    alpha = s * count_limit / gamma
+    slack = gamma - units * count_limit  # < C: floor(alpha Gamma / C) is unchanged by adding it to one query
+    alpha[int(np.argmax(s))] += slack / gamma
+    return alpha
+
+
+def _make_params(
+    stats: SufficientStatistics, encoding: str, epsilon: float, count_limit: int, thresholds: np.ndarray,
+    fractions: np.ndarray | None, taus: np.ndarray, slice_columns: Sequence[str] | None, l1_rounding: str = "randomized",
+    count_fraction: float | None = None, provenance: Provenance | None = None,
+) -> Params:
+    queries = tuple(
+        QueryParams(col, float(thresholds[q]), None if fractions is None else float(fractions[q]), float(taus[q + 1]))
+        for q, col in enumerate(stats.value_columns)
+    )
+    return Params(count_limit=int(count_limit), encoding=encoding, epsilon=epsilon,
+                  slice_columns=tuple(stats.slice_columns if slice_columns is None else slice_columns),
+                  queries=queries, count_budget_fraction=count_fraction, count_tau=float(taus[0]),
+                  l1_rounding=l1_rounding if encoding == "l1" else "floor", provenance=provenance,
+                  contribution_budget=stats.spec.contribution_budget)
+
+
+def _finalize_fractions(model: _LinfModel, c: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    if model.d == 1:
+        return np.array([1.0])
+    if model.kind == "exact":
+        k = np.array([float(model.var_factor(q, c[q])) for q in range(model.d)])
+        return _integer_fractions(k, model.count_limit, model.contribution_budget)
+    a = np.maximum(alpha, 2.0 * model.count_limit / model.contribution_budget)
+    return a / a.sum()
+
+
+# ================================================================================================
+# Results
+# ================================================================================================
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """Best parameters for one count limit C (a row of Alg. 6's loop); objective is the model's RMSRE_tau."""
+
+    count_limit: int
+    kept_ranks: int
+    objective: float
+    thresholds: tuple[float, ...]
+    fractions: tuple[float, ...] | None
+    count_mse_share: float  # share of the count query in the objective (bias of dropped conversions + noise)
+
+
+@dataclass(frozen=True)
+class OptimizationResult:
+    """The chosen parameters, their objective (``objective``), the per-C table and timing."""
+
+    params: Params
+    objective: float
+    kind: str
+    encoding: str
+    per_count_limit: tuple[CandidateResult, ...]
+    taus: tuple[float, ...]
+    seconds: float
+
+    def table(self) -> pd.DataFrame:
+        rows = []
+        for r in self.per_count_limit:
+            row = {"C": r.count_limit, "kept_ranks": r.kept_ranks, "rmsre_tau": r.objective, "count_share": r.count_mse_share}
+            for name, t in zip(self.params.query_columns, r.thresholds):
+                row[f"C_{name}"] = t
+            if r.fractions is not None:
+                for name, a in zip(self.params.query_columns, r.fractions):
+                    row[f"alpha_{name}"] = a
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def _progress(iterable: range, progress: bool, desc: str) -> tqdm:
+    enabled = bool(progress) and sys.stderr.isatty()
+    return tqdm(iterable, desc=desc, unit="C", file=sys.stderr, disable=not enabled, leave=False)
+
+
+# ================================================================================================
+# Public optimizers
+# ================================================================================================
+
+def optimize(
+    stats: SufficientStatistics, epsilon: float, encoding: str = "linf", max_count_limit: int = 20,
+    objective: str = "exact", taus: np.ndarray | Sequence[float] | None = None, progress: bool = True,
+    l1_rounding: str = "randomized", slice_columns: Sequence[str] | None = None,
+) -> OptimizationResult:
+    """Alg. 6 over C = 1..C_max on sufficient statistics; returns the best Params and the per-C table."""
+    t0 = time.perf_counter()
+    epsilon = check_epsilon(epsilon)
+    kind = _check_kind(objective)
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+    if l1_rounding not in ("floor", "randomized"):
+        raise ValueError(f"l1_rounding must be 'floor' or 'randomized', got {l1_rounding!r}")
+    cmax = _check_max_count_limit(stats, max_count_limit)
+    if stats.num_conversions == 0:
+        raise ValueError("the statistics hold no conversions (empty history)")
+    tau = _taus(stats, taus)
+    d = stats.num_queries
+    grids = [_grid(stats, q) for q in range(d)]
+    q99 = np.array([stats.quantile(q, 0.99) for q in range(d)])
+    q99 = np.where(q99 > 0, q99, [g.points[-1] for g in grids])
+    use_samples = encoding == "l1" and (d > 1 or l1_rounding == "floor")
+    rows: list[CandidateResult] = []
+    best: tuple[float, Params | None] = (np.inf, None)
+    prev_c = None
+    for C in _progress(range(1, cmax + 1), progress, f"optimize {encoding}"):
+        model = _linf_model(stats, grids, C, kind, epsilon, tau)
+        starts = [q99, np.array([model.c_step(q, 1.0 / d)[0] for q in range(d)]),
+                  np.array([model.c_step(q, 1.0)[0] for q in range(d)])]
+        if prev_c is not None:
+            starts.append(prev_c)
+        c, alpha, val = _solve_linf(model, starts)
+        prev_c = c
+        if use_samples:
+            params = _optimize_l1_samples(stats, model, c / alpha, epsilon, kind, tau, l1_rounding, slice_columns)
+            value = _objective_value(stats, params, tau, kind)
+            fractions = None
+        else:
+            fractions = _finalize_fractions(model, c, alpha) if encoding == "linf" else None
+            params = _make_params(stats, encoding, epsilon, C, c, fractions, tau, slice_columns, l1_rounding)
+            value = math.sqrt(max(val, 0.0) / (d + 1))
+        rows.append(CandidateResult(C, kept_per_impression(C, stats.spec.contribution_budget), value,
+                                    tuple(float(x) for x in (params.queries[q].clip_threshold for q in range(d))),
+                                    None if fractions is None else tuple(float(a) for a in fractions),
+                                    model.count_term / max(val, 1e-300) if not use_samples else float("nan")))
+        if value < best[0]:
+            best = (value, params)
+    params = best[1]
+    assert params is not None
+    final = _objective_value(stats, params, tau, kind)
+    params = dataclasses.replace(params, provenance=Provenance(
+        rows=stats.num_conversions, predicted_rmsre_tau=final, objective=kind,
+        extra={"optimizer": "araopt.optimizer.optimize (Alg. 6)", "max_count_limit": cmax}))
+    return OptimizationResult(params, final, kind, encoding, tuple(rows), tuple(float(t) for t in tau),
+                              time.perf_counter() - t0)
+
+
+def _objective_value(stats: SufficientStatistics, params: Params, taus: np.ndarray, kind: str) -> float:
+    return rmsre_tau(statistics_breakdown(stats, params, kind), taus).combined
+
+
+def _optimize_l1_samples(
+    stats: SufficientStatistics, model: _LinfModel, start: np.ndarray, epsilon: float, kind: str, taus: np.ndarray,
+    l1_rounding: str, slice_columns: Sequence[str] | None, sweeps: int = 3,
+) -> Params:
+    """Coordinate search of the L1 thresholds on a log grid, objective evaluated on the samples."""
+    C = model.count_limit
+    d = stats.num_queries
+    m = stats.num_slices
+    K = kept_per_impression(C, stats.spec.contribution_budget)
+    sl, vals, weight = _sample_cells(stats, K)
+    truth = stats.totals()
+    kept = stats.kept_totals(K)
+    pis = 1.0 / np.maximum(taus[None, :], truth) ** 2
+    gamma = stats.spec.contribution_budget
+    units = gamma // C
+    vnoise = discrete_laplace_variance(noise_parameter(epsilon, gamma))
+    count_term = model.count_term
+
+    def value(c: np.ndarray) -> float:
+        exp, rnd = _l1_sample_terms(sl, vals, weight, m, c, C, l1_rounding, gamma)
+        total = count_term
+        for q in range(d):
+            bias = ((exp[:, q] - truth[:, q + 1]) ** 2 * pis[:, q + 1]).mean()
+            if kind == "relaxed":
+                var = pis[:, q + 1].mean() * 2.0 * C * C * c[q] ** 2 / epsilon**2
+            else:
+                var = (pis[:, q + 1] * (rnd[:, q] + vnoise)).mean() * (c[q] / units) ** 2
+            total += bias + var
+        return total
+
+    starts = [np.maximum(start, 1e-12), np.array([stats.quantile(q, 0.99) for q in range(d)]) * d]
+    best_c, best_v = None, np.inf
+    for c in starts:
+        c = np.where(c > 0, c, 1.0).astype(np.float64)
+        cur = value(c)
+        for _ in range(sweeps):
+            improved = False
+            for q in range(d):
+                for span in (3.0, 0.5, 0.06, 0.008):
+                    cands = c[q] * np.exp2(np.linspace(-span, span, 17))
+                    trial = []
+                    for x in cands:
+                        cc = c.copy()
+                        cc[q] = x
+                        trial.append(value(cc))
+                    i = int(np.argmin(trial))
+                    if trial[i] < cur * (1 - 1e-12):
+                        c[q], cur, improved = cands[i], trial[i], True
+            if not improved:
+                break
+        if cur < best_v:
+            best_c, best_v = c.copy(), cur
+    return _make_params(stats, "l1", epsilon, C, best_c, None, taus, slice_columns, l1_rounding)
+
+
+def scipy_paper_optimize(
+    stats: SufficientStatistics, epsilon: float, max_count_limit: int = 20, objective: str = "exact",
+    taus: np.ndarray | Sequence[float] | None = None, progress: bool = False, slice_columns: Sequence[str] | None = None,
+) -> OptimizationResult:
+    """The paper's reference (Sec. 4.3): per C, scipy.optimize.minimize over (C_l, alpha_l) started at
+    the 99 % quantile thresholds and the equal split, on the same (L-inf) objective model."""
+    t0 = time.perf_counter()
+    epsilon = check_epsilon(epsilon)
+    kind = _check_kind(objective)
+    cmax = _check_max_count_limit(stats, max_count_limit)
+    tau = _taus(stats, taus)
+    d = stats.num_queries
+    grids = [_grid(stats, q) for q in range(d)]
+    lo = np.array([g.points[0] for g in grids])
+    hi = np.array([g.points[-1] for g in grids])
+    x0c = np.clip([stats.quantile(q, 0.99) for q in range(d)], lo, hi)
+    rows, best = [], (np.inf, None)
+    for C in _progress(range(1, cmax + 1), progress, "scipy reference"):
+        model = _linf_model(stats, grids, C, kind, epsilon, tau)
+        if d == 1:
+            res = sp_optimize.minimize(lambda x: model.value(x, np.ones(1)), x0c, method="L-BFGS-B",
+                                       bounds=list(zip(lo, hi)))
+            c, alpha = np.clip(res.x, lo, hi), np.ones(1)
+        else:
+            amin = 2.0 * C / stats.spec.contribution_budget
+            res = sp_optimize.minimize(
+                lambda x: model.value(x[:d], x[d:]), np.concatenate([x0c, np.full(d, 1.0 / d)]), method="SLSQP",
+                bounds=list(zip(lo, hi)) + [(amin, 1.0)] * d,
+                constraints=[{"type": "eq", "fun": lambda x: np.sum(x[d:]) - 1.0}])
+            c, alpha = np.clip(res.x[:d], lo, hi), np.maximum(res.x[d:], amin)
+            alpha = alpha / alpha.sum()
+        val = model.value(c, alpha)
+        fractions = _finalize_fractions(model, c, alpha)
+        params = _make_params(stats, "linf", epsilon, C, c, fractions, tau, slice_columns)
+        value = math.sqrt(max(val, 0.0) / (d + 1))
+        rows.append(CandidateResult(C, kept_per_impression(C, stats.spec.contribution_budget), value,
+                                    tuple(float(x) for x in c), tuple(float(a) for a in fractions),
+                                    model.count_term / max(val, 1e-300)))
+        if value < best[0]:
+            best = (value, params)
+    params = best[1]
+    final = _objective_value(stats, params, tau, kind)
+    return OptimizationResult(params, final, kind, "linf", tuple(rows), tuple(float(t) for t in tau),
+                              time.perf_counter() - t0)
+
+
+def baseline_params(
+    stats: SufficientStatistics, epsilon: float, quantile: float, max_count_limit: int | None = None,
+    taus: np.ndarray | Sequence[float] | None = None, slice_columns: Sequence[str] | None = None,
+) -> Params:
+    """Sec. 5.1 baseline: alpha_0 = ... = alpha_d = 1/(d+1) with a separate count key; C_l = training
+    quantile of per-conversion values; C = quantile of conversions per impression (capped at C_max)."""
+    epsilon = check_epsilon(epsilon)
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"quantile must lie in (0, 1], got {quantile!r}")
+    cmax = stats.spec.max_count_limit if max_count_limit is None else _check_max_count_limit(stats, max_count_limit)
+    tau = _taus(stats, taus)
+    d = stats.num_queries
+    C = int(min(max(1, stats.impression_size_quantile(quantile)), cmax))
+    thresholds = []
+    for q in range(d):
+        t = stats.quantile(q, quantile)
+        thresholds.append(t if t > 0 else (stats.mean(q) if stats.mean(q) > 0 else 1.0))
+    frac = 1.0 / (d + 1)
+    return _make_params(stats, "baseline", epsilon, C, np.array(thresholds), np.full(d, frac), tau, slice_columns,
+                        count_fraction=1.0 - d * frac)

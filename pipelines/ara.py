@@ -1,0 +1,299 @@
+"""`araopt export-ara` and `araopt reconstruct`: from parameters to ARA registrations, and from
+Aggregation Service summary reports back to estimates (see docs/ara.md).
+
+    araopt export-ara --params P --out DIR [--conversions LOG | --key-map M] [--destination URL]
+                      [--simulation-seed S] [--overwrite]
+    araopt reconstruct --summary-report FILE_OR_GLOB [...] --params P (--key-map M | --conversions LOG)
+                       --out estimates.csv [--confidence 0.95] [--epsilon E]
+
+export-ara writes under DIR: key_map.json / key_map.csv (bucket <-> slice and query, with the
+parameter file's sha256), sources.json (one Attribution-Reporting-Register-Source per slice of
+impression features), output_domain.avro (AggregationBucket: every (slice, query) and bottom
+bucket), export.json (summary) and, with --conversions, triggers.jsonl (one
+Attribution-Reporting-Register-Trigger per conversion, in browser arrival order). ARA limits are
+checked before anything is written.
+
+Each ``run_*`` takes argv (without the subcommand) and returns an exit code: 0 on success, 2 on bad
+input with a one-line ``araopt <cmd>: error: ...`` on stderr and no traceback.
+``python -m pipelines.ara <export-ara|reconstruct> ...`` runs the same functions.
+"""
+from __future__ import annotations
+
+import argparse
+import glob as _glob
+import json
+import math
+import os
+import sys
+from typing import Any, Callable, NoReturn, Sequence
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from araopt import avro
+from araopt.ara import (REGISTER_SOURCE, REGISTER_TRIGGER, DEFAULT_DESTINATION, KeyMap, SourceEncoder,
+                        TriggerEncoder, ara_warnings, check_ara_limits, check_ara_limits_for_cardinalities,
+                        estimates_from_summary_report, key_map_json, trigger_batch)
+from araopt.conversions import REASON, Conversions, check_schema, validate_table
+from araopt.keys import KeyDomain
+from araopt.mechanism import encode_and_bound
+from araopt.params import Params, check_epsilon
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, body: Callable[[argparse.Namespace], int]) -> int:
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as e:  # --help (0) or a usage error (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    try:
+        return body(args)
+    except (ValueError, OSError) as e:
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else type(e).__name__
+        print(f"{parser.prog}: error: {first}", file=sys.stderr)
+        return 2
+
+
+def _warn(prog: str, message: str) -> None:
+    print(f"{prog}: warning: {message}", file=sys.stderr)
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+def parquet_files(pattern: str) -> list[str]:
+    """A Parquet file, a directory (every *.parquet below it) or a glob -> sorted local paths."""
+    if any(ch in pattern for ch in "*?["):
+        paths = sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    elif os.path.isdir(pattern):
+        paths = sorted(_glob.glob(os.path.join(pattern, "**", "*.parquet"), recursive=True))
+    elif os.path.isfile(pattern):
+        paths = [pattern]
+    else:
+        raise ValueError(f"conversion log {pattern!r} does not exist")
+    if not paths:
+        raise ValueError(f"no Parquet file matches {pattern!r}")
+    return paths
+
+
+def read_conversion_log(pattern: str, params: Params) -> tuple[Conversions, dict[str, int], int]:
+    """Valid conversions of a Parquet log (contract of araopt.conversions), rejected rows by reason, rows read."""
+    columns = ["impression_id", "conversion_time", *params.slice_columns, *params.query_columns]
+    tables = []
+    for path in parquet_files(pattern):
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ValueError(f"{path}: not a readable Parquet file ({exc})") from None
+        check_schema(schema, params.slice_columns, params.query_columns, source=path)
+        tables.append(pq.read_table(path, columns=columns))
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ValueError(f"conversion log files have incompatible schemas ({exc})") from None
+    good, rejected = validate_table(table, params.slice_columns, params.query_columns)
+    reasons = pd.Series(rejected.column(REASON).to_pylist(), dtype=object).value_counts().to_dict() if rejected.num_rows else {}
+    conv = Conversions.from_table(good, params.slice_columns, params.query_columns)
+    return conv, {str(k): int(v) for k, v in reasons.items()}, table.num_rows
+
+
+def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
+    """The slices present in the log (as ``araopt measure`` without --domain), after the key-bit limit check."""
+    cards = [int(pd.Series(conv.slices[c]).nunique()) for c in params.slice_columns]
+    check_ara_limits_for_cardinalities(params, cards)  # before KeyDomain, which also refuses > 128 bits
+    return KeyDomain.from_slice_values(params.slice_columns, conv.slices, params.query_columns,
+                                       baseline=params.encoding == "baseline",
+                                       conversion_slice_columns=params.conversion_slice_columns)
+
+
+def _atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as fh:
+            write(fh)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+# ---- export-ara ----------------------------------------------------------------------------------
+def export_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="araopt export-ara", description="ARA source/trigger registration JSON, key map and output domain "
+                "for a parameter file (docs/ara.md).")
+    p.add_argument("--params", required=True, help="parameter file (JSON)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--conversions", default=None, help="Parquet conversion log (file, directory or glob): derive the key "
+                   "domain from its slices (unless --key-map) and write triggers.jsonl, one trigger per conversion")
+    p.add_argument("--key-map", default=None, help="key map JSON declaring the output domain (e.g. from an earlier export)")
+    p.add_argument("--destination", default=DEFAULT_DESTINATION, help="'destination' of the source registrations "
+                   "(the advertiser site; default %(default)s)")
+    p.add_argument("--simulation-seed", type=int, default=None, help="SIMULATION MODE: seeded rounding of the trigger "
+                   "values (the same as 'araopt measure --simulation-seed'); NOT for real traffic")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    return p
+
+
+def run_export_ara(argv: Sequence[str] | None = None) -> int:
+    return _run(export_parser(), argv, _export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    prog = "araopt export-ara"
+    params = Params.load(args.params)
+    if args.simulation_seed is not None and args.simulation_seed < 0:
+        raise ValueError(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
+    if args.simulation_seed is not None and args.conversions is None:
+        raise ValueError("--simulation-seed only applies to triggers, which need --conversions")
+    if os.path.exists(os.path.join(args.out, "key_map.json")) and not args.overwrite:
+        raise ValueError(f"{args.out} already holds an export (key_map.json); pass --overwrite to replace it")
+    check_ara_limits_for_cardinalities(params, [])  # limits that do not depend on the slices, before reading data
+    conv, rejected, rows_read = (read_conversion_log(args.conversions, params) if args.conversions else (None, {}, 0))
+    if args.key_map:
+        domain = KeyMap.load(args.key_map).domain_for(params, args.params)
+    elif conv is not None:
+        domain = domain_from_conversions(params, conv)
+    else:
+        raise ValueError("export-ara needs the key domain: pass --conversions LOG (the slices present in the log) or --key-map M")
+    check_ara_limits(params, domain)
+    sources = SourceEncoder(params, domain, args.destination)
+    triggers = TriggerEncoder(params, domain)
+    batch = None
+    if conv is not None:
+        contributions, _ = encode_and_bound(conv, params, simulation_seed=args.simulation_seed)
+        batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices, contributions, conv.record_keys(),
+                              sources, triggers)
+    # --- every check passed: write ---
+    os.makedirs(args.out, exist_ok=True)
+    out = lambda name: os.path.join(args.out, name)  # noqa: E731
+    _atomic_write(out("key_map.json"), lambda fh: json.dump(key_map_json(params, domain), fh, indent=1))
+    _atomic_write(out("key_map.csv"), lambda fh: domain.key_table().to_csv(fh, index=False))
+    source_doc = {"header": REGISTER_SOURCE, "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(),
+                  "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
+                  "registrations": sources.all_registrations()}
+    _atomic_write(out("sources.json"), lambda fh: json.dump(source_doc, fh, indent=1, default=_json_default))
+    avro.write_output_domain(out("output_domain.avro"), domain.buckets())
+    if batch is not None:
+        def write_lines(fh: Any) -> None:
+            for line in batch.lines(triggers):
+                fh.write(line)
+                fh.write("\n")
+        _atomic_write(out("triggers.jsonl"), write_lines)
+    summary = {
+        "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
+        "slices": domain.num_slices, "keys": domain.num_keys, "sources": len(sources),
+        "key_bits": domain.total_bits, "keys_per_source": len(sources.key_names),
+        "trigger_header": REGISTER_TRIGGER, "conversions_read": rows_read, "conversions_rejected": rejected,
+        "triggers": len(batch) if batch is not None else 0,
+        "triggers_skipped": dict(batch.skipped) if batch is not None else {},
+        "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
+        "simulation_seed": args.simulation_seed,
+    }
+    _atomic_write(out("export.json"), lambda fh: json.dump(summary, fh, indent=1))
+    for w in ara_warnings(params, domain):
+        _warn(prog, w)
+    if batch is not None and batch.skipped:
+        _warn(prog, f"conversions without a trigger (slice values outside the key map): {dict(batch.skipped)}")
+    if rejected:
+        _warn(prog, f"invalid conversion rows skipped: {rejected}")
+    files = "key_map.json/.csv, sources.json, output_domain.avro" + (", triggers.jsonl" if batch is not None else "")
+    print(f"{prog}: {len(sources)} source registrations, {domain.num_keys} buckets ({domain.num_slices} slices x "
+          f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files}, "
+          f"export.json under {args.out}")
+    return 0
+
+
+def _json_default(v: Any) -> Any:
+    if hasattr(v, "item"):
+        return v.item()
+    raise TypeError(f"not JSON serialisable: {v!r}")
+
+
+# ---- reconstruct ---------------------------------------------------------------------------------
+def reconstruct_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="araopt reconstruct", description="Estimates with standard errors and confidence intervals from "
+                "Aggregation Service summary reports (AggregatedFact) or debug-run output (DebugAggregatedFact).")
+    p.add_argument("--summary-report", required=True, nargs="+", help="Avro file(s), directory or glob")
+    p.add_argument("--params", required=True, help="parameter file (JSON) the registrations were exported with")
+    p.add_argument("--key-map", default=None, help="key map JSON written by export-ara (checked against --params)")
+    p.add_argument("--conversions", default=None, help="without --key-map: derive the key domain from the slices of this "
+                   "Parquet conversion log (as 'araopt measure' without --domain)")
+    p.add_argument("--out", required=True, help="estimates CSV (long format: slice columns, query, estimate, std_error, "
+                   "ci_low, ci_high)")
+    p.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals (default %(default)s)")
+    p.add_argument("--epsilon", type=float, default=None, help="epsilon of the Aggregation Service job, if it differs "
+                   "from the parameter file's")
+    return p
+
+
+def run_reconstruct(argv: Sequence[str] | None = None) -> int:
+    return _run(reconstruct_parser(), argv, _reconstruct)
+
+
+def _reconstruct(args: argparse.Namespace) -> int:
+    prog = "araopt reconstruct"
+    if not (math.isfinite(args.confidence) and 0.0 < args.confidence < 1.0):
+        raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
+    params = Params.load(args.params)
+    if args.epsilon is not None:
+        params = params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
+    if args.key_map:
+        key_map = KeyMap.load(args.key_map)
+        try:
+            domain = key_map.domain_for(params, args.params)
+        except ValueError as exc:
+            hint = " (the key map records the parameters after any --epsilon override)" if "sha256" in str(exc) else ""
+            raise ValueError(f"{exc}{hint}") from None
+    elif args.conversions:
+        conv, _, _ = read_conversion_log(args.conversions, params)
+        domain = domain_from_conversions(params, conv)
+    else:
+        raise ValueError("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
+                         "--conversions LOG to derive the domain from its slices")
+    data = avro.read_report(args.summary_report)
+    frame, counters = estimates_from_summary_report(data.buckets, data.metrics, params, domain, args.confidence)
+    if counters.rows and counters.unknown_buckets == counters.rows:
+        raise ValueError(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or parameter "
+                         f"file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
+    _atomic_write(args.out, lambda fh: frame.to_csv(fh, index=False))
+    summary: dict[str, Any] = {"report_kind": data.kind, "files": len(data.paths), **counters.to_json(),
+                               "slices": domain.num_slices, "estimates": args.out}
+    if counters.unknown:
+        side = f"{os.path.splitext(args.out)[0]}.unknown_buckets.csv"
+        rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown], "metric": [m for _, m in counters.unknown]})
+        _atomic_write(side, lambda fh: rows.to_csv(fh, index=False))
+        summary["unknown_buckets_file"] = side
+        _warn(prog, f"{counters.unknown_buckets} bucket(s) of the report are not in the key map (metric sum "
+                    f"{counters.unknown_metric_sum}); listed in {side}")
+    if data.kind == avro.DEBUG and data.annotations is not None:
+        summary["debug_rows_not_in_domain"] = sum(1 for a in data.annotations if "in_domain" not in a)
+    if counters.missing_buckets:
+        _warn(prog, f"{counters.missing_buckets} bucket(s) of the key map are missing from the report: "
+                    f"{counters.incomplete_slices} slice(s) get NaN estimates")
+    if counters.huge_metrics:
+        _warn(prog, f"{counters.huge_metrics} metric(s) beyond ±2^53 skipped (their estimates are NaN): "
+                    f"e.g. bucket 0x{counters.huge[0][0]:x} metric {counters.huge[0][1]}")
+    if counters.implausible_negative_metrics:
+        _warn(prog, f"{counters.implausible_negative_metrics} metric(s) are more negative than noise at epsilon="
+                    f"{params.epsilon:g} makes plausible (wrong epsilon or a corrupt report?)")
+    print(json.dumps(summary))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"export-ara": run_export_ara, "reconstruct": run_reconstruct}
+    if not argv or argv[0] not in commands:
+        print(f"usage: python -m pipelines.ara {{{'|'.join(commands)}}} [options]", file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,269 @@
+"""The Beam measurement pipeline: each transform with TestPipeline + assert_that, exact equality with
+the core library, invariance to input layout and runner mode, retries, dead letters and accounting."""
+from __future__ import annotations
+
+import json
+import os
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from araopt import Conversions, Params, QueryParams, aggregate, avro, measure
+from araopt.mechanism import encode_and_bound
+from pipelines import measure as measure_pipeline
+from pipelines.options import make_runner
+from transforms import aggregate as agg_transforms
+from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise
+from transforms.group import GroupByImpression
+from transforms.validate import REJECTED, ValidateConversions
+
+SEED = 7
+
+
+def make_frame(n=4000, seed=0, impressions=700):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({
+        "impression_id": rng.integers(0, impressions, n).astype("int64"),
+        "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+        "campaign": rng.integers(0, 5, n).astype("int32"),
+        "geo": rng.choice(["NY", "BOS", "SF"], n),
+        "value": rng.lognormal(2, 1, n),
+        "items": rng.poisson(2, n).astype("int64"),
+    })
+
+
+def make_params(encoding="linf"):
+    if encoding == "baseline":
+        return Params(count_limit=3, encoding="baseline", epsilon=4.0, slice_columns=("campaign", "geo"),
+                      queries=(QueryParams("value", 20.0, 0.4), QueryParams("items", 3.0, 0.3)), count_budget_fraction=0.3)
+    return Params(count_limit=3, encoding="linf", epsilon=4.0, slice_columns=("campaign", "geo"),
+                  queries=(QueryParams("value", 20.0, 0.6), QueryParams("items", 3.0, 0.4)))
+
+
+def write_parts(frame, directory, parts):
+    os.makedirs(directory, exist_ok=True)
+    for i in range(parts):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[i::parts], preserve_index=False), os.path.join(directory, f"part-{i}.parquet"))
+    return str(directory)
+
+
+def run_measure(tmp_path, frame, params, name, parts=3, extra=()):
+    data = write_parts(frame, tmp_path / f"in-{name}", parts)
+    params.save(tmp_path / f"{name}.json")
+    out = tmp_path / f"out-{name}"
+    code = measure_pipeline.run(["--input", data, "--params", str(tmp_path / f"{name}.json"), "--output", str(out),
+                                 "--simulation-seed", str(SEED), "--debug-run", *extra])
+    return code, out
+
+
+def read_debug(out):
+    buckets, unnoised, noise, _ = avro.read_debug_report(str(out / "debug" / "summary_report.avro"))
+    return buckets, unnoised, noise
+
+
+# ---- transforms, one by one ------------------------------------------------------------------
+def test_validate_sends_bad_rows_to_dead_letter_with_reason():
+    frame = make_frame(20)
+    frame.loc[1, "value"] = -1.0
+    frame.loc[2, "value"] = np.inf
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.set_column(0, "impression_id", pa.array([None] + frame["impression_id"].tolist()[1:], pa.int64()))
+    with TestPipeline() as p:
+        out = p | beam.Create([table]) | ValidateConversions(("campaign", "geo"), ("value", "items"))
+        assert_that(out.valid | "ValidRows" >> beam.Map(lambda t: t.num_rows), equal_to([17]), label="valid")
+        reasons = out[REJECTED] | beam.FlatMap(lambda t: t.column("reason").to_pylist())
+        assert_that(reasons, equal_to(["null_impression_id", "negative_value", "non_finite_value"]), label="reasons")
+        assert_that(out.counts, equal_to([(20, 3)]), label="counts")
+
+
+def test_group_by_impression_puts_each_impression_in_exactly_one_shard():
+    frame = make_frame(3000)
+    tables = [pa.Table.from_pandas(frame.iloc[i::4], preserve_index=False) for i in range(4)]
+
+    def check(shards):
+        seen = {}
+        for shard, table in shards:
+            for imp in set(table.column("impression_id").to_pylist()):
+                assert imp not in seen, f"impression {imp} in shards {seen[imp]} and {shard}"
+                seen[imp] = shard
+        assert sum(t.num_rows for _, t in shards) == 3000
+        assert set(seen) == set(frame["impression_id"])
+
+    with TestPipeline() as p:
+        shards = p | beam.Create(tables) | GroupByImpression(num_shards=8)
+        assert_that(shards, check)
+
+
+def core_sums(frame, params):
+    conv = Conversions.from_table(frame, params.slice_columns, params.query_columns)
+    contributions, kept = encode_and_bound(conv, params, SEED)
+    return aggregate.slice_sums(conv, contributions, kept)
+
+
+@pytest.mark.parametrize("encoding", ["linf", "baseline"])
+def test_encode_bound_and_sum_equals_core(encoding):
+    frame = make_frame(3000)
+    params = make_params(encoding)
+    expected = core_sums(frame, params).frame.sort_values(["campaign", "geo"]).reset_index(drop=True)
+    tables = [pa.Table.from_pandas(frame.iloc[i::3], preserve_index=False) for i in range(3)]
+
+    def check(results):
+        (got,) = results
+        g = got.frame.sort_values(["campaign", "geo"]).reset_index(drop=True)
+        pd.testing.assert_frame_equal(g[expected.columns], expected, check_dtype=False)
+
+    with TestPipeline() as p:
+        valid = (p | beam.Create(tables) | ValidateConversions(params.slice_columns, params.query_columns)).valid
+        merged = valid | GroupByImpression(5) | EncodeBoundAndSum(params, SEED)
+        assert_that(merged, check)
+
+
+def test_noisy_release_equals_core_measure():
+    frame = make_frame(3000)
+    params = make_params()
+    core = measure(Conversions.from_table(frame, params.slice_columns, params.query_columns), params, simulation_seed=SEED)
+
+    def check(results):
+        (rel,) = results
+        assert np.array_equal(rel.report.unnoised, core.histogram)
+        assert np.array_equal(rel.report.noisy, core.report.noisy)
+        assert np.allclose(rel.estimates.estimate, core.estimates.estimate)
+
+    with TestPipeline() as p:
+        merged = p | "Sums" >> beam.Create([core_sums(frame, params)])
+        counts = p | "Counts" >> beam.Create([(3000, 0)])
+        assert_that(merged | NoisyRelease(params, counts, simulation_seed=SEED), check)
+
+
+def test_non_global_windowing_is_refused():
+    params = make_params()
+    with pytest.raises(ValueError, match="global window"):
+        with TestPipeline() as p:
+            merged = (p | beam.Create([core_sums(make_frame(50), params)])
+                      | beam.WindowInto(beam.window.FixedWindows(60)))
+            merged | NoisyRelease(params, p | "C" >> beam.Create([(50, 0)]))
+
+
+# ---- the whole job -------------------------------------------------------------------------------
+def test_pipeline_histogram_and_estimates_equal_core_exactly(tmp_path):
+    frame = make_frame()
+    params = make_params()
+    code, out = run_measure(tmp_path, frame, params, "a")
+    assert code == 0
+    core = measure(Conversions.from_table(frame, params.slice_columns, params.query_columns), params, simulation_seed=SEED)
+    buckets, unnoised, noise = read_debug(out)
+    assert buckets == core.domain.buckets()
+    assert np.array_equal(unnoised, core.histogram.ravel())
+    assert np.array_equal(noise, core.report.noise.ravel())
+    sbuckets, metrics = avro.read_summary_report(str(out / "summary_report.avro"))
+    assert sbuckets == buckets and np.array_equal(metrics, core.report.noisy.ravel())
+    assert avro.read_output_domain(str(out / "output_domain.avro")) == buckets
+    est = pd.read_parquet(out / "estimates.parquet")
+    assert list(est.columns) == ["campaign", "geo", "query", "estimate", "std_error", "ci_low", "ci_high"]
+    assert np.allclose(est["estimate"].to_numpy(), core.estimates.estimate.ravel())
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["rows_read"] == len(frame) and summary["accounting_closes"]
+    assert summary["conversions_kept"] == core.rows_kept and summary["conversions_dropped_by_cap"] == core.rows_capped
+    assert summary["parameters"]["sha256"] and summary["simulation"] is True
+
+
+def test_invariant_to_row_order_files_shards_and_running_mode(tmp_path):
+    frame = make_frame()
+    params = make_params()
+    _, ref = run_measure(tmp_path, frame, params, "ref", parts=3)
+    reference = avro.read_summary_report(str(ref / "summary_report.avro"))
+    shuffled = frame.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    variants = [
+        ("shuffled", shuffled, 3, ["--num-shards", "64"]),
+        ("files", frame, 7, ["--num-shards", "3"]),
+        ("multiproc", shuffled, 2, ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]),
+    ]
+    for name, data, parts, extra in variants:
+        code, out = run_measure(tmp_path, data, params, name, parts=parts, extra=extra)
+        assert code == 0
+        got = avro.read_summary_report(str(out / "summary_report.avro"))
+        assert got[0] == reference[0] and np.array_equal(got[1], reference[1]), name
+    summary = json.loads((tmp_path / "out-multiproc" / "run_summary.json").read_text())
+    assert "multi_processing" in summary["runner"]
+
+
+def test_bad_rows_go_to_dead_letter_and_accounting_closes(tmp_path):
+    frame = make_frame(3000)
+    frame.loc[10, "value"] = -5.0
+    frame.loc[11, "value"] = np.nan
+    frame.loc[12, "geo"] = None
+    frame.loc[13, "items"] = -1
+    code, out = run_measure(tmp_path, frame, make_params(), "bad")
+    assert code == 0
+    dead = pd.read_parquet(out / "dead_letter" / "rejected.parquet")
+    assert sorted(dead["reason"]) == ["negative_value", "negative_value", "null_slice_value", "null_value"]
+    s = json.loads((out / "run_summary.json").read_text())
+    assert s["rows_rejected_by_reason"] == {"negative_value": 2, "null_slice_value": 1, "null_value": 1}
+    assert s["rows_read"] == s["conversions_kept"] + s["conversions_dropped_by_cap"] + s["rows_rejected"] \
+        + s["conversions_kept_outside_domain"]
+
+
+def test_too_many_bad_rows_fail_before_release(tmp_path, capsys):
+    frame = make_frame(500)
+    frame.loc[:80, "value"] = -1.0  # 16% rejected > 10%
+    code, _ = run_measure(tmp_path, frame, make_params(), "toobad")
+    assert code == 2 and "above the 10% threshold" in capsys.readouterr().err
+    assert not (tmp_path / "out-toobad" / "summary_report.avro").exists()
+
+
+def test_missing_column_and_bad_epsilon_refused_before_processing(tmp_path, capsys):
+    frame = make_frame(100).drop(columns=["items"])
+    code, out = run_measure(tmp_path, frame, make_params(), "missing")
+    assert code == 2 and "missing required column" in capsys.readouterr().err and not out.exists()
+    code, _ = run_measure(tmp_path, make_frame(100), make_params(), "eps", extra=["--epsilon", "65"])
+    assert code == 2 and "epsilon" in capsys.readouterr().err
+
+
+class _FailFirstAttempt(_AddNoise):
+    """The noise step fails on its first attempt (marker file), then succeeds when retried."""
+
+    def __init__(self, marker, *args):
+        super().__init__(*args)
+        self._marker = marker
+
+    def process(self, sums, counts):
+        if not os.path.exists(self._marker):
+            open(self._marker, "w").close()
+            raise RuntimeError("injected failure on first attempt")
+        yield from super().process(sums, counts)
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkeypatch, seeded):
+    frame = make_frame(2000)
+    params = make_params()
+    seed = SEED if seeded else None
+    marker = str(tmp_path / "attempted")
+    monkeypatch.setattr(agg_transforms, "_AddNoise", lambda *a: _FailFirstAttempt(marker, *a))
+    data = write_parts(frame, tmp_path / "in", 2)
+    out = str(tmp_path / "out")
+    opts = PipelineOptions(["--runner", "BundleBasedDirectRunner"])
+    with beam.Pipeline(options=opts) as p:
+        measure_pipeline.build_pipeline(p, data, params, out, params.checksum(), simulation_seed=seed, debug_run=True)
+    assert os.path.exists(marker)  # the first attempt did fail
+    buckets, unnoised, noise, _ = avro.read_debug_report(os.path.join(out, "debug", "summary_report.avro"))
+    sb, noisy = avro.read_summary_report(os.path.join(out, "summary_report.avro"))
+    assert len(set(sb)) == len(sb) == len(buckets)  # each key released exactly once
+    assert np.array_equal(noisy, unnoised + noise)
+    core = measure(Conversions.from_table(frame, params.slice_columns, params.query_columns), params, simulation_seed=SEED)
+    assert np.array_equal(unnoised, core.histogram.ravel())
+    if seeded:
+        assert np.array_equal(noise, core.report.noise.ravel())
+
+
+def test_default_local_runner_is_the_fn_api_runner():
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    assert isinstance(make_runner(PipelineOptions([])), fn_runner.FnApiRunner)
+    assert make_runner(PipelineOptions(["--runner", "DataflowRunner"])) is None
