@@ -44,11 +44,11 @@ def child(args: argparse.Namespace) -> None:
     scale = synthetic.scale_for_target_conversions(preset, args.conversions)
     t0 = time.perf_counter()
     m = synthetic.write_synthetic(args.out, preset, seed=args.seed, scale=scale, splits=("train",),
-                                  days=args.days, chunk_rows=args.chunk_rows)["train"]
+                                  days=args.days or None, chunk_rows=args.chunk_rows)["train"]
     elapsed = time.perf_counter() - t0
     size = sum(f.stat().st_size for f in Path(args.out, "train").rglob("*.parquet"))
     print(json.dumps({
-        "preset": args.preset, "scale": scale, "days": args.days, "conversions": m["conversions"],
+        "preset": args.preset, "scale": scale, "days": args.days or None, "conversions": m["conversions"],
         "impressions": m["impressions"], "files": len(m["files"]), "seconds": elapsed,
         "conversions_per_s": m["conversions"] / elapsed, "bytes": size,
         "base_rss_mb": base_rss / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -60,8 +60,7 @@ def run_child(preset: str, conversions: float, days: int | None, chunk_rows: int
     try:
         cmd = [sys.executable, __file__, "--child", "--preset", preset, "--conversions", str(conversions),
                "--out", os.path.join(out, "o"), "--chunk-rows", str(chunk_rows), "--seed", str(seed)]
-        if days:
-            cmd += ["--days", str(days)]
+        cmd += ["--days", str(days or 0)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
         return json.loads(proc.stdout.strip().splitlines()[-1])
     finally:
