@@ -25,8 +25,8 @@ the paper queries converted rows. include_non_converting=True keeps them with va
 whose value would be unknown goes to the dead-letter table with its line number and a reason;
 such rows are never silently set to 0:
   an empty numeric field or partner_id; Sale not in {0, 1}; click_timestamp < 0; partner_id
-  -1 (no slice); and on Sale = 1 rows: time_delay_for_conversion < 0, SalesAmountInEuro < 0, or
-  product_price < 0 (-1 means missing). With non-converting clicks kept, a Sale = 0 row with
+  -1 (no slice); and on Sale = 1 rows: time_delay_for_conversion < 0, or a SalesAmountInEuro or
+  product_price that is negative (-1 means missing) or not finite. With non-converting clicks kept, a Sale = 0 row with
   SalesAmountInEuro > 0 is contradictory and also goes there.
 A line with the wrong number of columns (an empty line included), or a non-numeric value in a
 numeric column, makes the file malformed: a ValueError names the line and nothing is published.
@@ -91,8 +91,8 @@ REASONS: tuple[str, ...] = (
     "click_timestamp missing (-1) or negative",
     "partner_id missing (-1)",
     "time_delay_for_conversion missing (-1) on a converted row",
-    "SalesAmountInEuro missing (-1) or negative on a converted row",
-    "product_price missing (-1) or negative on a converted row",
+    "SalesAmountInEuro missing (-1) or invalid on a converted row",
+    "product_price missing (-1) or invalid on a converted row",
     "SalesAmountInEuro > 0 on a non-converting row",
 )
 _CONVERSION_ERROR = re.compile(r"In CSV column #(\d+): Row #(\d+): (.*)", re.S)
@@ -152,9 +152,8 @@ def _arrow_error(path: str, e: pa.ArrowInvalid) -> ValueError:
     return ValueError(f"{path}: malformed Criteo file: {str(e).strip().splitlines()[0]}")
 
 
-def _numpy(batch: pa.RecordBatch, name: str, fill: Any) -> tuple[np.ndarray, np.ndarray]:
-    col = batch.column(name)
-    return col.fill_null(fill).to_numpy(zero_copy_only=False), col.is_null().to_numpy(zero_copy_only=False)
+def _numpy(batch: pa.RecordBatch, name: str, fill: Any) -> np.ndarray:
+    return batch.column(name).fill_null(fill).to_numpy(zero_copy_only=False)
 
 
 def map_batch(batch: pa.RecordBatch, first_line: int, include_non_converting: bool = False
@@ -167,11 +166,11 @@ def map_batch(batch: pa.RecordBatch, first_line: int, include_non_converting: bo
     def flag(mask: np.ndarray, reason: str) -> None:
         code[mask & (code == 0)] = REASONS.index(reason)
 
-    sale, _ = _numpy(batch, "Sale", -1)
-    amount, _ = _numpy(batch, "SalesAmountInEuro", -1.0)
-    delay, _ = _numpy(batch, "time_delay_for_conversion", -1)
-    click, _ = _numpy(batch, "click_timestamp", -1)
-    price, _ = _numpy(batch, "product_price", -1.0)
+    sale = _numpy(batch, "Sale", -1)
+    amount = _numpy(batch, "SalesAmountInEuro", -1.0)
+    delay = _numpy(batch, "time_delay_for_conversion", -1)
+    click = _numpy(batch, "click_timestamp", -1)
+    price = _numpy(batch, "product_price", -1.0)
     for c in _REQUIRED:
         flag(batch.column(c).is_null().to_numpy(zero_copy_only=False), f"empty field {c}")
     flag(~np.isin(sale, (0, 1)), "Sale must be 0 or 1")
@@ -182,34 +181,33 @@ def map_batch(batch: pa.RecordBatch, first_line: int, include_non_converting: bo
          "partner_id missing (-1)")
     converted = sale == 1
     flag(converted & (delay < 0), "time_delay_for_conversion missing (-1) on a converted row")
-    flag(converted & ~(amount >= 0), "SalesAmountInEuro missing (-1) or negative on a converted row")
-    flag(converted & ~(price >= 0), "product_price missing (-1) or negative on a converted row")
+    with np.errstate(invalid="ignore"):
+        bad_amount, bad_price = ~((amount >= 0) & np.isfinite(amount)), ~((price >= 0) & np.isfinite(price))
+    flag(converted & bad_amount, "SalesAmountInEuro missing (-1) or invalid on a converted row")
+    flag(converted & bad_price, "product_price missing (-1) or invalid on a converted row")
     if include_non_converting:
         flag((sale == 0) & (amount > 0), "SalesAmountInEuro > 0 on a non-converting row")
     keep = (code == 0) & ~drop
     dead = code != 0
 
-    def take(arr: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return arr[mask]
-
-    k_sale = take(sale, keep)
+    k_sale = sale[keep]
     k_conv = k_sale == 1
-    click_us = take(click, keep) * 1_000_000
-    conv_us = click_us + np.where(k_conv, take(delay, keep), 0) * 1_000_000
+    click_us = click[keep] * 1_000_000
+    conv_us = click_us + np.where(k_conv, delay[keep], 0) * 1_000_000
     keep_arr = pa.array(keep)
 
     def nullify_missing(name: str) -> pa.Array:
         col = batch.column(name).filter(keep_arr)
         return pc.if_else(pc.fill_null(pc.equal(col, "-1"), True), pa.scalar(None, pa.string()), col)
 
-    k_price = take(price, keep)
+    k_price = price[keep]
     table = pa.Table.from_arrays(
         [
-            pa.array(take(line, keep), pa.int64()),
+            pa.array(line[keep], pa.int64()),
             pa.array(conv_us, _UTC_US),
             batch.column("partner_id").filter(keep_arr),
             pa.array(np.where(k_conv, k_price, 0.0), pa.float64()),
-            pa.array(np.where(k_conv, take(amount, keep), 0.0), pa.float64()),
+            pa.array(np.where(k_conv, amount[keep], 0.0), pa.float64()),
             pa.array(click_us, _UTC_US),
             pa.array(k_sale.astype(np.int32), pa.int32()),
             pa.array(k_price, pa.float64(), mask=k_price < 0),

@@ -385,23 +385,52 @@ class _LinfModel:
         return self.count_term + sum(float(self.queries[q].bias_at(c[q])) for q in range(self.d)) + float(np.cbrt(k).sum() ** 3)
 
 
-def _linf_model(stats: SufficientStatistics, grids: Sequence[_Grid], C: int, kind: str, epsilon: float,
-                taus: np.ndarray) -> _LinfModel:
+@dataclass(frozen=True)
+class SearchContext:
+    """Everything of the L-inf search that does not depend on epsilon or the objective kind: grids and,
+    per kept-rank count K, the bias / rounding-count segment models (cached; reuse across epsilons)."""
+
+    stats: SufficientStatistics
+    taus: np.ndarray
+    grids: tuple[_Grid, ...]
+    truth: np.ndarray
+    pis: np.ndarray
+    _cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def query_models(self, kept_ranks: int) -> tuple[_QueryModel, ...]:
+        if kept_ranks not in self._cache:
+            kept = self.stats.kept_totals(kept_ranks)
+            self._cache[kept_ranks] = (kept, tuple(
+                _query_model(self.stats, self.grids[q], q, kept_ranks, self.pis[:, q + 1],
+                             self.truth[:, q + 1] - kept[:, q + 1], kept[:, 0])
+                for q in range(self.stats.num_queries)))
+        return self._cache[kept_ranks][1]
+
+    def kept(self, kept_ranks: int) -> np.ndarray:
+        self.query_models(kept_ranks)
+        return self._cache[kept_ranks][0]
+
+
+def prepare_search(stats: SufficientStatistics, taus: np.ndarray | Sequence[float] | None = None) -> SearchContext:
+    """Grids and cached per-C bias models for ``optimize`` / ``scipy_paper_optimize`` (pass as ``context``)."""
+    tau = _taus(stats, taus)
+    truth = stats.totals()
+    pis = 1.0 / np.maximum(tau[None, :], truth) ** 2
+    return SearchContext(stats, tau, tuple(_grid(stats, q) for q in range(stats.num_queries)), truth, pis)
+
+
+def _linf_model(ctx: SearchContext, C: int, kind: str, epsilon: float) -> _LinfModel:
+    stats = ctx.stats
     gamma = stats.spec.contribution_budget
     K = kept_per_impression(C, gamma)
-    truth = stats.totals()
-    kept = stats.kept_totals(K)
-    pis = 1.0 / np.maximum(taus[None, :], truth) ** 2
+    queries = ctx.query_models(K)
+    kept = ctx.kept(K)
     d = stats.num_queries
-    queries = tuple(
-        _query_model(stats, grids[q], q, K, pis[:, q + 1], truth[:, q + 1] - kept[:, q + 1], kept[:, 0])
-        for q in range(d)
-    )
     if kind == "relaxed":
         var0 = 2.0 * (d + 1) * C * C / epsilon**2
     else:
         var0 = (d + 1) * discrete_laplace_variance(noise_parameter(epsilon, gamma)) / (gamma // C) ** 2
-    count_term = float((pis[:, 0] * ((truth[:, 0] - kept[:, 0]) ** 2 + var0)).mean())
+    count_term = float((ctx.pis[:, 0] * ((ctx.truth[:, 0] - kept[:, 0]) ** 2 + var0)).mean())
     return _LinfModel(C, kind, epsilon, queries, count_term, gamma)
 
 
@@ -556,9 +585,12 @@ def _progress(iterable: range, progress: bool, desc: str) -> tqdm:
 def optimize(
     stats: SufficientStatistics, epsilon: float, encoding: str = "linf", max_count_limit: int = 20,
     objective: str = "exact", taus: np.ndarray | Sequence[float] | None = None, progress: bool = True,
-    l1_rounding: str = "randomized", slice_columns: Sequence[str] | None = None,
+    l1_rounding: str = "randomized", slice_columns: Sequence[str] | None = None, context: SearchContext | None = None,
 ) -> OptimizationResult:
-    """Alg. 6 over C = 1..C_max on sufficient statistics; returns the best Params and the per-C table."""
+    """Alg. 6 over C = 1..C_max on sufficient statistics; returns the best Params and the per-C table.
+
+    ``context`` (from ``prepare_search`` with the same statistics and taus) reuses the per-C bias
+    models across calls, e.g. over epsilons."""
     t0 = time.perf_counter()
     epsilon = check_epsilon(epsilon)
     kind = _check_kind(objective)
@@ -569,9 +601,10 @@ def optimize(
     cmax = _check_max_count_limit(stats, max_count_limit)
     if stats.num_conversions == 0:
         raise ValueError("the statistics hold no conversions (empty history)")
-    tau = _taus(stats, taus)
+    ctx = _context(stats, taus, context)
+    tau = ctx.taus
     d = stats.num_queries
-    grids = [_grid(stats, q) for q in range(d)]
+    grids = ctx.grids
     q99 = np.array([stats.quantile(q, 0.99) for q in range(d)])
     q99 = np.where(q99 > 0, q99, [g.points[-1] for g in grids])
     use_samples = encoding == "l1" and (d > 1 or l1_rounding == "floor")
@@ -579,7 +612,7 @@ def optimize(
     best: tuple[float, Params | None] = (np.inf, None)
     prev_c = None
     for C in _progress(range(1, cmax + 1), progress, f"optimize {encoding}"):
-        model = _linf_model(stats, grids, C, kind, epsilon, tau)
+        model = _linf_model(ctx, C, kind, epsilon)
         starts = [q99, np.array([model.c_step(q, 1.0 / d)[0] for q in range(d)]),
                   np.array([model.c_step(q, 1.0)[0] for q in range(d)])]
         if prev_c is not None:
@@ -608,6 +641,15 @@ def optimize(
         extra={"optimizer": "araopt.optimizer.optimize (Alg. 6)", "max_count_limit": cmax}))
     return OptimizationResult(params, final, kind, encoding, tuple(rows), tuple(float(t) for t in tau),
                               time.perf_counter() - t0)
+
+
+def _context(stats: SufficientStatistics, taus: np.ndarray | Sequence[float] | None,
+             context: SearchContext | None) -> SearchContext:
+    if context is None:
+        return prepare_search(stats, taus)
+    if context.stats is not stats or (taus is not None and not np.array_equal(np.asarray(taus, dtype=np.float64), context.taus)):
+        raise ValueError("context was prepared for other statistics or taus")
+    return context
 
 
 def _objective_value(stats: SufficientStatistics, params: Params, taus: np.ndarray, kind: str) -> float:
@@ -672,6 +714,7 @@ def _optimize_l1_samples(
 def scipy_paper_optimize(
     stats: SufficientStatistics, epsilon: float, max_count_limit: int = 20, objective: str = "exact",
     taus: np.ndarray | Sequence[float] | None = None, progress: bool = False, slice_columns: Sequence[str] | None = None,
+    context: SearchContext | None = None,
 ) -> OptimizationResult:
     """The paper's reference (Sec. 4.3): per C, scipy.optimize.minimize over (C_l, alpha_l) started at
     the 99 % quantile thresholds and the equal split, on the same (L-inf) objective model."""
@@ -679,15 +722,16 @@ def scipy_paper_optimize(
     epsilon = check_epsilon(epsilon)
     kind = _check_kind(objective)
     cmax = _check_max_count_limit(stats, max_count_limit)
-    tau = _taus(stats, taus)
+    ctx = _context(stats, taus, context)
+    tau = ctx.taus
     d = stats.num_queries
-    grids = [_grid(stats, q) for q in range(d)]
+    grids = ctx.grids
     lo = np.array([g.points[0] for g in grids])
     hi = np.array([g.points[-1] for g in grids])
     x0c = np.clip([stats.quantile(q, 0.99) for q in range(d)], lo, hi)
     rows, best = [], (np.inf, None)
     for C in _progress(range(1, cmax + 1), progress, "scipy reference"):
-        model = _linf_model(stats, grids, C, kind, epsilon, tau)
+        model = _linf_model(ctx, C, kind, epsilon)
         if d == 1:
             res = sp_optimize.minimize(lambda x: model.value(x, np.ones(1)), x0c, method="L-BFGS-B",
                                        bounds=list(zip(lo, hi)))

@@ -23,7 +23,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa

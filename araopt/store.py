@@ -110,13 +110,13 @@ def _sha256(data: bytes) -> str:
 
 def version_name(as_of: str, run_id: str) -> str:
     """Return the version name ``<as_of>-<run_id>`` after validating both parts."""
-    if not isinstance(as_of, str) or not _AS_OF_RE.match(as_of):
+    if not isinstance(as_of, str) or not _AS_OF_RE.fullmatch(as_of):
         raise ValueError(f"as_of must be YYYY-MM-DD, got {as_of!r}")
     try:
         _dt.date.fromisoformat(as_of)
     except ValueError:
         raise ValueError(f"as_of is not a calendar date: {as_of!r}") from None
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
         raise ValueError(
             f"run_id must be 1-128 characters of [A-Za-z0-9._-] starting with a letter or digit, got {run_id!r}"
         )
@@ -169,18 +169,18 @@ class LatestPointer:
         if missing:
             raise bad(f"missing field(s) {', '.join(missing)}")
         version, sha, serial, previous = body["version"], body["sha256"], body["serial"], body["previous"]
-        match = _VERSION_RE.match(version) if isinstance(version, str) else None
+        match = _VERSION_RE.fullmatch(version) if isinstance(version, str) else None
         if match is None:
             raise bad(f"invalid version {version!r}")
         if body["as_of"] != match.group(1) or body["run_id"] != match.group(2):
             raise bad(f"as_of/run_id do not match version {version!r}")
         if body["path"] != _params_key(version):
             raise bad(f"path {body['path']!r} is not {_params_key(version)!r}")
-        if not isinstance(sha, str) or not _SHA256_RE.match(sha):
+        if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
             raise bad("sha256 is not 64 lowercase hex digits")
         if isinstance(serial, bool) or not isinstance(serial, int) or serial < 1:
             raise bad(f"serial {serial!r} is not a positive integer")
-        if previous is not None and (not isinstance(previous, str) or not _VERSION_RE.match(previous)):
+        if previous is not None and (not isinstance(previous, str) or not _VERSION_RE.fullmatch(previous)):
             raise bad(f"invalid previous {previous!r}")
         if not isinstance(body["published_at"], str):
             raise bad("published_at is not a string")
@@ -241,7 +241,7 @@ class ResolvedParams:
 class ParameterStore(abc.ABC):
     """Immutable parameter versions plus a compare-and-swap ``latest`` pointer.
 
-    Subclasses implement five storage primitives; the publish/resolve protocol lives here so both
+    Subclasses implement six storage primitives; the publish/resolve protocol lives here so both
     backends behave the same.
     """
 
@@ -286,7 +286,7 @@ class ParameterStore(abc.ABC):
 
     def list_versions(self) -> list[str]:
         """All published version names (including ones that never became latest), sorted."""
-        return sorted(name for name in self._list_version_names() if _VERSION_RE.match(name))
+        return sorted(name for name in self._list_version_names() if _VERSION_RE.fullmatch(name))
 
     def publish(
         self,
@@ -384,7 +384,7 @@ class ParameterStore(abc.ABC):
                 raise StoreError(f"nothing published yet: {self._object_uri(LATEST)} does not exist")
             version, expected, source = pointer.version, pointer.sha256, self._object_uri(LATEST)
         else:
-            if not isinstance(ref, str) or not _VERSION_RE.match(ref):
+            if not isinstance(ref, str) or not _VERSION_RE.fullmatch(ref):
                 raise StoreError(
                     f"invalid version name {ref!r} for store {self.uri} (expected YYYY-MM-DD-RUNID or 'latest')"
                 )
@@ -405,7 +405,7 @@ class ParameterStore(abc.ABC):
             json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise StoreError(f"params file {uri} is not valid JSON: {_one_line(exc, 80)}") from None
-        match = _VERSION_RE.match(version)
+        match = _VERSION_RE.fullmatch(version)
         assert match is not None
         return ResolvedParams(
             store=self.uri,
@@ -440,7 +440,7 @@ class ParameterStore(abc.ABC):
                 raise StoreError(f"version {version} not found in store {self.uri}")
             raise StoreError(f"checksum file {uri} is missing (incomplete publish?)")
         fields = raw.decode("ascii", errors="replace").split()
-        if len(fields) != 2 or not _SHA256_RE.match(fields[0]) or fields[1] != PARAMS_FILE:
+        if len(fields) != 2 or not _SHA256_RE.fullmatch(fields[0]) or fields[1] != PARAMS_FILE:
             raise StoreError(f"corrupt checksum file {uri}: expected '<sha256>  {PARAMS_FILE}'")
         return fields[0]
 
@@ -823,7 +823,7 @@ def open_store(
         return LocalStore(path)
     if scheme == "gs":
         bucket = parsed.netloc
-        if not _BUCKET_RE.match(bucket):
+        if not _BUCKET_RE.fullmatch(bucket):
             raise ValueError(f"invalid bucket name {bucket!r} in store URI {uri!r} (expected gs://BUCKET/PREFIX)")
         client = gcs_client if gcs_client is not None else make_gcs_client()
         return GcsStore(bucket, parsed.path, client=client, timeout=gcs_timeout, retry_deadline=gcs_retry_deadline)
@@ -843,7 +843,7 @@ def parse_params_ref(uri: str) -> tuple[str, str]:
     if trimmed.endswith("/" + PARAMS_FILE):
         trimmed = trimmed[: -len(PARAMS_FILE) - 1]
     head, sep, name = trimmed.rpartition("/")
-    if not sep or not _VERSION_RE.match(name):
+    if not sep or not _VERSION_RE.fullmatch(name):
         return uri, LATEST
     store, sep, versions = head.rpartition("/")
     if versions != VERSIONS_DIR:

@@ -194,7 +194,7 @@ def _typed(option: CliOption) -> Callable[[str], object]:
     convert = converters[option.type]
 
     def parse(text: str) -> object:
-        if pattern is not None and not pattern.match(text):
+        if pattern is not None and not pattern.fullmatch(text):
             raise argparse.ArgumentTypeError(f"{text!r} does not match {option.regex}")
         try:
             return convert(text)

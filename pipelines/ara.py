@@ -240,16 +240,16 @@ def _reconstruct(args: argparse.Namespace) -> int:
     prog = "araopt reconstruct"
     if not (math.isfinite(args.confidence) and 0.0 < args.confidence < 1.0):
         raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
-    params = Params.load(args.params)
-    if args.epsilon is not None:
-        params = params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
+    file_params = Params.load(args.params)
+    params = file_params if args.epsilon is None else file_params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
     if args.key_map:
         key_map = KeyMap.load(args.key_map)
-        try:
-            domain = key_map.domain_for(params, args.params)
-        except ValueError as exc:
-            hint = " (the key map records the parameters after any --epsilon override)" if "sha256" in str(exc) else ""
-            raise ValueError(f"{exc}{hint}") from None
+        try:  # export-ara records the parameter file as is; measure records it after its --epsilon override
+            domain = key_map.domain_for(file_params, args.params)
+        except ValueError:
+            if params is file_params:
+                raise
+            domain = key_map.domain_for(params, f"{args.params} with --epsilon {args.epsilon:g}")
     elif args.conversions:
         conv, _, _ = read_conversion_log(args.conversions, params)
         domain = domain_from_conversions(params, conv)

@@ -52,6 +52,7 @@ ROWS = [
          user="-1", product="-1"),                                               # 8 converted, price 0, ids missing
     line(sale="0", amount="-1", delay="-1", click="-1"),                         # 9 non-converting, no click time
     line(sale="1", amount="", delay="5", click=str(T0 + 480)),                   # 10 dead: empty field
+    line(sale="1", amount="inf", delay="5", click=str(T0 + 540)),                # 11 dead: not finite
 ]
 
 
@@ -79,16 +80,17 @@ def test_hand_made_file_maps_to_the_contract(tmp_path: Path) -> None:
     assert t["product_id"].to_pylist() == [h("prod"), None]
     dead = load.dead_letters.to_pydict()
     assert list(zip(dead["line"], dead["reason"])) == [
-        (3, "SalesAmountInEuro missing (-1) or negative on a converted row"),
-        (4, "product_price missing (-1) or negative on a converted row"),
+        (3, "SalesAmountInEuro missing (-1) or invalid on a converted row"),
+        (4, "product_price missing (-1) or invalid on a converted row"),
         (5, "partner_id missing (-1)"),
         (6, "time_delay_for_conversion missing (-1) on a converted row"),
         (7, "Sale must be 0 or 1"),
         (10, "empty field SalesAmountInEuro"),
+        (11, "SalesAmountInEuro missing (-1) or invalid on a converted row"),
     ]
     assert set(dead["reason"]) <= set(REASONS)
     s = load.stats
-    assert (s.lines, s.conversions, s.non_converting_dropped, s.non_converting_kept, s.dead_letters) == (10, 2, 2, 0, 6)
+    assert (s.lines, s.conversions, s.non_converting_dropped, s.non_converting_kept, s.dead_letters) == (11, 2, 2, 0, 7)
 
 
 def test_non_converting_clicks_are_kept_on_request_with_zero_value(tmp_path: Path) -> None:
@@ -149,9 +151,9 @@ def test_convert_writes_log_dead_letters_and_manifest(tmp_path: Path) -> None:
     log = ds.dataset(out, format="parquet").to_table()  # _dead_letters / _manifest are skipped
     assert log.schema.equals(CRITEO_LOG_SCHEMA) and log["impression_id"].to_pylist() == [1, 8]
     dead = ds.dataset(sorted(out.glob("_dead_letters-*.parquet"))).to_table()
-    assert dead.num_rows == 6 == stats.dead_letters
+    assert dead.num_rows == 7 == stats.dead_letters
     manifest = json.loads((out / "_manifest.json").read_text())
-    assert manifest["conversions"] == 2 and manifest["lines"] == 10
+    assert manifest["conversions"] == 2 and manifest["lines"] == 11
     with pytest.raises(ValueError, match="already holds data"):
         convert_criteo(tmp_path / "c.tsv", out)
     convert_criteo(tmp_path / "c.tsv", out, overwrite=True, include_non_converting=True)

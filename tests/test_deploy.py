@@ -126,6 +126,7 @@ def test_parser_accepts_cli_and_template_spellings() -> None:
     "bad",
     [
         ["--window-days", "0"],
+        ["--window-days", "28\n"],
         ["--window-days", "x"],
         ["--epsilon", "-1"],
         ["--slices", "a b"],

@@ -215,6 +215,8 @@ def test_publish_validates_arguments_before_writing(tmp_path: Path) -> None:
         ("2024-02-30", "r", b"{}"),
         ("2024-03-01", "a/b", b"{}"),
         ("2024-03-01", "", b"{}"),
+        ("2024-03-01", "r\n", b"{}"),
+        ("2024-03-01\n", "r", b"{}"),
         ("2024-03-01", "r", b'{"truncated": '),
         ("2024-03-01", "r", b"\xff\xfe"),
     ]:
@@ -260,6 +262,7 @@ class _Reader(threading.Thread):
             json.loads(resolved.payload)
             self.seen.setdefault(resolved.version, resolved.payload)
             self.reads += 1
+            self.stop.wait(0.001)  # poll hard, but leave the publishers some CPU
 
 
 def test_two_racing_publishers_exactly_one_wins(published: tuple[Backend, ParameterStore, str]) -> None:

@@ -32,10 +32,10 @@ class _KeyByShard(beam.DoFn):
         bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
         starts = np.concatenate([[0], bounds])
         stops = np.concatenate([bounds, [len(order)]])
-        permuted = table.take(pa.array(order))
         for start, stop in zip(starts, stops):
             if stop > start:
-                yield int(sorted_shards[start]), permuted.slice(int(start), int(stop - start))
+                # take() copies the shard's rows; a slice() would share (and pickle) the whole batch
+                yield int(sorted_shards[start]), table.take(pa.array(order[start:stop]))
 
 
 def _concat(item):

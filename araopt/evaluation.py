@@ -1,0 +1,295 @@
+"""Evaluation of parameter files on test data: analytic RMSRE_tau, Monte-Carlo, generalization gap, plots.
+
+* ``analytic_rmsre``: the exact error model (``error_model.expected_error``, Thm. 4.2 + exact bias,
+  Alg. 1's kept set with the mechanism's tie-break) on test records; ``statistics`` variant: the
+  optimizer's objective on test statistics.
+* ``monte_carlo_rmsre``: runs the real mechanism (``mechanism.measure``, simulation seeds) N times and
+  estimates RMSRE_tau^2 as the mean over runs of the per-run mean squared relative error, which is an
+  unbiased estimate of the analytic RMSRE_tau^2; its standard error is the runs' standard deviation
+  over sqrt(N) (reported for RMSRE_tau by the delta method).
+* ``evaluate_dataset``: the Sec. 5 comparison for one dataset: optimized L-inf, optimized L1 and the
+  two baselines (q = 0.95, 0.99) at every epsilon, with the generalization gap (test error of the
+  parameters tuned on train minus that of parameters tuned on test) and the per-C curves.
+* ``plot_rmsre`` / ``plot_count_limit``: PNGs like the paper's Fig. (experiments) (epsilon on a log
+  axis, one line per method, one panel per dataset) and the "why this C" figure.
+
+All metrics use the training taus (tau = 5 x training median, Sec. 5.1) for every method.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .conversions import Conversions
+from .error_model import ErrorBreakdown, RmsreTau, default_taus, expected_error, params_taus, rmsre_tau
+from .keys import KeyDomain
+from .mechanism import measure
+from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, baseline_params, objective, optimize, prepare_search
+from .params import Params, check_epsilon
+from .statistics import SufficientStatistics
+
+DEFAULT_EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+METHODS = ("optimized_linf", "optimized_l1", "baseline_q95", "baseline_q99")
+METHOD_LABELS = {
+    "optimized_linf": "optimized L\u221e (Alg. 2 + 6)",
+    "optimized_l1": "optimized L1 (Alg. 5)",
+    "baseline_q95": "baseline q=0.95",
+    "baseline_q99": "baseline q=0.99",
+}
+
+
+def _domain(params: Params, conversions: Conversions) -> KeyDomain:
+    return KeyDomain.from_slice_values(params.slice_columns, conversions.slices, params.query_columns,
+                                       baseline=params.encoding == "baseline",
+                                       conversion_slice_columns=params.conversion_slice_columns)
+
+
+def _metric_taus(params: Params, conversions: Conversions | None, taus: np.ndarray | None) -> np.ndarray:
+    if taus is not None:
+        return np.asarray(taus, dtype=np.float64)
+    recorded = params_taus(params)
+    if recorded is not None:
+        return recorded
+    if conversions is None:
+        raise ValueError("taus are needed: the parameter file records none")
+    return default_taus(conversions.values, params.count_tau)
+
+
+def conversions_breakdown(params: Params, conversions: Conversions, kind: str = "exact") -> ErrorBreakdown:
+    """Exact bias / variance per slice of ``params`` on records (slices: those present in the data)."""
+    if tuple(conversions.value_columns) != params.query_columns:
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, params expect {params.query_columns}")
+    domain = _domain(params, conversions)
+    sidx = domain.slice_index(conversions.slices)
+    return expected_error(conversions, sidx, domain.num_slices, params, kind, tie_breaker=conversions.record_keys())
+
+
+def analytic_rmsre(params: Params, conversions: Conversions, taus: np.ndarray | None = None, kind: str = "exact") -> RmsreTau:
+    """Expected RMSRE_tau of ``params`` on test records, from the exact error model."""
+    return rmsre_tau(conversions_breakdown(params, conversions, kind), _metric_taus(params, conversions, taus))
+
+
+def analytic_rmsre_from_statistics(params: Params, stats: SufficientStatistics, taus: np.ndarray | None = None,
+                                   kind: str = "exact") -> float:
+    """Expected RMSRE_tau of ``params`` on test statistics (the optimizer's objective, <= 0.1 % off)."""
+    t = np.asarray(taus, dtype=np.float64) if taus is not None else params_taus(params)
+    return objective(stats, params, t, kind)
+
+
+@dataclass(frozen=True)
+class MonteCarloResult:
+    """Empirical RMSRE_tau over ``runs`` mechanism runs beside the analytic prediction."""
+
+    analytic: float
+    empirical: float
+    std_error: float
+    runs: int
+
+    @property
+    def z_score(self) -> float:
+        return (self.empirical - self.analytic) / self.std_error if self.std_error > 0 else 0.0
+
+
+def monte_carlo_rmsre(params: Params, conversions: Conversions, runs: int, seed: int = 0,
+                      taus: np.ndarray | None = None) -> MonteCarloResult:
+    """Run ``measure`` with simulation seeds seed, seed+1, ... and compare with ``analytic_rmsre``."""
+    if runs < 2:
+        raise ValueError(f"Monte-Carlo needs at least 2 runs, got {runs}")
+    t = _metric_taus(params, conversions, taus)
+    domain = _domain(params, conversions)
+    sidx = domain.slice_index(conversions.slices)
+    model = expected_error(conversions, sidx, domain.num_slices, params, "exact", tie_breaker=conversions.record_keys())
+    analytic = rmsre_tau(model, t).combined
+    denom = np.maximum(t[None, :], model.truth)
+    sq = np.empty(runs)
+    for r in range(runs):
+        est = measure(conversions, params, domain, simulation_seed=seed + r).estimates.estimate
+        sq[r] = float(np.mean(((est - model.truth) / denom) ** 2))
+    mean_sq = float(sq.mean())
+    se_sq = float(sq.std(ddof=1) / math.sqrt(runs))
+    empirical = math.sqrt(max(mean_sq, 0.0))
+    return MonteCarloResult(analytic, empirical, se_sq / (2.0 * max(empirical, 1e-300)), runs)
+
+
+def generalization_gap(train_stats: SufficientStatistics, test_stats: SufficientStatistics, epsilon: float,
+                       test_conversions: Conversions | None = None, max_count_limit: int = 20, kind: str = "exact",
+                       taus: np.ndarray | None = None, train_context: SearchContext | None = None,
+                       test_context: SearchContext | None = None) -> dict[str, float]:
+    """Test RMSRE_tau of L-inf parameters tuned on train vs tuned on test (same taus), and the gap."""
+    t = train_stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
+    on_train = optimize(train_stats, epsilon, "linf", max_count_limit, kind, t, progress=False, context=train_context).params
+    on_test = optimize(test_stats, epsilon, "linf", max_count_limit, kind, t, progress=False, context=test_context).params
+    if test_conversions is not None:
+        a = analytic_rmsre(on_train, test_conversions, t).combined
+        b = analytic_rmsre(on_test, test_conversions, t).combined
+    else:
+        a, b = objective(test_stats, on_train, t), objective(test_stats, on_test, t)
+    return {"tuned_on_train": a, "tuned_on_test": b, "gap": a - b, "relative_gap": a / b - 1.0}
+
+
+# ------------------------------------------------------------------------------------------------
+# The Sec. 5 comparison
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DatasetEvaluation:
+    """Rows per (epsilon, method), the generalization gaps and the per-C curves of optimized L-inf."""
+
+    name: str
+    results: pd.DataFrame
+    gaps: pd.DataFrame
+    per_count_limit: pd.DataFrame
+
+
+def evaluate_dataset(
+    name: str, train_stats: SufficientStatistics, test_conversions: Conversions | None = None,
+    epsilons: Sequence[float] = DEFAULT_EPSILONS, *, test_stats: SufficientStatistics | None = None,
+    max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
+    methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
+) -> DatasetEvaluation:
+    """Optimize on train, evaluate on test (exactly on records when given, else on test statistics)."""
+    if test_conversions is None and test_stats is None:
+        raise ValueError("evaluate_dataset needs test conversions or test statistics")
+    eps_list = [check_epsilon(e) for e in epsilons]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; known: {METHODS}")
+    taus = train_stats.taus()
+    train_ctx = prepare_search(train_stats, taus)
+    test_ctx = prepare_search(test_stats, taus) if test_stats is not None else None
+    rows, gap_rows, curve_rows = [], [], []
+    for eps in eps_list:
+        candidates: dict[str, tuple[Params, float, OptimizationResult | None]] = {}
+        if "optimized_linf" in methods:
+            res = optimize(train_stats, eps, "linf", max_count_limit, kind, taus, progress=progress, context=train_ctx)
+            candidates["optimized_linf"] = (res.params, res.objective, res)
+            for r in res.per_count_limit:
+                curve_rows.append({"dataset": name, "epsilon": eps, "C": r.count_limit, "train_rmsre_tau": r.objective,
+                                   "count_share": r.count_mse_share, "chosen": r.count_limit == res.params.count_limit})
+        if "optimized_l1" in methods:
+            res = optimize(train_stats, eps, "l1", max_count_limit, kind, taus, progress=progress, context=train_ctx)
+            candidates["optimized_l1"] = (res.params, res.objective, res)
+        for q, method in zip(BASELINE_QUANTILES, ("baseline_q95", "baseline_q99")):
+            if method in methods:
+                p = baseline_params(train_stats, eps, q, max_count_limit, taus)
+                candidates[method] = (p, objective(train_stats, p, taus, kind), None)
+        for method, (p, train_value, _) in candidates.items():
+            if test_conversions is not None:
+                test_value = analytic_rmsre(p, test_conversions, taus, kind).combined
+            else:
+                test_value = objective(test_stats, p, taus, kind)
+            row = {"dataset": name, "epsilon": eps, "method": method, "count_limit": p.count_limit,
+                   "clip_thresholds": ";".join(f"{q.clip_threshold:.6g}" for q in p.queries),
+                   "budget_fractions": ";".join("" if q.budget_fraction is None else f"{q.budget_fraction:.6g}" for q in p.queries),
+                   "train_rmsre_tau": train_value, "test_rmsre_tau": test_value}
+            if monte_carlo and test_conversions is not None:
+                mc = monte_carlo_rmsre(p, test_conversions, monte_carlo, seed=seed, taus=taus)
+                row.update({"mc_rmsre_tau": mc.empirical, "mc_std_error": mc.std_error, "mc_runs": mc.runs,
+                            "mc_z": (mc.empirical - test_value) / mc.std_error if mc.std_error > 0 else 0.0})
+            rows.append(row)
+        if gap and test_stats is not None:
+            g = generalization_gap(train_stats, test_stats, eps, test_conversions, max_count_limit, kind, taus,
+                                   train_ctx, test_ctx)
+            gap_rows.append({"dataset": name, "epsilon": eps, **g})
+    results = pd.DataFrame(rows)
+    if not results.empty and "optimized_linf" in set(results["method"]):
+        ref = results[results["method"] == "optimized_linf"].set_index("epsilon")["test_rmsre_tau"]
+        results["ratio_to_optimized_linf"] = results["test_rmsre_tau"] / results["epsilon"].map(ref)
+    return DatasetEvaluation(name, results, pd.DataFrame(gap_rows), pd.DataFrame(curve_rows))
+
+
+def comparison_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Wide table: test RMSRE_tau per method and the baselines' ratios to optimized L-inf, per (dataset, epsilon)."""
+    wide = results.pivot_table(index=["dataset", "epsilon"], columns="method", values="test_rmsre_tau")
+    for b in ("baseline_q95", "baseline_q99", "optimized_l1"):
+        if b in wide and "optimized_linf" in wide:
+            wide[f"{b}/linf"] = wide[b] / wide["optimized_linf"]
+    return wide.reset_index()
+
+
+# ------------------------------------------------------------------------------------------------
+# Outputs
+# ------------------------------------------------------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_rmsre(results: pd.DataFrame, path: str | os.PathLike[str], with_monte_carlo: bool = True) -> None:
+    """RMSRE_tau vs epsilon (log2 axis), one line per method, one panel per dataset (cf. Fig. experiments)."""
+    plt = _pyplot()
+    names = list(dict.fromkeys(results["dataset"]))
+    fig, axes = plt.subplots(1, len(names), figsize=(4.8 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        sub = results[results["dataset"] == name]
+        for method in [m for m in METHODS if m in set(sub["method"])]:
+            s = sub[sub["method"] == method].sort_values("epsilon")
+            ax.plot(s["epsilon"], s["test_rmsre_tau"], marker="o", label=METHOD_LABELS[method],
+                    linestyle="--" if method == "optimized_l1" else "-")
+            if with_monte_carlo and "mc_rmsre_tau" in s and s["mc_rmsre_tau"].notna().any():
+                ax.errorbar(s["epsilon"], s["mc_rmsre_tau"], yerr=2 * s["mc_std_error"], fmt="x", color="k",
+                            markersize=4, capsize=2, label=None)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("privacy budget \u03b5")
+        ax.set_ylabel("test RMSRE\u03c4")
+        ax.set_title(name)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_count_limit(curves: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Why this C: best training RMSRE_tau for each count limit C, one line per epsilon (chosen C marked)."""
+    plt = _pyplot()
+    names = list(dict.fromkeys(curves["dataset"]))
+    fig, axes = plt.subplots(1, len(names), figsize=(4.8 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        sub = curves[curves["dataset"] == name]
+        for eps in sorted(set(sub["epsilon"])):
+            s = sub[sub["epsilon"] == eps].sort_values("C")
+            line = ax.plot(s["C"], s["train_rmsre_tau"], label=f"\u03b5={eps:g}")[0]
+            chosen = s[s["chosen"]]
+            ax.plot(chosen["C"], chosen["train_rmsre_tau"], marker="*", markersize=11, color=line.get_color())
+        ax.set_yscale("log")
+        ax.set_xlabel("count limit C (kept conversions per impression)")
+        ax.set_ylabel("best training RMSRE\u03c4 at this C")
+        ax.set_title(f"{name}: small C drops conversions, large C adds noise")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(evaluations: Sequence[DatasetEvaluation], out_dir: str | os.PathLike[str]) -> Mapping[str, str]:
+    """rmsre.csv, comparison.csv, generalization_gap.csv, count_limit.csv, rmsre.png, count_limit.png."""
+    os.makedirs(out_dir, exist_ok=True)
+    results = pd.concat([e.results for e in evaluations], ignore_index=True)
+    gaps = pd.concat([e.gaps for e in evaluations], ignore_index=True)
+    curves = pd.concat([e.per_count_limit for e in evaluations], ignore_index=True)
+    paths = {k: os.path.join(out_dir, v) for k, v in {
+        "results": "rmsre.csv", "comparison": "comparison.csv", "gaps": "generalization_gap.csv",
+        "curves": "count_limit.csv", "plot": "rmsre.png", "count_limit_plot": "count_limit.png"}.items()}
+    results.to_csv(paths["results"], index=False)
+    comparison_table(results).to_csv(paths["comparison"], index=False)
+    gaps.to_csv(paths["gaps"], index=False)
+    curves.to_csv(paths["curves"], index=False)
+    plot_rmsre(results, paths["plot"])
+    if not curves.empty:
+        plot_count_limit(curves, paths["count_limit_plot"])
+    else:
+        paths.pop("count_limit_plot")
+    return paths

@@ -1,0 +1,546 @@
+"""ARA export and reconstruction: registrations, limits, the browser/service round trip, bad input."""
+import json
+import os
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from araopt import Conversions, KeyDomain, Params, QueryParams, encode, measure
+from araopt import avro
+from araopt.ara import (ARA_MAX_VALUE, AraLimitError, AraRequirements, KeyMap, SourceEncoder, TriggerEncoder,
+                        aggregation_key_names, ara_requirements, browser_contributions, check_ara_limits,
+                        check_ara_limits_for_cardinalities, estimates_frame, estimates_from_summary_report,
+                        implausible_negative_threshold, simulate_aggregation_service, simulate_browser,
+                        validate_source_registration, validate_trigger_registration)
+from pipelines.ara import run_export_ara, run_reconstruct
+
+SEED = 7
+
+
+# ---- fixtures --------------------------------------------------------------------------------------
+def du_penc_params(**kw):
+    """Sec. 4.1 worked example: C = 2, C_1 = 2 items, C_2 = $30, alpha_1 = alpha_2 = 0.5, slices by campaign."""
+    base = dict(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("campaign",),
+                queries=(QueryParams("items", 2.0, 0.5), QueryParams("value", 30.0, 0.5)))
+    base.update(kw)
+    return Params(**base)
+
+
+def du_penc_frame():
+    return pd.DataFrame({
+        "impression_id": [123, 123, 456, 123, 101, 789, 101],
+        "conversion_time": pd.to_datetime([1, 2, 3, 4, 5, 6, 7], unit="h", utc=True),
+        "campaign": ["Thanksgiving"] * 4 + ["Christmas"] * 3,
+        "city": ["New York", "New York", "Boston", "New York", "Boston", "New York", "Boston"],
+        "items": [3, 1, 1, 2, 2, 3, 1],
+        "value": [21.0, 5, 99, 23, 50, 15, 5],
+    })
+
+
+def du_penc_domain(params):
+    return KeyDomain.from_slice_values(("campaign",), {"campaign": np.array(["Thanksgiving", "Christmas"])},
+                                       params.query_columns)
+
+
+def synthetic_frame(n=3000, seed=3):
+    """Impression features campaign (str) and city (int), conversion feature device (str); tied times."""
+    rng = np.random.default_rng(seed)
+    imp = rng.integers(0, 700, n)
+    campaign = np.array(["spring", "summer", "fall", "winter", "xmas"])[imp % 5]
+    city = (imp // 5) % 3 + 10
+    return pd.DataFrame({
+        "impression_id": imp,
+        "conversion_time": pd.to_datetime(rng.integers(0, 40, n), unit="h", utc=True),  # many ties per impression
+        "campaign": campaign, "city": city,
+        "device": rng.choice(["desktop", "mobile", "tablet"], n),
+        "items": rng.poisson(2.0, n).astype(float),
+        "value": np.round(rng.lognormal(3.0, 1.0, n), 2),
+    })
+
+
+ENCODINGS = {
+    "linf": dict(encoding="linf", queries=(QueryParams("items", 4.0, 0.3), QueryParams("value", 60.0, 0.7))),
+    "l1-floor": dict(encoding="l1", queries=(QueryParams("items", 4.0), QueryParams("value", 60.0))),
+    "l1-randomized": dict(encoding="l1", l1_rounding="randomized",
+                          queries=(QueryParams("items", 4.0), QueryParams("value", 60.0))),
+    "baseline": dict(encoding="baseline", count_budget_fraction=0.2,
+                     queries=(QueryParams("items", 4.0, 0.3), QueryParams("value", 60.0, 0.5))),
+}
+
+
+def synthetic_params(name):
+    return Params(count_limit=3, epsilon=4.0, slice_columns=("campaign", "city", "device"),
+                  conversion_slice_columns=("device",), **ENCODINGS[name])
+
+
+# ---- the paper's worked example --------------------------------------------------------------------
+def test_worked_example_source_and_trigger_json():
+    params = du_penc_params()
+    domain = du_penc_domain(params)
+    sources = SourceEncoder(params, domain, destination="https://dupenc.example")
+    assert sources.registration({"campaign": "Thanksgiving"}) == {
+        "destination": "https://dupenc.example",
+        "aggregation_keys": {"items": "0x100", "value": "0x100", "bottom": "0x100"},
+    }
+    assert sources.registration({"campaign": "Christmas"})["aggregation_keys"] == {"items": "0x0", "value": "0x0", "bottom": "0x0"}
+    triggers = TriggerEncoder(params, domain)
+    # z1 = (3 items, $21): 16384, RR(11468.8) = 11469 for a uniform below 0.8, bottom 32768 - 16384 - 11469 = 4915
+    z1 = triggers.registration({"items": 3, "value": 21.0}, uniforms=[0.5, 0.5])
+    assert z1 == {
+        "aggregatable_trigger_data": [{"key_piece": "0x1", "source_keys": ["items"]},
+                                      {"key_piece": "0x2", "source_keys": ["value"]}],
+        "aggregatable_values": {"items": 16384, "value": 11469, "bottom": 4915},
+    }
+    assert triggers.registration({"items": 3, "value": 21.0}, uniforms=[0.5, 0.9])["aggregatable_values"]["value"] == 11468
+    # the browser ORs the pieces: exactly the buckets of (Thanksgiving, q) in the key domain
+    got = browser_contributions(sources.registration({"campaign": "Thanksgiving"}), z1)
+    thanksgiving = domain.slice_values()["campaign"].index("Thanksgiving")
+    assert got == [(domain.bucket(thanksgiving, 0), 16384), (domain.bucket(thanksgiving, 1), 11469),
+                   (domain.bucket(thanksgiving, 2), 4915)]
+    for reg in (sources.registration({"campaign": "Thanksgiving"}), z1):
+        json.dumps(reg)
+    validate_source_registration(sources.registration({"campaign": "Thanksgiving"}))
+    validate_trigger_registration(z1)
+
+
+def test_zero_values_are_left_out_and_values_stay_in_ara_range():
+    params = du_penc_params()
+    triggers = TriggerEncoder(params, du_penc_domain(params))
+    nothing = triggers.registration({"items": 0, "value": 0.0}, uniforms=[0.3, 0.3])
+    assert nothing["aggregatable_values"] == {"bottom": 32768} and nothing["aggregatable_trigger_data"] == []
+    full = triggers.registration({"items": 9, "value": 99.0}, uniforms=[0.3, 0.3])
+    assert full["aggregatable_values"] == {"items": 16384, "value": 16384}  # bottom 0 omitted
+    assert sum(full["aggregatable_values"].values()) == params.per_conversion_budget
+
+
+def test_key_names_are_unique_short_and_sanitised():
+    queries = tuple(QueryParams(c, 1.0, 0.25) for c in
+                    ("purchase value in euros (gross)", "purchase value in euros (net)", "bottom", "x"))
+    params = Params(count_limit=1, encoding="linf", epsilon=1.0, slice_columns=("s",), queries=queries)
+    names = aggregation_key_names(params)
+    assert len(set(names)) == 5 and all(len(n) <= 25 for n in names) and names[-1] == "bottom"
+    assert names[0] == "purchase_value_in_euros__" and names[1] == "purchase_value_in_euros_1" and names[2] == "bottom_1"
+    baseline = Params(count_limit=1, encoding="baseline", epsilon=1.0, slice_columns=("s",), count_budget_fraction=0.5,
+                      queries=(QueryParams("v", 1.0, 0.5),))
+    assert aggregation_key_names(baseline) == ("v", "count")
+
+
+# ---- the encoder for ad servers matches the core encoder -------------------------------------------
+@given(
+    encoding=st.sampled_from(sorted(ENCODINGS)),
+    d=st.integers(1, 19),
+    count_limit=st.integers(1, 20),
+    data=st.data(),
+)
+def test_trigger_encoder_equals_core_encode(encoding, d, count_limit, data):
+    spec = ENCODINGS[encoding]
+    thresholds = data.draw(st.lists(st.floats(0.01, 1e4), min_size=d, max_size=d))
+    if spec["encoding"] == "l1":
+        queries = tuple(QueryParams(f"q{i}", t) for i, t in enumerate(thresholds))
+        extra = {"l1_rounding": spec.get("l1_rounding", "floor")}
+    else:
+        share = 0.8 if spec["encoding"] == "baseline" else 1.0
+        queries = tuple(QueryParams(f"q{i}", t, share / d) for i, t in enumerate(thresholds))
+        extra = {"count_budget_fraction": 0.2} if spec["encoding"] == "baseline" else {}
+    try:
+        params = Params(count_limit=count_limit, encoding=spec["encoding"], epsilon=1.0, slice_columns=("s",),
+                        queries=queries, **extra)
+    except ValueError:  # fractions that do not sum to 1 within the tolerance after division
+        return
+    values = data.draw(st.lists(st.floats(0, 1e5, allow_nan=False), min_size=d, max_size=d))
+    uniforms = data.draw(st.lists(st.floats(0, 1, exclude_max=True), min_size=d, max_size=d))
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.array([0])}, params.query_columns,
+                                         baseline=spec["encoding"] == "baseline")
+    enc = TriggerEncoder(params, domain)
+    got = enc.contributions({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms)
+    want = encode(np.array([values]), params, uniforms=np.array([uniforms]))[0]
+    assert list(got) == want.tolist()
+    reg = enc.registration({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms)
+    validate_trigger_registration(reg)
+    assert all(1 <= v <= ARA_MAX_VALUE for v in reg["aggregatable_values"].values())
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_trigger_encoder_equals_core_encode_on_rounding_boundaries(name):
+    """Values on the rounding grid (omega at or 1 ulp from an integer) with uniforms 0: any difference
+    in floating-point arithmetic between the two encoders changes a rounded value here."""
+    from araopt.encoding import query_scales
+
+    rng = np.random.default_rng(11)
+    d = 10  # >= 8 exercises numpy's pairwise summation in the L1 norm
+    thresholds = rng.uniform(0.1, 100.0, d).round(3)
+    spec = ENCODINGS[name]
+    if spec["encoding"] == "l1":
+        queries = tuple(QueryParams(f"q{i}", t) for i, t in enumerate(thresholds))
+    else:
+        share = 0.8 if spec["encoding"] == "baseline" else 1.0
+        queries = tuple(QueryParams(f"q{i}", t, share / d) for i, t in enumerate(thresholds))
+    params = Params(count_limit=3, encoding=spec["encoding"], epsilon=1.0, slice_columns=("s",), queries=queries,
+                    **{k: v for k, v in spec.items() if k in ("l1_rounding", "count_budget_fraction")})
+    scales = query_scales(params).astype(float)
+    n = 3000
+    grid = rng.integers(0, scales.astype(int) + 1, (n, d)) / scales * thresholds
+    sparse = rng.random((n, d)) < 0.7  # L1: many rows with a small norm, so no shrinking
+    values = np.where(sparse, 0.0, grid) if spec["encoding"] == "l1" else grid
+    values = np.nextafter(values, np.where(rng.random((n, d)) < 0.5, 0.0, np.inf)) * (rng.random((n, d)) < 0.5) + \
+        values * (rng.random((n, d)) >= 0.5)
+    if spec["encoding"] == "l1":  # rows with norm N > 1 whose shrunk values u_l = k_l land on integers
+        target = params.contribution_budget / params.count_limit if params.l1_rounding == "floor" else params.per_conversion_budget
+        k = rng.multinomial(params.per_conversion_budget, np.full(d, 1.0 / d), size=n // 2).astype(float)
+        k[:, -1] += target - params.per_conversion_budget  # sum k_l = the scale S of Alg. 5
+        norm = rng.uniform(1.0, 6.0, (n // 2, 1))
+        values[: n // 2] = k * norm / target * thresholds
+    values = np.abs(values)
+    for u in (0.0, 1.0 - 2.0**-53):
+        uniforms = np.full((n, d), u)
+        want = encode(values, params, uniforms=uniforms)
+        domain = KeyDomain.from_slice_values(("s",), {"s": np.array([0])}, params.query_columns,
+                                             baseline=spec["encoding"] == "baseline")
+        enc = TriggerEncoder(params, domain)
+        names = params.query_columns
+        got = np.array([enc.contributions(dict(zip(names, row)), uniforms=uniforms[i]) for i, row in enumerate(values.tolist())])
+        assert np.array_equal(got, want)
+
+
+def test_trigger_encoder_randomness_sources():
+    params = du_penc_params()
+    enc = TriggerEncoder(params, du_penc_domain(params))
+    record = {"items": 1, "value": 21.0}
+    # a numpy Generator draws the same stream encode() would
+    got = [enc.contributions(record, rng=np.random.default_rng(s)) for s in range(20)]
+    want = [tuple(encode(np.array([[1.0, 21.0]]), params, np.random.default_rng(s))[0]) for s in range(20)]
+    assert got == want
+    assert enc.contributions(record, rng=random.Random(1)) in {(8192, 11468, 13108), (8192, 11469, 13107)}
+    # default: the OS CSPRNG; RR(11468.8) is 11469 about 80% of the time
+    ups = sum(enc.contributions(record)[1] == 11469 for _ in range(2000))
+    assert 0.8 * 2000 - 5 * 18 < ups < 0.8 * 2000 + 5 * 18
+    with pytest.raises(ValueError, match="'value' is missing"):
+        enc.registration({"items": 1})
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        enc.registration({"items": -1, "value": 2})
+    with pytest.raises(ValueError, match="uniforms"):
+        enc.registration(record, uniforms=[0.5])
+
+
+# ---- consistency: OR of the pieces = the pipeline's bucket -----------------------------------------
+@given(st.data())
+def test_or_of_source_and_trigger_pieces_is_the_pipeline_bucket(data):
+    k_imp = data.draw(st.integers(0, 3))
+    k_conv = data.draw(st.integers(0, 2))
+    cols = [f"i{j}" for j in range(k_imp)] + [f"c{j}" for j in range(k_conv)]
+    if not cols:
+        cols = ["i0"]
+        k_imp = 1
+    n = data.draw(st.integers(1, 30))
+    values = {c: np.array(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))) for c in cols}
+    d = data.draw(st.integers(1, 5))
+    params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=tuple(cols),
+                    conversion_slice_columns=tuple(cols[k_imp:]),
+                    queries=tuple(QueryParams(f"q{l}", 1.0, 1.0 / d) for l in range(d)))
+    domain = KeyDomain.from_slice_values(cols, values, params.query_columns,
+                                         conversion_slice_columns=params.conversion_slice_columns)
+    sources, triggers = SourceEncoder(params, domain), TriggerEncoder(params, domain)
+    slice_values = domain.slice_values()
+    for s in range(domain.num_slices):
+        row = {c: slice_values[c][s] for c in cols}
+        source = sources.registration(row)
+        pieces = triggers.pieces(row)
+        for col, name in enumerate(triggers.key_names):
+            piece = int(pieces[col], 16) if pieces[col] is not None else 0
+            assert int(source["aggregation_keys"][name], 16) | piece == domain.bucket(s, col)
+
+
+# ---- the round trip ------------------------------------------------------------------------------
+def _simulate_browser_and_service(export_dir, params, seed, tmp_path, debug=False, shuffle_seed=0):
+    """Browser (OR of pieces, Alg. 1) over the exported JSON, then the Aggregation Service (sum + noise) -> Avro."""
+    with open(os.path.join(export_dir, "sources.json")) as fh:
+        sources = [r["registration"] for r in json.load(fh)["registrations"]]
+    with open(os.path.join(export_dir, "triggers.jsonl")) as fh:
+        lines = [json.loads(line) for line in fh]
+    for s in sources:
+        validate_source_registration(s)
+    for line in lines:
+        validate_trigger_registration(line["registration"])
+    browser = simulate_browser(sources, [x["source_index"] for x in lines], np.array([x["impression_id"] for x in lines]),
+                               np.array([x["conversion_time_us"] for x in lines]), [x["registration"] for x in lines],
+                               params.contribution_budget)
+    domain_buckets = avro.read_output_domain(os.path.join(export_dir, "output_domain.avro"))
+    key_map = KeyMap.load(os.path.join(export_dir, "key_map.json"))
+    key_id = {b: i for i, b in enumerate(key_map.domain.buckets())}
+    service = simulate_aggregation_service(browser.reports, domain_buckets, params.epsilon, seed, params.contribution_budget,
+                                           key_ids=[key_id[b] for b in domain_buckets])
+    order = np.random.default_rng(shuffle_seed).permutation(len(domain_buckets))  # the service's row order is arbitrary
+    path = tmp_path / ("debug.avro" if debug else "summary.avro")
+    if debug:
+        tags = [["in_domain", "in_reports"] if r else ["in_domain"] for r in service.in_reports]
+        avro.write_debug_report(path, [domain_buckets[i] for i in order], service.unnoised[order], service.noise[order],
+                                [tags[i] for i in order])
+    else:
+        avro.write_summary_report(path, [domain_buckets[i] for i in order], service.noisy[order])
+    return browser, service, path
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_round_trip_export_browser_service_reconstruct_equals_measure(name, tmp_path, capsys):
+    params = synthetic_params(name)
+    params.save(tmp_path / "params.json")
+    frame = synthetic_frame()
+    frame.to_parquet(tmp_path / "log.parquet")
+    export = tmp_path / "export"
+    assert run_export_ara(["--params", str(tmp_path / "params.json"), "--out", str(export), "--conversions",
+                           str(tmp_path / "log.parquet"), "--simulation-seed", str(SEED)]) == 0
+    browser, service, report = _simulate_browser_and_service(export, params, SEED, tmp_path)
+    out = tmp_path / "estimates.csv"
+    assert run_reconstruct(["--summary-report", str(report), "--params", str(tmp_path / "params.json"),
+                            "--key-map", str(export / "key_map.json"), "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # the core on the same data and seed
+    conv = Conversions.from_table(frame, params.slice_columns, params.query_columns)
+    m = measure(conv, params, simulation_seed=SEED)
+    assert int(browser.kept.sum()) == int(m.kept.sum()) and m.rows_capped > 0  # Alg. 1 drops conversions here
+    assert np.array_equal(service.unnoised, m.histogram.ravel())
+    assert np.array_equal(service.noisy, m.report.noisy.ravel())
+    got = pd.read_csv(out)
+    want = estimates_frame(m.estimates, m.domain)
+    assert list(got.columns) == list(want.columns)
+    for c in ("campaign", "device", "query"):
+        assert got[c].astype(str).tolist() == want[c].astype(str).tolist()
+    assert got["city"].tolist() == want["city"].tolist()
+    for c in ("estimate", "std_error", "ci_low", "ci_high"):
+        assert np.array_equal(got[c].to_numpy(), want[c].to_numpy()), c
+    assert summary["matched"] == m.domain.num_keys and summary["unknown_buckets"] == 0 and summary["missing_buckets"] == 0
+
+
+def test_round_trip_through_the_debug_report_and_worked_example(tmp_path, capsys):
+    params = du_penc_params()
+    params.save(tmp_path / "params.json")
+    du_penc_frame().to_parquet(tmp_path / "log.parquet")
+    export = tmp_path / "export"
+    assert run_export_ara(["--params", str(tmp_path / "params.json"), "--out", str(export), "--conversions",
+                           str(tmp_path / "log.parquet"), "--simulation-seed", "1"]) == 0
+    browser, _, report = _simulate_browser_and_service(export, params, 1, tmp_path, debug=True)
+    assert browser.kept.tolist() == [True, True, True, True, False, True, True]  # z4 of impression 123 is dropped
+    out = tmp_path / "est.csv"
+    assert run_reconstruct(["--summary-report", str(report), "--params", str(tmp_path / "params.json"),
+                            "--key-map", str(export / "key_map.json"), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["report_kind"] == "DebugAggregatedFact"
+    m = measure(Conversions.from_table(du_penc_frame(), ["campaign"], ["items", "value"]), params, simulation_seed=1)
+    assert np.array_equal(pd.read_csv(out)["estimate"].to_numpy(), m.estimates.estimate.ravel())
+
+
+# ---- limits ---------------------------------------------------------------------------------------
+def _requirements(**kw):
+    base = dict(keys_per_source=3, max_value=32768, max_trigger_total=32768, slice_bits=4, max_key_name_length=6,
+                reports_per_source=2, reports_per_source_guaranteed=True, contribution_budget=65536, num_queries=2)
+    base.update(kw)
+    return AraRequirements(**base)
+
+
+def test_each_limit_violation_gives_its_message():
+    assert _requirements().violations() == []
+    cases = {
+        "aggregation keys per source: 21 (2 value queries + 1 bottom) > ARA limit 20 (exceeds by 1)": dict(keys_per_source=21),
+        "aggregatable value: up to 70000 > ARA limit 65536 (exceeds by 4464)": dict(max_value=70000),
+        "aggregatable values per trigger: total up to 65537 > ARA contribution budget 65536 (exceeds by 1)":
+            dict(max_trigger_total=65537),
+        "key bits: 125 slice bits + 8 query bits = 133 > ARA limit 128 (exceeds by 5)": dict(slice_bits=125),
+        "aggregation key name length: 30 > ARA limit 25 (exceeds by 5)": dict(max_key_name_length=30),
+        "aggregatable reports per source: count_limit C = 23 conversions per impression > ARA limit 20 reports per "
+        "source (exceeds by 3)": dict(reports_per_source=23),
+    }
+    for message, kw in cases.items():
+        (got,) = _requirements(**kw).violations()
+        assert got.startswith(message), got
+    assert _requirements(reports_per_source=30, reports_per_source_guaranteed=False).violations() == []
+    assert "at most 20 aggregatable reports" in _requirements(reports_per_source=30, reports_per_source_guaranteed=False).warnings()[0]
+
+
+def test_limits_from_parameters():
+    many = tuple(QueryParams(f"q{i}", 1.0, 1 / 20) for i in range(20))
+    params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=("s",), queries=many)
+    with pytest.raises(AraLimitError, match=r"aggregation keys per source: 21 .*exceeds by 1"):
+        check_ara_limits_for_cardinalities(params, [3])
+    with pytest.raises(AraLimitError, match=r"key bits: 122 slice bits \+ 8 query bits = 130 > ARA limit 128 \(exceeds by 2\)"):
+        check_ara_limits_for_cardinalities(du_penc_params(), [2**30] * 4 + [4])
+    with pytest.raises(AraLimitError, match=r"count_limit C = 21 .*exceeds by 1"):
+        check_ara_limits_for_cardinalities(du_penc_params(count_limit=21), [2])
+    # a parameter file from a future ARA with a larger budget: values above 65536 (Params itself refuses it today)
+    future = du_penc_params(count_limit=1)
+    object.__setattr__(future, "contribution_budget", 2**17)
+    with pytest.raises(AraLimitError) as err:
+        check_ara_limits_for_cardinalities(future, [2])
+    assert [v.split(":")[0] for v in err.value.violations] == ["aggregatable value", "aggregatable values per trigger"]
+    assert "exceeds by 65536" in err.value.violations[0]
+    # several violations are reported together
+    with pytest.raises(AraLimitError, match=r"aggregation keys per source.*; key bits"):
+        check_ara_limits_for_cardinalities(params, [2**64, 2**64])
+    req = ara_requirements(du_penc_params(), [2])
+    assert (req.keys_per_source, req.max_value, req.key_bits) == (3, 32768, du_penc_domain(du_penc_params()).total_bits)
+
+
+def test_export_refuses_before_writing_anything(tmp_path, capsys):
+    many = tuple(QueryParams(f"q{i}", 1.0, 1 / 20) for i in range(20))
+    params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=("campaign",), queries=many)
+    params.save(tmp_path / "p.json")
+    out = tmp_path / "out"
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(out), "--conversions", "missing.parquet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "aggregation keys per source: 21" in err and "exceeds by 1" in err
+    assert not out.exists()
+    # 121 two-valued slice columns: 121 + 8 = 129 bits
+    cols = [f"c{i}" for i in range(121)]
+    frame = pd.DataFrame({"impression_id": [1, 2], "conversion_time": pd.to_datetime([1, 2], unit="h", utc=True),
+                          **{c: [0, 1] for c in cols}, "v": [1.0, 2.0]})
+    frame.to_parquet(tmp_path / "wide.parquet")
+    Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=tuple(cols),
+           queries=(QueryParams("v", 1.0, 1.0),)).save(tmp_path / "wide.json")
+    assert run_export_ara(["--params", str(tmp_path / "wide.json"), "--out", str(out), "--conversions",
+                           str(tmp_path / "wide.parquet")]) == 2
+    assert "key bits: 121 slice bits + 8 query bits = 129 > ARA limit 128 (exceeds by 1)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_export_without_domain_source_and_overwrite_guard(tmp_path, capsys):
+    du_penc_params().save(tmp_path / "p.json")
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "needs the key domain" in capsys.readouterr().err
+    du_penc_frame().to_parquet(tmp_path / "log.parquet")
+    args = ["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"), "--conversions", str(tmp_path / "log.parquet")]
+    assert run_export_ara(args) == 0
+    assert run_export_ara(args) == 2 and "--overwrite" in capsys.readouterr().err
+    assert run_export_ara(args + ["--overwrite"]) == 0
+
+
+def test_export_with_a_declared_key_map_counts_conversions_it_cannot_register(tmp_path, capsys):
+    params = du_penc_params()
+    params.save(tmp_path / "p.json")
+    domain = du_penc_domain(params)
+    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(params.checksum())))
+    frame = du_penc_frame()
+    frame.loc[0, "campaign"] = "Easter"
+    frame.to_parquet(tmp_path / "log.parquet")
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"), "--key-map",
+                           str(tmp_path / "km.json"), "--conversions", str(tmp_path / "log.parquet")]) == 0
+    assert "impression_slice_not_in_domain': 1" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "o" / "export.json").read_text())
+    assert summary["triggers"] == 6 and summary["triggers_skipped"] == {"impression_slice_not_in_domain": 1}
+    assert len((tmp_path / "o" / "triggers.jsonl").read_text().splitlines()) == 6
+
+
+# ---- reconstruct: bad input ---------------------------------------------------------------------
+def _small_release(tmp_path):
+    params = du_penc_params()
+    params.save(tmp_path / "p.json")
+    domain = du_penc_domain(params)
+    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(params.checksum())))
+    metrics = np.arange(1, domain.num_keys + 1, dtype=np.int64) * 1000
+    return params, domain, metrics
+
+
+def test_unknown_buckets_are_counted_reported_and_written(tmp_path, capsys):
+    params, domain, metrics = _small_release(tmp_path)
+    buckets = domain.buckets() + [0xABC00, 0xABC01]
+    avro.write_summary_report(tmp_path / "r.avro", buckets, list(metrics) + [77, -5])
+    frame, counters = estimates_from_summary_report(buckets, np.append(metrics, [77, -5]), params, domain)
+    assert counters.unknown_buckets == 2 and counters.unknown_metric_sum == 72 and counters.matched == domain.num_keys
+    assert not frame["estimate"].isna().any()
+    out = tmp_path / "e.csv"
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--params", str(tmp_path / "p.json"),
+                            "--key-map", str(tmp_path / "km.json"), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "2 bucket(s) of the report are not in the key map" in captured.err
+    assert json.loads(captured.out)["unknown_buckets"] == 2
+    side = pd.read_csv(tmp_path / "e.unknown_buckets.csv")
+    assert side["bucket"].tolist() == [f"0x{0xABC00:032x}", f"0x{0xABC01:032x}"] and side["metric"].tolist() == [77, -5]
+    # a report none of whose buckets is known: wrong key map
+    avro.write_summary_report(tmp_path / "other.avro", [0xABC00], [1])
+    assert run_reconstruct(["--summary-report", str(tmp_path / "other.avro"), "--params", str(tmp_path / "p.json"),
+                            "--key-map", str(tmp_path / "km.json"), "--out", str(out)]) == 2
+    assert "none of the 1 buckets" in capsys.readouterr().err
+
+
+def test_missing_negative_and_huge_metrics(tmp_path):
+    params, domain, metrics = _small_release(tmp_path)
+    buckets = domain.buckets()
+    metrics = metrics.copy()
+    metrics[0] = -5                       # plausible noise
+    floor = implausible_negative_threshold(params.epsilon)
+    metrics[1] = -(floor + 1)             # not plausible at epsilon = 8
+    metrics[3] = 2**60                    # beyond 2^53: skipped, NaN
+    frame, counters = estimates_from_summary_report(buckets[:-1], metrics[:-1], params, domain)  # last bucket missing
+    assert counters.negative_metrics == 2 and counters.implausible_negative_metrics == 1
+    assert counters.huge_metrics == 1 and counters.missing_buckets == 1 and counters.incomplete_slices == 1
+    # slice 1 (Thanksgiving) lost its items metric (huge) and its bottom (missing): count and items are NaN
+    nan = frame[frame["estimate"].isna()]
+    assert nan["campaign"].tolist() == ["Thanksgiving"] * 2 and nan["query"].tolist() == ["count", "items"]
+    assert not frame[frame["campaign"] == "Christmas"]["estimate"].isna().any()
+    with pytest.raises(ValueError, match="appears 2 times"):
+        estimates_from_summary_report(buckets + [buckets[0]], np.append(metrics, 1), params, domain)
+
+
+def test_parameter_file_that_does_not_match_the_key_map(tmp_path, capsys):
+    params, domain, metrics = _small_release(tmp_path)
+    avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), metrics)
+    du_penc_params(count_limit=3).save(tmp_path / "other.json")
+    args = ["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km.json"), "--out", str(tmp_path / "e.csv")]
+    assert run_reconstruct(args + ["--params", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not match key map" in err and "params_sha256" in err
+    # same checksum but a structurally different key map (edited by hand, checksum removed)
+    wrong = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array(["a"])}, ("items",))
+    (tmp_path / "km2.json").write_text(json.dumps(wrong.to_json(None)))
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km2.json"),
+                            "--out", str(tmp_path / "e.csv"), "--params", str(tmp_path / "p.json")]) == 2
+    assert "queries ['items'] != ['items', 'value']" in capsys.readouterr().err
+    assert not (tmp_path / "e.csv").exists()
+    with pytest.raises(ValueError, match="does not match"):
+        check_ara_limits(params, wrong)
+
+
+def test_reconstruct_with_the_epsilon_of_the_aggregation_job(tmp_path, capsys):
+    params, domain, metrics = _small_release(tmp_path)
+    avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), metrics)
+    base = ["--summary-report", str(tmp_path / "r.avro"), "--params", str(tmp_path / "p.json"), "--key-map",
+            str(tmp_path / "km.json")]
+    assert run_reconstruct(base + ["--out", str(tmp_path / "a.csv")]) == 0
+    assert run_reconstruct(base + ["--out", str(tmp_path / "b.csv"), "--epsilon", "2"]) == 0  # key map of the file as is
+    a, b = pd.read_csv(tmp_path / "a.csv"), pd.read_csv(tmp_path / "b.csv")
+    assert np.array_equal(a["estimate"], b["estimate"]) and (b["std_error"] > a["std_error"]).all()
+    # a key map recorded after an epsilon override (as measure --epsilon writes it) needs the same override
+    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(params.with_epsilon(2.0).checksum())))
+    assert run_reconstruct(base + ["--out", str(tmp_path / "c.csv"), "--epsilon", "2"]) == 0
+    assert run_reconstruct(base + ["--out", str(tmp_path / "d.csv")]) == 2
+    assert "does not match key map" in capsys.readouterr().err
+
+
+def test_reconstruct_refuses_other_avro_and_needs_a_key_map(tmp_path, capsys):
+    params, domain, metrics = _small_release(tmp_path)
+    avro.write_output_domain(tmp_path / "domain.avro", domain.buckets())
+    base = ["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e.csv")]
+    assert run_reconstruct(["--summary-report", str(tmp_path / "domain.avro"), "--key-map", str(tmp_path / "km.json")] + base) == 2
+    err = capsys.readouterr().err
+    assert "domain.avro: Avro schema AggregationBucket" in err and err.count("\n") == 1
+    avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), metrics)
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro")] + base) == 2
+    assert "needs the key map" in capsys.readouterr().err
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km.json"),
+                            "--confidence", "1.5"] + base) == 2
+    # without a key map: the domain of a conversion log's slices
+    du_penc_frame().to_parquet(tmp_path / "log.parquet")
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--conversions", str(tmp_path / "log.parquet")]
+                           + base) == 0
+
+
+def test_browser_report_cap_and_budget():
+    source = {"destination": "https://a.example", "aggregation_keys": {"k": "0x10"}}
+    triggers = [{"aggregatable_trigger_data": [{"key_piece": "0x1", "source_keys": ["k"]}],
+                 "aggregatable_values": {"k": 3000}}] * 25
+    result = simulate_browser([source], [0] * 25, np.zeros(25, dtype=int), np.arange(25), triggers)
+    assert result.kept.sum() == 20 and all(r == ((0x11, 3000),) for r in result.reports)  # 20-report cap
+    big = [{"aggregatable_values": {"k": 40000}}, {"aggregatable_values": {"k": 30000}}, {"aggregatable_values": {"k": 25536}}]
+    result = simulate_browser([source], [0] * 3, np.zeros(3, dtype=int), np.arange(3), big)
+    assert result.kept.tolist() == [True, False, True]  # all or nothing, later smaller ones still fit

@@ -1,0 +1,126 @@
+"""Statistics side pipeline: history -> validate -> group by impression -> per-slice sufficient
+statistics (the pure combiner of ``araopt.statistics``, wrapped in one thin ``beam.CombineFn``)."""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import uuid
+from typing import Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+from araopt import statistics as stats
+from araopt.conversions import Conversions
+
+from .group import GroupByImpression
+from .io import ReadConversions, check_input, needed_columns
+from .validate import ValidateConversions, sum_pairs
+
+DEFAULT_SHARDS = 64
+
+
+class StatisticsCombineFn(beam.CombineFn):
+    """Thin wrapper: every method delegates to the pure combiner in ``araopt.statistics``."""
+
+    def __init__(self, spec: stats.StatisticsSpec):
+        self._spec = spec
+
+    def create_accumulator(self):
+        return stats.create_accumulator(self._spec)
+
+    def add_input(self, acc, conversions: Conversions):
+        return stats.add_conversions(acc, conversions)
+
+    def merge_accumulators(self, accs):
+        return stats.merge_accumulators(list(accs))
+
+    def compact(self, acc):
+        return stats.compact(acc)
+
+    def extract_output(self, acc):
+        return stats.extract_output(acc)
+
+
+def _to_conversions(item: tuple[int, pa.Table], slice_columns: Sequence[str], value_columns: Sequence[str]) -> Conversions:
+    return Conversions.from_table(item[1], slice_columns, value_columns)
+
+
+class ComputeStatistics(beam.PTransform):
+    """Valid conversion batches -> one ``SufficientStatistics`` (bounded size, see araopt.statistics)."""
+
+    def __init__(self, spec: stats.StatisticsSpec, num_shards: int = DEFAULT_SHARDS):
+        super().__init__()
+        self._spec = spec
+        self._num_shards = num_shards
+
+    def expand(self, valid_tables):
+        spec = self._spec
+        return (
+            valid_tables
+            | "GroupByImpression" >> GroupByImpression(self._num_shards)
+            | "ToConversions" >> beam.Map(_to_conversions, spec.slice_columns, spec.value_columns)
+            | "SufficientStatistics" >> beam.CombineGlobally(StatisticsCombineFn(spec))
+        )
+
+
+class _Save(beam.DoFn):
+    def __init__(self, path: str):
+        self._path = path
+
+    def process(self, element):
+        with FileSystems.create(self._path) as fh:
+            fh.write(pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
+        yield self._path
+
+
+def compute_statistics(
+    input_pattern: str, spec: stats.StatisticsSpec, pipeline_args: Sequence[str] = (),
+    max_rejected_fraction: float = 0.10, num_shards: int = DEFAULT_SHARDS,
+) -> tuple[stats.SufficientStatistics, dict]:
+    """Run the statistics pipeline and return (statistics, accounting) to the driver.
+
+    Refuses (ValueError, before any work) missing files/columns; fails if the rejected share of rows
+    exceeds ``max_rejected_fraction`` or no valid row remains.
+    """
+    from pipelines.options import make_runner, pipeline_options
+
+    check_input(input_pattern, spec.slice_columns, spec.value_columns)
+    opts = pipeline_options(list(pipeline_args))
+    temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
+    run_dir = FileSystems.join(temp_root, f"araopt-statistics-{uuid.uuid4().hex}")
+    stats_path = FileSystems.join(run_dir, "statistics.pkl")
+    counts_path = FileSystems.join(run_dir, "counts.pkl")
+    if "://" not in run_dir:
+        os.makedirs(run_dir, exist_ok=True)
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+    batches = pipeline | "ReadHistory" >> ReadConversions(input_pattern, needed_columns(spec.slice_columns, spec.value_columns))
+    checked = batches | "Validate" >> ValidateConversions(spec.slice_columns, spec.value_columns)
+    _ = checked.counts | "CountRows" >> beam.CombineGlobally(sum_pairs) | "SaveCounts" >> beam.ParDo(_Save(counts_path))
+    _ = checked.valid | "Statistics" >> ComputeStatistics(spec, num_shards) | "SaveStatistics" >> beam.ParDo(_Save(stats_path))
+    result = pipeline.run()
+    result.wait_until_finish()
+    with FileSystems.open(counts_path) as fh:
+        rows_read, rows_rejected = pickle.loads(fh.read())
+    with FileSystems.open(stats_path) as fh:
+        statistics = pickle.loads(fh.read())
+    FileSystems.delete([run_dir])
+    reasons = {}
+    try:
+        for c in result.metrics().query()["counters"]:
+            name = c.key.metric.name
+            if name.startswith("rows_rejected_") and (c.committed or c.attempted):
+                reasons[name[len("rows_rejected_"):]] = reasons.get(name[len("rows_rejected_"):], 0) + int(c.committed or c.attempted)
+    except Exception:  # noqa: BLE001 - metrics are informative only
+        pass
+    accounting = {"rows_read": rows_read, "rows_rejected": rows_rejected, "rows_rejected_by_reason": reasons,
+                  "rows_used": rows_read - rows_rejected}
+    if rows_read == 0 or rows_read == rows_rejected:
+        raise ValueError(f"the history {input_pattern!r} holds no valid conversion rows ({accounting})")
+    if rows_rejected > max_rejected_fraction * rows_read:
+        raise ValueError(f"{rows_rejected} of {rows_read} history rows failed validation "
+                         f"(> {max_rejected_fraction:.0%}): {reasons}")
+    return statistics, accounting
