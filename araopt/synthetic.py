@@ -542,7 +542,7 @@ def _generate_block(plan: ImpressionPlan, day: int, block: int, cum_counts: np.n
     j = np.arange(rows, dtype=np.int64) - row_start[imp_rank]
     frac = (csum[np.arange(rows, dtype=np.int64) + imp_rank + 1] - base[imp_rank]) / total[imp_rank]
     window_us = preset.attribution_window_days * _US_PER_DAY
-    offset = np.floor(frac * window_us).astype(np.int64)
+    offset = np.floor(frac * (window_us - n_nz[imp_rank]).astype(np.float64)).astype(np.int64) + j
 
     cols: dict[str, np.ndarray] = {
         "impression_id": id_base + i0 + rep,

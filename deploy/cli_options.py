@@ -134,7 +134,7 @@ NIGHTLY_OPTIONS: Final[tuple[CliOption, ...]] = (
 
 MEASURE_OPTIONS: Final[tuple[CliOption, ...]] = (
     CliOption(
-        "input", "Reports", "Glob of the aggregatable reports to measure.", required=True,
+        "input", "Conversions", "Glob of the conversion log (Parquet) to measure.", required=True,
         regex=_NON_EMPTY, gcs_only=True, metavar="GLOB",
     ),
     CliOption(
@@ -155,8 +155,9 @@ MEASURE_OPTIONS: Final[tuple[CliOption, ...]] = (
         "(true/false).", type="bool", regex=_BOOL,
     ),
     CliOption(
-        "domain", "Output domain", "Avro output domain file; keys not in the reports get noise-only "
-        "values.", regex=_NON_EMPTY, gcs_only=True, metavar="FILE",
+        "domain", "Output domain", "Key map JSON (key_map.json, as written by measure or export-ara) "
+        "declaring the output domain; every domain key gets noise, also keys without conversions.",
+        regex=_NON_EMPTY, gcs_only=True, metavar="FILE",
     ),
 )
 

@@ -28,6 +28,8 @@ from transforms.io import ReadConversions, check_input, needed_columns
 from transforms.release import WriteRelease
 from transforms.validate import REJECTED, ValidateConversions, sum_pairs
 
+from deploy.cli_options import MEASURE_OPTIONS, add_options
+
 from .options import UserError, cli_main, make_runner, pipeline_options, runner_name
 
 DEFAULT_SHARDS = 64
@@ -39,16 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Any other --option is passed to Apache Beam (e.g. --runner DataflowRunner --project P "
                "--region R --temp_location gs://... --setup_file ./setup.py, or --direct_num_workers 2 "
                "--direct_running_mode multi_processing).")
-    parser.add_argument("--input", required=True, help="Parquet conversion log: file, directory or glob (local or gs://)")
-    parser.add_argument("--params", required=True,
-                        help="parameter file (.json, local or gs://) or a parameter store URI (directory or gs:// prefix) "
-                             "whose 'latest' (or --params-version) is used")
+    add_options(parser, MEASURE_OPTIONS)  # --input --params --output --epsilon --debug-run --domain (shared with deploy/)
     parser.add_argument("--params-version", default="latest", help="version to resolve in a parameter store (default latest)")
-    parser.add_argument("--output", required=True, help="output directory (local or gs://)")
-    parser.add_argument("--epsilon", type=float, default=None, help="override the parameter file's epsilon, in (0, 64]")
-    parser.add_argument("--debug-run", action="store_true", help="also write unnoised metrics and noise per key (debug layout)")
-    parser.add_argument("--domain", default=None,
-                        help="key map JSON declaring the output domain (default: the slices present in the input; simulation only)")
     parser.add_argument("--simulation-seed", type=int, default=None,
                         help="SIMULATION MODE: seeded, key-deterministic rounding and noise; output is NOT private")
     parser.add_argument("--num-shards", type=int, default=DEFAULT_SHARDS, help="impression shards (default %(default)s)")
@@ -65,7 +59,8 @@ class LoadedParams:
 
 
 def load_params(ref: str, version: str = "latest") -> LoadedParams:
-    """A parameter file path, or a store URI resolved to a checksum-verified version."""
+    """A parameter file (.json, local or gs://), or a store URI (``STORE`` -> latest, or
+    ``STORE/versions/<v>``) resolved to a checksum-verified version."""
     if ref.endswith(".json"):
         try:
             with FileSystems.open(ref) as fh:
@@ -74,10 +69,10 @@ def load_params(ref: str, version: str = "latest") -> LoadedParams:
             raise UserError(f"cannot read parameter file {ref}: {exc}") from None
         params = Params.from_bytes(raw, source=ref)
         return LoadedParams(params, {"path": ref, "sha256": hashlib.sha256(raw).hexdigest()})
-    from araopt.store import StoreError, open_store
+    from araopt.store import StoreError, open_store, resolve_params_ref
 
     try:
-        resolved = open_store(ref).resolve(version)
+        resolved = open_store(ref).resolve(version) if version != "latest" else resolve_params_ref(ref)
     except StoreError as exc:
         raise UserError(str(exc)) from None
     params = Params.from_bytes(resolved.payload, source=resolved.uri)

@@ -38,7 +38,7 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, body: Call
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
         return body(args)
-    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+    except (ValueError, OSError) as e:  # bad input, missing files, permissions, disk full
         return _fail(parser.prog, str(e))
 
 

@@ -130,6 +130,27 @@ def test_key_names_are_unique_short_and_sanitised():
 
 
 # ---- the encoder for ad servers matches the core encoder -------------------------------------------
+def assert_same_or_core_bug(got, want, params):
+    """The trigger encoder equals the core encoder, except on the core's known L1-randomized bug
+    (see test_core_l1_randomized_never_exceeds_the_budget), where it stays within the budget."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert (got >= 0).all() and (got.sum(axis=1) <= params.per_conversion_budget).all()
+    bad = (want < 0).any(axis=1)
+    assert np.array_equal(got[~bad], want[~bad])
+    if bad.any():
+        assert params.encoding == "l1" and params.l1_rounding == "randomized"
+        assert (want[bad][:, -1] == -1).all() and (np.abs(got[bad] - want[bad]).sum(axis=1) == 2).all()
+
+
+@pytest.mark.xfail(strict=True, reason="core bug in araopt.encoding (L1 randomized): floor(budget + offset) rounds "
+                   "up to budget + 1 for offsets within ~2^-39 of 1, giving bottom = -1; fix: clamp the cuts at budget")
+def test_core_l1_randomized_never_exceeds_the_budget():
+    params = Params(count_limit=3, encoding="l1", l1_rounding="randomized", epsilon=1.0, slice_columns=("s",),
+                    queries=(QueryParams("a", 1.0), QueryParams("b", 1.0)))
+    out = encode(np.array([[5.0, 0.0]]), params, uniforms=np.array([[1.0 - 2.0**-53]]))
+    assert (out >= 0).all() and out[0, :2].sum() <= params.per_conversion_budget
+
+
 @given(
     encoding=st.sampled_from(sorted(ENCODINGS)),
     d=st.integers(1, 19),
@@ -157,8 +178,8 @@ def test_trigger_encoder_equals_core_encode(encoding, d, count_limit, data):
                                          baseline=spec["encoding"] == "baseline")
     enc = TriggerEncoder(params, domain)
     got = enc.contributions({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms)
-    want = encode(np.array([values]), params, uniforms=np.array([uniforms]))[0]
-    assert list(got) == want.tolist()
+    want = encode(np.array([values]), params, uniforms=np.array([uniforms]))
+    assert_same_or_core_bug(np.array([got]), want, params)
     reg = enc.registration({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms)
     validate_trigger_registration(reg)
     assert all(1 <= v <= ARA_MAX_VALUE for v in reg["aggregatable_values"].values())
@@ -195,15 +216,19 @@ def test_trigger_encoder_equals_core_encode_on_rounding_boundaries(name):
         norm = rng.uniform(1.0, 6.0, (n // 2, 1))
         values[: n // 2] = k * norm / target * thresholds
     values = np.abs(values)
+    clipped = rng.random((n, d)) < 0.1
+    values[clipped] = (thresholds * rng.choice([1.0, 1.5, 1e6], (n, d)))[clipped]  # at or above C_l
     for u in (0.0, 1.0 - 2.0**-53):
         uniforms = np.full((n, d), u)
         want = encode(values, params, uniforms=uniforms)
+        if spec["encoding"] != "l1":
+            assert (want >= 0).all() and (want[:, :d] <= scales).all()  # Lemma 4.1: w_l <= scale, bottom >= 0
         domain = KeyDomain.from_slice_values(("s",), {"s": np.array([0])}, params.query_columns,
                                              baseline=spec["encoding"] == "baseline")
         enc = TriggerEncoder(params, domain)
         names = params.query_columns
         got = np.array([enc.contributions(dict(zip(names, row)), uniforms=uniforms[i]) for i, row in enumerate(values.tolist())])
-        assert np.array_equal(got, want)
+        assert_same_or_core_bug(got, want, params)
 
 
 def test_trigger_encoder_randomness_sources():

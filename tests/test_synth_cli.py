@@ -122,15 +122,19 @@ def test_split_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     one_line_error(capsys, "ISO-8601")
 
 
-def test_load_criteo_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from test_criteo import ROWS, line
+def criteo_line(sale: int, amount: str, delay: str, partner: str = "A1B2") -> str:
+    """One line in the Criteo Sponsored Search format: 23 tab-separated fields, -1 = missing."""
+    return "\t".join([str(sale), amount, delay, "1596439000", "-1", "10.0"] + ["-1"] * 15 + [partner, "-1"])
 
+
+def test_load_criteo_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "c.tsv"
-    good.write_text("\n".join(ROWS) + "\n")
+    good.write_text("\n".join([criteo_line(1, "12.5", "60"), criteo_line(0, "-1", "-1"), criteo_line(1, "3", "5")]) + "\n")
     assert run_load_criteo(["--input", str(good), "--out", str(tmp_path / "c")]) == 0
     assert json.loads(capsys.readouterr().out)["conversions"] == 2
+    assert ds.dataset(tmp_path / "c", format="parquet").count_rows() == 2
     bad = tmp_path / "bad.tsv"
-    bad.write_text("\n".join([line(), line(), "1\t0.5\t3"]) + "\n")
+    bad.write_text("\n".join([criteo_line(1, "1", "1"), criteo_line(1, "1", "1"), "1\t0.5\t3"]) + "\n")
     assert run_load_criteo(["--input", str(bad), "--out", str(tmp_path / "c2")]) == 2
     one_line_error(capsys, "araopt load-criteo: error:", "line 3", "expected 23 tab-separated columns, found 3")
 
