@@ -70,20 +70,27 @@ def brute_force_d1(conv: Conversions, taus: np.ndarray, eps: float, kind: str, C
     from araopt.error_model import kept_mask
     from araopt.noise import discrete_laplace_variance, noise_parameter
     kept = kept_mask(conv, p, keys)
-    v = conv.values[kept, 0]
-    ks = sidx[kept]
+    order = np.argsort(sidx[kept], kind="stable")
+    v = conv.values[kept, 0][order]
+    ks = sidx[kept][order]
     truth_n = np.bincount(sidx, minlength=m).astype(float)
     truth_v = np.bincount(sidx, conv.values[:, 0], minlength=m)
-    onehot = np.zeros((m, len(v)))
-    onehot[ks, np.arange(len(v))] = 1.0
+    starts = np.searchsorted(ks, np.arange(m))
+    present = np.bincount(ks, minlength=m) > 0
+
+    def per_slice(x: np.ndarray) -> np.ndarray:  # sum of rows per slice, (m, G)
+        out = np.zeros((m, x.shape[1]))
+        out[present] = np.add.reduceat(x, starts[present], axis=0)
+        return out
+
     clipped = np.minimum(v[:, None], grid[None, :])  # (n_kept, G)
-    expected = onehot @ clipped  # (m, G)
+    expected = per_slice(clipped)
     s = gamma // C
     if kind == "exact":
         vn = discrete_laplace_variance(noise_parameter(eps))
         omega = s * clipped / grid[None, :]
         f = omega - np.floor(omega)
-        var_v = (onehot @ (f * (1 - f)) + vn) * (grid[None, :] / s) ** 2
+        var_v = (per_slice(f * (1 - f)) + vn) * (grid[None, :] / s) ** 2
         var_n = 2 * vn / s**2
     else:
         var_v = np.broadcast_to(2.0 * C * C * grid[None, :] ** 2 / eps**2, expected.shape)

@@ -63,3 +63,30 @@ class ReadConversions(beam.PTransform):
 
     def expand(self, pbegin):
         return pbegin | "ReadParquetBatches" >> beam.io.ReadFromParquetBatched(self._pattern, columns=self._columns)
+
+
+def check_schema_of(paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str]) -> pa.Schema:
+    """Schema check of an explicit file list (driver side, before any processing)."""
+    if not paths:
+        raise ValueError("no input files")
+    schema = None
+    for p in paths:
+        schema = read_schema(p)
+        check_schema(schema, slice_columns, value_columns, source=p)
+    return schema
+
+
+class ReadConversionFiles(beam.PTransform):
+    """An explicit list of Parquet files (e.g. a date window) -> PCollection of ``pa.Table`` batches."""
+
+    def __init__(self, paths: Sequence[str], columns: Sequence[str]):
+        super().__init__()
+        self._paths = list(paths)
+        self._columns = list(columns)
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "Files" >> beam.Create(self._paths)
+            | "ReadParquetBatches" >> beam.io.ReadAllFromParquetBatched(columns=self._columns)
+        )

@@ -1,0 +1,293 @@
+"""`araopt nightly`: re-optimize on the last N days of conversions and publish to a parameter store.
+
+    python -m pipelines.nightly --history 'hist/' --as-of 2026-11-24 --window-days 7 --store STORE \
+        --slices campaignId,geography,productCategory --values value --epsilon 8 [Beam options]
+
+One Beam pipeline: the window's date partitions (``date=YYYY-MM-DD/...``) -> validate -> group by
+impression -> sufficient statistics (bounded size) -> a single-element step that runs the optimizer
+(Alg. 6) and the baselines, applies the guardrails, writes the run report (JSON + PNG) and publishes
+an immutable version, then moves ``latest`` with a compare-and-swap on the pointer read when the job
+started. Publishing inside the pipeline (not after ``wait_until_finish``) is what a Dataflow Flex
+Template launcher needs; locally it runs in the same process.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import io
+import json
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from araopt import statistics as stats
+from araopt.params import Params, Provenance, check_epsilon, utc_now_iso
+from deploy.cli_options import NIGHTLY_OPTIONS, add_options, resolve_as_of
+from transforms.io import check_schema_of, match_files
+from transforms.statistics import ComputeStatistics
+from transforms.validate import ValidateConversions, sum_pairs
+
+from .options import UserError, cli_main, make_runner, pipeline_options
+
+DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="araopt nightly", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Other --options are passed to Apache Beam (e.g. --runner DataflowRunner).")
+    add_options(parser, NIGHTLY_OPTIONS)
+    parser.add_argument("--run-id", default=None, help="run identifier (default: a fresh random id)")
+    parser.add_argument("--objective", choices=("exact", "relaxed"), default="exact")
+    parser.add_argument("--max-rejected-fraction", type=float, default=0.10)
+    parser.add_argument("--num-shards", type=int, default=64)
+    return parser
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    """Publishing rules: beat the baseline; large moves need --allow-large-change."""
+
+    allow_large_change: bool = False
+    max_threshold_change_factor: float = 2.0
+    max_count_limit_change: int = 2
+
+    def check(self, new: Params, predicted: float, baselines: dict[str, float], previous: Params | None) -> list[str]:
+        """Reasons not to publish (empty: publish)."""
+        problems = []
+        best_baseline = min(baselines.values())
+        if not predicted < best_baseline:
+            problems.append(f"predicted RMSRE_tau {predicted:.4g} does not beat the best baseline {best_baseline:.4g}")
+        if previous is None or self.allow_large_change:
+            return problems
+        if (previous.slice_columns, previous.query_columns, previous.encoding) != (new.slice_columns, new.query_columns, new.encoding):
+            problems.append(f"slices/queries/encoding changed from {previous.slice_columns}/{previous.query_columns}/"
+                            f"{previous.encoding} (use --allow-large-change)")
+            return problems
+        if abs(new.count_limit - previous.count_limit) > self.max_count_limit_change:
+            problems.append(f"count limit moves {previous.count_limit} -> {new.count_limit}, more than "
+                            f"{self.max_count_limit_change} (use --allow-large-change)")
+        for old_q, new_q in zip(previous.queries, new.queries):
+            factor = max(new_q.clip_threshold / old_q.clip_threshold, old_q.clip_threshold / new_q.clip_threshold)
+            if factor > self.max_threshold_change_factor:
+                problems.append(f"clip threshold of {new_q.column} moves {old_q.clip_threshold:.4g} -> "
+                                f"{new_q.clip_threshold:.4g} (x{factor:.2f} > {self.max_threshold_change_factor:g}; "
+                                f"use --allow-large-change)")
+        return problems
+
+
+def select_window(history: str, as_of: str, window_days: int) -> tuple[list[str], list[str]]:
+    """Files of the date partitions in [as_of - window_days + 1, as_of]; (files, dates found)."""
+    if window_days < 1:
+        raise UserError(f"--window-days must be >= 1, got {window_days}")
+    end = dt.date.fromisoformat(as_of)
+    start = end - dt.timedelta(days=window_days - 1)
+    files = match_files(history)
+    chosen, dates = [], set()
+    for path in files:
+        m = DATE_PARTITION.search(path)
+        if m and start <= dt.date.fromisoformat(m.group(1)) <= end:
+            chosen.append(path)
+            dates.add(m.group(1))
+    if not chosen:
+        raise UserError(f"no history in the window {start}..{end} under {history!r} "
+                        f"({len(files)} files found, partitions must look like date=YYYY-MM-DD/)")
+    return chosen, sorted(dates)
+
+
+class _OptimizeGuardAndPublish(beam.DoFn):
+    """The single-element driver step: optimizer + baselines + guardrails + report + publish."""
+
+    def __init__(self, cfg: dict, previous_payload: bytes | None, expected_previous):
+        self._cfg = cfg
+        self._previous_payload = previous_payload
+        self._expected_previous = expected_previous
+
+    def setup(self):
+        from araopt.store import open_store
+
+        self._store = open_store(self._cfg["store"])
+
+    def process(self, statistics, counts):
+        from araopt import optimizer
+
+        cfg = self._cfg
+        rows_read, rows_rejected = counts
+        if rows_read == 0 or rows_read == rows_rejected:
+            raise ValueError("the history window holds no valid conversion rows")
+        if rows_rejected > cfg["max_rejected_fraction"] * rows_read:
+            raise ValueError(f"{rows_rejected} of {rows_read} history rows failed validation (> {cfg['max_rejected_fraction']:.0%})")
+        result = optimizer.optimize(statistics, cfg["epsilon"], cfg["encoding"], cfg["max_count_limit"], cfg["objective"],
+                                    progress=False, slice_columns=cfg["slices"])
+        baselines = {}
+        for q in (0.95, 0.99):
+            base = optimizer.baseline_params(statistics, cfg["epsilon"], q, cfg["max_count_limit"], taus=result.taus,
+                                             slice_columns=cfg["slices"])
+            baselines[f"baseline_q{int(q * 100)}"] = optimizer.objective(statistics, base, result.taus, cfg["objective"])
+        params = replace(result.params, provenance=Provenance(
+            training_start=cfg["window"][0], training_end=cfg["window"][1], rows=rows_read - rows_rejected,
+            created_at=utc_now_iso(), predicted_rmsre_tau=result.objective, baseline_rmsre_tau=min(baselines.values()),
+            objective=cfg["objective"], extra={"run_id": cfg["run_id"], "as_of": cfg["as_of"], "baselines": baselines,
+                                               "rows_read": rows_read, "rows_rejected": rows_rejected}))
+        previous = Params.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
+        problems = Guardrails(cfg["allow_large_change"], cfg["max_threshold_change_factor"],
+                              cfg["max_count_limit_change"]).check(params, result.objective, baselines, previous)
+        report = {
+            "as_of": cfg["as_of"], "run_id": cfg["run_id"], "window": cfg["window"], "history_dates": cfg["dates"],
+            "rows_read": rows_read, "rows_rejected": rows_rejected, "epsilon": cfg["epsilon"],
+            "predicted_rmsre_tau": result.objective, "baselines": baselines, "optimizer_seconds": result.seconds,
+            "per_count_limit": result.table().to_dict(orient="records"), "params": params.to_json(),
+            "previous_version": self._expected_previous, "published": False, "problems": problems,
+        }
+        report_dir = FileSystems.join(self._cfg["store"], "reports", f"{cfg['as_of']}-{cfg['run_id']}")
+        if previous is not None and _same_release(previous, params, cfg["as_of"]):
+            # re-running the same as-of date on the same history: idempotent, nothing is published
+            report.update(published=False, idempotent=True, version=self._expected_previous, problems=[])
+            _write_report(report_dir, report, result, self._store)
+            yield report
+            return
+        if problems:
+            _write_report(report_dir, report, result, self._store)
+            raise ValueError("not published: " + "; ".join(problems) + f" (report: {report_dir})")
+        published = self._store.publish(cfg["as_of"], cfg["run_id"], params.to_bytes(),
+                                        expected_previous=self._expected_previous)
+        report.update(published=True, version=published.version, version_uri=published.uri, sha256=published.sha256,
+                      created=published.created, pointer_moved=published.moved)
+        _write_report(report_dir, report, result, self._store)
+        yield report
+
+
+def _same_release(previous: Params, new: Params, as_of: str) -> bool:
+    """Same as-of date and the same parameters (ignoring when and by which run they were made)."""
+    if previous.provenance is None or previous.provenance.extra.get("as_of") != as_of:
+        return False
+
+    def stable(p: Params) -> dict:
+        data = p.to_json()
+        prov = dict(data.pop("provenance") or {})
+        for volatile in ("created_at", "run_id"):
+            prov.pop(volatile, None)
+        data["provenance"] = prov
+        return data
+
+    return stable(previous) == stable(new)
+
+
+def _write_report(directory: str, report: dict, result, store) -> None:
+    with FileSystems.create(FileSystems.join(directory, "report.json")) as fh:
+        fh.write(json.dumps(report, indent=1, default=str).encode())
+    png = _report_png(result, store)
+    with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
+        fh.write(png)
+
+
+def _report_png(result, store) -> bytes:
+    """Left: predicted RMSRE_tau per candidate C. Right: the published parameter history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = result.table()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(table["C"], table["rmsre_tau"], marker="o")
+    best = table.loc[table["rmsre_tau"].idxmin()]
+    left.axvline(best["C"], color="grey", ls="--", lw=1)
+    left.set(xlabel="count limit C", ylabel="predicted RMSRE_tau", title=f"best C = {int(best['C'])}")
+    left.set_yscale("log")
+    history = []
+    for version in store.list_versions()[-60:]:
+        try:
+            p = Params.from_bytes(store.resolve(version).payload, version)
+        except Exception:  # noqa: BLE001 - a bad old version must not break the report
+            continue
+        history.append((version, p.count_limit, p.provenance.predicted_rmsre_tau if p.provenance else None))
+    if history:
+        xs = range(len(history))
+        right.plot(xs, [h[2] or float("nan") for h in history], marker="o", label="predicted RMSRE_tau")
+        right.set_xticks(list(xs), [h[0][:10] for h in history], rotation=45, fontsize=7)
+        twin = right.twinx()
+        twin.step(list(xs), [h[1] for h in history], where="mid", color="tab:orange", label="C")
+        twin.set_ylabel("count limit C")
+    right.set(title="published versions", ylabel="predicted RMSRE_tau")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    return cli_main(_run, argv, "araopt nightly")
+
+
+def _run(argv: list[str]) -> int:
+    from araopt.store import StoreError, open_store
+
+    args, beam_args = build_parser().parse_known_args(argv)
+    started = time.time()
+    as_of = resolve_as_of(args.as_of)
+    epsilon = check_epsilon(args.epsilon, "--epsilon")
+    slices = tuple(s for s in args.slices.split(",") if s)
+    values = tuple(v for v in args.values.split(",") if v)
+    max_c = args.max_count_limit or 20
+    if max_c < 1:
+        raise UserError(f"--max-count-limit must be >= 1, got {max_c}")
+    try:  # the store first: unknown scheme, credentials, corrupt pointer fail before any work
+        store = open_store(args.store)
+        pointer = store.read_latest_pointer()
+        previous_payload = store.resolve("latest").payload if pointer else None
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    files, dates = select_window(args.history, as_of, args.window_days)
+    check_schema_of(files, slices, values)
+    window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
+    cfg = {
+        "store": args.store, "as_of": as_of, "run_id": args.run_id or uuid.uuid4().hex[:8], "epsilon": epsilon,
+        "encoding": args.encoding or "linf", "max_count_limit": max_c, "objective": args.objective,
+        "slices": slices, "window": (window_start, as_of), "dates": dates,
+        "allow_large_change": bool(args.allow_large_change),
+        "max_threshold_change_factor": args.max_threshold_change_factor or 2.0,
+        "max_count_limit_change": 2 if args.max_count_limit_change is None else args.max_count_limit_change,
+        "max_rejected_fraction": args.max_rejected_fraction,
+    }
+    spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c)
+    opts = pipeline_options(beam_args)
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+    from transforms.io import ReadConversionFiles, needed_columns
+
+    batches = pipeline | "ReadWindow" >> ReadConversionFiles(files, needed_columns(slices, values))
+    checked = batches | "Validate" >> ValidateConversions(slices, values)
+    counts = checked.counts | "CountRows" >> beam.CombineGlobally(sum_pairs)
+    statistics = checked.valid | "Statistics" >> ComputeStatistics(spec, args.num_shards)
+    reports = statistics | "OptimizeGuardAndPublish" >> beam.ParDo(
+        _OptimizeGuardAndPublish(cfg, previous_payload, pointer.version if pointer else None), beam.pvalue.AsSingleton(counts))
+    result = pipeline.run()
+    result.wait_until_finish()
+    report_path = FileSystems.join(args.store, "reports", f"{as_of}-{cfg['run_id']}", "report.json")
+    with FileSystems.open(report_path) as fh:
+        report = json.loads(fh.read().decode())
+    print_report(report, time.time() - started, report_path)
+    return 0
+
+
+def print_report(report: dict, wall: float, path: str) -> None:
+    p = report["params"]
+    qs = ", ".join(f"{q['column']}: C_l={q['clip_threshold']:.4g} alpha={q['budget_fraction'] if q['budget_fraction'] is None else round(q['budget_fraction'], 4)}"
+                   for q in p["queries"])
+    base = ", ".join(f"{k} {v:.4g}" for k, v in report["baselines"].items())
+    print(f"araopt nightly {report['as_of']} ({report['window'][0]}..{report['window'][1]}, {report['rows_read']:,} rows): "
+          f"C={p['count_limit']}; {qs}")
+    status = (f"already published as {report.get('version')} (idempotent re-run)" if report.get("idempotent")
+              else f"published {report.get('version')}")
+    print(f"  predicted RMSRE_tau {report['predicted_rmsre_tau']:.4g} vs {base}; {status} in {wall:.1f} s; report {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())
