@@ -404,8 +404,10 @@ class TriggerEncoder:
     """Per-conversion trigger registration (Alg. 2 / Alg. 5 / baseline), for ad servers, one record at a time.
 
     Pure Python on floats (no numpy per call). Given the same uniforms it returns exactly what
-    :func:`araopt.encoding.encode` returns for the record. Rounding randomness comes from
-    ``uniforms`` if given, else ``rng`` (a numpy Generator or a ``random.Random``), else the OS CSPRNG.
+    :func:`araopt.encoding.encode` returns for the record, except that the L1-randomized cuts are
+    clamped at the budget (the core can overshoot by one when the offset is within ~2^-39 of 1).
+    Rounding randomness comes from ``uniforms`` if given, else ``rng`` (a numpy Generator or a
+    ``random.Random``), else the OS CSPRNG. Values outside [0, 65536] are never emitted.
     """
 
     def __init__(self, params: Params, domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> None:
@@ -430,7 +432,7 @@ class TriggerEncoder:
         self._offsets = tuple(_field_offset(domain, c) for c in self.columns)
         cols = [domain.slice_columns.index(c) for c in self.columns]
         combos = {tuple(int(x) for x in row) for row in domain.slices[:, cols]} if cols else {()}
-        self._pieces = {combo: self._pieces_for(combo) for combo in combos}
+        self._pieces = {combo: self.pieces_for_indices(combo) for combo in combos}
 
     @property
     def num_uniforms(self) -> int:
@@ -439,7 +441,8 @@ class TriggerEncoder:
             return 1 if self._rounding == "randomized" else 0
         return self._d
 
-    def _pieces_for(self, combo: tuple[int, ...]) -> tuple[str | None, ...]:
+    def pieces_for_indices(self, combo: tuple[int, ...]) -> tuple[str | None, ...]:
+        """Key pieces per encoder column for conversion-side dictionary indices (None where 0)."""
         bits = 0
         for idx, off in zip(combo, self._offsets):
             bits |= idx << off
@@ -527,7 +530,7 @@ class TriggerEncoder:
             combo.append(i)
         key = tuple(combo)
         found = self._pieces.get(key)
-        return found if found is not None else self._pieces_for(key)
+        return found if found is not None else self.pieces_for_indices(key)
 
     def registration_from(self, contribution: Sequence[int], pieces: Sequence[str | None],
                           extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -622,7 +625,7 @@ def trigger_batch(
         skipped["impression_slice_not_in_domain"] = skipped.get("impression_slice_not_in_domain", 0) + int(no_source.sum())
     ok &= ~no_source
     conv_rows, conv_inv = _unique_rows(idx[:, conv_cols])
-    pieces = tuple(triggers._pieces_for(tuple(int(x) for x in r)) if (r >= 0).all() else () for r in conv_rows)
+    pieces = tuple(triggers.pieces_for_indices(tuple(int(x) for x in r)) if (r >= 0).all() else () for r in conv_rows)
     outside = int((ok & (domain.slice_index(slices) < 0)).sum())
     order = impression_order(np.asarray(impression_id), np.asarray(conversion_time), tie_breaker)
     order = order[ok[order]]

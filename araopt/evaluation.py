@@ -266,9 +266,11 @@ def plot_count_limit(curves: pd.DataFrame, path: str | os.PathLike[str]) -> None
         ax.set_yscale("log")
         ax.set_xlabel("count limit C (kept conversions per impression)")
         ax.set_ylabel("best training RMSRE\u03c4 at this C")
-        ax.set_title(f"{name}: small C drops conversions, large C adds noise")
+        ax.set_title(name)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7, ncol=2)
+    fig.suptitle("best RMSRE\u03c4 per count limit C (\u2605 chosen): small C drops conversions, large C adds noise",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

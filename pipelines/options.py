@@ -58,3 +58,5 @@ def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: 
     except (ValueError, UserError, FileNotFoundError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message already printed)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)

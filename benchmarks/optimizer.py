@@ -1,0 +1,131 @@
+"""Optimizer benchmark: time for all C <= 20 on statistics of 1M conversions, objective vs the scipy
+reference, and the presets table (test RMSRE_tau of optimized L-inf vs both baselines, with ratios).
+
+    python benchmarks/optimizer.py [--conversions 1000000] [--preset-conversions 50000] [--out DIR] [--monte-carlo N]
+
+Data: ``araopt.synthetic`` (Sec. 5.3: 256 slices, power-law impressions per slice, Poisson(10)
+conversions per impression, log-normal values), scaled to the requested size.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from araopt import synthetic  # noqa: E402
+from araopt.conversions import Conversions  # noqa: E402
+from araopt.evaluation import DEFAULT_EPSILONS, comparison_table, evaluate_dataset, write_outputs  # noqa: E402
+from araopt.optimizer import optimize, prepare_search, scipy_paper_optimize  # noqa: E402
+from araopt.statistics import StatisticsSpec, compute_statistics_in_memory  # noqa: E402
+
+SLICES = ("campaignId", "geography", "productCategory")
+PRESETS = ("synth-criteo", "synth-real-estate", "synth-travel")
+
+
+def preset_conversions(name: str, target: int, split: str, seed: int = 1) -> Conversions:
+    preset = synthetic.PRESETS[name]
+    scale = synthetic.scale_for_target_conversions(preset, target)
+    return Conversions.from_table(synthetic.generate_table(preset, seed=seed, split=split, scale=scale), SLICES, ["value"])
+
+
+def click_level(n: int, d: int, seed: int = 4) -> Conversions:
+    """One conversion per impression (the real-world datasets' setting)."""
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({"impression_id": np.arange(n), "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+                          "s": rng.zipf(1.6, n) % 200})
+    for q in range(d):
+        frame[f"v{q}"] = rng.lognormal(1.0 + q, 0.8 + 0.4 * q, n)
+    return Conversions.from_table(frame, ["s"], [f"v{q}" for q in range(d)])
+
+
+def timing(n: int) -> None:
+    print(f"== optimizer time, statistics of {n:,} synthetic conversions (synth-travel model), C = 1..20 ==")
+    t = time.perf_counter()
+    conv = preset_conversions("synth-travel", n, "train")
+    t_gen = time.perf_counter() - t
+    t = time.perf_counter()
+    stats = compute_statistics_in_memory(conv, StatisticsSpec(SLICES, ("value",)))
+    t_stats = time.perf_counter() - t
+    print(f"generated {len(conv):,} conversions in {t_gen:.2f} s; statistics in {t_stats:.2f} s "
+          f"({len(conv) / t_stats:,.0f} conversions/s, core combiner); size {stats.size_in_numbers():,} numbers")
+    rows = []
+    for eps in (1.0, 8.0, 64.0):
+        for kind in ("exact", "relaxed"):
+            ours = optimize(stats, eps, objective=kind, progress=False)
+            ref = scipy_paper_optimize(stats, eps, objective=kind)
+            rows.append({"epsilon": eps, "objective": kind, "optimizer_s": ours.seconds, "scipy_s": ref.seconds,
+                         "C": ours.params.count_limit, "rmsre_tau": ours.objective, "scipy_C": ref.params.count_limit,
+                         "scipy_rmsre_tau": ref.objective, "scipy/ours": ref.objective / ours.objective})
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.6g}"))
+
+
+def versus_scipy_click_level() -> None:
+    print("\n== one conversion per impression: ours vs scipy.optimize.minimize from the paper's start (same objective) ==")
+    rows = []
+    for d in (1, 3):
+        conv = click_level(50_000, d)
+        stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), conv.value_columns))
+        ctx = prepare_search(stats)
+        for eps in DEFAULT_EPSILONS:
+            for kind in ("exact", "relaxed"):
+                ours = optimize(stats, eps, objective=kind, progress=False, context=ctx)
+                ref = scipy_paper_optimize(stats, eps, objective=kind, context=ctx)
+                rows.append({"d": d, "epsilon": eps, "objective": kind, "C": ours.params.count_limit,
+                             "ours": ours.objective, "scipy": ref.objective, "scipy/ours": ref.objective / ours.objective,
+                             "ours_s": ours.seconds, "scipy_s": ref.seconds})
+    frame = pd.DataFrame(rows)
+    print(frame.to_string(index=False, float_format=lambda x: f"{x:.6g}"))
+    print(f"ours <= scipy everywhere: {bool((frame['ours'] <= frame['scipy'] * (1 + 1e-9)).all())}")
+
+
+def presets_table(n: int, out: str, monte_carlo: int) -> None:
+    print(f"\n== presets: test RMSRE_tau (exact analytic), {n:,} train / test conversions each, optimized on train ==")
+    evaluations = []
+    spec = StatisticsSpec(SLICES, ("value",))
+    for name in PRESETS:
+        train = preset_conversions(name, n, "train")
+        test = preset_conversions(name, n, "test")
+        evaluations.append(evaluate_dataset(name, compute_statistics_in_memory(train, spec), test,
+                                            test_stats=compute_statistics_in_memory(test, spec), monte_carlo=monte_carlo))
+    results = pd.concat([e.results for e in evaluations], ignore_index=True)
+    table = comparison_table(results)
+    cols = ["dataset", "epsilon", "optimized_linf", "optimized_l1", "baseline_q95", "baseline_q99",
+            "baseline_q95/linf", "baseline_q99/linf"]
+    print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    better = (table["baseline_q95/linf"] > 1) & (table["baseline_q99/linf"] > 1)
+    print(f"optimized L-inf strictly below both baselines at every (preset, epsilon): {bool(better.all())}")
+    lin = results[results["method"] == "optimized_linf"][["dataset", "epsilon", "count_limit"]]
+    print("chosen C:", "; ".join(f"{d}: " + ",".join(str(c) for c in g["count_limit"]) for d, g in lin.groupby("dataset")))
+    gaps = pd.concat([e.gaps for e in evaluations], ignore_index=True)
+    print("\ngeneralization gap (test RMSRE_tau tuned on train minus tuned on test):")
+    print(gaps.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if monte_carlo:
+        print("\nMonte-Carlo vs analytic:")
+        print(results[["dataset", "epsilon", "method", "test_rmsre_tau", "mc_rmsre_tau", "mc_std_error", "mc_z"]]
+              .to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    paths = write_outputs(evaluations, out)
+    print(f"\nwrote {', '.join(os.path.basename(p) for p in paths.values())} to {out}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversions", type=int, default=1_000_000)
+    parser.add_argument("--preset-conversions", type=int, default=50_000)
+    parser.add_argument("--monte-carlo", type=int, default=0)
+    parser.add_argument("--out", default=None, help="directory for CSV/PNG (default: a temporary directory)")
+    args = parser.parse_args()
+    timing(args.conversions)
+    versus_scipy_click_level()
+    presets_table(args.preset_conversions, args.out or tempfile.mkdtemp(prefix="araopt-bench-"), args.monte_carlo)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

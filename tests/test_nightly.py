@@ -1,0 +1,150 @@
+"""The nightly job: window selection, publish + idempotency, guardrails, measure consuming `latest`,
+and history read from gs:// through Beam (gcp-storage-emulator)."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from araopt import Params
+from araopt.store import open_store
+from pipelines import measure as measure_pipeline
+from pipelines import nightly
+from pipelines.nightly import Guardrails, select_window
+
+SLICES = "campaign,geo"
+
+
+def write_history(root, days=("2026-11-20", "2026-11-21", "2026-11-22"), n=3000, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    for i, day in enumerate(days):
+        imp = rng.integers(0, n // 4, n) + i * 10**6
+        frame = pd.DataFrame({
+            "impression_id": imp.astype("int64"),
+            "conversion_time": pd.Timestamp(day, tz="UTC") + pd.to_timedelta(rng.integers(0, 86400, n), unit="s"),
+            "campaign": (imp % 4).astype("int32"),
+            "geo": (imp % 3).astype("int32"),
+            "value": rng.lognormal(2, 1, n) * scale,
+        })
+        os.makedirs(os.path.join(root, f"date={day}"), exist_ok=True)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(root, f"date={day}", "part-0.parquet"))
+    return str(root)
+
+
+def nightly_args(history, store, as_of="2026-11-22", window=3, epsilon=8, extra=()):
+    return ["--history", history, "--as-of", as_of, "--window-days", str(window), "--store", store,
+            "--slices", SLICES, "--values", "value", "--epsilon", str(epsilon), "--max-count-limit", "8", *extra]
+
+
+def test_window_selection(tmp_path):
+    hist = write_history(tmp_path / "h", n=50)
+    files, dates = select_window(hist, "2026-11-22", 2)
+    assert dates == ["2026-11-21", "2026-11-22"] and len(files) == 2
+    with pytest.raises(Exception, match="no history in the window"):
+        select_window(hist, "2026-12-30", 3)
+    with pytest.raises(Exception, match="window-days"):
+        select_window(hist, "2026-11-22", 0)
+
+
+def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys):
+    hist = write_history(tmp_path / "h")
+    store_uri = str(tmp_path / "store")
+    assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "r1"])) == 0
+    store = open_store(store_uri)
+    assert store.list_versions() == ["2026-11-22-r1"]
+    params = Params.from_bytes(store.resolve().payload)
+    assert params.provenance.training_start == "2026-11-20" and params.provenance.training_end == "2026-11-22"
+    report = json.loads((tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.json").read_text())
+    assert report["published"] and report["predicted_rmsre_tau"] < min(report["baselines"].values())
+    assert (tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.png").stat().st_size > 1000
+    # re-running the same as-of on the same history publishes nothing new
+    assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "r2"])) == 0
+    assert store.list_versions() == ["2026-11-22-r1"]
+    assert "idempotent" in capsys.readouterr().out
+    # the measurement job resolves `latest` and records the version it used
+    out = tmp_path / "out"
+    assert measure_pipeline.run(["--input", os.path.join(hist, "date=2026-11-22"), "--params", store_uri,
+                                 "--output", str(out), "--simulation-seed", "1"]) == 0
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["parameters"]["version"] == "2026-11-22-r1"
+    assert summary["parameters"]["sha256"] == store.resolve().sha256
+
+
+def test_guardrail_large_change_needs_flag(tmp_path, capsys):
+    hist = write_history(tmp_path / "h")
+    store_uri = str(tmp_path / "store")
+    assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "a"])) == 0
+    # the next day, values are 20x larger: thresholds move by far more than a factor 2
+    write_history(tmp_path / "h", days=("2026-11-23",), seed=5, scale=20.0)
+    args = nightly_args(hist, store_uri, as_of="2026-11-23", window=1, extra=["--run-id", "b"])
+    assert nightly.run(args) == 2
+    err = capsys.readouterr().err
+    assert "not published" in err and "clip threshold of value moves" in err
+    assert open_store(store_uri).resolve().version == "2026-11-22-a"
+    report = json.loads((tmp_path / "store" / "reports" / "2026-11-23-b" / "report.json").read_text())
+    assert report["published"] is False and report["problems"]
+    assert nightly.run(args + ["--allow-large-change"]) == 0
+    assert open_store(store_uri).resolve().version == "2026-11-23-b"
+
+
+def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch, capsys):
+    from araopt import optimizer
+
+    hist = write_history(tmp_path / "h")
+    store_uri = str(tmp_path / "store")
+    real_optimize = optimizer.optimize
+
+    def worse_than_baseline(statistics, epsilon, *args, **kwargs):
+        result = real_optimize(statistics, epsilon, *args, **kwargs)
+        base = optimizer.baseline_params(statistics, epsilon, 0.95, kwargs.get("max_count_limit", 8), taus=result.taus)
+        worse = optimizer.objective(statistics, base, result.taus, "exact") * 1.5
+        return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus, result.seconds)
+
+    monkeypatch.setattr(optimizer, "optimize", worse_than_baseline)
+    assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "w"])) == 2
+    assert "does not beat the best baseline" in capsys.readouterr().err
+    assert open_store(store_uri).list_versions() == []
+
+
+def test_guardrails_unit():
+    from araopt import QueryParams
+
+    def p(c, t):
+        return Params(count_limit=c, encoding="linf", epsilon=1, slice_columns=("s",), queries=(QueryParams("v", t, 1.0),))
+
+    g = Guardrails()
+    assert g.check(p(3, 10), 0.1, {"b": 0.2}, p(3, 12)) == []
+    assert any("baseline" in x for x in g.check(p(3, 10), 0.3, {"b": 0.2}, None))
+    assert any("count limit" in x for x in g.check(p(8, 10), 0.1, {"b": 0.2}, p(3, 10)))
+    assert any("x3.00" in x for x in g.check(p(3, 30), 0.1, {"b": 0.2}, p(3, 10)))
+    assert Guardrails(allow_large_change=True).check(p(8, 30), 0.1, {"b": 0.2}, p(3, 10)) == []
+
+
+def test_bad_input_before_work(tmp_path, capsys):
+    hist = write_history(tmp_path / "h", n=100)
+    assert nightly.run(nightly_args(hist, "s3://bucket/x")) == 2
+    assert "unknown store scheme" in capsys.readouterr().err
+    assert nightly.run(nightly_args(hist, str(tmp_path / "s"), as_of="2027-01-01")) == 2
+    assert "no history in the window" in capsys.readouterr().err
+    assert nightly.run(nightly_args(hist, str(tmp_path / "s"), window=0)) == 2
+    assert nightly.run(nightly_args(hist, str(tmp_path / "s"), epsilon=70)) == 2
+
+
+def test_history_from_gcs_through_beam(tmp_path, gcp_storage_emulator):
+    """The nightly job reads its history from gs:// through Beam IO (gcp-storage-emulator)."""
+    local = write_history(tmp_path / "h", n=800)
+    client = gcp_storage_emulator.client()
+    bucket = client.bucket(gcp_storage_emulator.bucket)
+    for root, _, names in os.walk(local):
+        for name in names:
+            path = os.path.join(root, name)
+            bucket.blob(os.path.relpath(path, local)).upload_from_filename(path)
+    history = f"gs://{gcp_storage_emulator.bucket}/date=*/*.parquet"
+    store_uri = str(tmp_path / "store")
+    assert nightly.run(nightly_args(history, store_uri, extra=["--run-id", "g"])) == 0
+    assert open_store(store_uri).list_versions() == ["2026-11-22-g"]
