@@ -162,6 +162,7 @@ def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarr
         offset = u[:, 0]
         prefix = np.minimum(np.cumsum(u_real, axis=1), float(budget))
         cut = np.floor(prefix + offset[:, None])
+        np.minimum(cut, float(budget), out=cut)  # exact arithmetic never exceeds S; float rounding can
         out[:, :d] = np.diff(cut, axis=1, prepend=np.floor(offset)[:, None]).astype(np.int64)
     out[:, d] = budget - out[:, :d].sum(axis=1)
 

@@ -620,7 +620,8 @@ def optimize(
         c, alpha, val = _solve_linf(model, starts)
         prev_c = c
         if use_samples:
-            params = _optimize_l1_samples(stats, model, c / alpha, epsilon, kind, tau, l1_rounding, slice_columns)
+            prev_l1 = None if not rows or rows[-1].fractions is not None else np.array(rows[-1].thresholds)
+            params = _optimize_l1_samples(stats, model, c / alpha, epsilon, kind, tau, l1_rounding, slice_columns, prev_l1)
             value = _objective_value(stats, params, tau, kind)
             fractions = None
         else:
@@ -658,7 +659,7 @@ def _objective_value(stats: SufficientStatistics, params: Params, taus: np.ndarr
 
 def _optimize_l1_samples(
     stats: SufficientStatistics, model: _LinfModel, start: np.ndarray, epsilon: float, kind: str, taus: np.ndarray,
-    l1_rounding: str, slice_columns: Sequence[str] | None, sweeps: int = 3,
+    l1_rounding: str, slice_columns: Sequence[str] | None, previous: np.ndarray | None = None, sweeps: int = 3,
 ) -> Params:
     """Coordinate search of the L1 thresholds on a log grid, objective evaluated on the samples."""
     C = model.count_limit
@@ -687,6 +688,8 @@ def _optimize_l1_samples(
         return total
 
     starts = [np.maximum(start, 1e-12), np.array([stats.quantile(q, 0.99) for q in range(d)]) * d]
+    if previous is not None:
+        starts.append(previous)
     best_c, best_v = None, np.inf
     for c in starts:
         c = np.where(c > 0, c, 1.0).astype(np.float64)
@@ -694,8 +697,8 @@ def _optimize_l1_samples(
         for _ in range(sweeps):
             improved = False
             for q in range(d):
-                for span in (3.0, 0.5, 0.06, 0.008):
-                    cands = c[q] * np.exp2(np.linspace(-span, span, 17))
+                for span in (3.0, 0.4, 0.05, 0.007):
+                    cands = c[q] * np.exp2(np.linspace(-span, span, 13))
                     trial = []
                     for x in cands:
                         cc = c.copy()

@@ -224,7 +224,7 @@ def _reduce(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def _bottom_k(cells: np.ndarray, prio: np.ndarray, vals: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per cell, the k rows of smallest priority (ties: smaller values first, for determinism)."""
+    """Per cell, the k rows of smallest priority (a uniform sample, since priorities are record hashes)."""
     if len(cells) == 0:
         return cells, prio, vals
     order = np.lexsort((prio, cells))
@@ -232,7 +232,6 @@ def _bottom_k(cells: np.ndarray, prio: np.ndarray, vals: np.ndarray, k: int) -> 
     starts = np.r_[True, cells[1:] != cells[:-1]]
     first = np.maximum.accumulate(np.where(starts, np.arange(len(cells)), 0))
     keep = (np.arange(len(cells)) - first) < k
-    # drop exact duplicates of (cell, priority): the same record seen twice cannot happen, but keep it safe
     return cells[keep], prio[keep], vals[keep]
 
 

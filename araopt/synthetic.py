@@ -646,26 +646,27 @@ def check_output_dir(out_dir: str | os.PathLike[str], subdirs: Sequence[str], ov
 
 
 def prepare_output_dir(out_dir: str | os.PathLike[str], subdirs: Sequence[str], overwrite: bool) -> Path:
-    """Refuse an ``out_dir`` that already holds data unless ``overwrite``; then delete ``subdirs``.
+    """Check ``out_dir`` (``check_output_dir``) and create it.
 
-    Only the named subdirectories (e.g. train/, test/) are deleted, and each only if it is an
-    araopt output itself (``check_replaceable``). Other files in ``out_dir`` are left alone.
+    With ``overwrite``, the ``subdirs`` (e.g. train/, test/) are replaced only when the new data
+    is complete (``publish_dir``), so a failed run leaves the previous output intact. Other
+    files in ``out_dir`` are never touched.
     """
     out = Path(out_dir)
     check_output_dir(out, subdirs, overwrite)
-    if out.exists() and any(out.iterdir()):
-        for sub in subdirs:
-            if (out / sub).is_dir():
-                shutil.rmtree(out / sub)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
 def publish_dir(tmp: Path, final: Path) -> None:
-    """Atomically move a finished temporary directory into place (replacing ``final``)."""
+    """Move a finished temporary directory into place; an existing ``final`` is swapped out first."""
     if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, trash)
+        os.replace(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
 
 
 class ParquetShardWriter:

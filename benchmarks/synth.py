@@ -1,13 +1,13 @@
 """Benchmark of the Sec. 5.3 generator: Parquet throughput, peak memory against output size, preset table.
 
-    python benchmarks/synth.py                 # everything (about 30 s on 2 cores)
+    python benchmarks/synth.py                 # everything (about 40 s on 2 idle cores)
     python benchmarks/synth.py --skip-table    # throughput and memory only
 
 Throughput and memory: each size runs in a fresh subprocess, which writes one split
 (``write_synthetic``) to a temporary directory. The subprocess reports the conversions written
 per wall-clock second, including planning, generation, Parquet encoding (snappy) and the atomic
 publish. It also reports its own peak RSS (``ru_maxrss``) and the RSS right after the imports.
-The target is at least 2,000,000 conversions/s, with peak RSS the same for 2M and 20M
+The target is at least 2,000,000 conversions/s, with peak RSS the same for 2M, 20M and 60M
 conversions: memory depends on --chunk-rows, not on the output size. The generator uses one
 core. The benchmark also prints its CPU time (user + sys) and conversions per CPU-second,
 because wall-clock throughput on a shared machine depends on the load.
@@ -75,7 +75,7 @@ def run_child(preset: str, conversions: float, days: int | None, chunk_rows: int
 
 def throughput(args: argparse.Namespace) -> bool:
     sizes = [float(x) for x in args.sizes.split(",")]
-    runs = [(s, None) for s in sizes] + ([(sizes[-1], args.days)] if args.days else [])
+    runs = [(s, None) for s in sizes] + ([(sizes[min(1, len(sizes) - 1)], args.days)] if args.days else [])
     print(f"== Parquet throughput and peak memory ({args.preset}, chunk_rows={args.chunk_rows}, "
           f"{os.cpu_count()} CPUs) ==")
     print(f"{'target':>8} {'days':>4} {'conversions':>12} {'files':>5} {'seconds':>8} {'conv/s':>12} "
@@ -89,14 +89,16 @@ def throughput(args: argparse.Namespace) -> bool:
               f"{r['bytes'] / r['seconds'] / 1e6:>7.1f} "
               f"{r['base_rss_mb']:>7.0f}MB {r['peak_rss_mb']:>7.0f}MB")
     slowest = min(r["conversions_per_s"] for r in results)
-    small, big = results[0], results[len(sizes) - 1]
-    growth = big["peak_rss_mb"] / small["peak_rss_mb"]
+    flat = results[: len(sizes)]
+    small, big = flat[0], flat[-1]
+    growth = max(r["peak_rss_mb"] for r in flat) / small["peak_rss_mb"]
     ok_speed, ok_mem = slowest >= 2e6, growth < 1.25
     print(f"slowest run: {slowest:,.0f} conversions/s wall-clock -> {'OK' if ok_speed else 'FAIL'} (target >= 2,000,000; "
           f"1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: other processes slow the wall clock)")
-    print(f"peak RSS {big['conversions'] / small['conversions']:.1f}x the output: x{growth:.2f} "
-          f"({small['peak_rss_mb']:.0f} MB -> {big['peak_rss_mb']:.0f} MB) -> {'OK' if ok_mem else 'FAIL'} "
-          f"(constant: < x1.25)")
+    print(f"peak RSS for {big['conversions'] / small['conversions']:.0f}x the output: "
+          + " -> ".join(f"{r['peak_rss_mb']:.0f} MB" for r in flat)
+          + f" (max/min x{growth:.2f}) -> {'OK' if ok_mem else 'FAIL'} (constant: < x1.25; it plateaus after a few "
+          f"chunks, so the smallest run sits slightly lower)")
     return ok_speed and ok_mem
 
 
@@ -134,9 +136,10 @@ def preset_table(seed: int) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="synth-real-estate", help="preset for the throughput runs")
-    p.add_argument("--sizes", default="2e6,2e7", help="comma-separated target conversions (default 2e6,2e7)")
+    p.add_argument("--sizes", default="2e6,2e7,6e7",
+                   help="comma-separated target conversions (default 2e6,2e7,6e7)")
     p.add_argument("--days", type=int, default=30,
-                   help="also run the largest size date-partitioned over this many days (0: skip; default 30)")
+                   help="also run the second size date-partitioned over this many days (0: skip; default 30)")
     p.add_argument("--chunk-rows", type=int, default=1_000_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-table", action="store_true")

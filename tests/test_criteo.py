@@ -158,6 +158,10 @@ def test_convert_writes_log_dead_letters_and_manifest(tmp_path: Path) -> None:
         convert_criteo(tmp_path / "c.tsv", out)
     convert_criteo(tmp_path / "c.tsv", out, overwrite=True, include_non_converting=True)
     assert ds.dataset(out, format="parquet").count_rows() == 3
+    with pytest.raises(ValueError, match="line 2"):  # a failed overwrite keeps the previous output
+        convert_criteo(write(tmp_path / "bad.tsv", [ROWS[0], "1\t2"]), out, overwrite=True)
+    assert ds.dataset(out, format="parquet").count_rows() == 3
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_convert_publishes_nothing_for_a_malformed_file(tmp_path: Path) -> None:

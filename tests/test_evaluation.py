@@ -1,6 +1,4 @@
 """Evaluation: analytic RMSRE_tau vs Monte-Carlo, the Sec. 5 comparison, outputs, and the optimize/evaluate CLIs."""
-import json
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa

@@ -1,0 +1,161 @@
+"""The README's main job, end to end on local defaults (DirectRunner, local files, synthetic data):
+
+1. generate 8 days of synthetic conversions (preset synth-criteo, date-partitioned Parquet);
+2. `araopt nightly` on the first 7 days into a local parameter store (versions/ + latest);
+3. `araopt measure` on day 8 with the store's `latest` (secure noise, as in production);
+4. print estimates with error bars, the predicted vs baseline error, and write the plots.
+
+    python -m pipelines.demo [--out demo-output] [--conversions-per-day 150000] [--epsilon 8]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sys
+from typing import Sequence
+
+import pandas as pd
+
+from .options import cli_main
+
+SLICES = "campaignId,geography,productCategory"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="araopt demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="demo-output", help="output directory (replaced on every run)")
+    parser.add_argument("--conversions-per-day", type=int, default=150_000)
+    parser.add_argument("--days", type=int, default=8, help="days generated; the last one is measured")
+    parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument("--seed", type=int, default=2026)
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    return cli_main(_run, argv, "araopt demo")
+
+
+def _step(text: str) -> None:
+    print(f"\n=== {text}", flush=True)
+
+
+def _run(argv: list[str]) -> int:
+    from pipelines import measure, nightly
+    from pipelines.synth import run_synth
+
+    args = build_parser().parse_args(argv)
+    out = os.path.abspath(args.out)
+    for sub in ("data", "store", "measure", "plots"):
+        shutil.rmtree(os.path.join(out, sub), ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+    start = dt.date(2026, 11, 1)
+    days = [(start + dt.timedelta(days=i)).isoformat() for i in range(args.days)]
+    as_of, today = days[-2], days[-1]
+
+    _step(f"1/4 synthetic conversion log: {args.days} days x ~{args.conversions_per_day:,} conversions (synth-criteo)")
+    code = run_synth(["--preset", "synth-criteo", "--target-conversions", str(args.conversions_per_day * args.days),
+                      "--seed", str(args.seed), "--out", os.path.join(out, "data"), "--days", str(args.days),
+                      "--start-date", days[0], "--split", "train", "--overwrite"])
+    if code:
+        return code
+    history = os.path.join(out, "data", "train")
+
+    _step(f"2/4 nightly re-optimization on {days[0]}..{as_of} -> parameter store")
+    store = os.path.join(out, "store")
+    code = nightly.run(["--history", history, "--as-of", as_of, "--window-days", str(args.days - 1), "--store", store,
+                        "--slices", SLICES, "--values", "value", "--epsilon", str(args.epsilon), "--run-id", "demo"])
+    if code:
+        return code
+
+    _step(f"3/4 measure {today} with the store's latest parameters (secure noise)")
+    result_dir = os.path.join(out, "measure")
+    code = measure.run(["--input", os.path.join(history, f"date={today}"), "--params", store, "--output", result_dir,
+                        "--debug-run"])
+    if code:
+        return code
+
+    _step("4/4 results")
+    report_dir = os.path.join(store, "reports", f"{as_of}-demo")
+    with open(os.path.join(report_dir, "report.json")) as fh:
+        report = json.load(fh)
+    summary_path = os.path.join(result_dir, "run_summary.json")
+    with open(summary_path) as fh:
+        summary = json.load(fh)
+    estimates = pd.read_parquet(os.path.join(result_dir, "estimates.parquet"))
+    plots = write_plots(estimates, result_dir, os.path.join(out, "plots"))
+    shutil.copy(os.path.join(report_dir, "report.png"), os.path.join(out, "plots", "nightly_report.png"))
+    print_results(report, summary, estimates)
+    print("\noutputs:")
+    for label, path in [("synthetic history", history), ("parameter store", store),
+                        ("parameters used", summary["parameters"]["uri"]), ("nightly report", report_dir),
+                        ("summary report (Avro)", os.path.join(result_dir, "summary_report.avro")),
+                        ("estimates", os.path.join(result_dir, "estimates.csv")), ("run summary", summary_path),
+                        ("plots", ", ".join(plots + [os.path.join(out, "plots", "nightly_report.png")]))]:
+        print(f"  {label:<22} {path}")
+    return 0
+
+
+def print_results(report: dict, summary: dict, estimates: pd.DataFrame) -> None:
+    p = report["params"]
+    print(f"parameters {summary['parameters']['version']}: C = {p['count_limit']}, "
+          + ", ".join(f"{q['column']}: clip {q['clip_threshold']:.1f}" for q in p["queries"]))
+    base = report["baselines"]
+    pred = report["predicted_rmsre_tau"]
+    print(f"predicted training RMSRE_tau: optimized {pred:.4f} | "
+          + " | ".join(f"{k} {v:.4f} (x{v / pred:.1f} worse)" for k, v in base.items()))
+    print(f"measured {summary['rows_read']:,} conversions: {summary['conversions_kept']:,} kept, "
+          f"{summary['conversions_dropped_by_cap']:,} dropped by the cap, {summary['rows_rejected']:,} rejected; "
+          f"{summary['keys']:,} keys at epsilon {summary['epsilon']:g}")
+    slice_cols = [c for c in estimates.columns if c not in ("query", "estimate", "std_error", "ci_low", "ci_high")]
+    wide = estimates.pivot_table(index=slice_cols, columns="query", values=["estimate", "std_error"])
+    top = wide.sort_values(("estimate", "count"), ascending=False).head(8)
+    print("\nlargest slices (estimate ± 1.96 std. error):")
+    print(f"  {'slice':<22} {'count':>22} {'value':>28}")
+    for idx, row in top.iterrows():
+        name = "/".join(str(v) for v in (idx if isinstance(idx, tuple) else (idx,)))
+        cnt = f"{row[('estimate', 'count')]:,.0f} ± {1.96 * row[('std_error', 'count')]:,.0f}"
+        val = f"{row[('estimate', 'value')]:,.0f} ± {1.96 * row[('std_error', 'value')]:,.0f}"
+        print(f"  {name:<22} {cnt:>22} {val:>28}")
+
+
+def write_plots(estimates: pd.DataFrame, result_dir: str, plot_dir: str) -> list[str]:
+    """Estimates with 95% intervals for the largest slices, and noisy vs unnoised keys (debug run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from araopt import avro
+
+    os.makedirs(plot_dir, exist_ok=True)
+    slice_cols = [c for c in estimates.columns if c not in ("query", "estimate", "std_error", "ci_low", "ci_high")]
+    paths = []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, query in zip(axes, ("count", "value")):
+        sub = estimates[estimates["query"] == query].nlargest(20, "estimate")
+        labels = sub[slice_cols].astype(str).agg("/".join, axis=1)
+        ax.errorbar(range(len(sub)), sub["estimate"], yerr=1.96 * sub["std_error"], fmt="o", capsize=3)
+        ax.set_xticks(range(len(sub)), labels, rotation=70, fontsize=7)
+        ax.set(title=f"{query}: estimate ± 95% CI (20 largest slices)")
+    fig.tight_layout()
+    path = os.path.join(plot_dir, "estimates.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+    buckets, unnoised, noise, _ = avro.read_debug_report(os.path.join(result_dir, "debug", "summary_report.avro"))
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter(unnoised, unnoised + noise, s=6)
+    ax.set(xlabel="unnoised metric (debug run)", ylabel="noisy metric", title="summary report keys")
+    fig.tight_layout()
+    path = os.path.join(plot_dir, "noisy_vs_unnoised.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    sys.exit(run())
