@@ -40,6 +40,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -56,11 +57,12 @@ CRITEO_COLUMNS: tuple[str, ...] = (
     "product_category6", "product_category7", "product_country", "product_id", "product_title", "partner_id",
     "user_id",
 )
-_NUMERIC_TYPES: Mapping[str, pa.DataType] = {
+_NUMERIC_TYPES: Mapping[str, pa.DataType] = MappingProxyType({
     "Sale": pa.int64(), "SalesAmountInEuro": pa.float64(), "time_delay_for_conversion": pa.int64(),
     "click_timestamp": pa.int64(), "nb_clicks_1week": pa.int64(), "product_price": pa.float64(),
-}
-_COLUMN_TYPES = {c: _NUMERIC_TYPES.get(c, pa.string()) for c in CRITEO_COLUMNS}
+})
+_COLUMN_TYPES: Mapping[str, pa.DataType] = MappingProxyType(
+    {c: _NUMERIC_TYPES.get(c, pa.string()) for c in CRITEO_COLUMNS})
 _REQUIRED = ("Sale", "SalesAmountInEuro", "time_delay_for_conversion", "click_timestamp", "product_price", "partner_id")
 _UTC_US = pa.timestamp("us", tz="UTC")
 
@@ -133,7 +135,7 @@ def _open(path: str, block_size: int, bad_rows: list[tuple[int | None, int, int]
                                        use_threads=False),  # single-threaded: physical row numbers are known
         parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, newlines_in_values=False,
                                          ignore_empty_lines=False, invalid_row_handler=on_invalid),
-        convert_options=pacsv.ConvertOptions(column_types=_COLUMN_TYPES, null_values=[""],
+        convert_options=pacsv.ConvertOptions(column_types=dict(_COLUMN_TYPES), null_values=[""],
                                              strings_can_be_null=True, quoted_strings_can_be_null=False),
     )
 

@@ -31,8 +31,6 @@ import pyarrow.dataset as ds
 
 from .synthetic import ParquetShardWriter, prepare_output_dir, publish_dir
 
-_UTC_US = pa.timestamp("us", tz="UTC")
-
 
 @dataclass(frozen=True)
 class SplitResult:

@@ -122,7 +122,7 @@ CONVERSION_LOG_SCHEMA = pa.schema(
     ],
     metadata={"araopt.schema": "conversion_log/1", "araopt.source": "araopt.synthetic"},
 )
-_DICTIONARY_COLUMNS = ["campaignId", "geography", "productCategory", "conversionType"]
+_DICTIONARY_COLUMNS = ("campaignId", "geography", "productCategory", "conversionType")
 
 
 def _check_finite(name: str, x: float) -> float:
@@ -673,9 +673,10 @@ class ParquetShardWriter:
     """Rolls Parquet files <prefix>-NNNNN.parquet in one directory, one row group per write."""
 
     def __init__(self, directory: str | os.PathLike[str], schema: pa.Schema, max_rows_per_file: int = 8_000_000,
-                 compression: str = "snappy", prefix: str = "part") -> None:
+                 compression: str = "snappy", prefix: str = "part", use_dictionary: bool | list[str] = True) -> None:
         self.directory, self.schema = Path(directory), schema
         self.max_rows, self.compression, self.prefix = max_rows_per_file, compression, prefix
+        self.use_dictionary = use_dictionary
         self.files: list[str] = []
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_file = 0
@@ -685,9 +686,8 @@ class ParquetShardWriter:
             self.close()
             self.directory.mkdir(parents=True, exist_ok=True)
             path = self.directory / f"{self.prefix}-{len(self.files):05d}.parquet"
-            dictionary = [c for c in _DICTIONARY_COLUMNS if c in self.schema.names] or False
             self._writer = pq.ParquetWriter(path, self.schema, compression=self.compression,
-                                            use_dictionary=dictionary)
+                                            use_dictionary=self.use_dictionary)
             self.files.append(str(path))
             self._rows_in_file = 0
         self._writer.write_table(table, row_group_size=max(1, table.num_rows))
@@ -708,7 +708,8 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
         raise ValueError(f"max_rows_per_file must be >= 1, got {max_rows_per_file}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    flat = ParquetShardWriter(directory, CONVERSION_LOG_SCHEMA, max_rows_per_file, compression)
+    flat = ParquetShardWriter(directory, CONVERSION_LOG_SCHEMA, max_rows_per_file, compression,
+                              use_dictionary=list(_DICTIONARY_COLUMNS))
     current: tuple[int, ParquetShardWriter] | None = None  # (day, writer) of the open date partition
     closed: list[ParquetShardWriter] = [flat]
     rows = 0
@@ -734,7 +735,8 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
                     if current is not None:
                         submit(current[1].close)
                     current = (d, ParquetShardWriter(directory / f"date={plan.day(d).isoformat()}",
-                                                     CONVERSION_LOG_SCHEMA, max_rows_per_file, compression))
+                                                     CONVERSION_LOG_SCHEMA, max_rows_per_file, compression,
+                                                     use_dictionary=list(_DICTIONARY_COLUMNS)))
                     closed.append(current[1])
                 writer = current[1]
             submit(writer.write, table)
