@@ -16,11 +16,19 @@ from .params import CONTRIBUTION_BUDGET
 def impression_order(
     impression_ids: np.ndarray, conversion_times: np.ndarray, tie_breaker: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Permutation sorting records by (impression, time, tie_breaker, input position).
+    """Permutation sorting records by (impression, time, tie_breaker, input position)."""
+    return sort_by_impression(impression_ids, conversion_times, tie_breaker)[0]
 
-    Fast path (integer times): sort by impression, then sort once more on a single packed int64
-    key (dense impression index << time bits | time offset); runs of equal (impression, time) are
-    then ordered by (tie_breaker, input position). Falls back to ``np.lexsort`` otherwise.
+
+def sort_by_impression(
+    impression_ids: np.ndarray, conversion_times: np.ndarray, tie_breaker: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(order, impression key along that order): a permutation sorting records by (impression, time,
+    tie_breaker, input position), and an array equal exactly where the sorted impressions are equal.
+
+    Fast path (integer times): one argsort of a single packed int64 key (impression id, or its dense
+    index, << time bits | time offset); runs of equal (impression, time) are then ordered by
+    (tie_breaker, input position). Falls back to ``np.lexsort`` otherwise.
     """
     n = len(impression_ids)
     if len(conversion_times) != n or (tie_breaker is not None and len(tie_breaker) != n):
@@ -32,7 +40,7 @@ def impression_order(
     times = np.asarray(conversion_times)
     position = np.arange(n)
     if n == 0:
-        return position
+        return position, imp
     if times.dtype.kind in "iu":
         t0, t1 = int(times.min()), int(times.max())
         time_bits = max(1, (t1 - t0).bit_length())
@@ -44,7 +52,10 @@ def impression_order(
             packed |= offset
             del offset
             order = np.argsort(packed)
-            return _order_packed(packed[order], order, tie_breaker)
+            sorted_key = packed[order]
+            order = _order_packed(sorted_key, order, tie_breaker)
+            sorted_key >>= time_bits
+            return order, sorted_key
         by_imp = np.argsort(imp)
         sorted_imp = imp[by_imp]
         new_group = np.empty(n, dtype=np.int64)
@@ -54,11 +65,15 @@ def impression_order(
         if int(group[-1]).bit_length() + time_bits <= 62:
             packed = (group << time_bits) | (times[by_imp].astype(np.int64) - t0)
             second = np.argsort(packed)
-            return _order_packed(packed[second], by_imp[second], tie_breaker)
+            sorted_key = packed[second]
+            order = _order_packed(sorted_key, by_imp[second], tie_breaker)
+            sorted_key >>= time_bits
+            return order, sorted_key
     keys = [position, times, imp]
     if tie_breaker is not None:
         keys.insert(1, np.asarray(tie_breaker))
-    return np.lexsort(keys)
+    order = np.lexsort(keys)
+    return order, imp[order]
 
 
 def _order_packed(sorted_key: np.ndarray, order: np.ndarray, tie_breaker: np.ndarray | None) -> np.ndarray:
@@ -139,8 +154,8 @@ def bound_contributions(
     if contrib.size and not np.issubdtype(contrib.dtype, np.integer):
         raise ValueError(f"contributions must be integers (ARA aggregatable values), got dtype {contrib.dtype}")
     norms = contrib.sum(axis=1) if contrib.ndim == 2 else contrib
-    order = impression_order(impression_ids, conversion_times, tie_breaker)
-    rank, group = ranks_within_impression(np.asarray(impression_ids)[order])
+    order, sorted_impressions = sort_by_impression(impression_ids, conversion_times, tie_breaker)
+    rank, group = ranks_within_impression(sorted_impressions)
     if n and (norms == norms[0]).all():  # L-inf / L1: skip gathering the norms
         kept_sorted = bound_sorted(norms[:0], rank, group, contribution_budget, equal_norm=int(norms[0]))
     else:

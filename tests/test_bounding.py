@@ -93,3 +93,21 @@ def test_mismatched_lengths_refused():
         bound_contributions(np.zeros(3), np.zeros(2), np.zeros(3, dtype=np.int64))
     with pytest.raises(ValueError, match="rows"):
         bound_contributions(np.zeros(3), np.zeros(3), np.zeros(2, dtype=np.int64))
+
+
+@given(records=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(0, 3)), max_size=60),
+       id_kind=st.sampled_from(["small", "huge", "negative", "string"]))
+def test_sort_paths_agree_with_reference_lexsort(records, id_kind):
+    """Packed-key fast paths and the lexsort fallback all give (impression, time, tie, position) order."""
+    from araopt.bounding import sort_by_impression
+
+    base = np.array([r[0] for r in records], dtype=np.int64)
+    imp = {"small": base, "huge": base + 2**61, "negative": base - 3,
+           "string": np.array([f"id{v}" for v in base], dtype=object)}[id_kind]
+    t = np.array([r[1] for r in records], dtype=np.int64)
+    tie = np.array([r[2] for r in records], dtype=np.uint64)
+    order, key = sort_by_impression(imp, t, tie)
+    ref = sorted(range(len(records)), key=lambda i: (imp[i], t[i], tie[i], i))
+    assert order.tolist() == ref
+    same = [imp[a] == imp[b] for a, b in zip(ref, ref[1:])]
+    assert (key[1:] == key[:-1]).tolist() == same
