@@ -91,7 +91,8 @@ def validate_table(
             flag(~nulls & ~np.isfinite(vals), "non_finite_value")
             flag(vals < 0, "negative_value")
     bad = reason != ""
-    with_time = table.append_column("conversion_time_us", micros)
+    # the valid rows carry the time once, as int64 microseconds (the original column is dropped)
+    with_time = table.append_column("conversion_time_us", micros).drop_columns([CONVERSION_TIME])
     good_tbl = with_time.filter(pa.array(~bad))
     rejected = table.filter(pa.array(bad))
     rejected = rejected.append_column(REASON, pa.array(reason[bad].astype(str), type=pa.string()))

@@ -55,6 +55,33 @@ def params() -> Params:
                   queries=(QueryParams("value", 150.0, 1.0),))
 
 
+def shard_working_set(directory: str, num_shards: int) -> tuple[int, float]:
+    """(rows, peak traced MiB) of the per-shard step (Conversions -> encode + bound -> per-slice sums)
+    on shard 0 of ``directory`` split ``num_shards`` ways, as the pipeline's GroupByImpression does."""
+    import glob
+    import tracemalloc
+
+    from araopt import aggregate
+    from araopt.conversions import Conversions, validate_table
+    from araopt.mechanism import encode_and_bound
+    from transforms.group import shard_of
+
+    p = params()
+    parts = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.parquet"))):
+        table = pq.read_table(path)
+        mask = shard_of(table.column("impression_id").to_numpy(), num_shards) == 0
+        parts.append(table.filter(pa.array(mask)))
+    shard, _ = validate_table(pa.concat_tables(parts), p.slice_columns, p.query_columns)
+    tracemalloc.start()
+    conv = Conversions.from_table(shard, p.slice_columns, p.query_columns)
+    contributions, kept = encode_and_bound(conv, p, simulation_seed=1)
+    aggregate.slice_sums(conv, contributions, kept)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return shard.num_rows, peak / 2**20
+
+
 def run_child(args: list[str]) -> tuple[float, float]:
     """(wall seconds, peak RSS MiB) of a child process."""
     start = time.perf_counter()
@@ -97,6 +124,14 @@ def main() -> None:
         print(f"naive per-element Beam, {naive_n:,} conversions: {wall:6.1f} s = {naive_rate:,.0f} conversions/s, peak RSS {rss:,.0f} MiB")
         big = max(results)
         rate = big / results[big][0]
+        from transforms.io import auto_num_shards
+
+        for n in sizes:
+            data = os.path.join(work, f"data-{n}")
+            for label, shards in (("fixed 64 shards", 64), ("auto shards", auto_num_shards(n))):
+                rows, mib = shard_working_set(data, shards)
+                print(f"per-shard working set, {n:>11,} conversions, {label:<15} ({shards:>3}): shard of {rows:>9,} rows "
+                      f"-> peak {mib:7.1f} MiB traced ({mib * 2**20 / rows:.0f} B/row)")
         print(f"speed-up of araopt measure over the naive design: {rate / naive_rate:.1f}x (target >= 15x)")
         print(f"throughput at {big:,}: {rate:,.0f} conversions/s (target >= 500,000)")
         if len(results) > 1:

@@ -24,7 +24,7 @@ from araopt.keys import KeyDomain
 from araopt.params import Params, check_epsilon
 from transforms.aggregate import EncodeBoundAndSum, NoisyRelease
 from transforms.group import GroupByImpression
-from transforms.io import ReadConversions, check_input, needed_columns
+from transforms.io import ReadConversions, auto_num_shards, check_input, count_rows, needed_columns
 from transforms.release import WriteRelease
 from transforms.validate import REJECTED, ValidateConversions, sum_pairs
 
@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--params-version", default="latest", help="version to resolve in a parameter store (default latest)")
     parser.add_argument("--simulation-seed", type=int, default=None,
                         help="SIMULATION MODE: seeded, key-deterministic rounding and noise; output is NOT private")
-    parser.add_argument("--num-shards", type=int, default=DEFAULT_SHARDS, help="impression shards (default %(default)s)")
+    parser.add_argument("--num-shards", type=int, default=None,
+                        help="impression shards (default: about 250,000 rows per shard, at least 16)")
     parser.add_argument("--max-rejected-fraction", type=float, default=0.10,
                         help="fail before releasing if more than this share of rows is invalid (default 0.10)")
     parser.add_argument("--overwrite", action="store_true", help="allow writing into an output directory that has a run")
@@ -126,12 +127,13 @@ def _run(argv: list[str]) -> int:
         params = params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
         raise UserError(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
-    if args.num_shards < 1:
+    if args.num_shards is not None and args.num_shards < 1:
         raise UserError(f"--num-shards must be >= 1, got {args.num_shards}")
     summary_path = FileSystems.join(args.output, "run_summary.json")
     if FileSystems.exists(summary_path) and not args.overwrite:
         raise UserError(f"{args.output} already holds a run (run_summary.json); pass --overwrite to replace it")
     paths, schema = check_input(args.input, params.slice_columns, params.query_columns)
+    num_shards = args.num_shards or auto_num_shards(count_rows(paths))
     domain = load_domain(args.domain, params)
     import pyarrow as pa
 
@@ -140,10 +142,11 @@ def _run(argv: list[str]) -> int:
     opts = pipeline_options(beam_args)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     build_pipeline(pipeline, args.input, params, args.output, params.checksum(), domain, args.simulation_seed,
-                   args.debug_run, args.num_shards, args.max_rejected_fraction, dead_letter_schema)
+                   args.debug_run, num_shards, args.max_rejected_fraction, dead_letter_schema)
     result = pipeline.run()
     result.wait_until_finish()
     summary = run_summary(args, result, loaded, params, paths, opts, time.time() - started)
+    summary["num_shards"] = num_shards
     with FileSystems.create(summary_path) as fh:
         fh.write(json.dumps(summary, indent=1).encode())
     print_summary(summary, args.output)

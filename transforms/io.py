@@ -90,3 +90,22 @@ class ReadConversionFiles(beam.PTransform):
             | "Files" >> beam.Create(self._paths)
             | "ReadParquetBatches" >> beam.io.ReadAllFromParquetBatched(columns=self._columns)
         )
+
+
+def count_rows(paths: Sequence[str]) -> int:
+    """Total rows from the Parquet footers (one small read per file)."""
+    total = 0
+    for p in paths:
+        with FileSystems.open(p) as fh:
+            total += pq.ParquetFile(fh).metadata.num_rows
+    return total
+
+
+ROWS_PER_SHARD = 250_000
+MIN_SHARDS = 16
+
+
+def auto_num_shards(total_rows: int, rows_per_shard: int = ROWS_PER_SHARD) -> int:
+    """Shards so that each holds about ``rows_per_shard`` rows: the per-shard working set (what bounds
+    a worker's memory) then stays the same whatever the input size."""
+    return max(MIN_SHARDS, -(-int(total_rows) // rows_per_shard))
