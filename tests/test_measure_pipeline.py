@@ -269,3 +269,21 @@ def test_default_local_runner_is_the_fn_api_runner():
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     assert isinstance(make_runner(PipelineOptions([])), fn_runner.FnApiRunner)
     assert make_runner(PipelineOptions(["--runner", "DataflowRunner"])) is None
+
+
+def test_reconstruct_cli_reproduces_the_pipelines_estimates(tmp_path):
+    """ARA round trip at pipeline level: `araopt reconstruct` on `araopt measure`'s summary report and
+    key map gives the pipeline's estimates.csv exactly; its debug report gives the same."""
+    from pipelines.ara import run_reconstruct
+
+    frame = make_frame(3000)
+    params = make_params()
+    code, out = run_measure(tmp_path, frame, params, "rt")
+    assert code == 0
+    for report in ("summary_report.avro", os.path.join("debug", "summary_report.avro")):
+        target = tmp_path / f"reconstructed-{report.replace(os.sep, '-')}.csv"
+        assert run_reconstruct(["--summary-report", str(out / report), "--params", str(tmp_path / "rt.json"),
+                                "--key-map", str(out / "key_map.json"), "--out", str(target)]) == 0
+        got = pd.read_csv(target)
+        want = pd.read_csv(out / "estimates.csv")
+        pd.testing.assert_frame_equal(got, want)
