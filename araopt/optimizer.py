@@ -668,7 +668,6 @@ def _optimize_l1_samples(
     K = kept_per_impression(C, stats.spec.contribution_budget)
     sl, vals, weight = _sample_cells(stats, K)
     truth = stats.totals()
-    kept = stats.kept_totals(K)
     pis = 1.0 / np.maximum(taus[None, :], truth) ** 2
     gamma = stats.spec.contribution_budget
     units = gamma // C

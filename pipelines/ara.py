@@ -25,7 +25,7 @@ import json
 import math
 import os
 import sys
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -40,26 +40,10 @@ from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound
 from araopt.params import Params, check_epsilon
 
+from .options import OneLineParser, run_parsed
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump) and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, body: Callable[[argparse.Namespace], int]) -> int:
-    try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
-    except SystemExit as e:  # --help (0) or a usage error (2)
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    try:
-        return body(args)
-    except (ValueError, OSError) as e:
-        text = str(e).strip()
-        first = text.splitlines()[0] if text else type(e).__name__
-        print(f"{parser.prog}: error: {first}", file=sys.stderr)
-        return 2
+_Parser = OneLineParser
+_run = run_parsed
 
 
 def _warn(prog: str, message: str) -> None:

@@ -17,7 +17,6 @@ import datetime as dt
 import io
 import json
 import re
-import sys
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -266,7 +265,7 @@ def _run(argv: list[str]) -> int:
     checked = batches | "Validate" >> ValidateConversions(slices, values)
     counts = checked.counts | "CountRows" >> beam.CombineGlobally(sum_pairs)
     statistics = checked.valid | "Statistics" >> ComputeStatistics(spec, args.num_shards)
-    reports = statistics | "OptimizeGuardAndPublish" >> beam.ParDo(
+    _ = statistics | "OptimizeGuardAndPublish" >> beam.ParDo(
         _OptimizeGuardAndPublish(cfg, previous_payload, pointer.version if pointer else None), beam.pvalue.AsSingleton(counts))
     result = pipeline.run()
     result.wait_until_finish()

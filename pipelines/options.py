@@ -1,9 +1,10 @@
 """Shared pipeline plumbing: runner selection, pipeline options, one-line CLI errors."""
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, SetupOptions, StandardOptions
 
@@ -50,13 +51,32 @@ class UserError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
-    """Run ``run(argv)`` turning ValueError/UserError into a one-line message and exit code 2."""
+    """Run ``run(argv)`` turning bad input (ValueError, UserError, OSError) into one line on stderr
+    and exit code 2; argparse's --help / usage errors keep their exit codes."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return run(list(sys.argv[1:] if argv is None else argv))
-    except (ValueError, UserError, FileNotFoundError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+    except (ValueError, UserError, OSError) as exc:  # bad input, missing files, permissions, disk full
+        print(f"{prog}: error: {_first_line(exc)}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (no usage dump), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+               body: Callable[[argparse.Namespace], int]) -> int:
+    """Parse ``argv`` with ``parser`` and run ``body(args)`` under :func:`cli_main`'s error handling."""
+    return cli_main(lambda a: body(parser.parse_args(a)), argv, parser.prog)

@@ -13,33 +13,14 @@ import math
 import os
 import sys
 from datetime import date
-from typing import Callable, NoReturn, Sequence
+from typing import Callable, Sequence
 
 from araopt import criteo, split, synthetic
 
+from .options import OneLineParser, run_parsed
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump) and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _fail(prog: str, message: str) -> int:
-    first = str(message).strip().splitlines()[0] if str(message).strip() else "failed"
-    print(f"{prog}: error: {first}", file=sys.stderr)
-    return 2
-
-
-def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, body: Callable[[argparse.Namespace], int]) -> int:
-    try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
-    except SystemExit as e:  # --help (0) or a usage error (2)
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    try:
-        return body(args)
-    except (ValueError, OSError) as e:  # bad input, missing files, permissions, disk full
-        return _fail(parser.prog, str(e))
+_Parser = OneLineParser
+_run = run_parsed
 
 
 def _positive_float(text: str) -> float:

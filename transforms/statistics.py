@@ -11,7 +11,7 @@ from typing import Sequence
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from araopt import statistics as stats
 from araopt.conversions import Conversions
