@@ -148,3 +148,26 @@ def test_history_from_gcs_through_beam(tmp_path, gcp_storage_emulator):
     store_uri = str(tmp_path / "store")
     assert nightly.run(nightly_args(history, store_uri, extra=["--run-id", "g"])) == 0
     assert open_store(store_uri).list_versions() == ["2026-11-22-g"]
+
+
+def test_measure_refuses_corrupt_latest_or_params_naming_the_file(tmp_path, capsys):
+    hist = write_history(tmp_path / "h", n=500)
+    store_uri = str(tmp_path / "store")
+    assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "c"])) == 0
+    measure_args = ["--input", os.path.join(hist, "date=2026-11-22"), "--params", store_uri, "--simulation-seed", "1"]
+    latest = tmp_path / "store" / "latest"
+    good = latest.read_bytes()
+    latest.write_bytes(good[: len(good) // 2])  # truncated pointer
+    assert measure_pipeline.run(measure_args + ["--output", str(tmp_path / "o1")]) == 2
+    err = capsys.readouterr().err
+    assert "latest" in err and "\n" not in err.strip()
+    latest.write_bytes(good)
+    params_file = tmp_path / "store" / "versions" / "2026-11-22-c" / "params.json"
+    params_file.write_bytes(params_file.read_bytes().replace(b'"count_limit": ', b'"count_limit": 1'))  # tampered
+    assert measure_pipeline.run(measure_args + ["--output", str(tmp_path / "o2")]) == 2
+    assert "params.json" in capsys.readouterr().err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    bad_file = tmp_path / "bad.json"
+    bad_file.write_text('{"format_version": "1.0", "epsilon": 8')
+    assert measure_pipeline.run(["--input", hist, "--params", str(bad_file), "--output", str(tmp_path / "o3")]) == 2
+    assert "bad.json" in capsys.readouterr().err
