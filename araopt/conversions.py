@@ -22,6 +22,7 @@ REASON = "reason"
 REJECT_REASONS = (
     "null_impression_id",
     "null_conversion_time",
+    "unparseable_conversion_time",
     "null_slice_value",
     "null_value",
     "non_finite_value",
@@ -57,7 +58,7 @@ def _time_as_micros(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        parsed = pd.to_datetime(pd.Series(column.to_pandas()), errors="coerce", utc=True)
+        parsed = pd.to_datetime(pd.Series(column.to_pandas()), errors="coerce", utc=True, format="ISO8601")
         return pa.array(parsed.astype("int64").where(parsed.notna(), None).astype("Int64"), type=pa.int64())
     return pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64())
 
@@ -78,8 +79,11 @@ def validate_table(
         reason[sel] = why
 
     flag(table.column(IMPRESSION_ID).is_null().to_numpy(zero_copy_only=False), "null_impression_id")
-    micros = _time_as_micros(table.column(CONVERSION_TIME))
-    flag(micros.is_null().to_numpy(zero_copy_only=False), "null_conversion_time")
+    time_column = table.column(CONVERSION_TIME)
+    micros = _time_as_micros(time_column)
+    time_nulls = time_column.is_null().to_numpy(zero_copy_only=False)
+    flag(time_nulls, "null_conversion_time")
+    flag(micros.is_null().to_numpy(zero_copy_only=False) & ~time_nulls, "unparseable_conversion_time")
     for c in slice_columns:
         flag(table.column(c).is_null().to_numpy(zero_copy_only=False), "null_slice_value")
     for c in value_columns:

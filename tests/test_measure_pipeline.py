@@ -287,3 +287,28 @@ def test_reconstruct_cli_reproduces_the_pipelines_estimates(tmp_path):
         got = pd.read_csv(target)
         want = pd.read_csv(out / "estimates.csv")
         pd.testing.assert_frame_equal(got, want)
+
+
+def test_declared_domain_noises_unseen_keys_and_counts_slices_outside_it(tmp_path):
+    """--domain: every declared key is released (noise only if unseen); kept conversions of slices
+    outside the domain are counted, not silently dropped, and the accounting closes."""
+    from araopt import KeyDomain
+
+    frame = make_frame(2000)
+    params = make_params()
+    declared = {"campaign": np.array([0, 1, 9]), "geo": np.array(["NY", "NY", "LA"])}  # (9, LA) never occurs
+    domain = KeyDomain.from_slice_values(params.slice_columns, declared, params.query_columns)
+    domain.save(tmp_path / "domain.json")
+    code, out = run_measure(tmp_path, frame, params, "dom", extra=["--domain", str(tmp_path / "domain.json")])
+    assert code == 0
+    buckets, unnoised, noise = read_debug(out)
+    assert buckets == domain.buckets() and len(buckets) == 3 * 3
+    assert (unnoised.reshape(3, 3)[2] == 0).all() and (noise != 0).any()
+    in_domain = frame[((frame.campaign == 0) | (frame.campaign == 1)) & (frame.geo == "NY")]
+    s = json.loads((out / "run_summary.json").read_text())
+    assert s["conversions_kept_outside_domain"] > 0 and s["accounting_closes"]
+    core = measure(Conversions.from_table(frame, params.slice_columns, params.query_columns), params, domain,
+                   simulation_seed=SEED)
+    assert np.array_equal(unnoised, core.histogram.ravel())
+    assert s["conversions_kept"] == core.rows_kept <= len(in_domain)
+    assert s["conversions_kept_outside_domain"] == core.rows_outside_domain

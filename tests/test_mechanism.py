@@ -121,3 +121,20 @@ def test_mismatched_columns_refused():
     with pytest.raises(ValueError, match="value columns"):
         measure(du_penc_conversions(), Params(count_limit=1, encoding="linf", epsilon=1.0, slice_columns=("campaign",),
                                               queries=(QueryParams("value", 30.0, 1.0),)))
+
+
+def test_row_validation_reasons_including_unparseable_string_times():
+    import pyarrow as pa
+
+    from araopt.conversions import validate_table
+
+    table = pa.table({
+        "impression_id": pa.array([1, None, 3, 4, 5, 6], pa.int64()),
+        "conversion_time": pa.array(["2026-11-01T10:00:00Z", "2026-11-01", "not a time", None, "2026-11-02", "2026-11-03"]),
+        "s": pa.array(["a", "b", "c", "d", None, "f"]),
+        "v": pa.array([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")]),
+    })
+    good, rejected = validate_table(table, ["s"], ["v"])
+    assert good.num_rows == 1 and good.column("conversion_time_us").to_pylist() == [1_793_527_200_000_000]
+    assert rejected.column("reason").to_pylist() == ["null_impression_id", "unparseable_conversion_time", "null_conversion_time",
+                                                     "null_slice_value", "non_finite_value"]
