@@ -9,7 +9,7 @@ DEMO_DIR ?= demo-output
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed

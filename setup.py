@@ -9,8 +9,9 @@ setup(
         "(contribution budgeting, Aksu et al.) on Apache Beam."
     ),
     python_requires=">=3.11,<3.13",
-    packages=find_packages(include=["araopt", "araopt.*", "transforms", "transforms.*", "pipelines", "pipelines.*", "deploy"]),
-    package_data={"araopt": ["schemas/*.json", "schemas/*.avsc"]},
+    packages=find_packages(include=["araopt", "araopt.*", "transforms", "transforms.*", "pipelines", "pipelines.*", "deploy"])
+    + ["araopt.schemas"],  # data-only package: the params JSON Schema and the Aggregation Service .avsc files
+    package_data={"araopt.schemas": ["*.json", "*.avsc"]},
     include_package_data=True,
     install_requires=[
         "apache-beam[gcp]>=2.77.0,<2.78",

@@ -133,13 +133,18 @@ def write_plots(estimates: pd.DataFrame, result_dir: str, plot_dir: str) -> list
     os.makedirs(plot_dir, exist_ok=True)
     slice_cols = [c for c in estimates.columns if c not in ("query", "estimate", "std_error", "ci_low", "ci_high")]
     paths = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, query in zip(axes, ("count", "value")):
-        sub = estimates[estimates["query"] == query].nlargest(20, "estimate")
-        labels = sub[slice_cols].astype(str).agg("/".join, axis=1)
-        ax.errorbar(range(len(sub)), sub["estimate"], yerr=1.96 * sub["std_error"], fmt="o", capsize=3)
-        ax.set_xticks(range(len(sub)), labels, rotation=70, fontsize=7)
-        ax.set(title=f"{query}: estimate ± 95% CI (20 largest slices)")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    sub = estimates[estimates["query"] == "value"].nlargest(20, "estimate")
+    labels = sub[slice_cols].astype(str).agg("/".join, axis=1)
+    axes[0].errorbar(range(len(sub)), sub["estimate"], yerr=1.96 * sub["std_error"], fmt="o", capsize=3)
+    axes[0].set_xticks(range(len(sub)), labels, rotation=70, fontsize=7)
+    axes[0].set(title="value: estimate ± 95% CI, 20 largest slices", yscale="log")
+    for query, marker in (("count", "o"), ("value", "s")):
+        part = estimates[(estimates["query"] == query) & (estimates["estimate"] > 0)]
+        axes[1].scatter(part["estimate"], 1.96 * part["std_error"] / part["estimate"], s=8, marker=marker, label=query)
+    axes[1].set(xscale="log", yscale="log", xlabel="estimate", ylabel="95% CI half-width / estimate",
+                title="relative error bars of every slice")
+    axes[1].legend()
     fig.tight_layout()
     path = os.path.join(plot_dir, "estimates.png")
     fig.savefig(path, dpi=100)
