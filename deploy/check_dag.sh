@@ -8,20 +8,26 @@
 #   bash deploy/check_dag.sh                     # uses/creates $AIRFLOW_CHECK_VENV
 #   AIRFLOW_CHECK_VENV=/tmp/af bash deploy/check_dag.sh
 #
-# Exit status: 0 when the DAG imports and has the expected tasks, 1 otherwise.
+# Exit status: 0 when the DAG imports and has the expected tasks, 1 otherwise, 3 when Airflow
+# itself could not be installed (an environment problem, not a DAG problem).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${AIRFLOW_CHECK_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/araopt-airflow-check-venv}"
 PYTHON="${PYTHON:-python3}"
-AIRFLOW_SPEC="${AIRFLOW_SPEC:-apache-airflow>=3.0,<4}"
+# Pinned to the versions this check was validated with (Composer 3 / Airflow 3 era).
+AIRFLOW_SPEC="${AIRFLOW_SPEC:-apache-airflow==3.3.2}"
+PROVIDERS="${AIRFLOW_PROVIDERS:-apache-airflow-providers-google==22.8.0 apache-airflow-providers-apache-beam==6.3.1}"
 
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import airflow.providers.google, airflow.providers.apache.beam" 2>/dev/null; then
     echo "check_dag: installing Airflow into $VENV (first run: ~4 min, ~2.2 GB)" >&2
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet "$AIRFLOW_SPEC" \
-        apache-airflow-providers-google apache-airflow-providers-apache-beam
+    # shellcheck disable=SC2086
+    if ! "$VENV/bin/python" -m pip install --quiet "$AIRFLOW_SPEC" $PROVIDERS; then
+        echo "check_dag: could not install Airflow (registry or resolver problem); exit 3" >&2
+        exit 3
+    fi
 fi
 
 AIRFLOW_HOME="$(mktemp -d)"

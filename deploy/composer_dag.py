@@ -28,7 +28,7 @@ TEMPLATES = "{{ var.value.get('araopt_template_prefix', 'gs://' ~ var.value.arao
 # as_of is the day before the run's logical date: the last complete day when the run starts at 02:15.
 
 NIGHTLY_PARAMETERS = {
-    "history": "gs://{{ var.value.araopt_bucket }}/history/*.parquet",
+    "history": "gs://{{ var.value.araopt_bucket }}/conversions/date=*/*.parquet",
     "as_of": "{{ macros.ds_add(ds, -1) }}",
     "window_days": "{{ var.value.get('araopt_window_days', '28') }}",
     "store": "gs://{{ var.value.araopt_bucket }}/params",
@@ -38,7 +38,7 @@ NIGHTLY_PARAMETERS = {
 }
 
 MEASURE_PARAMETERS = {
-    "input": "gs://{{ var.value.araopt_bucket }}/reports/{{ macros.ds_add(ds, -1) }}/*.avro",
+    "input": "gs://{{ var.value.araopt_bucket }}/conversions/date={{ macros.ds_add(ds, -1) }}/*.parquet",
     "params": "gs://{{ var.value.araopt_bucket }}/params",
     "output": "gs://{{ var.value.araopt_bucket }}/summaries/{{ macros.ds_add(ds, -1) }}",
     "epsilon": "{{ var.value.get('araopt_epsilon', '10') }}",
