@@ -40,7 +40,7 @@ from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound
 from araopt.params import Params, check_epsilon
 
-from .options import OneLineParser, run_parsed
+from .options import OneLineParser, localize, run_parsed
 
 _Parser = OneLineParser
 _run = run_parsed
@@ -125,7 +125,24 @@ def export_parser() -> argparse.ArgumentParser:
 
 
 def run_export_ara(argv: Sequence[str] | None = None) -> int:
-    return _run(export_parser(), argv, _export)
+    return _run(export_parser(), argv, _with_local_inputs(_export, ("params", "key_map", "conversions")))
+
+
+def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
+    """Run ``body`` with remote (gs://) inputs among ``fields`` copied to a temporary directory."""
+    import tempfile
+
+    def run(args: argparse.Namespace) -> int:
+        with tempfile.TemporaryDirectory(prefix="araopt-inputs-") as tmp:
+            for name in fields:
+                value = getattr(args, name, None)
+                if isinstance(value, list):
+                    setattr(args, name, [localize(v, tmp) for v in value])
+                elif value is not None:
+                    setattr(args, name, localize(value, tmp))
+            return body(args)
+
+    return run
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -217,7 +234,8 @@ def reconstruct_parser() -> argparse.ArgumentParser:
 
 
 def run_reconstruct(argv: Sequence[str] | None = None) -> int:
-    return _run(reconstruct_parser(), argv, _reconstruct)
+    return _run(reconstruct_parser(), argv,
+                _with_local_inputs(_reconstruct, ("summary_report", "params", "key_map", "conversions")))
 
 
 def _reconstruct(args: argparse.Namespace) -> int:

@@ -80,3 +80,33 @@ def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
                body: Callable[[argparse.Namespace], int]) -> int:
     """Parse ``argv`` with ``parser`` and run ``body(args)`` under :func:`cli_main`'s error handling."""
     return cli_main(lambda a: body(parser.parse_args(a)), argv, parser.prog)
+
+
+def is_remote(uri: str) -> bool:
+    return "://" in str(uri) and not str(uri).startswith("file://")
+
+
+def localize(uri: str, workdir: str) -> str:
+    """A remote file, directory or glob (gs://...) copied into ``workdir`` through Beam's FileSystems;
+    returns a local path (a directory for several files). Local paths are returned unchanged."""
+    if not is_remote(uri):
+        return uri
+    import os
+
+    from apache_beam.io.filesystems import FileSystems
+
+    patterns = [uri]
+    if not any(ch in uri for ch in "*?[") and not FileSystems.exists(uri):
+        raise FileNotFoundError(f"no such file or prefix: {uri}")
+    if not any(ch in uri for ch in "*?[") and not uri.rstrip("/").rsplit("/", 1)[-1].count("."):
+        patterns = [uri.rstrip("/") + "/**"]  # a prefix ("directory")
+    matched = [m.path for p in patterns for m in FileSystems.match([p])[0].metadata_list]
+    if not matched:
+        raise FileNotFoundError(f"nothing matches {uri}")
+    target = os.path.join(workdir, uri.replace("://", "_").replace("/", "_").replace("*", "x"))
+    os.makedirs(target, exist_ok=True)
+    for path in matched:
+        local = os.path.join(target, path.replace("://", "_").replace("/", "_"))
+        with FileSystems.open(path) as src, open(local, "wb") as dst:
+            dst.write(src.read())
+    return target if len(matched) > 1 or patterns[0] != uri else os.path.join(target, os.listdir(target)[0])

@@ -247,6 +247,8 @@ def _fixture(kind: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatorHan
         pytest.fail(str(exc), pytrace=False)
     try:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", handle.url)
+        # no credentials here: skip google.auth's metadata-server probe (it retries for ~11 s)
+        monkeypatch.setenv("NO_GCE_CHECK", "True")
         yield handle
     finally:
         manager.__exit__(None, None, None)
