@@ -57,6 +57,11 @@ def split_columns(text: str, what: str) -> tuple[str, ...]:
 def check_history(pattern: str, slice_columns: Sequence[str], value_columns: Sequence[str]) -> list[str]:
     """Before any work: files exist, columns exist with the right types, rows > 0, no negative value
     (from the Parquet footers' statistics; rows without statistics are checked by the pipeline)."""
+    return _scan_history(pattern, slice_columns, value_columns)[0]
+
+
+def _scan_history(pattern: str, slice_columns: Sequence[str], value_columns: Sequence[str]) -> tuple[list[str], tuple]:
+    """(paths, (first, last) conversion time from the footers' statistics or (None, None))."""
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
 
@@ -64,11 +69,19 @@ def check_history(pattern: str, slice_columns: Sequence[str], value_columns: Seq
 
     paths, _ = check_input(pattern, slice_columns, value_columns)
     rows = 0
+    first = last = None
     for path in paths:
         with FileSystems.open(path) as fh:
             meta = pq.ParquetFile(fh).metadata
         rows += meta.num_rows
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+        if "conversion_time" in names:
+            i = names.index("conversion_time")
+            for g in range(meta.num_row_groups):
+                st = meta.row_group(g).column(i).statistics
+                if st is not None and st.has_min_max and st.min is not None and st.max is not None:
+                    first = st.min if first is None else min(first, st.min)
+                    last = st.max if last is None else max(last, st.max)
         for col in value_columns:
             if col not in names:
                 continue
@@ -80,7 +93,8 @@ def check_history(pattern: str, slice_columns: Sequence[str], value_columns: Seq
                                      "values must be >= 0 (conversion-log contract)")
     if rows == 0:
         raise ValueError(f"empty history: {pattern!r} holds no rows")
-    return paths
+    window = tuple(v.isoformat() if hasattr(v, "isoformat") else (None if v is None else str(v)) for v in (first, last))
+    return paths, window
 
 
 def compute_statistics(pattern: str, spec: StatisticsSpec, pipeline_args: list[str]) -> tuple[SufficientStatistics, dict]:
@@ -145,7 +159,7 @@ def _run(argv: list[str]) -> int:
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit)  # validates column overlap
-    check_history(args.history, slices, values)
+    _, window = _scan_history(args.history, slices, values)
     stats, accounting = compute_statistics(args.history, spec, beam_args)
     check_accounting(stats, accounting)
 
@@ -166,7 +180,8 @@ def _run(argv: list[str]) -> int:
                      "thresholds": ", ".join(f"{qq.clip_threshold:.4g}" for qq in p.queries),
                      "fractions": ", ".join(f"{qq.budget_fraction:.3f}" for qq in p.queries) + f" (+count {p.count_budget_fraction:.3f})",
                      "train RMSRE_tau": value, "ratio": value / result.objective})
-    prov = Provenance(rows=int(accounting.get("rows_read", stats.num_conversions)), created_at=utc_now_iso(),
+    prov = Provenance(training_start=window[0], training_end=window[1],
+                      rows=int(accounting.get("rows_read", stats.num_conversions)), created_at=utc_now_iso(),
                       predicted_rmsre_tau=result.objective,
                       baseline_rmsre_tau=min(b["rmsre_tau"] for b in baselines.values()), objective=args.objective,
                       extra={"optimizer": "araopt.optimizer.optimize (Alg. 6)", "encoding": args.encoding,
