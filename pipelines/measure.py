@@ -26,7 +26,7 @@ from transforms.aggregate import EncodeBoundAndSum, NoisyRelease
 from transforms.group import GroupByImpression
 from transforms.io import ReadConversions, auto_num_shards, check_input, count_rows, needed_columns
 from transforms.release import WriteRelease
-from transforms.validate import REJECTED, ValidateConversions, sum_pairs
+from transforms.validate import REJECTED, ValidateConversions, counter_values, rejected_by_reason, sum_pairs
 
 from deploy.cli_options import MEASURE_OPTIONS, add_options
 
@@ -153,21 +153,11 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def _counter_values(result) -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        for c in result.metrics().query()["counters"]:
-            out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(c.committed or c.attempted or 0)
-    except Exception:  # noqa: BLE001 - some runners do not report metrics; the release accounting remains
-        pass
-    return out
-
-
 def run_summary(args, result, loaded: LoadedParams, params: Params, paths: list[str], opts, wall: float) -> dict:
     with FileSystems.open(FileSystems.join(args.output, "release.json")) as fh:
         release = json.loads(fh.read().decode())
-    counters = _counter_values(result)
-    rejected = {k[len("rows_rejected_"):]: v for k, v in counters.items() if k.startswith("rows_rejected_") and v}
+    counters = counter_values(result)
+    rejected = rejected_by_reason(result)
     summary = {
         "rows_read": release["rows_read"],
         "rows_rejected": release["rows_rejected"],

@@ -11,24 +11,22 @@ from apache_beam.io.filesystems import FileSystems
 from araopt.conversions import CONVERSION_TIME, IMPRESSION_ID, check_schema
 
 
-def match_files(pattern: str) -> list[str]:
-    """Paths matching a glob (local or gs://); a directory means every *.parquet below it."""
-    patterns = [pattern]
-    if not any(ch in pattern for ch in "*?[") and FileSystems.exists(pattern) and not pattern.endswith(".parquet"):
-        patterns = [FileSystems.join(pattern, "**.parquet"), FileSystems.join(pattern, "*.parquet")]
-    paths: list[str] = []
-    for p in patterns:
-        for m in FileSystems.match([p])[0].metadata_list:
-            if m.path not in paths and m.size_in_bytes > 0:
-                paths.append(m.path)
-    return sorted(paths)
+def _is_directory(pattern: str) -> bool:
+    return not any(ch in pattern for ch in "*?[") and not pattern.endswith(".parquet") and FileSystems.exists(pattern)
 
 
 def input_pattern(pattern: str) -> str:
     """The glob Beam should read: a directory becomes ``dir/**.parquet``."""
-    if not any(ch in pattern for ch in "*?[") and FileSystems.exists(pattern) and not pattern.endswith(".parquet"):
-        return FileSystems.join(pattern, "**.parquet")
-    return pattern
+    return FileSystems.join(pattern, "**.parquet") if _is_directory(pattern) else pattern
+
+
+def match_files(pattern: str) -> list[str]:
+    """Non-empty files matching a glob (local or gs://); a directory means every *.parquet below it."""
+    patterns = [input_pattern(pattern)]
+    if _is_directory(pattern):
+        patterns.append(FileSystems.join(pattern, "*.parquet"))
+    paths = {m.path for p in patterns for m in FileSystems.match([p])[0].metadata_list if m.size_in_bytes > 0}
+    return sorted(paths)
 
 
 def read_schema(path: str) -> pa.Schema:

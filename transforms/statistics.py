@@ -18,7 +18,7 @@ from araopt.conversions import Conversions
 
 from .group import GroupByImpression
 from .io import ReadConversions, check_input, needed_columns
-from .validate import ValidateConversions, sum_pairs
+from .validate import ValidateConversions, rejected_by_reason, sum_pairs
 
 DEFAULT_SHARDS = 64
 
@@ -108,14 +108,7 @@ def compute_statistics(
     with FileSystems.open(stats_path) as fh:
         statistics = pickle.loads(fh.read())
     FileSystems.delete([run_dir])
-    reasons = {}
-    try:
-        for c in result.metrics().query()["counters"]:
-            name = c.key.metric.name
-            if name.startswith("rows_rejected_") and (c.committed or c.attempted):
-                reasons[name[len("rows_rejected_"):]] = reasons.get(name[len("rows_rejected_"):], 0) + int(c.committed or c.attempted)
-    except Exception:  # noqa: BLE001 - metrics are informative only
-        pass
+    reasons = rejected_by_reason(result)
     accounting = {"rows_read": rows_read, "rows_rejected": rows_rejected, "rows_rejected_by_reason": reasons,
                   "rows_used": rows_read - rows_rejected}
     if rows_read == 0 or rows_read == rows_rejected:

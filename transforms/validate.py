@@ -58,3 +58,20 @@ def sum_pairs(pairs):
         read += a
         rejected += b
     return read, rejected
+
+
+def counter_values(result) -> dict[str, int]:
+    """Beam counters of a finished pipeline by name (committed, else attempted); {} if unsupported."""
+    out: dict[str, int] = {}
+    try:
+        for c in result.metrics().query()["counters"]:
+            out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(c.committed or c.attempted or 0)
+    except Exception:  # noqa: BLE001 - some runners report no metrics; the pipeline's own accounting remains
+        pass
+    return out
+
+
+def rejected_by_reason(result) -> dict[str, int]:
+    """Rows sent to the dead letter, per reason, from the validation counters."""
+    prefix = "rows_rejected_"
+    return {k[len(prefix):]: v for k, v in counter_values(result).items() if k.startswith(prefix) and v}
