@@ -152,8 +152,11 @@ def test_non_global_windowing_is_refused():
 
 
 # ---- the whole job -------------------------------------------------------------------------------
-def test_pipeline_histogram_and_estimates_equal_core_exactly(tmp_path):
+@pytest.mark.parametrize("ids", ["int64", "string"])
+def test_pipeline_histogram_and_estimates_equal_core_exactly(tmp_path, ids):
     frame = make_frame()
+    if ids == "string":
+        frame["impression_id"] = "imp-" + frame["impression_id"].astype(str)
     params = make_params()
     code, out = run_measure(tmp_path, frame, params, "a")
     assert code == 0
