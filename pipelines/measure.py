@@ -30,7 +30,7 @@ from transforms.validate import REJECTED, ValidateConversions, counter_values, r
 
 from deploy.cli_options import MEASURE_OPTIONS, add_options
 
-from .options import UserError, cli_main, make_runner, pipeline_options, runner_name
+from .options import SHUFFLES, UserError, cli_main, make_runner, pipeline_options, remove_dir, runner_name, spill_dir
 
 DEFAULT_SHARDS = 64
 
@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="SIMULATION MODE: seeded, key-deterministic rounding and noise; output is NOT private")
     parser.add_argument("--num-shards", type=int, default=None,
                         help="impression shards (default: about 250,000 rows per shard, at least 16)")
+    parser.add_argument("--shuffle", choices=SHUFFLES, default="auto",
+                        help="group-by-impression shuffle: files (spilled Arrow files; default locally), memory "
+                             "(plain GroupByKey; default on Dataflow), auto")
     parser.add_argument("--max-rejected-fraction", type=float, default=0.10,
                         help="fail before releasing if more than this share of rows is invalid (default 0.10)")
     parser.add_argument("--overwrite", action="store_true", help="allow writing into an output directory that has a run")
@@ -94,7 +97,8 @@ def load_domain(path: str | None, params: Params) -> KeyDomain | None:
 
 def build_pipeline(pipeline: beam.Pipeline, input_pattern: str, params: Params, output: str, params_sha256: str,
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
-                   num_shards: int = DEFAULT_SHARDS, max_rejected_fraction: float = 0.10, dead_letter_schema=None):
+                   num_shards: int = DEFAULT_SHARDS, max_rejected_fraction: float = 0.10, dead_letter_schema=None,
+                   shuffle_dir: str | None = None):
     """Wire the measurement transforms; returns the release PCollection."""
     columns = needed_columns(params.slice_columns, params.query_columns)
     batches = pipeline | "ReadConversions" >> ReadConversions(input_pattern, columns)
@@ -106,7 +110,7 @@ def build_pipeline(pipeline: beam.Pipeline, input_pattern: str, params: Params, 
             shard_name_template="", file_name_suffix=".parquet")
     merged = (
         checked.valid
-        | "GroupByImpression" >> GroupByImpression(num_shards)
+        | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
         | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, simulation_seed)
     )
     release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain, simulation_seed, max_rejected_fraction)
@@ -140,13 +144,18 @@ def _run(argv: list[str]) -> int:
     dl_fields = [schema.field(c) for c in needed_columns(params.slice_columns, params.query_columns)]
     dead_letter_schema = pa.schema(dl_fields + [pa.field("reason", pa.string())])
     opts = pipeline_options(beam_args)
+    shuffle_dir = spill_dir(opts, args.shuffle)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     build_pipeline(pipeline, args.input, params, args.output, params.checksum(), domain, args.simulation_seed,
-                   args.debug_run, num_shards, args.max_rejected_fraction, dead_letter_schema)
-    result = pipeline.run()
-    result.wait_until_finish()
+                   args.debug_run, num_shards, args.max_rejected_fraction, dead_letter_schema, shuffle_dir)
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    finally:
+        remove_dir(shuffle_dir)
     summary = run_summary(args, result, loaded, params, paths, opts, time.time() - started)
     summary["num_shards"] = num_shards
+    summary["shuffle"] = "files" if shuffle_dir else "memory"
     with FileSystems.create(summary_path) as fh:
         fh.write(json.dumps(summary, indent=1).encode())
     print_summary(summary, args.output)

@@ -28,11 +28,11 @@ from apache_beam.io.filesystems import FileSystems
 from araopt import statistics as stats
 from araopt.params import Params, Provenance, check_epsilon, utc_now_iso
 from deploy.cli_options import NIGHTLY_OPTIONS, add_options, resolve_as_of
-from transforms.io import check_schema_of, match_files
+from transforms.io import auto_num_shards, check_schema_of, count_rows, match_files
 from transforms.statistics import ComputeStatistics
 from transforms.validate import ValidateConversions, sum_pairs
 
-from .options import UserError, cli_main, make_runner, pipeline_options
+from .options import SHUFFLES, UserError, cli_main, make_runner, pipeline_options, remove_dir, spill_dir
 
 DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-id", default=None, help="run identifier (default: a fresh random id)")
     parser.add_argument("--objective", choices=("exact", "relaxed"), default="exact")
     parser.add_argument("--max-rejected-fraction", type=float, default=0.10)
-    parser.add_argument("--num-shards", type=int, default=64)
+    parser.add_argument("--num-shards", type=int, default=None, help="impression shards (default ~250,000 rows each)")
+    parser.add_argument("--shuffle", choices=SHUFFLES, default="auto",
+                        help="group-by-impression shuffle: files (default locally), memory (default on Dataflow)")
     return parser
 
 
@@ -258,17 +260,22 @@ def _run(argv: list[str]) -> int:
     }
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c)
     opts = pipeline_options(beam_args)
+    shuffle_dir = spill_dir(opts, args.shuffle)
+    num_shards = args.num_shards or auto_num_shards(count_rows(files))
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     from transforms.io import ReadConversionFiles, needed_columns
 
     batches = pipeline | "ReadWindow" >> ReadConversionFiles(files, needed_columns(slices, values))
     checked = batches | "Validate" >> ValidateConversions(slices, values)
     counts = checked.counts | "CountRows" >> beam.CombineGlobally(sum_pairs)
-    statistics = checked.valid | "Statistics" >> ComputeStatistics(spec, args.num_shards)
+    statistics = checked.valid | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
     _ = statistics | "OptimizeGuardAndPublish" >> beam.ParDo(
         _OptimizeGuardAndPublish(cfg, previous_payload, pointer.version if pointer else None), beam.pvalue.AsSingleton(counts))
-    result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    finally:
+        remove_dir(shuffle_dir)
     report_path = FileSystems.join(args.store, "reports", f"{as_of}-{cfg['run_id']}", "report.json")
     with FileSystems.open(report_path) as fh:
         report = json.loads(fh.read().decode())

@@ -40,6 +40,45 @@ def make_runner(opts: PipelineOptions):
     return fn_runner.FnApiRunner(provision_info=info)
 
 
+SHUFFLES = ("auto", "memory", "files")
+
+
+def spill_dir(opts: PipelineOptions, shuffle: str = "auto") -> str | None:
+    """Where GroupByImpression spills its shuffle (``transforms.group``), or None for an in-memory
+    GroupByKey. ``auto``: files for the local runner (whose GroupByKey holds its whole input in
+    memory), memory otherwise (Dataflow's shuffle service keeps data out of worker memory)."""
+    if shuffle not in SHUFFLES:
+        raise ValueError(f"--shuffle must be one of {SHUFFLES}, got {shuffle!r}")
+    local = opts.view_as(StandardOptions).runner in LOCAL_RUNNERS
+    if shuffle == "memory" or (shuffle == "auto" and not local):
+        return None
+    import tempfile
+    import uuid
+
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
+    return FileSystems.join(root, f"araopt-shuffle-{uuid.uuid4().hex}")
+
+
+def remove_dir(path: str | None) -> None:
+    """Best-effort removal of a spill directory after the pipeline finished (or failed)."""
+    if not path:
+        return
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        if is_remote(path):  # object stores have no directories: delete every object under the prefix
+            matched = [m.path for m in FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list]
+            if matched:
+                FileSystems.delete(matched)
+        elif FileSystems.exists(path):
+            FileSystems.delete([path])
+    except Exception:  # noqa: BLE001 - leftover temporary files must not fail a finished job
+        logging.getLogger(__name__).warning("could not remove temporary shuffle files under %s", path)
+
+
 def runner_name(opts: PipelineOptions) -> str:
     name = opts.view_as(StandardOptions).runner
     if name in LOCAL_RUNNERS:

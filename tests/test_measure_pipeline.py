@@ -186,6 +186,7 @@ def test_invariant_to_row_order_files_shards_and_running_mode(tmp_path):
     variants = [
         ("shuffled", shuffled, 3, ["--num-shards", "64"]),
         ("files", frame, 7, ["--num-shards", "3"]),
+        ("memory-shuffle", shuffled, 3, ["--shuffle", "memory"]),
         ("multiproc", shuffled, 2, ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]),
     ]
     for name, data, parts, extra in variants:
@@ -243,8 +244,8 @@ class _FailFirstAttempt(_AddNoise):
         yield from super().process(sums, counts)
 
 
-@pytest.mark.parametrize("seeded", [True, False])
-def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkeypatch, seeded):
+@pytest.mark.parametrize("seeded, shuffle", [(True, "memory"), (False, "memory"), (True, "files")])
+def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkeypatch, seeded, shuffle):
     frame = make_frame(2000)
     params = make_params()
     seed = SEED if seeded else None
@@ -254,7 +255,8 @@ def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkey
     out = str(tmp_path / "out")
     opts = PipelineOptions(["--runner", "BundleBasedDirectRunner"])
     with beam.Pipeline(options=opts) as p:
-        measure_pipeline.build_pipeline(p, data, params, out, params.checksum(), simulation_seed=seed, debug_run=True)
+        measure_pipeline.build_pipeline(p, data, params, out, params.checksum(), simulation_seed=seed, debug_run=True,
+                                        shuffle_dir=str(tmp_path / "spill") if shuffle == "files" else None)
     assert os.path.exists(marker)  # the first attempt did fail
     buckets, unnoised, noise, _ = avro.read_debug_report(os.path.join(out, "debug", "summary_report.avro"))
     sb, noisy = avro.read_summary_report(os.path.join(out, "summary_report.avro"))
@@ -315,3 +317,35 @@ def test_declared_domain_noises_unseen_keys_and_counts_slices_outside_it(tmp_pat
     assert np.array_equal(unnoised, core.histogram.ravel())
     assert s["conversions_kept"] == core.rows_kept <= len(in_domain)
     assert s["conversions_kept_outside_domain"] == core.rows_outside_domain
+
+
+def test_spilled_shuffle_ignores_files_of_a_failed_attempt(tmp_path, monkeypatch):
+    """A spill step that wrote files and then failed is retried; the orphaned files of the failed
+    attempt are never read (only committed paths pass the GroupByKey), so counts stay exact."""
+    from transforms import group
+
+    frame = make_frame(2000)
+    params = make_params()
+    marker = tmp_path / "failed-once"
+    original = group._SpillByShard.process
+
+    def flaky(self, table):
+        outputs = list(original(self, table))  # the files are written ...
+        if not marker.exists():
+            marker.touch()
+            raise RuntimeError("injected failure after spilling")  # ... and then the bundle fails
+        yield from outputs
+
+    monkeypatch.setattr(group._SpillByShard, "process", flaky)
+    data = write_parts(frame, tmp_path / "in", 1)
+    out = str(tmp_path / "out")
+    spill = tmp_path / "spill"
+    with beam.Pipeline(options=PipelineOptions(["--runner", "BundleBasedDirectRunner"])) as p:
+        measure_pipeline.build_pipeline(p, data, params, out, params.checksum(), simulation_seed=SEED, debug_run=True,
+                                        shuffle_dir=str(spill))
+    assert marker.exists()
+    per_shard = [len(files) for root, _, files in os.walk(spill) if files]
+    assert per_shard and all(n == 2 for n in per_shard)  # each shard: one orphan of the failed attempt + one read
+    _, unnoised, _, _ = avro.read_debug_report(os.path.join(out, "debug", "summary_report.avro"))
+    core = measure(Conversions.from_table(frame, params.slice_columns, params.query_columns), params, simulation_seed=SEED)
+    assert np.array_equal(unnoised, core.histogram.ravel())

@@ -1,13 +1,26 @@
 """Group conversions by impression, batched: shard record batches by a stable hash of the impression
 id, GroupByKey on the shard, and concatenate; every output table holds all conversions of each of
 its impressions (however they were spread over files and batches), so Alg. 1 can run per table.
+
+Two shuffles, same result:
+
+* ``memory``: the record batches themselves go through the GroupByKey. Right for Dataflow, whose
+  shuffle service keeps them out of worker memory.
+* ``files``: each batch's shard slices are written as Arrow IPC files under a spill directory and
+  only their paths go through the GroupByKey (the barrier); each shard is then read back from its
+  files. Beam's local runner holds a GroupByKey's whole input in memory, so this is what keeps a
+  local run's memory at the size of a shard and a batch instead of the input's. File names are
+  random: a retried bundle writes new files, and only the paths of committed bundles are read.
 """
 from __future__ import annotations
+
+import uuid
 
 import apache_beam as beam
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 
 from araopt.conversions import IMPRESSION_ID
 
@@ -20,22 +33,50 @@ def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:
     return (hashed % np.uint64(num_shards)).astype(np.int64)
 
 
+def split_by_shard(table: pa.Table, num_shards: int):
+    """(shard, rows of that shard) for every shard present in the batch."""
+    ids = table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False)
+    shards = shard_of(ids, num_shards)
+    order = np.argsort(shards, kind="stable")
+    sorted_shards = shards[order]
+    bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
+    for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]])):
+        if stop > start:
+            # take() copies the shard's rows; a slice() would share (and pickle) the whole batch
+            yield int(sorted_shards[start]), table.take(pa.array(order[start:stop]))
+
+
 class _KeyByShard(beam.DoFn):
     def __init__(self, num_shards: int):
         self._num_shards = num_shards
 
     def process(self, table: pa.Table):
-        ids = table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False)
-        shards = shard_of(ids, self._num_shards)
-        order = np.argsort(shards, kind="stable")
-        sorted_shards = shards[order]
-        bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
-        starts = np.concatenate([[0], bounds])
-        stops = np.concatenate([bounds, [len(order)]])
-        for start, stop in zip(starts, stops):
-            if stop > start:
-                # take() copies the shard's rows; a slice() would share (and pickle) the whole batch
-                yield int(sorted_shards[start]), table.take(pa.array(order[start:stop]))
+        yield from split_by_shard(table, self._num_shards)
+
+
+class _SpillByShard(beam.DoFn):
+    """Write each shard slice of a batch to ``spill_dir/shard-XXXXX/<random>.arrow``; emit (shard, path)."""
+
+    def __init__(self, num_shards: int, spill_dir: str):
+        self._num_shards = num_shards
+        self._spill_dir = spill_dir
+
+    def process(self, table: pa.Table):
+        for shard, part in split_by_shard(table, self._num_shards):
+            path = FileSystems.join(self._spill_dir, f"shard-{shard:05d}", f"{uuid.uuid4().hex}.arrow")
+            with FileSystems.create(path) as fh:
+                with pa.ipc.new_file(fh, part.schema) as writer:
+                    writer.write_table(part)
+            yield shard, path
+
+
+def _read_shard(item):
+    shard, paths = item
+    tables = []
+    for path in sorted(paths):
+        with FileSystems.open(path) as fh:
+            tables.append(pa.ipc.open_file(pa.BufferReader(fh.read())).read_all())
+    return shard, pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
 
 
 def _concat(item):
@@ -45,15 +86,26 @@ def _concat(item):
 
 
 class GroupByImpression(beam.PTransform):
-    """PCollection[pa.Table] -> PCollection[(shard, pa.Table)] of complete impressions."""
+    """PCollection[pa.Table] -> PCollection[(shard, pa.Table)] of complete impressions.
 
-    def __init__(self, num_shards: int):
+    ``spill_dir``: shuffle through Arrow files there (see module docstring); None: in memory.
+    """
+
+    def __init__(self, num_shards: int, spill_dir: str | None = None):
         super().__init__()
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = num_shards
+        self._spill_dir = spill_dir
 
     def expand(self, tables):
+        if self._spill_dir is not None:
+            return (
+                tables
+                | "SpillByImpressionShard" >> beam.ParDo(_SpillByShard(self._num_shards, self._spill_dir))
+                | "GroupShardFiles" >> beam.GroupByKey()
+                | "ReadShard" >> beam.Map(_read_shard)
+            )
         return (
             tables
             | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards))

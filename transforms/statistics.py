@@ -17,7 +17,7 @@ from araopt import statistics as stats
 from araopt.conversions import Conversions
 
 from .group import GroupByImpression
-from .io import ReadConversions, check_input, needed_columns
+from .io import ReadConversions, auto_num_shards, check_input, count_rows, needed_columns
 from .validate import ValidateConversions, rejected_by_reason, sum_pairs
 
 DEFAULT_SHARDS = 64
@@ -52,16 +52,17 @@ def _to_conversions(item: tuple[int, pa.Table], slice_columns: Sequence[str], va
 class ComputeStatistics(beam.PTransform):
     """Valid conversion batches -> one ``SufficientStatistics`` (bounded size, see araopt.statistics)."""
 
-    def __init__(self, spec: stats.StatisticsSpec, num_shards: int = DEFAULT_SHARDS):
+    def __init__(self, spec: stats.StatisticsSpec, num_shards: int = DEFAULT_SHARDS, spill_dir: str | None = None):
         super().__init__()
         self._spec = spec
         self._num_shards = num_shards
+        self._spill_dir = spill_dir
 
     def expand(self, valid_tables):
         spec = self._spec
         return (
             valid_tables
-            | "GroupByImpression" >> GroupByImpression(self._num_shards)
+            | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir)
             | "ToConversions" >> beam.Map(_to_conversions, spec.slice_columns, spec.value_columns)
             | "SufficientStatistics" >> beam.CombineGlobally(StatisticsCombineFn(spec))
         )
@@ -79,17 +80,19 @@ class _Save(beam.DoFn):
 
 def compute_statistics(
     input_pattern: str, spec: stats.StatisticsSpec, pipeline_args: Sequence[str] = (),
-    max_rejected_fraction: float = 0.10, num_shards: int = DEFAULT_SHARDS,
+    max_rejected_fraction: float = 0.10, num_shards: int | None = None, shuffle: str = "auto",
 ) -> tuple[stats.SufficientStatistics, dict]:
     """Run the statistics pipeline and return (statistics, accounting) to the driver.
 
     Refuses (ValueError, before any work) missing files/columns; fails if the rejected share of rows
     exceeds ``max_rejected_fraction`` or no valid row remains.
     """
-    from pipelines.options import make_runner, pipeline_options
+    from pipelines.options import make_runner, pipeline_options, remove_dir, spill_dir
 
-    check_input(input_pattern, spec.slice_columns, spec.value_columns)
+    paths, _ = check_input(input_pattern, spec.slice_columns, spec.value_columns)
+    num_shards = num_shards or auto_num_shards(count_rows(paths))
     opts = pipeline_options(list(pipeline_args))
+    shuffle_dir = spill_dir(opts, shuffle)
     temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
     run_dir = FileSystems.join(temp_root, f"araopt-statistics-{uuid.uuid4().hex}")
     stats_path = FileSystems.join(run_dir, "statistics.pkl")
@@ -100,9 +103,13 @@ def compute_statistics(
     batches = pipeline | "ReadHistory" >> ReadConversions(input_pattern, needed_columns(spec.slice_columns, spec.value_columns))
     checked = batches | "Validate" >> ValidateConversions(spec.slice_columns, spec.value_columns)
     _ = checked.counts | "CountRows" >> beam.CombineGlobally(sum_pairs) | "SaveCounts" >> beam.ParDo(_Save(counts_path))
-    _ = checked.valid | "Statistics" >> ComputeStatistics(spec, num_shards) | "SaveStatistics" >> beam.ParDo(_Save(stats_path))
-    result = pipeline.run()
-    result.wait_until_finish()
+    _ = (checked.valid | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
+         | "SaveStatistics" >> beam.ParDo(_Save(stats_path)))
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    finally:
+        remove_dir(shuffle_dir)
     with FileSystems.open(counts_path) as fh:
         rows_read, rows_rejected = pickle.loads(fh.read())
     with FileSystems.open(stats_path) as fh:
