@@ -24,7 +24,7 @@ from transforms.statistics import compute_statistics  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--rows", type=int, default=10_000_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="araopt-stats-") as work:
         data = os.path.join(work, "data")
