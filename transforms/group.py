@@ -55,7 +55,7 @@ class _KeyByShard(beam.DoFn):
 
 
 class _SpillByShard(beam.DoFn):
-    """Write each shard slice of a batch to ``spill_dir/shard-XXXXX/<random>.arrow``; emit (shard, path)."""
+    """Write each shard slice of a batch to ``spill_dir/shard-<5 digits>/<random>.arrow``; emit (shard, path)."""
 
     def __init__(self, num_shards: int, spill_dir: str):
         self._num_shards = num_shards
