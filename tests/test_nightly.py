@@ -171,3 +171,18 @@ def test_measure_refuses_corrupt_latest_or_params_naming_the_file(tmp_path, caps
     bad_file.write_text('{"format_version": "1.0", "epsilon": 8')
     assert measure_pipeline.run(["--input", hist, "--params", str(bad_file), "--output", str(tmp_path / "o3")]) == 2
     assert "bad.json" in capsys.readouterr().err
+
+
+def test_idempotency_ignores_float_noise_but_not_real_changes():
+    from araopt import QueryParams
+    from araopt.params import Provenance
+    from pipelines.nightly import _same_release
+
+    def p(threshold, run_id):
+        return Params(count_limit=3, encoding="linf", epsilon=1, slice_columns=("s",),
+                      queries=(QueryParams("v", threshold, 1.0),),
+                      provenance=Provenance(created_at=run_id, extra={"as_of": "2026-11-22", "run_id": run_id}))
+
+    assert _same_release(p(10.0, "a"), p(10.0 * (1 + 1e-13), "b"), "2026-11-22")
+    assert not _same_release(p(10.0, "a"), p(10.001, "b"), "2026-11-22")
+    assert not _same_release(p(10.0, "a"), p(10.0, "b"), "2026-11-23")
