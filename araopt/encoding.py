@@ -74,7 +74,7 @@ def query_scales(params: Params) -> np.ndarray:
     if params.encoding == "l1":
         return np.full(params.num_queries, params.per_conversion_budget, dtype=np.int64)
     scales = np.array(
-        [query_scale(params.count_limit, q.budget_fraction, params.contribution_budget) for q in params.queries],
+        [query_scale(params.count_limit, alpha, params.contribution_budget) for alpha in params.budget_fractions],
         dtype=np.int64,
     )
     total = int(scales.sum()) + (count_scale(params) if params.encoding == "baseline" else 0)
@@ -89,7 +89,7 @@ def query_scales(params: Params) -> np.ndarray:
 def count_scale(params: Params) -> int:
     """Divisor of the count estimate: floor(Gamma/C) (L-inf, L1), floor(alpha_0 Gamma/C) (baseline)."""
     if params.encoding == "baseline":
-        return query_scale(params.count_limit, params.count_budget_fraction, params.contribution_budget)
+        return query_scale(params.count_limit, params.count_fraction, params.contribution_budget)
     return params.per_conversion_budget
 
 

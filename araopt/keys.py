@@ -187,7 +187,7 @@ class KeyDomain:
 
     def buckets(self) -> list[int]:
         """128-bit bucket of every dense key id (slice-major, encoder column minor)."""
-        out = []
+        out: list[int] = []
         for row in self.slices:
             base = self.slice_bits(row)
             out.extend(base | self.query_code(col) for col in range(self.num_columns))

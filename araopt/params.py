@@ -206,6 +206,18 @@ class Params:
         return len(self.queries)
 
     @property
+    def budget_fractions(self) -> tuple[float, ...]:
+        """alpha_1..alpha_d (1.0 for L1, whose encoder uses no fractions: Alg. 5)."""
+        return tuple(1.0 if q.budget_fraction is None else float(q.budget_fraction) for q in self.queries)
+
+    @property
+    def count_fraction(self) -> float:
+        """alpha_0 of the baseline's separate count key."""
+        if self.count_budget_fraction is None:
+            raise ValueError(f"encoding {self.encoding!r} has no count budget fraction (baseline only)")
+        return float(self.count_budget_fraction)
+
+    @property
     def per_conversion_budget(self) -> int:
         """floor(Gamma / C): the L1 norm every L-inf / L1 contribution uses (Lemma 4.1)."""
         return self.contribution_budget // self.count_limit
