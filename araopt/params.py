@@ -26,19 +26,25 @@ FORMAT_VERSION = "1.0"
 SUPPORTED_MAJOR_VERSION = 1
 ENCODINGS = ("linf", "l1", "baseline")
 L1_ROUNDINGS = ("floor", "randomized")
+MIN_EPSILON = 2.0**-20
+"""Floor of epsilon (~9.5e-7): below it the noise sd exceeds 9e10 per key and the exact sampler's
+rate eps / Gamma would keep fewer than 16 bits (``noise.py``). Google's DP library floors at 2^-50."""
 MAX_EPSILON = 64.0
+"""Ceiling of epsilon: the Aggregation Service accepts eps in (0, 64]."""
 FRACTION_TOLERANCE = 1e-9
 DEFAULT_COUNT_TAU = 5.0
 
 
 def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
-    """Return epsilon as float if it lies in (0, 64] (the Aggregation Service's range)."""
+    """Return epsilon as float if it lies in [2^-20, 64] (floor: MIN_EPSILON; ceiling: the Aggregation Service's)."""
+    if isinstance(epsilon, bool):
+        raise ValueError(f"{name} must be a number, got {epsilon!r}")
     try:
         value = float(epsilon)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name} must be a number, got {epsilon!r}") from None
-    if not (math.isfinite(value) and 0.0 < value <= MAX_EPSILON):
-        raise ValueError(f"{name} must lie in (0, {MAX_EPSILON:g}], got {epsilon!r}")
+    if not (math.isfinite(value) and MIN_EPSILON <= value <= MAX_EPSILON):
+        raise ValueError(f"{name} must lie in [2^-20 (~9.54e-07), {MAX_EPSILON:g}], got {epsilon!r}")
     return value
 
 

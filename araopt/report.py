@@ -12,7 +12,8 @@ import numpy as np
 from scipy import stats
 
 from .encoding import count_scale, query_scales
-from .noise import discrete_laplace_from_uniforms, discrete_laplace_variance, noise_parameter, sample_discrete_laplace
+from .noise import (add_noise, discrete_laplace_from_uniforms, discrete_laplace_variance, noise_parameter,
+                    sample_discrete_laplace)
 from .params import Params
 from .randomness import keyed_uniforms
 
@@ -59,13 +60,13 @@ def summary_report(
     Noise is drawn from the secure generator unless ``rng`` (tests) or ``simulation_seed``
     (explicit, key-deterministic simulation mode) is given.
     """
-    hist = np.asarray(histogram, dtype=np.int64)
+    hist = np.asarray(histogram)
     a = noise_parameter(epsilon, contribution_budget)
     if simulation_seed is not None:
         noise = simulated_noise(simulation_seed, np.arange(hist.size), a).reshape(hist.shape)
     else:
         noise = sample_discrete_laplace(a, hist.shape, rng)
-    return SummaryReport(noisy=hist + noise, unnoised=hist, noise=noise, epsilon=float(epsilon))
+    return SummaryReport(noisy=add_noise(hist, noise), unnoised=hist, noise=noise, epsilon=float(epsilon))
 
 
 @dataclass(frozen=True)

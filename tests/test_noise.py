@@ -107,3 +107,96 @@ def test_bad_epsilon(eps):
 def test_bad_a():
     with pytest.raises(ValueError):
         sample_discrete_laplace(0.0, 3)
+
+
+# ---- issue 10, finding 1: a tiny epsilon must never release exact sums ------------------------------
+EPS_FLOOR = 2.0**-20
+
+
+@pytest.mark.parametrize("eps", [1e-18, 1e-14, 1e-13, 9.5e-7, 0.0, -1e-9, 64.0000001, True])
+def test_epsilon_outside_floor_and_ceiling_is_refused_everywhere(eps):
+    from araopt import Params, QueryParams
+    from araopt.params import check_epsilon
+
+    with pytest.raises(ValueError, match="epsilon"):
+        check_epsilon(eps)
+    with pytest.raises(ValueError, match="epsilon"):
+        noise_parameter(eps)
+    with pytest.raises(ValueError, match="epsilon"):
+        Params(count_limit=1, encoding="linf", epsilon=eps, slice_columns=("s",),
+               queries=(QueryParams("v", 1.0, 1.0),))
+    if not isinstance(eps, bool):
+        data = Params(count_limit=1, encoding="linf", epsilon=1.0, slice_columns=("s",),
+                      queries=(QueryParams("v", 1.0, 1.0),)).to_json()
+        data["epsilon"] = eps
+        with pytest.raises(ValueError, match="epsilon"):
+            Params.from_json(data)
+
+
+def test_floor_and_ceiling_themselves_are_accepted_and_rate_is_rounded_down():
+    assert noise_parameter(EPS_FLOOR) == 2.0**-36
+    assert noise_parameter(64.0) == 2.0**-10
+    assert noise_parameter(1.0) == 2.0**-16
+    for eps in (0.1, 0.3, 7.7, EPS_FLOOR * 1.7):
+        a = noise_parameter(eps)
+        assert a <= eps / 65536  # never less noise than asked for
+        assert (eps / 65536 - a) / (eps / 65536) < 2.0**-16
+        assert a * 2**52 == int(a * 2**52)  # exactly the rational the integer sampler draws
+
+
+def test_sampler_at_the_floor_matches_variance_and_exact_quantile_bins():
+    a = noise_parameter(EPS_FLOOR)
+    x = sample_discrete_laplace(a, N, np.random.default_rng(21))
+    assert x.dtype == np.int64
+    var = discrete_laplace_variance(a)
+    assert abs(x.mean()) < 5 * np.sqrt(var / N)
+    assert abs(x.var() / var - 1) < 5 * np.sqrt(5 / N)
+    # chi-square on quantile bins; at this scale DLap's cdf is the Laplace cdf to ~1e-11
+    qs = np.linspace(0.02, 0.98, 49)
+    edges = np.unique(np.round(stats.laplace.ppf(qs, scale=1 / a)).astype(np.int64))
+    probs = np.diff(np.concatenate([[0.0], discrete_laplace_cdf(edges, a), [1.0]]))
+    counts = np.bincount(np.searchsorted(edges, x, side="left"), minlength=len(edges) + 1)
+    chi2, p = stats.chisquare(counts, probs * N)
+    assert p > 1e-4, (chi2, p)
+
+
+def test_low_bits_of_the_noise_are_uniform_at_the_floor():
+    """The float sampler's failure: at eps = 1e-13 every draw was even. Exact integers leak no low bits."""
+    x = sample_discrete_laplace(noise_parameter(EPS_FLOOR), 200_000, np.random.default_rng(22))
+    residues = np.bincount(np.mod(x, 64), minlength=64)
+    assert stats.chisquare(residues).pvalue > 1e-4
+    assert x.min() > -(2**62) and x.max() < 2**62
+
+
+def test_summary_report_at_the_floor_is_noised_and_refuses_overflowing_sums():
+    from araopt.report import summary_report
+
+    hist = np.full((50, 2), 1_000, dtype=np.int64)
+    report = summary_report(hist, EPS_FLOOR)
+    assert report.noisy.dtype == np.int64
+    assert (report.noisy != hist).mean() > 0.99
+    assert np.abs(report.noise).max() < 2**62
+    with pytest.raises(ValueError, match="2\\^62"):
+        summary_report(np.array([[2**62 + 1, 0]], dtype=np.int64), 1.0)
+    with pytest.raises(ValueError, match="integers"):
+        summary_report(np.array([[1.5, 0.0]]), 1.0)
+
+
+@pytest.mark.parametrize("a", [0.7, 64.0])
+def test_exact_sampler_matches_pmf_at_large_rates(a):
+    x = sample_discrete_laplace(a, N, np.random.default_rng(23))
+    for k in range(-3, 4):
+        p = discrete_laplace_pmf(k, a)
+        emp = (x == k).mean()
+        assert abs(emp - p) < 5 * np.sqrt(p * (1 - p) / N) + 1e-12, (k, emp, p)
+
+
+def test_sampler_shape_and_rate_refusals():
+    from araopt.noise import rate_numerator
+
+    assert sample_discrete_laplace(1.0, (3, 4), np.random.default_rng(1)).shape == (3, 4)
+    assert sample_discrete_laplace(1.0, 0, np.random.default_rng(1)).shape == (0,)
+    assert rate_numerator(2.0**-36) == 2**16
+    for bad in (2.0**-37, 65.0, float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="parameter a"):
+            sample_discrete_laplace(bad, 3, np.random.default_rng(1))
