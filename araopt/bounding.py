@@ -1,4 +1,4 @@
-"""Contribution bounding (Alg. 1), vectorized across impressions.
+"""Contribution bounding (ContributionCapping, Alg. 1), vectorized across impressions.
 
 Per impression, in conversion-time order (ties broken deterministically), a contribution is kept
 iff the budget used so far plus its L1 norm stays within Gamma; a contribution that does not fit is
@@ -11,6 +11,43 @@ from __future__ import annotations
 import numpy as np
 
 from .params import CONTRIBUTION_BUDGET
+
+MAX_CONTRIBUTION_BUDGET = 2**32
+"""Largest Gamma accepted (ARA's is 2^16): running totals and row sums stay exact in int64."""
+
+
+def check_contribution_budget(contribution_budget: int) -> int:
+    """Gamma as an int if it is an integer in [1, 2^32]; a bool, float or out-of-range value is refused."""
+    if isinstance(contribution_budget, (bool, np.bool_)) or not isinstance(contribution_budget, (int, np.integer)) \
+            or not 1 <= contribution_budget <= MAX_CONTRIBUTION_BUDGET:
+        raise ValueError(f"contribution_budget must be an integer in [1, 2^32], got {contribution_budget!r}")
+    return int(contribution_budget)
+
+
+def contribution_norms(contributions: np.ndarray, contribution_budget: int = CONTRIBUTION_BUDGET) -> np.ndarray:
+    """L1 norm of each record's contribution as int64, checked entry-wise as a browser checks values.
+
+    ``contributions`` is (n, K): every entry must be an integer in [0, Gamma] (a browser refuses an
+    aggregatable value outside [1, 65536]; 0 is a key the record does not use). A negative entry
+    must never offset a large one in the row sum. Or (n,): the records' L1 norms, non-negative
+    integers; a norm above Gamma never fits and is stored as Gamma + 1 (no int64 overflow later).
+    """
+    budget = check_contribution_budget(contribution_budget)
+    contrib = np.asarray(contributions)
+    if contrib.ndim not in (1, 2):
+        raise ValueError(f"contributions must be an (n, K) array of per-key values or (n,) L1 norms, got shape {contrib.shape}")
+    if contrib.size and contrib.dtype.kind not in "iu":
+        raise ValueError(f"contributions must be integers (ARA aggregatable values), got dtype {contrib.dtype}")
+    if contrib.ndim == 2:
+        if contrib.size and (contrib.min() < 0 or contrib.max() > budget):
+            row, key = np.argwhere((contrib < 0) | (contrib > budget))[0]
+            raise ValueError(
+                f"every contribution entry must be an integer in [0, Gamma = {budget}] (a browser refuses "
+                f"aggregatable values outside [1, 65536]): got {int(contrib[row, key])} at row {row}, key {key}")
+        return contrib.sum(axis=1, dtype=np.int64)
+    if contrib.size and contrib.min() < 0:
+        raise ValueError(f"contribution L1 norms must be non-negative integers, got {int(contrib.min())}")
+    return np.minimum(contrib, budget + 1).astype(np.int64)
 
 
 def impression_order(
@@ -38,6 +75,12 @@ def sort_by_impression(
         )
     imp = np.asarray(impression_ids)
     times = np.asarray(conversion_times)
+    if imp.ndim != 1 or times.ndim != 1 or (tie_breaker is not None and np.ndim(tie_breaker) != 1):
+        raise ValueError("impression_ids, conversion_times and tie_breaker must be 1-D arrays")
+    _check_orderable(imp, "impression_ids")
+    _check_orderable(times, "conversion_times")
+    if tie_breaker is not None:
+        _check_orderable(np.asarray(tie_breaker), "tie_breaker")
     position = np.arange(n)
     if n == 0:
         return position, imp
@@ -47,8 +90,7 @@ def sort_by_impression(
         if imp.dtype.kind in "iu" and int(imp.min()) >= 0 and int(imp.max()).bit_length() + time_bits <= 62:
             packed = imp.astype(np.int64)
             packed <<= time_bits
-            offset = times.astype(np.int64, copy=True)
-            offset -= t0
+            offset = _time_offsets(times, t0)
             packed |= offset
             del offset
             order = np.argsort(packed)
@@ -63,7 +105,7 @@ def sort_by_impression(
         new_group[1:] = sorted_imp[1:] != sorted_imp[:-1]
         group = np.cumsum(new_group)
         if int(group[-1]).bit_length() + time_bits <= 62:
-            packed = (group << time_bits) | (times[by_imp].astype(np.int64) - t0)
+            packed = (group << time_bits) | _time_offsets(times[by_imp], t0)
             second = np.argsort(packed)
             sorted_key = packed[second]
             order = _order_packed(sorted_key, by_imp[second], tie_breaker)
@@ -74,6 +116,27 @@ def sort_by_impression(
         keys.insert(1, np.asarray(tie_breaker))
     order = np.lexsort(keys)
     return order, imp[order]
+
+
+def _check_orderable(arr: np.ndarray, name: str) -> None:
+    """Refuse NaN ids (each NaN would be an impression of its own, with a budget of its own), NaN /
+    infinite float times and NaT: they are not instants and have no place in Alg. 1's time order."""
+    if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+        raise ValueError(f"{name} must be finite: NaN or infinity at position {int(np.flatnonzero(~np.isfinite(arr))[0])}")
+    if arr.dtype.kind in "mM" and np.isnat(arr).any():
+        raise ValueError(f"{name} must not hold NaT (position {int(np.flatnonzero(np.isnat(arr))[0])})")
+
+
+def _time_offsets(times: np.ndarray, t0: int) -> np.ndarray:
+    """times - t0 as int64, exact for any int or uint dtype when the range t1 - t0 is below 2^62
+    (uint64 times above 2^63 included); a new array, the caller's is left alone."""
+    if times.dtype.kind == "u":
+        offset = times.astype(np.uint64)
+        offset -= np.uint64(t0)
+        return offset.astype(np.int64)
+    offset = times.astype(np.int64)
+    offset -= np.int64(t0)
+    return offset
 
 
 def _order_packed(sorted_key: np.ndarray, order: np.ndarray, tie_breaker: np.ndarray | None) -> np.ndarray:
@@ -107,24 +170,29 @@ def bound_sorted(
     norms: np.ndarray, rank: np.ndarray, group: np.ndarray, contribution_budget: int = CONTRIBUTION_BUDGET,
     equal_norm: int | None = None,
 ) -> np.ndarray:
-    """Alg. 1 on records already sorted by (impression, time): boolean kept mask in that order.
+    """ContributionCapping on records already sorted by (impression, time): boolean kept mask in that order.
 
+    ``norms``: each record's L1 norm (non-negative integers, checked by :func:`contribution_norms`).
     ``equal_norm``: every record has this norm (L-inf, L1), so ``norms`` is not consulted.
     """
+    budget = check_contribution_budget(contribution_budget)
+    rank, group = np.asarray(rank), np.asarray(group)
     n = len(rank)
+    if len(group) != n:
+        raise ValueError(f"rank and group must have equal lengths, got {n} and {len(group)}")
+    if equal_norm is None:
+        if np.shape(norms) != (n,):
+            raise ValueError(f"norms must be {n} L1 norms (one per record), got shape {np.shape(norms)}")
+        norms = contribution_norms(norms, budget)
+        if n and (norms == norms[0]).all():
+            equal_norm = int(norms[0])
+    elif isinstance(equal_norm, (bool, np.bool_)) or not isinstance(equal_norm, (int, np.integer)) or equal_norm < 0:
+        raise ValueError(f"equal_norm must be a non-negative integer, got {equal_norm!r}")
     kept = np.zeros(n, dtype=bool)
     if n == 0:
         return kept
-    if equal_norm is None:
-        norms = np.asarray(norms, dtype=np.int64)
-        if (norms < 0).any():
-            raise ValueError("contributions must be non-negative (Alg. 1 takes histogram contributions in Z>=0)")
-        if (norms == norms[0]).all():
-            equal_norm = int(norms[0])
     if equal_norm is not None:  # equal norms: the first floor(Gamma / norm) of each impression are kept
-        if equal_norm < 0:
-            raise ValueError("contributions must be non-negative (Alg. 1 takes histogram contributions in Z>=0)")
-        limit = n if equal_norm == 0 else contribution_budget // equal_norm
+        limit = n if equal_norm == 0 else budget // int(equal_norm)
         return rank < limit
     used = np.zeros(int(group[-1]) + 1, dtype=np.int64)
     by_rank = np.argsort(rank, kind="stable")
@@ -132,7 +200,7 @@ def bound_sorted(
     for r in range(int(rank.max()) + 1):
         idx = by_rank[bounds[r]:bounds[r + 1]]
         g = group[idx]
-        fits = used[g] + norms[idx] <= contribution_budget
+        fits = used[g] + norms[idx] <= budget  # norms <= Gamma + 1 and used <= Gamma: no overflow
         kept[idx] = fits
         used[g[fits]] += norms[idx[fits]]  # one record per impression per rank: no duplicate g
     return kept
@@ -142,18 +210,21 @@ def bound_contributions(
     impression_ids: np.ndarray, conversion_times: np.ndarray, contributions: np.ndarray,
     contribution_budget: int = CONTRIBUTION_BUDGET, tie_breaker: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Alg. 1 over records in any order: boolean "kept" mask aligned with the input.
+    """ContributionCapping over records in any order: boolean "kept" mask aligned with the input.
 
-    ``contributions`` is an (n, K) non-negative integer array (or (n,) of L1 norms). Records of one
-    impression are taken in ``conversion_times`` order, ties by ``tie_breaker`` then input position.
+    ``contributions`` is an (n, K) array of integers in [0, Gamma] (per-key values) or (n,) of
+    non-negative integer L1 norms (see :func:`contribution_norms`). Records of one impression are
+    taken in ``conversion_times`` order, ties by ``tie_breaker`` then input position; a record is
+    kept iff its norm fits the impression's remaining budget ``contribution_budget``. Inputs are
+    never modified.
     """
-    contrib = np.asarray(contributions)
     n = len(impression_ids)
+    contrib = np.asarray(contributions)
+    if contrib.ndim == 0:
+        raise ValueError("contributions must be an (n, K) or (n,) array, got a scalar")
     if contrib.shape[0] != n:
         raise ValueError(f"contributions has {contrib.shape[0]} rows but there are {n} impression ids")
-    if contrib.size and not np.issubdtype(contrib.dtype, np.integer):
-        raise ValueError(f"contributions must be integers (ARA aggregatable values), got dtype {contrib.dtype}")
-    norms = contrib.sum(axis=1) if contrib.ndim == 2 else contrib
+    norms = contribution_norms(contrib, contribution_budget)
     order, sorted_impressions = sort_by_impression(impression_ids, conversion_times, tie_breaker)
     rank, group = ranks_within_impression(sorted_impressions)
     if n and (norms == norms[0]).all():  # L-inf / L1: skip gathering the norms

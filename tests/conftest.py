@@ -1,9 +1,18 @@
-"""Shared fixtures and hypothesis settings."""
+"""Shared fixtures and hypothesis settings.
+
+Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default) is derandomized, so CI and local runs test the
+same examples (a fixed seed per test, no example database); ``nightly`` explores freely with many
+more examples; ``mutation`` is ``ci`` for tools/mutation.py (explicitly no database: every mutant
+starts from an empty one).
+"""
 import os
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("nightly", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("mutation", parent=settings.get_profile("ci"), database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from gcs_fixtures import fake_gcs_server, gcp_storage_emulator  # noqa: E402,F401  (GCS API emulators)
