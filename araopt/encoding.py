@@ -98,8 +98,10 @@ def _uniforms(n: int, d: int, rng: np.random.Generator | None, uniforms: np.ndar
         u = np.asarray(uniforms, dtype=np.float64)
         if u.ndim == 1:
             u = u.reshape(-1, 1)
-        if u.shape[0] != n or u.shape[1] < d:
+        if u.ndim != 2 or u.shape[0] != n or u.shape[1] < d:
             raise ValueError(f"{_UNIFORMS_HELP}: got shape {u.shape}, need ({n}, {d})")
+        if u.size and not ((u >= 0.0) & (u < 1.0)).all():  # NaN fails both: floor(NaN) -> int64 garbage
+            raise ValueError(f"{_UNIFORMS_HELP}: got a value outside [0, 1) or NaN")
         return u
     if rng is None:
         raise ValueError("encode needs either rng (a numpy Generator) or uniforms")
