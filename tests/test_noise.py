@@ -200,3 +200,145 @@ def test_sampler_shape_and_rate_refusals():
     for bad in (2.0**-37, 65.0, float("nan"), float("inf"), -1.0):
         with pytest.raises(ValueError, match="parameter a"):
             sample_discrete_laplace(bad, 3, np.random.default_rng(1))
+
+
+# ---- issue 13: refusals, dtypes and the rounding of the rate ------------------------------------------
+from fractions import Fraction  # noqa: E402
+
+from araopt.noise import add_noise, rate_numerator  # noqa: E402
+
+
+@pytest.mark.parametrize("a", [float("nan"), float("inf"), float("-inf"), -1.0, 0.0, -2.0**-36, 2.0**-37, 64.5])
+def test_invalid_a_is_refused_by_every_function(a):
+    calls = [lambda: discrete_laplace_variance(a), lambda: discrete_laplace_pmf(np.arange(3), a),
+             lambda: discrete_laplace_cdf(np.arange(3), a), lambda: rate_numerator(a),
+             lambda: discrete_laplace_from_uniforms(a, np.zeros(2), np.zeros(2)),
+             lambda: sample_discrete_laplace(a, 4, np.random.default_rng(0))]
+    for call in calls:
+        with pytest.raises(ValueError, match="discrete Laplace parameter a must be a finite number"):
+            call()
+
+
+def test_the_domain_ends_of_a_are_accepted():
+    for a in (2.0**-36, 64.0):
+        assert discrete_laplace_variance(a) > 0
+        assert sample_discrete_laplace(a, 3, np.random.default_rng(0)).dtype == np.int64
+
+
+def test_samples_are_int64_for_every_shape():
+    rng = np.random.default_rng(2)
+    for size in (1, 7, (2, 3), (0,), (2, 0, 4), np.int64(5)):
+        x = sample_discrete_laplace(0.5, size, rng)
+        assert x.dtype == np.int64
+        assert x.shape == ((int(size),) if np.ndim(size) == 0 else tuple(size))
+    u = np.array([0.1, 0.9, 0.5])
+    assert discrete_laplace_from_uniforms(1.0, u, u[::-1]).dtype == np.int64
+
+
+def test_rate_numerator_rounds_down_to_a_multiple_of_2_to_the_minus_52():
+    """The sampler draws DLap(s / 2^52) with s = floor(a 2^52) <= a 2^52: never less noise than asked."""
+    for a in (0.1, 1 / 3, 2.0**-36 * 1.7, 63.999999, 1e-5):
+        s = rate_numerator(a)
+        assert s == int(Fraction(a) * 2**52) == (Fraction(a) * 2**52).__floor__()
+        assert Fraction(s, 2**52) <= Fraction(a) < Fraction(s + 1, 2**52)
+    assert rate_numerator(0.1) == 450359962737049  # 0.1 * 2^52 = 450359962737049.6...
+    assert rate_numerator(64.0) == 2**58 and rate_numerator(1.0) == 2**52
+
+
+def test_noise_parameter_floors_eps_over_gamma_for_any_gamma():
+    for eps, gamma in ((0.1, 65536), (1.0, 1000), (3.0, 7), (64.0, 1)):
+        a = noise_parameter(eps, gamma)
+        assert Fraction(a) == (Fraction(eps) * 2**52 // gamma) / Fraction(2**52)
+    assert noise_parameter(1.0, 1000) == int(2**52 // 1000) / 2**52 != noise_parameter(1.0)
+    assert noise_parameter(2.0, np.int64(4)) == 0.5
+
+
+@pytest.mark.parametrize("gamma", [0, -1, 1.5, True, "65536", None])
+def test_noise_parameter_refuses_a_bad_contribution_budget(gamma):
+    with pytest.raises(ValueError, match="contribution_budget must be a positive integer"):
+        noise_parameter(1.0, gamma)
+
+
+def test_noise_parameter_refuses_a_rate_outside_the_sampler_domain():
+    assert noise_parameter(64.0, 2**42) == 2.0**-36  # eps / Gamma at the floor of a is accepted
+    for eps, gamma in ((EPS_FLOOR, 2**17), (1.0, 2**37), (64.0, 2**42 + 1)):
+        with pytest.raises(ValueError, match="parameter a"):
+            noise_parameter(eps, gamma)
+
+
+def test_add_noise_adds_in_int64_and_refuses_what_could_overflow():
+    hist = np.array([[1, 2], [3, 2**62]], dtype=np.int64)
+    out = add_noise(hist, np.array([[-1, 1], [0, -(2**62)]]))
+    assert out.dtype == np.int64 and out.tolist() == [[0, 3], [3, 0]]
+    assert add_noise(np.array([5], dtype=np.uint32), np.array([-7])).tolist() == [-2]
+    assert add_noise(np.array([-(2**62)]), np.array([2**62])).tolist() == [0]
+    with pytest.raises(ValueError, match="histogram must hold integers"):
+        add_noise(np.array([1.0]), np.array([0]))
+    with pytest.raises(ValueError, match="histogram must hold integers"):
+        add_noise(np.array([True]), np.array([0]))
+    with pytest.raises(ValueError, match=r"exceeds 2\^62"):
+        add_noise(np.array([2**62 + 1]), np.array([0]))
+    with pytest.raises(ValueError, match=r"exceeds 2\^62"):
+        add_noise(np.array([0, -(2**62) - 1]), np.array([0, 0]))
+    with pytest.raises(OverflowError, match="noise magnitude"):
+        add_noise(np.array([0]), np.array([2**62 + 1]))
+    with pytest.raises(OverflowError, match="noise magnitude"):
+        add_noise(np.array([0]), np.array([-(2**62) - 1]))
+    assert add_noise(np.zeros((0, 2), dtype=np.int64), np.zeros((0, 2))).shape == (0, 2)
+
+
+def test_cdf_is_the_running_sum_of_the_pmf_and_pmf_is_symmetric():
+    for a in (0.3, 1.0, 5.0):
+        k = np.arange(-60, 8)
+        running = np.cumsum(discrete_laplace_pmf(np.arange(-4000, 8), a))[-len(k):]
+        np.testing.assert_allclose(discrete_laplace_cdf(k, a), running, rtol=1e-9, atol=1e-300)
+        assert np.array_equal(discrete_laplace_pmf(k, a), discrete_laplace_pmf(-k, a))
+        assert discrete_laplace_pmf(0, a) == pytest.approx(np.tanh(a / 2))
+        assert discrete_laplace_cdf(2.7, a) == discrete_laplace_cdf(2, a)  # floor of non-integer k
+
+
+def test_variance_closed_form_at_large_and_small_a():
+    for a in (64.0, 5.0, 1.0, 2.0**-16, 2.0**-36):
+        want = 2 * np.exp(a) / np.expm1(a) ** 2
+        assert discrete_laplace_variance(a) == pytest.approx(want, rel=1e-12)
+
+
+def test_from_uniforms_is_the_difference_of_two_inverted_geometrics():
+    a = 0.5
+    u1, u2 = np.array([0.0, 0.5, 0.9, 0.3]), np.array([0.0, 0.0, 0.5, 0.95])
+    g = lambda u: np.floor(-np.log1p(-u) / a)  # noqa: E731
+    assert discrete_laplace_from_uniforms(a, u1, u2).tolist() == (g(u1) - g(u2)).astype(int).tolist()
+    assert discrete_laplace_from_uniforms(a, u1, u2).tolist() == [0, 1, 3, -5]
+
+
+def test_exact_bernoulli_exp_neg_coins():
+    """CKS Alg. 1: P(coin) = exp(-numerator / denominator); 0 -> always 1."""
+    from araopt.noise import _bernoulli_exp_neg
+
+    rng = np.random.default_rng(31)
+    n = 200_000
+    assert _bernoulli_exp_neg(rng, np.zeros(1000, dtype=np.int64), 8).all()
+    for num, den in ((1, 1), (1, 2), (3, 4), (2**52, 2**52)):
+        p = np.exp(-num / den)
+        freq = _bernoulli_exp_neg(rng, np.full(n, num, dtype=np.int64), den).mean()
+        assert abs(freq - p) < 5 * np.sqrt(p * (1 - p) / n), (num, den, freq, p)
+    # per-entry numerators in one call
+    nums = np.repeat(np.array([0, 2, 4], dtype=np.int64), n // 4)
+    coins = _bernoulli_exp_neg(rng, nums, 4)
+    for v in (0, 2, 4):
+        p = np.exp(-v / 4)
+        assert abs(coins[nums == v].mean() - p) < 5 * np.sqrt(max(p * (1 - p), 1e-12) / (n // 4)) + 1e-12
+
+
+def test_geometric_has_the_exact_tail():
+    """CKS Alg. 2: P(G >= k) = exp(-k s / 2^52)."""
+    from araopt.noise import _geometric
+
+    n = 200_000
+    for a in (0.7, 2.0**-4):
+        s = rate_numerator(a)
+        g = _geometric(np.random.default_rng(32), s, n)
+        assert g.dtype == np.int64 and g.min() >= 0
+        for k in (1, 2, 5, int(3 / a)):
+            p = np.exp(-k * s / 2**52)
+            assert abs((g >= k).mean() - p) < 5 * np.sqrt(p * (1 - p) / n), (a, k)
