@@ -177,8 +177,9 @@ def create_accumulator(params: Params, slice_columns: Sequence[str] | None = Non
     return CalibrationAccumulator(params=params, slice_columns=cols)
 
 
-def _register(codes_uniques: list[tuple[np.ndarray, np.ndarray]], registry: dict, n: int) -> np.ndarray:
-    """Local ids of the combined keys (a loop over distinct keys, not records)."""
+def _register(codes_uniques: list[tuple[np.ndarray, np.ndarray]], registry: dict, n: int,
+              scalar: bool = False) -> np.ndarray:
+    """Local ids of the combined keys (a loop over distinct keys, not records); ``scalar``: one column, bare keys."""
     if not codes_uniques:
         sid = registry.setdefault((), len(registry))
         return np.full(n, sid, dtype=np.int64)
@@ -188,8 +189,8 @@ def _register(codes_uniques: list[tuple[np.ndarray, np.ndarray]], registry: dict
     _, first_rows, inverse = np.unique(combined, return_index=True, return_inverse=True)
     local = np.empty(len(first_rows), dtype=np.int64)
     for i, row in enumerate(first_rows):
-        key = tuple(_python_scalar(uniq[code[row]]) for code, uniq in codes_uniques)
-        local[i] = registry.setdefault(key, len(registry))
+        key: Any = tuple(_python_scalar(uniq[code[row]]) for code, uniq in codes_uniques)
+        local[i] = registry.setdefault(key[0] if scalar else key, len(registry))
     return local[inverse.reshape(-1)]
 
 
@@ -239,7 +240,7 @@ def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block
     kept, retained = retained_values(conversions, params)
     vals = check_values(conversions.values, d)
     sid = _register([_factorize(conversions.slices[c]) for c in acc.slice_columns], acc.slice_ids, n)
-    bid = _register([_factorize(blocks)], acc.block_ids, n)
+    bid = _register([_factorize(blocks)], acc.block_ids, n, scalar=True)
     imp, _ = _factorize(conversions.impression_id)
     order = np.lexsort((bid, sid, imp))
     imp_o, sid_o, bid_o = imp[order], sid[order], bid[order]
@@ -902,11 +903,16 @@ def convolved_loss_quantiles(mean: np.ndarray, variance: np.ndarray, zero_probab
     shape_ = mean.shape
     mean = mean.reshape(-1)
     var = (np.maximum(np.asarray(variance, dtype=np.float64), 0.0) * np.ones(shape_)).reshape(-1)
-    p0 = (np.clip(np.asarray(zero_probability, dtype=np.float64), 0.0, 1.0 - 1e-12) * np.ones(shape_)).reshape(-1)
+    p0 = (np.clip(np.asarray(zero_probability, dtype=np.float64), 0.0, 1.0 - 1e-9) * np.ones(shape_)).reshape(-1)
     sd = (np.maximum(np.asarray(gauss_sd, dtype=np.float64), 0.0) * np.ones(shape_)).reshape(-1)
+    # work in units of the element's own scale: no under- or overflow whatever the magnitudes
+    unit = np.maximum.reduce([mean, np.sqrt(var), sd])
+    unit = np.where(unit > 0, unit, 1.0)
+    mean, var, sd = mean / unit, (np.sqrt(var) / unit) ** 2, sd / unit
     m1 = mean / (1.0 - p0)
-    vp = np.maximum((var + mean * mean) / (1.0 - p0) - m1 * m1, 1e-12 * m1 * m1 + 1e-300)
-    shape, scale = m1 * m1 / np.maximum(vp, 1e-300), vp / np.maximum(m1, 1e-300)
+    vp = np.maximum((var + mean * mean) / (1.0 - p0) - m1 * m1, 1e-8 * m1 * m1 + 1e-12)
+    shape = np.clip(m1 * m1 / vp, 1e-8, 1e8)
+    scale = np.where(m1 > 0, m1 / shape, 0.0)
     nodes = scale[:, None] * sp_special.gammaincinv(shape[:, None], _LEVELS[None, :])  # (k, nodes)
     nodes = np.where(mean[:, None] > 0, nodes, 0.0)
     sdd = np.maximum(sd, 1e-12 * (1.0 + mean))[:, None]
@@ -923,7 +929,7 @@ def convolved_loss_quantiles(mean: np.ndarray, variance: np.ndarray, zero_probab
             mid = 0.5 * (lo + hi)
             below = cdf(mid) < p
             lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-        out.append((0.5 * (lo + hi)).reshape(shape_))
+        out.append((0.5 * (lo + hi) * unit).reshape(shape_))
     return out[0], out[1]
 
 
