@@ -1,118 +1,125 @@
-"""Per-slice integer sums of kept contributions: a pure, mergeable combiner (no Beam).
+"""Per-key integer sums of kept contributions over a declared domain: pure, mergeable combiners.
 
-Shards of complete impressions are encoded and bounded independently; each yields a
-``SliceSums`` (one row per slice seen: integer sums of the d+1 encoder columns over kept records,
-plus the record accounting). ``merge`` adds them up by slice; ``histogram`` lays the result over the
-declared key domain (every domain key gets a value, zero if no contribution). The Beam
-``CombineFn`` in ``transforms/aggregate.py`` is a thin wrapper around these functions.
+Shards of complete impressions are encoded (HistogramContribution, Alg. 3 / Alg. 6) and capped
+(ContributionCapping, Alg. 1) independently; each yields a ``DomainSums``: the (m, d+1) integer
+histogram of kept contributions over the domain's slices, plus the record accounting. Records whose
+slice is outside the declared domain are only counted, so the state never grows with the number of
+distinct slice values in the input. ``merge`` adds sums up (associative, commutative, integer exact).
+
+``SliceSet`` collects the distinct slices of the data, bounded by ``max_slices``: the data-derived
+domain that only simulation mode may use. The Beam ``CombineFn`` wrappers live in
+``transforms/aggregate.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .conversions import Conversions
 from .keys import KeyDomain
 
-ACCOUNTING = ("rows", "kept", "capped")
+DEFAULT_MAX_SLICES = 100_000
+"""Default limit on the number of slices of a domain (declared or derived): ``--max-slices``."""
 
 
 @dataclass(frozen=True)
-class SliceSums:
-    """Slice columns + ``w0..wd`` (int64 sums of kept contributions) + rows/kept/capped counts."""
+class DomainSums:
+    """Integer sums of kept contributions per domain key, and the record accounting.
 
-    slice_columns: tuple[str, ...]
-    num_columns: int
-    frame: pd.DataFrame
+    ``rows = kept + capped + outside_domain``: ``capped`` were dropped by Alg. 1, ``outside_domain``
+    were kept by Alg. 1 but their slice is not in the declared domain (never released).
+    """
 
-    @property
-    def weight_columns(self) -> list[str]:
-        return [f"w{c}" for c in range(self.num_columns)]
+    histogram: np.ndarray  # (m, d+1) int64, encoder column order
+    kept: int
+    capped: int
+    outside_domain: int
+    impressions: int
 
     @property
     def rows(self) -> int:
-        return int(self.frame["rows"].sum()) if len(self.frame) else 0
-
-    @property
-    def kept(self) -> int:
-        return int(self.frame["kept"].sum()) if len(self.frame) else 0
-
-    @property
-    def capped(self) -> int:
-        return int(self.frame["capped"].sum()) if len(self.frame) else 0
+        return self.kept + self.capped + self.outside_domain
 
 
-def empty(slice_columns: Sequence[str], num_columns: int) -> SliceSums:
-    cols = list(slice_columns) + [f"w{c}" for c in range(num_columns)] + list(ACCOUNTING)
-    return SliceSums(tuple(slice_columns), num_columns, pd.DataFrame({c: pd.Series(dtype="int64") for c in cols}))
+def empty(num_slices: int, num_columns: int) -> DomainSums:
+    return DomainSums(np.zeros((num_slices, num_columns), dtype=np.int64), 0, 0, 0, 0)
 
 
-def slice_sums(conversions: Conversions, contributions: np.ndarray, kept: np.ndarray) -> SliceSums:
-    """Sum kept contributions per slice of one shard (vectorized groupby), with accounting."""
-    slice_columns = conversions.slice_columns
-    k = contributions.shape[1]
-    data = {c: conversions.slices[c] for c in slice_columns}
-    masked = np.where(kept[:, None], contributions, 0)
-    for c in range(k):
-        data[f"w{c}"] = masked[:, c]
-    data["rows"] = np.ones(len(kept), dtype=np.int64)
-    data["kept"] = kept.astype(np.int64)
-    data["capped"] = (~kept).astype(np.int64)
-    frame = pd.DataFrame(data)
-    if not slice_columns:
-        return SliceSums((), k, frame.sum().to_frame().T.astype("int64"))
-    grouped = frame.groupby(list(slice_columns), sort=False, dropna=False).sum().reset_index()
-    return SliceSums(tuple(slice_columns), k, grouped)
+def domain_sums(slice_index: np.ndarray, contributions: np.ndarray, kept: np.ndarray, num_slices: int,
+                impressions: int = 0) -> DomainSums:
+    """Sum kept contributions per domain slice (``slice_index`` -1: outside the domain), vectorized."""
+    slice_index = np.asarray(slice_index, dtype=np.int64)
+    contributions = np.asarray(contributions)
+    kept = np.asarray(kept, dtype=bool)
+    if contributions.ndim != 2 or not (len(slice_index) == len(kept) == contributions.shape[0]):
+        raise ValueError(f"contributions {contributions.shape}, slice_index {slice_index.shape} and kept "
+                         f"{kept.shape} do not align")
+    if contributions.size and contributions.dtype.kind not in "iu":
+        raise ValueError(f"contributions must be integers, got dtype {contributions.dtype}")
+    if slice_index.size and (slice_index.min() < -1 or slice_index.max() >= num_slices):
+        raise ValueError(f"slice_index outside [-1, {num_slices})")
+    inside = slice_index >= 0
+    use = kept & inside
+    hist = np.zeros((num_slices, contributions.shape[1]), dtype=np.int64)
+    idx = slice_index[use]
+    for col in range(contributions.shape[1]):
+        # integer bincount: np.add.at is exact for int64 (no float weights, no 2^53 limit)
+        np.add.at(hist[:, col], idx, contributions[use, col].astype(np.int64))
+    return DomainSums(hist, int(use.sum()), int((~kept).sum()), int((kept & ~inside).sum()), int(impressions))
 
 
-def merge(parts: Iterable[SliceSums]) -> SliceSums:
-    """Add up slice sums (associative and commutative; integer exact)."""
+def merge(parts: Iterable[DomainSums]) -> DomainSums:
+    """Add up sums over the same domain (associative and commutative; integer exact)."""
     parts = [p for p in parts if p is not None]
     if not parts:
-        raise ValueError("merge needs at least one SliceSums")
-    first = parts[0]
-    frames = [p.frame for p in parts if len(p.frame)]
-    if not frames:
-        return first
-    frame = pd.concat(frames, ignore_index=True)
-    if first.slice_columns:
-        frame = frame.groupby(list(first.slice_columns), sort=True, dropna=False).sum().reset_index()
-    else:
-        frame = frame.sum().to_frame().T.astype("int64")
-    return SliceSums(first.slice_columns, first.num_columns, frame)
+        raise ValueError("merge needs at least one DomainSums")
+    shapes = {p.histogram.shape for p in parts}
+    if len(shapes) != 1:
+        raise ValueError(f"cannot merge sums over different domains: shapes {sorted(shapes)}")
+    hist = parts[0].histogram.copy()
+    for p in parts[1:]:
+        hist += p.histogram
+    return DomainSums(hist, sum(p.kept for p in parts), sum(p.capped for p in parts),
+                      sum(p.outside_domain for p in parts), sum(p.impressions for p in parts))
+
+
+class TooManySlices(ValueError):
+    """The data holds more distinct slices than ``max_slices``."""
 
 
 @dataclass(frozen=True)
-class DomainHistogram:
-    """The summed contributions over a declared domain, and what fell outside it."""
+class SliceSet:
+    """Distinct slice-value rows seen so far (simulation-only data-derived domain), at most ``max_slices``."""
 
-    histogram: np.ndarray  # (m, d+1) int64
-    rows_outside_domain: int  # kept records whose slice is not in the domain (not released)
-    slices_outside_domain: int
+    slice_columns: tuple[str, ...]
+    frame: pd.DataFrame
+    max_slices: int
 
-
-def histogram(sums: SliceSums, domain: KeyDomain) -> DomainHistogram:
-    """Lay per-slice sums over the domain: every domain slice gets a row (zeros if unseen)."""
-    m = domain.num_slices
-    hist = np.zeros((m, sums.num_columns), dtype=np.int64)
-    if not len(sums.frame):
-        return DomainHistogram(hist, 0, 0)
-    if sums.slice_columns:
-        idx = domain.slice_index({c: sums.frame[c].to_numpy() for c in sums.slice_columns})
-    else:
-        idx = np.zeros(len(sums.frame), dtype=np.int64)
-    inside = idx >= 0
-    weights = sums.frame[sums.weight_columns].to_numpy(dtype=np.int64)
-    np.add.at(hist, idx[inside], weights[inside])
-    outside = ~inside
-    return DomainHistogram(hist, int(sums.frame["kept"].to_numpy()[outside].sum()), int(outside.sum()))
+    def __post_init__(self) -> None:
+        if len(self.frame) > self.max_slices:
+            raise TooManySlices(
+                f"the data holds more than {self.max_slices:,} distinct slices: refusing to build a domain that "
+                f"large (raise --max-slices or declare a smaller domain)")
 
 
-def domain_from_sums(sums: SliceSums, query_names: Sequence[str], baseline: bool,
-                     conversion_slice_columns: Sequence[str] = ()) -> KeyDomain:
-    """Simulation default: the domain of the slices present in the (valid) input."""
-    cols = {c: sums.frame[c].to_numpy() for c in sums.slice_columns}
-    return KeyDomain.from_slice_values(sums.slice_columns, cols, query_names, baseline, conversion_slice_columns)
+def slice_set(slices: Mapping[str, np.ndarray], slice_columns: Sequence[str], max_slices: int) -> SliceSet:
+    frame = pd.DataFrame({c: np.asarray(slices[c]) for c in slice_columns}).drop_duplicates(ignore_index=True)
+    return SliceSet(tuple(slice_columns), frame, max_slices)
+
+
+def merge_slice_sets(parts: Iterable[SliceSet]) -> SliceSet:
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        raise ValueError("merge needs at least one SliceSet")
+    frames = [p.frame for p in parts if len(p.frame)]
+    frame = pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True) if frames else parts[0].frame
+    return SliceSet(parts[0].slice_columns, frame, min(p.max_slices for p in parts))
+
+
+def domain_of(slices: SliceSet, query_names: Sequence[str], baseline: bool,
+              conversion_slice_columns: Sequence[str] = ()) -> KeyDomain:
+    """SIMULATION ONLY: the domain of the slices present in the data."""
+    cols = {c: slices.frame[c].to_numpy() for c in slices.slice_columns}
+    return KeyDomain.from_slice_values(slices.slice_columns, cols, query_names, baseline, conversion_slice_columns)

@@ -43,6 +43,7 @@ from .keys import BOTTOM_NAME, COUNT_NAME, MAX_BUCKET_BITS, QUERY_BITS, KeyDomai
 from .noise import noise_parameter
 from .params import Params
 from .report import Estimates, reconstruct, simulated_noise
+from .release import estimates_frame
 
 REGISTER_SOURCE = "Attribution-Reporting-Register-Source"
 REGISTER_TRIGGER = "Attribution-Reporting-Register-Trigger"
@@ -804,22 +805,6 @@ def implausible_negative_threshold(epsilon: float, contribution_budget: int = AR
     """k with P[DLap(ε/Γ) <= -k] <= tail: a metric below -k did not come from noise on a sum >= 0."""
     a = noise_parameter(epsilon, contribution_budget)
     return int(math.ceil(-math.log(tail) / a))
-
-
-def estimates_frame(estimates: Estimates, domain: KeyDomain) -> pd.DataFrame:
-    """Long table: slice columns, ``query`` (count, q_1..q_d), estimate, std_error, ci_low, ci_high."""
-    m, k = estimates.estimate.shape
-    values = domain.slice_values()
-    frame = pd.DataFrame({c: np.repeat(np.asarray(v, dtype=object), k) for c, v in values.items()})
-    frame["query"] = np.tile(np.asarray(estimates.query_names, dtype=object), m)
-    for name in ("estimate", "std_error", "ci_low", "ci_high"):
-        frame[name] = getattr(estimates, name).reshape(-1)
-    for c, dictionary in zip(domain.slice_columns, domain.dictionaries):  # as the measure pipeline writes them
-        if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in dictionary):
-            frame[c] = frame[c].astype("int64")
-        else:
-            frame[c] = frame[c].astype(str)
-    return frame
 
 
 def estimates_from_summary_report(

@@ -7,8 +7,8 @@ before any processing; per-row problems are returned as rejected rows with a ``r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -21,13 +21,46 @@ REASON = "reason"
 
 REJECT_REASONS = (
     "null_impression_id",
+    "impression_id_out_of_range",
     "null_conversion_time",
     "unparseable_conversion_time",
+    "conversion_time_out_of_range",
     "null_slice_value",
+    "slice_value_out_of_range",
     "null_value",
     "non_finite_value",
     "negative_value",
+    "value_above_2pow53",
 )
+"""Why a row goes to the dead letter (first failing check wins); each has a Beam counter."""
+
+TIMES_FLOORED = "times_floored_to_microseconds"
+"""Counter (not a rejection): rows whose timestamp had sub-microsecond digits, floored to the microsecond."""
+
+MAX_EXACT_INTEGER = 2**53
+"""Integer values above this are not exact in float64: such rows are dead-lettered, never rounded."""
+
+_INT64_MAX = 2**63 - 1
+_MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+
+def type_family(arrow_type: pa.DataType) -> str:
+    """The comparable kind of a column type: integer, string, boolean, floating, decimal, timestamp or
+    other. Two files agree on a column iff their families agree (int32 vs int64 is fine, int vs string is not)."""
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_floating(t):
+        return "floating"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    return "other"
 
 
 def check_schema(schema: pa.Schema, slice_columns: Sequence[str], value_columns: Sequence[str], source: str = "input") -> None:
@@ -37,70 +70,170 @@ def check_schema(schema: pa.Schema, slice_columns: Sequence[str], value_columns:
     if missing:
         raise ValueError(f"{source}: missing required column(s) {missing}; present: {sorted(names)}")
     id_type = schema.field(IMPRESSION_ID).type
-    if not (pa.types.is_integer(id_type) or pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
+    if type_family(id_type) not in ("integer", "string"):
         raise ValueError(f"{source}: column {IMPRESSION_ID!r} must be int64 or string, got {id_type}")
     time_type = schema.field(CONVERSION_TIME).type
-    if not (pa.types.is_timestamp(time_type) or pa.types.is_string(time_type) or pa.types.is_large_string(time_type)):
+    if type_family(time_type) not in ("timestamp", "string"):
         raise ValueError(f"{source}: column {CONVERSION_TIME!r} must be a timestamp (or ISO-8601 string), got {time_type}")
     for c in value_columns:
         t = schema.field(c).type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+        if type_family(t) not in ("integer", "floating", "decimal"):
             raise ValueError(f"{source}: value column {c!r} must be numeric, got {t}")
     for c in slice_columns:
         t = schema.field(c).type
-        if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_boolean(t)
-                or pa.types.is_dictionary(t)):
+        if type_family(t) not in ("integer", "string", "boolean"):
             raise ValueError(f"{source}: slice column {c!r} must be integer, string or boolean, got {t}")
 
 
-def _time_as_micros(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """Timestamps (any unit / tz) or ISO strings -> int64 microseconds since epoch (null if unparseable)."""
+def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]], slice_columns: Sequence[str],
+                  value_columns: Sequence[str]) -> pa.Schema:
+    """Check every file's schema and that ids and slice columns have one type family across all files.
+
+    Returns the canonical schema of the needed columns (``canonical_type``). A column typed int in
+    one file and string in another would make ``1`` and ``"1"`` two impressions (each with its own
+    budget) or two slices: refused up front, naming a file of each kind.
+    """
+    if not schemas:
+        raise ValueError("no input files")
+    for source, schema in schemas:
+        check_schema(schema, slice_columns, value_columns, source=source)
+    fields = []
+    for column in (IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns):
+        seen: dict[str, tuple[str, pa.DataType]] = {}
+        for source, schema in schemas:
+            t = schema.field(column).type
+            seen.setdefault(type_family(t), (source, t))
+        strict = column == IMPRESSION_ID or column in slice_columns
+        if strict and len(seen) > 1:
+            kinds = "; ".join(f"{t} in {src}" for src, t in seen.values())
+            raise ValueError(f"column {column!r} has different types across the input files ({kinds}): "
+                             f"ids and slice values must have one type in every file (cast them to one type)")
+        fields.append(pa.field(column, canonical_type(next(iter(seen.values()))[1], column in value_columns)))
+    return pa.schema(fields)
+
+
+def canonical_type(arrow_type: pa.DataType, is_value: bool = False) -> pa.DataType:
+    """The one type a column is compared and processed in: integers int64, strings string, values float64."""
+    family = type_family(arrow_type)
+    if is_value:
+        return pa.float64()
+    return {"integer": pa.int64(), "string": pa.string(), "boolean": pa.bool_(),
+            "timestamp": pa.int64()}.get(family, arrow_type)
+
+
+def _time_as_micros(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Timestamps (any unit / tz) or ISO-8601 strings -> (int64 microseconds since the epoch, ok mask,
+    floored mask). Sub-microsecond digits are floored (not rejected); values that cannot be parsed or
+    do not fit int64 microseconds are not ok."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
+    n = len(column)
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         parsed = pd.to_datetime(pd.Series(column.to_pandas()), errors="coerce", utc=True, format="ISO8601")
-        return pa.array(parsed.astype("int64").where(parsed.notna(), None).astype("Int64"), type=pa.int64())
-    return pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64())
+        ok = parsed.notna().to_numpy()
+        nanos = parsed.dt.as_unit("ns").to_numpy(dtype="datetime64[ns]").view(np.int64)
+        nanos = np.where(ok, nanos, 0)
+        return np.floor_divide(nanos, 1000), ok, ok & (np.remainder(nanos, 1000) != 0)
+    raw = pc.fill_null(column.cast(pa.int64()), 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    unit = column.type.unit
+    if unit == "ns":
+        return np.floor_divide(raw, 1000), np.ones(n, dtype=bool), np.remainder(raw, 1000) != 0
+    factor = _MICROS_PER_UNIT[unit]
+    ok = np.abs(raw) <= _INT64_MAX // factor
+    return np.where(ok, raw, 0) * factor, ok, np.zeros(n, dtype=bool)
 
 
-def validate_table(
-    table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str],
-) -> tuple[pa.Table, pa.Table]:
-    """Split a batch into (valid rows, rejected rows + ``reason``), vectorized; first failing check wins.
+@dataclass(frozen=True)
+class ValidatedBatch:
+    """One validated batch: canonical valid rows, dead-letter rows (as text + ``reason``), counters."""
 
-    Valid rows get ``conversion_time`` normalised to int64 microseconds (column ``conversion_time_us``).
-    """
+    valid: pa.Table
+    rejected: pa.Table
+    times_floored: int
+
+
+def _as_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _integer_in_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Mask of entries of an integer column that fit int64 (only unsigned 64-bit ids can fail)."""
+    if column.type == pa.uint64():
+        return ~pc.fill_null(pc.greater(column, pa.scalar(_INT64_MAX, pa.uint64())), False).to_numpy(zero_copy_only=False)
+    return np.ones(len(column), dtype=bool)
+
+
+def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str]) -> ValidatedBatch:
+    """Split a batch into canonical valid rows and dead-letter rows with a ``reason``, vectorized;
+    the first failing check wins. Valid rows carry ``conversion_time_us`` (int64 microseconds; the
+    original time column is dropped), ids and integer slices as int64, strings as string, values
+    as float64, so that files of different widths compare equal."""
     check_schema(table.schema, slice_columns, value_columns)
     n = table.num_rows
     reason = np.full(n, "", dtype=object)
 
     def flag(mask: np.ndarray, why: str) -> None:
-        sel = mask & (reason == "")
-        reason[sel] = why
+        reason[mask & (reason == "")] = why
 
-    flag(table.column(IMPRESSION_ID).is_null().to_numpy(zero_copy_only=False), "null_impression_id")
+    ids = table.column(IMPRESSION_ID)
+    flag(_as_numpy(ids.is_null()), "null_impression_id")
+    if type_family(ids.type) == "integer":
+        flag(~_integer_in_int64(ids), "impression_id_out_of_range")
     time_column = table.column(CONVERSION_TIME)
-    micros = _time_as_micros(time_column)
-    time_nulls = time_column.is_null().to_numpy(zero_copy_only=False)
+    micros, time_ok, floored = _time_as_micros(time_column)
+    time_nulls = _as_numpy(time_column.is_null())
     flag(time_nulls, "null_conversion_time")
-    flag(micros.is_null().to_numpy(zero_copy_only=False) & ~time_nulls, "unparseable_conversion_time")
+    unparseable = "unparseable_conversion_time" if type_family(time_column.type) == "string" else "conversion_time_out_of_range"
+    flag(~time_ok & ~time_nulls, unparseable)
     for c in slice_columns:
-        flag(table.column(c).is_null().to_numpy(zero_copy_only=False), "null_slice_value")
+        col = table.column(c)
+        flag(_as_numpy(col.is_null()), "null_slice_value")
+        if type_family(col.type) == "integer":
+            flag(~_integer_in_int64(col), "slice_value_out_of_range")
+    values = []
     for c in value_columns:
         col = table.column(c)
-        nulls = col.is_null().to_numpy(zero_copy_only=False)
+        nulls = _as_numpy(col.is_null())
         flag(nulls, "null_value")
-        vals = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        vals = _as_numpy(pc.fill_null(pc.cast(col, pa.float64(), safe=False), 0.0)).astype(np.float64, copy=False)
         with np.errstate(invalid="ignore"):
             flag(~nulls & ~np.isfinite(vals), "non_finite_value")
             flag(vals < 0, "negative_value")
+        if col.type in (pa.int64(), pa.uint64()):  # compared as integers: the float cast would round
+            flag(_as_numpy(pc.fill_null(pc.greater(col, pa.scalar(MAX_EXACT_INTEGER, col.type)), False)),
+                 "value_above_2pow53")
+        values.append(vals)
     bad = reason != ""
-    # the valid rows carry the time once, as int64 microseconds (the original column is dropped)
-    with_time = table.append_column("conversion_time_us", micros).drop_columns([CONVERSION_TIME])
-    good_tbl = with_time.filter(pa.array(~bad))
-    rejected = table.filter(pa.array(bad))
-    rejected = rejected.append_column(REASON, pa.array(reason[bad].astype(str), type=pa.string()))
-    return good_tbl, rejected
+    keep = pa.array(~bad)
+    columns = {IMPRESSION_ID: pc.cast(ids.filter(keep), canonical_type(ids.type))}
+    for c in slice_columns:
+        col = table.column(c).filter(keep)
+        if pa.types.is_dictionary(col.type):
+            col = pc.cast(col, col.type.value_type)
+        columns[c] = pc.cast(col, canonical_type(col.type))
+    for c, vals in zip(value_columns, values):
+        columns[c] = pa.array(vals[~bad], type=pa.float64())
+    columns["conversion_time_us"] = pa.array(micros[~bad], type=pa.int64())
+    valid = pa.table(columns)
+    needed = [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
+    rejected_rows = table.select(needed).filter(pa.array(bad))
+    rejected = pa.table({c: pc.cast(rejected_rows.column(c), pa.string(), safe=False) for c in needed}
+                        | {REASON: pa.array(reason[bad].astype(str), type=pa.string())})
+    return ValidatedBatch(valid, rejected, int((floored & ~bad).sum()))
+
+
+def dead_letter_schema(slice_columns: Sequence[str], value_columns: Sequence[str]) -> pa.Schema:
+    """Dead-letter rows keep the needed columns as text (whatever their input type) plus ``reason``."""
+    return pa.schema([pa.field(c, pa.string()) for c in (IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns)]
+                     + [pa.field(REASON, pa.string())])
+
+
+def validate_table(
+    table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str],
+) -> tuple[pa.Table, pa.Table]:
+    """(valid rows, rejected rows + ``reason``) of ``validate_batch``."""
+    batch = validate_batch(table, slice_columns, value_columns)
+    return batch.valid, batch.rejected
 
 
 @dataclass(frozen=True)
@@ -170,3 +303,59 @@ def _normalise(arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind == "b":
         return arr.astype(np.int64)
     return arr.astype(object)
+
+
+@dataclass(frozen=True)
+class ValidationCounts:
+    """Rows read and rejected (per reason), and timestamps floored to the microsecond: mergeable."""
+
+    rows_read: int = 0
+    rows_rejected: int = 0
+    rejected_by_reason: Mapping[str, int] = field(default_factory=dict)
+    times_floored: int = 0
+
+    @classmethod
+    def of(cls, table_rows: int, batch: "ValidatedBatch") -> "ValidationCounts":
+        reasons: dict[str, int] = {}
+        if batch.rejected.num_rows:
+            names, counts = np.unique(np.asarray(batch.rejected.column(REASON).to_pylist(), dtype=object).astype(str),
+                                      return_counts=True)
+            reasons = {str(k): int(v) for k, v in zip(names, counts)}
+        return cls(table_rows, batch.rejected.num_rows, reasons, batch.times_floored)
+
+    @classmethod
+    def merge(cls, parts: Iterable["ValidationCounts"]) -> "ValidationCounts":
+        read = rejected = floored = 0
+        reasons: dict[str, int] = {}
+        for p in parts:
+            read += p.rows_read
+            rejected += p.rows_rejected
+            floored += p.times_floored
+            for k, v in p.rejected_by_reason.items():
+                reasons[k] = reasons.get(k, 0) + v
+        return cls(read, rejected, dict(sorted(reasons.items())), floored)
+
+    @property
+    def rows_valid(self) -> int:
+        return self.rows_read - self.rows_rejected
+
+
+DEFAULT_MAX_REJECTED_FRACTION = 0.10
+"""Like the Aggregation Service (which fails a job when more than 10% of reports are bad)."""
+
+
+def check_rejected_share(counts: ValidationCounts, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
+                         what: str = "input") -> None:
+    """Refuse an input with no valid row, or with more than ``max_rejected_fraction`` of rows rejected."""
+    if not 0.0 <= max_rejected_fraction <= 1.0:
+        raise ValueError(f"max_rejected_fraction must lie in [0, 1], got {max_rejected_fraction!r}")
+    if counts.rows_read == 0:
+        raise ValueError(f"the {what} holds no conversion rows")
+    if counts.rows_valid == 0:
+        raise ValueError(f"the {what} holds no valid conversion rows (all {counts.rows_read:,} rejected: "
+                         f"{dict(counts.rejected_by_reason)}; see the dead letter)")
+    if counts.rows_rejected > max_rejected_fraction * counts.rows_read:
+        raise ValueError(
+            f"{counts.rows_rejected:,} of {counts.rows_read:,} {what} rows ({counts.rows_rejected / counts.rows_read:.1%}) "
+            f"failed validation, above the {max_rejected_fraction:.0%} threshold: refusing to go on "
+            f"({dict(counts.rejected_by_reason)}; see the dead letter)")

@@ -66,9 +66,15 @@ class KeyDomain:
                 f"key bits do not fit: slice columns need {self.total_bits - QUERY_BITS} bits + {QUERY_BITS} query bits = "
                 f"{self.total_bits} > {MAX_BUCKET_BITS} (exceeds by {self.total_bits - MAX_BUCKET_BITS})"
             )
-        for c, d in zip(self.slice_columns, self.dictionaries):
+        for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries)):
             if len(set(d)) != len(d):
                 raise ValueError(f"dictionary of slice column {c!r} has duplicate values")
+            if slices.size and (slices[:, j].min() < 0 or slices[:, j].max() >= len(d)):
+                raise ValueError(f"slices: an index of column {c!r} is outside its dictionary of {len(d)} values")
+        if slices.shape[0] > 1:
+            codes = self._mixed_radix(slices)
+            if not (np.diff(codes) > 0).all():
+                raise ValueError("slices must be unique and sorted (a slice listed twice would get two buckets)")
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, KeyDomain) and self.layout_checksum() == other.layout_checksum()
@@ -234,7 +240,13 @@ class KeyDomain:
                          tuple(data.get("conversion_slice_columns", ())))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{source}: malformed key map ({exc!r})") from None
-        if data.get("layout_sha256") and data["layout_sha256"] != domain.layout_checksum():
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+        recorded = data.get("layout_sha256")
+        if not isinstance(recorded, str) or not recorded:
+            raise ValueError(f"{source}: key map has no layout_sha256: its integrity cannot be checked "
+                             f"(to declare a domain by hand, list slice values in a .csv or .json file instead)")
+        if recorded != domain.layout_checksum():
             raise ValueError(f"{source}: layout checksum mismatch (file edited or corrupt)")
         return domain
 
@@ -262,3 +274,56 @@ def bucket_from_bytes(raw: bytes) -> int:
     if len(raw) > 16:
         raise ValueError(f"bucket has {len(raw)} bytes; ARA buckets are at most 16 (128 bits)")
     return int.from_bytes(raw, "big")
+
+
+def _coerce(value: Any, family: str, column: str, source: str) -> Any:
+    """A declared slice value in the input's type family (integer, string or boolean)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if family == "integer":
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
+                                           or (isinstance(value, float) and value.is_integer())):
+            raise ValueError(f"{source}: slice column {column!r} holds integers in the input, but the domain lists {value!r}")
+        return int(value)
+    if family == "boolean":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        raise ValueError(f"{source}: slice column {column!r} holds booleans in the input, but the domain lists {value!r}")
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise ValueError(f"{source}: slice column {column!r} holds strings in the input, but the domain lists {value!r}")
+    return str(value)
+
+
+def domain_from_rows(rows: pd.DataFrame, slice_columns: Sequence[str], query_names: Sequence[str], baseline: bool,
+                     conversion_slice_columns: Sequence[str], families: Mapping[str, str],
+                     source: str = "domain file") -> KeyDomain:
+    """A declared domain from a table listing slice values (one row per slice, one column per slice
+    column), with values coerced to the input's type family (``families``: column -> integer/string/boolean)."""
+    missing = [c for c in slice_columns if c not in rows.columns]
+    if missing:
+        raise ValueError(f"{source}: missing slice column(s) {missing}; it has {list(rows.columns)}")
+    if len(rows) == 0:
+        raise ValueError(f"{source}: lists no slices")
+    cols = {}
+    for c in slice_columns:
+        if rows[c].isna().any():
+            raise ValueError(f"{source}: slice column {c!r} has an empty value")
+        cols[c] = np.asarray([_coerce(v, families.get(c, "string"), c, source) for v in rows[c].tolist()], dtype=object)
+    duplicated = pd.DataFrame(cols).duplicated()
+    if duplicated.any():
+        raise ValueError(f"{source}: slice {pd.DataFrame(cols)[duplicated].iloc[0].to_dict()} is listed twice")
+    return KeyDomain.from_slice_values(slice_columns, cols, query_names, baseline, conversion_slice_columns)
+
+
+def check_domain_families(domain: KeyDomain, families: Mapping[str, str], source: str = "domain") -> None:
+    """Refuse a domain whose slice values are not of the input's type (they would match no row)."""
+    for column, dictionary in zip(domain.slice_columns, domain.dictionaries):
+        family = families.get(column)
+        if family is None:
+            continue
+        for value in dictionary:
+            if _coerce(value, family, column, source) != value or type(_coerce(value, family, column, source)) is not type(value):
+                raise ValueError(f"{source}: slice column {column!r} holds {family} values in the input, but the "
+                                 f"domain lists {value!r} ({type(value).__name__})")

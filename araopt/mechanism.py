@@ -1,6 +1,7 @@
-"""The whole ARA mechanism on in-memory records: encode (Alg. 2/5) -> bound (Alg. 1) -> sum over
-the domain -> noise (Alg. 3) -> reconstruct (Alg. 4). The Beam pipeline runs the same functions per
-shard (``encode_and_bound``) and after its combine (``summary_report``, ``reconstruct``).
+"""The whole ARA mechanism on in-memory records: encode (HistogramContribution, Alg. 3 / Alg. 6) ->
+cap (ContributionCapping, Alg. 1) -> sum over the domain -> the release step (``araopt.release``:
+SummaryReport, Alg. 2, and ReconstructValues, Alg. 4). The Beam pipeline runs the same functions per
+shard (``encode_and_bound``, ``aggregate.domain_sums``) and after its combine (``release.noisy_release``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from .encoding import encode
 from .keys import KeyDomain
 from .params import Params
 from .randomness import keyed_uniforms, secure_generator
-from .report import Estimates, SummaryReport, key_histogram, reconstruct, summary_report
+from .aggregate import domain_sums
+from .release import Accounting, Release, noisy_release
+from .report import Estimates, SummaryReport
 
 
 def rounding_uniforms(record_keys: np.ndarray, num_queries: int, simulation_seed: int | None) -> np.ndarray | None:
@@ -41,14 +44,24 @@ def encode_and_bound(
 
 @dataclass(frozen=True)
 class Measurement:
-    """Everything one simulated ARA release produces, plus the accounting of records."""
+    """Everything one ARA release produces in memory: the release and the per-record masks."""
 
-    domain: KeyDomain
+    release: Release
     histogram: np.ndarray
-    report: SummaryReport
-    estimates: Estimates
     kept: np.ndarray
     in_domain: np.ndarray
+
+    @property
+    def domain(self) -> KeyDomain:
+        return self.release.domain
+
+    @property
+    def report(self) -> SummaryReport:
+        return self.release.report
+
+    @property
+    def estimates(self) -> Estimates:
+        return self.release.estimates
 
     @property
     def rows(self) -> int:
@@ -56,15 +69,15 @@ class Measurement:
 
     @property
     def rows_kept(self) -> int:
-        return int((self.kept & self.in_domain).sum())
+        return self.release.accounting.rows_kept
 
     @property
     def rows_capped(self) -> int:
-        return int((~self.kept).sum())
+        return self.release.accounting.rows_capped
 
     @property
     def rows_outside_domain(self) -> int:
-        return int((self.kept & ~self.in_domain).sum())
+        return self.release.accounting.rows_outside_domain
 
 
 def measure(
@@ -72,20 +85,27 @@ def measure(
     simulation_seed: int | None = None, rng: np.random.Generator | None = None,
     noise_rng: np.random.Generator | None = None,
 ) -> Measurement:
-    """Run the mechanism. Without ``simulation_seed`` all randomness is from the secure generator.
+    """Run the mechanism. Without ``simulation_seed`` all randomness is from the secure generator
+    (or the given ``rng`` / ``noise_rng``, for tests).
 
-    ``domain`` defaults to the slices present in the data (simulation convenience).
+    ``domain`` may be omitted only in simulation (``simulation_seed``) or with an explicit
+    ``noise_rng``: a real release over a domain derived from the data it releases would reveal
+    which slices occur in it.
     """
     if tuple(conversions.value_columns) != params.query_columns:
         raise ValueError(f"conversions carry value columns {conversions.value_columns}, params expect {params.query_columns}")
     if domain is None:
+        if simulation_seed is None and noise_rng is None:
+            raise ValueError("a release needs a declared key domain: deriving it from the data being released "
+                             "is allowed only in simulation mode (simulation_seed)")
         domain = KeyDomain.from_slice_values(params.slice_columns, conversions.slices, params.query_columns,
                                              baseline=params.encoding == "baseline",
                                              conversion_slice_columns=params.conversion_slice_columns)
     contributions, kept = encode_and_bound(conversions, params, simulation_seed, rng)
     slice_idx = domain.slice_index(conversions.slices)
-    in_domain = slice_idx >= 0
-    use = kept & in_domain
-    hist = key_histogram(slice_idx[use], contributions[use], domain.num_slices)
-    report = summary_report(hist, params.epsilon, params.contribution_budget, rng=noise_rng, simulation_seed=simulation_seed)
-    return Measurement(domain, hist, report, reconstruct(report.noisy, params), kept, in_domain)
+    sums = domain_sums(slice_idx, contributions, kept, domain.num_slices,
+                       impressions=len(np.unique(conversions.impression_id)))
+    accounting = Accounting(rows_read=len(conversions), rows_rejected=0, rows_kept=sums.kept, rows_capped=sums.capped,
+                            rows_outside_domain=sums.outside_domain, impressions=sums.impressions)
+    release = noisy_release(sums, params, domain, accounting, simulation_seed=simulation_seed, rng=noise_rng)
+    return Measurement(release, sums.histogram, kept, slice_idx >= 0)

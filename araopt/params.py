@@ -19,6 +19,8 @@ from typing import Any, Mapping
 
 import jsonschema
 
+from .keys import KeyDomain
+
 CONTRIBUTION_BUDGET = 65536
 """Gamma: the ARA L1 contribution budget per source (impression)."""
 
@@ -129,6 +131,8 @@ class Params:
     ``count_budget_fraction`` for the baseline); the L1 encoding (Alg. 5) uses no fractions.
     ``conversion_slice_columns`` are the slice columns known only at conversion time (carried by the
     trigger key piece); the others are impression features (carried by the source key piece).
+    ``domain`` is the declared key domain of releases made with these parameters (the slices of the
+    training history, carried by the published version), or None.
     """
 
     count_limit: int
@@ -143,6 +147,7 @@ class Params:
     conversion_slice_columns: tuple[str, ...] = ()
     provenance: Provenance | None = None
     format_version: str = FORMAT_VERSION
+    domain: KeyDomain | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slice_columns", tuple(self.slice_columns))
@@ -179,6 +184,25 @@ class Params:
         if unknown:
             raise ValueError(f"conversion_slice_columns {sorted(unknown)} are not in slice_columns")
         self._check_fractions()
+        if self.domain is not None:
+            self.check_domain(self.domain)
+
+    def check_domain(self, domain: KeyDomain, source: str = "domain") -> None:
+        """Refuse a key domain that is not laid out for these slices, queries and encoding."""
+        if not isinstance(domain, KeyDomain):
+            raise ValueError(f"{source} must be a KeyDomain, got {type(domain).__name__}")
+        mine = (self.slice_columns, self.query_columns, self.encoding == "baseline", self.conversion_slice_columns)
+        theirs = (domain.slice_columns, domain.query_names, domain.baseline, domain.conversion_slice_columns)
+        if mine != theirs:
+            raise ValueError(f"{source} is for slices {domain.slice_columns} / queries {domain.query_names} / "
+                             f"baseline {domain.baseline}, the parameters use {self.slice_columns} / "
+                             f"{self.query_columns} / baseline {self.encoding == 'baseline'}")
+
+    def with_domain_of(self, slice_values: Mapping[str, Any]) -> "Params":
+        """These parameters carrying the domain of the slices in ``slice_values`` (column -> values)."""
+        domain = KeyDomain.from_slice_values(self.slice_columns, slice_values, self.query_columns,
+                                             self.encoding == "baseline", self.conversion_slice_columns)
+        return dataclasses.replace(self, domain=domain)
 
     def _check_fractions(self) -> None:
         fractions = [q.budget_fraction for q in self.queries]
@@ -249,6 +273,8 @@ class Params:
             "count_tau": self.count_tau,
             "provenance": self.provenance.to_json() if self.provenance else None,
         }
+        if self.domain is not None:
+            out["domain"] = {k: v for k, v in self.domain.to_json().items() if k != "params_sha256"}
         if self.encoding == "l1":
             out["l1_rounding"] = self.l1_rounding
         return out
@@ -301,6 +327,7 @@ class Params:
                 l1_rounding=data.get("l1_rounding", "floor"),
                 conversion_slice_columns=tuple(data.get("conversion_slice_columns", ())),
                 provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
+                domain=None if data.get("domain") is None else KeyDomain.from_json(data["domain"], source="domain"),
             )
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None

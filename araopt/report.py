@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from .aggregate import domain_sums
 from .encoding import count_scale, query_scales
 from .noise import (add_noise, discrete_laplace_from_uniforms, discrete_laplace_variance, noise_parameter,
                     sample_discrete_laplace)
@@ -23,17 +24,11 @@ def key_histogram(slice_index: np.ndarray, contributions: np.ndarray, num_slices
 
     Records with ``slice_index < 0`` (outside the domain) must be removed by the caller.
     """
-    contrib = np.asarray(contributions)
     slice_index = np.asarray(slice_index, dtype=np.int64)
-    if contrib.ndim != 2 or contrib.shape[0] != slice_index.shape[0]:
-        raise ValueError(f"contributions {contrib.shape} and slice_index {slice_index.shape} do not align")
-    if slice_index.size and (slice_index.min() < 0 or slice_index.max() >= num_slices):
+    if slice_index.size and slice_index.min() < 0:
         raise ValueError("slice_index outside [0, num_slices): filter records outside the domain first")
-    out = np.empty((num_slices, contrib.shape[1]), dtype=np.int64)
-    for col in range(contrib.shape[1]):
-        # float64 weights are exact for integer sums below 2^53 (> 1e11 full-budget records per key)
-        out[:, col] = np.rint(np.bincount(slice_index, weights=contrib[:, col], minlength=num_slices)).astype(np.int64)
-    return out
+    kept = np.ones(slice_index.shape[0], dtype=bool)
+    return domain_sums(slice_index, contributions, kept, num_slices).histogram
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ exactly one moves the pointer; the other raises :class:`StoreConflict` and leave
 version in force. Readers never see a partial file: versions are created atomically (temp file +
 ``link`` locally, single-request uploads on GCS) and the pointer is replaced atomically.
 
+Release ledger: ``ledger/<input sha256>/release-NNNNNN.json``, one create-only entry per release of
+an input (``record_release``), so that releasing the same data again is visible and refusable.
+
 Idempotency: publishing an as-of date whose payload is byte-identical to the one ``latest`` already
 names is a no-op that returns the existing version, whatever the run id. A *different* payload for
 the same as-of date (e.g. late data) is published as a new version and moves the pointer. Moving
@@ -129,6 +132,18 @@ def _params_key(version: str) -> str:
 
 def _checksum_key(version: str) -> str:
     return f"{VERSIONS_DIR}/{version}/{CHECKSUM_FILE}"
+
+
+LEDGER_DIR: Final = "ledger"
+
+
+def _check_input_id(input_id: str) -> None:
+    if not isinstance(input_id, str) or not _SHA256_RE.fullmatch(input_id):
+        raise ValueError(f"input id must be a sha256 hex digest, got {input_id!r}")
+
+
+def _ledger_key(input_id: str, number: int) -> str:
+    return f"{LEDGER_DIR}/{input_id}/release-{number:06d}.json"
 
 
 @dataclass(frozen=True)
@@ -296,12 +311,15 @@ class ParameterStore(abc.ABC):
         *,
         expected_previous: str | None | _Unset = UNSET,
         allow_rollback: bool = False,
+        validate: Callable[[bytes], object] | None = None,
     ) -> PublishedVersion:
         """Write ``versions/<as_of>-<run_id>/params.json`` if absent, then move ``latest`` to it.
 
         ``expected_previous``: the version ``latest`` named when the job started (None: nothing was
         published). If given and ``latest`` has moved since, :class:`StoreConflict` is raised before
         anything is written, so a retried publish step of a job that lost a race keeps losing.
+        ``validate``: called with the payload before anything is written (e.g. ``Params.from_bytes``,
+        which refuses an epsilon outside [2^-20, 64]); whatever it raises is raised as ValueError.
         Raises ValueError for bad arguments, :class:`StoreConflict` when another publisher moved the
         pointer first, :class:`StoreError` for anything else (the previous latest stays in force).
         """
@@ -313,6 +331,11 @@ class ParameterStore(abc.ABC):
             json.loads(payload.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise ValueError(f"payload is not UTF-8 JSON: {_one_line(exc, 120)}") from None
+        if validate is not None:
+            try:
+                validate(payload)
+            except Exception as exc:  # noqa: BLE001 - any refusal of the validator means: do not publish
+                raise ValueError(f"refusing to publish {version}: {_one_line(exc, 200)}") from None
         sha = _sha256(payload)
         pointer_uri = self._object_uri(LATEST)
         params_key = _params_key(version)
@@ -417,6 +440,30 @@ class ParameterStore(abc.ABC):
             as_of=match.group(1),
             run_id=match.group(2),
         )
+
+    # -- release ledger ------------------------------------------------------------------------
+    def release_count(self, input_id: str) -> int:
+        """How many releases of the input ``input_id`` (a sha256 hex digest) the ledger records."""
+        _check_input_id(input_id)
+        count = 0
+        while self._read(_ledger_key(input_id, count + 1)) is not None:
+            count += 1
+        return count
+
+    def record_release(self, input_id: str, entry: bytes, expected_count: int) -> int:
+        """Record one more release of ``input_id``; returns its number (1 for the first release).
+
+        ``expected_count`` is what :meth:`release_count` said when the job started: if another job
+        recorded a release of the same input meanwhile, :class:`StoreConflict` is raised and nothing
+        is recorded (entries are create-only, so two racing jobs cannot both take the same number).
+        """
+        _check_input_id(input_id)
+        number = expected_count + 1
+        if not self._create(_ledger_key(input_id, number), bytes(entry)):
+            raise StoreConflict(
+                f"{self._object_uri(_ledger_key(input_id, number))} exists: another job recorded a release of "
+                f"the same input concurrently; nothing was recorded")
+        return number
 
     # -- helpers ------------------------------------------------------------------------------
     def _put_immutable(self, key: str, data: bytes) -> bool:

@@ -147,17 +147,35 @@ MEASURE_OPTIONS: Final[tuple[CliOption, ...]] = (
         required=True, regex=_NON_EMPTY, gcs_only=True, metavar="DIR",
     ),
     CliOption(
-        "epsilon", "Epsilon", "Privacy budget epsilon used for the noise, in (0, 64].",
+        "epsilon", "Epsilon", "Privacy budget epsilon of the release, in [2^-20, 64]; must equal the "
+        "parameter file's epsilon unless override_epsilon is set.",
         type="float", regex=_POSITIVE_DECIMAL, metavar="E",
     ),
     CliOption(
-        "debug_run", "Debug run", "Also write unnoised values and noise (Aggregation Service debug run) "
-        "(true/false).", type="bool", regex=_BOOL,
+        "override_epsilon", "Override epsilon", "Allow an epsilon different from the parameter file's "
+        "(recorded in the run summary) (true/false).", type="bool", regex=_BOOL,
     ),
     CliOption(
-        "domain", "Output domain", "Key map JSON (key_map.json, as written by measure or export-ara) "
-        "declaring the output domain; every domain key gets noise, also keys without conversions.",
+        "debug_run", "Debug run", "Also write unnoised values and noise (Aggregation Service debug run) "
+        "into the operator-private folder (true/false).", type="bool", regex=_BOOL,
+    ),
+    CliOption(
+        "domain", "Output domain", "The declared output domain: a key map JSON (key_map.json, as written "
+        "by measure or export-ara) or a .csv/.json file listing slice values; default: the domain the "
+        "parameter version carries. Every domain key gets noise, also keys without conversions.",
         regex=_NON_EMPTY, gcs_only=True, metavar="FILE",
+    ),
+    CliOption(
+        "max_slices", "Max slices", "Refuse a domain with more slices than this (default 100000).",
+        type="int", regex=_POSITIVE_INT, metavar="N",
+    ),
+    CliOption(
+        "allow_rerelease", "Allow re-release", "Release an input the release ledger already knows "
+        "(true/false); each release is recorded.", type="bool", regex=_BOOL,
+    ),
+    CliOption(
+        "ledger", "Release ledger", "Where releases are recorded (default: the parameter store, else "
+        "$ARAOPT_LEDGER or ~/.local/state/araopt).", regex=_NON_EMPTY, gcs_only=True, metavar="URI",
     ),
 )
 

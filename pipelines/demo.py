@@ -19,13 +19,15 @@ from typing import Sequence
 
 import pandas as pd
 
-from .options import cli_main
+from araopt import outputs
+
+from .options import OneLineParser, cli_main
 
 SLICES = "campaignId,geography,productCategory"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="araopt demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="araopt demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="demo-output", help="output directory (replaced on every run)")
     parser.add_argument("--conversions-per-day", type=int, default=150_000)
     parser.add_argument("--days", type=int, default=8, help="days generated; the last one is measured")
@@ -81,18 +83,19 @@ def _run(argv: list[str]) -> int:
     report_dir = os.path.join(store, "reports", f"{as_of}-demo")
     with open(os.path.join(report_dir, "report.json")) as fh:
         report = json.load(fh)
-    summary_path = os.path.join(result_dir, "run_summary.json")
+    summary_path = os.path.join(result_dir, outputs.private_file(outputs.RUN_SUMMARY))
     with open(summary_path) as fh:
         summary = json.load(fh)
-    estimates = pd.read_parquet(os.path.join(result_dir, "estimates.parquet"))
+    estimates = pd.read_parquet(os.path.join(result_dir, outputs.release_file(outputs.ESTIMATES_PARQUET, False)))
     plots = write_plots(estimates, result_dir, os.path.join(out, "plots"))
     shutil.copy(os.path.join(report_dir, "report.png"), os.path.join(out, "plots", "nightly_report.png"))
     print_results(report, summary, estimates)
     print("\noutputs:")
     for label, path in [("synthetic history", history), ("parameter store", store),
                         ("parameters used", summary["parameters"]["uri"]), ("nightly report", report_dir),
-                        ("summary report (Avro)", os.path.join(result_dir, "summary_report.avro")),
-                        ("estimates", os.path.join(result_dir, "estimates.csv")), ("run summary", summary_path),
+                        ("release (publishable)", os.path.join(result_dir, outputs.RELEASE_DIR)),
+                        ("estimates", os.path.join(result_dir, outputs.release_file(outputs.ESTIMATES_CSV, False))),
+                        ("operator-private", os.path.join(result_dir, outputs.PRIVATE_DIR)),
                         ("plots", ", ".join(plots + [os.path.join(out, "plots", "nightly_report.png")]))]:
         print(f"  {label:<22} {path}")
     return 0
@@ -150,7 +153,7 @@ def write_plots(estimates: pd.DataFrame, result_dir: str, plot_dir: str) -> list
     fig.savefig(path, dpi=100)
     plt.close(fig)
     paths.append(path)
-    buckets, unnoised, noise, _ = avro.read_debug_report(os.path.join(result_dir, "debug", "summary_report.avro"))
+    buckets, unnoised, noise, _ = avro.read_debug_report(os.path.join(result_dir, outputs.private_file(outputs.DEBUG_REPORT)))
     fig, ax = plt.subplots(figsize=(5, 4))
     ax.scatter(unnoised, unnoised + noise, s=6)
     ax.set(xlabel="unnoised metric (debug run)", ylabel="noisy metric", title="summary report keys")

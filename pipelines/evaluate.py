@@ -22,6 +22,7 @@ import pandas as pd
 
 from araopt.evaluation import METHODS, comparison_table, evaluate_dataset, write_outputs
 from araopt.params import check_epsilon
+from pipelines.options import OneLineParser
 from araopt.statistics import DEFAULT_MAX_COUNT_LIMIT, StatisticsSpec, compute_statistics_in_memory
 
 from .optimize import check_accounting, check_history, compute_statistics, split_columns
@@ -30,7 +31,7 @@ PROG = "araopt evaluate"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", action="append", required=True, help="training log (repeat for several datasets)")
     parser.add_argument("--test", action="append", required=True, help="test log (one per --train)")
     parser.add_argument("--name", action="append", default=None, help="dataset name (one per --train; default: dataset1, ...)")

@@ -1,50 +1,67 @@
 """`araopt measure`: a conversion log -> the summary report ARA would produce under a parameter file,
-and estimates with error bars (Alg. 1-4 on Apache Beam).
+and estimates with error bars (ContributionCapping, Alg. 1; SummaryReport, Alg. 2;
+HistogramContribution, Alg. 3 / Alg. 6; ReconstructValues, Alg. 4), on Apache Beam.
 
-    python -m pipelines.measure --input 'logs/*.parquet' --params params.json --output out/ \
-        [--epsilon 8] [--debug-run] [--domain key_map.json] [--simulation-seed 1] [Beam options]
+    araopt measure --input 'logs/*.parquet' --params STORE_OR_FILE --output out/ \\
+        [--domain key_map.json|slices.csv] [--debug-run] [--overwrite] [Beam options]
 
-Data flow: ReadFromParquetBatched -> validate (dead letter) -> shard by hash(impression_id) ->
-GroupByKey -> per shard: sort, encode, bound (Alg. 1), per-slice sums -> CombineGlobally (integer) ->
-noise once per domain key (Alg. 3) -> reconstruct (Alg. 4) -> Avro / Parquet / CSV / JSON outputs.
+A release needs a declared key domain (--domain, or the one the parameter version carries); only
+simulation mode (--simulation-seed: seeded noise, NOT private) may derive it from the data.
+Outputs (``araopt.outputs``): out/release/ is publishable; out/private/ holds exact counts, the dead
+letter and the debug report and must never be published; out/MANIFEST.json is written last.
+
+Data flow: Parquet files -> validate (dead letter) -> shard by hash(impression_id) -> GroupByKey ->
+per shard: sort, encode, cap, per-key sums over the domain -> CombineGlobally (integer) -> noise once
+per domain key -> reconstruct -> Avro / Parquet / CSV / JSON.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
+import sys
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import apache_beam as beam
+import pandas as pd
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.keys import KeyDomain
+from araopt import outputs
+from araopt.aggregate import DEFAULT_MAX_SLICES
+from araopt.conversions import type_family
+from araopt.keys import KeyDomain, check_domain_families, domain_from_rows
 from araopt.params import Params, check_epsilon
-from transforms.aggregate import EncodeBoundAndSum, NoisyRelease
-from transforms.group import GroupByImpression
-from transforms.io import ReadConversions, auto_num_shards, check_input, count_rows, needed_columns
-from transforms.release import WriteRelease
-from transforms.validate import REJECTED, ValidateConversions, counter_values, rejected_by_reason, sum_pairs
-
 from deploy.cli_options import MEASURE_OPTIONS, add_options
+from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
+from transforms.group import GroupByImpression
+from transforms.io import InputFiles, check_input
+from transforms.release import WriteRelease
+from transforms.validate import ReadAndValidate
 
-from .options import SHUFFLES, UserError, cli_main, make_runner, pipeline_options, remove_dir, runner_name, spill_dir
+from .ledger import Ledger, default_ledger_root, input_identity
+from .options import (SHUFFLES, OneLineParser, UserError, cli_main, make_runner, pipeline_options, remove_dir, runner_name,
+                      spill_dir)
+from .run_folder import RunFolder
 
-DEFAULT_SHARDS = 64
+SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "
+                      "the output is NOT differentially private and must never be published")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="araopt measure", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
         epilog="Any other --option is passed to Apache Beam (e.g. --runner DataflowRunner --project P "
                "--region R --temp_location gs://... --setup_file ./setup.py, or --direct_num_workers 2 "
                "--direct_running_mode multi_processing).")
-    add_options(parser, MEASURE_OPTIONS)  # --input --params --output --epsilon --debug-run --domain (shared with deploy/)
+    add_options(parser, MEASURE_OPTIONS)
     parser.add_argument("--params-version", default="latest", help="version to resolve in a parameter store (default latest)")
     parser.add_argument("--simulation-seed", type=int, default=None,
-                        help="SIMULATION MODE: seeded, key-deterministic rounding and noise; output is NOT private")
+                        help="SIMULATION MODE: seeded, key-deterministic rounding and noise; output is NOT private "
+                             "(files marked SIMULATION-); allows a domain derived from the data")
     parser.add_argument("--num-shards", type=int, default=None,
                         help="impression shards (default: about 250,000 rows per shard, at least 16)")
     parser.add_argument("--shuffle", choices=SHUFFLES, default="auto",
@@ -52,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(plain GroupByKey; default on Dataflow), auto")
     parser.add_argument("--max-rejected-fraction", type=float, default=0.10,
                         help="fail before releasing if more than this share of rows is invalid (default 0.10)")
-    parser.add_argument("--overwrite", action="store_true", help="allow writing into an output directory that has a run")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing run in --output (the whole run)")
     return parser
 
 
@@ -60,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 class LoadedParams:
     params: Params
     source: dict
+    store: str | None = None
 
 
 def load_params(ref: str, version: str = "latest") -> LoadedParams:
@@ -73,48 +91,101 @@ def load_params(ref: str, version: str = "latest") -> LoadedParams:
             raise UserError(f"cannot read parameter file {ref}: {exc}") from None
         params = Params.from_bytes(raw, source=ref)
         return LoadedParams(params, {"path": ref, "sha256": hashlib.sha256(raw).hexdigest()})
-    from araopt.store import StoreError, open_store, resolve_params_ref
+    from araopt.store import StoreError, open_store, parse_params_ref, resolve_params_ref
 
     try:
         resolved = open_store(ref).resolve(version) if version != "latest" else resolve_params_ref(ref)
     except StoreError as exc:
         raise UserError(str(exc)) from None
     params = Params.from_bytes(resolved.payload, source=resolved.uri)
-    return LoadedParams(params, {"path": resolved.uri, **resolved.summary()})
+    return LoadedParams(params, {"path": resolved.uri, **resolved.summary()}, store=resolved.store)
 
 
-def load_domain(path: str | None, params: Params) -> KeyDomain | None:
-    if path is None:
-        return None
-    with FileSystems.open(path) as fh:
-        data = json.loads(fh.read().decode())
+def apply_epsilon(loaded: LoadedParams, epsilon: float | None, override: bool) -> tuple[Params, dict]:
+    """The release's epsilon: the parameter file's, unless --epsilon differs and --override-epsilon says so."""
+    params = loaded.params
+    if epsilon is None:
+        return params, {}
+    eps = check_epsilon(epsilon, "--epsilon")
+    if eps == params.epsilon:
+        return params, {}
+    if not override:
+        raise UserError(f"--epsilon {eps:g} differs from the parameter file's epsilon {params.epsilon:g} "
+                        f"({loaded.source.get('path')}); pass --override-epsilon to release at {eps:g} (it is recorded)")
+    return params.with_epsilon(eps), {"epsilon_overridden": {"from": params.epsilon, "to": eps}}
+
+
+def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
+    """--domain: a key map JSON (with its layout checksum) or a .csv / .json list of slice values."""
+    try:
+        with FileSystems.open(path) as fh:
+            raw = fh.read()
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"cannot read domain file {path}: {exc}") from None
+    families = {c: type_family(inputs.schema.field(c).type) for c in params.slice_columns}
+    baseline = params.encoding == "baseline"
+    if path.endswith(".csv"):
+        try:
+            rows = pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False, na_values=[""])
+        except Exception as exc:  # noqa: BLE001 - a parser error is bad input
+            raise UserError(f"domain file {path} is not a readable CSV: {str(exc).splitlines()[0]}") from None
+        return domain_from_rows(rows, params.slice_columns, params.query_columns, baseline,
+                                params.conversion_slice_columns, families, source=path)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"domain file {path} is not valid JSON ({exc})") from None
+    if isinstance(data, list):
+        return domain_from_rows(pd.DataFrame(data), params.slice_columns, params.query_columns, baseline,
+                                params.conversion_slice_columns, families, source=path)
     domain = KeyDomain.from_json(data, source=path)
-    if domain.slice_columns != params.slice_columns or domain.query_names != params.query_columns:
-        raise UserError(f"domain {path} is for slices {domain.slice_columns} / queries {domain.query_names}, "
-                        f"the parameters use {params.slice_columns} / {params.query_columns}")
+    params.check_domain(domain, source=f"domain {path}")
+    check_domain_families(domain, families, source=path)
     return domain
 
 
-def build_pipeline(pipeline: beam.Pipeline, input_pattern: str, params: Params, output: str, params_sha256: str,
+def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles) -> tuple[KeyDomain | None, str]:
+    """(declared domain or None for the simulation-only data-derived one, where it came from)."""
+    if args.domain is not None:
+        domain, origin = load_domain(args.domain, params, inputs), f"--domain {args.domain}"
+    elif params.domain is not None:
+        domain, origin = params.domain, "the parameter version"
+        check_domain_families(domain, {c: type_family(inputs.schema.field(c).type) for c in params.slice_columns},
+                              source="the parameters' domain")
+    elif args.simulation_seed is not None:
+        print("WARNING: SIMULATION: the key domain is derived from the data being measured (allowed only in "
+              "simulation mode; a real release needs --domain)", file=sys.stderr)
+        return None, "derived from the data (simulation only)"
+    else:
+        raise UserError("a release needs a declared key domain: pass --domain (a key map, or a .csv/.json file "
+                        "listing slice values), or parameters that carry one (araopt nightly and optimize publish "
+                        "the history's domain); deriving it from the data being released is allowed only with "
+                        "--simulation-seed")
+    max_slices = args.max_slices or DEFAULT_MAX_SLICES
+    if domain.num_slices > max_slices:
+        raise UserError(f"the domain from {origin} has {domain.num_slices:,} slices, more than --max-slices {max_slices:,}")
+    return domain, origin
+
+
+def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, folder: RunFolder, params_sha256: str,
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
-                   num_shards: int = DEFAULT_SHARDS, max_rejected_fraction: float = 0.10, dead_letter_schema=None,
-                   shuffle_dir: str | None = None):
-    """Wire the measurement transforms; returns the release PCollection."""
-    columns = needed_columns(params.slice_columns, params.query_columns)
-    batches = pipeline | "ReadConversions" >> ReadConversions(input_pattern, columns)
-    checked = batches | "Validate" >> ValidateConversions(params.slice_columns, params.query_columns)
-    counts = checked.counts | "CountRows" >> beam.CombineGlobally(sum_pairs)
-    if dead_letter_schema is not None:
-        _ = checked[REJECTED] | "WriteDeadLetters" >> beam.io.WriteToParquetBatched(
-            FileSystems.join(output, "dead_letter", "rejected"), schema=dead_letter_schema, num_shards=1,
-            shard_name_template="", file_name_suffix=".parquet")
+                   num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
+                   max_slices: int = DEFAULT_MAX_SLICES):
+    """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection."""
+    read = pipeline | "ReadAndValidate" >> ReadAndValidate(
+        inputs.paths, params.slice_columns, params.query_columns, folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
+    valid, counts = read["valid"], read["counts"]
+    if domain is not None:
+        domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])
+    else:
+        domain_pc = valid | "DomainFromData" >> DomainFromData(params, max_slices)
     merged = (
-        checked.valid
+        valid
         | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
-        | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, simulation_seed)
+        | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed)
     )
-    release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain, simulation_seed, max_rejected_fraction)
-    release | "WriteRelease" >> WriteRelease(output, params_sha256, debug_run)
+    release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain_pc, simulation_seed, max_rejected_fraction)
+    release | "WriteRelease" >> WriteRelease(folder.staging, params_sha256, debug_run, simulation_seed is not None)
     return release
 
 
@@ -125,82 +196,111 @@ def run(argv: Sequence[str] | None = None) -> int:
 def _run(argv: list[str]) -> int:
     args, beam_args = build_parser().parse_known_args(argv)
     started = time.time()
+    simulation = args.simulation_seed is not None
+    if simulation:
+        print(SIMULATION_WARNING, file=sys.stderr)
     loaded = load_params(args.params, args.params_version)
-    params = loaded.params
-    if args.epsilon is not None:
-        params = params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
+    params, epsilon_note = apply_epsilon(loaded, args.epsilon, args.override_epsilon)
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
         raise UserError(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
     if args.num_shards is not None and args.num_shards < 1:
         raise UserError(f"--num-shards must be >= 1, got {args.num_shards}")
-    summary_path = FileSystems.join(args.output, "run_summary.json")
-    if FileSystems.exists(summary_path) and not args.overwrite:
-        raise UserError(f"{args.output} already holds a run (run_summary.json); pass --overwrite to replace it")
-    paths, schema = check_input(args.input, params.slice_columns, params.query_columns)
-    num_shards = args.num_shards or auto_num_shards(count_rows(paths))
-    domain = load_domain(args.domain, params)
-    import pyarrow as pa
-
-    dl_fields = [schema.field(c) for c in needed_columns(params.slice_columns, params.query_columns)]
-    dead_letter_schema = pa.schema(dl_fields + [pa.field("reason", pa.string())])
+    inputs = check_input(args.input, params.slice_columns, params.query_columns)
+    domain, domain_origin = resolve_domain(args, params, inputs)
+    ledger = None
+    if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
+        identity = input_identity(inputs.paths, inputs.first_time, inputs.last_time)
+        ledger = Ledger.open(args.ledger or loaded.store or default_ledger_root(), identity, args.allow_rerelease)
+    folder = RunFolder.prepare(args.output, args.overwrite)
     opts = pipeline_options(beam_args)
     shuffle_dir = spill_dir(opts, args.shuffle)
+    num_shards = args.num_shards or auto_shards(inputs)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    build_pipeline(pipeline, args.input, params, args.output, params.checksum(), domain, args.simulation_seed,
-                   args.debug_run, num_shards, args.max_rejected_fraction, dead_letter_schema, shuffle_dir)
+    build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed, args.debug_run,
+                   num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices or DEFAULT_MAX_SLICES)
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
-    finally:
-        remove_dir(shuffle_dir)
-    summary = run_summary(args, result, loaded, params, paths, opts, time.time() - started)
-    summary["num_shards"] = num_shards
-    summary["shuffle"] = "files" if shuffle_dir else "memory"
-    with FileSystems.create(summary_path) as fh:
-        fh.write(json.dumps(summary, indent=1).encode())
-    print_summary(summary, args.output)
+        try:
+            result = pipeline.run()
+            result.wait_until_finish()
+        finally:
+            remove_dir(shuffle_dir)
+        summary = run_summary(folder, args, loaded, params, inputs, opts, time.time() - started, simulation)
+        summary.update(epsilon_note, domain=domain_origin, num_shards=num_shards,
+                       shuffle="files" if shuffle_dir else "memory")
+        folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
+        release_number = None
+        if ledger is not None:
+            release_number = ledger.record({"output": folder.target, "params_sha256": params.checksum(),
+                                            "epsilon": params.epsilon, **epsilon_note})
+            summary["release_number_of_this_input"] = release_number
+            summary["ledger"] = ledger.store.uri
+        folder.write(outputs.private_file(outputs.RUN_SUMMARY), json.dumps(summary, indent=1).encode())
+        extra = {"params_sha256": params.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
+                 "input": ledger.identity.to_json() if ledger else {"files": list(inputs.paths)},
+                 "release_number_of_this_input": release_number}
+        folder.commit(simulation, extra)
+    except Exception as exc:
+        kept = folder.fail()
+        if kept is None:
+            raise
+        raise UserError(f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__} "
+                        f"(nothing was released; the operator-private files of the failed run are in {kept})") from exc
+    except BaseException:
+        folder.abandon()
+        raise
+    print_summary(summary, folder.target, simulation)
     return 0
 
 
-def run_summary(args, result, loaded: LoadedParams, params: Params, paths: list[str], opts, wall: float) -> dict:
-    with FileSystems.open(FileSystems.join(args.output, "release.json")) as fh:
-        release = json.loads(fh.read().decode())
-    counters = counter_values(result)
-    rejected = rejected_by_reason(result)
-    summary = {
-        "rows_read": release["rows_read"],
-        "rows_rejected": release["rows_rejected"],
-        "rows_rejected_by_reason": rejected,
-        "conversions_kept": release["conversions_kept"],
-        "conversions_dropped_by_cap": release["conversions_capped"],
-        "conversions_kept_outside_domain": release["conversions_kept_outside_domain"],
-        "impressions": counters.get("impressions"),
-        "slices": release["slices"],
-        "keys": release["keys"],
+def auto_shards(inputs: InputFiles) -> int:
+    from transforms.io import auto_num_shards
+
+    return auto_num_shards(inputs.rows)
+
+
+def run_summary(folder: RunFolder, args, loaded: LoadedParams, params: Params, inputs: InputFiles, opts, wall: float,
+                simulation: bool) -> dict:
+    """Operator-private run summary: the pipeline's exact accounting plus what ran and how."""
+    accounting = _read_accounting(folder)
+    return {
+        "OPERATOR_PRIVATE": "exact, un-noised counts: never publish",
+        **accounting,
         "epsilon": params.epsilon,
         "encoding": params.encoding,
         "count_limit": params.count_limit,
         "parameters": loaded.source,
-        "simulation": args.simulation_seed is not None,
+        "simulation": simulation,
         "simulation_seed": args.simulation_seed,
-        "input_files": len(paths),
+        "input_files": len(inputs.paths),
         "runner": runner_name(opts),
         "wall_time_s": round(wall, 3),
     }
-    closes = summary["rows_read"] == (summary["conversions_kept"] + summary["conversions_dropped_by_cap"]
-                                      + summary["conversions_kept_outside_domain"] + summary["rows_rejected"])
-    summary["accounting_closes"] = bool(closes)
-    if not closes:
-        raise RuntimeError(f"row accounting does not close: {summary}")
-    return summary
 
 
-def print_summary(summary: dict, output: str) -> None:
-    print(f"araopt measure: {summary['rows_read']:,} rows read, {summary['rows_rejected']:,} rejected, "
-          f"{summary['conversions_kept']:,} kept, {summary['conversions_dropped_by_cap']:,} dropped by the cap; "
-          f"{summary['keys']:,} keys released at epsilon={summary['epsilon']:g} in {summary['wall_time_s']:.1f} s")
-    print(f"outputs under {output}: summary_report.avro, output_domain.avro, key_map.json/.csv, "
-          f"estimates.parquet/.csv, dead_letter/, run_summary.json")
+ACCOUNTING_FILE = outputs.private_file(outputs.ACCOUNTING)
+
+
+def _read_accounting(folder: RunFolder) -> dict:
+    with FileSystems.open(folder.path(ACCOUNTING_FILE)) as fh:
+        accounting = json.loads(fh.read().decode())
+    FileSystems.delete([folder.path(ACCOUNTING_FILE)])
+    if not accounting.get("accounting_closes"):
+        raise RuntimeError(f"row accounting does not close: {accounting}")
+    return accounting
+
+
+
+
+def print_summary(summary: dict, output: str, simulation: bool) -> None:
+    rel = outputs.release_dir(simulation)
+    mark = "SIMULATION (not private) " if simulation else ""
+    print(f"araopt measure: {mark}release of {summary['keys']:,} keys at epsilon={summary['epsilon']:g} "
+          f"written to {output}/{rel}/ in {summary['wall_time_s']:.1f} s (domain: {summary['domain']})")
+    by_reason = ", ".join(f"{k} {v:,}" for k, v in summary["rows_rejected_by_reason"].items()) or "none"
+    print(f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = "
+          f"{summary['conversions_kept']:,} kept + {summary['conversions_dropped_by_cap']:,} dropped by the cap + "
+          f"{summary['conversions_kept_outside_domain']:,} outside the domain + {summary['rows_rejected']:,} rejected "
+          f"({by_reason}); details in {output}/{outputs.PRIVATE_DIR}/")
 
 
 if __name__ == "__main__":

@@ -27,19 +27,20 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from araopt import statistics as stats
+from araopt.conversions import check_rejected_share
 from araopt.params import Params, Provenance, check_epsilon, utc_now_iso
 from deploy.cli_options import NIGHTLY_OPTIONS, add_options, resolve_as_of
-from transforms.io import auto_num_shards, check_schema_of, count_rows, match_files
+from transforms.io import auto_num_shards, check_input, match_files
 from transforms.statistics import ComputeStatistics
-from transforms.validate import ValidateConversions, sum_pairs
+from transforms.validate import ReadAndValidate
 
-from .options import SHUFFLES, UserError, cli_main, make_runner, pipeline_options, remove_dir, spill_dir
+from .options import OneLineParser, SHUFFLES, UserError, cli_main, make_runner, pipeline_options, remove_dir, spill_dir
 
 DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="araopt nightly", description=__doc__,
+    parser = OneLineParser(prog="araopt nightly", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Other --options are passed to Apache Beam (e.g. --runner DataflowRunner).")
     add_options(parser, NIGHTLY_OPTIONS)
@@ -120,11 +121,8 @@ class _OptimizeGuardAndPublish(beam.DoFn):
         from araopt import optimizer
 
         cfg = self._cfg
-        rows_read, rows_rejected = counts
-        if rows_read == 0 or rows_read == rows_rejected:
-            raise ValueError("the history window holds no valid conversion rows")
-        if rows_rejected > cfg["max_rejected_fraction"] * rows_read:
-            raise ValueError(f"{rows_rejected} of {rows_read} history rows failed validation (> {cfg['max_rejected_fraction']:.0%})")
+        check_rejected_share(counts, cfg["max_rejected_fraction"], what="history window")
+        rows_read, rows_rejected = counts.rows_read, counts.rows_rejected
         result = optimizer.optimize(statistics, cfg["epsilon"], cfg["encoding"], cfg["max_count_limit"], cfg["objective"],
                                     progress=False, slice_columns=cfg["slices"])
         baselines = {}
@@ -132,7 +130,7 @@ class _OptimizeGuardAndPublish(beam.DoFn):
             base = optimizer.baseline_params(statistics, cfg["epsilon"], q, cfg["max_count_limit"], taus=result.taus,
                                              slice_columns=cfg["slices"])
             baselines[f"baseline_q{int(q * 100)}"] = optimizer.objective(statistics, base, result.taus, cfg["objective"])
-        params = replace(result.params, provenance=Provenance(
+        params = replace(result.params.with_domain_of(statistics.slice_values()), provenance=Provenance(
             training_start=cfg["window"][0], training_end=cfg["window"][1], rows=rows_read - rows_rejected,
             created_at=utc_now_iso(), predicted_rmsre_tau=result.objective, baseline_rmsre_tau=min(baselines.values()),
             objective=cfg["objective"], extra={"run_id": cfg["run_id"], "as_of": cfg["as_of"], "baselines": baselines,
@@ -158,7 +156,7 @@ class _OptimizeGuardAndPublish(beam.DoFn):
             _write_report(report_dir, report, result, self._store)
             raise ValueError("not published: " + "; ".join(problems) + f" (report: {report_dir})")
         published = self._store.publish(cfg["as_of"], cfg["run_id"], params.to_bytes(),
-                                        expected_previous=self._expected_previous)
+                                        expected_previous=self._expected_previous, validate=Params.from_bytes)
         report.update(published=True, version=published.version, version_uri=published.uri, sha256=published.sha256,
                       created=published.created, pointer_moved=published.moved)
         _write_report(report_dir, report, result, self._store)
@@ -259,7 +257,7 @@ def _run(argv: list[str]) -> int:
     except StoreError as exc:
         raise UserError(str(exc)) from None
     files, dates = select_window(args.history, as_of, args.window_days)
-    check_schema_of(files, slices, values)
+    inputs = check_input(files, slices, values)
     window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
     cfg = {
         "store": args.store, "as_of": as_of, "run_id": args.run_id or uuid.uuid4().hex[:8], "epsilon": epsilon,
@@ -273,14 +271,11 @@ def _run(argv: list[str]) -> int:
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c)
     opts = pipeline_options(beam_args)
     shuffle_dir = spill_dir(opts, args.shuffle)
-    num_shards = args.num_shards or auto_num_shards(count_rows(files))
+    num_shards = args.num_shards or auto_num_shards(inputs.rows)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    from transforms.io import ReadConversionFiles, needed_columns
-
-    batches = pipeline | "ReadWindow" >> ReadConversionFiles(files, needed_columns(slices, values))
-    checked = batches | "Validate" >> ValidateConversions(slices, values)
-    counts = checked.counts | "CountRows" >> beam.CombineGlobally(sum_pairs)
-    statistics = checked.valid | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
+    read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values)
+    counts = read["counts"]
+    statistics = read["valid"] | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
     _ = statistics | "OptimizeGuardAndPublish" >> beam.ParDo(
         _OptimizeGuardAndPublish(cfg, previous_payload, pointer.version if pointer else None), beam.pvalue.AsSingleton(counts))
     try:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.optimizer import BASELINE_QUANTILES, baseline_params, objective, optimize
+from pipelines.options import OneLineParser
 from araopt.params import Provenance, check_epsilon, utc_now_iso
 from araopt.statistics import DEFAULT_MAX_COUNT_LIMIT, StatisticsSpec, SufficientStatistics
 
@@ -27,7 +28,7 @@ PROG = "araopt optimize"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Any other --option is passed to Apache Beam (e.g. --runner DataflowRunner ...).")
     parser.add_argument("--history", required=True, help="Parquet conversion log: file, directory or glob (local or gs://)")
     parser.add_argument("--slices", required=True, help="comma-separated slice columns")
@@ -67,7 +68,7 @@ def _scan_history(pattern: str, slice_columns: Sequence[str], value_columns: Seq
 
     from transforms.io import check_input
 
-    paths, _ = check_input(pattern, slice_columns, value_columns)
+    paths = list(check_input(pattern, slice_columns, value_columns).paths)
     rows = 0
     first = last = None
     for path in paths:
@@ -190,7 +191,7 @@ def _run(argv: list[str]) -> int:
                                                                         if isinstance(v, (int, float, str))},
                              "per_count_limit": [{"C": r.count_limit, "rmsre_tau": r.objective} for r in result.per_count_limit],
                              "optimizer_seconds": result.seconds})
-    params = dataclasses.replace(result.params, provenance=prov)
+    params = dataclasses.replace(result.params.with_domain_of(stats.slice_values()), provenance=prov)
     params.save(args.out)
     print(f"{stats.num_conversions} conversions, {stats.num_impressions} impressions, {stats.num_slices} slices; "
           f"epsilon = {epsilon:g}, objective = {args.objective}, taus = {', '.join(f'{t:.4g}' for t in taus)}")

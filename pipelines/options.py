@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Callable, NoReturn, Sequence
 
@@ -59,7 +60,47 @@ def spill_dir(opts: PipelineOptions, shuffle: str = "auto") -> str | None:
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
     root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
-    return FileSystems.join(root, f"araopt-shuffle-{uuid.uuid4().hex}")
+    path = FileSystems.join(root, f"{SPILL_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+    if not is_remote(root):
+        for stale in sweep_leftovers(root, (SPILL_PREFIX,)):
+            logging.getLogger(__name__).warning("removed the shuffle spill of a killed run: %s", stale)
+        os.makedirs(path, mode=0o700)
+        os.chmod(path, 0o700)  # raw conversion rows: readable by this user only, whatever the umask
+    return path
+
+
+SPILL_PREFIX = "araopt-shuffle-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_leftovers(parent: str, stems: tuple[str, ...]) -> list[str]:
+    """Remove local folders ``parent/<stem><pid>-...`` whose process is gone (killed runs' leftovers).
+
+    Returns what was removed. Object stores are left to the bucket's lifecycle rules.
+    """
+    import shutil
+
+    removed: list[str] = []
+    if is_remote(parent) or not os.path.isdir(parent):
+        return removed
+    for name in os.listdir(parent):
+        for stem in stems:
+            head = name[len(stem):].split("-", 1)[0] if name.startswith(stem) else ""
+            if head.isdigit() and int(head) != os.getpid() and not _pid_alive(int(head)):
+                path = os.path.join(parent, name)
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+                break
+    return removed
 
 
 def remove_dir(path: str | None) -> None:
@@ -95,21 +136,42 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+TRACEBACK_FLAG = "--traceback"
+
+
 def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
-    """Run ``run(argv)`` turning bad input (ValueError, UserError, OSError) into one line on stderr
-    and exit code 2; argparse's --help / usage errors keep their exit codes."""
+    """Run ``run(argv)``; any failure is one line on stderr and exit status 2 (``--traceback`` also
+    prints the Python traceback, and Beam's own error log). argparse's --help exits 0."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    show_traceback = TRACEBACK_FLAG in args
+    args = [a for a in args if a != TRACEBACK_FLAG]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Beam logs a failed bundle's traceback at ERROR before raising it: keep stderr to one line
+    logging.getLogger("apache_beam").setLevel(logging.WARNING if show_traceback else logging.CRITICAL)
     try:
-        return run(list(sys.argv[1:] if argv is None else argv))
-    except (ValueError, UserError, OSError) as exc:  # bad input, missing files, permissions, disk full
-        print(f"{prog}: error: {_first_line(exc)}", file=sys.stderr)
-        return 2
+        return run(args)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - every failure of a command is one line for its user
+        if show_traceback:
+            import traceback
+
+            traceback.print_exc()
+        print(f"{prog}: error: {_first_line(exc)}", file=sys.stderr)
+        return 2
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (no usage dump), exit code 2."""
+    """argparse whose usage errors are one line (no usage dump), exit code 2, and which never takes
+    an abbreviation of an option for the option (``--sim 3`` is not ``--simulation-seed 3``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.add_argument(TRACEBACK_FLAG, action="store_true", help="on failure, also print the Python traceback")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")

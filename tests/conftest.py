@@ -16,3 +16,11 @@ settings.register_profile("mutation", parent=settings.get_profile("ci"), databas
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from gcs_fixtures import fake_gcs_server, gcp_storage_emulator  # noqa: E402,F401  (GCS API emulators)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _private_release_ledger(tmp_path_factory, monkeypatch):
+    """Every test gets its own release ledger (``$ARAOPT_LEDGER``), also for the processes it starts."""
+    monkeypatch.setenv("ARAOPT_LEDGER", str(tmp_path_factory.mktemp("ledger")))

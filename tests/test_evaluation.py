@@ -122,7 +122,7 @@ def test_evaluate_cli_writes_csv_and_png(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("empty", "empty history"),
+    ("empty", "holds no conversion rows"),
     ("missing_slice", "missing required column"),
     ("missing_value", "missing required column"),
     ("negative", "negative"),

@@ -27,16 +27,22 @@ def test_measure_and_reconstruct_on_gcs(tmp_path, gcp_storage_emulator):
     upload_dir(bucket, write_parts(frame, tmp_path / "log", 2), "log")
     params.save(tmp_path / "p.json")
     bucket.blob("params/p.json").upload_from_filename(str(tmp_path / "p.json"))
+    bucket.blob("domain.csv").upload_from_string("campaign,geo\n" + "".join(f"{c},{g}\n" for c in range(5)
+                                                                             for g in ("NY", "BOS", "SF")))
     assert measure_pipeline.run(["--input", f"{gs}/log/*.parquet", "--params", f"{gs}/params/p.json",
-                                 "--output", f"{gs}/out", "--simulation-seed", "3"]) == 0
-    names = {b.name for b in bucket.list_blobs(prefix="out/")}
-    assert {"out/summary_report.avro", "out/output_domain.avro", "out/key_map.json", "out/estimates.csv",
-            "out/run_summary.json"} <= names
+                                 "--output", f"{gs}/out", "--domain", f"{gs}/domain.csv", "--ledger", f"{gs}/ledger",
+                                 "--debug-run"]) == 0
+    names = {b.name for b in bucket.list_blobs()}
+    assert {"out/release/summary_report.avro", "out/release/output_domain.avro", "out/release/key_map.json",
+            "out/release/estimates.csv", "out/private/run_summary.json", "out/private/debug/summary_report.avro",
+            "out/MANIFEST.json"} <= names
+    assert not [n for n in names if ".araopt-staging-" in n or "beam-temp" in n]  # staging moved, temp removed
+    assert [n for n in names if n.startswith("ledger/ledger/")]  # the release is recorded on GCS
     target = tmp_path / "est.csv"
-    assert run_reconstruct(["--summary-report", f"{gs}/out/summary_report.avro", "--params", f"{gs}/params/p.json",
-                            "--key-map", f"{gs}/out/key_map.json", "--out", str(target)]) == 0
-    bucket.blob("out/estimates.csv").download_to_filename(str(tmp_path / "want.csv"))
+    assert run_reconstruct(["--summary-report", f"{gs}/out/release/summary_report.avro", "--params",
+                            f"{gs}/params/p.json", "--key-map", f"{gs}/out/release/key_map.json", "--out", str(target)]) == 0
+    bucket.blob("out/release/estimates.csv").download_to_filename(str(tmp_path / "want.csv"))
     pd.testing.assert_frame_equal(pd.read_csv(target), pd.read_csv(tmp_path / "want.csv"))
-    assert run_export_ara(["--params", f"{gs}/params/p.json", "--key-map", f"{gs}/out/key_map.json",
+    assert run_export_ara(["--params", f"{gs}/params/p.json", "--key-map", f"{gs}/out/release/key_map.json",
                            "--out", str(tmp_path / "export")]) == 0
     assert (tmp_path / "export" / "sources.json").exists()

@@ -15,13 +15,16 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from araopt import Conversions, Params, QueryParams, aggregate, avro, measure
+from araopt import Conversions, KeyDomain, Params, QueryParams, aggregate, avro, measure, outputs
+from araopt.conversions import ValidationCounts
 from araopt.mechanism import encode_and_bound
 from pipelines import measure as measure_pipeline
 from pipelines.options import make_runner
+from pipelines.run_folder import RunFolder
 from transforms import aggregate as agg_transforms
 from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise
 from transforms.group import GroupByImpression
+from transforms.io import check_input
 from transforms.validate import REJECTED, ValidateConversions
 
 SEED = 7
@@ -63,9 +66,23 @@ def run_measure(tmp_path, frame, params, name, parts=3, extra=()):
     return code, out
 
 
+def rel(out, name, simulation=True):
+    """A release artifact of a run folder (simulation runs: simulation/SIMULATION-<name>)."""
+    return os.path.join(str(out), outputs.release_file(name, simulation))
+
+
+def private(out, name):
+    return os.path.join(str(out), outputs.private_file(name))
+
+
 def read_debug(out):
-    buckets, unnoised, noise, _ = avro.read_debug_report(str(out / "debug" / "summary_report.avro"))
+    buckets, unnoised, noise, _ = avro.read_debug_report(private(out, outputs.DEBUG_REPORT))
     return buckets, unnoised, noise
+
+
+def data_domain(frame, params):
+    return KeyDomain.from_slice_values(params.slice_columns, {c: frame[c].to_numpy() for c in params.slice_columns},
+                                       params.query_columns, baseline=params.encoding == "baseline")
 
 
 # ---- transforms, one by one ------------------------------------------------------------------
@@ -80,7 +97,10 @@ def test_validate_sends_bad_rows_to_dead_letter_with_reason():
         assert_that(out.valid | "ValidRows" >> beam.Map(lambda t: t.num_rows), equal_to([17]), label="valid")
         reasons = out[REJECTED] | beam.FlatMap(lambda t: t.column("reason").to_pylist())
         assert_that(reasons, equal_to(["null_impression_id", "negative_value", "non_finite_value"]), label="reasons")
-        assert_that(out.counts, equal_to([(20, 3)]), label="counts")
+        counts = out.counts | beam.CombineGlobally(ValidationCounts.merge)
+        assert_that(counts | beam.Map(lambda c: (c.rows_read, c.rows_rejected, dict(c.rejected_by_reason))),
+                    equal_to([(20, 3, {"negative_value": 1, "non_finite_value": 1, "null_impression_id": 1})]),
+                    label="counts")
 
 
 def test_group_by_impression_puts_each_impression_in_exactly_one_shard():
@@ -101,27 +121,31 @@ def test_group_by_impression_puts_each_impression_in_exactly_one_shard():
         assert_that(shards, check)
 
 
-def core_sums(frame, params):
+def core_sums(frame, params, domain=None):
+    domain = domain or data_domain(frame, params)
     conv = Conversions.from_table(frame, params.slice_columns, params.query_columns)
     contributions, kept = encode_and_bound(conv, params, SEED)
-    return aggregate.slice_sums(conv, contributions, kept)
+    return aggregate.domain_sums(domain.slice_index(conv.slices), contributions, kept, domain.num_slices,
+                                 impressions=len(np.unique(conv.impression_id)))
 
 
 @pytest.mark.parametrize("encoding", ["linf", "baseline"])
 def test_encode_bound_and_sum_equals_core(encoding):
     frame = make_frame(3000)
     params = make_params(encoding)
-    expected = core_sums(frame, params).frame.sort_values(["campaign", "geo"]).reset_index(drop=True)
+    domain = data_domain(frame, params)
+    expected = core_sums(frame, params, domain)
     tables = [pa.Table.from_pandas(frame.iloc[i::3], preserve_index=False) for i in range(3)]
 
     def check(results):
         (got,) = results
-        g = got.frame.sort_values(["campaign", "geo"]).reset_index(drop=True)
-        pd.testing.assert_frame_equal(g[expected.columns], expected, check_dtype=False)
+        assert np.array_equal(got.histogram, expected.histogram)
+        assert (got.kept, got.capped, got.outside_domain, got.impressions) == \
+            (expected.kept, expected.capped, expected.outside_domain, expected.impressions)
 
     with TestPipeline() as p:
         valid = (p | beam.Create(tables) | ValidateConversions(params.slice_columns, params.query_columns)).valid
-        merged = valid | GroupByImpression(5) | EncodeBoundAndSum(params, SEED)
+        merged = valid | GroupByImpression(5) | EncodeBoundAndSum(params, p | "D" >> beam.Create([domain]), SEED)
         assert_that(merged, check)
 
 
@@ -138,8 +162,9 @@ def test_noisy_release_equals_core_measure():
 
     with TestPipeline() as p:
         merged = p | "Sums" >> beam.Create([core_sums(frame, params)])
-        counts = p | "Counts" >> beam.Create([(3000, 0)])
-        assert_that(merged | NoisyRelease(params, counts, simulation_seed=SEED), check)
+        counts = p | "Counts" >> beam.Create([ValidationCounts(3000, 0)])
+        domain = p | "Domain" >> beam.Create([data_domain(frame, params)])
+        assert_that(merged | NoisyRelease(params, counts, domain, simulation_seed=SEED), check)
 
 
 def test_non_global_windowing_is_refused():
@@ -148,7 +173,8 @@ def test_non_global_windowing_is_refused():
         with TestPipeline() as p:
             merged = (p | beam.Create([core_sums(make_frame(50), params)])
                       | beam.WindowInto(beam.window.FixedWindows(60)))
-            merged | NoisyRelease(params, p | "C" >> beam.Create([(50, 0)]))
+            merged | NoisyRelease(params, p | "C" >> beam.Create([ValidationCounts(50, 0)]),
+                                  p | "D" >> beam.Create([data_domain(make_frame(50), params)]))
 
 
 # ---- the whole job -------------------------------------------------------------------------------
@@ -165,13 +191,13 @@ def test_pipeline_histogram_and_estimates_equal_core_exactly(tmp_path, ids):
     assert buckets == core.domain.buckets()
     assert np.array_equal(unnoised, core.histogram.ravel())
     assert np.array_equal(noise, core.report.noise.ravel())
-    sbuckets, metrics = avro.read_summary_report(str(out / "summary_report.avro"))
+    sbuckets, metrics = avro.read_summary_report(rel(out, outputs.SUMMARY_REPORT))
     assert sbuckets == buckets and np.array_equal(metrics, core.report.noisy.ravel())
-    assert avro.read_output_domain(str(out / "output_domain.avro")) == buckets
-    est = pd.read_parquet(out / "estimates.parquet")
+    assert avro.read_output_domain(rel(out, outputs.OUTPUT_DOMAIN)) == buckets
+    est = pd.read_parquet(rel(out, outputs.ESTIMATES_PARQUET))
     assert list(est.columns) == ["campaign", "geo", "query", "estimate", "std_error", "ci_low", "ci_high"]
     assert np.allclose(est["estimate"].to_numpy(), core.estimates.estimate.ravel())
-    summary = json.loads((out / "run_summary.json").read_text())
+    summary = json.loads(open(private(out, outputs.RUN_SUMMARY)).read())
     assert summary["rows_read"] == len(frame) and summary["accounting_closes"]
     assert summary["conversions_kept"] == core.rows_kept and summary["conversions_dropped_by_cap"] == core.rows_capped
     assert summary["parameters"]["sha256"] and summary["simulation"] is True
@@ -181,7 +207,7 @@ def test_invariant_to_row_order_files_shards_and_running_mode(tmp_path):
     frame = make_frame()
     params = make_params()
     _, ref = run_measure(tmp_path, frame, params, "ref", parts=3)
-    reference = avro.read_summary_report(str(ref / "summary_report.avro"))
+    reference = avro.read_summary_report(rel(ref, outputs.SUMMARY_REPORT))
     shuffled = frame.sample(frac=1.0, random_state=3).reset_index(drop=True)
     variants = [
         ("shuffled", shuffled, 3, ["--num-shards", "64"]),
@@ -192,9 +218,9 @@ def test_invariant_to_row_order_files_shards_and_running_mode(tmp_path):
     for name, data, parts, extra in variants:
         code, out = run_measure(tmp_path, data, params, name, parts=parts, extra=extra)
         assert code == 0
-        got = avro.read_summary_report(str(out / "summary_report.avro"))
+        got = avro.read_summary_report(rel(out, outputs.SUMMARY_REPORT))
         assert got[0] == reference[0] and np.array_equal(got[1], reference[1]), name
-    summary = json.loads((tmp_path / "out-multiproc" / "run_summary.json").read_text())
+    summary = json.loads(open(private(tmp_path / "out-multiproc", outputs.RUN_SUMMARY)).read())
     assert "multi_processing" in summary["runner"]
 
 
@@ -206,9 +232,9 @@ def test_bad_rows_go_to_dead_letter_and_accounting_closes(tmp_path):
     frame.loc[13, "items"] = -1
     code, out = run_measure(tmp_path, frame, make_params(), "bad")
     assert code == 0
-    dead = pd.read_parquet(out / "dead_letter" / "rejected.parquet")
+    dead = pd.read_parquet(private(out, outputs.DEAD_LETTER))
     assert sorted(dead["reason"]) == ["negative_value", "negative_value", "null_slice_value", "null_value"]
-    s = json.loads((out / "run_summary.json").read_text())
+    s = json.loads(open(private(out, outputs.RUN_SUMMARY)).read())
     assert s["rows_rejected_by_reason"] == {"negative_value": 2, "null_slice_value": 1, "null_value": 1}
     assert s["rows_read"] == s["conversions_kept"] + s["conversions_dropped_by_cap"] + s["rows_rejected"] \
         + s["conversions_kept_outside_domain"]
@@ -217,9 +243,16 @@ def test_bad_rows_go_to_dead_letter_and_accounting_closes(tmp_path):
 def test_too_many_bad_rows_fail_before_release(tmp_path, capsys):
     frame = make_frame(500)
     frame.loc[:80, "value"] = -1.0  # 16% rejected > 10%
-    code, _ = run_measure(tmp_path, frame, make_params(), "toobad")
-    assert code == 2 and "above the 10% threshold" in capsys.readouterr().err
-    assert not (tmp_path / "out-toobad" / "summary_report.avro").exists()
+    code, out = run_measure(tmp_path, frame, make_params(), "toobad")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    (line,) = [l for l in err.splitlines() if l.startswith("araopt measure: error:")]
+    assert "above the 10% threshold" in line
+    assert not out.exists()  # nothing released, not even partly
+    kept = [p for p in os.listdir(tmp_path) if p.startswith("out-toobad.araopt-failed-")]
+    assert len(kept) == 1 and os.listdir(tmp_path / kept[0]) == [outputs.PRIVATE_DIR]
+    dead = pd.read_parquet(tmp_path / kept[0] / outputs.PRIVATE_DIR / "dead_letter" / "rejected.parquet")
+    assert (dead["reason"] == "negative_value").sum() == 81
 
 
 def test_missing_column_and_bad_epsilon_refused_before_processing(tmp_path, capsys):
@@ -237,11 +270,11 @@ class _FailFirstAttempt(_AddNoise):
         super().__init__(*args)
         self._marker = marker
 
-    def process(self, sums, counts):
+    def process(self, sums, counts, domain):
         if not os.path.exists(self._marker):
             open(self._marker, "w").close()
             raise RuntimeError("injected failure on first attempt")
-        yield from super().process(sums, counts)
+        yield from super().process(sums, counts, domain)
 
 
 @pytest.mark.parametrize("seeded, shuffle", [(True, "memory"), (False, "memory"), (True, "files")])
@@ -252,14 +285,15 @@ def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkey
     marker = str(tmp_path / "attempted")
     monkeypatch.setattr(agg_transforms, "_AddNoise", lambda *a: _FailFirstAttempt(marker, *a))
     data = write_parts(frame, tmp_path / "in", 2)
-    out = str(tmp_path / "out")
+    folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
     opts = PipelineOptions(["--runner", "BundleBasedDirectRunner"])
     with beam.Pipeline(options=opts) as p:
-        measure_pipeline.build_pipeline(p, data, params, out, params.checksum(), simulation_seed=seed, debug_run=True,
+        measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns), params, folder,
+                                        params.checksum(), data_domain(frame, params), simulation_seed=seed, debug_run=True,
                                         shuffle_dir=str(tmp_path / "spill") if shuffle == "files" else None)
     assert os.path.exists(marker)  # the first attempt did fail
-    buckets, unnoised, noise, _ = avro.read_debug_report(os.path.join(out, "debug", "summary_report.avro"))
-    sb, noisy = avro.read_summary_report(os.path.join(out, "summary_report.avro"))
+    buckets, unnoised, noise, _ = avro.read_debug_report(folder.path(outputs.private_file(outputs.DEBUG_REPORT)))
+    sb, noisy = avro.read_summary_report(folder.path(outputs.release_file(outputs.SUMMARY_REPORT, seeded)))
     assert len(set(sb)) == len(sb) == len(buckets)  # each key released exactly once
     assert np.array_equal(noisy, unnoised + noise)
     core = measure(Conversions.from_table(frame, params.slice_columns, params.query_columns), params, simulation_seed=SEED)
@@ -285,12 +319,12 @@ def test_reconstruct_cli_reproduces_the_pipelines_estimates(tmp_path):
     params = make_params()
     code, out = run_measure(tmp_path, frame, params, "rt")
     assert code == 0
-    for report in ("summary_report.avro", os.path.join("debug", "summary_report.avro")):
-        target = tmp_path / f"reconstructed-{report.replace(os.sep, '-')}.csv"
-        assert run_reconstruct(["--summary-report", str(out / report), "--params", str(tmp_path / "rt.json"),
-                                "--key-map", str(out / "key_map.json"), "--out", str(target)]) == 0
+    for i, report in enumerate((rel(out, outputs.SUMMARY_REPORT), private(out, outputs.DEBUG_REPORT))):
+        target = tmp_path / f"reconstructed-{i}.csv"
+        assert run_reconstruct(["--summary-report", report, "--params", str(tmp_path / "rt.json"),
+                                "--key-map", rel(out, outputs.KEY_MAP_JSON), "--out", str(target)]) == 0
         got = pd.read_csv(target)
-        want = pd.read_csv(out / "estimates.csv")
+        want = pd.read_csv(rel(out, outputs.ESTIMATES_CSV))
         pd.testing.assert_frame_equal(got, want)
 
 
@@ -310,7 +344,7 @@ def test_declared_domain_noises_unseen_keys_and_counts_slices_outside_it(tmp_pat
     assert buckets == domain.buckets() and len(buckets) == 3 * 3
     assert (unnoised.reshape(3, 3)[2] == 0).all() and (noise != 0).any()
     in_domain = frame[((frame.campaign == 0) | (frame.campaign == 1)) & (frame.geo == "NY")]
-    s = json.loads((out / "run_summary.json").read_text())
+    s = json.loads(open(private(out, outputs.RUN_SUMMARY)).read())
     assert s["conversions_kept_outside_domain"] > 0 and s["accounting_closes"]
     core = measure(Conversions.from_table(frame, params.slice_columns, params.query_columns), params, domain,
                    simulation_seed=SEED)
@@ -338,14 +372,15 @@ def test_spilled_shuffle_ignores_files_of_a_failed_attempt(tmp_path, monkeypatch
 
     monkeypatch.setattr(group._SpillByShard, "process", flaky)
     data = write_parts(frame, tmp_path / "in", 1)
-    out = str(tmp_path / "out")
+    folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
     spill = tmp_path / "spill"
     with beam.Pipeline(options=PipelineOptions(["--runner", "BundleBasedDirectRunner"])) as p:
-        measure_pipeline.build_pipeline(p, data, params, out, params.checksum(), simulation_seed=SEED, debug_run=True,
-                                        shuffle_dir=str(spill))
+        measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns), params, folder,
+                                        params.checksum(), data_domain(frame, params), simulation_seed=SEED,
+                                        debug_run=True, shuffle_dir=str(spill))
     assert marker.exists()
     per_shard = [len(files) for root, _, files in os.walk(spill) if files]
     assert per_shard and all(n == 2 for n in per_shard)  # each shard: one orphan of the failed attempt + one read
-    _, unnoised, _, _ = avro.read_debug_report(os.path.join(out, "debug", "summary_report.avro"))
+    _, unnoised, _, _ = avro.read_debug_report(folder.path(outputs.private_file(outputs.DEBUG_REPORT)))
     core = measure(Conversions.from_table(frame, params.slice_columns, params.query_columns), params, simulation_seed=SEED)
     assert np.array_equal(unnoised, core.histogram.ravel())

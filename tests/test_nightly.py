@@ -66,13 +66,22 @@ def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys
     assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "r2"])) == 0
     assert store.list_versions() == ["2026-11-22-r1"]
     assert "idempotent" in capsys.readouterr().out
+    # the version carries the history's key domain: a real (secure) release needs no --domain
+    assert params.domain is not None and params.domain.num_slices == len(report_slices(hist))
     # the measurement job resolves `latest` and records the version it used
     out = tmp_path / "out"
     assert measure_pipeline.run(["--input", os.path.join(hist, "date=2026-11-22"), "--params", store_uri,
-                                 "--output", str(out), "--simulation-seed", "1"]) == 0
-    summary = json.loads((out / "run_summary.json").read_text())
-    assert summary["parameters"]["version"] == "2026-11-22-r1"
+                                 "--output", str(out)]) == 0
+    summary = json.loads((out / "private" / "run_summary.json").read_text())
+    assert summary["parameters"]["version"] == "2026-11-22-r1" and summary["domain"] == "the parameter version"
     assert summary["parameters"]["sha256"] == store.resolve().sha256
+    assert summary["release_number_of_this_input"] == 1 and summary["ledger"] == store.uri
+    assert store.release_count(json.loads((out / "MANIFEST.json").read_text())["input"]["input_sha256"]) == 1
+
+
+def report_slices(hist):
+    frame = pd.read_parquet(hist)
+    return frame.groupby(["campaign", "geo"]).size()
 
 
 def test_guardrail_large_change_needs_flag(tmp_path, capsys):
@@ -160,7 +169,8 @@ def test_measure_refuses_corrupt_latest_or_params_naming_the_file(tmp_path, caps
     latest.write_bytes(good[: len(good) // 2])  # truncated pointer
     assert measure_pipeline.run(measure_args + ["--output", str(tmp_path / "o1")]) == 2
     err = capsys.readouterr().err
-    assert "latest" in err and "\n" not in err.strip()
+    (line,) = [l for l in err.splitlines() if l.startswith("araopt measure: error:")]
+    assert "latest" in line and "Traceback" not in err
     latest.write_bytes(good)
     params_file = tmp_path / "store" / "versions" / "2026-11-22-c" / "params.json"
     params_file.write_bytes(params_file.read_bytes().replace(b'"count_limit": ', b'"count_limit": 1'))  # tampered

@@ -1,8 +1,11 @@
-"""Encode + bound per shard, then a pure integer combine per key, then noise once per key (Alg. 3)."""
+"""Encode + cap per shard, a pure integer combine over the declared domain, then the release step
+(noise once per key) in a single-element step. Thin Beam wrappers over ``araopt.aggregate`` and
+``araopt.release``; the domain travels as a singleton side input (declared, or — simulation only —
+derived from the data by ``DomainFromData``).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -11,63 +14,16 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
 
 from araopt import aggregate
-from araopt.conversions import Conversions
+from araopt.conversions import Conversions, ValidationCounts, check_rejected_share
 from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound
 from araopt.params import Params
-from araopt.report import Estimates, SummaryReport, reconstruct, summary_report
+from araopt.release import Accounting, Release, noisy_release
 
 NAMESPACE = "araopt"
 
 
-class _EncodeAndBound(beam.DoFn):
-    """Per shard of complete impressions: Alg. 2/5 encoding, Alg. 1 bounding, per-slice sums."""
-
-    def __init__(self, params: Params, simulation_seed: int | None):
-        self._params = params
-        self._seed = simulation_seed
-
-    def setup(self):
-        self._kept = Metrics.counter(NAMESPACE, "conversions_kept")
-        self._capped = Metrics.counter(NAMESPACE, "conversions_capped")
-        self._impressions = Metrics.counter(NAMESPACE, "impressions")
-
-    def process(self, item: tuple[int, pa.Table]):
-        _, table = item
-        params = self._params
-        conv = Conversions.from_table(table, params.slice_columns, params.query_columns)
-        contributions, kept = encode_and_bound(conv, params, self._seed)
-        sums = aggregate.slice_sums(conv, contributions, kept)
-        self._kept.inc(sums.kept)
-        self._capped.inc(sums.capped)
-        self._impressions.inc(int(len(np.unique(conv.impression_id))))
-        yield sums
-
-
-class SliceSumsCombineFn(beam.CombineFn):
-    """Thin Beam wrapper over the pure combiner in ``araopt.aggregate``."""
-
-    def __init__(self, slice_columns: Sequence[str], num_columns: int):
-        self._slice_columns = tuple(slice_columns)
-        self._num_columns = num_columns
-
-    def create_accumulator(self):
-        return aggregate.empty(self._slice_columns, self._num_columns)
-
-    def add_input(self, acc, sums):
-        return aggregate.merge([acc, sums])
-
-    def merge_accumulators(self, accs):
-        return aggregate.merge(list(accs))
-
-    def compact(self, acc):
-        return acc
-
-    def extract_output(self, acc):
-        return acc
-
-
-def check_global_windowing(pcoll) -> None:
+def check_global_windowing(pcoll: beam.PCollection) -> None:
     """Refuse windowing/triggers that could fire a key more than once (each firing = fresh noise)."""
     strategy = pcoll.windowing
     if not isinstance(strategy.windowfn, window.GlobalWindows):
@@ -76,73 +32,88 @@ def check_global_windowing(pcoll) -> None:
         raise ValueError(f"noisy aggregation requires the default trigger (one firing), got {strategy.triggerfn!r}")
 
 
-class EncodeBoundAndSum(beam.PTransform):
-    """(shard, table of complete impressions) -> one merged ``SliceSums`` (integer, exact)."""
+class _EncodeAndBound(beam.DoFn):
+    """Per shard of complete impressions: encoding (Alg. 3 / Alg. 6), capping (Alg. 1), per-key sums."""
 
-    def __init__(self, params: Params, simulation_seed: int | None = None):
+    def __init__(self, params: Params, simulation_seed: int | None):
+        self._params = params
+        self._seed = simulation_seed
+
+    def setup(self):
+        self._kept = Metrics.counter(NAMESPACE, "conversions_kept")
+        self._capped = Metrics.counter(NAMESPACE, "conversions_capped")
+        self._outside = Metrics.counter(NAMESPACE, "conversions_kept_outside_domain")
+
+    def process(self, item: tuple[int, pa.Table], domain: KeyDomain):
+        _, table = item
+        params = self._params
+        conv = Conversions.from_table(table, params.slice_columns, params.query_columns)
+        contributions, kept = encode_and_bound(conv, params, self._seed)
+        sums = aggregate.domain_sums(domain.slice_index(conv.slices), contributions, kept, domain.num_slices,
+                                     impressions=len(np.unique(conv.impression_id)))
+        self._kept.inc(sums.kept)
+        self._capped.inc(sums.capped)
+        self._outside.inc(sums.outside_domain)
+        yield sums
+
+
+class DomainSumsCombineFn(beam.CombineFn):
+    """Thin wrapper over ``araopt.aggregate.merge`` (integer sums over one domain)."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, sums):
+        return sums if acc is None else aggregate.merge([acc, sums])
+
+    def merge_accumulators(self, accs):
+        parts = [a for a in accs if a is not None]
+        return aggregate.merge(parts) if parts else None
+
+    def extract_output(self, acc):
+        return acc
+
+
+class EncodeBoundAndSum(beam.PTransform):
+    """(shard, table of complete impressions) -> one merged ``DomainSums`` over the domain side input."""
+
+    def __init__(self, params: Params, domain: beam.PCollection, simulation_seed: int | None = None):
         super().__init__()
         self._params = params
+        self._domain = domain
         self._seed = simulation_seed
 
     def expand(self, shards):
         check_global_windowing(shards)
         return (
             shards
-            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed))
-            | "SumPerKey" >> beam.CombineGlobally(SliceSumsCombineFn(self._params.slice_columns, self._params.num_queries + 1))
+            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed), beam.pvalue.AsSingleton(self._domain))
+            | "SumPerKey" >> beam.CombineGlobally(DomainSumsCombineFn())
         )
 
 
-@dataclass(frozen=True)
-class Release:
-    """One noisy summary report over the domain, its reconstruction and the record accounting."""
-
-    params: Params
-    domain: KeyDomain
-    report: SummaryReport
-    estimates: Estimates
-    rows_read: int
-    rows_rejected: int
-    rows_kept: int
-    rows_capped: int
-    rows_outside_domain: int
-    slices_outside_domain: int
-    simulation_seed: int | None
-
-
 class _AddNoise(beam.DoFn):
-    """Runs once, on the single combined element: lays sums over the domain, adds DLap per key."""
+    """Runs once, on the single combined element: the release step of ``araopt.release``."""
 
-    def __init__(self, params: Params, domain: KeyDomain | None, simulation_seed: int | None, max_rejected_fraction: float):
+    def __init__(self, params: Params, simulation_seed: int | None, max_rejected_fraction: float):
         self._params = params
-        self._domain = domain
         self._seed = simulation_seed
         self._max_rejected = max_rejected_fraction
 
-    def process(self, sums: aggregate.SliceSums, counts: tuple[int, int]):
-        params = self._params
-        rows_read, rows_rejected = counts
-        if rows_read == 0:
-            raise ValueError("the input holds no conversion rows: nothing to release")
-        if rows_rejected > self._max_rejected * rows_read:
-            raise ValueError(
-                f"{rows_rejected} of {rows_read} rows ({rows_rejected / rows_read:.1%}) failed validation, above the "
-                f"{self._max_rejected:.0%} threshold: refusing to release (see the dead-letter output)"
-            )
-        domain = self._domain or aggregate.domain_from_sums(
-            sums, params.query_columns, params.encoding == "baseline", params.conversion_slice_columns)
-        laid = aggregate.histogram(sums, domain)
-        report = summary_report(laid.histogram, params.epsilon, params.contribution_budget, simulation_seed=self._seed)
-        Metrics.counter(NAMESPACE, "keys_released").inc(int(laid.histogram.size))
-        yield Release(params, domain, report, reconstruct(report.noisy, params), rows_read, rows_rejected,
-                      sums.kept - laid.rows_outside_domain, sums.capped, laid.rows_outside_domain,
-                      laid.slices_outside_domain, self._seed)
+    def process(self, sums: aggregate.DomainSums | None, counts: ValidationCounts, domain: KeyDomain):
+        check_rejected_share(counts, self._max_rejected)
+        if sums is None:  # every valid row was in shards that produced nothing: cannot happen with rows > 0
+            sums = aggregate.empty(domain.num_slices, domain.num_columns)
+        accounting = Accounting(counts.rows_read, counts.rows_rejected, sums.kept, sums.capped, sums.outside_domain,
+                                sums.impressions, counts.rejected_by_reason, counts.times_floored)
+        Metrics.counter(NAMESPACE, "keys_released").inc(domain.num_keys)
+        yield noisy_release(sums, self._params, domain, accounting, simulation_seed=self._seed)
 
 
 class NoisyRelease(beam.PTransform):
-    """Merged sums -> ``Release`` (noise exactly once per domain key, after the combine)."""
+    """Merged sums -> one ``Release`` (noise exactly once per domain key, after the combine)."""
 
-    def __init__(self, params: Params, counts: Any, domain: KeyDomain | None = None,
+    def __init__(self, params: Params, counts: beam.PCollection, domain: beam.PCollection,
                  simulation_seed: int | None = None, max_rejected_fraction: float = 0.10):
         super().__init__()
         self._params = params
@@ -154,4 +125,48 @@ class NoisyRelease(beam.PTransform):
     def expand(self, merged):
         check_global_windowing(merged)
         return merged | "AddNoiseOncePerKey" >> beam.ParDo(
-            _AddNoise(self._params, self._domain, self._seed, self._max_rejected), beam.pvalue.AsSingleton(self._counts))
+            _AddNoise(self._params, self._seed, self._max_rejected), beam.pvalue.AsSingleton(self._counts),
+            beam.pvalue.AsSingleton(self._domain))
+
+
+class _SliceSetCombineFn(beam.CombineFn):
+    def __init__(self, slice_columns: Sequence[str], max_slices: int):
+        self._slice_columns = tuple(slice_columns)
+        self._max_slices = max_slices
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, table: pa.Table):
+        part = aggregate.slice_set({c: table.column(c).to_numpy(zero_copy_only=False) for c in self._slice_columns},
+                                   self._slice_columns, self._max_slices)
+        return part if acc is None else aggregate.merge_slice_sets([acc, part])
+
+    def merge_accumulators(self, accs):
+        parts = [a for a in accs if a is not None]
+        return aggregate.merge_slice_sets(parts) if parts else None
+
+    def extract_output(self, acc):
+        return acc
+
+
+class DomainFromData(beam.PTransform):
+    """SIMULATION ONLY: valid batches -> singleton ``KeyDomain`` of the slices present (at most ``max_slices``)."""
+
+    def __init__(self, params: Params, max_slices: int):
+        super().__init__()
+        self._params = params
+        self._max_slices = max_slices
+
+    def expand(self, batches):
+        params = self._params
+        return (
+            batches
+            | "DistinctSlices" >> beam.CombineGlobally(_SliceSetCombineFn(params.slice_columns, self._max_slices))
+            | "ToDomain" >> beam.Map(lambda s: aggregate.domain_of(
+                s if s is not None else aggregate.slice_set({c: [] for c in params.slice_columns}, params.slice_columns, 1),
+                params.query_columns, params.encoding == "baseline", params.conversion_slice_columns))
+        )
+
+
+__all__ = ["DomainFromData", "DomainSumsCombineFn", "EncodeBoundAndSum", "NoisyRelease", "Release", "check_global_windowing"]

@@ -1,6 +1,15 @@
-"""Reading conversion logs (Parquet, local or gs://) as Arrow record batches through Beam IO."""
+"""Reading conversion logs (Parquet, local or gs://) as Arrow record batches through Beam IO.
+
+The driver first resolves the input to an explicit file list (``match_files``: names starting with
+``_`` or ``.`` anywhere below the input root are skipped, as Hadoop and Spark readers do, so
+``_SUCCESS``, ``_temporary/`` and ``.crc`` files and our own ``_dead_letters-*`` never count), then
+checks every file's schema and unifies them (``check_input``); the pipeline reads exactly those
+files (``ReadConversionFiles``), never the glob again.
+"""
 from __future__ import annotations
 
+import datetime as _dt
+from dataclasses import dataclass
 from typing import Sequence
 
 import apache_beam as beam
@@ -8,74 +17,91 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.conversions import CONVERSION_TIME, IMPRESSION_ID, check_schema
+from araopt.conversions import CONVERSION_TIME, IMPRESSION_ID, unify_schemas
+
+_GLOB_CHARS = "*?["
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in _GLOB_CHARS)
 
 
 def _is_directory(pattern: str) -> bool:
-    return not any(ch in pattern for ch in "*?[") and not pattern.endswith(".parquet") and FileSystems.exists(pattern)
+    return not _is_glob(pattern) and not pattern.endswith(".parquet") and FileSystems.exists(pattern)
 
 
-def input_pattern(pattern: str) -> str:
-    """The glob Beam should read: a directory becomes ``dir/**.parquet``."""
-    return FileSystems.join(pattern, "**.parquet") if _is_directory(pattern) else pattern
+def _root(pattern: str) -> str:
+    """The fixed part of a path or glob: everything before the first component with a wildcard."""
+    parts = pattern.split("/")
+    for i, part in enumerate(parts):
+        if _is_glob(part):
+            return "/".join(parts[:i])
+    return pattern if _is_directory(pattern) else "/".join(parts[:-1])
+
+
+def is_hidden(path: str, root: str) -> bool:
+    """True if a path component below ``root`` starts with ``_`` or ``.`` (metadata, not data)."""
+    rest = path[len(root):] if root and path.startswith(root) else path.rsplit("/", 1)[-1]
+    return any(part.startswith(("_", ".")) for part in rest.split("/") if part)
 
 
 def match_files(pattern: str) -> list[str]:
-    """Non-empty files matching a glob (local or gs://); a directory means every *.parquet below it."""
-    patterns = [input_pattern(pattern)]
+    """Non-empty, non-hidden files matching a path or glob (local or gs://); a directory means every
+    ``*.parquet`` below it."""
     if _is_directory(pattern):
-        patterns.append(FileSystems.join(pattern, "*.parquet"))
-    paths = {m.path for p in patterns for m in FileSystems.match([p])[0].metadata_list if m.size_in_bytes > 0}
-    return sorted(paths)
+        patterns = [FileSystems.join(pattern, "**.parquet"), FileSystems.join(pattern, "*.parquet")]
+    else:
+        patterns = [pattern]
+    root = _root(pattern)
+    matched = {m.path: m.size_in_bytes for p in patterns for m in FileSystems.match([p])[0].metadata_list}
+    return sorted(p for p, size in matched.items() if size > 0 and not is_hidden(p, root))
 
 
 def read_schema(path: str) -> pa.Schema:
-    with FileSystems.open(path) as fh:
-        return pq.read_schema(fh)
+    """The Parquet schema of one file; a file that is not Parquet is refused naming it."""
+    try:
+        with FileSystems.open(path) as fh:
+            return pq.read_schema(fh)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ValueError(f"not a Parquet file: {path} ({str(exc).splitlines()[0]})") from None
 
 
-def check_input(pattern: str, slice_columns: Sequence[str], value_columns: Sequence[str]) -> tuple[list[str], pa.Schema]:
-    """Driver-side check before any processing: files exist, required columns and types are right."""
-    paths = match_files(pattern)
-    if not paths:
-        raise ValueError(f"no input files match {pattern!r}")
-    schema = read_schema(paths[0])
-    check_schema(schema, slice_columns, value_columns, source=paths[0])
-    for p in paths[1:]:
-        other = read_schema(p)
-        check_schema(other, slice_columns, value_columns, source=p)
-    return paths, schema
+@dataclass(frozen=True)
+class InputFiles:
+    """The resolved input: its files, their unified canonical schema, the row count and the
+    conversion-time window (ISO strings, None when the footers carry no statistics) from the footers."""
+
+    paths: tuple[str, ...]
+    schema: pa.Schema
+    rows: int
+    first_time: str | None = None
+    last_time: str | None = None
+
+
+def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str]) -> InputFiles:
+    """Driver-side check before any processing: files exist, every file has the required columns
+    with the right types, ids and slices have one type across files, and there is at least one row."""
+    if isinstance(pattern, str):
+        paths = match_files(pattern)
+        if not paths:
+            raise ValueError(f"no input files match {pattern!r} (empty files and names starting with _ or . are skipped)")
+    else:
+        paths = list(pattern)
+        if not paths:
+            raise ValueError("no input files")
+    schema = unify_schemas([(p, read_schema(p)) for p in paths], slice_columns, value_columns)
+    rows, first, last = footer_summary(paths)
+    if rows == 0:
+        raise ValueError(f"the input holds no conversion rows ({len(paths)} file(s), 0 rows)")
+    return InputFiles(tuple(paths), schema, rows, first, last)
 
 
 def needed_columns(slice_columns: Sequence[str], value_columns: Sequence[str]) -> list[str]:
     return [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
 
 
-class ReadConversions(beam.PTransform):
-    """Parquet files -> PCollection of ``pa.Table`` record batches with only the needed columns."""
-
-    def __init__(self, pattern: str, columns: Sequence[str]):
-        super().__init__()
-        self._pattern = input_pattern(pattern)
-        self._columns = list(columns)
-
-    def expand(self, pbegin):
-        return pbegin | "ReadParquetBatches" >> beam.io.ReadFromParquetBatched(self._pattern, columns=self._columns)
-
-
-def check_schema_of(paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str]) -> pa.Schema:
-    """Schema check of an explicit file list (driver side, before any processing)."""
-    if not paths:
-        raise ValueError("no input files")
-    schema = None
-    for p in paths:
-        schema = read_schema(p)
-        check_schema(schema, slice_columns, value_columns, source=p)
-    return schema
-
-
 class ReadConversionFiles(beam.PTransform):
-    """An explicit list of Parquet files (e.g. a date window) -> PCollection of ``pa.Table`` batches."""
+    """An explicit list of Parquet files -> PCollection of ``pa.Table`` batches with only the needed columns."""
 
     def __init__(self, paths: Sequence[str], columns: Sequence[str]):
         super().__init__()
@@ -90,13 +116,31 @@ class ReadConversionFiles(beam.PTransform):
         )
 
 
-def count_rows(paths: Sequence[str]) -> int:
-    """Total rows from the Parquet footers (one small read per file)."""
+def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
+    """(rows, first and last conversion time as ISO strings or None) from the Parquet footers: one
+    small read per file; the window comes from the row groups' min/max statistics when present."""
     total = 0
+    first = last = None
     for p in paths:
         with FileSystems.open(p) as fh:
-            total += pq.ParquetFile(fh).metadata.num_rows
-    return total
+            meta = pq.ParquetFile(fh).metadata
+        total += meta.num_rows
+        names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+        if CONVERSION_TIME not in names:
+            continue
+        column = names.index(CONVERSION_TIME)
+        for g in range(meta.num_row_groups):
+            st = meta.row_group(g).column(column).statistics
+            if st is not None and st.has_min_max and isinstance(st.min, _dt.datetime) and isinstance(st.max, _dt.datetime):
+                lo, hi = (v if v.tzinfo else v.replace(tzinfo=_dt.timezone.utc) for v in (st.min, st.max))
+                first = lo if first is None else min(first, lo)
+                last = hi if last is None else max(last, hi)
+    return total, *(None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v)) for v in (first, last))
+
+
+def count_rows(paths: Sequence[str]) -> int:
+    """Total rows from the Parquet footers (one small read per file)."""
+    return footer_summary(paths)[0]
 
 
 ROWS_PER_SHARD = 250_000

@@ -1,5 +1,7 @@
-"""Writing a release: the Aggregation Service Avro files (through Beam's WriteToAvro, fastavro), the
-key map, the estimates (Parquet + CSV) and the accounting, all under one output prefix (local/gs://).
+"""Writing a release under a run folder (local or gs://; the driver stages it and moves it into place):
+the Aggregation Service Avro files (Beam's WriteToAvro, fastavro), the key map and the estimates in
+the release folder; the debug report (``--debug-run``) in the operator-private folder. File names and
+visibility come from ``araopt.outputs``.
 """
 from __future__ import annotations
 
@@ -7,119 +9,103 @@ import io
 import json
 
 import apache_beam as beam
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import avro
-from araopt.report import Estimates
-
-from .aggregate import Release
-
-
-def estimates_frame(release: Release) -> pd.DataFrame:
-    """Long format: slice columns, query (count, then each value query), estimate, std_error, CI."""
-    est: Estimates = release.estimates
-    m, k = est.estimate.shape
-    frame = pd.DataFrame({c: np.repeat(np.asarray(v, dtype=object), k) for c, v in release.domain.slice_values().items()})
-    frame["query"] = np.tile(np.asarray(est.query_names, dtype=object), m)
-    frame["estimate"] = est.estimate.ravel()
-    frame["std_error"] = est.std_error.ravel()
-    frame["ci_low"] = est.ci_low.ravel()
-    frame["ci_high"] = est.ci_high.ravel()
-    for c in release.domain.slice_columns:
-        values = release.domain.dictionaries[release.domain.slice_columns.index(c)]
-        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
-            frame[c] = frame[c].astype("int64")
-        else:
-            frame[c] = frame[c].astype(str)
-    return frame
-
-
-def _buckets(release: Release) -> list[int]:
-    return release.domain.buckets()
+from araopt import avro, outputs
+from araopt.release import Release, estimates_frame
 
 
 def summary_records(release: Release):
-    for bucket, metric in zip(_buckets(release), release.report.noisy.ravel().tolist()):
+    for bucket, metric in zip(release.domain.buckets(), release.report.noisy.ravel().tolist()):
         yield {"bucket": avro.bucket_to_min_bytes(bucket), "metric": int(metric)}
 
 
 def domain_records(release: Release):
-    for bucket in _buckets(release):
+    for bucket in release.domain.buckets():
         yield {"bucket": avro.bucket_to_16_bytes(bucket)}
 
 
 def debug_records(release: Release):
     unnoised = release.report.unnoised.ravel().tolist()
     noise = release.report.noise.ravel().tolist()
-    for bucket, u, z in zip(_buckets(release), unnoised, noise):
+    for bucket, u, z in zip(release.domain.buckets(), unnoised, noise):
         tags = ["in_domain", "in_reports"] if u > 0 else ["in_domain"]
         yield {"bucket": avro.bucket_to_min_bytes(bucket), "unnoised_metric": int(u), "noise": int(z), "annotations": tags}
 
 
-def accounting(release: Release) -> dict:
+def release_json(release: Release, params_sha256: str) -> dict:
+    """What the release says about itself: only public facts (no exact counts)."""
+    simulation = release.simulation_seed is not None
     return {
-        "rows_read": release.rows_read,
-        "rows_rejected": release.rows_rejected,
-        "conversions_kept": release.rows_kept,
-        "conversions_capped": release.rows_capped,
-        "conversions_kept_outside_domain": release.rows_outside_domain,
-        "slices_outside_domain": release.slices_outside_domain,
+        "simulation": simulation,
+        "private": not simulation,
+        "note": ("SIMULATION: seeded noise, NOT differentially private; never publish" if simulation
+                 else "noised with discrete Laplace noise over the declared domain"),
+        "epsilon": release.params.epsilon,
+        "contribution_budget": release.params.contribution_budget,
+        "encoding": release.params.encoding,
+        "count_limit": release.params.count_limit,
+        "params_sha256": params_sha256,
+        "domain_layout_sha256": release.domain.layout_checksum(),
         "slices": release.domain.num_slices,
         "keys": release.domain.num_keys,
-        "epsilon": release.params.epsilon,
-        "simulation_seed": release.simulation_seed,
     }
 
 
 class _WriteSmallFiles(beam.DoFn):
-    """Key map (JSON + CSV), estimates (Parquet + CSV) and the release accounting (JSON)."""
+    """Key map (JSON + CSV), estimates (Parquet + CSV) and release.json into the release folder."""
 
-    def __init__(self, output: str, params_sha256: str):
+    def __init__(self, output: str, params_sha256: str, simulation: bool):
         self._output = output
         self._sha = params_sha256
+        self._simulation = simulation
 
     def _put(self, name: str, data: bytes) -> None:
-        with FileSystems.create(FileSystems.join(self._output, name)) as fh:
+        with FileSystems.create(FileSystems.join(self._output, outputs.release_file(name, self._simulation))) as fh:
             fh.write(data)
 
     def process(self, release: Release):
-        self._put("key_map.json", json.dumps(release.domain.to_json(self._sha), indent=1).encode())
-        self._put("key_map.csv", release.domain.key_table().to_csv(index=False).encode())
-        frame = estimates_frame(release)
+        self._put(outputs.KEY_MAP_JSON, json.dumps(release.domain.to_json(self._sha), indent=1).encode())
+        self._put(outputs.KEY_MAP_CSV, outputs.csv_bytes(release.domain.key_table()))
+        frame = estimates_frame(release.estimates, release.domain)
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
-        self._put("estimates.parquet", buf.getvalue())
-        self._put("estimates.csv", frame.to_csv(index=False).encode())
-        self._put("release.json", json.dumps(accounting(release), indent=1).encode())
+        self._put(outputs.ESTIMATES_PARQUET, buf.getvalue())
+        self._put(outputs.ESTIMATES_CSV, outputs.csv_bytes(frame))
+        self._put(outputs.RELEASE_JSON, json.dumps(release_json(release, self._sha), indent=1).encode())
+        private = {**release.accounting.to_json(), "slices": release.domain.num_slices, "keys": release.domain.num_keys}
+        with FileSystems.create(FileSystems.join(self._output, outputs.private_file(outputs.ACCOUNTING))) as fh:
+            fh.write(json.dumps(private, indent=1).encode())
         yield "done"
 
 
 class WriteRelease(beam.PTransform):
-    """Release -> files under ``output``: summary_report.avro, output_domain.avro, [debug/...], key map,
-    estimates, release.json."""
+    """Release -> files under the run folder ``output`` (see ``araopt.outputs`` for the layout)."""
 
-    def __init__(self, output: str, params_sha256: str, debug_run: bool = False):
+    def __init__(self, output: str, params_sha256: str, debug_run: bool = False, simulation: bool = False):
         super().__init__()
         self._output = output
         self._sha = params_sha256
         self._debug = debug_run
+        self._simulation = simulation
 
-    def _avro(self, pcoll, label: str, fn, record: str, name: str):
+    def _avro(self, pcoll, label: str, fn, record: str, relative: str):
+        stem = relative[: -len(".avro")]
         return (
             pcoll
             | f"{label}Records" >> beam.FlatMap(fn)
             | f"Write{label}" >> beam.io.WriteToAvro(
-                FileSystems.join(self._output, name), schema=avro.load_schema(record), num_shards=1,
+                FileSystems.join(self._output, stem), schema=avro.load_schema(record), num_shards=1,
                 shard_name_template="", file_name_suffix=".avro")
         )
 
     def expand(self, release):
-        self._avro(release, "SummaryReport", summary_records, avro.SUMMARY, "summary_report")
-        self._avro(release, "OutputDomain", domain_records, avro.DOMAIN, "output_domain")
+        self._avro(release, "SummaryReport", summary_records, avro.SUMMARY,
+                   outputs.release_file(outputs.SUMMARY_REPORT, self._simulation))
+        self._avro(release, "OutputDomain", domain_records, avro.DOMAIN,
+                   outputs.release_file(outputs.OUTPUT_DOMAIN, self._simulation))
         if self._debug:
-            self._avro(release, "DebugReport", debug_records, avro.DEBUG, "debug/summary_report")
-        return release | "WriteKeyMapAndEstimates" >> beam.ParDo(_WriteSmallFiles(self._output, self._sha))
+            self._avro(release, "DebugReport", debug_records, avro.DEBUG, outputs.private_file(outputs.DEBUG_REPORT))
+        return release | "WriteKeyMapAndEstimates" >> beam.ParDo(_WriteSmallFiles(self._output, self._sha, self._simulation))

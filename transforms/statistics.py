@@ -14,11 +14,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from araopt import statistics as stats
-from araopt.conversions import Conversions
+from araopt.conversions import Conversions, check_rejected_share
 
 from .group import GroupByImpression
-from .io import ReadConversions, auto_num_shards, check_input, count_rows, needed_columns
-from .validate import ValidateConversions, rejected_by_reason, sum_pairs
+from .io import auto_num_shards, check_input
+from .validate import ReadAndValidate
 
 DEFAULT_SHARDS = 64
 
@@ -89,8 +89,8 @@ def compute_statistics(
     """
     from pipelines.options import make_runner, pipeline_options, remove_dir, spill_dir
 
-    paths, _ = check_input(input_pattern, spec.slice_columns, spec.value_columns)
-    num_shards = num_shards or auto_num_shards(count_rows(paths))
+    files = check_input(input_pattern, spec.slice_columns, spec.value_columns)
+    num_shards = num_shards or auto_num_shards(files.rows)
     opts = pipeline_options(list(pipeline_args))
     shuffle_dir = spill_dir(opts, shuffle)
     temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
@@ -100,10 +100,9 @@ def compute_statistics(
     if "://" not in run_dir:
         os.makedirs(run_dir, exist_ok=True)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    batches = pipeline | "ReadHistory" >> ReadConversions(input_pattern, needed_columns(spec.slice_columns, spec.value_columns))
-    checked = batches | "Validate" >> ValidateConversions(spec.slice_columns, spec.value_columns)
-    _ = checked.counts | "CountRows" >> beam.CombineGlobally(sum_pairs) | "SaveCounts" >> beam.ParDo(_Save(counts_path))
-    _ = (checked.valid | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
+    read = pipeline | "ReadHistory" >> ReadAndValidate(files.paths, spec.slice_columns, spec.value_columns)
+    _ = read["counts"] | "SaveCounts" >> beam.ParDo(_Save(counts_path))
+    _ = (read["valid"] | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
          | "SaveStatistics" >> beam.ParDo(_Save(stats_path)))
     try:
         result = pipeline.run()
@@ -111,16 +110,12 @@ def compute_statistics(
     finally:
         remove_dir(shuffle_dir)
     with FileSystems.open(counts_path) as fh:
-        rows_read, rows_rejected = pickle.loads(fh.read())
+        counts = pickle.loads(fh.read())
     with FileSystems.open(stats_path) as fh:
         statistics = pickle.loads(fh.read())
     FileSystems.delete([run_dir])
-    reasons = rejected_by_reason(result)
-    accounting = {"rows_read": rows_read, "rows_rejected": rows_rejected, "rows_rejected_by_reason": reasons,
-                  "rows_used": rows_read - rows_rejected}
-    if rows_read == 0 or rows_read == rows_rejected:
-        raise ValueError(f"the history {input_pattern!r} holds no valid conversion rows ({accounting})")
-    if rows_rejected > max_rejected_fraction * rows_read:
-        raise ValueError(f"{rows_rejected} of {rows_read} history rows failed validation "
-                         f"(> {max_rejected_fraction:.0%}): {reasons}")
+    accounting = {"rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected,
+                  "rows_rejected_by_reason": dict(counts.rejected_by_reason), "rows_used": counts.rows_valid,
+                  "times_floored_to_microseconds": counts.times_floored}
+    check_rejected_share(counts, max_rejected_fraction, what="history")
     return statistics, accounting

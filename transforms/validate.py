@@ -1,17 +1,22 @@
-"""Row validation with a dead-letter output and Beam counters (per reason)."""
+"""Read + validate, once for every job: Parquet files -> canonical valid batches, a dead letter with
+reasons, and one merged ``ValidationCounts`` (read / rejected per reason / times floored), with Beam
+counters per reason. The rejected-share gate is ``araopt.conversions.check_rejected_share``.
+"""
 from __future__ import annotations
 
 from typing import Sequence
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from araopt.conversions import REASON, REJECT_REASONS, validate_table
+from araopt.conversions import REJECT_REASONS, TIMES_FLOORED, ValidationCounts, dead_letter_schema, validate_batch
+
+from .io import ReadConversionFiles, needed_columns
 
 VALID = "valid"
 REJECTED = "rejected"
+COUNTS = "counts"
 NAMESPACE = "araopt"
 
 
@@ -23,24 +28,27 @@ class _ValidateBatch(beam.DoFn):
     def setup(self):
         self._rows_read = Metrics.counter(NAMESPACE, "rows_read")
         self._rows_valid = Metrics.counter(NAMESPACE, "rows_valid")
+        self._floored = Metrics.counter(NAMESPACE, TIMES_FLOORED)
         self._rejected = {r: Metrics.counter(NAMESPACE, f"rows_rejected_{r}") for r in REJECT_REASONS}
 
     def process(self, table: pa.Table):
-        valid, rejected = validate_table(table, self._slice_columns, self._value_columns)
+        batch = validate_batch(table, self._slice_columns, self._value_columns)
+        counts = ValidationCounts.of(table.num_rows, batch)
         self._rows_read.inc(table.num_rows)
-        self._rows_valid.inc(valid.num_rows)
-        if rejected.num_rows:
-            reasons, counts = np.unique(np.asarray(rejected.column(REASON).to_pylist()), return_counts=True)
-            for reason, count in zip(reasons, counts):
-                self._rejected[str(reason)].inc(int(count))
-            yield beam.pvalue.TaggedOutput(REJECTED, rejected)
-        yield beam.pvalue.TaggedOutput("counts", (table.num_rows, rejected.num_rows))
-        if valid.num_rows:
-            yield valid
+        self._rows_valid.inc(batch.valid.num_rows)
+        self._floored.inc(batch.times_floored)
+        for reason, count in counts.rejected_by_reason.items():
+            self._rejected[reason].inc(count)
+        if batch.rejected.num_rows:
+            yield beam.pvalue.TaggedOutput(REJECTED, batch.rejected)
+        yield beam.pvalue.TaggedOutput(COUNTS, counts)
+        if batch.valid.num_rows:
+            yield batch.valid
 
 
 class ValidateConversions(beam.PTransform):
-    """Batches -> outputs ``valid`` (tables), ``rejected`` (tables + ``reason``), ``counts`` (read, rejected)."""
+    """Batches -> outputs ``valid`` (canonical tables), ``rejected`` (text columns + ``reason``),
+    ``counts`` (one ``ValidationCounts`` per batch)."""
 
     def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str]):
         super().__init__()
@@ -49,15 +57,30 @@ class ValidateConversions(beam.PTransform):
 
     def expand(self, batches):
         return batches | "ValidateRows" >> beam.ParDo(
-            _ValidateBatch(self._slice_columns, self._value_columns)).with_outputs(REJECTED, "counts", main=VALID)
+            _ValidateBatch(self._slice_columns, self._value_columns)).with_outputs(REJECTED, COUNTS, main=VALID)
 
 
-def sum_pairs(pairs):
-    read = rejected = 0
-    for a, b in pairs:
-        read += a
-        rejected += b
-    return read, rejected
+class ReadAndValidate(beam.PTransform):
+    """Explicit Parquet files -> ``{"valid": batches, "counts": singleton ValidationCounts}``, and the
+    dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given."""
+
+    def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
+                 dead_letter_prefix: str | None = None):
+        super().__init__()
+        self._paths = list(paths)
+        self._slice_columns = tuple(slice_columns)
+        self._value_columns = tuple(value_columns)
+        self._dead_letter = dead_letter_prefix
+
+    def expand(self, pbegin):
+        batches = pbegin | "Read" >> ReadConversionFiles(self._paths, needed_columns(self._slice_columns, self._value_columns))
+        checked = batches | "Validate" >> ValidateConversions(self._slice_columns, self._value_columns)
+        counts = checked[COUNTS] | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge)
+        if self._dead_letter is not None:
+            _ = checked[REJECTED] | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
+                self._dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns), num_shards=1,
+                shard_name_template="", file_name_suffix=".parquet")
+        return {VALID: checked[VALID], COUNTS: counts}
 
 
 def counter_values(result) -> dict[str, int]:

@@ -1,0 +1,111 @@
+"""The layout of a run's output folder: what may be published and what is operator-private.
+
+    OUT/MANIFEST.json          written last: every file with its sha256 and visibility; a folder
+                               without it is incomplete (a killed run) and must not be used
+    OUT/release/               PUBLISHABLE: noised numbers over the declared domain only
+        summary_report.avro, output_domain.avro, key_map.json, key_map.csv,
+        estimates.parquet, estimates.csv, release.json
+    OUT/private/               OPERATOR-PRIVATE: exact, un-noised figures and raw rows; never publish
+        README.txt, run_summary.json, dead_letter/rejected.parquet, debug/summary_report.avro
+
+In simulation mode (seeded noise: NOT private) the release folder is ``simulation/`` and every file
+in it is named ``SIMULATION-<name>``, so a simulated file can never be mistaken for a release.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+RELEASE_DIR = "release"
+SIMULATION_DIR = "simulation"
+SIMULATION_PREFIX = "SIMULATION-"
+PRIVATE_DIR = "private"
+MANIFEST = "MANIFEST.json"
+MANIFEST_FORMAT = "araopt-run/1"
+
+SUMMARY_REPORT = "summary_report.avro"
+OUTPUT_DOMAIN = "output_domain.avro"
+KEY_MAP_JSON = "key_map.json"
+KEY_MAP_CSV = "key_map.csv"
+ESTIMATES_PARQUET = "estimates.parquet"
+ESTIMATES_CSV = "estimates.csv"
+RELEASE_JSON = "release.json"
+RUN_SUMMARY = "run_summary.json"
+ACCOUNTING = "accounting.json"
+PRIVATE_README = "README.txt"
+DEAD_LETTER = "dead_letter/rejected.parquet"
+DEBUG_REPORT = "debug/summary_report.avro"
+
+PRIVATE_README_TEXT = """OPERATOR-PRIVATE - DO NOT PUBLISH
+
+This folder holds exact, un-noised figures of the run (record counts, the debug report's unnoised
+metrics and noise) and raw input rows (the dead letter). They are not differentially private.
+Only the files under the release folder (release/) may leave the building.
+"""
+
+
+def release_dir(simulation: bool) -> str:
+    return SIMULATION_DIR if simulation else RELEASE_DIR
+
+
+def release_file(name: str, simulation: bool) -> str:
+    """Path of a release artifact relative to the run folder (``SIMULATION-`` marked in simulation)."""
+    return f"{release_dir(simulation)}/{SIMULATION_PREFIX if simulation else ''}{name}"
+
+
+def private_file(name: str) -> str:
+    return f"{PRIVATE_DIR}/{name}"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    path: str  # relative to the run folder, '/'-separated
+    sha256: str
+    bytes: int
+
+    @property
+    def visibility(self) -> str:
+        return "private" if self.path.startswith(PRIVATE_DIR + "/") else "release"
+
+
+def manifest_json(entries: Sequence[ManifestEntry], simulation: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The completion manifest: written last, so its presence means every listed file is whole."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "complete": True,
+        "simulation": simulation,
+        "release_dir": release_dir(simulation),
+        "private_dir": PRIVATE_DIR,
+        "written_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "files": [{"path": e.path, "sha256": e.sha256, "bytes": e.bytes, "visibility": e.visibility}
+                  for e in sorted(entries, key=lambda e: e.path)],
+        **dict(extra),
+    }
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralize_formula(value: Any) -> Any:
+    """A string cell a spreadsheet would run as a formula (=, +, -, @, tab, CR first) gets a leading '."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def csv_bytes(frame: pd.DataFrame) -> bytes:
+    """CSV of ``frame`` with every string cell (slice values, names) neutralised against formula injection."""
+    safe = frame.copy()
+    for column in safe.columns:
+        if safe[column].dtype == object or pd.api.types.is_string_dtype(safe[column]):
+            safe[column] = safe[column].map(neutralize_formula)
+    safe.columns = [neutralize_formula(str(c)) for c in safe.columns]
+    return safe.to_csv(index=False).encode("utf-8")
