@@ -170,10 +170,11 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     as float64, so that files of different widths compare equal."""
     check_schema(table.schema, slice_columns, value_columns)
     n = table.num_rows
-    reason = np.full(n, "", dtype=object)
+    reason = np.zeros(n, dtype=np.uint8)  # 0: valid, else 1 + index into REJECT_REASONS
 
     def flag(mask: np.ndarray, why: str) -> None:
-        reason[mask & (reason == "")] = why
+        if mask.any():
+            reason[mask & (reason == 0)] = REJECT_REASONS.index(why) + 1
 
     ids = table.column(IMPRESSION_ID)
     flag(_as_numpy(ids.is_null()), "null_impression_id")
@@ -203,22 +204,27 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
             flag(_as_numpy(pc.fill_null(pc.greater(col, pa.scalar(MAX_EXACT_INTEGER, col.type)), False)),
                  "value_above_2pow53")
         values.append(vals)
-    bad = reason != ""
+    bad = reason != 0
+    any_bad = bool(bad.any())
     keep = pa.array(~bad)
-    columns = {IMPRESSION_ID: pc.cast(ids.filter(keep), canonical_type(ids.type))}
+
+    def kept(column: pa.ChunkedArray) -> pa.ChunkedArray:
+        return column.filter(keep) if any_bad else column
+
+    columns = {IMPRESSION_ID: pc.cast(kept(ids), canonical_type(ids.type))}
     for c in slice_columns:
-        col = table.column(c).filter(keep)
+        col = kept(table.column(c))
         if pa.types.is_dictionary(col.type):
             col = pc.cast(col, col.type.value_type)
         columns[c] = pc.cast(col, canonical_type(col.type))
     for c, vals in zip(value_columns, values):
-        columns[c] = pa.array(vals[~bad], type=pa.float64())
-    columns["conversion_time_us"] = pa.array(micros[~bad], type=pa.int64())
+        columns[c] = pa.array(vals[~bad] if any_bad else vals, type=pa.float64())
+    columns["conversion_time_us"] = pa.array(micros[~bad] if any_bad else micros, type=pa.int64())
     valid = pa.table(columns)
     needed = [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
     rejected_rows = table.select(needed).filter(pa.array(bad))
     rejected = pa.table({c: pc.cast(rejected_rows.column(c), pa.string(), safe=False) for c in needed}
-                        | {REASON: pa.array(reason[bad].astype(str), type=pa.string())})
+                        | {REASON: pa.array(np.asarray(("",) + REJECT_REASONS, dtype=object)[reason[bad]], type=pa.string())})
     return ValidatedBatch(valid, rejected, int((floored & ~bad).sum()))
 
 

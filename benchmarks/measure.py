@@ -50,6 +50,17 @@ def write_synthetic(directory: str, n: int, seed: int = 0) -> None:
         pq.write_table(table, os.path.join(directory, f"part-{f:05d}.parquet"))
 
 
+def write_domain(path: str) -> str:
+    """The declared domain: all 16 x 8 x 2 slices (a release needs one; see README)."""
+    with open(path, "w") as fh:
+        fh.write("campaignId,geography,productCategory\n")
+        for c in range(16):
+            for g in range(8):
+                for pc in range(2):
+                    fh.write(f"{c},{g},{pc}\n")
+    return path
+
+
 def params() -> Params:
     return Params(count_limit=4, encoding="linf", epsilon=8.0, slice_columns=("campaignId", "geography", "productCategory"),
                   queries=(QueryParams("value", 150.0, 1.0),))
@@ -63,6 +74,7 @@ def shard_working_set(directory: str, num_shards: int) -> tuple[int, float]:
 
     from araopt import aggregate
     from araopt.conversions import Conversions, validate_table
+    from araopt.keys import KeyDomain
     from araopt.mechanism import encode_and_bound
     from transforms.group import shard_of
 
@@ -76,7 +88,8 @@ def shard_working_set(directory: str, num_shards: int) -> tuple[int, float]:
     tracemalloc.start()
     conv = Conversions.from_table(shard, p.slice_columns, p.query_columns)
     contributions, kept = encode_and_bound(conv, p, simulation_seed=1)
-    aggregate.slice_sums(conv, contributions, kept)
+    domain = KeyDomain.from_slice_values(p.slice_columns, conv.slices, p.query_columns)
+    aggregate.domain_sums(domain.slice_index(conv.slices), contributions, kept, domain.num_slices)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return shard.num_rows, peak / 2**20
@@ -104,6 +117,8 @@ def main() -> None:
     py = sys.executable
     try:
         params().save(os.path.join(work, "params.json"))
+        domain = write_domain(os.path.join(work, "domain.csv"))
+        os.environ["ARAOPT_LEDGER"] = os.path.join(work, "ledger")
         results = {}
         for n in sizes:
             data = os.path.join(work, f"data-{n}")
@@ -112,7 +127,7 @@ def main() -> None:
             print(f"generated {n:,} conversions in {time.perf_counter() - t0:.1f} s", flush=True)
             out = os.path.join(work, f"out-{n}")
             wall, rss = run_child([py, "-m", "pipelines.measure", "--input", data, "--params", os.path.join(work, "params.json"),
-                                   "--output", out, "--direct_running_mode", "in_memory"])
+                                   "--output", out, "--domain", domain, "--direct_running_mode", "in_memory"])
             results[n] = (wall, rss)
             print(f"araopt measure, {n:>11,} conversions: {wall:6.1f} s end to end = {n / wall:>9,.0f} conversions/s, "
                   f"peak RSS {rss:,.0f} MiB", flush=True)

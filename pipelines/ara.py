@@ -158,10 +158,15 @@ def _export(args: argparse.Namespace) -> int:
     conv, rejected, rows_read = (read_conversion_log(args.conversions, params) if args.conversions else (None, {}, 0))
     if args.key_map:
         domain = KeyMap.load(args.key_map).domain_for(params, args.params)
+    elif params.domain is not None:  # the domain the parameter version carries (the training history's slices)
+        domain = params.domain
     elif conv is not None:
         domain = domain_from_conversions(params, conv)
+        _warn(prog, f"the output domain lists exactly the slices present in {args.conversions}: use it for the "
+                    f"Aggregation Service only if that log is history, never the data being released")
     else:
-        raise ValueError("export-ara needs the key domain: pass --conversions LOG (the slices present in the log) or --key-map M")
+        raise ValueError("export-ara needs the key domain: pass --key-map M, parameters that carry a domain "
+                         "(araopt nightly / optimize), or --conversions LOG (its slices)")
     check_ara_limits(params, domain)
     sources = SourceEncoder(params, domain, args.destination)
     triggers = TriggerEncoder(params, domain)
