@@ -16,8 +16,13 @@ Model (per query l, computed separately for the count and every value query)
   sums over clusters: Var(e_jb) ~= sum_i (x_i - rho_j t_i)^2 / T_jb^2 = kappa_j / N_jb, with
   kappa_j = N_j sum_i (x_i - r_j t_i)^2 / T_j^2 the per-conversion "ratio sampling factor" (N = number
   of conversions; delta method for a ratio of sums of independent clusters).
-  * kappa_j is estimated per slice and blended with the pooled kappa by a pseudo-count of
-    ``KAPPA_PSEUDO_CONVERSIONS`` conversions (small slices borrow the pooled value).
+  * kappa_j is estimated per slice (with the small-sample factor M/(M-1), M = clusters), blended with
+    the pooled kappa by a pseudo-count of ``KAPPA_PSEUDO_CONVERSIONS`` conversions and never taken
+    below the pooled kappa (with rare losses most slices show none in their history, which does not
+    mean they cannot lose). The shrinkage below uses the pooled kappa: a slice's own kappa is
+    correlated with its ratio (no loss -> kappa ~ 0 -> huge weight) and would bias mu toward 1.
+  * The loss-event rate p_j (clusters that lose anything, per conversion; blended like kappa) gives
+    the probability that a measured period loses nothing at all: exp(-p_j N).
   * Period effects: the composition-adjusted block deviation delta_b = sum_j (X_jb - r_j T_jb) / T_b
     with sampling variance sum_j SS_jb / T_b^2. For a measured period of P consecutive blocks, the
     variance of its deviation is estimated by method of moments over all windows of P consecutive
@@ -25,7 +30,8 @@ Model (per query l, computed separately for the count and every value query)
     (x (1 + P/B) / (1 - P/B)); this captures cycles (a whole week cancels a day-of-week effect) and
     autocorrelation. When B < 2P it falls back to independent blocks: s2_1 (1/P + 1/B).
   * s2_gamma by method of moments over the cells' residuals r_jb - r_j - delta_b, minus their
-    sampling variances (weights N_jb, slices seen in >= 2 blocks).
+    sampling variances (weights N_jb; slices seen in >= 2 blocks, cells with >= 20 clusters: the
+    delta-method variance of a ratio over a handful of heavy-tailed clusters is biased low).
   * Shrinkage (empirical Bayes, random-effects meta-analysis): the slice's historical ratio r_j has
     sampling variance s_j^2 = kappa_j / N_j + s2_gamma / B_j. The between-slice variance of rho_j,
     s2_slice, is the DerSimonian-Laird method-of-moments estimate; the pooled ratio mu is the
@@ -42,11 +48,18 @@ Correction (``correct``) of an estimate U (Alg. 4, standard error se) of slice j
 measured period of P blocks:
     T_hat = U / r_hat,
     Var(r_hat - R_period) = Var(rho_j | history) + V_period(P) + s2_gamma / P + kappa_j / N_hat,
-    Var(T_hat) ~= se^2 / r_hat^2 + U^2 Var(r_hat - R_period) / r_hat^4      (delta method),
+    std_error^2 = se^2 / r_hat^2 + U^2 Var(r_hat - R_period) / r_hat^4      (delta method),
 with N_hat = max(1, U_count / r_hat_count) the corrected count estimate of the slice's conversions in
 the measured period: the realized ratio of the measured period fluctuates around rho_j by kappa/N,
-which dominates at large epsilon. r_hat lies in [MIN_RATIO, 1], so the interval is never narrower
-than the uncorrected one's noise part (se / r_hat >= se), and nothing is divided by zero.
+which dominates at large epsilon. The interval is not symmetric: the period's loss D = T - X >= 0
+is a sum of rare, large events when C is well above the typical impression (the (C+1)-th conversion
+of a few impressions), so D is modelled as 0 with probability exp(-p_j N_hat) and otherwise a gamma,
+with mean U (1 - r_hat) / r_hat and variance U^2 kappa_j / (N_hat r_hat^4); it is convolved with a
+normal for the rest (noise and rounding se / r_hat, the long-run ratio error) and the interval is
+T_hat + [2.5 %, 97.5 %] quantiles of that sum minus its mean (``convolved_loss_quantiles``). For
+U <= 0 the interval is the symmetric normal one. r_hat lies in [MIN_RATIO, 1] and each side is at
+least z se / r_hat >= z se: never narrower than the uncorrected interval's noise part, and nothing
+is divided by zero.
 
 Assumptions and what is NOT covered
   * The measured period behaves like the history (same C, C_l, alpha_l: checked by a checksum; same
@@ -58,9 +71,14 @@ Assumptions and what is NOT covered
   * Batches must hold all conversions of each of their impressions (as for the statistics): Alg. 1
     keeps per impression. Clusters are assumed independent (impressions are).
   * Uncertainty of s2_slice, s2_gamma and kappa themselves is ignored (plug-in); the delta method
-    and the normal interval are first order (poor for slices with a handful of conversions).
+    and the zero-inflated gamma are approximations (poor for slices with a handful of conversions).
   * The baseline encoding (Sec. 5.1) keeps records by their realised, randomly rounded norms; the
     calibration uses ``error_model.kept_mask``'s expected-norm decision (documented approximation).
+
+Accumulator (``create_accumulator`` / ``add_conversions`` / ``merge_accumulators`` / ``compact`` /
+``extract_output``, then ``fit_calibration``): per (slice, block) cell 1 + 6 (d+1) sums (clusters; per
+quantity T, X, sum t^2, sum t x, sum x^2, loss clusters): O(slices x blocks x queries), whatever the
+number of conversions.
 
 Error model of the corrected estimator (``corrected_breakdown``, ``optimize_corrected``): from the
 optimizer's ``SufficientStatistics`` for any (C, C_l, alpha_l) (L-inf, Alg. 3; L1 Alg. 6 with d = 1
@@ -855,37 +873,6 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     )
 
 
-def loss_quantiles(mean: np.ndarray, variance: np.ndarray, zero_probability: np.ndarray,
-                   tail: float) -> tuple[np.ndarray, np.ndarray]:
-    """``tail`` and 1 - ``tail`` quantiles of a loss D >= 0: P(D = 0) = ``zero_probability``, and
-    given D > 0 a gamma with the conditional mean and variance implied by (mean, variance).
-
-    Losses are sums of rare, large events in small slices or at a count limit well above the typical
-    impression (the (C+1)-th conversion of a few impressions): D is then 0 most of the time and
-    sometimes several conversions, which no symmetric interval covers. With many events
-    (P(D = 0) ~ 0) this is a gamma fit to D (skewness 2 CV).
-    """
-    mean = np.maximum(np.asarray(mean, dtype=np.float64), 0.0)
-    var = np.maximum(np.asarray(variance, dtype=np.float64), 0.0) * np.ones_like(mean)
-    p0 = np.clip(np.asarray(zero_probability, dtype=np.float64) * np.ones_like(mean), 0.0, 1.0 - 1e-12)
-    lo, hi = np.zeros_like(mean), np.zeros_like(mean)
-    ok = mean > 0
-    if not ok.any():
-        return lo, hi
-    m, v, z0 = mean[ok], var[ok], p0[ok]
-    m1 = m / (1.0 - z0)
-    m2 = (v + m * m) / (1.0 - z0)
-    vp = np.maximum(m2 - m1 * m1, 1e-12 * m1 * m1)
-    shape, scale = m1 * m1 / vp, vp / m1
-
-    def q(p: float) -> np.ndarray:
-        cond = np.clip((p - z0) / (1.0 - z0), 0.0, 1.0)
-        return np.where(p <= z0, 0.0, scale * sp_stats.gamma.ppf(cond, shape))
-
-    lo[ok], hi[ok] = q(tail), q(1.0 - tail)
-    return lo, hi
-
-
 _EDGES = np.concatenate([[0.0], sp_special.ndtr(np.linspace(-4.5, 4.5, 63)), [1.0]])
 _LEVELS = 0.5 * (_EDGES[1:] + _EDGES[:-1])
 """Quadrature nodes (probability levels) of the gamma part: 64 cells, finer in both tails."""
@@ -894,8 +881,13 @@ _WEIGHTS = np.diff(_EDGES)
 
 def convolved_loss_quantiles(mean: np.ndarray, variance: np.ndarray, zero_probability: np.ndarray, gauss_sd: np.ndarray,
                              tail: float) -> tuple[np.ndarray, np.ndarray]:
-    """``tail`` and 1 - ``tail`` quantiles of D + G: D the zero-inflated gamma loss of ``loss_quantiles``,
-    G ~ N(0, gauss_sd^2) independent (noise, rounding, long-run ratio error).
+    """``tail`` and 1 - ``tail`` quantiles of D + G, G ~ N(0, gauss_sd^2) independent (noise, rounding,
+    long-run ratio error), and D >= 0 the period's loss: D = 0 with probability ``zero_probability``,
+    otherwise a gamma with the conditional mean and variance implied by (``mean``, ``variance``).
+
+    Losses are sums of rare, large events in small slices or at a count limit well above the typical
+    impression: D is then 0 most of the time and sometimes several conversions, which no symmetric
+    interval covers. With many events (P(D = 0) ~ 0) D is a gamma fit (skewness 2 CV).
 
     CDF by quadrature over 64 gamma quantile nodes (``_LEVELS``), inverted by bisection (vectorized).
     """

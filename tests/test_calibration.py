@@ -337,3 +337,18 @@ def test_count_kappa_matches_the_calibration_and_optimizer_improves_on_the_paper
     with pytest.raises(ValueError, match="corrected objective supports"):
         cb.corrected_breakdown(stats, Params(count_limit=2, encoding="l1", epsilon=1.0, slice_columns=("s",),
                                              queries=(QueryParams("value", 4.0),), l1_rounding="floor"))
+
+
+def test_convolved_loss_quantiles_match_monte_carlo():
+    rng = np.random.default_rng(0)
+    cases = [(1.5, 3.75, 0.39, 0.3), (0.2, 1.0, 0.9, 0.05), (10.0, 4.0, 0.0, 0.1), (5.0, 50.0, 0.0, 0.0), (1.0, 0.5, 0.5, 2.0)]
+    mean, var, zero, sd = (np.array(c) for c in zip(*cases))
+    lo, hi = cb.convolved_loss_quantiles(mean, var, zero, sd, 0.025)
+    for i, (m, v, z, s) in enumerate(cases):
+        m1 = m / (1 - z)
+        vp = (v + m * m) / (1 - z) - m1 * m1
+        n = 400_000
+        draws = np.where(rng.random(n) < z, 0.0, rng.gamma(m1 * m1 / vp, vp / m1, n)) + rng.normal(0.0, s, n)
+        q = np.quantile(draws, [0.025, 0.975])
+        scale = math.sqrt(v + s * s)
+        assert abs(lo[i] - q[0]) < 0.03 * scale and abs(hi[i] - q[1]) < 0.03 * scale, (i, lo[i], hi[i], q)
