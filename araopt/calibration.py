@@ -94,6 +94,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -579,6 +580,27 @@ class Calibration:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{source}: not valid JSON ({exc})") from None
         return cls.from_json(data, params, source)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically (temporary file + rename), like ``Params.save``."""
+        path = os.fspath(path)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(self.to_bytes())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], params: Params | None = None) -> "Calibration":
+        """Read and validate; with ``params``, refuse a calibration fitted for other parameters."""
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise ValueError(f"cannot read calibration file {path}: {exc.strerror}") from None
+        return cls.from_bytes(raw, params, source=path)
 
 
 def _bad_shape(name: str, got: tuple, want: tuple) -> np.ndarray:

@@ -206,8 +206,12 @@ def fitted() -> tuple[Params, cb.Calibration]:
     return params, cb.calibrate(conv, params, days)
 
 
-def test_json_round_trip():
+def test_json_round_trip(tmp_path):
     params, cal = fitted()
+    cal.save(tmp_path / "calibration.json")
+    assert cb.Calibration.load(tmp_path / "calibration.json", params=params).to_json() == cal.to_json()
+    with pytest.raises(ValueError, match="cannot read calibration file"):
+        cb.Calibration.load(tmp_path / "missing.json")
     data = json.loads(cal.to_bytes())
     back = cb.Calibration.from_json(data, params=params)
     assert back.to_json() == cal.to_json()
