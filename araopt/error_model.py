@@ -14,6 +14,7 @@ total lands within d units of Gamma (documented approximation, baseline only).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -23,7 +24,16 @@ from .encoding import count_scale, expected_contribution, query_scales, rounding
 from .params import Params
 from .report import estimate_variance
 
-OBJECTIVES = ("exact", "relaxed")
+
+class Objective(StrEnum):
+    """The error model the optimizer minimises: exact (Thm. 4.2: exact DLap variance, rounding,
+    floors) or the paper's Relaxation 4.5."""
+
+    EXACT = "exact"
+    RELAXED = "relaxed"
+
+
+OBJECTIVES = tuple(o.value for o in Objective)
 
 
 @dataclass(frozen=True)

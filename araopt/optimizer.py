@@ -43,14 +43,14 @@ from scipy import optimize as sp_optimize
 from tqdm import tqdm
 
 from .encoding import count_scale, query_scales
-from .error_model import ErrorBreakdown, relaxed_variance, rmsre_tau
+from .error_model import OBJECTIVES, ErrorBreakdown, Objective, relaxed_variance, rmsre_tau
 from .noise import discrete_laplace_variance, noise_parameter
-from .params import CONTRIBUTION_BUDGET, Params, Provenance, QueryParams, check_epsilon
+from .params import CONTRIBUTION_BUDGET, Encoding, Params, Provenance, QueryParams, check_epsilon
 from .report import estimate_variance
 from .statistics import SufficientStatistics, frac_variance, kept_per_impression
 
-OBJECTIVES = ("exact", "relaxed")
-ENCODINGS = ("linf", "l1")
+ENCODINGS = (Encoding.LINF.value, Encoding.L1.value)
+"""The encodings the optimizer chooses parameters for (the baseline is Sec. 5.1's fixed rule)."""
 BASELINE_QUANTILES = (0.95, 0.99)
 _MAX_CELLS = 4_000_000  # slices x grid points per dense block (memory bound of the search)
 

@@ -14,6 +14,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib import resources
 from typing import Any, Mapping
 
@@ -26,8 +27,24 @@ CONTRIBUTION_BUDGET = 65536
 
 FORMAT_VERSION = "1.0"
 SUPPORTED_MAJOR_VERSION = 1
-ENCODINGS = ("linf", "l1", "baseline")
-L1_ROUNDINGS = ("floor", "randomized")
+class Encoding(StrEnum):
+    """How a conversion becomes a histogram contribution: HistogramContribution L-inf (Alg. 3), L1
+    (Alg. 6), or the paper's baseline (Sec. 5.1: a separate count key, no bottom key)."""
+
+    LINF = "linf"
+    L1 = "l1"
+    BASELINE = "baseline"
+
+
+class L1Rounding(StrEnum):
+    """Alg. 6's rounding: the paper's floor (biased) or our unbiased systematic randomized rounding."""
+
+    FLOOR = "floor"
+    RANDOMIZED = "randomized"
+
+
+ENCODINGS = tuple(e.value for e in Encoding)
+L1_ROUNDINGS = tuple(r.value for r in L1Rounding)
 MIN_EPSILON = 2.0**-20
 """Floor of epsilon (~9.5e-7): below it the noise sd exceeds 9e10 per key and the exact sampler's
 rate eps / Gamma would keep fewer than 16 bits (``noise.py``). Google's DP library floors at 2^-50."""
@@ -164,6 +181,8 @@ class Params:
             raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
         if self.l1_rounding not in L1_ROUNDINGS:
             raise ValueError(f"l1_rounding must be one of {L1_ROUNDINGS}, got {self.l1_rounding!r}")
+        object.__setattr__(self, "encoding", str(Encoding(self.encoding)))
+        object.__setattr__(self, "l1_rounding", str(L1Rounding(self.l1_rounding)))
         if not _is_positive_finite(self.count_tau):
             raise ValueError(f"count_tau must be a finite number > 0, got {self.count_tau!r}")
         if not self.queries:

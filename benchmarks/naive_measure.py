@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from araopt import Params, sample_discrete_laplace  # noqa: E402
 from araopt.noise import noise_parameter  # noqa: E402
-from pipelines.options import make_runner, pipeline_options  # noqa: E402
+from pipelines.runner import make_runner, pipeline_options  # noqa: E402
 
 
 def encode_and_cap(item, params: Params):

@@ -35,12 +35,13 @@ from araopt import avro
 from araopt.ara import (REGISTER_SOURCE, REGISTER_TRIGGER, DEFAULT_DESTINATION, KeyMap, SourceEncoder,
                         TriggerEncoder, ara_warnings, check_ara_limits, check_ara_limits_for_cardinalities,
                         estimates_from_summary_report, key_map_json, trigger_batch)
-from araopt.conversions import REASON, Conversions, check_schema, validate_table
+from araopt.conversions import Conversions
 from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound
 from araopt.params import Params, check_epsilon
 
-from .options import OneLineParser, localize, run_parsed
+from .options import OneLineParser, run_parsed
+from .runner import localize
 
 _Parser = OneLineParser
 _run = run_parsed
@@ -51,40 +52,13 @@ def _warn(prog: str, message: str) -> None:
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
-def parquet_files(pattern: str) -> list[str]:
-    """A Parquet file, a directory (every *.parquet below it) or a glob -> sorted local paths."""
-    if any(ch in pattern for ch in "*?["):
-        paths = sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
-    elif os.path.isdir(pattern):
-        paths = sorted(_glob.glob(os.path.join(pattern, "**", "*.parquet"), recursive=True))
-    elif os.path.isfile(pattern):
-        paths = [pattern]
-    else:
-        raise ValueError(f"conversion log {pattern!r} does not exist")
-    if not paths:
-        raise ValueError(f"no Parquet file matches {pattern!r}")
-    return paths
-
-
 def read_conversion_log(pattern: str, params: Params) -> tuple[Conversions, dict[str, int], int]:
-    """Valid conversions of a Parquet log (contract of araopt.conversions), rejected rows by reason, rows read."""
-    columns = ["impression_id", "conversion_time", *params.slice_columns, *params.query_columns]
-    tables = []
-    for path in parquet_files(pattern):
-        try:
-            schema = pq.read_schema(path)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise ValueError(f"{path}: not a readable Parquet file ({exc})") from None
-        check_schema(schema, params.slice_columns, params.query_columns, source=path)
-        tables.append(pq.read_table(path, columns=columns))
-    try:
-        table = pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise ValueError(f"conversion log files have incompatible schemas ({exc})") from None
-    good, rejected = validate_table(table, params.slice_columns, params.query_columns)
-    reasons = pd.Series(rejected.column(REASON).to_pylist(), dtype=object).value_counts().to_dict() if rejected.num_rows else {}
-    conv = Conversions.from_table(good, params.slice_columns, params.query_columns)
-    return conv, {str(k): int(v) for k, v in reasons.items()}, table.num_rows
+    """Valid conversions of a Parquet log (the same read and validation as every job), rejected rows
+    by reason, rows read."""
+    from .history import load_conversions
+
+    conv, counts, _ = load_conversions(pattern, params.slice_columns, params.query_columns)
+    return conv, dict(counts.rejected_by_reason), counts.rows_read
 
 
 def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:

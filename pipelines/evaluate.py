@@ -25,7 +25,10 @@ from araopt.params import check_epsilon
 from pipelines.options import OneLineParser
 from araopt.statistics import DEFAULT_MAX_COUNT_LIMIT, StatisticsSpec, compute_statistics_in_memory
 
-from .optimize import check_accounting, check_history, compute_statistics, split_columns
+from transforms.io import check_input
+
+from .history import compute_statistics, load_conversions, report_rejections
+from .optimize import split_columns
 
 PROG = "araopt evaluate"
 
@@ -55,26 +58,6 @@ def parse_epsilons(text: str) -> list[float]:
     return [check_epsilon(p, "--epsilons") for p in parts]
 
 
-def load_test(pattern: str, spec: StatisticsSpec):
-    """Test records in memory (exact analytic evaluation and Monte-Carlo need them)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystems import FileSystems
-
-    from araopt.conversions import Conversions, validate_table
-    from transforms.io import match_files, needed_columns
-
-    tables = []
-    for path in match_files(pattern):
-        with FileSystems.open(path) as fh:
-            tables.append(pq.read_table(fh, columns=needed_columns(spec.slice_columns, spec.value_columns)))
-    table = pa.concat_tables(tables, promote_options="default")
-    good, rejected = validate_table(table, spec.slice_columns, spec.value_columns)
-    if good.num_rows == 0:
-        raise ValueError(f"empty test log: {pattern!r} holds no valid rows")
-    return Conversions.from_table(good, spec.slice_columns, spec.value_columns), rejected.num_rows
-
-
 def run_evaluate(argv: Sequence[str] | None = None) -> int:
     from .options import cli_main
 
@@ -100,14 +83,16 @@ def _run(argv: list[str]) -> int:
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit)
-    for pattern in [*args.train, *args.test]:  # every input is checked before any work starts
-        check_history(pattern, slices, values)
+    trains = [check_input(p, slices, values) for p in args.train]  # every input is checked before any work
+    tests = [check_input(p, slices, values) for p in args.test]
 
     evaluations = []
-    for name, train, test in zip(names, args.train, args.test):
-        train_stats, accounting = compute_statistics(train, spec, beam_args)
-        check_accounting(train_stats, accounting)
-        test_conv, _ = load_test(test, spec)
+    for name, train, test in zip(names, trains, tests):
+        run = compute_statistics(train, spec, beam_args)
+        report_rejections(f"{PROG} ({name}, train)", run.counts)
+        train_stats = run.statistics
+        test_conv, test_counts, _ = load_conversions(test, slices, values, what="test log")
+        report_rejections(f"{PROG} ({name}, test)", test_counts)
         test_stats = compute_statistics_in_memory(test_conv, spec)
         print(f"{name}: {train_stats.num_conversions} training and {len(test_conv)} test conversions", file=sys.stderr)
         evaluations.append(evaluate_dataset(

@@ -42,8 +42,8 @@ from transforms.release import WriteRelease
 from transforms.validate import ReadAndValidate
 
 from .ledger import Ledger, default_ledger_root, input_identity
-from .options import (SHUFFLES, OneLineParser, UserError, cli_main, make_runner, pipeline_options, remove_dir, runner_name,
-                      spill_dir)
+from .options import OneLineParser, UserError, cli_main
+from .runner import SHUFFLES, make_runner, pipeline_options, remove_dir, runner_name, spill_dir
 from .run_folder import RunFolder
 
 SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "

@@ -16,25 +16,26 @@ import argparse
 import datetime as dt
 import io
 import json
-import math
 import re
 import time
 import uuid
-from dataclasses import dataclass, replace
 from typing import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from araopt import statistics as stats
-from araopt.conversions import check_rejected_share
-from araopt.params import Params, Provenance, check_epsilon, utc_now_iso
+from araopt.conversions import ValidationCounts
+from araopt.params import Params, check_epsilon
+from araopt.statistics import SufficientStatistics
+from araopt.tuning import Guardrails, NightlyConfig, NightlyDecision, nightly_decision, nightly_report
 from deploy.cli_options import NIGHTLY_OPTIONS, add_options, resolve_as_of
 from transforms.io import auto_num_shards, check_input, match_files
 from transforms.statistics import ComputeStatistics
 from transforms.validate import ReadAndValidate
 
-from .options import OneLineParser, SHUFFLES, UserError, cli_main, make_runner, pipeline_options, remove_dir, spill_dir
+from .options import OneLineParser, UserError, cli_main
+from .runner import SHUFFLES, make_runner, pipeline_options, remove_dir, spill_dir
 
 DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
@@ -51,38 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shuffle", choices=SHUFFLES, default="auto",
                         help="group-by-impression shuffle: files (default locally), memory (default on Dataflow)")
     return parser
-
-
-@dataclass(frozen=True)
-class Guardrails:
-    """Publishing rules: beat the baseline; large moves need --allow-large-change."""
-
-    allow_large_change: bool = False
-    max_threshold_change_factor: float = 2.0
-    max_count_limit_change: int = 2
-
-    def check(self, new: Params, predicted: float, baselines: dict[str, float], previous: Params | None) -> list[str]:
-        """Reasons not to publish (empty: publish)."""
-        problems = []
-        best_baseline = min(baselines.values())
-        if not predicted < best_baseline:
-            problems.append(f"predicted RMSRE_tau {predicted:.4g} does not beat the best baseline {best_baseline:.4g}")
-        if previous is None or self.allow_large_change:
-            return problems
-        if (previous.slice_columns, previous.query_columns, previous.encoding) != (new.slice_columns, new.query_columns, new.encoding):
-            problems.append(f"slices/queries/encoding changed from {previous.slice_columns}/{previous.query_columns}/"
-                            f"{previous.encoding} (use --allow-large-change)")
-            return problems
-        if abs(new.count_limit - previous.count_limit) > self.max_count_limit_change:
-            problems.append(f"count limit moves {previous.count_limit} -> {new.count_limit}, more than "
-                            f"{self.max_count_limit_change} (use --allow-large-change)")
-        for old_q, new_q in zip(previous.queries, new.queries):
-            factor = max(new_q.clip_threshold / old_q.clip_threshold, old_q.clip_threshold / new_q.clip_threshold)
-            if factor > self.max_threshold_change_factor:
-                problems.append(f"clip threshold of {new_q.column} moves {old_q.clip_threshold:.4g} -> "
-                                f"{new_q.clip_threshold:.4g} (x{factor:.2f} > {self.max_threshold_change_factor:g}; "
-                                f"use --allow-large-change)")
-        return problems
 
 
 def select_window(history: str, as_of: str, window_days: int) -> tuple[list[str], list[str]]:
@@ -105,95 +74,43 @@ def select_window(history: str, as_of: str, window_days: int) -> tuple[list[str]
 
 
 class _OptimizeGuardAndPublish(beam.DoFn):
-    """The single-element driver step: optimizer + baselines + guardrails + report + publish."""
+    """The single-element step: ``araopt.tuning.nightly_decision`` on the statistics, the run report,
+    and the publish (only if the decision says so)."""
 
-    def __init__(self, cfg: dict, previous_payload: bytes | None, expected_previous):
-        self._cfg = cfg
+    def __init__(self, config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None):
+        self._config = config
         self._previous_payload = previous_payload
         self._expected_previous = expected_previous
 
     def setup(self):
         from araopt.store import open_store
 
-        self._store = open_store(self._cfg["store"])
+        self._store = open_store(self._config.store)
 
-    def process(self, statistics, counts):
-        from araopt import optimizer
-
-        cfg = self._cfg
-        check_rejected_share(counts, cfg["max_rejected_fraction"], what="history window")
-        rows_read, rows_rejected = counts.rows_read, counts.rows_rejected
-        result = optimizer.optimize(statistics, cfg["epsilon"], cfg["encoding"], cfg["max_count_limit"], cfg["objective"],
-                                    progress=False, slice_columns=cfg["slices"])
-        baselines = {}
-        for q in (0.95, 0.99):
-            base = optimizer.baseline_params(statistics, cfg["epsilon"], q, cfg["max_count_limit"], taus=result.taus,
-                                             slice_columns=cfg["slices"])
-            baselines[f"baseline_q{int(q * 100)}"] = optimizer.objective(statistics, base, result.taus, cfg["objective"])
-        params = replace(result.params.with_domain_of(statistics.slice_values()), provenance=Provenance(
-            training_start=cfg["window"][0], training_end=cfg["window"][1], rows=rows_read - rows_rejected,
-            created_at=utc_now_iso(), predicted_rmsre_tau=result.objective, baseline_rmsre_tau=min(baselines.values()),
-            objective=cfg["objective"], extra={"run_id": cfg["run_id"], "as_of": cfg["as_of"], "baselines": baselines,
-                                               "rows_read": rows_read, "rows_rejected": rows_rejected}))
+    def process(self, statistics: SufficientStatistics, counts: ValidationCounts):
+        config = self._config
         previous = Params.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
-        problems = Guardrails(cfg["allow_large_change"], cfg["max_threshold_change_factor"],
-                              cfg["max_count_limit_change"]).check(params, result.objective, baselines, previous)
-        report = {
-            "as_of": cfg["as_of"], "run_id": cfg["run_id"], "window": cfg["window"], "history_dates": cfg["dates"],
-            "rows_read": rows_read, "rows_rejected": rows_rejected, "epsilon": cfg["epsilon"],
-            "predicted_rmsre_tau": result.objective, "baselines": baselines, "optimizer_seconds": result.seconds,
-            "per_count_limit": result.table().to_dict(orient="records"), "params": params.to_json(),
-            "previous_version": self._expected_previous, "published": False, "problems": problems,
-        }
-        report_dir = FileSystems.join(self._cfg["store"], "reports", f"{cfg['as_of']}-{cfg['run_id']}")
-        if previous is not None and _same_release(previous, params, cfg["as_of"]):
-            # re-running the same as-of date on the same history: idempotent, nothing is published
-            report.update(published=False, idempotent=True, version=self._expected_previous, problems=[])
-            _write_report(report_dir, report, result, self._store)
-            yield report
-            return
-        if problems:
-            _write_report(report_dir, report, result, self._store)
-            raise ValueError("not published: " + "; ".join(problems) + f" (report: {report_dir})")
-        published = self._store.publish(cfg["as_of"], cfg["run_id"], params.to_bytes(),
-                                        expected_previous=self._expected_previous, validate=Params.from_bytes)
-        report.update(published=True, version=published.version, version_uri=published.uri, sha256=published.sha256,
-                      created=published.created, pointer_moved=published.moved)
-        _write_report(report_dir, report, result, self._store)
+        decision = nightly_decision(statistics, counts, config, previous)
+        report = nightly_report(decision, config, counts, self._expected_previous)
+        report_dir = FileSystems.join(config.store, "reports", f"{config.as_of}-{config.run_id}")
+        if decision.idempotent:  # the same as-of date on the same history: nothing new to publish
+            report.update(version=self._expected_previous)
+        elif decision.problems:
+            _write_report(report_dir, report, decision, self._store)
+            raise ValueError("not published: " + "; ".join(decision.problems) + f" (report: {report_dir})")
+        else:
+            published = self._store.publish(config.as_of, config.run_id, decision.tuning.params.to_bytes(),
+                                            expected_previous=self._expected_previous, validate=Params.from_bytes)
+            report.update(published=True, version=published.version, version_uri=published.uri,
+                          sha256=published.sha256, created=published.created, pointer_moved=published.moved)
+        _write_report(report_dir, report, decision, self._store)
         yield report
 
 
-def _same_release(previous: Params, new: Params, as_of: str) -> bool:
-    """Same as-of date and the same parameters, ignoring when and by which run they were made and
-    float noise below 1e-9 relative (partial sums merge in runner-dependent order)."""
-    if previous.provenance is None or previous.provenance.extra.get("as_of") != as_of:
-        return False
-
-    def stable(p: Params) -> dict:
-        data = p.to_json()
-        prov = dict(data.pop("provenance") or {})
-        for volatile in ("created_at", "run_id"):
-            prov.pop(volatile, None)
-        data["provenance"] = prov
-        return data
-
-    return _close(stable(previous), stable(new))
-
-
-def _close(a, b) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-    return a == b
-
-
-def _write_report(directory: str, report: dict, result, store) -> None:
+def _write_report(directory: str, report: dict, decision: NightlyDecision, store) -> None:
     with FileSystems.create(FileSystems.join(directory, "report.json")) as fh:
         fh.write(json.dumps(report, indent=1, default=str).encode())
-    png = _report_png(result, store)
+    png = _report_png(decision.tuning.optimization, store)
     with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
         fh.write(png)
 
@@ -259,15 +176,12 @@ def _run(argv: list[str]) -> int:
     files, dates = select_window(args.history, as_of, args.window_days)
     inputs = check_input(files, slices, values)
     window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
-    cfg = {
-        "store": args.store, "as_of": as_of, "run_id": args.run_id or uuid.uuid4().hex[:8], "epsilon": epsilon,
-        "encoding": args.encoding or "linf", "max_count_limit": max_c, "objective": args.objective,
-        "slices": slices, "window": (window_start, as_of), "dates": dates,
-        "allow_large_change": bool(args.allow_large_change),
-        "max_threshold_change_factor": args.max_threshold_change_factor or 2.0,
-        "max_count_limit_change": 2 if args.max_count_limit_change is None else args.max_count_limit_change,
-        "max_rejected_fraction": args.max_rejected_fraction,
-    }
+    config = NightlyConfig(
+        store=args.store, as_of=as_of, run_id=args.run_id or uuid.uuid4().hex[:8], epsilon=epsilon,
+        slice_columns=slices, window=(window_start, as_of), dates=tuple(dates), encoding=args.encoding or "linf",
+        max_count_limit=max_c, kind=args.objective, max_rejected_fraction=args.max_rejected_fraction,
+        guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor or 2.0,
+                              2 if args.max_count_limit_change is None else args.max_count_limit_change))
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c)
     opts = pipeline_options(beam_args)
     shuffle_dir = spill_dir(opts, args.shuffle)
@@ -277,13 +191,14 @@ def _run(argv: list[str]) -> int:
     counts = read["counts"]
     statistics = read["valid"] | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
     _ = statistics | "OptimizeGuardAndPublish" >> beam.ParDo(
-        _OptimizeGuardAndPublish(cfg, previous_payload, pointer.version if pointer else None), beam.pvalue.AsSingleton(counts))
+        _OptimizeGuardAndPublish(config, previous_payload, pointer.version if pointer else None),
+        beam.pvalue.AsSingleton(counts))
     try:
         result = pipeline.run()
         result.wait_until_finish()
     finally:
         remove_dir(shuffle_dir)
-    report_path = FileSystems.join(args.store, "reports", f"{as_of}-{cfg['run_id']}", "report.json")
+    report_path = FileSystems.join(args.store, "reports", f"{as_of}-{config.run_id}", "report.json")
     with FileSystems.open(report_path) as fh:
         report = json.loads(fh.read().decode())
     print_report(report, time.time() - started, report_path)

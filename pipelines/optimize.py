@@ -19,10 +19,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from araopt.optimizer import BASELINE_QUANTILES, baseline_params, objective, optimize
 from pipelines.options import OneLineParser
-from araopt.params import Provenance, check_epsilon, utc_now_iso
-from araopt.statistics import DEFAULT_MAX_COUNT_LIMIT, StatisticsSpec, SufficientStatistics
+from araopt.params import check_epsilon
+from araopt.statistics import DEFAULT_MAX_COUNT_LIMIT, StatisticsSpec
 
 PROG = "araopt optimize"
 
@@ -55,91 +54,6 @@ def split_columns(text: str, what: str) -> tuple[str, ...]:
     return cols
 
 
-def check_history(pattern: str, slice_columns: Sequence[str], value_columns: Sequence[str]) -> list[str]:
-    """Before any work: files exist, columns exist with the right types, rows > 0, no negative value
-    (from the Parquet footers' statistics; rows without statistics are checked by the pipeline)."""
-    return _scan_history(pattern, slice_columns, value_columns)[0]
-
-
-def _scan_history(pattern: str, slice_columns: Sequence[str], value_columns: Sequence[str]) -> tuple[list[str], tuple]:
-    """(paths, (first, last) conversion time from the footers' statistics or (None, None))."""
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystems import FileSystems
-
-    from transforms.io import check_input
-
-    paths = list(check_input(pattern, slice_columns, value_columns).paths)
-    rows = 0
-    first = last = None
-    for path in paths:
-        with FileSystems.open(path) as fh:
-            meta = pq.ParquetFile(fh).metadata
-        rows += meta.num_rows
-        names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-        if "conversion_time" in names:
-            i = names.index("conversion_time")
-            for g in range(meta.num_row_groups):
-                st = meta.row_group(g).column(i).statistics
-                if st is not None and st.has_min_max and st.min is not None and st.max is not None:
-                    first = st.min if first is None else min(first, st.min)
-                    last = st.max if last is None else max(last, st.max)
-        for col in value_columns:
-            if col not in names:
-                continue
-            i = names.index(col)
-            for g in range(meta.num_row_groups):
-                st = meta.row_group(g).column(i).statistics
-                if st is not None and st.has_min_max and st.min is not None and float(st.min) < 0:
-                    raise ValueError(f"value column {col!r} has negative values (min {st.min}) in {path}; "
-                                     "values must be >= 0 (conversion-log contract)")
-    if rows == 0:
-        raise ValueError(f"empty history: {pattern!r} holds no rows")
-    window = tuple(v.isoformat() if hasattr(v, "isoformat") else (None if v is None else str(v)) for v in (first, last))
-    return paths, window
-
-
-def compute_statistics(pattern: str, spec: StatisticsSpec, pipeline_args: list[str]) -> tuple[SufficientStatistics, dict]:
-    """The Beam statistics pipeline (``transforms.statistics``); in memory when it is not installed."""
-    try:
-        from transforms.statistics import compute_statistics as beam_statistics
-    except ModuleNotFoundError:
-        return statistics_in_memory(pattern, spec)
-    return beam_statistics(pattern, spec, pipeline_args)
-
-
-def statistics_in_memory(pattern: str, spec: StatisticsSpec) -> tuple[SufficientStatistics, dict]:
-    """Fallback: read the whole log with pyarrow and use the core combiner (small data only)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystems import FileSystems
-
-    from araopt.conversions import Conversions, validate_table
-    from araopt.statistics import compute_statistics_in_memory
-    from transforms.io import match_files, needed_columns
-
-    tables = []
-    for path in match_files(pattern):
-        with FileSystems.open(path) as fh:
-            tables.append(pq.read_table(fh, columns=needed_columns(spec.slice_columns, spec.value_columns)))
-    table = pa.concat_tables(tables, promote_options="default") if tables else None
-    if table is None or table.num_rows == 0:
-        raise ValueError(f"empty history: {pattern!r} holds no rows")
-    good, rejected = validate_table(table, spec.slice_columns, spec.value_columns)
-    reasons = pd.Series(rejected.column("reason").to_pylist(), dtype=object).value_counts().to_dict()
-    stats = compute_statistics_in_memory(Conversions.from_table(good, spec.slice_columns, spec.value_columns), spec)
-    return stats, {"rows_read": table.num_rows, "rows_rejected": rejected.num_rows,
-                   **{f"rows_rejected_{k}": int(v) for k, v in reasons.items()}}
-
-
-def check_accounting(stats: SufficientStatistics, accounting: dict) -> None:
-    negative = int(accounting.get("rows_rejected_negative_value", 0) or
-                   (accounting.get("rows_rejected_by_reason", {}) or {}).get("negative_value", 0))
-    if negative:
-        raise ValueError(f"{negative} history rows have negative values; values must be >= 0 (conversion-log contract)")
-    if stats.num_conversions == 0:
-        raise ValueError("empty history: no valid conversion rows")
-
-
 def result_table(rows: list[dict]) -> str:
     frame = pd.DataFrame(rows)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.6g}".format):
@@ -153,6 +67,11 @@ def run_optimize(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
+    from araopt.tuning import tune
+    from transforms.io import check_input
+
+    from .history import compute_statistics, report_rejections
+
     args, beam_args = build_parser().parse_known_args(argv)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     if args.max_count_limit < 1:
@@ -160,41 +79,30 @@ def _run(argv: list[str]) -> int:
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit)  # validates column overlap
-    _, window = _scan_history(args.history, slices, values)
-    stats, accounting = compute_statistics(args.history, spec, beam_args)
-    check_accounting(stats, accounting)
-
-    result = optimize(stats, epsilon, args.encoding, args.max_count_limit, args.objective,
-                      progress=not args.no_progress, l1_rounding=args.l1_rounding)
-    taus = np.asarray(result.taus)
+    inputs = check_input(args.history, slices, values)
+    run = compute_statistics(inputs, spec, beam_args)
+    report_rejections(PROG, run.counts)
+    stats = run.statistics
+    tuning = tune(stats, epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit, kind=args.objective,
+                  l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
+                  rows=run.counts.rows_valid, progress=not args.no_progress,
+                  provenance={"history": args.history, "row_accounting": {
+                      "rows_read": run.counts.rows_read, "rows_rejected": run.counts.rows_rejected,
+                      "rows_rejected_by_reason": dict(run.counts.rejected_by_reason)}})
+    result = tuning.optimization
     rows = [{"method": f"optimized {args.encoding}", "C": result.params.count_limit,
              "thresholds": ", ".join(f"{q.clip_threshold:.4g}" for q in result.params.queries),
              "fractions": ", ".join("-" if q.budget_fraction is None else f"{q.budget_fraction:.3f}" for q in result.params.queries),
              "train RMSRE_tau": result.objective, "ratio": 1.0}]
-    baselines = {}
-    for q in BASELINE_QUANTILES:
-        p = baseline_params(stats, epsilon, q, args.max_count_limit, taus)
-        value = objective(stats, p, taus, args.objective)
-        baselines[f"q{q:g}"] = {"count_limit": p.count_limit, "rmsre_tau": value,
-                                "clip_thresholds": [qq.clip_threshold for qq in p.queries]}
-        rows.append({"method": f"baseline q={q:g}", "C": p.count_limit,
+    for b in tuning.baselines:
+        p = b.params
+        rows.append({"method": b.name, "C": p.count_limit,
                      "thresholds": ", ".join(f"{qq.clip_threshold:.4g}" for qq in p.queries),
                      "fractions": ", ".join(f"{qq.budget_fraction:.3f}" for qq in p.queries) + f" (+count {p.count_budget_fraction:.3f})",
-                     "train RMSRE_tau": value, "ratio": value / result.objective})
-    prov = Provenance(training_start=window[0], training_end=window[1],
-                      rows=int(accounting.get("rows_read", stats.num_conversions)), created_at=utc_now_iso(),
-                      predicted_rmsre_tau=result.objective,
-                      baseline_rmsre_tau=min(b["rmsre_tau"] for b in baselines.values()), objective=args.objective,
-                      extra={"optimizer": "araopt.optimizer.optimize (Alg. 6)", "encoding": args.encoding,
-                             "max_count_limit": args.max_count_limit, "history": args.history,
-                             "baselines": baselines, "row_accounting": {k: v for k, v in accounting.items()
-                                                                        if isinstance(v, (int, float, str))},
-                             "per_count_limit": [{"C": r.count_limit, "rmsre_tau": r.objective} for r in result.per_count_limit],
-                             "optimizer_seconds": result.seconds})
-    params = dataclasses.replace(result.params.with_domain_of(stats.slice_values()), provenance=prov)
-    params.save(args.out)
+                     "train RMSRE_tau": b.rmsre_tau, "ratio": b.rmsre_tau / result.objective})
+    tuning.params.save(args.out)
     print(f"{stats.num_conversions} conversions, {stats.num_impressions} impressions, {stats.num_slices} slices; "
-          f"epsilon = {epsilon:g}, objective = {args.objective}, taus = {', '.join(f'{t:.4g}' for t in taus)}")
+          f"epsilon = {epsilon:g}, objective = {args.objective}, taus = {', '.join(f'{t:.4g}' for t in result.taus)}")
     print(result_table(rows))
     print(f"wrote {args.out}  (optimizer {result.seconds:.2f} s)")
     return 0

@@ -24,7 +24,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from araopt import outputs
 
-from .options import UserError, is_remote, sweep_leftovers
+from .options import UserError
+from .runner import is_remote, sweep_leftovers
 
 STAGING_TAG = ".araopt-staging-"
 REPLACED_TAG = ".araopt-replaced-"

@@ -100,9 +100,9 @@ def test_optimize_cli_writes_parameters_with_predictions(tmp_path, capsys):
     prov = params.provenance.to_json()
     assert params.encoding == "linf" and 1 <= params.count_limit <= 12
     assert prov["predicted_rmsre_tau"] < prov["baseline_rmsre_tau"]
-    assert set(prov["baselines"]) == {"q0.95", "q0.99"} and len(prov["per_count_limit"]) == 12
+    assert set(prov["baselines"]) == {"baseline_q95", "baseline_q99"} and len(prov["per_count_limit"]) == 12
     printed = capsys.readouterr().out
-    assert "baseline q=0.95" in printed and "optimized linf" in printed
+    assert "baseline_q95" in printed and "optimized linf" in printed
 
 
 def test_evaluate_cli_writes_csv_and_png(tmp_path, capsys):

@@ -249,7 +249,7 @@ def test_7_kill_mid_run_leaves_the_old_run_and_the_leftover_is_swept(tmp_path):
 def test_6_spill_folder_is_0700_and_dead_runs_spills_are_swept(tmp_path):
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.options import SPILL_PREFIX, spill_dir
+    from pipelines.runner import SPILL_PREFIX, spill_dir
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

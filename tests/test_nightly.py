@@ -15,7 +15,8 @@ from araopt import Params
 from araopt.store import open_store
 from pipelines import measure as measure_pipeline
 from pipelines import nightly
-from pipelines.nightly import Guardrails, select_window
+from araopt.tuning import Guardrails
+from pipelines.nightly import select_window
 
 SLICES = "campaign,geo"
 
@@ -102,7 +103,7 @@ def test_guardrail_large_change_needs_flag(tmp_path, capsys):
 
 
 def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch, capsys):
-    from araopt import optimizer
+    from araopt import optimizer, tuning
 
     hist = write_history(tmp_path / "h")
     store_uri = str(tmp_path / "store")
@@ -110,11 +111,11 @@ def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch,
 
     def worse_than_baseline(statistics, epsilon, *args, **kwargs):
         result = real_optimize(statistics, epsilon, *args, **kwargs)
-        base = optimizer.baseline_params(statistics, epsilon, 0.95, kwargs.get("max_count_limit", 8), taus=result.taus)
+        base = optimizer.baseline_params(statistics, epsilon, 0.95, 8, taus=result.taus)
         worse = optimizer.objective(statistics, base, result.taus, "exact") * 1.5
         return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus, result.seconds)
 
-    monkeypatch.setattr(optimizer, "optimize", worse_than_baseline)
+    monkeypatch.setattr(tuning, "optimize", worse_than_baseline)
     assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "w"])) == 2
     assert "does not beat the best baseline" in capsys.readouterr().err
     assert open_store(store_uri).list_versions() == []
@@ -186,7 +187,7 @@ def test_measure_refuses_corrupt_latest_or_params_naming_the_file(tmp_path, caps
 def test_idempotency_ignores_float_noise_but_not_real_changes():
     from araopt import QueryParams
     from araopt.params import Provenance
-    from pipelines.nightly import _same_release
+    from araopt.tuning import same_release as _same_release
 
     def p(threshold, run_id):
         return Params(count_limit=3, encoding="linf", epsilon=1, slice_columns=("s",),

@@ -10,7 +10,8 @@ from apache_beam.testing.util import assert_that
 
 from araopt import Conversions
 from araopt import statistics as stats
-from transforms.statistics import ComputeStatistics, compute_statistics
+from pipelines.history import compute_statistics
+from transforms.statistics import ComputeStatistics
 from transforms.validate import ValidateConversions
 
 from test_measure_pipeline import make_frame, write_parts
@@ -55,10 +56,10 @@ def test_compute_statistics_job_on_files(tmp_path):
     frame = make_frame(4000)
     frame.loc[3, "value"] = -2.0
     data = write_parts(frame, tmp_path / "hist", 4)
-    got, accounting = compute_statistics(data, SPEC)
-    assert accounting["rows_read"] == 4000 and accounting["rows_rejected"] == 1
-    assert accounting["rows_rejected_by_reason"] == {"negative_value": 1}
-    assert_same(got, core_statistics(frame.drop(index=3)))
+    run = compute_statistics(data, SPEC)
+    assert (run.counts.rows_read, run.counts.rows_rejected) == (4000, 1)
+    assert run.counts.rejected_by_reason == {"negative_value": 1}
+    assert_same(run.statistics, core_statistics(frame.drop(index=3)))
 
 
 def test_bad_history_refused_before_work(tmp_path):

@@ -1,0 +1,220 @@
+"""Tuning decisions, engine-free: ParameterOptimization (Alg. 5) together with the paper's baselines
+(Sec. 5.1) as one typed result, and the nightly job's decision logic — guardrails, the "same
+release" rule and the run report. ``pipelines/optimize.py``, ``pipelines/nightly.py`` and
+``araopt.evaluation`` call these; none of them decides anything on its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts, check_rejected_share
+from .error_model import Objective
+from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, baseline_params, objective, optimize
+from .params import Encoding, L1Rounding, Params, Provenance, utc_now_iso
+from .statistics import DEFAULT_MAX_COUNT_LIMIT, SufficientStatistics
+
+
+def baseline_name(quantile: float) -> str:
+    """One naming for the paper's baselines everywhere: ``baseline_q95`` for the 0.95 quantile."""
+    return f"baseline_q{quantile * 100:g}"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The Sec. 5.1 baseline at one quantile and its predicted RMSRE_tau on the same statistics."""
+
+    name: str
+    quantile: float
+    params: Params
+    rmsre_tau: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"quantile": self.quantile, "count_limit": self.params.count_limit, "rmsre_tau": self.rmsre_tau,
+                "clip_thresholds": [q.clip_threshold for q in self.params.queries]}
+
+
+def baselines(statistics: SufficientStatistics, epsilon: float, max_count_limit: int, taus: Sequence[float],
+              kind: str = Objective.EXACT, slice_columns: Sequence[str] | None = None,
+              quantiles: Sequence[float] = BASELINE_QUANTILES) -> tuple[Baseline, ...]:
+    """The paper's baselines (equal fractions, quantile thresholds and count limit), evaluated."""
+    taus_arr = np.asarray(taus, dtype=np.float64)
+    out = []
+    for q in quantiles:
+        p = baseline_params(statistics, epsilon, q, max_count_limit, taus_arr, slice_columns=slice_columns)
+        out.append(Baseline(baseline_name(q), float(q), p, objective(statistics, p, taus_arr, kind)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    """Chosen parameters (with the history's domain and provenance), the search, and the baselines."""
+
+    params: Params
+    optimization: OptimizationResult
+    baselines: tuple[Baseline, ...]
+
+    @property
+    def predicted_rmsre_tau(self) -> float:
+        return self.optimization.objective
+
+    @property
+    def taus(self) -> tuple[float, ...]:
+        return self.optimization.taus
+
+    def baseline_values(self) -> dict[str, float]:
+        return {b.name: b.rmsre_tau for b in self.baselines}
+
+    @property
+    def best_baseline(self) -> Baseline:
+        return min(self.baselines, key=lambda b: b.rmsre_tau)
+
+
+def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = Encoding.LINF,
+         max_count_limit: int = DEFAULT_MAX_COUNT_LIMIT, kind: str = Objective.EXACT,
+         l1_rounding: str = L1Rounding.RANDOMIZED, slice_columns: Sequence[str] | None = None,
+         taus: Sequence[float] | None = None, training_window: tuple[str | None, str | None] = (None, None),
+         rows: int | None = None, provenance: Mapping[str, Any] | None = None, progress: bool = False,
+         context: SearchContext | None = None) -> TuningResult:
+    """Alg. 5 on the statistics, the baselines on the same statistics and taus, and the parameter file
+    to publish: the chosen parameters carrying the history's key domain and their provenance."""
+    result = optimize(statistics, epsilon, str(encoding), max_count_limit, str(kind), taus=taus, progress=progress,
+                      l1_rounding=str(l1_rounding), slice_columns=slice_columns, context=context)
+    base = baselines(statistics, epsilon, max_count_limit, result.taus, str(kind), slice_columns)
+    extra = {"optimizer": "araopt.optimizer.optimize (ParameterOptimization, Alg. 5)", "encoding": str(encoding),
+             "max_count_limit": max_count_limit, "baselines": {b.name: b.to_json() for b in base},
+             "per_count_limit": [{"C": r.count_limit, "rmsre_tau": r.objective} for r in result.per_count_limit],
+             "optimizer_seconds": result.seconds, "taus": list(result.taus), **dict(provenance or {})}
+    params = dataclasses.replace(
+        result.params.with_domain_of(statistics.slice_values()),
+        provenance=Provenance(training_start=training_window[0], training_end=training_window[1],
+                              rows=statistics.num_conversions if rows is None else rows, created_at=utc_now_iso(),
+                              predicted_rmsre_tau=result.objective,
+                              baseline_rmsre_tau=min(b.rmsre_tau for b in base), objective=str(kind), extra=extra))
+    return TuningResult(params, result, base)
+
+
+# ---- the nightly job's decisions -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Guardrails:
+    """Publishing rules: beat the best baseline; large moves of C or thresholds need an explicit allowance."""
+
+    allow_large_change: bool = False
+    max_threshold_change_factor: float = 2.0
+    max_count_limit_change: int = 2
+
+    def check(self, new: Params, predicted: float, baseline_values: Mapping[str, float], previous: Params | None) -> list[str]:
+        """Reasons not to publish (empty: publish)."""
+        problems = []
+        best_baseline = min(baseline_values.values())
+        if not predicted < best_baseline:
+            problems.append(f"predicted RMSRE_tau {predicted:.4g} does not beat the best baseline {best_baseline:.4g}")
+        if previous is None or self.allow_large_change:
+            return problems
+        if (previous.slice_columns, previous.query_columns, previous.encoding) != (new.slice_columns, new.query_columns, new.encoding):
+            problems.append(f"slices/queries/encoding changed from {previous.slice_columns}/{previous.query_columns}/"
+                            f"{previous.encoding} (use --allow-large-change)")
+            return problems
+        if abs(new.count_limit - previous.count_limit) > self.max_count_limit_change:
+            problems.append(f"count limit moves {previous.count_limit} -> {new.count_limit}, more than "
+                            f"{self.max_count_limit_change} (use --allow-large-change)")
+        for old_q, new_q in zip(previous.queries, new.queries):
+            factor = max(new_q.clip_threshold / old_q.clip_threshold, old_q.clip_threshold / new_q.clip_threshold)
+            if factor > self.max_threshold_change_factor:
+                problems.append(f"clip threshold of {new_q.column} moves {old_q.clip_threshold:.4g} -> "
+                                f"{new_q.clip_threshold:.4g} (x{factor:.2f} > {self.max_threshold_change_factor:g}; "
+                                f"use --allow-large-change)")
+        return problems
+
+
+def same_release(previous: Params, new: Params, as_of: str) -> bool:
+    """Same as-of date and the same parameters, ignoring when and by which run they were made and
+    float noise below 1e-9 relative (partial sums merge in runner-dependent order)."""
+    if previous.provenance is None or previous.provenance.extra.get("as_of") != as_of:
+        return False
+
+    def stable(p: Params) -> dict[str, Any]:
+        data = p.to_json()
+        prov = dict(data.pop("provenance") or {})
+        for volatile in ("created_at", "run_id", "optimizer_seconds"):
+            prov.pop(volatile, None)
+        data["provenance"] = prov
+        return data
+
+    return _close(stable(previous), stable(new))
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return bool(a == b)
+
+
+@dataclass(frozen=True)
+class NightlyConfig:
+    """Everything the nightly job decides with (the CLI's options, resolved)."""
+
+    store: str
+    as_of: str
+    run_id: str
+    epsilon: float
+    slice_columns: tuple[str, ...]
+    window: tuple[str, str]
+    dates: tuple[str, ...]
+    encoding: str = Encoding.LINF
+    max_count_limit: int = DEFAULT_MAX_COUNT_LIMIT
+    kind: str = Objective.EXACT
+    guardrails: Guardrails = field(default_factory=Guardrails)
+    max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION
+
+
+@dataclass(frozen=True)
+class NightlyDecision:
+    """The tuning result, why not to publish it (if anything), whether it repeats the previous release."""
+
+    tuning: TuningResult
+    problems: tuple[str, ...]
+    idempotent: bool
+
+    @property
+    def publish(self) -> bool:
+        return not self.idempotent and not self.problems
+
+
+def nightly_decision(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
+                     previous: Params | None) -> NightlyDecision:
+    """Gate the history's rejected share, tune, apply the guardrails, and recognise a re-run."""
+    check_rejected_share(counts, config.max_rejected_fraction, what="history window")
+    tuning = tune(statistics, config.epsilon, encoding=config.encoding, max_count_limit=config.max_count_limit,
+                  kind=config.kind, slice_columns=config.slice_columns, training_window=config.window,
+                  rows=counts.rows_valid,
+                  provenance={"run_id": config.run_id, "as_of": config.as_of, "rows_read": counts.rows_read,
+                              "rows_rejected": counts.rows_rejected})
+    if previous is not None and same_release(previous, tuning.params, config.as_of):
+        return NightlyDecision(tuning, (), True)
+    problems = config.guardrails.check(tuning.params, tuning.predicted_rmsre_tau, tuning.baseline_values(), previous)
+    return NightlyDecision(tuning, tuple(problems), False)
+
+
+def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: ValidationCounts,
+                   previous_version: str | None) -> dict[str, Any]:
+    """The run report (JSON): what was decided, with the numbers behind it."""
+    tuning = decision.tuning
+    return {
+        "as_of": config.as_of, "run_id": config.run_id, "window": list(config.window), "history_dates": list(config.dates),
+        "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected, "epsilon": config.epsilon,
+        "objective": str(config.kind), "taus": list(tuning.taus),
+        "predicted_rmsre_tau": tuning.predicted_rmsre_tau, "baselines": tuning.baseline_values(),
+        "optimizer_seconds": tuning.optimization.seconds,
+        "per_count_limit": tuning.optimization.table().to_dict(orient="records"), "params": tuning.params.to_json(),
+        "previous_version": previous_version, "published": False, "idempotent": decision.idempotent,
+        "problems": list(decision.problems),
+    }

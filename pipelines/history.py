@@ -1,0 +1,111 @@
+"""Reading conversion logs for the driver-side jobs (optimize, evaluate, export-ara, reconstruct):
+the statistics side pipeline on Beam (``compute_statistics``), and small logs into memory
+(``load_conversions``). Both validate every row the same way as ``araopt measure`` (dead letter with
+a reason, the rejected-share gate) and print the rejected rows by reason in one line.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
+    import pyarrow as pa
+
+    from araopt.conversions import Conversions, ValidationCounts
+    from araopt.statistics import StatisticsSpec, SufficientStatistics
+    from transforms.io import InputFiles
+
+
+@dataclass(frozen=True)
+class StatisticsRun:
+    """The statistics of a history and its row accounting."""
+
+    statistics: SufficientStatistics
+    counts: ValidationCounts
+    inputs: InputFiles
+
+
+def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline_args: Sequence[str] = (),
+                       max_rejected_fraction: float = 0.10, num_shards: int | None = None, shuffle: str = "auto",
+                       dead_letter: str | None = None) -> StatisticsRun:
+    """The Beam statistics pipeline (ReadAndValidate -> GroupByImpression -> the statistics combiner),
+    run to completion; the result comes back to the driver. Refuses bad input before any work and a
+    history with too many rejected rows after (``check_rejected_share``)."""
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    from araopt.conversions import check_rejected_share
+    from transforms.io import InputFiles, auto_num_shards, check_input
+    from transforms.statistics import ComputeStatistics, SaveElement
+    from transforms.validate import ReadAndValidate
+
+    from .runner import make_runner, pipeline_options, remove_dir, spill_dir
+
+    inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, spec.slice_columns, spec.value_columns)
+    num_shards = num_shards or auto_num_shards(inputs.rows)
+    opts = pipeline_options(list(pipeline_args))
+    shuffle_dir = spill_dir(opts, shuffle)
+    temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
+    run_dir = FileSystems.join(temp_root, f"araopt-statistics-{os.getpid()}-{uuid.uuid4().hex}")
+    stats_path, counts_path = FileSystems.join(run_dir, "statistics.pkl"), FileSystems.join(run_dir, "counts.pkl")
+    if "://" not in run_dir:
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+    read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns, dead_letter)
+    _ = read["counts"] | "SaveCounts" >> beam.ParDo(SaveElement(counts_path))
+    _ = (read["valid"] | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
+         | "SaveStatistics" >> beam.ParDo(SaveElement(stats_path)))
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+        with FileSystems.open(counts_path) as fh:
+            counts = pickle.loads(fh.read())
+        check_rejected_share(counts, max_rejected_fraction, what="history")
+        with FileSystems.open(stats_path) as fh:
+            statistics = pickle.loads(fh.read())
+    finally:
+        remove_dir(shuffle_dir)
+        remove_dir(run_dir)
+    return StatisticsRun(statistics, counts, inputs)
+
+
+def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], value_columns: Sequence[str],
+                     max_rejected_fraction: float = 0.10, what: str = "conversion log",
+                     ) -> tuple[Conversions, ValidationCounts, pa.Table]:
+    """A (small) log in memory: (valid conversions, row accounting, dead-letter rows), the same
+    validation, canonical types and gate as the Beam jobs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystems import FileSystems
+
+    from araopt.conversions import Conversions, ValidationCounts, check_rejected_share, validate_batch
+    from transforms.io import InputFiles, check_input, needed_columns
+
+    inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, slice_columns, value_columns)
+    columns = needed_columns(slice_columns, value_columns)
+    valid, rejected, counts = [], [], []
+    for path in inputs.paths:
+        with FileSystems.open(path) as fh:
+            table = pq.read_table(fh, columns=columns)
+        batch = validate_batch(table, slice_columns, value_columns)
+        valid.append(batch.valid)
+        rejected.append(batch.rejected)
+        counts.append(ValidationCounts.of(table.num_rows, batch))
+    total = ValidationCounts.merge(counts)
+    check_rejected_share(total, max_rejected_fraction, what=what)
+    good = pa.concat_tables(valid)
+    return Conversions.from_table(good, slice_columns, value_columns), total, pa.concat_tables(rejected)
+
+
+def report_rejections(prog: str, counts: ValidationCounts, where: str | None = None) -> None:
+    """One console line about rejected rows (nothing when none was rejected)."""
+    if counts.rows_rejected:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in counts.rejected_by_reason.items())
+        tail = f"; dead letter: {where}" if where else ""
+        print(f"{prog}: {counts.rows_rejected:,} of {counts.rows_read:,} rows rejected ({reasons}){tail}", file=sys.stderr)
