@@ -356,3 +356,21 @@ def test_convolved_loss_quantiles_match_monte_carlo():
         q = np.quantile(draws, [0.025, 0.975])
         scale = math.sqrt(v + s * s)
         assert abs(lo[i] - q[0]) < 0.03 * scale and abs(hi[i] - q[1]) < 0.03 * scale, (i, lo[i], hi[i], q)
+
+
+def test_string_and_multi_column_slices_match_the_key_domain():
+    rng = np.random.default_rng(8)
+    conv, days = generate(rng, [3.0, 5.0, 4.0], [300, 300, 300])
+    country = np.where(conv.slices["s"] == 1, "US", "DE").astype(object)
+    multi = Conversions(conv.impression_id, conv.conversion_time, {"s": conv.slices["s"], "country": country},
+                        conv.values, ("value",))
+    params = Params(count_limit=3, encoding="linf", epsilon=8.0, slice_columns=("s", "country"),
+                    queries=(QueryParams("value", 4.0, 1.0),))
+    cal = cb.calibrate(multi, params, days.astype(str))  # block ids may be strings (dates)
+    assert set(cal.slice_keys) == {(0, "DE"), (1, "US"), (2, "DE")}
+    assert cb.Calibration.from_bytes(cal.to_bytes()).slice_keys == cal.slice_keys
+    dom = KeyDomain.from_slice_values(("s", "country"), multi.slices, ("value",))
+    ce = cb.correct(measure(multi, params, dom, simulation_seed=1).estimates, cal, dom, params=params)
+    assert ce.fallback_slices == 0 and ce.estimate.shape == (3, 2)
+    frame = ce.to_frame(dom.slice_values())
+    assert list(frame["country"][:2]) == ["DE", "DE"] and frame["bias_corrected"].all()
