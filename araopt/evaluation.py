@@ -10,8 +10,9 @@
 * ``evaluate_dataset``: the Sec. 5 comparison for one dataset: optimized L-inf, optimized L1 and the
   two baselines (q = 0.95, 0.99) at every epsilon, with the generalization gap (test error of the
   parameters tuned on train minus that of parameters tuned on test) and the per-C curves.
-* ``plot_rmsre`` / ``plot_count_limit``: PNGs like the paper's Fig. (experiments) (epsilon on a log
-  axis, one line per method, one panel per dataset) and the "why this C" figure.
+* ``plot_rmsre`` / ``plot_count_limit``: aliases of ``araopt.plots.rmsre_plot`` / ``count_limit_plot``,
+  PNGs like the paper's Fig. (experiments) (epsilon on a log axis, one line per method, one panel per
+  dataset) and the "why this C" figure.
 
 All metrics use the training taus (tau = 5 x training median, Sec. 5.1) for every method.
 """
@@ -25,6 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from . import plots
 from .conversions import Conversions
 from .error_model import ErrorBreakdown, RmsreTau, default_taus, expected_error, params_taus, rmsre_tau
 from .keys import KeyDomain
@@ -216,64 +218,9 @@ def comparison_table(results: pd.DataFrame) -> pd.DataFrame:
 # Outputs
 # ------------------------------------------------------------------------------------------------
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_rmsre(results: pd.DataFrame, path: str | os.PathLike[str], with_monte_carlo: bool = True) -> None:
-    """RMSRE_tau vs epsilon (log2 axis), one line per method, one panel per dataset (cf. Fig. experiments)."""
-    plt = _pyplot()
-    names = list(dict.fromkeys(results["dataset"]))
-    fig, axes = plt.subplots(1, len(names), figsize=(4.8 * len(names), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        sub = results[results["dataset"] == name]
-        for method in [m for m in METHODS if m in set(sub["method"])]:
-            s = sub[sub["method"] == method].sort_values("epsilon")
-            ax.plot(s["epsilon"], s["test_rmsre_tau"], marker="o", label=METHOD_LABELS[method],
-                    linestyle="--" if method == "optimized_l1" else "-")
-            if with_monte_carlo and "mc_rmsre_tau" in s and s["mc_rmsre_tau"].notna().any():
-                ax.errorbar(s["epsilon"], s["mc_rmsre_tau"], yerr=2 * s["mc_std_error"], fmt="x", color="k",
-                            markersize=4, capsize=2, label=None)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("privacy budget \u03b5")
-        ax.set_ylabel("test RMSRE\u03c4")
-        ax.set_title(name)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_count_limit(curves: pd.DataFrame, path: str | os.PathLike[str]) -> None:
-    """Why this C: best training RMSRE_tau for each count limit C, one line per epsilon (chosen C marked)."""
-    plt = _pyplot()
-    names = list(dict.fromkeys(curves["dataset"]))
-    fig, axes = plt.subplots(1, len(names), figsize=(4.8 * len(names), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        sub = curves[curves["dataset"] == name]
-        for eps in sorted(set(sub["epsilon"])):
-            s = sub[sub["epsilon"] == eps].sort_values("C")
-            line = ax.plot(s["C"], s["train_rmsre_tau"], label=f"\u03b5={eps:g}")[0]
-            chosen = s[s["chosen"]]
-            ax.plot(chosen["C"], chosen["train_rmsre_tau"], marker="*", markersize=11, color=line.get_color())
-        ax.set_yscale("log")
-        ax.set_xlabel("count limit C (kept conversions per impression)")
-        ax.set_ylabel("best training RMSRE\u03c4 at this C")
-        ax.set_title(name)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7, ncol=2)
-    fig.suptitle("best RMSRE\u03c4 per count limit C (\u2605 chosen): small C drops conversions, large C adds noise",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+# The figures live in ``araopt.plots``; these names stay for callers of the evaluation API.
+plot_rmsre = plots.rmsre_plot
+plot_count_limit = plots.count_limit_plot
 
 
 def write_outputs(evaluations: Sequence[DatasetEvaluation], out_dir: str | os.PathLike[str]) -> Mapping[str, str]:
@@ -289,9 +236,9 @@ def write_outputs(evaluations: Sequence[DatasetEvaluation], out_dir: str | os.Pa
     comparison_table(results).to_csv(paths["comparison"], index=False)
     gaps.to_csv(paths["gaps"], index=False)
     curves.to_csv(paths["curves"], index=False)
-    plot_rmsre(results, paths["plot"])
+    plots.rmsre_plot(results, paths["plot"])
     if not curves.empty:
-        plot_count_limit(curves, paths["count_limit_plot"])
+        plots.count_limit_plot(curves, paths["count_limit_plot"])
     else:
         paths.pop("count_limit_plot")
     return paths

@@ -125,43 +125,29 @@ def print_results(report: dict, summary: dict, estimates: pd.DataFrame) -> None:
 
 
 def write_plots(estimates: pd.DataFrame, result_dir: str, plot_dir: str) -> list[str]:
-    """Estimates with 95% intervals for the largest slices, and noisy vs unnoised keys (debug run)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from araopt import avro
+    """estimates.png (largest slices, count and value panels, 95% intervals) and noisy_vs_unnoised.png
+    (the debug run's noise per key against the DLap band at the run's epsilon)."""
+    from araopt import avro, plots
 
     os.makedirs(plot_dir, exist_ok=True)
     slice_cols = [c for c in estimates.columns if c not in ("query", "estimate", "std_error", "ci_low", "ci_high")]
-    paths = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    sub = estimates[estimates["query"] == "value"].nlargest(20, "estimate")
-    labels = sub[slice_cols].astype(str).agg("/".join, axis=1)
-    axes[0].errorbar(range(len(sub)), sub["estimate"], yerr=1.96 * sub["std_error"], fmt="o", capsize=3)
-    axes[0].set_xticks(range(len(sub)), labels, rotation=70, fontsize=7)
-    axes[0].set(title="value: estimate ± 95% CI, 20 largest slices", yscale="log")
-    for query, marker in (("count", "o"), ("value", "s")):
-        part = estimates[(estimates["query"] == query) & (estimates["estimate"] > 0)]
-        axes[1].scatter(part["estimate"], 1.96 * part["std_error"] / part["estimate"], s=8, marker=marker, label=query)
-    axes[1].set(xscale="log", yscale="log", xlabel="estimate", ylabel="95% CI half-width / estimate",
-                title="relative error bars of every slice")
-    axes[1].legend()
-    fig.tight_layout()
-    path = os.path.join(plot_dir, "estimates.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
-    buckets, unnoised, noise, _ = avro.read_debug_report(os.path.join(result_dir, outputs.private_file(outputs.DEBUG_REPORT)))
-    fig, ax = plt.subplots(figsize=(5, 4))
-    ax.scatter(unnoised, unnoised + noise, s=6)
-    ax.set(xlabel="unnoised metric (debug run)", ylabel="noisy metric", title="summary report keys")
-    fig.tight_layout()
-    path = os.path.join(plot_dir, "noisy_vs_unnoised.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
+    paths = [plots.estimates_plot(estimates, slice_cols, os.path.join(plot_dir, "estimates.png"))]
+
+    def load(relative: str) -> dict:
+        with open(os.path.join(result_dir, relative)) as fh:
+            return json.load(fh)
+
+    summary = load(outputs.private_file(outputs.RUN_SUMMARY))
+    simulation = bool(summary.get("simulation"))
+    key_map = load(outputs.release_file(outputs.KEY_MAP_JSON, simulation))  # key columns in dense-key order
+    release = load(outputs.release_file(outputs.RELEASE_JSON, simulation))
+    debug_report = os.path.join(result_dir, outputs.private_file(outputs.DEBUG_REPORT))
+    if not os.path.exists(debug_report):  # not a --debug-run
+        return paths
+    _, unnoised, noise, _ = avro.read_debug_report(debug_report)
+    paths.append(plots.noise_plot(unnoised, noise, [*key_map["queries"], key_map["bottom_name"]],
+                                  os.path.join(plot_dir, "noisy_vs_unnoised.png"), epsilon=summary["epsilon"],
+                                  contribution_budget=release["contribution_budget"]))
     return paths
 
 
