@@ -23,5 +23,11 @@ test: venv
 bench: venv
 	$(PY) benchmarks/core.py
 
+.PHONY: mutation
+# Mutation testing of the privacy-critical core (docs/mutation.md; ~1 h on one core; not run by CI).
+# Runs in a private temporary copy; e.g. `make mutation MUTATION_ARGS="bounding noise"`.
+mutation: venv
+	$(PY) tools/mutation.py $(MUTATION_ARGS)
+
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

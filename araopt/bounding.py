@@ -38,6 +38,8 @@ def contribution_norms(contributions: np.ndarray, contribution_budget: int = CON
         raise ValueError(f"contributions must be an (n, K) array of per-key values or (n,) L1 norms, got shape {contrib.shape}")
     if contrib.size and contrib.dtype.kind not in "iu":
         raise ValueError(f"contributions must be integers (ARA aggregatable values), got dtype {contrib.dtype}")
+    if contrib.dtype.kind in "iu" and contrib.dtype.itemsize < 8:  # small ints: compare with Gamma in int64
+        contrib = contrib.astype(np.int64)
     if contrib.ndim == 2:
         if contrib.size and (contrib.min() < 0 or contrib.max() > budget):
             row, key = np.argwhere((contrib < 0) | (contrib > budget))[0]
@@ -47,7 +49,7 @@ def contribution_norms(contributions: np.ndarray, contribution_budget: int = CON
         return contrib.sum(axis=1, dtype=np.int64)
     if contrib.size and contrib.min() < 0:
         raise ValueError(f"contribution L1 norms must be non-negative integers, got {int(contrib.min())}")
-    return np.minimum(contrib, budget + 1).astype(np.int64)
+    return np.minimum(contrib, budget + 1).astype(np.int64)  # uint64 above 2^63 never wraps to negative
 
 
 def impression_order(

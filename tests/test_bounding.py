@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from araopt import Params, QueryParams, bound_contributions, encode
-from araopt.bounding import bound_sorted, contribution_norms, ranks_within_impression, sort_by_impression
+from araopt.bounding import (bound_sorted, contribution_norms, impression_order, ranks_within_impression,
+                             sort_by_impression)
 
 GAMMA = 65536
 
@@ -91,7 +92,12 @@ def test_non_default_budget_with_unequal_norms():
 
 def test_bound_sorted_honours_the_budget_with_and_without_equal_norm():
     rank, group = np.array([0, 1, 2, 0]), np.array([0, 0, 0, 1])
-    assert bound_sorted(np.full(4, 10), rank, group, 20).tolist() == [True, True, False, True]
+    kept = bound_sorted(np.full(4, 10), rank, group, 20)
+    assert kept.dtype == bool and kept.tolist() == [True, True, False, True]
+    assert bound_sorted(np.array([15, 6, 5, 21]), rank, group, 20).dtype == bool
+    assert bound_sorted([10, 10, 10, 10], [0, 1, 2, 0], [0, 0, 0, 1], 20).tolist() == [True, True, False, True]
+    assert bound_sorted(np.array([21]), np.array([0]), np.array([0]), 20).tolist() == [False]  # one record
+    assert bound_sorted(np.array([20]), np.array([0]), np.array([0]), 20).tolist() == [True]
     assert bound_sorted(np.zeros(0), rank, group, 20, equal_norm=10).tolist() == [True, True, False, True]
     assert bound_sorted(np.zeros(0), rank, group, 20, equal_norm=0).tolist() == [True] * 4
     assert bound_sorted(np.zeros(0), rank, group, 20, equal_norm=21).tolist() == [False] * 4
@@ -136,10 +142,15 @@ def test_negative_times_are_ordered_by_time_not_by_magnitude():
     assert kept.tolist() == [False, True, True]
 
 
-def test_times_are_offset_by_the_earliest_time_in_the_packed_key():
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64, np.int32, np.uint8])
+def test_times_are_offset_by_the_earliest_time_in_the_packed_key(dtype):
     # mutant "drop offset -= t0": time 5 spilled into the impression bits and both were kept
-    kept = bound_contributions(np.array([0, 0]), np.array([2, 5]), np.array([40000, 40000]))
+    kept = bound_contributions(np.array([0, 0]), np.array([2, 5], dtype=dtype), np.array([40000, 40000]))
     assert kept.tolist() == [True, False]
+    # t0 = 6: adding it instead of subtracting merges impressions 0 and 1 (12 >> 1 == 13 >> 1 ...)
+    ids, t = np.array([1, 0, 1, 0]), np.array([7, 6, 6, 7], dtype=dtype)
+    assert sort_by_impression(ids, t)[0].tolist() == [1, 3, 2, 0]
+    assert bound_contributions(ids, t, np.full(4, 40000)).tolist() == [False, True, True, False]
 
 
 def test_fractional_float_times_are_not_truncated():
@@ -191,14 +202,25 @@ def test_caller_arrays_are_never_modified():
 # ---- real bugs found while writing these tests ------------------------------------------------------
 def test_negative_entry_cannot_offset_an_entry_above_gamma():
     """Issue 13: non-negativity was checked on row sums, so one key received 70,000 > Gamma."""
-    with pytest.raises(ValueError, match=r"entry must be an integer in \[0, Gamma = 65536\]"):
+    with pytest.raises(ValueError, match=r"entry must be an integer in \[0, Gamma = 65536\].*got 70000 at row 0, key 0"):
         bound_contributions(np.zeros(1, int), np.zeros(1, int), np.array([[70000, -10000]]))
+    with pytest.raises(ValueError, match=r"got 70000 at row 0, key 1"):  # the first bad entry is named
+        bound_contributions(np.zeros(1, int), np.zeros(1, int), np.array([[GAMMA, 70000, -1]]))
     with pytest.raises(ValueError, match=r"\[0, Gamma = 65536\].*got -1 at row 1, key 0"):
         bound_contributions(np.zeros(2, int), np.zeros(2, int), np.array([[1, 1], [-1, 5]]))
     with pytest.raises(ValueError, match=r"\[0, Gamma = 20\].*got 21 at row 0, key 1"):
         bound_contributions(np.zeros(1, int), np.zeros(1, int), np.array([[0, 21]]), contribution_budget=20)
     # the largest legal entry, alone, is kept
     assert bound_contributions(np.zeros(1, int), np.zeros(1, int), np.array([[GAMMA, 0]])).tolist() == [True]
+
+
+def test_contribution_norms_are_int64_row_sums():
+    for dtype in (np.uint64, np.uint16, np.int32, np.int64):
+        big = min(GAMMA, np.iinfo(dtype).max)
+        norms = contribution_norms(np.array([[1, 2], [big, 0]], dtype=dtype))
+        assert norms.dtype == np.int64 and norms.tolist() == [3, big]
+        norms = contribution_norms(np.array([7, np.iinfo(dtype).max], dtype=dtype))
+        assert norms.dtype == np.int64 and norms.tolist() == [7, min(np.iinfo(dtype).max, GAMMA + 1)]
 
 
 def test_a_norm_near_int64_max_is_dropped_not_wrapped_around():
@@ -314,6 +336,15 @@ def test_empty_input():
     assert bound_sorted(np.zeros(0, int), rank, group).tolist() == []
 
 
+def test_impression_order_is_the_sort_permutation():
+    """impression_order (used by the error model and the statistics) sorts by (impression, time, tie, position)."""
+    ids, t = np.array([9, 4, 9, 4, 9]), np.array([2, 7, 2, 1, 0])
+    tie = np.array([5, 0, 3, 0, 0], dtype=np.uint64)
+    assert impression_order(ids, t, tie).tolist() == [3, 1, 4, 2, 0]
+    assert impression_order(ids, t).tolist() == [3, 1, 4, 0, 2]
+    assert impression_order(ids, t.astype(float) / 2, tie).tolist() == [3, 1, 4, 2, 0]
+
+
 def test_ranks_within_impression():
     rank, group = ranks_within_impression(np.array([4, 4, 4, 7, 9, 9]))
     assert rank.tolist() == [0, 1, 2, 0, 0, 1]
@@ -337,16 +368,17 @@ def capping_inputs(draw):
     id_kind = draw(st.sampled_from(sorted(ID_POOLS)))
     ids = draw(st.lists(st.sampled_from(ID_POOLS[id_kind]), min_size=n, max_size=n))
     dtype = {"uint64": np.uint64, "string": object}.get(id_kind, np.int64)
-    time_kind = draw(st.sampled_from(["small", "epoch_us", "negative", "float", "epoch_float", "uint64_high", "wide"]))
+    time_kind = draw(st.sampled_from(["small", "epoch_us", "negative", "float", "epoch_float", "uint64", "uint64_high",
+                                      "wide"]))
     base = {"small": 0, "epoch_us": 1_700_000_000_000_000, "negative": -(10**12), "float": 0.0,
-            "epoch_float": 1.7e9, "uint64_high": 2**63, "wide": 0}[time_kind]
+            "epoch_float": 1.7e9, "uint64": 1000, "uint64_high": 2**63, "wide": 0}[time_kind]
     if time_kind == "wide":  # a range above 2^62 disables every packed key
         offsets = draw(st.lists(st.sampled_from([-(2**62), -1, 0, 2**62]), min_size=n, max_size=n))
     elif "float" in time_kind:
         offsets = draw(st.lists(st.sampled_from([-0.75, -0.5, 0.0, 0.25, 0.5, 1.0]), min_size=n, max_size=n))
     else:
         offsets = draw(st.lists(st.integers(0 if time_kind == "uint64_high" else -3, 3), min_size=n, max_size=n))
-    times = np.array([base + o for o in offsets], dtype=np.uint64 if time_kind == "uint64_high" else
+    times = np.array([base + o for o in offsets], dtype=np.uint64 if time_kind.startswith("uint64") else
                      (np.float64 if "float" in time_kind else np.int64))
     tie = draw(st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=n, max_size=n).map(
         lambda v: np.array(v, dtype=np.uint64))))
