@@ -25,6 +25,7 @@ setup(
         "randomgen>=2.0,<3",
         "matplotlib>=3.8,<4",
         "tqdm>=4.66,<5",
+        "publicsuffixlist>=1.0,<2",
     ],
     extras_require={
         "test": [
@@ -37,5 +38,5 @@ setup(
         ],
         "dev": ["ruff", "mypy"],
     },
-    entry_points={"console_scripts": ["araopt=araopt.cli:main"]},
+    entry_points={"console_scripts": ["araopt=pipelines.cli:main"]},
 )

@@ -54,6 +54,37 @@ ARA_CONTRIBUTION_BUDGET = 65536
 ARA_MAX_REPORTS_PER_SOURCE = 20
 ARA_MAX_KEY_BITS = MAX_BUCKET_BITS
 DEFAULT_DESTINATION = "https://advertiser.example"
+
+
+def destination_site(url: str) -> str:
+    """The ``destination`` of a source registration as Chrome takes it: a potentially trustworthy
+    HTTP(S) URL (https, or http only for localhost / loopback), reduced to its site: scheme and
+    registrable domain (eTLD+1 by the Public Suffix List); path, port and subdomains go."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    parsed = urlsplit(str(url).strip())
+    scheme, host = parsed.scheme.lower(), (parsed.hostname or "").lower().rstrip(".")
+    if scheme not in ("https", "http") or not host:
+        raise ValueError(f"--destination must be an http(s) URL with a host, got {url!r}")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    local = host == "localhost" or host.endswith(".localhost") or (ip is not None and ip.is_loopback)
+    if scheme == "http" and not local:
+        raise ValueError(f"--destination {url!r}: Chrome refuses it (URL must use HTTP/HTTPS and be potentially "
+                         f"trustworthy): use https://")
+    if ip is not None:
+        return f"{scheme}://{host if ip.version == 4 else '[' + host + ']'}"
+    if local:
+        return f"{scheme}://localhost"
+    from publicsuffixlist import PublicSuffixList
+
+    registrable = PublicSuffixList().privatesuffix(host)
+    if registrable is None:
+        raise ValueError(f"--destination {url!r}: {host!r} is a public suffix, not a site")
+    return f"{scheme}://{registrable}"
 EXACT_FLOAT_LIMIT = 2**53
 """|metric| above this cannot be exact in float64, nor come from a real report batch (2^53 / 2^16 reports)."""
 IMPLAUSIBLE_TAIL = 1e-12

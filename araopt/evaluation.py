@@ -26,17 +26,17 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from . import plots
+from . import plots, tuning
 from .conversions import Conversions
 from .error_model import ErrorBreakdown, RmsreTau, default_taus, expected_error, params_taus, rmsre_tau
 from .keys import KeyDomain
 from .mechanism import measure
-from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, baseline_params, objective, optimize, prepare_search
+from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, objective, optimize, prepare_search
 from .params import Params, check_epsilon
 from .statistics import SufficientStatistics
 
 DEFAULT_EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-METHODS = ("optimized_linf", "optimized_l1", "baseline_q95", "baseline_q99")
+METHODS = ("optimized_linf", "optimized_l1") + tuple(tuning.baseline_name(q) for q in BASELINE_QUANTILES)
 METHOD_LABELS = {
     "optimized_linf": "optimized L\u221e (Alg. 2 + 6)",
     "optimized_l1": "optimized L1 (Alg. 5)",
@@ -152,16 +152,17 @@ def evaluate_dataset(
     name: str, train_stats: SufficientStatistics, test_conversions: Conversions | None = None,
     epsilons: Sequence[float] = DEFAULT_EPSILONS, *, test_stats: SufficientStatistics | None = None,
     max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
-    methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
+    methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False, taus: Sequence[float] | None = None,
 ) -> DatasetEvaluation:
-    """Optimize on train, evaluate on test (exactly on records when given, else on test statistics)."""
+    """Optimize on train, evaluate on test (exactly on records when given, else on test statistics).
+    ``taus`` (count first) defaults to the paper's rule on the training statistics (Sec. 5.1)."""
     if test_conversions is None and test_stats is None:
         raise ValueError("evaluate_dataset needs test conversions or test statistics")
     eps_list = [check_epsilon(e) for e in epsilons]
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; known: {METHODS}")
-    taus = train_stats.taus()
+    taus = train_stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
     train_ctx = prepare_search(train_stats, taus)
     test_ctx = prepare_search(test_stats, taus) if test_stats is not None else None
     rows, gap_rows, curve_rows = [], [], []
@@ -176,10 +177,10 @@ def evaluate_dataset(
         if "optimized_l1" in methods:
             res = optimize(train_stats, eps, "l1", max_count_limit, kind, taus, progress=progress, context=train_ctx)
             candidates["optimized_l1"] = (res.params, res.objective, res)
-        for q, method in zip(BASELINE_QUANTILES, ("baseline_q95", "baseline_q99")):
-            if method in methods:
-                p = baseline_params(train_stats, eps, q, max_count_limit, taus)
-                candidates[method] = (p, objective(train_stats, p, taus, kind), None)
+        if any(m.startswith("baseline_") for m in methods):
+            for b in tuning.baselines(train_stats, eps, max_count_limit, taus, kind):
+                if b.name in methods:
+                    candidates[b.name] = (b.params, b.rmsre_tau, None)
         for method, (p, train_value, _) in candidates.items():
             if test_conversions is not None:
                 test_value = analytic_rmsre(p, test_conversions, taus, kind).combined

@@ -19,6 +19,33 @@ from .params import Encoding, L1Rounding, Params, Provenance, utc_now_iso
 from .statistics import DEFAULT_MAX_COUNT_LIMIT, SufficientStatistics
 
 
+DEFAULT_TAU_RULE = "count 5; each value query 5 x its median per conversion in the history (Sec. 5.1)"
+
+
+def resolve_taus(statistics: SufficientStatistics, overrides: Mapping[str, float] | None = None
+                 ) -> tuple[np.ndarray, str]:
+    """The RMSRE_tau thresholds (count first, then each value query) and a sentence saying where each
+    comes from: ``overrides`` (query name -> tau, "count" for the count) or the paper's default rule."""
+    taus = statistics.taus()
+    names = ("count",) + tuple(statistics.value_columns)
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise ValueError(f"--tau names unknown queries {unknown}; the queries are {list(names)}")
+    parts = []
+    for i, name in enumerate(names):
+        if name in overrides:
+            value = float(overrides[name])
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"--tau {name} must be a finite number > 0, got {overrides[name]!r}")
+            taus[i] = value
+            parts.append(f"{name} {value:.4g} (--tau)")
+        else:
+            rule = "default" if i == 0 else "5 x median"
+            parts.append(f"{name} {taus[i]:.4g} ({rule})")
+    return taus, "tau: " + ", ".join(parts)
+
+
 def baseline_name(quantile: float) -> str:
     """One naming for the paper's baselines everywhere: ``baseline_q95`` for the 0.95 quantile."""
     return f"baseline_q{quantile * 100:g}"
@@ -57,6 +84,7 @@ class TuningResult:
     params: Params
     optimization: OptimizationResult
     baselines: tuple[Baseline, ...]
+    tau_rule: str = ""
 
     @property
     def predicted_rmsre_tau(self) -> float:
@@ -77,25 +105,33 @@ class TuningResult:
 def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = Encoding.LINF,
          max_count_limit: int = DEFAULT_MAX_COUNT_LIMIT, kind: str = Objective.EXACT,
          l1_rounding: str = L1Rounding.RANDOMIZED, slice_columns: Sequence[str] | None = None,
-         taus: Sequence[float] | None = None, training_window: tuple[str | None, str | None] = (None, None),
+         taus: Sequence[float] | None = None, tau_overrides: Mapping[str, float] | None = None,
+         training_window: tuple[str | None, str | None] = (None, None),
          rows: int | None = None, provenance: Mapping[str, Any] | None = None, progress: bool = False,
          context: SearchContext | None = None) -> TuningResult:
     """Alg. 5 on the statistics, the baselines on the same statistics and taus, and the parameter file
-    to publish: the chosen parameters carrying the history's key domain and their provenance."""
+    to publish: the chosen parameters carrying the history's key domain and their provenance.
+    ``taus`` (count first) or ``tau_overrides`` (query name -> tau) replace the default rule."""
+    if taus is None:
+        resolved, tau_rule = resolve_taus(statistics, tau_overrides)
+        taus = resolved.tolist()
+    else:
+        tau_rule = "tau: " + ", ".join(f"{t:.4g}" for t in taus) + " (given)"
     result = optimize(statistics, epsilon, str(encoding), max_count_limit, str(kind), taus=taus, progress=progress,
                       l1_rounding=str(l1_rounding), slice_columns=slice_columns, context=context)
     base = baselines(statistics, epsilon, max_count_limit, result.taus, str(kind), slice_columns)
     extra = {"optimizer": "araopt.optimizer.optimize (ParameterOptimization, Alg. 5)", "encoding": str(encoding),
              "max_count_limit": max_count_limit, "baselines": {b.name: b.to_json() for b in base},
              "per_count_limit": [{"C": r.count_limit, "rmsre_tau": r.objective} for r in result.per_count_limit],
-             "optimizer_seconds": result.seconds, "taus": list(result.taus), **dict(provenance or {})}
+             "optimizer_seconds": result.seconds, "taus": list(result.taus), "tau_rule": tau_rule,
+             **dict(provenance or {})}
     params = dataclasses.replace(
         result.params.with_domain_of(statistics.slice_values()),
         provenance=Provenance(training_start=training_window[0], training_end=training_window[1],
                               rows=statistics.num_conversions if rows is None else rows, created_at=utc_now_iso(),
                               predicted_rmsre_tau=result.objective,
                               baseline_rmsre_tau=min(b.rmsre_tau for b in base), objective=str(kind), extra=extra))
-    return TuningResult(params, result, base)
+    return TuningResult(params, result, base, tau_rule)
 
 
 # ---- the nightly job's decisions -----------------------------------------------------------------
@@ -174,6 +210,7 @@ class NightlyConfig:
     kind: str = Objective.EXACT
     guardrails: Guardrails = field(default_factory=Guardrails)
     max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION
+    tau_overrides: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,6 +232,7 @@ def nightly_decision(statistics: SufficientStatistics, counts: ValidationCounts,
     check_rejected_share(counts, config.max_rejected_fraction, what="history window")
     tuning = tune(statistics, config.epsilon, encoding=config.encoding, max_count_limit=config.max_count_limit,
                   kind=config.kind, slice_columns=config.slice_columns, training_window=config.window,
+                  tau_overrides=dict(config.tau_overrides),
                   rows=counts.rows_valid,
                   provenance={"run_id": config.run_id, "as_of": config.as_of, "rows_read": counts.rows_read,
                               "rows_rejected": counts.rows_rejected})
@@ -211,10 +249,33 @@ def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: Val
     return {
         "as_of": config.as_of, "run_id": config.run_id, "window": list(config.window), "history_dates": list(config.dates),
         "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected, "epsilon": config.epsilon,
-        "objective": str(config.kind), "taus": list(tuning.taus),
+        "objective": str(config.kind), "taus": list(tuning.taus), "tau_rule": tuning.tau_rule,
         "predicted_rmsre_tau": tuning.predicted_rmsre_tau, "baselines": tuning.baseline_values(),
         "optimizer_seconds": tuning.optimization.seconds,
         "per_count_limit": tuning.optimization.table().to_dict(orient="records"), "params": tuning.params.to_json(),
         "previous_version": previous_version, "published": False, "idempotent": decision.idempotent,
         "problems": list(decision.problems),
     }
+
+
+def version_history(store: Any, limit: int = 60) -> list[tuple[str, int, float | None]]:
+    """(version, C, predicted RMSRE_tau) of the last ``limit`` published versions of a parameter store
+    (``araopt.store``); a version that no longer parses is skipped, never fatal for a report."""
+    history = []
+    for version in store.list_versions()[-limit:]:
+        try:
+            p = Params.from_bytes(store.resolve(version).payload, version)
+        except Exception:  # noqa: BLE001 - a bad old version must not break the report
+            continue
+        history.append((version, p.count_limit, p.provenance.predicted_rmsre_tau if p.provenance else None))
+    return history
+
+
+def nightly_report_png(decision: NightlyDecision, history: Sequence[tuple[str, int, float | None]]) -> bytes:
+    """The run report's picture (``araopt.plots.nightly_report_png``) for this decision."""
+    from .plots import nightly_report_png as render
+
+    tuning = decision.tuning
+    names = ("count",) + tuning.params.query_columns
+    return render(tuning.optimization.table(), tuning.params.count_limit, tuning.baseline_values(),
+                  list(zip(names, tuning.taus)), history)

@@ -53,7 +53,7 @@ from airflow.sdk.execution_time import macros
 
 repo = sys.argv[1]
 sys.path.insert(0, repo)
-from deploy.cli_options import OPTIONS_BY_JOB  # noqa: E402
+from pipelines.options import OPTIONS_BY_JOB  # noqa: E402
 
 path = f"{repo}/deploy/composer_dag.py"
 # Airflow 3.0 still takes include_examples; later releases read AIRFLOW__CORE__LOAD_EXAMPLES only.

@@ -11,7 +11,7 @@ Configure with Airflow Variables (``airflow variables set KEY VALUE``; defaults 
   araopt_template_prefix [gs://<bucket>/templates], araopt_window_days [28],
   araopt_slices, araopt_values, araopt_epsilon [10].
 
-Template parameter names must be those of deploy/cli_options.py (tests/test_deploy.py checks the
+Template parameter names must be those of pipelines/options.py (tests/test_deploy.py checks the
 literal dictionaries below).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Generate the Flex Template metadata files from deploy/cli_options.py.
+"""Generate the Flex Template metadata files from the option registry (pipelines/options.py).
 
     python -m deploy.gen_metadata           # rewrite deploy/nightly-metadata.json, deploy/measure-metadata.json
     python -m deploy.gen_metadata --check   # exit 1 if a committed file is out of date
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from deploy.cli_options import OPTIONS_BY_JOB, CliOption
+from pipelines.options import OPTIONS_BY_JOB, CliOption
 
 DEPLOY_DIR: Final = Path(__file__).resolve().parent
 

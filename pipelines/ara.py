@@ -20,7 +20,6 @@ input with a one-line ``araopt <cmd>: error: ...`` on stderr and no traceback.
 from __future__ import annotations
 
 import argparse
-import glob as _glob
 import json
 import math
 import os
@@ -28,11 +27,9 @@ import sys
 from typing import Any, Callable, Sequence
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from araopt import avro
-from araopt.ara import (REGISTER_SOURCE, REGISTER_TRIGGER, DEFAULT_DESTINATION, KeyMap, SourceEncoder,
+from araopt import avro, outputs
+from araopt.ara import (REGISTER_SOURCE, REGISTER_TRIGGER, KeyMap, SourceEncoder, destination_site,
                         TriggerEncoder, ara_warnings, check_ara_limits, check_ara_limits_for_cardinalities,
                         estimates_from_summary_report, key_map_json, trigger_batch)
 from araopt.conversions import Conversions
@@ -40,11 +37,9 @@ from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound
 from araopt.params import Params, check_epsilon
 
-from .options import OneLineParser, run_parsed
+from . import options
+from .options import UserError
 from .runner import localize
-
-_Parser = OneLineParser
-_run = run_parsed
 
 
 def _warn(prog: str, message: str) -> None:
@@ -82,31 +77,16 @@ def _atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> N
 
 
 # ---- export-ara ----------------------------------------------------------------------------------
-def export_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="araopt export-ara", description="ARA source/trigger registration JSON, key map and output domain "
-                "for a parameter file (docs/ara.md).")
-    p.add_argument("--params", required=True, help="parameter file (JSON)")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--conversions", default=None, help="Parquet conversion log (file, directory or glob): derive the key "
-                   "domain from its slices (unless --key-map) and write triggers.jsonl, one trigger per conversion")
-    p.add_argument("--key-map", default=None, help="key map JSON declaring the output domain (e.g. from an earlier export)")
-    p.add_argument("--destination", default=DEFAULT_DESTINATION, help="'destination' of the source registrations "
-                   "(the advertiser site; default %(default)s)")
-    p.add_argument("--simulation-seed", type=int, default=None, help="SIMULATION MODE: seeded rounding of the trigger "
-                   "values (the same as 'araopt measure --simulation-seed'); NOT for real traffic")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
-    return p
-
-
 def run_export_ara(argv: Sequence[str] | None = None) -> int:
-    return _run(export_parser(), argv, _with_local_inputs(_export, ("params", "key_map", "conversions")))
+    return options.run_command("export-ara", _with_local_inputs(_export, ("params", "key_map", "conversions")), argv)
 
 
-def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
+def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[str, ...]
+                       ) -> Callable[[argparse.Namespace, list[str]], int]:
     """Run ``body`` with remote (gs://) inputs among ``fields`` copied to a temporary directory."""
     import tempfile
 
-    def run(args: argparse.Namespace) -> int:
+    def run(args: argparse.Namespace, _: list[str]) -> int:
         with tempfile.TemporaryDirectory(prefix="araopt-inputs-") as tmp:
             for name in fields:
                 value = getattr(args, name, None)
@@ -126,8 +106,11 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
         raise ValueError("--simulation-seed only applies to triggers, which need --conversions")
-    if os.path.exists(os.path.join(args.out, "key_map.json")) and not args.overwrite:
-        raise ValueError(f"{args.out} already holds an export (key_map.json); pass --overwrite to replace it")
+    if os.path.exists(os.path.join(args.output, "key_map.json")) and not args.overwrite:
+        raise ValueError(f"{args.output} already holds an export (key_map.json); pass --overwrite to replace it")
+    destination = destination_site(args.destination)
+    if destination != args.destination.rstrip("/"):
+        _warn(prog, f"--destination {args.destination} is registered as its site {destination} (as Chrome does)")
     check_ara_limits_for_cardinalities(params, [])  # limits that do not depend on the slices, before reading data
     conv, rejected, rows_read = (read_conversion_log(args.conversions, params) if args.conversions else (None, {}, 0))
     if args.key_map:
@@ -142,7 +125,7 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError("export-ara needs the key domain: pass --key-map M, parameters that carry a domain "
                          "(araopt nightly / optimize), or --conversions LOG (its slices)")
     check_ara_limits(params, domain)
-    sources = SourceEncoder(params, domain, args.destination)
+    sources = SourceEncoder(params, domain, destination)
     triggers = TriggerEncoder(params, domain)
     batch = None
     if conv is not None:
@@ -150,10 +133,10 @@ def _export(args: argparse.Namespace) -> int:
         batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices, contributions, conv.record_keys(),
                               sources, triggers)
     # --- every check passed: write ---
-    os.makedirs(args.out, exist_ok=True)
-    out = lambda name: os.path.join(args.out, name)  # noqa: E731
+    os.makedirs(args.output, exist_ok=True)
+    out = lambda name: os.path.join(args.output, name)  # noqa: E731
     _atomic_write(out("key_map.json"), lambda fh: json.dump(key_map_json(params, domain), fh, indent=1))
-    _atomic_write(out("key_map.csv"), lambda fh: domain.key_table().to_csv(fh, index=False))
+    _atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
     source_doc = {"header": REGISTER_SOURCE, "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(),
                   "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
                   "registrations": sources.all_registrations()}
@@ -185,7 +168,7 @@ def _export(args: argparse.Namespace) -> int:
     files = "key_map.json/.csv, sources.json, output_domain.avro" + (", triggers.jsonl" if batch is not None else "")
     print(f"{prog}: {len(sources)} source registrations, {domain.num_keys} buckets ({domain.num_slices} slices x "
           f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files}, "
-          f"export.json under {args.out}")
+          f"export.json under {args.output}")
     return 0
 
 
@@ -196,31 +179,17 @@ def _json_default(v: Any) -> Any:
 
 
 # ---- reconstruct ---------------------------------------------------------------------------------
-def reconstruct_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="araopt reconstruct", description="Estimates with standard errors and confidence intervals from "
-                "Aggregation Service summary reports (AggregatedFact) or debug-run output (DebugAggregatedFact).")
-    p.add_argument("--summary-report", required=True, nargs="+", help="Avro file(s), directory or glob")
-    p.add_argument("--params", required=True, help="parameter file (JSON) the registrations were exported with")
-    p.add_argument("--key-map", default=None, help="key map JSON written by export-ara (checked against --params)")
-    p.add_argument("--conversions", default=None, help="without --key-map: derive the key domain from the slices of this "
-                   "Parquet conversion log (as 'araopt measure' without --domain)")
-    p.add_argument("--out", required=True, help="estimates CSV (long format: slice columns, query, estimate, std_error, "
-                   "ci_low, ci_high)")
-    p.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals (default %(default)s)")
-    p.add_argument("--epsilon", type=float, default=None, help="epsilon of the Aggregation Service job, if it differs "
-                   "from the parameter file's")
-    return p
-
-
 def run_reconstruct(argv: Sequence[str] | None = None) -> int:
-    return _run(reconstruct_parser(), argv,
-                _with_local_inputs(_reconstruct, ("summary_report", "params", "key_map", "conversions")))
+    return options.run_command("reconstruct", _with_local_inputs(
+        _reconstruct, ("summary_report", "params", "key_map", "conversions")), argv)
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
     prog = "araopt reconstruct"
     if not (math.isfinite(args.confidence) and 0.0 < args.confidence < 1.0):
         raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
+    if os.path.exists(args.output) and not args.overwrite:
+        raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
     file_params = Params.load(args.params)
     params = file_params if args.epsilon is None else file_params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
     if args.key_map:
@@ -242,11 +211,11 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if counters.rows and counters.unknown_buckets == counters.rows:
         raise ValueError(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or parameter "
                          f"file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
-    _atomic_write(args.out, lambda fh: frame.to_csv(fh, index=False))
+    _atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary: dict[str, Any] = {"report_kind": data.kind, "files": len(data.paths), **counters.to_json(),
-                               "slices": domain.num_slices, "estimates": args.out}
+                               "slices": domain.num_slices, "estimates": args.output}
     if counters.unknown:
-        side = f"{os.path.splitext(args.out)[0]}.unknown_buckets.csv"
+        side = f"{os.path.splitext(args.output)[0]}.unknown_buckets.csv"
         rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown], "metric": [m for _, m in counters.unknown]})
         _atomic_write(side, lambda fh: rows.to_csv(fh, index=False))
         summary["unknown_buckets_file"] = side
@@ -263,17 +232,23 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if counters.implausible_negative_metrics:
         _warn(prog, f"{counters.implausible_negative_metrics} metric(s) are more negative than noise at epsilon="
                     f"{params.epsilon:g} makes plausible (wrong epsilon or a corrupt report?)")
-    print(json.dumps(summary))
+    side_summary = f"{os.path.splitext(args.output)[0]}.summary.json"
+    _atomic_write(side_summary, lambda fh: json.dump(summary, fh, indent=1))
+    print(f"{prog}: {counters.matched:,} of {counters.rows:,} report rows matched {domain.num_keys:,} keys of "
+          f"{domain.num_slices:,} slices; estimates with {args.confidence:.0%} intervals written to {args.output} "
+          f"(accounting in {side_summary})")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pipelines.ara <export-ara|reconstruct> ...``: the same as ``araopt <command> ...``."""
+    from .cli import main as cli_main
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"export-ara": run_export_ara, "reconstruct": run_reconstruct}
-    if not argv or argv[0] not in commands:
-        print(f"usage: python -m pipelines.ara {{{'|'.join(commands)}}} [options]", file=sys.stderr)
+    if not argv or argv[0] not in ("export-ara", "reconstruct"):
+        print("usage: python -m pipelines.ara {export-ara|reconstruct} [options]", file=sys.stderr)
         return 2
-    return commands[argv[0]](argv[1:])
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

@@ -21,35 +21,28 @@ import pandas as pd
 
 from araopt import outputs
 
-from .options import OneLineParser, cli_main
+from . import options
 
 SLICES = "campaignId,geography,productCategory"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="araopt demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="demo-output", help="output directory (replaced on every run)")
-    parser.add_argument("--conversions-per-day", type=int, default=150_000)
-    parser.add_argument("--days", type=int, default=8, help="days generated; the last one is measured")
-    parser.add_argument("--epsilon", type=float, default=8.0)
-    parser.add_argument("--seed", type=int, default=2026)
-    return parser
+    return options.build_parser("demo")
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    return cli_main(_run, argv, "araopt demo")
+    return options.run_command("demo", _run, argv)
 
 
 def _step(text: str) -> None:
     print(f"\n=== {text}", flush=True)
 
 
-def _run(argv: list[str]) -> int:
+def _run(args: argparse.Namespace, _: list[str]) -> int:
     from pipelines import measure, nightly
     from pipelines.synth import run_synth
 
-    args = build_parser().parse_args(argv)
-    out = os.path.abspath(args.out)
+    out = os.path.abspath(args.output)
     for sub in ("data", "store", "measure", "plots"):
         shutil.rmtree(os.path.join(out, sub), ignore_errors=True)
     os.makedirs(out, exist_ok=True)
@@ -59,7 +52,7 @@ def _run(argv: list[str]) -> int:
 
     _step(f"1/4 synthetic conversion log: {args.days} days x ~{args.conversions_per_day:,} conversions (synth-criteo)")
     code = run_synth(["--preset", "synth-criteo", "--target-conversions", str(args.conversions_per_day * args.days),
-                      "--seed", str(args.seed), "--out", os.path.join(out, "data"), "--days", str(args.days),
+                      "--seed", str(args.seed), "--output", os.path.join(out, "data"), "--days", str(args.days),
                       "--start-date", days[0], "--split", "train", "--overwrite"])
     if code:
         return code

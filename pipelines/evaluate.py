@@ -18,57 +18,43 @@ import os
 import sys
 from typing import Sequence
 
-import pandas as pd
-
-from araopt.evaluation import METHODS, comparison_table, evaluate_dataset, write_outputs
-from araopt.params import check_epsilon
-from pipelines.options import OneLineParser
-from araopt.statistics import DEFAULT_MAX_COUNT_LIMIT, StatisticsSpec, compute_statistics_in_memory
-
-from transforms.io import check_input
-
-from .history import compute_statistics, load_conversions, report_rejections
-from .optimize import split_columns
+from . import options
+from .options import UserError, parse_tau, split_columns
 
 PROG = "araopt evaluate"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train", action="append", required=True, help="training log (repeat for several datasets)")
-    parser.add_argument("--test", action="append", required=True, help="test log (one per --train)")
-    parser.add_argument("--name", action="append", default=None, help="dataset name (one per --train; default: dataset1, ...)")
-    parser.add_argument("--slices", required=True, help="comma-separated slice columns")
-    parser.add_argument("--values", required=True, help="comma-separated value columns")
-    parser.add_argument("--epsilons", default="1,2,4,8,16,32,64", help="comma-separated epsilons in (0, 64]")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--monte-carlo", type=int, default=0, help="mechanism runs per (epsilon, method); 0 = off")
-    parser.add_argument("--seed", type=int, default=0, help="first simulation seed of the Monte-Carlo runs")
-    parser.add_argument("--max-count-limit", type=int, default=DEFAULT_MAX_COUNT_LIMIT, help="C_max (default 20)")
-    parser.add_argument("--objective", choices=("exact", "relaxed"), default="exact", help="optimizer objective")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
-    parser.add_argument("--no-gap", action="store_true", help="skip the generalization gap (tuning on test)")
-    return parser
+    return options.build_parser("evaluate")
 
 
 def parse_epsilons(text: str) -> list[float]:
+    from araopt.params import check_epsilon
+
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
         raise ValueError("--epsilons must list at least one value")
     return [check_epsilon(p, "--epsilons") for p in parts]
 
 
-def run_evaluate(argv: Sequence[str] | None = None) -> int:
-    from .options import cli_main
-
-    return cli_main(_run, argv, PROG)
+def run(argv: Sequence[str] | None = None) -> int:
+    return options.run_command("evaluate", _run, argv)
 
 
-def _run(argv: list[str]) -> int:
-    args, beam_args = build_parser().parse_known_args(argv)
+run_evaluate = run
+
+
+def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    import pandas as pd
+
+    from araopt.evaluation import METHODS, comparison_table, evaluate_dataset, write_outputs
+    from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
+    from araopt.tuning import resolve_taus
+    from transforms.io import check_input
+
+    from .history import compute_statistics, load_conversions, report_rejections
+
     epsilons = parse_epsilons(args.epsilons)
-    if args.max_count_limit < 1:
-        raise ValueError(f"--max-count-limit must be >= 1, got {args.max_count_limit}")
     if args.monte_carlo < 0 or args.monte_carlo == 1:
         raise ValueError(f"--monte-carlo must be 0 (off) or >= 2, got {args.monte_carlo}")
     if len(args.train) != len(args.test):
@@ -76,6 +62,9 @@ def _run(argv: list[str]) -> int:
     names = args.name or [f"dataset{i + 1}" for i in range(len(args.train))]
     if len(names) != len(args.train):
         raise ValueError(f"give one --name per --train ({len(names)} vs {len(args.train)})")
+    if os.path.isdir(args.output) and os.listdir(args.output) and not args.overwrite:
+        raise UserError(f"{args.output} already holds results; pass --overwrite to replace them")
+    tau_overrides = parse_tau(args.tau)
     methods = split_columns(args.methods, "--methods")
     unknown = set(methods) - set(METHODS)
     if unknown:
@@ -88,18 +77,28 @@ def _run(argv: list[str]) -> int:
 
     evaluations = []
     for name, train, test in zip(names, trains, tests):
-        run = compute_statistics(train, spec, beam_args)
-        report_rejections(f"{PROG} ({name}, train)", run.counts)
+        dead_letter = os.path.join(args.output, "dead_letter", f"{name}-train")
+        run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter)
+        report_rejections(f"{PROG} ({name}, train)", run.counts, dead_letter + ".parquet")
         train_stats = run.statistics
-        test_conv, test_counts, _ = load_conversions(test, slices, values, what="test log")
-        report_rejections(f"{PROG} ({name}, test)", test_counts)
+        test_conv, test_counts, rejected = load_conversions(test, slices, values, args.max_rejected_fraction,
+                                                            what="test log")
+        if rejected.num_rows:
+            import pyarrow.parquet as pq
+
+            os.makedirs(os.path.join(args.output, "dead_letter"), exist_ok=True)
+            pq.write_table(rejected, os.path.join(args.output, "dead_letter", f"{name}-test.parquet"))
+        report_rejections(f"{PROG} ({name}, test)", test_counts,
+                          os.path.join(args.output, "dead_letter", f"{name}-test.parquet"))
         test_stats = compute_statistics_in_memory(test_conv, spec)
+        taus, tau_rule = resolve_taus(train_stats, tau_overrides)
+        print(f"{name}: {tau_rule}", file=sys.stderr)
         print(f"{name}: {train_stats.num_conversions} training and {len(test_conv)} test conversions", file=sys.stderr)
         evaluations.append(evaluate_dataset(
             name, train_stats, test_conv, epsilons, test_stats=test_stats, max_count_limit=args.max_count_limit,
             kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
-            progress=True))
-    paths = write_outputs(evaluations, args.out)
+            progress=True, taus=taus))
+    paths = write_outputs(evaluations, args.output)
     results = pd.concat([e.results for e in evaluations], ignore_index=True)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(comparison_table(results).to_string(index=False))
@@ -109,9 +108,13 @@ def _run(argv: list[str]) -> int:
         gaps = pd.concat([e.gaps for e in evaluations], ignore_index=True)
         if not gaps.empty:
             print(gaps.to_string(index=False))
-    print("wrote " + ", ".join(os.path.basename(p) for p in paths.values()) + f" to {args.out}")
+    best = results.loc[results.groupby(["dataset", "epsilon"])["test_rmsre_tau"].idxmin(), "method"]
+    wins = int((best == "optimized_linf").sum())
+    print(f"{PROG}: {len(results)} (dataset, epsilon, method) results; optimized linf has the lowest test RMSRE_tau "
+          f"in {wins} of {len(best)} (dataset, epsilon) cases; wrote "
+          + ", ".join(os.path.basename(p) for p in paths.values()) + f" to {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_evaluate())
+    raise SystemExit(run())

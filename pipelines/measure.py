@@ -34,7 +34,6 @@ from araopt.aggregate import DEFAULT_MAX_SLICES
 from araopt.conversions import type_family
 from araopt.keys import KeyDomain, check_domain_families, domain_from_rows
 from araopt.params import Params, check_epsilon
-from deploy.cli_options import MEASURE_OPTIONS, add_options
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.group import GroupByImpression
 from transforms.io import InputFiles, check_input
@@ -42,7 +41,8 @@ from transforms.release import WriteRelease
 from transforms.validate import ReadAndValidate
 
 from .ledger import Ledger, default_ledger_root, input_identity
-from .options import OneLineParser, UserError, cli_main
+from . import options
+from .options import UserError
 from .runner import SHUFFLES, make_runner, pipeline_options, remove_dir, runner_name, spill_dir
 from .run_folder import RunFolder
 
@@ -51,26 +51,7 @@ SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding an
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="araopt measure", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-        epilog="Any other --option is passed to Apache Beam (e.g. --runner DataflowRunner --project P "
-               "--region R --temp_location gs://... --setup_file ./setup.py, or --direct_num_workers 2 "
-               "--direct_running_mode multi_processing).")
-    add_options(parser, MEASURE_OPTIONS)
-    parser.add_argument("--params-version", default="latest", help="version to resolve in a parameter store (default latest)")
-    parser.add_argument("--simulation-seed", type=int, default=None,
-                        help="SIMULATION MODE: seeded, key-deterministic rounding and noise; output is NOT private "
-                             "(files marked SIMULATION-); allows a domain derived from the data")
-    parser.add_argument("--num-shards", type=int, default=None,
-                        help="impression shards (default: about 250,000 rows per shard, at least 16)")
-    parser.add_argument("--shuffle", choices=SHUFFLES, default="auto",
-                        help="group-by-impression shuffle: files (spilled Arrow files; default locally), memory "
-                             "(plain GroupByKey; default on Dataflow), auto")
-    parser.add_argument("--max-rejected-fraction", type=float, default=0.10,
-                        help="fail before releasing if more than this share of rows is invalid (default 0.10)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing run in --output (the whole run)")
-    return parser
+    return options.build_parser("measure")
 
 
 @dataclass(frozen=True)
@@ -161,7 +142,7 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
                         "listing slice values), or parameters that carry one (araopt nightly and optimize publish "
                         "the history's domain); deriving it from the data being released is allowed only with "
                         "--simulation-seed")
-    max_slices = args.max_slices or DEFAULT_MAX_SLICES
+    max_slices = args.max_slices
     if domain.num_slices > max_slices:
         raise UserError(f"the domain from {origin} has {domain.num_slices:,} slices, more than --max-slices {max_slices:,}")
     return domain, origin
@@ -190,11 +171,10 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, 
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    return cli_main(_run, argv, "araopt measure")
+    return options.run_command("measure", _run, argv)
 
 
-def _run(argv: list[str]) -> int:
-    args, beam_args = build_parser().parse_known_args(argv)
+def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     started = time.time()
     simulation = args.simulation_seed is not None
     if simulation:
@@ -217,7 +197,7 @@ def _run(argv: list[str]) -> int:
     num_shards = args.num_shards or auto_shards(inputs)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed, args.debug_run,
-                   num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices or DEFAULT_MAX_SLICES)
+                   num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices)
     try:
         try:
             result = pipeline.run()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import io
 import json
 import re
 import time
@@ -28,30 +27,21 @@ from araopt import statistics as stats
 from araopt.conversions import ValidationCounts
 from araopt.params import Params, check_epsilon
 from araopt.statistics import SufficientStatistics
-from araopt.tuning import Guardrails, NightlyConfig, NightlyDecision, nightly_decision, nightly_report
-from deploy.cli_options import NIGHTLY_OPTIONS, add_options, resolve_as_of
+from araopt.tuning import (Guardrails, NightlyConfig, NightlyDecision, nightly_decision, nightly_report,
+                           nightly_report_png, version_history)
 from transforms.io import auto_num_shards, check_input, match_files
 from transforms.statistics import ComputeStatistics
 from transforms.validate import ReadAndValidate
 
-from .options import OneLineParser, UserError, cli_main
-from .runner import SHUFFLES, make_runner, pipeline_options, remove_dir, spill_dir
+from . import options
+from .options import UserError, parse_tau, resolve_as_of, split_columns
+from .runner import make_runner, pipeline_options, remove_dir, spill_dir
 
 DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="araopt nightly", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Other --options are passed to Apache Beam (e.g. --runner DataflowRunner).")
-    add_options(parser, NIGHTLY_OPTIONS)
-    parser.add_argument("--run-id", default=None, help="run identifier (default: a fresh random id)")
-    parser.add_argument("--objective", choices=("exact", "relaxed"), default="exact")
-    parser.add_argument("--max-rejected-fraction", type=float, default=0.10)
-    parser.add_argument("--num-shards", type=int, default=None, help="impression shards (default ~250,000 rows each)")
-    parser.add_argument("--shuffle", choices=SHUFFLES, default="auto",
-                        help="group-by-impression shuffle: files (default locally), memory (default on Dataflow)")
-    return parser
+    return options.build_parser("nightly")
 
 
 def select_window(history: str, as_of: str, window_days: int) -> tuple[list[str], list[str]]:
@@ -110,63 +100,27 @@ class _OptimizeGuardAndPublish(beam.DoFn):
 def _write_report(directory: str, report: dict, decision: NightlyDecision, store) -> None:
     with FileSystems.create(FileSystems.join(directory, "report.json")) as fh:
         fh.write(json.dumps(report, indent=1, default=str).encode())
-    png = _report_png(decision.tuning.optimization, store)
+    png = nightly_report_png(decision, version_history(store))
     with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
         fh.write(png)
 
 
-def _report_png(result, store) -> bytes:
-    """Left: predicted RMSRE_tau per candidate C. Right: the published parameter history."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    table = result.table()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(table["C"], table["rmsre_tau"], marker="o")
-    best = table.loc[table["rmsre_tau"].idxmin()]
-    left.axvline(best["C"], color="grey", ls="--", lw=1)
-    left.set(xlabel="count limit C", ylabel="predicted RMSRE_tau", title=f"best C = {int(best['C'])}")
-    left.set_yscale("log")
-    history = []
-    for version in store.list_versions()[-60:]:
-        try:
-            p = Params.from_bytes(store.resolve(version).payload, version)
-        except Exception:  # noqa: BLE001 - a bad old version must not break the report
-            continue
-        history.append((version, p.count_limit, p.provenance.predicted_rmsre_tau if p.provenance else None))
-    if history:
-        xs = range(len(history))
-        right.plot(xs, [h[2] or float("nan") for h in history], marker="o", label="predicted RMSRE_tau")
-        right.set_xticks(list(xs), [h[0][:10] for h in history], rotation=45, fontsize=7)
-        twin = right.twinx()
-        twin.step(list(xs), [h[1] for h in history], where="mid", color="tab:orange", label="C")
-        twin.set_ylabel("count limit C")
-    right.set(title="published versions", ylabel="predicted RMSRE_tau")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def run(argv: Sequence[str] | None = None) -> int:
-    return cli_main(_run, argv, "araopt nightly")
+    return options.run_command("nightly", _run, argv)
 
 
-def _run(argv: list[str]) -> int:
+def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.store import StoreError, open_store
 
-    args, beam_args = build_parser().parse_known_args(argv)
     started = time.time()
     as_of = resolve_as_of(args.as_of)
+    if args.epsilon is None:
+        raise UserError("--epsilon is required")
     epsilon = check_epsilon(args.epsilon, "--epsilon")
-    slices = tuple(s for s in args.slices.split(",") if s)
-    values = tuple(v for v in args.values.split(",") if v)
-    max_c = args.max_count_limit or 20
-    if max_c < 1:
-        raise UserError(f"--max-count-limit must be >= 1, got {max_c}")
+    slices = split_columns(args.slices, "--slices")
+    values = split_columns(args.values, "--values")
+    max_c = args.max_count_limit
+    tau_overrides = tuple(parse_tau(args.tau).items())
     try:  # the store first: unknown scheme, credentials, corrupt pointer fail before any work
         store = open_store(args.store)
         pointer = store.read_latest_pointer()
@@ -178,10 +132,11 @@ def _run(argv: list[str]) -> int:
     window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
     config = NightlyConfig(
         store=args.store, as_of=as_of, run_id=args.run_id or uuid.uuid4().hex[:8], epsilon=epsilon,
-        slice_columns=slices, window=(window_start, as_of), dates=tuple(dates), encoding=args.encoding or "linf",
+        slice_columns=slices, window=(window_start, as_of), dates=tuple(dates), encoding=args.encoding,
         max_count_limit=max_c, kind=args.objective, max_rejected_fraction=args.max_rejected_fraction,
-        guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor or 2.0,
-                              2 if args.max_count_limit_change is None else args.max_count_limit_change))
+        tau_overrides=tau_overrides,
+        guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor,
+                              args.max_count_limit_change))
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c)
     opts = pipeline_options(beam_args)
     shuffle_dir = spill_dir(opts, args.shuffle)

@@ -1,23 +1,598 @@
-"""The jobs' command-line plumbing, stdlib only (so `araopt <command> --help` needs no heavy import):
-one-line errors, the parser class every command uses."""
+"""The one option registry of every ``araopt`` command, and the command-line plumbing (stdlib only,
+so ``araopt <command> --help`` imports nothing heavy).
+
+``OPTIONS`` declares every flag once, with its help and default; ``COMMANDS`` says which flags each
+command takes (with per-command help or defaults where the meaning narrows), its description and an
+example. Parsers are built from them (``build_parser``), and so is the Flex Template metadata of
+the two deployable jobs (``TEMPLATE_OPTIONS``, ``python -m deploy.gen_metadata``). A Flex Template
+passes parameters as ``--<snake_case_name>=value``; both spellings are accepted.
+"""
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import logging
+import math
+import re
 import sys
-from typing import Callable, NoReturn, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Final, Literal, Mapping, NoReturn, Sequence
+
+__all__ = [
+    "COMMANDS", "OPTIONS", "OPTIONS_BY_JOB", "TEMPLATE_OPTIONS", "CliOption", "Command", "OneLineParser", "UserError",
+    "add_options", "build_parser", "cli_main", "command_options", "parse_bool", "parse_tau", "resolve_as_of",
+    "run_command", "split_columns",
+]
+
+OptionType = Literal["str", "int", "float", "bool", "positive_int", "positive_float", "date", "list"]
+
+_GCS_ONLY: Final = r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/\S*)?$"
+_COLUMNS: Final = r"^[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*$"
+_POSITIVE_INT: Final = r"^[1-9][0-9]*$"
+_NON_NEGATIVE_INT: Final = r"^[0-9]+$"
+_POSITIVE_DECIMAL: Final = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+_NON_EMPTY: Final = r"^\S+$"
+_BOOL: Final = r"^(true|false)$"
+_AS_OF: Final = r"^([0-9]{4}-[0-9]{2}-[0-9]{2}|today|yesterday)$"
+
+PRESET_NAMES: Final = ("synth-criteo", "synth-real-estate", "synth-travel")
+"""The synthetic presets of ``araopt.synthetic.PRESETS`` (a test keeps the two in step)."""
 
 
+@dataclass(frozen=True)
+class CliOption:
+    """One flag, declared once. ``name`` is the argparse dest and the Flex Template parameter name."""
+
+    name: str
+    help: str
+    type: OptionType = "str"
+    default: Any = None
+    required: bool = False
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    aliases: tuple[str, ...] = ()
+    label: str | None = None  # Flex Template label
+    regex: str | None = None  # checked by the CLI and by Dataflow at template launch
+    gcs_only: bool = False  # a path that must be gs:// in a template (the CLI also takes local paths)
+    action: str | None = None  # "append" for repeatable options
+    nargs: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def template_flag(self) -> str:
+        return "--" + self.name
+
+    @property
+    def template_regexes(self) -> tuple[str, ...]:
+        return (_GCS_ONLY,) if self.gcs_only else ((self.regex,) if self.regex else ())
+
+
+def _o(*args: Any, **kwargs: Any) -> CliOption:
+    return CliOption(*args, **kwargs)
+
+
+_ALL: Final[tuple[CliOption, ...]] = (
+    # ---- inputs and outputs ---------------------------------------------------------------------
+    _o("input", "Conversion log (Parquet): a file, a directory (every *.parquet below it) or a glob, local or "
+       "gs://; names starting with _ or . are skipped.", required=True, metavar="LOG", label="Conversions",
+       regex=_NON_EMPTY, gcs_only=True),
+    _o("history", "Conversion history (Parquet): a file, directory or glob, local or gs://; nightly reads its "
+       "date=YYYY-MM-DD/ partitions.", required=True, metavar="LOG", label="Conversion history",
+       regex=_NON_EMPTY, gcs_only=True),
+    _o("params", "Parameter file (.json, local or gs://), a parameter store (its 'latest' version) or "
+       "STORE/versions/<version>.", required=True, metavar="PARAMS", label="Parameters", regex=_NON_EMPTY,
+       gcs_only=True),
+    _o("output", "Where the results go; an existing result is replaced only with --overwrite.", required=True,
+       metavar="PATH", aliases=("--out",), label="Output directory", regex=_NON_EMPTY, gcs_only=True),
+    _o("overwrite", "Replace an existing result at --output (the whole result, never a part).", type="bool"),
+    _o("slices", "Comma-separated slice columns (the report's slices).", required=True, metavar="COLS",
+       label="Slice columns", regex=_COLUMNS),
+    _o("values", "Comma-separated value columns (the value queries).", required=True, metavar="COLS",
+       label="Value columns", regex=_COLUMNS),
+    # ---- privacy and parameters -------------------------------------------------------------------
+    _o("epsilon", "Privacy budget epsilon of the Aggregation Service, in [2^-20, 64].", type="float",
+       metavar="E", label="Epsilon", regex=_POSITIVE_DECIMAL),
+    _o("encoding", "HistogramContribution version: linf (Alg. 3) or l1 (Alg. 6).", default="linf",
+       choices=("linf", "l1"), metavar="linf|l1", label="Encoding", regex=r"^(linf|l1)$"),
+    _o("objective", "Error model the optimizer minimises: exact (Thm. 4.2 with the exact discrete Laplace "
+       "variance, rounding and floors) or relaxed (the paper's Relaxation 4.5).", default="exact",
+       choices=("exact", "relaxed")),
+    _o("max_count_limit", "Largest count limit C tried (20: Chrome's limit of aggregatable reports per source).",
+       type="positive_int", default=20, metavar="N", label="Max count limit", regex=_POSITIVE_INT),
+    _o("tau", "RMSRE_tau thresholds as NAME=VALUE pairs, e.g. count=5,value=200; every query not named keeps "
+       "the default rule: count 5, each value query 5 x its median per conversion in the history (Sec. 5.1).",
+       metavar="Q=T,..."),
+    _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
+       "(the paper's Alg. 6).", default="randomized", choices=("randomized", "floor")),
+    _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
+       "private and is marked SIMULATION.", type="int", metavar="SEED"),
+    _o("override_epsilon", "Allow an --epsilon different from the parameter file's (recorded).", type="bool",
+       label="Override epsilon", regex=_BOOL),
+    # ---- measure ------------------------------------------------------------------------------------
+    _o("domain", "The declared output domain: a key map JSON (key_map.json from measure or export-ara) or a "
+       ".csv/.json file listing slice values; default: the domain the parameter version carries.",
+       metavar="FILE", label="Output domain", regex=_NON_EMPTY, gcs_only=True),
+    _o("debug_run", "Also write the unnoised values and the noise (Aggregation Service debug run) into the "
+       "operator-private folder.", type="bool", label="Debug run", regex=_BOOL),
+    _o("max_slices", "Refuse a domain with more slices than this.", type="positive_int", default=100_000,
+       metavar="N", label="Max slices", regex=_POSITIVE_INT),
+    _o("allow_rerelease", "Release an input the release ledger already knows (each release is recorded).",
+       type="bool", label="Allow re-release", regex=_BOOL),
+    _o("ledger", "Where releases are recorded (default: the parameter store, else $ARAOPT_LEDGER or "
+       "~/.local/state/araopt).", metavar="URI", label="Release ledger", regex=_NON_EMPTY, gcs_only=True),
+    _o("params_version", "Version to resolve in a parameter store.", default="latest", metavar="VERSION"),
+    _o("max_rejected_fraction", "Fail before releasing or publishing if more than this share of rows is "
+       "invalid (the Aggregation Service's own rule is 10%).", type="float", default=0.10, metavar="F"),
+    _o("num_shards", "Impression shards of the group-by (default: about 250,000 rows per shard, at least 16).",
+       type="positive_int", metavar="N"),
+    _o("shuffle", "Group-by-impression shuffle: files (spilled Arrow files; the default locally), memory (a "
+       "plain GroupByKey; the default on Dataflow), or auto.", default="auto", choices=("auto", "memory", "files")),
+    # ---- nightly --------------------------------------------------------------------------------
+    _o("as_of", "Last day of history to use, YYYY-MM-DD, or 'yesterday'/'today' (UTC, resolved at launch).",
+       required=True, metavar="YYYY-MM-DD", label="As-of date", regex=_AS_OF),
+    _o("window_days", "Number of days of history ending at the as-of date.", type="positive_int", required=True,
+       metavar="N", label="Window (days)", regex=_POSITIVE_INT),
+    _o("store", "Parameter store (a local folder or gs://BUCKET/PREFIX): versions/<as-of>-<run id>/params.json "
+       "and the 'latest' pointer.", required=True, metavar="URI", label="Parameter store", regex=_NON_EMPTY,
+       gcs_only=True),
+    _o("run_id", "Run identifier (default: a fresh random id).", metavar="ID"),
+    _o("allow_large_change", "Publish even when the new parameters move more than the change guards allow.",
+       type="bool", label="Allow large change", regex=_BOOL),
+    _o("max_threshold_change_factor", "Largest allowed factor between a new and the previous clip threshold.",
+       type="positive_float", default=2.0, metavar="F", label="Max threshold change factor",
+       regex=_POSITIVE_DECIMAL),
+    _o("max_count_limit_change", "Largest allowed change of the count limit.", type="int", default=2, metavar="N",
+       label="Max count limit change", regex=_NON_NEGATIVE_INT),
+    # ---- evaluate -------------------------------------------------------------------------------
+    _o("train", "Training log (repeat for several datasets).", required=True, metavar="LOG", action="append"),
+    _o("test", "Test log (one per --train).", required=True, metavar="LOG", action="append"),
+    _o("name", "A name for the result.", metavar="NAME"),
+    _o("epsilons", "Comma-separated epsilons, each in [2^-20, 64].", default="1,2,4,8,16,32,64", metavar="E,..."),
+    _o("monte_carlo", "Mechanism runs per (epsilon, method) for an empirical RMSRE_tau beside the prediction; 0 = off.",
+       type="int", default=0, metavar="N"),
+    _o("seed", "Random seed (simulations and generators only; never used for privacy noise).", type="int",
+       default=0, metavar="SEED"),
+    _o("methods", "Subset of optimized_linf,optimized_l1,baseline_q95,baseline_q99.",
+       default="optimized_linf,optimized_l1,baseline_q95,baseline_q99", metavar="M,..."),
+    _o("no_gap", "Skip the generalization gap (tuning on the test log).", type="bool"),
+    _o("no_progress", "No progress bar.", type="bool"),
+    # ---- synthetic data, split, Criteo --------------------------------------------------------
+    _o("preset", f"Preset name ({', '.join(PRESET_NAMES)}) or a preset .json written by fit-synthetic.",
+       required=True, metavar="PRESET"),
+    _o("scale", "Multiply the power-law support [k_min, k_max] by this factor (1 if neither --scale nor "
+       "--target-conversions).", type="positive_float", metavar="S"),
+    _o("target_conversions", "Choose the smallest scale whose expected conversions per split reach this number.",
+       type="positive_float", metavar="N"),
+    _o("days", "Date-partition the output over N days starting at --start-date (date=YYYY-MM-DD/).",
+       type="positive_int", metavar="N"),
+    _o("start_date", "First impression date, YYYY-MM-DD.", type="date", default="2024-01-01", metavar="YYYY-MM-DD"),
+    _o("split", "Which split(s) to write.", default="both", choices=("both", "train", "test")),
+    _o("b", "Override the power-law shape b (> 0).", type="float"),
+    _o("lam", "Override the Poisson rate lam (>= 0).", type="float"),
+    _o("mu", "Override the log-normal mu.", type="float"),
+    _o("sigma", "Override the log-normal sigma (> 0).", type="float"),
+    _o("k_min", "Power-law k_min (>= 1).", type="int"),
+    _o("k_max", "Power-law k_max (>= k_min).", type="int"),
+    _o("attribution_window_days", "Attribution window in days.", type="positive_int", metavar="DAYS"),
+    _o("power_law_sampler", "exact: Def. 5.1 by inverse CDF; clauset: the paper's Clauset et al. approximation "
+       "(off by 34% at P(2)/P(1) for b = 2.88).", default="exact", choices=("exact", "clauset")),
+    _o("chunk_rows", "Rows per in-memory chunk / Parquet row group (bounds memory).", type="positive_int",
+       default=1_000_000, metavar="N"),
+    _o("rows_per_file", "Start a new part file after this many rows.", type="positive_int", default=8_000_000,
+       metavar="N"),
+    _o("max_conversions", "Refuse when the expected conversions per split exceed this.", type="positive_float",
+       default=2e9, metavar="N"),
+    _o("impression_column", "Impression key column.", default="impression_id", metavar="COL"),
+    _o("train_fraction", "Fraction of rows (by time) that go to train, 0 < q < 1 (0.5 without --cut-time).",
+       type="float", metavar="Q"),
+    _o("cut_time", "Explicit cut, ISO-8601 (naive = UTC), e.g. 2024-01-15T00:00:00Z.", metavar="TIME"),
+    _o("time_column", "Timestamp column to split on (impression_time keeps impressions whole).",
+       default="conversion_time", metavar="COL"),
+    _o("include_non_converting", "Keep Sale=0 clicks (value 0, conversion_time = click time).", type="bool"),
+    # ---- ARA -----------------------------------------------------------------------------------
+    _o("conversions", "Parquet conversion log (file, directory or glob).", metavar="LOG"),
+    _o("key_map", "Key map JSON declaring the output domain (from export-ara or measure).", metavar="FILE"),
+    _o("destination", "The advertiser site of the source registrations: an https:// URL (http:// only for "
+       "localhost), reduced to its site (scheme + registrable domain) as Chrome does.",
+       default="https://advertiser.example", metavar="URL"),
+    _o("summary_report", "The Aggregation Service's summary report: Avro file(s), a directory or a glob.",
+       required=True, metavar="AVRO", nargs="+"),
+    _o("confidence", "Confidence level of the intervals.", type="float", default=0.95, metavar="LEVEL"),
+    # ---- demo ------------------------------------------------------------------------------------
+    _o("conversions_per_day", "Synthetic conversions per day.", type="positive_int", default=150_000, metavar="N"),
+)
+
+OPTIONS: Final[Mapping[str, CliOption]] = {o.name: o for o in _ALL}
+if len(OPTIONS) != len(_ALL):  # pragma: no cover - a registry bug, caught at import
+    raise RuntimeError("duplicate option names in the registry")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: where it runs, what it says, which registry options it takes.
+
+    ``options`` entries are option names, or (name, overrides) where overrides change ``help``,
+    ``default`` or ``required`` for this command only. ``beam``: unknown ``--options`` are passed to
+    Apache Beam. ``groups``: mutually exclusive option groups."""
+
+    module: str
+    function: str
+    summary: str
+    description: str
+    examples: tuple[str, ...]
+    options: tuple[str | tuple[str, Mapping[str, Any]], ...]
+    beam: bool = False
+    groups: tuple[tuple[str, ...], ...] = ()
+    epilog: str = ""
+
+
+_BEAM_EPILOG = ("Any other --option is passed to Apache Beam (e.g. --runner DataflowRunner --project P --region R "
+                "--temp_location gs://... --setup_file ./setup.py; locally --direct_running_mode multi_processing "
+                "--direct_num_workers 2).")
+
+COMMANDS: Final[Mapping[str, Command]] = {
+    "measure": Command(
+        "pipelines.measure", "run", "the summary report ARA would release for a conversion log, and estimates (Beam)",
+        "Encode (HistogramContribution, Alg. 3 / Alg. 6), cap (ContributionCapping, Alg. 1), sum per key over "
+        "the declared domain, add discrete Laplace noise once per key (SummaryReport, Alg. 2) and reconstruct "
+        "(ReconstructValues, Alg. 4). OUT/release/ may be published; OUT/private/ holds exact counts, the dead "
+        "letter and the debug report and must not; OUT/MANIFEST.json is written last. A release needs a "
+        "declared domain: --domain, or the one the parameter version carries.",
+        ("araopt measure --input logs/date=2026-11-24/ --params store/ --output out/",
+         "araopt measure --input logs/ --params params.json --domain slices.csv --output out/ --debug-run"),
+        ("input", "params", "output", "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
+         "allow_rerelease", "ledger", "params_version", "simulation_seed", "num_shards", "shuffle",
+         "max_rejected_fraction", "overwrite"),
+        beam=True),
+    "optimize": Command(
+        "pipelines.optimize", "run", "choose C, clip thresholds and budget fractions on history (Alg. 5)",
+        "ParameterOptimization (Alg. 5) on a conversion history: sufficient statistics on Beam, the optimizer on "
+        "the driver, the paper's baselines (Sec. 5.1) beside it. The parameter file records the predicted "
+        "training RMSRE_tau of the result and of the baselines, and the history's key domain.",
+        ("araopt optimize --history logs/ --slices campaignId,geography --values value --epsilon 8 "
+         "--output params.json",),
+        ("history", "slices", "values", ("epsilon", {"required": True}), "output", "encoding", "max_count_limit",
+         "objective", "tau",
+         "l1_rounding", "max_rejected_fraction", "no_progress", "overwrite"),
+        beam=True),
+    "evaluate": Command(
+        "pipelines.evaluate", "run", "test RMSRE_tau of optimized parameters vs the baselines, with plots",
+        "Optimize on each training log, evaluate on its test log (exact expected RMSRE_tau; with --monte-carlo "
+        "also the real mechanism), per epsilon and method; the generalization gap. Writes rmsre.csv, "
+        "comparison.csv, generalization_gap.csv, count_limit.csv, rmsre.png and count_limit.png.",
+        ("araopt evaluate --train data/train --test data/test --name synth-criteo --slices "
+         "campaignId,geography,productCategory --values value --output eval/",),
+        ("train", "test", ("name", {"help": "Dataset name (one per --train; default dataset1, ...).",
+                                    "action": "append"}),
+         "slices", "values", "epsilons", "output", "monte_carlo", "seed", "max_count_limit", "objective", "tau",
+         "methods", "no_gap", "max_rejected_fraction", "overwrite"),
+        beam=True),
+    "nightly": Command(
+        "pipelines.nightly", "run", "re-optimize on the last N days and publish to a parameter store",
+        "One Beam job: the window's date partitions -> validate -> statistics -> optimizer and baselines, "
+        "guardrails, the run report (JSON + PNG), and an immutable version published with a compare-and-swap "
+        "of 'latest'. Re-running an as-of date on the same history publishes nothing.",
+        ("araopt nightly --history logs/ --as-of yesterday --window-days 7 --store store/ --slices "
+         "campaignId,geography --values value --epsilon 8",),
+        ("history", "as_of", "window_days", "store", "slices", "values", ("epsilon", {"required": True}), "encoding",
+         "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id", "objective",
+         "tau", "max_rejected_fraction", "num_shards", "shuffle"),
+        beam=True),
+    "synth": Command(
+        "pipelines.synth", "run_synth", "the paper's synthetic conversion logs (Sec. 5.3)",
+        "Generate a synthetic conversion log (train and test, independent draws of the same seed): 256 slices "
+        "(campaignId 16 x geography 8 x productCategory 2); impressions per slice ~ PowerLaw(b, k_min, k_max); "
+        "conversions per impression ~ Poisson(lam); value ~ LogNormal(mu, sigma).",
+        ("araopt synth --preset synth-criteo --target-conversions 1000000 --seed 1 --output data/",),
+        ("preset", "scale", "target_conversions", "seed", "output", "days", "start_date", "split", "b", "lam", "mu",
+         "sigma", ("k_min", {"help": "Override the power-law k_min (>= 1; preset default 1)."}),
+         ("k_max", {"help": "Override the power-law k_max (>= k_min; preset default 10000)."}),
+         ("attribution_window_days", {"help": "Override the attribution window (preset default 30)."}),
+         "power_law_sampler", "chunk_rows", "rows_per_file", "max_conversions", "overwrite"),
+        groups=(("scale", "target_conversions"),),
+        epilog="presets (k_min=1, k_max=10000, 30-day window): synth-criteo b=2.88 lam=10 mu=4.19 sigma=1.16; "
+               "synth-real-estate b=0.06 lam=10 mu=0.87 sigma=0.43; synth-travel b=1.14 lam=10 mu=1.95 sigma=1.14. "
+               "Output: OUT/train/ and OUT/test/, each part-NNNNN.parquet or, with --days N, "
+               "date=YYYY-MM-DD/part-NNNNN.parquet (an impression and all its conversions in the partition of "
+               "the impression date), and _manifest.json."),
+    "fit-synthetic": Command(
+        "pipelines.synth", "run_fit_synthetic", "fit a synthetic preset (b, lambda, mu, sigma) to a conversion log",
+        "Fit the Sec. 5.3 model by maximum likelihood and write a preset JSON that `araopt synth --preset FILE` "
+        "accepts: b over distinct impressions per slice, lam zero-truncated Poisson, mu and sigma of log(value).",
+        ("araopt fit-synthetic --input logs/ --slices campaignId,geography,productCategory --values value "
+         "--output preset.json",),
+        ("input", "output", ("name", {"help": "Preset name stored in the file.", "default": "fitted"}),
+         ("slices", {"required": False, "default": "campaignId,geography,productCategory",
+                     "help": "Comma-separated impression features defining a slice (partner_id for Criteo)."}),
+         ("values", {"required": False, "default": "value", "help": "The value column."}),
+         "impression_column",
+         ("k_min", {"help": "Known power-law k_min (default: the smallest slice)."}),
+         ("k_max", {"help": "Known power-law k_max (default: the largest slice)."}),
+         ("attribution_window_days", {"default": 30, "help": "Attribution window stored in the preset."}),
+         "overwrite")),
+    "split": Command(
+        "pipelines.synth", "run_split", "time-based train/test split of a conversion log",
+        "train = rows with time < cut, test = rows with time >= cut; with --train-fraction q the cut is the time "
+        "at sorted position round(q n) (equal times stay together). Writes OUT/train/ and OUT/test/.",
+        ("araopt split --input logs/ --train-fraction 0.7 --output split/",),
+        ("input", "output", "train_fraction", "cut_time", "time_column", "overwrite"),
+        groups=(("train_fraction", "cut_time"),)),
+    "load-criteo": Command(
+        "pipelines.synth", "run_load_criteo", "the Criteo Sponsored Search Conversion Log mapped to the contract",
+        "Convert the Criteo Sponsored Search Conversion Log (23 tab-separated columns, no header, -1 = missing): "
+        "slice partner_id; values product_price_x_sale, SalesAmountInEuro; one row per click (count limit 1). "
+        "Rows whose value is unknown go to OUT/_dead_letters-*.parquet with the line number and reason.",
+        ("araopt load-criteo --input CriteoSearchData.gz --output criteo/",),
+        (("input", {"help": "Criteo TSV file (.gz/.bz2 accepted)."}), "output", "include_non_converting", "overwrite")),
+    "export-ara": Command(
+        "pipelines.ara", "run_export_ara", "ARA source/trigger registration JSON and output domain from parameters",
+        "From a parameter file to ARA registrations (docs/ara.md): key_map.json/.csv, sources.json (one "
+        "Attribution-Reporting-Register-Source per slice of impression features), output_domain.avro, "
+        "export.json and, with --conversions, triggers.jsonl (one trigger per conversion). ARA limits are "
+        "checked before anything is written.",
+        ("araopt export-ara --params store/versions/2026-11-24-ab12/params.json --output export/",),
+        ("params", "output", "key_map", ("conversions", {"help": "Parquet conversion log: write triggers.jsonl for "
+                                                                    "it (and, without a declared domain, take its "
+                                                                    "slices)."}),
+         "destination", ("simulation_seed", {"help": "SIMULATION MODE: seeded rounding of the trigger values (as "
+                                                     "measure --simulation-seed); NOT for real traffic."}),
+         "overwrite")),
+    "reconstruct": Command(
+        "pipelines.ara", "run_reconstruct", "estimates from an Aggregation Service summary report (Avro)",
+        "ReconstructValues (Alg. 4) on a real summary report: estimates with standard errors and confidence "
+        "intervals per slice and query, through the key map. Unknown, missing or implausible buckets are "
+        "counted and reported, never silently dropped.",
+        ("araopt reconstruct --summary-report report.avro --params params.json --key-map key_map.json "
+         "--output estimates.csv",),
+        (("summary_report", {}), "params", "key_map",
+         ("conversions", {"help": "Without --key-map: the key domain of this log's slices."}), "output",
+         "confidence", ("epsilon", {"help": "Epsilon of the Aggregation Service job, if it differs from the "
+                                            "parameter file's."}), "overwrite")),
+    "demo": Command(
+        "pipelines.demo", "run", "the README's main job: synthetic history -> nightly -> measure",
+        "Generate days of synthetic conversions, run the nightly re-optimization on all but the last day into a "
+        "local parameter store, measure the last day with the store's latest parameters (secure noise), print "
+        "estimates with error bars and the predicted error against the baselines, and write the plots.",
+        ("araopt demo --output demo-output",),
+        (("output", {"required": False, "default": "demo-output",
+                     "help": "Output folder (its data/, store/, measure/ and plots/ are replaced on every run)."}),
+         "conversions_per_day", ("days", {"default": 8, "help": "Days generated; the last one is measured."}),
+         ("epsilon", {"default": 8.0}), ("seed", {"default": 2026}))),
+}
+
+def command_options(command: str) -> dict[str, CliOption]:
+    """The options of ``command`` by name, with the command's overrides applied."""
+    out = {}
+    for entry in COMMANDS[command].options:
+        name, overrides = (entry, {}) if isinstance(entry, str) else entry
+        base = OPTIONS[name]
+        out[name] = CliOption(**{**base.__dict__, **{k: v for k, v in overrides.items() if k in CliOption.__dataclass_fields__}})
+    return out
+
+
+TEMPLATE_OPTIONS: Final[Mapping[str, tuple[str, ...]]] = {
+    "nightly": ("history", "as_of", "window_days", "store", "slices", "values", "epsilon", "encoding", "max_count_limit",
+                "allow_large_change", "max_threshold_change_factor", "max_count_limit_change"),
+    "measure": ("input", "params", "output", "epsilon", "override_epsilon", "debug_run", "domain", "max_slices",
+                "allow_rerelease", "ledger"),
+}
+"""The options of the Dataflow Flex Templates (metadata generated by ``python -m deploy.gen_metadata``)."""
+
+OPTIONS_BY_JOB: Final[Mapping[str, tuple[CliOption, ...]]] = {
+    job: tuple(command_options(job)[name] for name in names) for job, names in TEMPLATE_OPTIONS.items()}
+
+
+# ---- types ----------------------------------------------------------------------------------------
+def parse_bool(value: str | bool) -> bool:
+    """``true``/``false`` (any case, also 1/0/yes/no) -> bool; how templates pass switches."""
+    if isinstance(value, bool):
+        return value
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        x = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if x < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return x
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return x
+
+
+def _date(text: str) -> _dt.date:
+    try:
+        return _dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a YYYY-MM-DD date: {text!r}") from None
+
+
+_CONVERTERS: Final[Mapping[str, Callable[[str], Any]]] = {
+    "str": str, "int": int, "float": float, "positive_int": _positive_int, "positive_float": _positive_float,
+    "date": _date,
+}
+
+
+def _typed(option: CliOption) -> Callable[[str], Any]:
+    pattern = re.compile(option.regex) if option.regex and not option.gcs_only else None
+    convert = _CONVERTERS[option.type]
+
+    def parse(text: str) -> Any:
+        if pattern is not None and not pattern.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"{text!r} does not match {option.regex}")
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {option.type}, got {text!r}") from None
+
+    parse.__name__ = option.type.replace("_", " ")  # shown in "invalid <type> value" messages
+    return parse
+
+
+def resolve_as_of(value: str, today: _dt.date | None = None) -> str:
+    """Turn ``today``/``yesterday`` (UTC) into YYYY-MM-DD; validate explicit dates."""
+    today = today or _dt.datetime.now(_dt.UTC).date()
+    if value == "today":
+        return today.isoformat()
+    if value == "yesterday":
+        return (today - _dt.timedelta(days=1)).isoformat()
+    try:
+        return _dt.date.fromisoformat(value).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected YYYY-MM-DD, 'today' or 'yesterday', got {value!r}") from None
+
+
+def split_columns(text: str, what: str) -> tuple[str, ...]:
+    """Comma-separated column names; refuses an empty --values list and repeated names."""
+    cols = tuple(c.strip() for c in text.split(",") if c.strip())
+    if not cols and what == "--values":
+        raise ValueError(f"{what} must name at least one column")
+    if len(set(cols)) != len(cols):
+        raise ValueError(f"{what} lists a column twice: {text!r}")
+    return cols
+
+
+def parse_tau(text: str | None) -> dict[str, float]:
+    """``count=5,value=200`` -> {"count": 5.0, "value": 200.0} (validated later against the queries)."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in (text or "").split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ValueError(f"--tau expects NAME=VALUE pairs such as count=5,value=200, got {part!r}")
+    return out
+
+
+# ---- parsers ---------------------------------------------------------------------------------------
 class UserError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
 
 
+TRACEBACK_FLAG = "--traceback"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (exit code 2), that never takes an abbreviation of an
+    option for the option (``--sim 3`` is not ``--simulation-seed 3``), and that knows --traceback."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.add_argument(TRACEBACK_FLAG, action="store_true", help="on failure, also print the Python traceback")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _help(option: CliOption, default: Any) -> str:
+    text = option.help
+    if default not in (None, False) and "default" not in text.lower():
+        text = f"{text} (default: {default})"
+    return text.replace("%", "%%")  # argparse formats help strings with %
+
+
+def add_options(parser: argparse.ArgumentParser, opts: Sequence[CliOption]) -> None:
+    """Add registry options (as resolved for a command) to a parser."""
+    for option in opts:
+        add_option(parser, option)
+
+
+def add_option(parser: argparse.ArgumentParser | Any, option: CliOption, **overrides: Any) -> None:
+    """Add one registry option (both spellings, ``--as-of`` and ``--as_of``, plus its aliases)."""
+    option = CliOption(**{**option.__dict__, **{k: v for k, v in overrides.items() if k in CliOption.__dataclass_fields__}})
+    names = [option.flag] + ([option.template_flag] if option.template_flag != option.flag else []) + list(option.aliases)
+    default = option.default
+    if option.type == "bool":
+        parser.add_argument(*names, dest=option.name, nargs="?", const=True, default=bool(default), type=parse_bool,
+                            metavar="true|false", help=_help(option, None))
+        return
+    kwargs: dict[str, Any] = {"dest": option.name, "default": default, "help": _help(option, default),
+                              "metavar": option.metavar}
+    if option.required:
+        kwargs["required"] = True
+    if option.choices:
+        kwargs["choices"] = option.choices
+        kwargs.pop("metavar")
+    elif option.type != "str" or option.regex:
+        kwargs["type"] = _typed(option)
+    if option.action:
+        kwargs["action"] = option.action
+    if option.nargs:
+        kwargs["nargs"] = option.nargs
+    parser.add_argument(*names, **kwargs)
+
+
+def build_parser(command: str) -> OneLineParser:
+    """The parser of ``araopt <command>`` from the registry (no heavy import)."""
+    spec = COMMANDS[command]
+    examples = "\n".join(f"  {e}" for e in spec.examples)
+    epilog = "\n\n".join(p for p in (f"example{'s' if len(spec.examples) > 1 else ''}:\n{examples}",
+                                     spec.epilog, _BEAM_EPILOG if spec.beam else "") if p)
+    parser = OneLineParser(prog=f"araopt {command}", description=spec.description, epilog=epilog,
+                           formatter_class=_Formatter)
+    grouped = {name: i for i, group in enumerate(spec.groups) for name in group}
+    groups: dict[int, Any] = {}
+    for entry in spec.options:
+        name, overrides = (entry, {}) if isinstance(entry, str) else entry
+        target: Any = parser
+        if name in grouped:
+            if grouped[name] not in groups:
+                groups[grouped[name]] = parser.add_mutually_exclusive_group()
+            target = groups[grouped[name]]
+        add_option(target, OPTIONS[name], **overrides)
+    return parser
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=110)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:  # wrap paragraphs, keep example lines
+        import textwrap
+
+        out = []
+        for block in text.split("\n\n"):
+            if block.startswith("example"):
+                out.append(block)
+            else:
+                out.append(textwrap.fill(" ".join(block.split()), width, initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(out)
+
+
+def parse(command: str, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(known options, the rest for Apache Beam) for Beam jobs; unknown options are an error otherwise."""
+    parser = build_parser(command)
+    if COMMANDS[command].beam:
+        args, rest = parser.parse_known_args(list(argv))
+        return args, rest
+    return parser.parse_args(list(argv)), []
+
+
+# ---- running a command ----------------------------------------------------------------------------
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-TRACEBACK_FLAG = "--traceback"
 
 
 def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
@@ -45,22 +620,6 @@ def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: 
         return 2
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (no usage dump), exit code 2, and which never takes
-    an abbreviation of an option for the option (``--sim 3`` is not ``--simulation-seed 3``)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-        self.add_argument(TRACEBACK_FLAG, action="store_true", help="on failure, also print the Python traceback")
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
-               body: Callable[[argparse.Namespace], int]) -> int:
-    """Parse ``argv`` with ``parser`` and run ``body(args)`` under :func:`cli_main`'s error handling."""
-    return cli_main(lambda a: body(parser.parse_args(a)), argv, parser.prog)
-
-
+def run_command(command: str, body: Callable[[argparse.Namespace, list[str]], int], argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` for ``command`` from the registry and run ``body(args, beam_args)`` with one-line errors."""
+    return cli_main(lambda a: body(*parse(command, a)), argv, f"araopt {command}")

@@ -316,7 +316,8 @@ def test_round_trip_export_browser_service_reconstruct_equals_measure(name, tmp_
     out = tmp_path / "estimates.csv"
     assert run_reconstruct(["--summary-report", str(report), "--params", str(tmp_path / "params.json"),
                             "--key-map", str(export / "key_map.json"), "--out", str(out)]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "report rows matched" in capsys.readouterr().out.strip().splitlines()[-1]  # one sentence
+    summary = json.loads((tmp_path / "estimates.summary.json").read_text())
     # the core on the same data and seed
     conv = Conversions.from_table(frame, params.slice_columns, params.query_columns)
     m = measure(conv, params, simulation_seed=SEED)
@@ -346,7 +347,7 @@ def test_round_trip_through_the_debug_report_and_worked_example(tmp_path, capsys
     out = tmp_path / "est.csv"
     assert run_reconstruct(["--summary-report", str(report), "--params", str(tmp_path / "params.json"),
                             "--key-map", str(export / "key_map.json"), "--out", str(out)]) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["report_kind"] == "DebugAggregatedFact"
+    assert json.loads((tmp_path / "est.summary.json").read_text())["report_kind"] == "DebugAggregatedFact"
     m = measure(Conversions.from_table(du_penc_frame(), ["campaign"], ["items", "value"]), params, simulation_seed=1)
     assert np.array_equal(pd.read_csv(out)["estimate"].to_numpy(), m.estimates.estimate.ravel())
 
@@ -472,13 +473,16 @@ def test_unknown_buckets_are_counted_reported_and_written(tmp_path, capsys):
                             "--key-map", str(tmp_path / "km.json"), "--out", str(out)]) == 0
     captured = capsys.readouterr()
     assert "2 bucket(s) of the report are not in the key map" in captured.err
-    assert json.loads(captured.out)["unknown_buckets"] == 2
+    assert json.loads((tmp_path / "e.summary.json").read_text())["unknown_buckets"] == 2
     side = pd.read_csv(tmp_path / "e.unknown_buckets.csv")
     assert side["bucket"].tolist() == [f"0x{0xABC00:032x}", f"0x{0xABC01:032x}"] and side["metric"].tolist() == [77, -5]
     # a report none of whose buckets is known: wrong key map
     avro.write_summary_report(tmp_path / "other.avro", [0xABC00], [1])
     assert run_reconstruct(["--summary-report", str(tmp_path / "other.avro"), "--params", str(tmp_path / "p.json"),
                             "--key-map", str(tmp_path / "km.json"), "--out", str(out)]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err  # the same overwrite rule everywhere
+    assert run_reconstruct(["--summary-report", str(tmp_path / "other.avro"), "--params", str(tmp_path / "p.json"),
+                            "--key-map", str(tmp_path / "km.json"), "--out", str(out), "--overwrite"]) == 2
     assert "none of the 1 buckets" in capsys.readouterr().err
 
 

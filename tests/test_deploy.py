@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from deploy import flex_main, gen_metadata
-from deploy.cli_options import MEASURE_OPTIONS, NIGHTLY_OPTIONS, OPTIONS_BY_JOB, CliOption, add_options, resolve_as_of
+from pipelines.options import OPTIONS_BY_JOB, CliOption, add_options, resolve_as_of
+
+NIGHTLY_OPTIONS, MEASURE_OPTIONS = OPTIONS_BY_JOB["nightly"], OPTIONS_BY_JOB["measure"]
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 SAMPLE_VARS = {"PROJECT": "my-project", "REGION": "us-central1", "BUCKET": "my-bucket"}
@@ -109,7 +111,7 @@ NIGHTLY_CLI = [
 def test_parser_accepts_cli_and_template_spellings() -> None:
     cli, rest = _parser("nightly").parse_known_args([*NIGHTLY_CLI, "--allow-large-change", "--runner=DirectRunner"])
     assert (cli.as_of, cli.window_days, cli.epsilon, cli.allow_large_change) == ("2025-03-01", 28, 10.0, True)
-    assert (cli.encoding, cli.max_count_limit) == (None, None)
+    assert (cli.encoding, cli.max_count_limit) == ("linf", 20)  # defaults come from the registry
     assert rest == ["--runner=DirectRunner"]  # Beam options pass through
 
     template = [f"--{a[2:].replace('-', '_')}={b}" for a, b in zip(NIGHTLY_CLI[::2], NIGHTLY_CLI[1::2], strict=True)]

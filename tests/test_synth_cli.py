@@ -29,10 +29,12 @@ def one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
 def test_synth_writes_train_and_test(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o"
     assert run_synth(["--preset", "synth-travel", "--scale", "0.02", "--seed", "5", "--out", str(out)]) == 0
-    summary = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    assert [s["split"] for s in summary] == ["train", "test"]
-    for s in summary:
-        assert ds.dataset(out / s["split"]).count_rows() == s["conversions"] > 0
+    (line,) = capsys.readouterr().out.splitlines()  # one sentence
+    assert line.startswith("araopt synth: wrote synth-travel") and "train:" in line and "test:" in line
+    for split in ("train", "test"):
+        manifest = json.loads((out / split / "_manifest.json").read_text())
+        assert ds.dataset(out / split).count_rows() == manifest["conversions"] > 0
+        assert f"{manifest['conversions']:,} conversions" in line
     assert sorted(p.name for p in (out / "train").iterdir()) == ["_manifest.json", "part-00000.parquet"]
 
 
@@ -43,8 +45,8 @@ def test_synth_days_and_target_conversions(tmp_path: Path, capsys: pytest.Captur
     assert code == 0
     assert sorted(p.name for p in (out / "train").glob("date=*")) == ["date=2024-02-28", "date=2024-02-29"]
     assert not (out / "test").exists()
-    n = json.loads(capsys.readouterr().out)["conversions"]
-    assert 35_000 < n < 65_000
+    n = json.loads((out / "train" / "_manifest.json").read_text())["conversions"]
+    assert 35_000 < n < 65_000 and f"{n:,} conversions" in capsys.readouterr().out
 
 
 def test_help_documents_the_knobs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,9 +95,9 @@ def test_fit_synthetic_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert run_synth(["--preset", "synth-travel", "--scale", "0.05", "--split", "train", "--out", str(tmp_path / "o")]) == 0
     preset = tmp_path / "fit.json"
     assert run_fit_synthetic(["--input", str(tmp_path / "o" / "train"), "--out", str(preset), "--name", "t"]) == 0
-    fitted = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert abs(fitted["lam"] - 10) < 0.5 and abs(fitted["mu"] - 1.95) < 0.05
+    assert capsys.readouterr().out.splitlines()[-1].startswith("araopt fit-synthetic: wrote preset 't'")
     data = json.loads(preset.read_text())
+    assert abs(data["lam"] - 10) < 0.5 and abs(data["mu"] - 1.95) < 0.05
     assert data["name"] == "t" and "stderr" in data["fit"]
     assert run_synth(["--preset", str(preset), "--out", str(tmp_path / "o2"), "--split", "test"]) == 0
     capsys.readouterr()
@@ -104,7 +106,7 @@ def test_fit_synthetic_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert run_fit_synthetic(["--input", str(tmp_path / "nope"), "--out", str(tmp_path / "f2.json")]) == 2
     one_line_error(capsys, "does not exist")
     assert run_fit_synthetic(["--input", str(tmp_path / "o" / "train"), "--out", str(tmp_path / "f3.json"),
-                              "--slice-columns", "partner_id"]) == 2
+                              "--slices", "partner_id"]) == 2
     one_line_error(capsys, "partner_id")
 
 
@@ -113,9 +115,10 @@ def test_split_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     assert run_split(["--input", str(tmp_path / "o" / "train"), "--out", str(tmp_path / "s"),
                       "--train-fraction", "0.8"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    total = result["train_rows"] + result["test_rows"]
-    assert abs(result["train_rows"] - 0.8 * total) <= 1
+    line = capsys.readouterr().out
+    train = ds.dataset(tmp_path / "s" / "train").count_rows()
+    test = ds.dataset(tmp_path / "s" / "test").count_rows()
+    assert abs(train - 0.8 * (train + test)) <= 1 and f"{train:,} rows before" in line
     assert run_split(["--input", str(tmp_path / "o" / "train"), "--out", str(tmp_path / "s2"), "--train-fraction", "2"]) == 2
     one_line_error(capsys, "araopt split: error:", "between 0 and 1")
     assert run_split(["--input", str(tmp_path / "o" / "train"), "--out", str(tmp_path / "s3"), "--cut-time", "soon"]) == 2
@@ -131,7 +134,7 @@ def test_load_criteo_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     good = tmp_path / "c.tsv"
     good.write_text("\n".join([criteo_line(1, "12.5", "60"), criteo_line(0, "-1", "-1"), criteo_line(1, "3", "5")]) + "\n")
     assert run_load_criteo(["--input", str(good), "--out", str(tmp_path / "c")]) == 0
-    assert json.loads(capsys.readouterr().out)["conversions"] == 2
+    assert "-> 2 conversions" in capsys.readouterr().out
     assert ds.dataset(tmp_path / "c", format="parquet").count_rows() == 2
     bad = tmp_path / "bad.tsv"
     bad.write_text("\n".join([criteo_line(1, "1", "1"), criteo_line(1, "1", "1"), "1\t0.5\t3"]) + "\n")

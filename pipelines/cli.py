@@ -1,0 +1,51 @@
+"""The ``araopt`` console command: ``araopt <command> [options]`` (``araopt --help``, ``--version``).
+
+Dispatch only. ``araopt <command> --help`` is answered from the option registry
+(``pipelines.options``) without importing the command's module (Beam, scipy, pandas), so it is fast.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Sequence
+
+from . import options
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as package_version
+
+    try:
+        return package_version("araopt")
+    except PackageNotFoundError:  # a source checkout that was not installed
+        return "0.1.0 (not installed)"
+
+
+def usage() -> str:
+    lines = ["usage: araopt <command> [options]   (araopt <command> --help for details; araopt --version)",
+             "", "commands:"]
+    lines += [f"  {name:<14} {spec.summary}" for name, spec in options.COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if args else 2
+    if args[0] in ("--version", "-V"):
+        print(f"araopt {version()}")
+        return 0
+    name, rest = args[0], args[1:]
+    spec = options.COMMANDS.get(name)
+    if spec is None:
+        print(f"araopt: error: unknown command {name!r}; commands: {', '.join(options.COMMANDS)}", file=sys.stderr)
+        return 2
+    if "-h" in rest or "--help" in rest:  # answered from the registry alone
+        return options.cli_main(lambda a: (options.build_parser(name).parse_args(a), 0)[1], rest, f"araopt {name}")
+    module = importlib.import_module(spec.module)
+    return int(getattr(module, spec.function)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
