@@ -148,10 +148,13 @@ def add_noise(histogram: np.ndarray, noise: np.ndarray) -> np.ndarray:
     hist = np.asarray(histogram)
     if hist.dtype.kind not in "iu":
         raise ValueError(f"the histogram must hold integers, got dtype {hist.dtype}")
-    hist = hist.astype(np.int64)
-    if hist.size and int(np.abs(hist).max()) > MAX_ABS_SUM:
-        raise ValueError(f"a key's sum exceeds 2^62 ({int(np.abs(hist).max())}): refusing to add noise that could overflow int64")
-    noise = np.asarray(noise, dtype=np.int64)
-    if noise.size and int(np.abs(noise).max()) > MAX_ABS_SUM:
+    # bounds compared on min and max (np.abs(INT64_MIN) is INT64_MIN, negative), as Python integers
+    if hist.size and max(abs(int(hist.min())), abs(int(hist.max()))) > MAX_ABS_SUM:
+        raise ValueError(f"a key's sum exceeds 2^62 in magnitude ({max(abs(int(hist.min())), abs(int(hist.max())))}): "
+                         f"refusing to add noise that could overflow int64")
+    noise = np.asarray(noise)
+    if noise.dtype.kind not in "iu":
+        raise ValueError(f"the noise must hold integers, got dtype {noise.dtype}")
+    if noise.size and max(abs(int(noise.min())), abs(int(noise.max()))) > MAX_ABS_SUM:
         raise OverflowError("noise magnitude exceeds 2^62")
-    return hist + noise
+    return hist.astype(np.int64) + noise.astype(np.int64)

@@ -344,11 +344,10 @@ def test_geometric_has_the_exact_tail():
             assert abs((g >= k).mean() - p) < 5 * np.sqrt(p * (1 - p) / n), (a, k)
 
 
-@pytest.mark.xfail(strict=True, reason="bug reported in issue 13: np.abs(int64 min) is negative, so add_noise's "
-                                       "2^62 guard lets -2^63 (and NaN float noise, cast to -2^63) through and "
-                                       "releases hist - 2^63, from which hist is exact; fix belongs in noise.py")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_add_noise_refuses_int64_min_and_non_integer_noise():
+    """np.abs(INT64_MIN) is negative: a guard on abs().max() let -2^63 (and NaN float noise cast to
+    -2^63) through, releasing hist - 2^63, from which hist is exact."""
     for hist, noise in ((np.array([12345]), np.array([-(2**63)])), (np.array([-(2**63)]), np.array([5])),
                         (np.array([12345]), np.array([np.nan])), (np.array([3]), np.array([0.9]))):
         with pytest.raises((ValueError, OverflowError)):
