@@ -146,14 +146,14 @@ def sample_discrete_laplace(a: float, size: int | tuple[int, ...], rng: np.rando
 def add_noise(histogram: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """histogram + noise in int64, refusing sums whose magnitude could leave int64 (|sum| > 2^62)."""
     hist = np.asarray(histogram)
-    if hist.dtype.kind not in "iu":
+    if hist.size and hist.dtype.kind not in "iu":
         raise ValueError(f"the histogram must hold integers, got dtype {hist.dtype}")
     # bounds compared on min and max (np.abs(INT64_MIN) is INT64_MIN, negative), as Python integers
     if hist.size and max(abs(int(hist.min())), abs(int(hist.max()))) > MAX_ABS_SUM:
         raise ValueError(f"a key's sum exceeds 2^62 in magnitude ({max(abs(int(hist.min())), abs(int(hist.max())))}): "
                          f"refusing to add noise that could overflow int64")
     noise = np.asarray(noise)
-    if noise.dtype.kind not in "iu":
+    if noise.size and noise.dtype.kind not in "iu":
         raise ValueError(f"the noise must hold integers, got dtype {noise.dtype}")
     if noise.size and max(abs(int(noise.min())), abs(int(noise.max()))) > MAX_ABS_SUM:
         raise OverflowError("noise magnitude exceeds 2^62")
