@@ -11,7 +11,7 @@ bit layout of :mod:`araopt.keys` (most significant first)::
 * Trigger (``Attribution-Reporting-Register-Trigger``), one per conversion:
   ``aggregatable_trigger_data`` entries whose ``key_piece`` carries the conversion-side slice fields
   and the query code (l for q_l, 0 for ⊥), each naming its ``source_keys``; ``aggregatable_values``
-  holds the encoder's integers (Alg. 2 / Alg. 5 / baseline). ARA wants values in [1, 65536], so
+  holds the encoder's integers (Alg. 3 / Alg. 6 / baseline). ARA wants values in [1, 65536], so
   keys whose value is 0 are left out (they add nothing); a trigger's total is ⌊Γ/C⌋ ≤ 65536.
 * The browser ORs each source key's piece with the trigger pieces naming it: the result is the
   bucket :meth:`KeyDomain.bucket` gives for that (slice, query), i.e. the dense key id
@@ -217,7 +217,7 @@ def ara_requirements(params: Params, cardinalities: Sequence[int]) -> AraRequire
         max_value, total = max([cscale] + scales), cscale + sum(scales)
         min_norm = max(1, cscale)  # a conversion with all values 0 still sends the count key
         reports, guaranteed = ARA_CONTRIBUTION_BUDGET // min_norm, False
-    else:  # every contribution has L1 norm floor(Gamma / C) exactly (Lemma 4.1 / Alg. 5)
+    else:  # every contribution has L1 norm floor(Gamma / C) exactly (Lemma 4.1 / Alg. 6)
         max_value, total = budget, budget
         reports, guaranteed = params.count_limit, True
     names = aggregation_key_names(params)
@@ -433,7 +433,7 @@ def _secure_uniforms(k: int) -> list[float]:
 
 
 class TriggerEncoder:
-    """Per-conversion trigger registration (Alg. 2 / Alg. 5 / baseline), for ad servers, one record at a time.
+    """Per-conversion trigger registration (Alg. 3 / Alg. 6 / baseline), for ad servers, one record at a time.
 
     Pure Python on floats (no numpy per call). Given the same uniforms it returns exactly what
     :func:`araopt.encoding.encode` returns for the record, except that the L1-randomized cuts are
@@ -790,7 +790,7 @@ def simulate_aggregation_service(
     reports: Iterable[Iterable[tuple[int, int]]], domain_buckets: Sequence[int], epsilon: float, simulation_seed: int,
     contribution_budget: int = ARA_CONTRIBUTION_BUDGET, key_ids: Sequence[int] | None = None,
 ) -> ServiceResult:
-    """SIMULATION of Alg. 3: per domain bucket, the sum of its contributions + DLap(ε/Γ), noise from
+    """SIMULATION of Alg. 2: per domain bucket, the sum of its contributions + DLap(ε/Γ), noise from
     :func:`araopt.report.simulated_noise` keyed by the dense key id (default: position in the domain)."""
     sums: dict[int, int] = {}
     for report in reports:

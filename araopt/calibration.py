@@ -2,7 +2,7 @@
 
 ReconstructValues (Alg. 4) is unbiased for the capped-and-clipped sum X_lj = sum over the conversions
 that ContributionCapping (Alg. 1) keeps of the clipped value (count: 1), not for the true total
-T_lj = V_D(q_l)_j of Def. 3.1. For FIXED parameters (C, C_l, alpha_l, encoding) the loss is
+T_lj = V_D(q_l)_j of Sec. 3.2. For FIXED parameters (C, C_l, alpha_l, encoding) the loss is
 predictable: the retention ratio R_lj = X_lj / T_lj (count: kept / all conversions; value query l:
 E[clipped kept value] / true value) is stable over time, and T_hat = U / r_hat estimates T.
 

@@ -1,4 +1,4 @@
-"""Histogram contributions: randomized rounding (eqs. 1-2), Alg. 2 (L-inf), Alg. 5 (L1), baseline.
+"""Histogram contributions: randomized rounding (eqs. 1-2), Alg. 3 (L-inf), Alg. 6 (L1), baseline.
 
 All encoders are vectorized over records: ``values`` is an (n, d) array of the value queries
 q_1..q_d (clipping happens here), and the result is an (n, d+1) int64 array with one column per
@@ -6,8 +6,8 @@ query in ``params.queries`` order followed by the bottom key (for the baseline: 
 
 Encodings
 ---------
-``linf`` (Alg. 2): w_l = RR(floor(alpha_l Gamma / C) * min(v_l, C_l) / C_l), bottom = floor(Gamma/C) - sum.
-``l1`` (Alg. 5): v = (q_l / C_l)_l, u = v / max(1, |v|_1) * S, w_l = round(u_l), bottom = floor(Gamma/C) - sum.
+``linf`` (Alg. 3): w_l = RR(floor(alpha_l Gamma / C) * min(v_l, C_l) / C_l), bottom = floor(Gamma/C) - sum.
+``l1`` (Alg. 6): v = (q_l / C_l)_l, u = v / max(1, |v|_1) * S, w_l = round(u_l), bottom = floor(Gamma/C) - sum.
     * ``l1_rounding="floor"`` is the paper's version: S = Gamma / C and floor rounding. It is
       deterministic and biased: each record loses frac(u_l) on average ~1/2 unit per query.
     * ``l1_rounding="randomized"`` is our unbiased variant: S = floor(Gamma / C) and *systematic*
@@ -153,7 +153,7 @@ def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarr
         else:
             out[:, d] = count_scale(params)
         return
-    # L1 (Alg. 5)
+    # L1 (Alg. 6)
     scaled = vals / thresholds
     shrink = 1.0 / np.maximum(1.0, scaled.sum(axis=1))
     if params.l1_rounding == "floor":

@@ -2,7 +2,7 @@
 
 ``exact`` uses Thm. 4.2 with the exact DLap variance 2e^a/(e^a-1)^2, the randomized-rounding
 variance sum f(1-f) of the kept records, and the floors floor(alpha_l Gamma / C), floor(Gamma / C).
-``relaxed`` is the paper's Relaxation 4.3: Var U_l = 2 C^2 C_l^2 / (alpha_l^2 eps^2),
+``relaxed`` is the paper's Relaxation 4.5: Var U_l = 2 C^2 C_l^2 / (alpha_l^2 eps^2),
 Var U_0 = 2 (d+1) C^2 / eps^2 (no rounding variance, no floors); the bias is exact in both.
 
 Which records are kept is decided exactly as Alg. 1 does: for L-inf and L1 every contribution has
@@ -134,7 +134,7 @@ def expected_error(
 
 
 def relaxed_variance(params: Params, num_slices: int) -> np.ndarray:
-    """Relaxation 4.3 (m, d+1): 2 C^2 C_l^2/(alpha_l^2 eps^2) and 2 (d+1) C^2/eps^2 (baseline: / alpha_0^2)."""
+    """Relaxation 4.5 (m, d+1): 2 C^2 C_l^2/(alpha_l^2 eps^2) and 2 (d+1) C^2/eps^2 (baseline: / alpha_0^2)."""
     c, eps, d = params.count_limit, params.epsilon, params.num_queries
     out = np.empty((num_slices, d + 1))
     for col, (q, alpha) in enumerate(zip(params.queries, params.budget_fractions)):

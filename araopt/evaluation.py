@@ -38,8 +38,8 @@ from .statistics import SufficientStatistics
 DEFAULT_EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 METHODS = ("optimized_linf", "optimized_l1") + tuple(tuning.baseline_name(q) for q in BASELINE_QUANTILES)
 METHOD_LABELS = {
-    "optimized_linf": "optimized L\u221e (Alg. 2 + 6)",
-    "optimized_l1": "optimized L1 (Alg. 5)",
+    "optimized_linf": "optimized L\u221e (Alg. 3 + 5)",
+    "optimized_l1": "optimized L1 (Alg. 6)",
     "baseline_q95": "baseline q=0.95",
     "baseline_q99": "baseline q=0.99",
 }

@@ -1,13 +1,13 @@
-"""Parameter optimization (Alg. 6) on sufficient statistics: L-inf (Alg. 2), L1 (Alg. 5), baselines.
+"""Parameter optimization (Alg. 5) on sufficient statistics: L-inf (Alg. 3), L1 (Alg. 6), baselines.
 
 Objective. R^2 = 1/(d+1) sum_l mean_j pi_lj E(U_lj - V_lj)^2 (eq. obj-simplified), pi_lj =
-1/max(tau_l, V_lj)^2, bias from eq. (bias-simplified), variance either Relaxation 4.3 ("relaxed":
+1/max(tau_l, V_lj)^2, bias from eq. (bias-simplified), variance either Relaxation 4.5 ("relaxed":
 2 C^2 C_l^2/(alpha_l^2 eps^2), 2 (d+1) C^2/eps^2) or Thm. 4.2 ("exact": exact DLap variance, the
 rounding variance and the floors floor(alpha_l Gamma/C), floor(Gamma/C)). ``objective`` evaluates
 it from the statistics for any parameters; it reuses ``error_model.rmsre_tau`` and the variance
 formulas of ``report.estimate_variance`` / ``error_model.relaxed_variance``.
 
-Search (L-inf), for every C = 1..C_max (Alg. 6), kept ranks K(C) = Gamma // floor(Gamma/C):
+Search (L-inf), for every C = 1..C_max (Alg. 5), kept ranks K(C) = Gamma // floor(Gamma/C):
   * For fixed thresholds, sum_l K_l/alpha_l^2 subject to sum alpha_l = 1 is minimised by
     alpha_l ~ K_l^(1/3) (Lagrange), with K_l = W_l(C_l) C_l^2 the variance factor.
   * For fixed alpha_l, each query is a 1-D problem. A_lj(c) is linear in c between consecutive
@@ -16,7 +16,7 @@ Search (L-inf), for every C = 1..C_max (Alg. 6), kept ranks K(C) = Gamma // floo
     variance term W(c) c^2 / alpha^2 a cubic (relaxed: quadratic). The global minimum over all
     segments is found in closed form (roots of the derivative on every segment, vectorized).
   * d = 1: this is the global optimum of the model. d >= 2: alternating minimisation (each block
-    step is globally optimal, Thm. 4.4 biconvexity) from several starts (the paper's start:
+    step is globally optimal, Theorem 4.7 biconvexity) from several starts (the paper's start:
     99 % quantiles and equal split; per-query optima; the previous C's optimum), then a profile
     coordinate search over all grid points with alpha eliminated in closed form:
     min_c sum_l bias_l(c_l) + (sum_l K_l(c_l)^(1/3))^3.
@@ -24,7 +24,7 @@ Search (L-inf), for every C = 1..C_max (Alg. 6), kept ranks K(C) = Gamma // floo
     variance 1/6 per unclipped kept conversion; the result is floored to integer scales
     (leftover units assigned greedily) and its objective recomputed by ``objective``.
 
-L1 (Alg. 5): d = 1 with randomized rounding is L-inf with alpha = 1 (exact). Otherwise the objective
+L1 (Alg. 6): d = 1 with randomized rounding is L-inf with alpha = 1 (exact). Otherwise the objective
 is evaluated on the statistics' per-(slice, rank) samples (exact for small cells, unbiased
 otherwise) and the thresholds are found by a coordinate search on a log grid (local optimum).
 """
@@ -135,7 +135,7 @@ def _l1_sample_terms(
     sl: np.ndarray, vals: np.ndarray, weight: np.ndarray, m: int, thresholds: np.ndarray, count_limit: int,
     rounding_mode: str, contribution_budget: int = CONTRIBUTION_BUDGET,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Alg. 5 on samples: per slice E[U_l] (m, d) and rounding variance in W units (m, d)."""
+    """Alg. 6 on samples: per slice E[U_l] (m, d) and rounding variance in W units (m, d)."""
     d = vals.shape[1]
     x = vals / thresholds[None, :]
     shrink = 1.0 / np.maximum(1.0, x.sum(axis=1))
@@ -538,7 +538,7 @@ def _finalize_fractions(model: _LinfModel, c: np.ndarray, alpha: np.ndarray) -> 
 
 @dataclass(frozen=True)
 class CandidateResult:
-    """Best parameters for one count limit C (a row of Alg. 6's loop); objective is the model's RMSRE_tau."""
+    """Best parameters for one count limit C (a row of Alg. 5's loop); objective is the model's RMSRE_tau."""
 
     count_limit: int
     kept_ranks: int
@@ -587,7 +587,7 @@ def optimize(
     objective: str = "exact", taus: np.ndarray | Sequence[float] | None = None, progress: bool = True,
     l1_rounding: str = "randomized", slice_columns: Sequence[str] | None = None, context: SearchContext | None = None,
 ) -> OptimizationResult:
-    """Alg. 6 over C = 1..C_max on sufficient statistics; returns the best Params and the per-C table.
+    """Alg. 5 over C = 1..C_max on sufficient statistics; returns the best Params and the per-C table.
 
     ``context`` (from ``prepare_search`` with the same statistics and taus) reuses the per-C bias
     models across calls, e.g. over epsilons."""
@@ -639,7 +639,7 @@ def optimize(
     final = _objective_value(stats, params, tau, kind)
     params = dataclasses.replace(params, provenance=Provenance(
         rows=stats.num_conversions, predicted_rmsre_tau=final, objective=kind,
-        extra={"optimizer": "araopt.optimizer.optimize (Alg. 6)", "max_count_limit": cmax}))
+        extra={"optimizer": "araopt.optimizer.optimize (Alg. 5)", "max_count_limit": cmax}))
     return OptimizationResult(params, final, kind, encoding, tuple(rows), tuple(float(t) for t in tau),
                               time.perf_counter() - t0)
 

@@ -1,6 +1,6 @@
 """Parameter file of the ARA encoding: count limit C, clip thresholds C_l, budget fractions alpha_l.
 
-The parameters are those of Alg. 2 (L-infinity encoding), Alg. 5 (L1 encoding) and the paper's
+The parameters are those of Alg. 3 (L-infinity encoding), Alg. 6 (L1 encoding) and the paper's
 baseline (Sec. 5.1: a separate count key with its own fraction alpha_0, no bottom key). A parameter
 file is JSON, validated against ``schemas/params.schema.json`` and then semantically (fractions sum
 to one, encoding-specific fields). Every refusal is a ``ValueError`` naming the offending field.
@@ -141,11 +141,11 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Params:
-    """All parameters of one ARA summary-report configuration (Sec. 4.1, Alg. 2/5, baseline).
+    """All parameters of one ARA summary-report configuration (Sec. 4.1, Alg. 3/6, baseline).
 
     ``queries`` are the value queries q_1..q_d in key order; the count q_0 is implicit.
     ``budget_fraction`` of each query is alpha_l (L-inf and baseline; must sum to one together with
-    ``count_budget_fraction`` for the baseline); the L1 encoding (Alg. 5) uses no fractions.
+    ``count_budget_fraction`` for the baseline); the L1 encoding (Alg. 6) uses no fractions.
     ``conversion_slice_columns`` are the slice columns known only at conversion time (carried by the
     trigger key piece); the others are impression features (carried by the source key piece).
     ``domain`` is the declared key domain of releases made with these parameters (the slices of the
@@ -227,7 +227,7 @@ class Params:
         fractions = [q.budget_fraction for q in self.queries]
         if self.encoding == "l1":
             if any(f is not None for f in fractions) or self.count_budget_fraction is not None:
-                raise ValueError("budget_fraction must be absent (null) for encoding 'l1': Alg. 5 uses no fractions")
+                raise ValueError("budget_fraction must be absent (null) for encoding 'l1': Alg. 6 uses no fractions")
             return
         missing = [q.column for q in self.queries if q.budget_fraction is None]
         if missing:
@@ -256,7 +256,7 @@ class Params:
 
     @property
     def budget_fractions(self) -> tuple[float, ...]:
-        """alpha_1..alpha_d (1.0 for L1, whose encoder uses no fractions: Alg. 5)."""
+        """alpha_1..alpha_d (1.0 for L1, whose encoder uses no fractions: Alg. 6)."""
         return tuple(1.0 if q.budget_fraction is None else float(q.budget_fraction) for q in self.queries)
 
     @property

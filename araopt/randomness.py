@@ -1,6 +1,6 @@
 """Sources of randomness: a cryptographically secure default and an explicit simulation mode.
 
-Privacy noise (Alg. 3) must come from a cryptographically secure generator: ``secure_generator``
+Privacy noise (Alg. 2) must come from a cryptographically secure generator: ``secure_generator``
 returns a numpy ``Generator`` over an AES-128 counter-mode bit generator (randomgen's AESCounter,
 AES-NI accelerated) keyed with 128 fresh bits from :mod:`secrets`. Seeded randomness exists only
 through :class:`Simulation`, which says so in its name, in its ``repr`` and in the log.

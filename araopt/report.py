@@ -1,4 +1,4 @@
-"""Summary report (Alg. 3) over a declared key domain, and reconstruction (Alg. 4) with error bars.
+"""Summary report (Alg. 2) over a declared key domain, and reconstruction (Alg. 4) with error bars.
 
 Histograms are (m, d+1) int64 arrays: one row per domain slice, the encoder's columns (value
 queries in params order, then bottom / count). Estimates are (m, d+1) float arrays in the paper's
@@ -33,7 +33,7 @@ def key_histogram(slice_index: np.ndarray, contributions: np.ndarray, num_slices
 
 @dataclass(frozen=True)
 class SummaryReport:
-    """Alg. 3 output: noisy metric per key, plus (debug run only) the unnoised metric and the noise."""
+    """Alg. 2 output: noisy metric per key, plus (debug run only) the unnoised metric and the noise."""
 
     noisy: np.ndarray
     unnoised: np.ndarray
@@ -50,7 +50,7 @@ def summary_report(
     histogram: np.ndarray, epsilon: float, contribution_budget: int = 65536,
     rng: np.random.Generator | None = None, simulation_seed: int | None = None,
 ) -> SummaryReport:
-    """W = sum + DLap(eps / Gamma) on every domain key (Alg. 3), including keys with no contribution.
+    """W = sum + DLap(eps / Gamma) on every domain key (Alg. 2), including keys with no contribution.
 
     Noise is drawn from the secure generator unless ``rng`` (tests) or ``simulation_seed``
     (explicit, key-deterministic simulation mode) is given.

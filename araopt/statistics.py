@@ -1,4 +1,4 @@
-"""Mergeable, bounded-size sufficient statistics for the optimizer (Alg. 6), as a pure combiner.
+"""Mergeable, bounded-size sufficient statistics for the optimizer (Alg. 5), as a pure combiner.
 
 The optimizer needs, for every count limit C <= C_max, clip threshold C_l and slice j, the terms of
 the bias decomposition eq. (bias-simplified), V_D(q_l)_j - E U_lj = B_lj(C) + A_lj(C_l, C):
@@ -24,7 +24,7 @@ What is kept (the combiner's state; ``compact`` consolidates it)
     ``max_impression_size``) and one overflow bin: the baselines' count-limit quantile.
   * ``samples`` (only when ``sample_size`` > 0): per (slice, rank < R) a bottom-k sample of value
     vectors by record hash priority (mergeable, deterministic; the whole cell when it has <= k
-    conversions). Used for the L1 encoding (Alg. 5) with d >= 2, whose clipping is not separable
+    conversions). Used for the L1 encoding (Alg. 6) with d >= 2, whose clipping is not separable
     per query: estimates are exact for cells with <= k conversions, unbiased (Horvitz-Thompson with
     the exact cell count) otherwise.
   * exact per-query maximum, number of conversions and impressions.

@@ -69,7 +69,7 @@ def timing(n: int) -> None:
 def paper_workflow(n: int, epsilon: float = 8.0, max_count_limit: int = 20) -> None:
     """The paper's own workflow: per C, scipy.optimize.minimize (L-BFGS-B, from the 99% quantile)
     where every objective evaluation runs the exact error model over all raw records; vs ours
-    (statistics once + Alg. 6 on them), both judged by the exact error model on the records."""
+    (statistics once + Alg. 5 on them), both judged by the exact error model on the records."""
     from scipy import optimize as sp_optimize
 
     from araopt import KeyDomain, Params, QueryParams, expected_error, rmsre_tau
@@ -105,7 +105,7 @@ def paper_workflow(n: int, epsilon: float = 8.0, max_count_limit: int = 20) -> N
     ours_raw = raw_objective(ours.params.count_limit, ours.params.queries[0].clip_threshold)
     print(f"paper workflow: {paper_s:7.1f} s, {evaluations:,} raw-record evaluations, best C={best[1][0]}, "
           f"C_1={best[1][1]:.4g}, exact RMSRE_tau {best[0]:.6f}")
-    print(f"araopt:         {ours_s:7.2f} s (statistics + Alg. 6), C={ours.params.count_limit}, "
+    print(f"araopt:         {ours_s:7.2f} s (statistics + Alg. 5), C={ours.params.count_limit}, "
           f"C_1={ours.params.queries[0].clip_threshold:.4g}, exact RMSRE_tau on the records {ours_raw:.6f}")
     print(f"speed-up {paper_s / ours_s:.0f}x; objective ratio paper/ours {best[0] / ours_raw:.4f}")
 

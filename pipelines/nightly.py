@@ -5,7 +5,7 @@
 
 One Beam pipeline: the window's date partitions (``date=YYYY-MM-DD/...``) -> validate -> group by
 impression -> sufficient statistics (bounded size) -> a single-element step that runs the optimizer
-(Alg. 6) and the baselines, applies the guardrails, writes the run report (JSON + PNG) and publishes
+(Alg. 5) and the baselines, applies the guardrails, writes the run report (JSON + PNG) and publishes
 an immutable version, then moves ``latest`` with a compare-and-swap on the pointer read when the job
 started. Publishing inside the pipeline (not after ``wait_until_finish``) is what a Dataflow Flex
 Template launcher needs; locally it runs in the same process.

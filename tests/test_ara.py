@@ -206,7 +206,7 @@ def test_trigger_encoder_equals_core_encode_on_rounding_boundaries(name):
     if spec["encoding"] == "l1":  # rows with norm N > 1 whose shrunk values u_l = k_l land on integers
         target = params.contribution_budget / params.count_limit if params.l1_rounding == "floor" else params.per_conversion_budget
         k = rng.multinomial(params.per_conversion_budget, np.full(d, 1.0 / d), size=n // 2).astype(float)
-        k[:, -1] += target - params.per_conversion_budget  # sum k_l = the scale S of Alg. 5
+        k[:, -1] += target - params.per_conversion_budget  # sum k_l = the scale S of Alg. 6
         norm = rng.uniform(1.0, 6.0, (n // 2, 1))
         values[: n // 2] = k * norm / target * thresholds
     values = np.abs(values)

@@ -1,4 +1,4 @@
-"""Encoders (Alg. 2, Alg. 5, baseline) and randomized rounding, as specifications."""
+"""Encoders (Alg. 3, Alg. 6, baseline) and randomized rounding, as specifications."""
 import numpy as np
 import pytest
 from hypothesis import given

@@ -1,4 +1,4 @@
-"""The optimizer (Alg. 6 on statistics): equals the exact error model, global on d = 1, never worse than scipy."""
+"""The optimizer (Alg. 5 on statistics): equals the exact error model, global on d = 1, never worse than scipy."""
 import numpy as np
 import pandas as pd
 import pytest
