@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= demo-output
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test test-fast lint bench clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +15,14 @@ $(VENV)/.installed: setup.py
 venv: $(VENV)/.installed
 
 demo: venv
-	$(PY) -m pipelines.demo --out $(DEMO_DIR)
+	$(PY) -m pipelines.demo --output $(DEMO_DIR)
 
 test: venv
 	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
+
+# The fast lane: the core and transform unit tests, without the end-to-end jobs (marked slow).
+test-fast: venv
+	@$(PY) -m pytest -q -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
 
 bench: venv
 	$(PY) benchmarks/core.py

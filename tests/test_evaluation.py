@@ -45,6 +45,7 @@ def test_analytic_rmsre_matches_monte_carlo_within_5_sigma():
         assert mc.std_error < 0.1 * mc.analytic
 
 
+@pytest.mark.slow
 def test_optimized_linf_beats_both_baselines_on_the_presets_and_outputs_are_written(tmp_path):
     evaluations = []
     spec = StatisticsSpec(SLICES, ("value",))
@@ -88,6 +89,7 @@ def write_log(path, table: pa.Table) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_optimize_cli_writes_parameters_with_predictions(tmp_path, capsys):
     from pipelines.optimize import run_optimize
 
@@ -105,6 +107,7 @@ def test_optimize_cli_writes_parameters_with_predictions(tmp_path, capsys):
     assert "baseline_q95" in printed and "optimized linf" in printed
 
 
+@pytest.mark.slow
 def test_evaluate_cli_writes_csv_and_png(tmp_path, capsys):
     from pipelines.evaluate import run_evaluate
 
@@ -131,6 +134,7 @@ def test_evaluate_cli_writes_csv_and_png(tmp_path, capsys):
     ("cmax", "max-count-limit"),
     ("no_files", "no input files"),
 ])
+@pytest.mark.slow
 def test_optimize_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, case, message):
     from pipelines.optimize import run_optimize
 

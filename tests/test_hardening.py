@@ -20,6 +20,8 @@ from araopt.store import StoreConflict, open_store
 from pipelines import measure as measure_pipeline
 from pipelines import nightly
 
+pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = pd.Timestamp("2026-11-20", tz="UTC")
 

@@ -178,6 +178,7 @@ def test_non_global_windowing_is_refused():
 
 
 # ---- the whole job -------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("ids", ["int64", "string"])
 def test_pipeline_histogram_and_estimates_equal_core_exactly(tmp_path, ids):
     frame = make_frame()
@@ -203,6 +204,7 @@ def test_pipeline_histogram_and_estimates_equal_core_exactly(tmp_path, ids):
     assert summary["parameters"]["sha256"] and summary["simulation"] is True
 
 
+@pytest.mark.slow
 def test_invariant_to_row_order_files_shards_and_running_mode(tmp_path):
     frame = make_frame()
     params = make_params()
@@ -224,6 +226,7 @@ def test_invariant_to_row_order_files_shards_and_running_mode(tmp_path):
     assert "multi_processing" in summary["runner"]
 
 
+@pytest.mark.slow
 def test_bad_rows_go_to_dead_letter_and_accounting_closes(tmp_path):
     frame = make_frame(3000)
     frame.loc[10, "value"] = -5.0
@@ -240,6 +243,7 @@ def test_bad_rows_go_to_dead_letter_and_accounting_closes(tmp_path):
         + s["conversions_kept_outside_domain"]
 
 
+@pytest.mark.slow
 def test_too_many_bad_rows_fail_before_release(tmp_path, capsys):
     frame = make_frame(500)
     frame.loc[:80, "value"] = -1.0  # 16% rejected > 10%
@@ -255,6 +259,7 @@ def test_too_many_bad_rows_fail_before_release(tmp_path, capsys):
     assert (dead["reason"] == "negative_value").sum() == 81
 
 
+@pytest.mark.slow
 def test_missing_column_and_bad_epsilon_refused_before_processing(tmp_path, capsys):
     frame = make_frame(100).drop(columns=["items"])
     code, out = run_measure(tmp_path, frame, make_params(), "missing")
@@ -277,6 +282,7 @@ class _FailFirstAttempt(_AddNoise):
         yield from super().process(sums, counts, domain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seeded, shuffle", [(True, "memory"), (False, "memory"), (True, "files")])
 def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkeypatch, seeded, shuffle):
     frame = make_frame(2000)
@@ -310,6 +316,7 @@ def test_default_local_runner_is_the_fn_api_runner():
     assert make_runner(PipelineOptions(["--runner", "DataflowRunner"])) is None
 
 
+@pytest.mark.slow
 def test_reconstruct_cli_reproduces_the_pipelines_estimates(tmp_path):
     """ARA round trip at pipeline level: `araopt reconstruct` on `araopt measure`'s summary report and
     key map gives the pipeline's estimates.csv exactly; its debug report gives the same."""
@@ -328,6 +335,7 @@ def test_reconstruct_cli_reproduces_the_pipelines_estimates(tmp_path):
         pd.testing.assert_frame_equal(got, want)
 
 
+@pytest.mark.slow
 def test_declared_domain_noises_unseen_keys_and_counts_slices_outside_it(tmp_path):
     """--domain: every declared key is released (noise only if unseen); kept conversions of slices
     outside the domain are counted, not silently dropped, and the accounting closes."""
@@ -353,6 +361,7 @@ def test_declared_domain_noises_unseen_keys_and_counts_slices_outside_it(tmp_pat
     assert s["conversions_kept_outside_domain"] == core.rows_outside_domain
 
 
+@pytest.mark.slow
 def test_spilled_shuffle_ignores_files_of_a_failed_attempt(tmp_path, monkeypatch):
     """A spill step that wrote files and then failed is retried; the orphaned files of the failed
     attempt are never read (only committed paths pass the GroupByKey), so counts stay exact."""

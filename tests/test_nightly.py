@@ -18,6 +18,8 @@ from pipelines import nightly
 from araopt.tuning import Guardrails
 from pipelines.nightly import select_window
 
+pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not
+
 SLICES = "campaign,geo"
 
 

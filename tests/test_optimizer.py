@@ -101,6 +101,7 @@ def brute_force_d1(conv: Conversions, taus: np.ndarray, eps: float, kind: str, C
     return np.sqrt((mse_n.mean() + mse_v.mean(axis=0)) / 2.0)
 
 
+@pytest.mark.slow
 def test_d1_global_optimum_against_a_dense_grid():
     conv = preset_conversions("synth-criteo", 3000)
     stats = compute_statistics_in_memory(conv, StatisticsSpec(SLICES, ("value",)))
@@ -122,6 +123,7 @@ def test_d1_global_optimum_against_a_dense_grid():
 
 @pytest.mark.parametrize("make", [one_per_impression, lambda: one_per_impression(d=3, n=3000), several_per_impression,
                                   lambda: preset_conversions("synth-real-estate")])
+@pytest.mark.slow
 def test_never_worse_than_scipy_started_as_in_the_paper(make):
     conv = make()
     slices = tuple(conv.slices)

@@ -52,6 +52,7 @@ def test_compute_statistics_transform_equals_core():
         assert_that(valid | ComputeStatistics(SPEC, num_shards=7), check)
 
 
+@pytest.mark.slow
 def test_compute_statistics_job_on_files(tmp_path):
     frame = make_frame(4000)
     frame.loc[3, "value"] = -2.0

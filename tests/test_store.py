@@ -357,6 +357,7 @@ def _race_worker(
         barrier.wait(timeout=20)  # every CAS of this round is done before the next round reads
 
 
+@pytest.mark.slow
 def test_racing_processes_every_round_has_exactly_one_winner(published: tuple[Backend, ParameterStore, str]) -> None:
     backend, _, base = published
     workers, rounds = 3, 4
@@ -513,6 +514,7 @@ def test_pointer_parser_only_raises_store_error(data: bytes) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hook", ["_create", "_swap_pointer"])
 def test_emulator_killed_mid_publish_keeps_previous_latest(
     fake_gcs_server: EmulatorHandle, hook: str  # noqa: F811 - fixture
@@ -571,6 +573,7 @@ def local_published(tmp_path: Path) -> tuple[Backend, ParameterStore, str]:
     return backend, store, store.publish(BASE_AS_OF, "base", payload("base")).version
 
 
+@pytest.mark.slow
 def test_local_process_killed_mid_publish_keeps_previous_latest(
     local_published: tuple[Backend, ParameterStore, str],
 ) -> None:

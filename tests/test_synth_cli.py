@@ -142,6 +142,7 @@ def test_load_criteo_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     one_line_error(capsys, "araopt load-criteo: error:", "line 3", "expected 23 tab-separated columns, found 3")
 
 
+@pytest.mark.slow
 def test_module_entry_point_exit_code_and_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "pipelines.synth", "synth", "--preset", "synth-travel",
