@@ -352,3 +352,56 @@ def test_add_noise_refuses_int64_min_and_non_integer_noise():
                         (np.array([12345]), np.array([np.nan])), (np.array([3]), np.array([0.9]))):
         with pytest.raises((ValueError, OverflowError)):
             add_noise(hist, noise)
+
+
+
+def test_add_noise_returns_int64_for_unsigned_inputs_and_checks_every_entry():
+    out = add_noise(np.array([5, 9], dtype=np.uint64), np.array([-7, 0]))
+    assert out.dtype == np.int64 and out.tolist() == [-2, 9]  # uint64 + int64 would be float64
+    out = add_noise(np.array([5, 9]), np.array([3, 0], dtype=np.uint64))
+    assert out.dtype == np.int64 and out.tolist() == [8, 9]
+    for noise in (np.array([0, 2**62 + 1]), np.array([-(2**62) - 1, 0]), np.array([2**62 + 1, -5])):
+        with pytest.raises(OverflowError, match="noise magnitude"):  # the largest |noise| is checked
+            add_noise(np.array([0, 0]), noise)
+    for hist in (np.array([0, 2**62 + 1]), np.array([-(2**62) - 1, 0]), np.array([2**62 + 1, -5])):
+        with pytest.raises(ValueError, match=r"exceeds 2\^62"):
+            add_noise(hist, np.array([0, 0]))
+    with pytest.raises(ValueError, match="noise must hold integers"):
+        add_noise(np.array([0]), np.array([0.0]))
+    assert add_noise(np.array([2**62, -(2**62)]), np.array([-(2**62), 2**62])).tolist() == [0, 0]
+
+
+class SpyGenerator:
+    """A numpy Generator that records the range of every integer draw (low, high) it is asked for."""
+
+    def __init__(self, seed):
+        self.rng, self.ranges = np.random.default_rng(seed), set()
+
+    def integers(self, low, high=None, size=None, dtype=np.int64):
+        low, high = (0, low) if high is None else (low, high)
+        self.ranges.add((int(low), int(high), np.dtype(dtype).name))
+        return self.rng.integers(low, high, size=size, dtype=dtype)
+
+
+def test_every_coin_is_a_uniform_integer_on_0_to_k_times_2_to_the_52():
+    """CKS Alg. 1-2: U uniform on [0, 2^52); Bernoulli(gamma / k) as draw < numerator with draw on [0, k 2^52) or [0, k)."""
+    spy = SpyGenerator(41)
+    sample_discrete_laplace(0.5, 2000, spy)
+    lows = {low for low, _, _ in spy.ranges}
+    assert lows == {0} and {dt for _, _, dt in spy.ranges} == {"int64"}
+    highs = {high for _, high, _ in spy.ranges}
+    assert 2**52 in highs and 2 * 2**52 in highs and 1 in highs and 2 in highs
+    assert highs <= {k * 2**52 for k in range(1, 40)} | set(range(1, 40))
+
+
+def test_geometric_is_exact_beyond_2_to_the_53():
+    """X = U + 2^52 V is formed in int64: with s = 1, G = X exactly, so G >= 2^53 keeps its odd values
+    (float arithmetic would round every one of them to even)."""
+    from araopt.noise import _geometric
+
+    g = _geometric(np.random.default_rng(42), 1, 20_000)
+    big = g[g >= 2**53]
+    assert big.size > 1000  # P(V >= 2) = e^-2
+    odd = (big % 2 == 1).mean()
+    assert 0.4 < odd < 0.6
+    assert g.dtype == np.int64 and g.min() >= 0
