@@ -43,7 +43,7 @@ from .keys import BOTTOM_NAME, COUNT_NAME, MAX_BUCKET_BITS, QUERY_BITS, KeyDomai
 from .noise import noise_parameter
 from .params import Params
 from .report import Estimates, reconstruct, simulated_noise
-from .release import estimates_frame
+from .release import estimates_frame, true_totals
 
 REGISTER_SOURCE = "Attribution-Reporting-Register-Source"
 REGISTER_TRIGGER = "Attribution-Reporting-Register-Trigger"
@@ -880,4 +880,4 @@ def estimates_from_summary_report(
         huge_metrics=int((known & huge).sum()), unknown=unknown_rows,
         huge=tuple((int(b), int(m)) for b, m, h in zip(buckets, metrics, known & huge) if h),
     )
-    return estimates_frame(estimates, domain), counters
+    return estimates_frame(estimates, domain, true_totals(estimates, params, domain), params.correction), counters

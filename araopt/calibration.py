@@ -375,6 +375,33 @@ def calibration_statistics(conversions: Conversions, params: Params, block_ids: 
     return extract_output(add_conversions(create_accumulator(params, slice_columns), conversions, block_ids))
 
 
+def impression_day_blocks(conversions: Conversions) -> np.ndarray:
+    """Block id per record = UTC day of its impression's first conversion: every impression in one
+    block (the unit of capping stays whole). The records must hold all conversions of their impressions."""
+    from .bounding import sort_by_impression, ranks_within_impression
+
+    n = len(conversions)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order, sorted_imp = sort_by_impression(conversions.impression_id, conversions.conversion_time)
+    _, group = ranks_within_impression(sorted_imp)
+    times = np.asarray(conversions.conversion_time, dtype=np.int64)[order]
+    first = np.full(int(group[-1]) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, group, times)
+    blocks = np.empty(n, dtype=np.int64)
+    blocks[order] = np.floor_divide(first[group], 86_400_000_000)
+    return blocks
+
+
+def period_blocks_for(calibration: "Calibration", conversions: float) -> int:
+    """How many history blocks a measured period with ``conversions`` conversions amounts to (>= 1):
+    its size over the history's average block size."""
+    per_block = float(np.sum(calibration.conversions)) / max(1, calibration.num_blocks)
+    if not (per_block > 0 and np.isfinite(conversions)):
+        return 1
+    return max(1, int(round(float(conversions) / per_block)))
+
+
 def day_blocks(conversions: Conversions, times: np.ndarray | None = None) -> np.ndarray:
     """Block id = UTC day index of ``times`` (default: the conversion times, int64 microseconds)."""
     t = np.asarray(conversions.conversion_time if times is None else times, dtype=np.int64)

@@ -33,11 +33,15 @@ from .keys import KeyDomain
 from .mechanism import measure
 from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, objective, optimize, prepare_search
 from .params import Params, check_epsilon
+from .report import Estimates
 from .statistics import SufficientStatistics
 
 DEFAULT_EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-METHODS = ("optimized_linf", "optimized_l1") + tuple(tuning.baseline_name(q) for q in BASELINE_QUANTILES)
+CORRECTED_METHOD = "corrected"
+METHODS = ("optimized_linf", "optimized_l1") + tuple(tuning.baseline_name(q) for q in BASELINE_QUANTILES) + (
+    CORRECTED_METHOD,)
 METHOD_LABELS = {
+    CORRECTED_METHOD: "corrected to the true totals (issue 12)",
     "optimized_linf": "optimized L\u221e (Alg. 3 + 5)",
     "optimized_l1": "optimized L1 (Alg. 6)",
     "baseline_q95": "baseline q=0.95",
@@ -118,6 +122,53 @@ def monte_carlo_rmsre(params: Params, conversions: Conversions, runs: int, seed:
     return MonteCarloResult(analytic, empirical, se_sq / (2.0 * max(empirical, 1e-300)), runs)
 
 
+def corrected_rmsre(params: Params, conversions: Conversions, taus: np.ndarray | None = None) -> RmsreTau:
+    """Expected RMSRE_tau of the estimates ``araopt measure`` releases for ``params`` (with their
+    calibration: U / r_hat, or U when ``correction`` is none) on test records; the ratio r_hat is fixed
+    by the calibration, so E = X / r_hat and Var = Var(U) / r_hat^2 exactly."""
+    t = _metric_taus(params, conversions, taus)
+    model = conversions_breakdown(params, conversions)
+    if params.calibration is None or params.correction != "ratio":
+        return rmsre_tau(model, t)
+    from .release import true_totals
+
+    domain = _domain(params, conversions)
+    stub = Estimates(model.expected, np.sqrt(model.variance), model.expected, model.expected,
+                     ("count",) + params.query_columns, 0.95)
+    ratio = true_totals(stub, params, domain).ratio
+    return rmsre_tau(ErrorBreakdown(model.truth, model.expected / ratio, model.variance / ratio**2), t)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Empirical coverage of nominal intervals of the TRUE totals, per query (count first), over slices
+    and Monte-Carlo runs; ``released`` are the intervals ``araopt measure`` publishes for the params
+    (calibrated when they carry a calibration), ``capped`` Alg. 4's (the paper's)."""
+
+    released: np.ndarray
+    capped: np.ndarray
+    runs: int
+
+
+def interval_coverage(params: Params, conversions: Conversions, runs: int, seed: int = 0) -> Coverage:
+    """Run ``measure`` ``runs`` times (simulation seeds) and count how often each interval holds the truth."""
+    if runs < 1:
+        raise ValueError(f"coverage needs at least 1 run, got {runs}")
+    from .release import estimates_frame
+
+    domain = _domain(params, conversions)
+    truth = conversions_breakdown(params, conversions).truth.reshape(-1)
+    released, capped = [], []
+    for r in range(runs):
+        rel = measure(conversions, params, domain, simulation_seed=seed + r).release
+        frame = estimates_frame(rel.estimates, domain, rel.corrected, params.correction)
+        released.append((frame["ci_low"].to_numpy() <= truth) & (truth <= frame["ci_high"].to_numpy()))
+        capped.append((rel.estimates.ci_low.reshape(-1) <= truth) & (truth <= rel.estimates.ci_high.reshape(-1)))
+    k = params.num_queries + 1
+    return Coverage(np.mean(np.array(released).reshape(runs, -1, k), axis=(0, 1)),
+                    np.mean(np.array(capped).reshape(runs, -1, k), axis=(0, 1)), runs)
+
+
 def generalization_gap(train_stats: SufficientStatistics, test_stats: SufficientStatistics, epsilon: float,
                        test_conversions: Conversions | None = None, max_count_limit: int = 20, kind: str = "exact",
                        taus: np.ndarray | None = None, train_context: SearchContext | None = None,
@@ -153,15 +204,22 @@ def evaluate_dataset(
     epsilons: Sequence[float] = DEFAULT_EPSILONS, *, test_stats: SufficientStatistics | None = None,
     max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
     methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False, taus: Sequence[float] | None = None,
+    train_conversions: Conversions | None = None,
 ) -> DatasetEvaluation:
     """Optimize on train, evaluate on test (exactly on records when given, else on test statistics).
-    ``taus`` (count first) defaults to the paper's rule on the training statistics (Sec. 5.1)."""
+    ``taus`` (count first) defaults to the paper's rule on the training statistics (Sec. 5.1).
+    Method ``corrected`` (the released estimates of the true totals: objective "corrected" and a
+    calibration fitted on ``train_conversions``) needs both train and test records; with
+    ``monte_carlo`` every method also gets the coverage of its nominal 95% intervals of the true
+    totals (``coverage_<query>``; the corrected method's calibrated intervals, the others' Alg. 4
+    intervals)."""
     if test_conversions is None and test_stats is None:
         raise ValueError("evaluate_dataset needs test conversions or test statistics")
     eps_list = [check_epsilon(e) for e in epsilons]
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; known: {METHODS}")
+    kind = tuning.Objective.EXACT.value if kind == tuning.CORRECTED else kind  # the paper's estimators' objective
     taus = train_stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
     train_ctx = prepare_search(train_stats, taus)
     test_ctx = prepare_search(test_stats, taus) if test_stats is not None else None
@@ -181,8 +239,18 @@ def evaluate_dataset(
             for b in tuning.baselines(train_stats, eps, max_count_limit, taus, kind):
                 if b.name in methods:
                     candidates[b.name] = (b.params, b.rmsre_tau, None)
+        if CORRECTED_METHOD in methods and train_conversions is not None and test_conversions is not None:
+            from . import calibration
+
+            tuned = tuning.tune(train_stats, eps, max_count_limit=max_count_limit, kind=tuning.CORRECTED, taus=taus)
+            cal = calibration.calibration_statistics(train_conversions, tuned.params,
+                                                     calibration.impression_day_blocks(train_conversions))
+            candidates[CORRECTED_METHOD] = (tuning.attach_calibration(tuned.params, cal), tuned.predicted_rmsre_tau,
+                                            None)
         for method, (p, train_value, _) in candidates.items():
-            if test_conversions is not None:
+            if method == CORRECTED_METHOD:
+                test_value = corrected_rmsre(p, test_conversions, taus).combined
+            elif test_conversions is not None:
                 test_value = analytic_rmsre(p, test_conversions, taus, kind).combined
             else:
                 test_value = objective(test_stats, p, taus, kind)
@@ -190,10 +258,16 @@ def evaluate_dataset(
                    "clip_thresholds": ";".join(f"{q.clip_threshold:.6g}" for q in p.queries),
                    "budget_fractions": ";".join("" if q.budget_fraction is None else f"{q.budget_fraction:.6g}" for q in p.queries),
                    "train_rmsre_tau": train_value, "test_rmsre_tau": test_value}
+            if method == CORRECTED_METHOD:
+                row["correction"] = p.correction
             if monte_carlo and test_conversions is not None:
-                mc = monte_carlo_rmsre(p, test_conversions, monte_carlo, seed=seed, taus=taus)
-                row.update({"mc_rmsre_tau": mc.empirical, "mc_std_error": mc.std_error, "mc_runs": mc.runs,
-                            "mc_z": (mc.empirical - test_value) / mc.std_error if mc.std_error > 0 else 0.0})
+                if method != CORRECTED_METHOD:
+                    mc = monte_carlo_rmsre(p, test_conversions, monte_carlo, seed=seed, taus=taus)
+                    row.update({"mc_rmsre_tau": mc.empirical, "mc_std_error": mc.std_error, "mc_runs": mc.runs,
+                                "mc_z": (mc.empirical - test_value) / mc.std_error if mc.std_error > 0 else 0.0})
+                cov = interval_coverage(p, test_conversions, monte_carlo, seed=seed)
+                for name, value in zip(("count",) + p.query_columns, cov.released):
+                    row[f"coverage_{name}"] = float(value)
             rows.append(row)
         if gap and test_stats is not None:
             g = generalization_gap(train_stats, test_stats, eps, test_conversions, max_count_limit, kind, taus,

@@ -45,6 +45,8 @@ class L1Rounding(StrEnum):
 
 ENCODINGS = tuple(e.value for e in Encoding)
 L1_ROUNDINGS = tuple(r.value for r in L1Rounding)
+CORRECTIONS = ("ratio", "none")
+"""How estimates use a calibration: ``ratio`` divides by the retention ratio; ``none`` keeps the capped estimate."""
 MIN_EPSILON = 2.0**-20
 """Floor of epsilon (~9.5e-7): below it the noise sd exceeds 9e10 per key and the exact sampler's
 rate eps / Gamma would keep fewer than 16 bits (``noise.py``). Google's DP library floors at 2^-50."""
@@ -150,6 +152,11 @@ class Params:
     trigger key piece); the others are impression features (carried by the source key piece).
     ``domain`` is the declared key domain of releases made with these parameters (the slices of the
     training history, carried by the published version), or None.
+    ``calibration`` (``araopt.calibration.Calibration``, fitted on the history for exactly this
+    bounding) turns estimates of the capped-and-clipped sums into estimates of the true totals;
+    ``correction`` says how the point estimate uses it: ``ratio`` (U / r_hat) or ``none`` (the
+    capped estimate, when the history shows that dividing adds more noise than it removes bias);
+    the intervals are for the true totals either way.
     """
 
     count_limit: int
@@ -165,6 +172,8 @@ class Params:
     provenance: Provenance | None = None
     format_version: str = FORMAT_VERSION
     domain: KeyDomain | None = None
+    calibration: Any = None
+    correction: str = "ratio"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slice_columns", tuple(self.slice_columns))
@@ -205,6 +214,14 @@ class Params:
         self._check_fractions()
         if self.domain is not None:
             self.check_domain(self.domain)
+        if self.correction not in CORRECTIONS:
+            raise ValueError(f"correction must be one of {CORRECTIONS}, got {self.correction!r}")
+        if self.calibration is not None:
+            from .calibration import Calibration
+
+            if not isinstance(self.calibration, Calibration):
+                raise ValueError(f"calibration must be a Calibration, got {type(self.calibration).__name__}")
+            self.calibration.check_params(self)
 
     def check_domain(self, domain: KeyDomain, source: str = "domain") -> None:
         """Refuse a key domain that is not laid out for these slices, queries and encoding."""
@@ -294,6 +311,9 @@ class Params:
         }
         if self.domain is not None:
             out["domain"] = {k: v for k, v in self.domain.to_json().items() if k != "params_sha256"}
+        if self.calibration is not None:
+            out["correction"] = self.correction
+            out["calibration"] = self.calibration.to_json()
         if self.encoding == "l1":
             out["l1_rounding"] = self.l1_rounding
         return out
@@ -347,6 +367,7 @@ class Params:
                 conversion_slice_columns=tuple(data.get("conversion_slice_columns", ())),
                 provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
                 domain=None if data.get("domain") is None else KeyDomain.from_json(data["domain"], source="domain"),
+                calibration=_calibration_from_json(data.get("calibration")), correction=data.get("correction", "ratio"),
             )
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
@@ -368,6 +389,14 @@ class Params:
         except OSError as exc:
             raise ValueError(f"cannot read parameter file {path}: {exc.strerror}") from None
         return cls.from_bytes(raw, source=path)
+
+
+def _calibration_from_json(data: Any) -> Any:
+    if data is None:
+        return None
+    from .calibration import Calibration
+
+    return Calibration.from_json(data, source="calibration")
 
 
 def params_json_schema() -> dict[str, Any]:

@@ -6,8 +6,9 @@ both call :func:`noisy_release`; ``estimates_frame`` is the one long-format tabl
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -50,7 +51,8 @@ class Accounting:
 
 @dataclass(frozen=True)
 class Release:
-    """One noisy summary report over the declared domain, its reconstruction and the accounting."""
+    """One noisy summary report over the declared domain, its reconstruction (Alg. 4: the capped-and-
+    clipped sums) and, when the parameters carry a calibration, the estimates of the true totals."""
 
     params: Params
     domain: KeyDomain
@@ -58,6 +60,7 @@ class Release:
     estimates: Estimates
     accounting: Accounting
     simulation_seed: int | None = None
+    corrected: Any = None  # araopt.calibration.CorrectedEstimates, or None without a calibration
 
 
 def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accounting: Accounting, *,
@@ -71,17 +74,73 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
         raise ValueError(f"row accounting does not close: {accounting.to_json()}")
     report = summary_report(sums.histogram, params.epsilon, params.contribution_budget, rng=rng,
                             simulation_seed=simulation_seed)
-    return Release(params, domain, report, reconstruct(report.noisy, params), accounting, simulation_seed)
+    estimates = reconstruct(report.noisy, params)
+    return Release(params, domain, report, estimates, accounting, simulation_seed, true_totals(estimates, params, domain))
 
 
-def estimates_frame(estimates: Estimates, domain: KeyDomain) -> pd.DataFrame:
-    """Long table: slice columns, ``query`` (count, q_1..q_d), estimate, std_error, ci_low, ci_high."""
+def true_totals(estimates: Estimates, params: Params, domain: KeyDomain) -> Any:
+    """The calibration's estimates of the true totals (``araopt.calibration.correct``), or None without
+    one. The measured period's length in history blocks is its size over the history's block size."""
+    if params.calibration is None:
+        return None
+    from .calibration import CorrectedEstimates, correct, period_blocks_for
+
+    finite = np.isfinite(estimates.estimate).all(axis=1) & np.isfinite(estimates.std_error).all(axis=1)
+    kept = float(np.clip(estimates.estimate[finite, 0], 0.0, None).sum())
+    period = period_blocks_for(params.calibration, kept)
+    if finite.all():
+        return correct(estimates, params.calibration, domain, params, period_blocks=period)
+    # a reconstructed report may miss buckets (NaN estimates): correct the complete slices only
+    part = dataclasses.replace(estimates, **{f: getattr(estimates, f)[finite] for f in
+                                             ("estimate", "std_error", "ci_low", "ci_high")})
+    values = {c: [v for v, keep in zip(vals, finite) if keep] for c, vals in domain.slice_values().items()}
+    got = correct(part, params.calibration, values, params, period_blocks=period)
+    full = {}
+    for f in ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error", "ratio",
+              "ratio_std_error"):
+        arr = np.full(estimates.estimate.shape, np.nan)
+        arr[finite] = getattr(got, f)
+        full[f] = arr
+    fallback = np.zeros(estimates.estimate.shape, dtype=bool)
+    fallback[finite] = got.fallback
+    return CorrectedEstimates(**full, fallback=fallback, fallback_slices=got.fallback_slices,
+                              query_names=got.query_names, confidence=got.confidence, period_blocks=got.period_blocks,
+                              retention_checksum=got.retention_checksum)
+
+
+ESTIMATE_COLUMNS = ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error",
+                    "bias_corrected")
+
+
+def estimates_frame(estimates: Estimates, domain: KeyDomain, corrected: Any = None,
+                    correction: str = "ratio") -> pd.DataFrame:
+    """Long table: slice columns, ``query`` (count, q_1..q_d), then ``ESTIMATE_COLUMNS``.
+
+    ``estimate``, ``std_error``, ``ci_low``, ``ci_high`` are about the TRUE total when ``corrected``
+    (``calibration.correct``) is given: the point estimate U / r_hat (``correction`` "ratio",
+    ``bias_corrected`` true) or the capped estimate U ("none": the history showed dividing adds more
+    noise than it removes bias; std_error then includes that known bias), and the calibrated
+    interval either way. Without a calibration they are Alg. 4's, about the capped-and-clipped sum,
+    and equal ``capped_estimate`` / ``capped_std_error`` (``bias_corrected`` false).
+    """
     m, k = estimates.estimate.shape
     values = domain.slice_values()
     frame = pd.DataFrame({c: np.repeat(np.asarray(v, dtype=object), k) for c, v in values.items()})
     frame["query"] = np.tile(np.asarray(estimates.query_names, dtype=object), m)
-    for name in ("estimate", "std_error", "ci_low", "ci_high"):
-        frame[name] = getattr(estimates, name).reshape(-1)
+    if corrected is None:
+        point, std, low, high = estimates.estimate, estimates.std_error, estimates.ci_low, estimates.ci_high
+        bias_corrected = False
+    elif correction == "ratio":
+        point, std, low, high = corrected.estimate, corrected.std_error, corrected.ci_low, corrected.ci_high
+        bias_corrected = True
+    else:
+        point, low, high = estimates.estimate, corrected.ci_low, corrected.ci_high
+        std = np.sqrt(corrected.std_error**2 + (corrected.estimate - estimates.estimate) ** 2)
+        bias_corrected = False
+    for name, array in (("estimate", point), ("std_error", std), ("ci_low", low), ("ci_high", high),
+                        ("capped_estimate", estimates.estimate), ("capped_std_error", estimates.std_error)):
+        frame[name] = np.asarray(array, dtype=np.float64).reshape(-1)
+    frame["bias_corrected"] = bias_corrected
     for c, dictionary in zip(domain.slice_columns, domain.dictionaries):
         if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in dictionary):
             frame[c] = frame[c].astype("int64")

@@ -102,6 +102,52 @@ class TuningResult:
         return min(self.baselines, key=lambda b: b.rmsre_tau)
 
 
+CORRECTED = "corrected"
+"""Objective kind: choose parameters and estimator for the error of the TRUE totals after calibration (issue 12)."""
+KINDS = (Objective.EXACT.value, Objective.RELAXED.value, CORRECTED)
+CORRECTION_MARGIN = 0.02
+"""Switch away from the paper's estimator only if the history predicts at least this much lower error."""
+
+
+@dataclass(frozen=True)
+class EstimatorChoice:
+    """Which point estimate the history recommends for ``params``, with the predicted RMSRE_tau of each."""
+
+    correction: str  # "ratio" (U / r_hat) or "none" (the capped estimate U)
+    capped_rmsre_tau: float
+    corrected_rmsre_tau: float
+
+
+def choose_correction(statistics: SufficientStatistics, params: Params, taus: Sequence[float]) -> EstimatorChoice:
+    """Divide by the retention ratio only where the history predicts a lower error of the true totals
+    (dividing inflates the noise by 1/r: for noise-dominated slices the capped estimate is better)."""
+    from .calibration import corrected_objective
+
+    t = np.asarray(taus, dtype=np.float64)
+    capped = objective(statistics, params, t, Objective.EXACT)
+    corrected = corrected_objective(statistics, params, t)
+    choice = "ratio" if corrected < capped * (1.0 - CORRECTION_MARGIN) else "none"
+    return EstimatorChoice(choice, capped, corrected)
+
+
+def _corrected_search(statistics: SufficientStatistics, epsilon: float, max_count_limit: int, taus: Sequence[float],
+                      slice_columns: Sequence[str] | None) -> OptimizationResult:
+    """Alg. 5 for the corrected objective (``calibration.optimize_corrected``) as an OptimizationResult."""
+    import time
+
+    from .calibration import optimize_corrected
+    from .optimizer import CandidateResult
+
+    t0 = time.perf_counter()
+    res = optimize_corrected(statistics, epsilon, max_count_limit, taus, slice_columns=slice_columns)
+    rows = tuple(CandidateResult(int(r["C"]), int(r["kept_ranks"]), float(r["corrected_rmsre_tau"]),
+                                 tuple(float(r[f"C_{c}"]) for c in statistics.value_columns),
+                                 tuple(float(r[f"alpha_{c}"]) for c in statistics.value_columns), float("nan"))
+                 for r in res.per_count_limit.to_dict("records"))
+    return OptimizationResult(res.params, res.objective, CORRECTED, "linf", rows, tuple(float(t) for t in taus),
+                              time.perf_counter() - t0)
+
+
 def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = Encoding.LINF,
          max_count_limit: int = DEFAULT_MAX_COUNT_LIMIT, kind: str = Objective.EXACT,
          l1_rounding: str = L1Rounding.RANDOMIZED, slice_columns: Sequence[str] | None = None,
@@ -117,16 +163,34 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
         taus = resolved.tolist()
     else:
         tau_rule = "tau: " + ", ".join(f"{t:.4g}" for t in taus) + " (given)"
-    result = optimize(statistics, epsilon, str(encoding), max_count_limit, str(kind), taus=taus, progress=progress,
+    if str(kind) not in KINDS:
+        raise ValueError(f"objective must be one of {KINDS}, got {kind!r}")
+    paper_kind = Objective.EXACT if str(kind) == CORRECTED else str(kind)
+    result = optimize(statistics, epsilon, str(encoding), max_count_limit, str(paper_kind), taus=taus, progress=progress,
                       l1_rounding=str(l1_rounding), slice_columns=slice_columns, context=context)
-    base = baselines(statistics, epsilon, max_count_limit, result.taus, str(kind), slice_columns)
+    choice = choose_correction(statistics, result.params, result.taus) if str(encoding) == Encoding.LINF else None
+    if str(kind) == CORRECTED:
+        if str(encoding) != Encoding.LINF:
+            raise ValueError("objective 'corrected' is implemented for encoding 'linf' (Alg. 3)")
+        assert choice is not None
+        best_capped = min(choice.capped_rmsre_tau, choice.corrected_rmsre_tau)
+        corrected = _corrected_search(statistics, epsilon, max_count_limit, result.taus, slice_columns)
+        if corrected.objective < best_capped * (1.0 - CORRECTION_MARGIN):
+            result = corrected
+            choice = EstimatorChoice("ratio", objective(statistics, corrected.params, np.asarray(result.taus),
+                                                        Objective.EXACT), corrected.objective)
+        else:
+            result = dataclasses.replace(result, objective=best_capped, kind=CORRECTED)
+    base = baselines(statistics, epsilon, max_count_limit, result.taus, str(paper_kind), slice_columns)
     extra = {"optimizer": "araopt.optimizer.optimize (ParameterOptimization, Alg. 5)", "encoding": str(encoding),
              "max_count_limit": max_count_limit, "baselines": {b.name: b.to_json() for b in base},
              "per_count_limit": [{"C": r.count_limit, "rmsre_tau": r.objective} for r in result.per_count_limit],
              "optimizer_seconds": result.seconds, "taus": list(result.taus), "tau_rule": tau_rule,
+             **({"estimator": dataclasses.asdict(choice)} if choice is not None else {}),
              **dict(provenance or {})}
     params = dataclasses.replace(
         result.params.with_domain_of(statistics.slice_values()),
+        correction=choice.correction if choice is not None else "ratio",
         provenance=Provenance(training_start=training_window[0], training_end=training_window[1],
                               rows=statistics.num_conversions if rows is None else rows, created_at=utc_now_iso(),
                               predicted_rmsre_tau=result.objective,
@@ -179,6 +243,8 @@ def same_release(previous: Params, new: Params, as_of: str) -> bool:
         for volatile in ("created_at", "run_id", "optimizer_seconds"):
             prov.pop(volatile, None)
         data["provenance"] = prov
+        if isinstance(data.get("calibration"), dict):  # it names the checksum of params with their created_at
+            data["calibration"] = {k: v for k, v in data["calibration"].items() if k != "params_checksum"}
         return data
 
     return _close(stable(previous), stable(new))
@@ -190,7 +256,11 @@ def _close(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
     if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+        if not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+            return False
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     return bool(a == b)
 
 
@@ -242,6 +312,16 @@ def nightly_decision(statistics: SufficientStatistics, counts: ValidationCounts,
     return NightlyDecision(tuning, tuple(problems), False)
 
 
+def with_calibration(decision: NightlyDecision, calibration_statistics: Any, previous: Params | None,
+                     as_of: str) -> NightlyDecision:
+    """The decision for the parameters carrying the calibration fitted on the window; a re-run of the
+    same as-of date on the same history is recognised with the calibration included."""
+    params = attach_calibration(decision.tuning.params, calibration_statistics)
+    tuning = dataclasses.replace(decision.tuning, params=params)
+    idempotent = previous is not None and same_release(previous, params, as_of)
+    return NightlyDecision(tuning, () if idempotent else decision.problems, idempotent)
+
+
 def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: ValidationCounts,
                    previous_version: str | None) -> dict[str, Any]:
     """The run report (JSON): what was decided, with the numbers behind it."""
@@ -279,3 +359,13 @@ def nightly_report_png(decision: NightlyDecision, history: Sequence[tuple[str, i
     names = ("count",) + tuning.params.query_columns
     return render(tuning.optimization.table(), tuning.params.count_limit, tuning.baseline_values(),
                   list(zip(names, tuning.taus)), history)
+
+
+def attach_calibration(params: Params, calibration_statistics: Any) -> Params:
+    """``params`` carrying the calibration fitted on the history for exactly their bounding (issue 12)."""
+    from .calibration import fit_calibration
+
+    if calibration_statistics is None:
+        return params
+    fitted = fit_calibration(calibration_statistics)
+    return dataclasses.replace(params, calibration=fitted)

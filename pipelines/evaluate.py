@@ -91,13 +91,16 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         report_rejections(f"{PROG} ({name}, test)", test_counts,
                           os.path.join(args.output, "dead_letter", f"{name}-test.parquet"))
         test_stats = compute_statistics_in_memory(test_conv, spec)
+        train_conv = None
+        if "corrected" in methods:  # its calibration is fitted on the training records
+            train_conv, _, _ = load_conversions(train, slices, values, args.max_rejected_fraction, what="training log")
         taus, tau_rule = resolve_taus(train_stats, tau_overrides)
         print(f"{name}: {tau_rule}", file=sys.stderr)
         print(f"{name}: {train_stats.num_conversions} training and {len(test_conv)} test conversions", file=sys.stderr)
         evaluations.append(evaluate_dataset(
             name, train_stats, test_conv, epsilons, test_stats=test_stats, max_count_limit=args.max_count_limit,
             kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
-            progress=True, taus=taus))
+            progress=True, taus=taus, train_conversions=train_conv))
     paths = write_outputs(evaluations, args.output)
     results = pd.concat([e.results for e in evaluations], ignore_index=True)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):

@@ -11,12 +11,13 @@ import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
     import pyarrow as pa
 
     from araopt.conversions import Conversions, ValidationCounts
+    from araopt.params import Params
     from araopt.statistics import StatisticsSpec, SufficientStatistics
     from transforms.io import InputFiles
 
@@ -30,49 +31,87 @@ class StatisticsRun:
     inputs: InputFiles
 
 
+def _run_to_driver(pipeline_args: Sequence[str], shuffle: str,
+                   build: Callable[[Any, str | None], Mapping[str, Any]]) -> dict[str, Any]:
+    """Run a Beam job whose ``build(pipeline, shuffle_dir)`` returns singleton PCollections by name,
+    and bring their values back to the driver (pickled through the temp location)."""
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    from transforms.statistics import SaveElement
+
+    from .runner import make_runner, pipeline_options, remove_dir, spill_dir
+
+    opts = pipeline_options(list(pipeline_args))
+    shuffle_dir = spill_dir(opts, shuffle)
+    temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
+    run_dir = FileSystems.join(temp_root, f"araopt-job-{os.getpid()}-{uuid.uuid4().hex}")
+    if "://" not in run_dir:
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+    outputs = build(pipeline, shuffle_dir)
+    paths = {name: FileSystems.join(run_dir, f"{name}.pkl") for name in outputs}
+    for name, pcoll in outputs.items():
+        _ = pcoll | f"Save{name.title()}" >> beam.ParDo(SaveElement(paths[name]))
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+        values = {}
+        for name, path in paths.items():
+            with FileSystems.open(path) as fh:
+                values[name] = pickle.loads(fh.read())
+        return values
+    finally:
+        remove_dir(shuffle_dir)
+        remove_dir(run_dir)
+
+
 def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline_args: Sequence[str] = (),
                        max_rejected_fraction: float = 0.10, num_shards: int | None = None, shuffle: str = "auto",
                        dead_letter: str | None = None) -> StatisticsRun:
     """The Beam statistics pipeline (ReadAndValidate -> GroupByImpression -> the statistics combiner),
     run to completion; the result comes back to the driver. Refuses bad input before any work and a
     history with too many rejected rows after (``check_rejected_share``)."""
-    import apache_beam as beam
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
-
     from araopt.conversions import check_rejected_share
     from transforms.io import InputFiles, auto_num_shards, check_input
-    from transforms.statistics import ComputeStatistics, SaveElement
+    from transforms.statistics import ComputeStatistics
     from transforms.validate import ReadAndValidate
 
-    from .runner import make_runner, pipeline_options, remove_dir, spill_dir
-
     inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, spec.slice_columns, spec.value_columns)
-    num_shards = num_shards or auto_num_shards(inputs.rows)
-    opts = pipeline_options(list(pipeline_args))
-    shuffle_dir = spill_dir(opts, shuffle)
-    temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
-    run_dir = FileSystems.join(temp_root, f"araopt-statistics-{os.getpid()}-{uuid.uuid4().hex}")
-    stats_path, counts_path = FileSystems.join(run_dir, "statistics.pkl"), FileSystems.join(run_dir, "counts.pkl")
-    if "://" not in run_dir:
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns, dead_letter)
-    _ = read["counts"] | "SaveCounts" >> beam.ParDo(SaveElement(counts_path))
-    _ = (read["valid"] | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
-         | "SaveStatistics" >> beam.ParDo(SaveElement(stats_path)))
-    try:
-        result = pipeline.run()
-        result.wait_until_finish()
-        with FileSystems.open(counts_path) as fh:
-            counts = pickle.loads(fh.read())
-        check_rejected_share(counts, max_rejected_fraction, what="history")
-        with FileSystems.open(stats_path) as fh:
-            statistics = pickle.loads(fh.read())
-    finally:
-        remove_dir(shuffle_dir)
-        remove_dir(run_dir)
-    return StatisticsRun(statistics, counts, inputs)
+    shards = num_shards or auto_num_shards(inputs.rows)
+
+    def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
+        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
+                                                            dead_letter)
+        return {"counts": read["counts"],
+                "statistics": read["valid"] | "Statistics" >> ComputeStatistics(spec, shards, shuffle_dir)}
+
+    values = _run_to_driver(pipeline_args, shuffle, build)
+    check_rejected_share(values["counts"], max_rejected_fraction, what="history")
+    return StatisticsRun(values["statistics"], values["counts"], inputs)
+
+
+def compute_calibration(inputs: InputFiles, params: Params, pipeline_args: Sequence[str] = (),
+                        num_shards: int | None = None, shuffle: str = "auto") -> Any:
+    """The calibration statistics (``araopt.calibration``) of a history for fixed parameters, on Beam."""
+    import apache_beam as beam
+
+    from transforms.calibration import ComputeCalibration
+    from transforms.group import GroupByImpression
+    from transforms.io import auto_num_shards
+    from transforms.validate import ReadAndValidate
+
+    shards = num_shards or auto_num_shards(inputs.rows)
+
+    def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
+        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, params.slice_columns, params.query_columns)
+        grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(shards, shuffle_dir)
+        chosen = pipeline | "Params" >> beam.Create([params])
+        return {"calibration": grouped | "Calibration" >> ComputeCalibration(chosen, params.slice_columns,
+                                                                             params.query_columns)}
+
+    return _run_to_driver(pipeline_args, shuffle, build)["calibration"]
 
 
 def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], value_columns: Sequence[str],

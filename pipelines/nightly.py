@@ -5,9 +5,10 @@
 
 One Beam pipeline: the window's date partitions (``date=YYYY-MM-DD/...``) -> validate -> group by
 impression -> sufficient statistics (bounded size) -> a single-element step that runs the optimizer
-(Alg. 5) and the baselines, applies the guardrails, writes the run report (JSON + PNG) and publishes
-an immutable version, then moves ``latest`` with a compare-and-swap on the pointer read when the job
-started. Publishing inside the pipeline (not after ``wait_until_finish``) is what a Dataflow Flex
+(Alg. 5) and the baselines and applies the guardrails (``araopt.tuning``) -> the calibration of the
+chosen parameters on the same grouped history (retention ratios, issue 12) -> a single-element step
+that attaches it, writes the run report (JSON + PNG) and publishes an immutable version, then moves
+``latest`` with a compare-and-swap on the pointer read when the job started. Publishing inside the pipeline (not after ``wait_until_finish``) is what a Dataflow Flex
 Template launcher needs; locally it runs in the same process.
 """
 from __future__ import annotations
@@ -28,9 +29,11 @@ from araopt.conversions import ValidationCounts
 from araopt.params import Params, check_epsilon
 from araopt.statistics import SufficientStatistics
 from araopt.tuning import (Guardrails, NightlyConfig, NightlyDecision, nightly_decision, nightly_report,
-                           nightly_report_png, version_history)
+                           nightly_report_png, version_history, with_calibration)
 from transforms.io import auto_num_shards, check_input, match_files
-from transforms.statistics import ComputeStatistics
+from transforms.calibration import ComputeCalibration
+from transforms.group import GroupByImpression
+from transforms.statistics import StatisticsFromShards
 from transforms.validate import ReadAndValidate
 
 from . import options
@@ -63,9 +66,16 @@ def select_window(history: str, as_of: str, window_days: int) -> tuple[list[str]
     return chosen, sorted(dates)
 
 
-class _OptimizeGuardAndPublish(beam.DoFn):
-    """The single-element step: ``araopt.tuning.nightly_decision`` on the statistics, the run report,
-    and the publish (only if the decision says so)."""
+def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
+            previous_payload: bytes | None) -> NightlyDecision:
+    """The single-element decision step: ``araopt.tuning.nightly_decision`` (gate, tune, guardrails)."""
+    previous = Params.from_bytes(previous_payload, "previous latest") if previous_payload else None
+    return nightly_decision(statistics, counts, config, previous)
+
+
+class _CalibrateReportAndPublish(beam.DoFn):
+    """The single-element publish step: the parameters with the window's calibration attached, the
+    run report, and the publish (only if the decision says so)."""
 
     def __init__(self, config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None):
         self._config = config
@@ -77,10 +87,10 @@ class _OptimizeGuardAndPublish(beam.DoFn):
 
         self._store = open_store(self._config.store)
 
-    def process(self, statistics: SufficientStatistics, counts: ValidationCounts):
+    def process(self, decision: NightlyDecision, calibration_statistics, counts: ValidationCounts):
         config = self._config
         previous = Params.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
-        decision = nightly_decision(statistics, counts, config, previous)
+        decision = with_calibration(decision, calibration_statistics, previous, config.as_of)
         report = nightly_report(decision, config, counts, self._expected_previous)
         report_dir = FileSystems.join(config.store, "reports", f"{config.as_of}-{config.run_id}")
         if decision.idempotent:  # the same as-of date on the same history: nothing new to publish
@@ -144,10 +154,15 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values)
     counts = read["counts"]
-    statistics = read["valid"] | "Statistics" >> ComputeStatistics(spec, num_shards, shuffle_dir)
-    _ = statistics | "OptimizeGuardAndPublish" >> beam.ParDo(
-        _OptimizeGuardAndPublish(config, previous_payload, pointer.version if pointer else None),
-        beam.pvalue.AsSingleton(counts))
+    grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
+    statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
+    decision = statistics | "OptimizeAndGuard" >> beam.Map(_decide, beam.pvalue.AsSingleton(counts), config,
+                                                           previous_payload)
+    chosen = decision | "ChosenParams" >> beam.Map(lambda d: d.tuning.params)
+    calibration = grouped | "Calibration" >> ComputeCalibration(chosen, slices, values)
+    _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
+        _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
+        beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
     try:
         result = pipeline.run()
         result.wait_until_finish()

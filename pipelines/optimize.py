@@ -64,6 +64,11 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                   provenance={"history": args.history, "row_accounting": {
                       "rows_read": run.counts.rows_read, "rows_rejected": run.counts.rows_rejected,
                       "rows_rejected_by_reason": dict(run.counts.rejected_by_reason)}})
+    from araopt.tuning import attach_calibration
+
+    from .history import compute_calibration
+
+    params = attach_calibration(tuning.params, compute_calibration(inputs, tuning.params, beam_args))
     result = tuning.optimization
     rows = [{"method": f"optimized {args.encoding}", "C": result.params.count_limit,
              "thresholds": ", ".join(f"{q.clip_threshold:.4g}" for q in result.params.queries),
@@ -75,16 +80,17 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                      "thresholds": ", ".join(f"{qq.clip_threshold:.4g}" for qq in p.queries),
                      "fractions": ", ".join(f"{qq.budget_fraction:.3f}" for qq in p.queries) + f" (+count {p.count_budget_fraction:.3f})",
                      "train RMSRE_tau": b.rmsre_tau, "ratio": b.rmsre_tau / result.objective})
-    tuning.params.save(args.output)
+    params.save(args.output)
     print(f"{stats.num_conversions:,} conversions, {stats.num_impressions:,} impressions, {stats.num_slices:,} slices; "
           f"epsilon {epsilon:g}, objective {args.objective}; {tuning.tau_rule}")
     print(result_table(rows))
     best = tuning.best_baseline
-    params = tuning.params
     print(f"{PROG}: wrote {args.output}: C = {params.count_limit}, "
           + ", ".join(f"{q.column} clipped at {q.clip_threshold:.4g}" for q in params.queries)
           + f"; predicted training RMSRE_tau {result.objective:.4g}, {best.rmsre_tau / result.objective:.1f}x better "
-            f"than the best baseline ({best.name}) [optimizer {result.seconds:.2f} s]")
+            f"than the best baseline ({best.name}) [optimizer {result.seconds:.2f} s]; estimates will be "
+          + ("corrected to the true totals (calibrated on the history)" if params.correction == "ratio" else
+             "the capped sums with intervals for the true totals (correcting would add more noise than bias)"))
     return 0
 
 

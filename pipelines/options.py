@@ -97,9 +97,10 @@ _ALL: Final[tuple[CliOption, ...]] = (
        metavar="E", label="Epsilon", regex=_POSITIVE_DECIMAL),
     _o("encoding", "HistogramContribution version: linf (Alg. 3) or l1 (Alg. 6).", default="linf",
        choices=("linf", "l1"), metavar="linf|l1", label="Encoding", regex=r"^(linf|l1)$"),
-    _o("objective", "Error model the optimizer minimises: exact (Thm. 4.2 with the exact discrete Laplace "
-       "variance, rounding and floors) or relaxed (the paper's Relaxation 4.5).", default="exact",
-       choices=("exact", "relaxed")),
+    _o("objective", "What the optimizer minimises: corrected = the predicted error of the TRUE totals, choosing "
+       "between the paper's estimator and the one corrected by retention ratios calibrated on the history; exact = "
+       "the paper's estimator (Thm. 4.2 with the exact discrete Laplace variance, rounding and floors); relaxed = "
+       "the paper's Relaxation 4.5.", default="corrected", choices=("corrected", "exact", "relaxed")),
     _o("max_count_limit", "Largest count limit C tried (20: Chrome's limit of aggregatable reports per source).",
        type="positive_int", default=20, metavar="N", label="Max count limit", regex=_POSITIVE_INT),
     _o("tau", "RMSRE_tau thresholds as NAME=VALUE pairs, e.g. count=5,value=200; every query not named keeps "
@@ -155,8 +156,9 @@ _ALL: Final[tuple[CliOption, ...]] = (
        type="int", default=0, metavar="N"),
     _o("seed", "Random seed (simulations and generators only; never used for privacy noise).", type="int",
        default=0, metavar="SEED"),
-    _o("methods", "Subset of optimized_linf,optimized_l1,baseline_q95,baseline_q99.",
-       default="optimized_linf,optimized_l1,baseline_q95,baseline_q99", metavar="M,..."),
+    _o("methods", "Subset of optimized_linf,optimized_l1,baseline_q95,baseline_q99,corrected (corrected: the "
+       "released estimates of the true totals, calibrated on the training log).",
+       default="optimized_linf,optimized_l1,baseline_q95,baseline_q99,corrected", metavar="M,..."),
     _o("no_gap", "Skip the generalization gap (tuning on the test log).", type="bool"),
     _o("no_progress", "No progress bar.", type="bool"),
     # ---- synthetic data, split, Criteo --------------------------------------------------------

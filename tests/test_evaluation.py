@@ -118,8 +118,13 @@ def test_evaluate_cli_writes_csv_and_png(tmp_path, capsys):
                        "--epsilons", "1,64", "--monte-carlo", "3", "--out", str(out)])
     assert rc == 0
     results = pd.read_csv(out / "rmsre.csv")
-    assert set(results["method"]) == {"optimized_linf", "optimized_l1", "baseline_q95", "baseline_q99"}
-    assert results["mc_rmsre_tau"].notna().all()
+    assert set(results["method"]) == {"optimized_linf", "optimized_l1", "baseline_q95", "baseline_q99", "corrected"}
+    paper = results[results["method"] != "corrected"]
+    assert paper["mc_rmsre_tau"].notna().all()
+    assert results[["coverage_count", "coverage_value"]].notna().all().all()  # every method's interval coverage
+    corrected = results[results["method"] == "corrected"].set_index("epsilon")
+    linf = results[results["method"] == "optimized_linf"].set_index("epsilon")
+    assert (corrected["test_rmsre_tau"] <= linf["test_rmsre_tau"] * 1.10).all()
     assert (out / "rmsre.png").exists() and (out / "count_limit.png").exists()
     assert len(pd.read_csv(out / "generalization_gap.csv")) == 2
 

@@ -196,7 +196,9 @@ def test_pipeline_histogram_and_estimates_equal_core_exactly(tmp_path, ids):
     assert sbuckets == buckets and np.array_equal(metrics, core.report.noisy.ravel())
     assert avro.read_output_domain(rel(out, outputs.OUTPUT_DOMAIN)) == buckets
     est = pd.read_parquet(rel(out, outputs.ESTIMATES_PARQUET))
-    assert list(est.columns) == ["campaign", "geo", "query", "estimate", "std_error", "ci_low", "ci_high"]
+    assert list(est.columns) == ["campaign", "geo", "query", "estimate", "std_error", "ci_low", "ci_high",
+                                 "capped_estimate", "capped_std_error", "bias_corrected"]
+    assert not est["bias_corrected"].any() and (est["estimate"] == est["capped_estimate"]).all()  # no calibration
     assert np.allclose(est["estimate"].to_numpy(), core.estimates.estimate.ravel())
     summary = json.loads(open(private(out, outputs.RUN_SUMMARY)).read())
     assert summary["rows_read"] == len(frame) and summary["accounting_closes"]

@@ -118,7 +118,7 @@ def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch,
         return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus, result.seconds)
 
     monkeypatch.setattr(tuning, "optimize", worse_than_baseline)
-    assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "w"])) == 2
+    assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "w", "--objective", "exact"])) == 2
     assert "does not beat the best baseline" in capsys.readouterr().err
     assert open_store(store_uri).list_versions() == []
 

@@ -35,6 +35,16 @@ def debug_records(release: Release):
         yield {"bucket": avro.bucket_to_min_bytes(bucket), "unnoised_metric": int(u), "noise": int(z), "annotations": tags}
 
 
+def calibration_summary(release: Release) -> dict | None:
+    """Which calibration made the estimates of the true totals (None: estimates are Alg. 4's)."""
+    cal, corrected = release.params.calibration, release.corrected
+    if cal is None or corrected is None:
+        return None
+    return {"retention_checksum": cal.retention_checksum, "params_checksum": cal.params_checksum, "method": cal.method,
+            "history_blocks": cal.num_blocks, "period_blocks": corrected.period_blocks,
+            "correction": release.params.correction, "fallback_slices": corrected.fallback_slices}
+
+
 def release_json(release: Release, params_sha256: str) -> dict:
     """What the release says about itself: only public facts (no exact counts)."""
     simulation = release.simulation_seed is not None
@@ -51,6 +61,9 @@ def release_json(release: Release, params_sha256: str) -> dict:
         "domain_layout_sha256": release.domain.layout_checksum(),
         "slices": release.domain.num_slices,
         "keys": release.domain.num_keys,
+        "estimates_of": ("the true totals (calibrated from history; point estimate: "
+                         + ("capped sum / retention ratio" if release.params.correction == "ratio" else "the capped sum")
+                         + ")") if release.corrected is not None else "the capped-and-clipped sums (Alg. 4; no calibration)",
     }
 
 
@@ -69,13 +82,14 @@ class _WriteSmallFiles(beam.DoFn):
     def process(self, release: Release):
         self._put(outputs.KEY_MAP_JSON, json.dumps(release.domain.to_json(self._sha), indent=1).encode())
         self._put(outputs.KEY_MAP_CSV, outputs.csv_bytes(release.domain.key_table()))
-        frame = estimates_frame(release.estimates, release.domain)
+        frame = estimates_frame(release.estimates, release.domain, release.corrected, release.params.correction)
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
         self._put(outputs.ESTIMATES_PARQUET, buf.getvalue())
         self._put(outputs.ESTIMATES_CSV, outputs.csv_bytes(frame))
         self._put(outputs.RELEASE_JSON, json.dumps(release_json(release, self._sha), indent=1).encode())
-        private = {**release.accounting.to_json(), "slices": release.domain.num_slices, "keys": release.domain.num_keys}
+        private = {**release.accounting.to_json(), "slices": release.domain.num_slices, "keys": release.domain.num_keys,
+                   "calibration": calibration_summary(release)}
         with FileSystems.create(FileSystems.join(self._output, outputs.private_file(outputs.ACCOUNTING))) as fh:
             fh.write(json.dumps(private, indent=1).encode())
         yield "done"

@@ -54,10 +54,25 @@ class ComputeStatistics(beam.PTransform):
         self._spill_dir = spill_dir
 
     def expand(self, valid_tables):
-        spec = self._spec
         return (
             valid_tables
             | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir)
+            | "FromShards" >> StatisticsFromShards(self._spec)
+        )
+
+
+class StatisticsFromShards(beam.PTransform):
+    """(shard, table of complete impressions) -> one ``SufficientStatistics`` (for pipelines that also
+    use the grouped shards for something else, e.g. the calibration)."""
+
+    def __init__(self, spec: stats.StatisticsSpec):
+        super().__init__()
+        self._spec = spec
+
+    def expand(self, shards):
+        spec = self._spec
+        return (
+            shards
             | "ToConversions" >> beam.Map(_to_conversions, spec.slice_columns, spec.value_columns)
             | "SufficientStatistics" >> beam.CombineGlobally(StatisticsCombineFn(spec))
         )
