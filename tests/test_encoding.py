@@ -290,3 +290,39 @@ def test_bad_uniforms_and_shapes_are_refused():
     # NaN uniforms used to become -2^63 in the L1-randomized encoder
     with pytest.raises(ValueError, match="NaN"):
         encode(np.ones((1, 3)), params_for("l1", "randomized"), uniforms=np.array([[np.nan]]))
+
+
+def test_default_gamma_is_65536_in_the_scalar_helpers():
+    assert query_scale(1, 1.0) == GAMMA
+    assert clip_randomized_round(np.array([5.0]), 1, 5.0, 1.0, np.array([0.5])).tolist() == [GAMMA]
+
+
+def test_over_allocation_by_a_single_unit_is_refused_for_linf_and_baseline():
+    p = params_for("linf", count_limit=1)  # floors 13107 + 32768 + 19660 = 65535
+    object.__setattr__(p.queries[2], "budget_fraction", 19662 / GAMMA)  # -> 65537 > floor(Gamma / C)
+    with pytest.raises(ValueError, match="over-allocate"):
+        query_scales(p)
+    b = params_for("baseline", count_limit=1)  # 13107 + 19660 + 6553 + count 26214 = 65534
+    object.__setattr__(b, "count_budget_fraction", 26217 / GAMMA)  # count 26217 -> 65537
+    with pytest.raises(ValueError, match="over-allocate"):
+        query_scales(b)
+
+
+def test_value_refusals_name_the_first_bad_entry():
+    p = params_for("linf")
+    with pytest.raises(ValueError, match=r"-1\.0\)? at row 0, query 1"):
+        encode(np.array([[0.0, -1.0, -2.0], [1.0, 1.0, 1.0]]), p, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"row 0, query 1"):
+        encode(np.array([[0.0, np.nan, np.inf], [np.inf, 1.0, 1.0]]), p, np.random.default_rng(0))
+    for f in (expected_contribution, rounding_variance):  # every entry point checks the columns
+        with pytest.raises(ValueError, match="columns"):
+            f(np.ones((2, 2)), params_for("l1", "floor"))
+        with pytest.raises(ValueError, match="columns"):
+            f(np.ones((2, 2)), p)
+
+
+def test_l1_randomized_needs_one_uniform_column():
+    p = params_for("l1", "randomized")
+    with pytest.raises(ValueError, match=r"^uniforms must be an \(n, d\) float array on \[0, 1\): got shape \(2, 0\)"):
+        encode(np.ones((2, 3)), p, uniforms=np.zeros((2, 0)))
+    assert encode(np.ones((2, 3)), p, uniforms=np.zeros((2, 1))).shape == (2, 4)

@@ -59,7 +59,7 @@ MODULES: dict[str, dict] = {
 the only functions whose bodies are mutated."""
 
 EQUIVALENTS_FILE = REPO / "docs" / "mutation.md"
-"""Mutants judged equivalent are listed there as ``- `<key>` — reason`` lines."""
+"""Mutants judged equivalent are listed there as ``- `` <key> `` — reason`` lines."""
 
 CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
             ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
@@ -381,12 +381,12 @@ def run_one(root: Path, module: str, source: str | None, tests: list[str], timeo
 
 
 def load_equivalents(path: Path = EQUIVALENTS_FILE) -> dict[str, str]:
-    """``- `key` — reason`` lines of docs/mutation.md's equivalent-mutant list."""
+    """Lines ``- `` key `` — reason`` of docs/mutation.md's equivalent-mutant lists."""
     out: dict[str, str] = {}
     if not path.exists():
         return out
     for line in path.read_text().splitlines():
-        m = re.match(r"^- `(.+)` — (.+)$", line.strip())
+        m = re.match(r"^- `` (.+) `` — (.+)$", line.strip())
         if m:
             out[m.group(1)] = m.group(2)
     return out
@@ -410,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every mutant's outcome here")
     ap.add_argument("--limit", type=int, help="only the first N mutants per module (smoke test)")
     ap.add_argument("--list", action="store_true", help="only list the mutants")
+    ap.add_argument("--match", help="only the mutants whose key contains this text (re-check survivors)")
     args = ap.parse_args(argv)
     modules = args.modules or list(MODULES)
     unknown = sorted(set(modules) - set(MODULES))
@@ -443,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
             tests = [t for t in cfg["tests"] if (root / t).exists()]
             source = (root / "araopt" / f"{module}.py").read_text()
             mutants = enumerate_mutants(module, source, cfg.get("functions"))
+            if args.match:
+                mutants = [m for m in mutants if args.match in m.key]
             if args.limit:
                 mutants = mutants[: args.limit]
             durations: dict[str, float] = {}
