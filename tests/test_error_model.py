@@ -99,3 +99,8 @@ def test_rmsre_tau_refusals():
     empty = ErrorBreakdown(np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3)))
     with pytest.raises(ValueError, match="empty domain"):
         rmsre_tau(empty, np.ones(3))
+
+
+def test_rmsre_tau_accepts_taus_as_a_list():
+    got = rmsre_tau(breakdown(), [5, 10, 2])
+    np.testing.assert_allclose(got.per_query, rmsre_tau(breakdown(), np.array([5.0, 10.0, 2.0])).per_query)
