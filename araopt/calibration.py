@@ -48,7 +48,8 @@ Correction (``correct``) of an estimate U (Alg. 4, standard error se) of slice j
 measured period of P blocks:
     T_hat = U / r_hat,
     Var(r_hat - R_period) = Var(rho_j | history) + V_period(P) + s2_gamma / P + kappa_j / N_hat,
-    std_error^2 = se^2 / r_hat^2 + U^2 Var(r_hat - R_period) / r_hat^4      (delta method),
+    std_error^2 = se^2 / r_hat^2 + X2 Var(r_hat - R_period) / r_hat^4      (delta method),
+with X2 = max(U^2 - se^2, 0) the unbiased estimate of X^2 (U^2 itself carries the noise's variance),
 with N_hat = max(1, U_count / r_hat_count) the corrected count estimate of the slice's conversions in
 the measured period: the realized ratio of the measured period fluctuates around rho_j by kappa/N,
 which dominates at large epsilon. The interval is not symmetric: the period's loss D = T - X >= 0
@@ -375,22 +376,23 @@ def calibration_statistics(conversions: Conversions, params: Params, block_ids: 
     return extract_output(add_conversions(create_accumulator(params, slice_columns), conversions, block_ids))
 
 
-def impression_day_blocks(conversions: Conversions) -> np.ndarray:
-    """Block id per record = UTC day of its impression's first conversion: every impression in one
-    block (the unit of capping stays whole). The records must hold all conversions of their impressions."""
-    from .bounding import sort_by_impression, ranks_within_impression
+IMPRESSION_TIME = "impression_time"
+"""Optional column of the conversion log: when every input file has it, blocks are impression days."""
+HASH_BLOCKS = 7
+"""Without impression times: this many disjoint random parts of the window (by impression id)."""
 
-    n = len(conversions)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    order, sorted_imp = sort_by_impression(conversions.impression_id, conversions.conversion_time)
-    _, group = ranks_within_impression(sorted_imp)
-    times = np.asarray(conversions.conversion_time, dtype=np.int64)[order]
-    first = np.full(int(group[-1]) + 1, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, group, times)
-    blocks = np.empty(n, dtype=np.int64)
-    blocks[order] = np.floor_divide(first[group], 86_400_000_000)
-    return blocks
+
+def history_blocks(conversions: Conversions, impression_time_us: np.ndarray | None = None) -> np.ndarray:
+    """Block id per record: the UTC day of its impression (``impression_time_us``, int64 microseconds)
+    when known, else one of ``HASH_BLOCKS`` disjoint random parts of the window by a stable hash of the
+    impression id. Either way an impression stays in one block, and blocks do not depend on how many
+    conversions an impression has (a block by first-conversion day would: impressions with many
+    conversions convert early, which makes the ratio depend on the block)."""
+    if impression_time_us is not None:
+        return np.floor_divide(np.asarray(impression_time_us, dtype=np.int64), 86_400_000_000)
+    ids = np.asarray(conversions.impression_id)
+    ids = ids.astype(np.int64) if ids.dtype.kind in "iu" else ids.astype(object)
+    return (pd.util.hash_array(ids) % np.uint64(HASH_BLOCKS)).astype(np.int64)
 
 
 def period_blocks_for(calibration: "Calibration", conversions: float) -> int:
@@ -897,7 +899,10 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
                  + calibration.interaction_variance[None, :] / period_blocks)
     var_sampling = kappa / n_hat[:, None]
     est = U / ratio
-    var = se**2 / ratio**2 + U**2 * (var_other + var_sampling) / ratio**4
+    # the ratio terms scale with X^2; U^2 - se^2 estimates X^2 without the noise's own contribution
+    # (E U^2 = X^2 + se^2), which would otherwise widen the intervals of noise-dominated slices
+    X2 = np.maximum(U**2 - se**2, 0.0)
+    var = se**2 / ratio**2 + X2 * (var_other + var_sampling) / ratio**4
     std = np.maximum(np.sqrt(var), se)
     tail = (1.0 - conf) / 2.0
     z = float(sp_stats.norm.ppf(1.0 - tail))
@@ -905,9 +910,9 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     # no loss at all with probability exp(-expected loss events); D >= 0 (module docstring)
     pos = U > 0
     mean_loss = np.where(pos, U * (1.0 - ratio) / ratio, 0.0)
-    var_loss = U**2 * var_sampling / ratio**4
+    var_loss = X2 * var_sampling / ratio**4
     zero = np.exp(-loss_rate * n_hat[:, None])
-    gauss_sd = np.sqrt(se**2 / ratio**2 + U**2 * var_other / ratio**4)  # noise, rounding, long-run ratio error
+    gauss_sd = np.sqrt(se**2 / ratio**2 + X2 * var_other / ratio**4)  # noise, rounding, long-run ratio error
     w_lo, w_hi = convolved_loss_quantiles(mean_loss, var_loss, zero, gauss_sd, tail)
     ci_low = np.where(pos, est + np.minimum(w_lo - mean_loss, 0.0), est - z * std)
     ci_high = np.where(pos, est + np.maximum(w_hi - mean_loss, 0.0), est + z * std)

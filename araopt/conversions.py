@@ -163,7 +163,8 @@ def _integer_in_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.ones(len(column), dtype=bool)
 
 
-def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str]) -> ValidatedBatch:
+def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str],
+                   passthrough: Sequence[str] = ()) -> ValidatedBatch:
     """Split a batch into canonical valid rows and dead-letter rows with a ``reason``, vectorized;
     the first failing check wins. Valid rows carry ``conversion_time_us`` (int64 microseconds; the
     original time column is dropped), ids and integer slices as int64, strings as string, values
@@ -220,6 +221,9 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     for c, vals in zip(value_columns, values):
         columns[c] = pa.array(vals[~bad] if any_bad else vals, type=pa.float64())
     columns["conversion_time_us"] = pa.array(micros[~bad] if any_bad else micros, type=pa.int64())
+    for c in passthrough:  # optional columns carried unchanged (e.g. impression_time for the calibration)
+        if c in table.column_names:
+            columns[c] = kept(table.column(c))
     valid = pa.table(columns)
     needed = [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
     rejected_rows = table.select(needed).filter(pa.array(bad))

@@ -244,7 +244,7 @@ def evaluate_dataset(
 
             tuned = tuning.tune(train_stats, eps, max_count_limit=max_count_limit, kind=tuning.CORRECTED, taus=taus)
             cal = calibration.calibration_statistics(train_conversions, tuned.params,
-                                                     calibration.impression_day_blocks(train_conversions))
+                                                     calibration.history_blocks(train_conversions))
             candidates[CORRECTED_METHOD] = (tuning.attach_calibration(tuned.params, cal), tuned.predicted_rmsre_tau,
                                             None)
         for method, (p, train_value, _) in candidates.items():

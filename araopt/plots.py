@@ -166,10 +166,19 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
     axes[0].legend(loc="lower right", fontsize=8)
     total = int((ranking["estimate"].notna()).sum())
     _title(fig, f"Released estimates of the {n} largest of {total:,} slices (ranked by estimated count)")
-    _caption(fig, "Bar and dot: the released (noisy) estimate. Whiskers and '\u00b1' number (and % of the estimate): 95% interval for "
-                  "the differential-privacy noise and rounding (estimate \u00b1 1.96 standard errors); it does "
-                  "not cover conversions dropped by the count limit C or values clipped at the thresholds. "
-                  "Large slices have intervals too narrow to see: read the number.")
+    corrected = "bias_corrected" in estimates.columns and bool(estimates["bias_corrected"].any())
+    calibrated = "capped_estimate" in estimates.columns and bool(
+        ((estimates["ci_low"] != estimates["estimate"] - 1.96 * estimates["std_error"]).abs() > 1e-9).any())
+    if corrected or calibrated:
+        what = ("95% interval of the TRUE total: the differential-privacy noise and rounding plus the uncertainty "
+                "of the retention ratios calibrated on the history (conversions dropped by the count limit C and "
+                "value clipped at the thresholds are estimated back)")
+    else:
+        what = ("95% interval for the differential-privacy noise and rounding (estimate \u00b1 1.96 standard "
+                "errors); it does not cover conversions dropped by the count limit C or values clipped at the "
+                "thresholds (the parameters carry no calibration)")
+    _caption(fig, "Bar and dot: the released (noisy) estimate. Whiskers and '\u00b1' number (and % of the estimate): "
+                  f"{what}. Large slices have intervals too narrow to see: read the number.")
     return fig
 
 

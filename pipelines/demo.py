@@ -20,6 +20,7 @@ from typing import Sequence
 import pandas as pd
 
 from araopt import outputs
+from araopt.release import ESTIMATE_COLUMNS
 
 from . import options
 
@@ -105,16 +106,31 @@ def print_results(report: dict, summary: dict, estimates: pd.DataFrame) -> None:
     print(f"measured {summary['rows_read']:,} conversions: {summary['conversions_kept']:,} kept, "
           f"{summary['conversions_dropped_by_cap']:,} dropped by the cap, {summary['rows_rejected']:,} rejected; "
           f"{summary['keys']:,} keys at epsilon {summary['epsilon']:g}")
-    slice_cols = [c for c in estimates.columns if c not in ("query", "estimate", "std_error", "ci_low", "ci_high")]
-    wide = estimates.pivot_table(index=slice_cols, columns="query", values=["estimate", "std_error"])
+    slice_cols = [c for c in estimates.columns if c != "query" and c not in ESTIMATE_COLUMNS]
+    print(estimates_line(summary.get("calibration")))
+    wide = estimates.pivot_table(index=slice_cols, columns="query", values=["estimate", "ci_low", "ci_high",
+                                                                            "capped_estimate"])
     top = wide.sort_values(("estimate", "count"), ascending=False).head(8)
-    print("\nlargest slices (estimate ± 1.96 std. error):")
-    print(f"  {'slice':<22} {'count':>22} {'value':>28}")
+    print("\nlargest slices: estimate [95% interval] (Alg. 4's capped-and-clipped estimate):")
+    print(f"  {'slice':<12} {'count':>34} {'value':>46}")
     for idx, row in top.iterrows():
         name = "/".join(str(v) for v in (idx if isinstance(idx, tuple) else (idx,)))
-        cnt = f"{row[('estimate', 'count')]:,.0f} ± {1.96 * row[('std_error', 'count')]:,.0f}"
-        val = f"{row[('estimate', 'value')]:,.0f} ± {1.96 * row[('std_error', 'value')]:,.0f}"
-        print(f"  {name:<22} {cnt:>22} {val:>28}")
+        cells = []
+        for q in ("count", "value"):
+            cells.append(f"{row[('estimate', q)]:,.0f} [{row[('ci_low', q)]:,.0f}, {row[('ci_high', q)]:,.0f}] "
+                         f"({row[('capped_estimate', q)]:,.0f})")
+        print(f"  {name:<12} {cells[0]:>34} {cells[1]:>46}")
+
+
+def estimates_line(calibration: dict | None) -> str:
+    """One line saying what the printed estimates estimate."""
+    if not calibration:
+        return ("estimates: of the capped-and-clipped sums (Alg. 4); the parameters carry no calibration, so they "
+                "are not corrected for conversions dropped by the count limit or value clipped away")
+    point = ("the capped estimate divided by the retention ratio" if calibration["correction"] == "ratio" else
+             "the capped estimate (correcting would add more noise than it removes bias here)")
+    return (f"estimates: of the TRUE totals (all conversions, full value): {point}, with ratios calibrated on "
+            f"{calibration['history_blocks']} days of history; the intervals include the calibration's uncertainty")
 
 
 def write_plots(estimates: pd.DataFrame, result_dir: str, plot_dir: str) -> list[str]:
@@ -123,7 +139,7 @@ def write_plots(estimates: pd.DataFrame, result_dir: str, plot_dir: str) -> list
     from araopt import avro, plots
 
     os.makedirs(plot_dir, exist_ok=True)
-    slice_cols = [c for c in estimates.columns if c not in ("query", "estimate", "std_error", "ci_low", "ci_high")]
+    slice_cols = [c for c in estimates.columns if c != "query" and c not in ESTIMATE_COLUMNS]
     paths = [plots.estimates_plot(estimates, slice_cols, os.path.join(plot_dir, "estimates.png"))]
 
     def load(relative: str) -> dict:

@@ -105,7 +105,8 @@ def compute_calibration(inputs: InputFiles, params: Params, pipeline_args: Seque
     shards = num_shards or auto_num_shards(inputs.rows)
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
-        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, params.slice_columns, params.query_columns)
+        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, params.slice_columns, params.query_columns,
+                                                            passthrough=inputs.optional_columns)
         grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(shards, shuffle_dir)
         chosen = pipeline | "Params" >> beam.Create([params])
         return {"calibration": grouped | "Calibration" >> ComputeCalibration(chosen, params.slice_columns,

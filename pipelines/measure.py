@@ -281,6 +281,16 @@ def print_summary(summary: dict, output: str, simulation: bool) -> None:
           f"{summary['conversions_kept']:,} kept + {summary['conversions_dropped_by_cap']:,} dropped by the cap + "
           f"{summary['conversions_kept_outside_domain']:,} outside the domain + {summary['rows_rejected']:,} rejected "
           f"({by_reason}); details in {output}/{outputs.PRIVATE_DIR}/")
+    calibration = summary.get("calibration")
+    if not calibration:
+        print("  estimates are of the capped-and-clipped sums (Alg. 4): the parameters carry no calibration, so "
+              "bias_corrected is false (araopt optimize / nightly fit one on the history)")
+    else:
+        point = "capped / retention ratio" if calibration["correction"] == "ratio" else "the capped sum"
+        unseen = calibration["fallback_slices"]
+        print(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the calibration's "
+              f"uncertainty; {calibration['period_blocks']} history block(s) long)"
+              + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)" if unseen else ""))
 
 
 if __name__ == "__main__":

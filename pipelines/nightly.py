@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     shuffle_dir = spill_dir(opts, args.shuffle)
     num_shards = args.num_shards or auto_num_shards(inputs.rows)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values)
+    read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, passthrough=inputs.optional_columns)
     counts = read["counts"]
     grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
     statistics = grouped | "Statistics" >> StatisticsFromShards(spec)

@@ -1,6 +1,7 @@
 """Calibration side pipeline: shards of complete impressions -> ``CalibrationStatistics`` for the chosen
 parameters (a singleton side input), with the pure combiner of ``araopt.calibration`` wrapped in one
-thin ``beam.CombineFn``. Blocks are the UTC day of each impression's first conversion."""
+thin ``beam.CombineFn``. Blocks are impression days when the log has ``impression_time``, else
+disjoint random parts of the window (``araopt.calibration.history_blocks``)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -21,9 +22,14 @@ class _AddCalibration(beam.DoFn):
         self._values = tuple(value_columns)
 
     def process(self, item: tuple[int, pa.Table], params: Params):
-        conv = Conversions.from_table(item[1], self._slices, self._values)
+        table = item[1]
+        conv = Conversions.from_table(table, self._slices, self._values)
+        times = None
+        if calibration.IMPRESSION_TIME in table.column_names:
+            column = table.column(calibration.IMPRESSION_TIME)
+            times = column.cast(pa.int64()).to_numpy(zero_copy_only=False) if column.null_count == 0 else None
         acc = calibration.create_accumulator(params, self._slices)
-        yield calibration.add_conversions(acc, conv, calibration.impression_day_blocks(conv))
+        yield calibration.add_conversions(acc, conv, calibration.history_blocks(conv, times))
 
 
 class CalibrationCombineFn(beam.CombineFn):

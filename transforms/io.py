@@ -76,6 +76,7 @@ class InputFiles:
     rows: int
     first_time: str | None = None
     last_time: str | None = None
+    optional_columns: tuple[str, ...] = ()  # optional contract columns every file has (impression_time)
 
 
 def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str]) -> InputFiles:
@@ -89,11 +90,18 @@ def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], valu
         paths = list(pattern)
         if not paths:
             raise ValueError("no input files")
-    schema = unify_schemas([(p, read_schema(p)) for p in paths], slice_columns, value_columns)
+    schemas = [(p, read_schema(p)) for p in paths]
+    schema = unify_schemas(schemas, slice_columns, value_columns)
+    optional = tuple(c for c in OPTIONAL_TIME_COLUMNS
+                     if all(c in sch.names and pa.types.is_timestamp(sch.field(c).type) for _, sch in schemas))
     rows, first, last = footer_summary(paths)
     if rows == 0:
         raise ValueError(f"the input holds no conversion rows ({len(paths)} file(s), 0 rows)")
-    return InputFiles(tuple(paths), schema, rows, first, last)
+    return InputFiles(tuple(paths), schema, rows, first, last, optional)
+
+
+OPTIONAL_TIME_COLUMNS = ("impression_time",)
+"""Optional contract columns some jobs use when every file has them (the calibration's impression days)."""
 
 
 def needed_columns(slice_columns: Sequence[str], value_columns: Sequence[str]) -> list[str]:

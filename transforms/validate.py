@@ -21,9 +21,10 @@ NAMESPACE = "araopt"
 
 
 class _ValidateBatch(beam.DoFn):
-    def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str]):
+    def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str], passthrough: Sequence[str] = ()):
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
+        self._passthrough = tuple(passthrough)
 
     def setup(self):
         self._rows_read = Metrics.counter(NAMESPACE, "rows_read")
@@ -32,7 +33,7 @@ class _ValidateBatch(beam.DoFn):
         self._rejected = {r: Metrics.counter(NAMESPACE, f"rows_rejected_{r}") for r in REJECT_REASONS}
 
     def process(self, table: pa.Table):
-        batch = validate_batch(table, self._slice_columns, self._value_columns)
+        batch = validate_batch(table, self._slice_columns, self._value_columns, self._passthrough)
         counts = ValidationCounts.of(table.num_rows, batch)
         self._rows_read.inc(table.num_rows)
         self._rows_valid.inc(batch.valid.num_rows)
@@ -50,14 +51,16 @@ class ValidateConversions(beam.PTransform):
     """Batches -> outputs ``valid`` (canonical tables), ``rejected`` (text columns + ``reason``),
     ``counts`` (one ``ValidationCounts`` per batch)."""
 
-    def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str]):
+    def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str], passthrough: Sequence[str] = ()):
         super().__init__()
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
+        self._passthrough = tuple(passthrough)
 
     def expand(self, batches):
         return batches | "ValidateRows" >> beam.ParDo(
-            _ValidateBatch(self._slice_columns, self._value_columns)).with_outputs(REJECTED, COUNTS, main=VALID)
+            _ValidateBatch(self._slice_columns, self._value_columns, self._passthrough)).with_outputs(
+                REJECTED, COUNTS, main=VALID)
 
 
 class ReadAndValidate(beam.PTransform):
@@ -65,16 +68,19 @@ class ReadAndValidate(beam.PTransform):
     dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given."""
 
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
-                 dead_letter_prefix: str | None = None):
+                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = ()):
         super().__init__()
         self._paths = list(paths)
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
         self._dead_letter = dead_letter_prefix
+        self._passthrough = tuple(passthrough)
 
     def expand(self, pbegin):
-        batches = pbegin | "Read" >> ReadConversionFiles(self._paths, needed_columns(self._slice_columns, self._value_columns))
-        checked = batches | "Validate" >> ValidateConversions(self._slice_columns, self._value_columns)
+        columns = needed_columns(self._slice_columns, self._value_columns) + list(self._passthrough)
+        batches = pbegin | "Read" >> ReadConversionFiles(self._paths, columns)
+        checked = batches | "Validate" >> ValidateConversions(self._slice_columns, self._value_columns,
+                                                              self._passthrough)
         counts = checked[COUNTS] | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge)
         if self._dead_letter is not None:
             _ = checked[REJECTED] | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
