@@ -12,8 +12,8 @@ domain that only simulation mode may use. The Beam ``CombineFn`` wrappers live i
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd

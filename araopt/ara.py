@@ -31,8 +31,9 @@ import os
 import random
 import re
 import secrets
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,8 +43,8 @@ from .encoding import count_scale, query_scales
 from .keys import BOTTOM_NAME, COUNT_NAME, MAX_BUCKET_BITS, QUERY_BITS, KeyDomain
 from .noise import noise_parameter
 from .params import Params
-from .report import Estimates, reconstruct, simulated_noise
 from .release import estimates_frame
+from .report import reconstruct, simulated_noise
 
 REGISTER_SOURCE = "Attribution-Reporting-Register-Source"
 REGISTER_TRIGGER = "Attribution-Reporting-Register-Trigger"
@@ -280,13 +281,13 @@ class KeyMap:
     source: str = "key map"
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> "KeyMap":
+    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> KeyMap:
         if not isinstance(data, Mapping):
             raise ValueError(f"{source}: a key map is a JSON object")
         return cls(KeyDomain.from_json(data, source=source), data.get("params_sha256"), source)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "KeyMap":
+    def load(cls, path: str | os.PathLike[str]) -> KeyMap:
         path = os.fspath(path)
         try:
             with open(path, encoding="utf-8") as fh:

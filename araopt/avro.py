@@ -21,9 +21,10 @@ from __future__ import annotations
 import glob as _glob
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import fastavro
 import numpy as np
@@ -113,7 +114,7 @@ def file_kind(path: str | os.PathLike[str], allowed: Iterable[str] = (SUMMARY, D
             schema = fastavro.reader(fh).writer_schema
     except OSError as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-    except Exception as exc:  # fastavro raises ValueError / SchemaParseException / others on garbage
+    except Exception as exc:  # noqa: BLE001 - fastavro raises ValueError / SchemaParseException / others on garbage
         raise ValueError(f"{path}: not an Avro data file ({exc})") from None
     return _check_schema(path, schema, allowed)
 
@@ -201,7 +202,7 @@ def _records(path: str, allowed: tuple[str, ...]) -> tuple[str, Iterator[dict[st
         raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
     try:
         reader = fastavro.reader(fh)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - as above: any fastavro failure on the header means not Avro
         fh.close()
         raise ValueError(f"{path}: not an Avro data file ({exc})") from None
     try:
@@ -215,7 +216,7 @@ def _records(path: str, allowed: tuple[str, ...]) -> tuple[str, Iterator[dict[st
 def _iterate(path: str, reader: Any, fh: Any) -> Iterator[dict[str, Any]]:
     try:
         yield from reader
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any fastavro failure mid-file is corrupt data, named by path
         raise ValueError(f"{path}: corrupt Avro data ({exc})") from None
     finally:
         fh.close()

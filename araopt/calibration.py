@@ -97,8 +97,9 @@ import math
 import os
 import re
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -528,7 +529,7 @@ class Calibration:
         return (json.dumps(self.to_json(), allow_nan=True) + "\n").encode("utf-8")
 
     @classmethod
-    def from_json(cls, data: Any, params: Params | None = None, source: str = "calibration") -> "Calibration":
+    def from_json(cls, data: Any, params: Params | None = None, source: str = "calibration") -> Calibration:
         """Validate and build; with ``params``, also refuse a checksum mismatch. Every refusal is a ValueError."""
         if not isinstance(data, Mapping):
             raise ValueError(f"{source}: top level must be a JSON object")
@@ -574,7 +575,7 @@ class Calibration:
         return cal
 
     @classmethod
-    def from_bytes(cls, raw: bytes, params: Params | None = None, source: str = "calibration") -> "Calibration":
+    def from_bytes(cls, raw: bytes, params: Params | None = None, source: str = "calibration") -> Calibration:
         try:
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -592,7 +593,7 @@ class Calibration:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], params: Params | None = None) -> "Calibration":
+    def load(cls, path: str | os.PathLike[str], params: Params | None = None) -> Calibration:
         """Read and validate; with ``params``, refuse a calibration fitted for other parameters."""
         path = os.fspath(path)
         try:

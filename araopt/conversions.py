@@ -7,8 +7,8 @@ before any processing; per-row problems are returned as rejected rows with a ``r
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -268,7 +268,7 @@ class Conversions:
         return tuple(self.slices)
 
     @classmethod
-    def from_table(cls, table: pa.Table | pd.DataFrame, slice_columns: Sequence[str], value_columns: Sequence[str]) -> "Conversions":
+    def from_table(cls, table: pa.Table | pd.DataFrame, slice_columns: Sequence[str], value_columns: Sequence[str]) -> Conversions:
         """From a validated Arrow table (or DataFrame); refuses rows that fail the contract."""
         if isinstance(table, pd.DataFrame):
             table = pa.Table.from_pandas(table, preserve_index=False)
@@ -288,7 +288,7 @@ class Conversions:
             value_columns=tuple(value_columns),
         )
 
-    def take(self, index: np.ndarray) -> "Conversions":
+    def take(self, index: np.ndarray) -> Conversions:
         return Conversions(self.impression_id[index], self.conversion_time[index],
                            {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns)
 
@@ -321,7 +321,7 @@ class ValidationCounts:
     times_floored: int = 0
 
     @classmethod
-    def of(cls, table_rows: int, batch: "ValidatedBatch") -> "ValidationCounts":
+    def of(cls, table_rows: int, batch: ValidatedBatch) -> ValidationCounts:
         reasons: dict[str, int] = {}
         if batch.rejected.num_rows:
             names, counts = np.unique(np.asarray(batch.rejected.column(REASON).to_pylist(), dtype=object).astype(str),
@@ -330,7 +330,7 @@ class ValidationCounts:
         return cls(table_rows, batch.rejected.num_rows, reasons, batch.times_floored)
 
     @classmethod
-    def merge(cls, parts: Iterable["ValidationCounts"]) -> "ValidationCounts":
+    def merge(cls, parts: Iterable[ValidationCounts]) -> ValidationCounts:
         read = rejected = floored = 0
         reasons: dict[str, int] = {}
         for p in parts:

@@ -38,10 +38,11 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa

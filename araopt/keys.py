@@ -19,8 +19,9 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -88,7 +89,7 @@ class KeyDomain:
     def from_slice_values(
         cls, slice_columns: Sequence[str], columns: Mapping[str, Any], query_names: Sequence[str],
         baseline: bool = False, conversion_slice_columns: Sequence[str] = (),
-    ) -> "KeyDomain":
+    ) -> KeyDomain:
         """Domain of the distinct slices present in ``columns`` (dict of equal-length arrays)."""
         frame = pd.DataFrame({c: np.asarray(columns[c]) for c in slice_columns}).drop_duplicates()
         dictionaries = tuple(tuple(_to_python(sorted(frame[c].unique().tolist()))) for c in slice_columns)
@@ -98,7 +99,7 @@ class KeyDomain:
         assert valid.all()
         return domain._with_slices(idx)
 
-    def _with_slices(self, idx: np.ndarray) -> "KeyDomain":
+    def _with_slices(self, idx: np.ndarray) -> KeyDomain:
         idx = np.unique(np.asarray(idx, dtype=np.int64).reshape(-1, len(self.slice_columns)), axis=0)
         return KeyDomain(self.slice_columns, self.dictionaries, idx, self.query_names, self.baseline,
                          self.conversion_slice_columns)
@@ -231,7 +232,7 @@ class KeyDomain:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> "KeyDomain":
+    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> KeyDomain:
         try:
             cols = tuple(data["slice_columns"])
             dicts = tuple(tuple(data["dictionaries"][c]) for c in cols)
@@ -255,7 +256,7 @@ class KeyDomain:
             json.dump(self.to_json(params_sha256), fh, indent=1)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "KeyDomain":
+    def load(cls, path: str | os.PathLike[str]) -> KeyDomain:
         try:
             with open(path, encoding="utf-8") as fh:
                 data = json.load(fh)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .aggregate import domain_sums
 from .bounding import bound_contributions
 from .conversions import Conversions
 from .encoding import encode
 from .keys import KeyDomain
 from .params import Params
 from .randomness import keyed_uniforms, secure_generator
-from .aggregate import domain_sums
 from .release import Accounting, Release, noisy_release
 from .report import Estimates, SummaryReport
 

@@ -34,8 +34,8 @@ import dataclasses
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -43,7 +43,7 @@ from scipy import optimize as sp_optimize
 from tqdm import tqdm
 
 from .encoding import count_scale, query_scales
-from .error_model import OBJECTIVES, ErrorBreakdown, Objective, relaxed_variance, rmsre_tau
+from .error_model import OBJECTIVES, ErrorBreakdown, relaxed_variance, rmsre_tau
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import CONTRIBUTION_BUDGET, Encoding, Params, Provenance, QueryParams, check_epsilon
 from .report import estimate_variance

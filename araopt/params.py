@@ -13,10 +13,11 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 import jsonschema
 
@@ -132,7 +133,7 @@ class Provenance:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Provenance":
+    def from_json(cls, data: Mapping[str, Any]) -> Provenance:
         data = dict(data)
         window = data.pop("training_window", None) or {}
         known = {k: data.pop(k, None) for k in ("rows", "created_at", "predicted_rmsre_tau", "baseline_rmsre_tau", "objective")}
@@ -217,7 +218,7 @@ class Params:
                              f"baseline {domain.baseline}, the parameters use {self.slice_columns} / "
                              f"{self.query_columns} / baseline {self.encoding == 'baseline'}")
 
-    def with_domain_of(self, slice_values: Mapping[str, Any]) -> "Params":
+    def with_domain_of(self, slice_values: Mapping[str, Any]) -> Params:
         """These parameters carrying the domain of the slices in ``slice_values`` (column -> values)."""
         domain = KeyDomain.from_slice_values(self.slice_columns, slice_values, self.query_columns,
                                              self.encoding == "baseline", self.conversion_slice_columns)
@@ -271,7 +272,7 @@ class Params:
         """floor(Gamma / C): the L1 norm every L-inf / L1 contribution uses (Lemma 4.1)."""
         return self.contribution_budget // self.count_limit
 
-    def with_epsilon(self, epsilon: float) -> "Params":
+    def with_epsilon(self, epsilon: float) -> Params:
         return dataclasses.replace(self, epsilon=epsilon)
 
     # ---- serialisation --------------------------------------------------------------------
@@ -316,7 +317,7 @@ class Params:
         os.replace(tmp, path)
 
     @classmethod
-    def from_json(cls, data: Any, source: str = "parameter file") -> "Params":
+    def from_json(cls, data: Any, source: str = "parameter file") -> Params:
         """Validate ``data`` (parsed JSON) against the schema and semantically; refuse with the field name."""
         if not isinstance(data, dict):
             raise ValueError(f"{source}: top level must be a JSON object")
@@ -352,7 +353,7 @@ class Params:
             raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
-    def from_bytes(cls, raw: bytes, source: str = "parameter file") -> "Params":
+    def from_bytes(cls, raw: bytes, source: str = "parameter file") -> Params:
         try:
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -360,7 +361,7 @@ class Params:
         return cls.from_json(data, source)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Params":
+    def load(cls, path: str | os.PathLike[str]) -> Params:
         path = os.fspath(path)
         try:
             with open(path, "rb") as fh:
@@ -377,7 +378,7 @@ def params_json_schema() -> dict[str, Any]:
 
 
 def utc_now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 def _check_version(version: Any, source: str = "parameter file") -> None:

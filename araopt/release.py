@@ -6,8 +6,8 @@ both call :func:`noisy_release`; ``estimates_frame`` is the one long-format tabl
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 import pandas as pd

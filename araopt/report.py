@@ -13,8 +13,13 @@ from scipy import stats
 
 from .aggregate import domain_sums
 from .encoding import count_scale, query_scales
-from .noise import (add_noise, discrete_laplace_from_uniforms, discrete_laplace_variance, noise_parameter,
-                    sample_discrete_laplace)
+from .noise import (
+    add_noise,
+    discrete_laplace_from_uniforms,
+    discrete_laplace_variance,
+    noise_parameter,
+    sample_discrete_laplace,
+)
 from .params import Params
 from .randomness import keyed_uniforms
 

@@ -22,7 +22,7 @@ import math
 import os
 import shutil
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -50,7 +50,7 @@ def parse_cut_time(text: str) -> datetime:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(f"cut time {text!r} is not an ISO-8601 date/time (e.g. 2024-01-15T00:00:00Z)") from None
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def _dataset(source: pa.Table | str | os.PathLike[str]) -> ds.Dataset:
@@ -84,7 +84,7 @@ def quantile_cut(source: pa.Table | str | os.PathLike[str], train_fraction: floa
         raise ValueError(f"need at least 2 rows to split, got {times.size}")
     k = min(times.size - 1, max(0, round(q * times.size)))
     cut_us = int(np.partition(times, k)[k])
-    return datetime.fromtimestamp(cut_us // 1_000_000, tz=timezone.utc).replace(microsecond=cut_us % 1_000_000)
+    return datetime.fromtimestamp(cut_us // 1_000_000, tz=UTC).replace(microsecond=cut_us % 1_000_000)
 
 
 def split_table(table: pa.Table, cut_time: datetime, time_column: str = "conversion_time") -> tuple[pa.Table, pa.Table]:
@@ -103,8 +103,8 @@ def _early_mask(column: pa.ChunkedArray | pa.Array, cut_time: datetime, name: st
 
 def _cut_micros(cut_time: datetime) -> int:
     if cut_time.tzinfo is None:
-        cut_time = cut_time.replace(tzinfo=timezone.utc)
-    delta = cut_time - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        cut_time = cut_time.replace(tzinfo=UTC)
+    delta = cut_time - datetime(1970, 1, 1, tzinfo=UTC)
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 

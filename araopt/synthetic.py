@@ -75,13 +75,14 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -317,7 +318,7 @@ class SyntheticPreset:
     def power_law(self) -> PowerLaw:
         return PowerLaw(self.b, self.k_min, self.k_max)
 
-    def scaled(self, scale: float) -> "SyntheticPreset":
+    def scaled(self, scale: float) -> SyntheticPreset:
         """The preset with its power-law support multiplied by ``scale`` (module docstring)."""
         s = _check_finite("scale", scale)
         if s <= 0:
@@ -332,7 +333,7 @@ class SyntheticPreset:
         return {"format": PRESET_FORMAT, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SyntheticPreset":
+    def from_dict(cls, data: Mapping[str, Any]) -> SyntheticPreset:
         """Inverse of ``to_dict``; unknown keys are an error (catches typos like "lambda")."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a preset must be a JSON object, got {type(data).__name__}")
@@ -522,7 +523,7 @@ def _generate_block(plan: ImpressionPlan, day: int, block: int, cum_counts: np.n
     local = np.arange(i0, i1, dtype=np.int64)
     slice_of = np.searchsorted(cum_counts, local, side="right")
     day_start_us = int(datetime(plan.start_date.year, plan.start_date.month, plan.start_date.day,
-                                tzinfo=timezone.utc).timestamp()) * 1_000_000 + day * _US_PER_DAY
+                                tzinfo=UTC).timestamp()) * 1_000_000 + day * _US_PER_DAY
     imp_time = day_start_us + rng.integers(0, _US_PER_DAY, n_imp, dtype=np.int64)
     n_conv = rng.poisson(preset.lam, n_imp).astype(np.int64)  # Step 2
     rows = int(n_conv.sum())

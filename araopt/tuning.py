@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,6 @@ from .error_model import Objective
 from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, baseline_params, objective, optimize
 from .params import Encoding, L1Rounding, Params, Provenance, utc_now_iso
 from .statistics import DEFAULT_MAX_COUNT_LIMIT, SufficientStatistics
-
 
 DEFAULT_TAU_RULE = "count 5; each value query 5 x its median per conversion in the history (Sec. 5.1)"
 

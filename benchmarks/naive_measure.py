@@ -14,9 +14,9 @@ import apache_beam as beam
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from araopt import Params, sample_discrete_laplace  # noqa: E402
-from araopt.noise import noise_parameter  # noqa: E402
-from pipelines.runner import make_runner, pipeline_options  # noqa: E402
+from araopt import Params, sample_discrete_laplace
+from araopt.noise import noise_parameter
+from pipelines.runner import make_runner, pipeline_options
 
 
 def encode_and_cap(item, params: Params):

@@ -19,11 +19,11 @@ import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from araopt import synthetic  # noqa: E402
-from araopt.conversions import Conversions  # noqa: E402
-from araopt.evaluation import DEFAULT_EPSILONS, comparison_table, evaluate_dataset, write_outputs  # noqa: E402
-from araopt.optimizer import optimize, prepare_search, scipy_paper_optimize  # noqa: E402
-from araopt.statistics import StatisticsSpec, compute_statistics_in_memory  # noqa: E402
+from araopt import synthetic
+from araopt.conversions import Conversions
+from araopt.evaluation import DEFAULT_EPSILONS, comparison_table, evaluate_dataset, write_outputs
+from araopt.optimizer import optimize, prepare_search, scipy_paper_optimize
+from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
 
 SLICES = ("campaignId", "geography", "productCategory")
 PRESETS = ("synth-criteo", "synth-real-estate", "synth-travel")

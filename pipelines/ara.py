@@ -24,14 +24,26 @@ import json
 import math
 import os
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
 from araopt import avro, outputs
-from araopt.ara import (REGISTER_SOURCE, REGISTER_TRIGGER, KeyMap, SourceEncoder, destination_site,
-                        TriggerEncoder, ara_warnings, check_ara_limits, check_ara_limits_for_cardinalities,
-                        estimates_from_summary_report, key_map_json, trigger_batch)
+from araopt.ara import (
+    REGISTER_SOURCE,
+    REGISTER_TRIGGER,
+    KeyMap,
+    SourceEncoder,
+    TriggerEncoder,
+    ara_warnings,
+    check_ara_limits,
+    check_ara_limits_for_cardinalities,
+    destination_site,
+    estimates_from_summary_report,
+    key_map_json,
+    trigger_batch,
+)
 from araopt.conversions import Conversions
 from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound

@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -74,7 +74,7 @@ class Ledger:
     previous_releases: int
 
     @classmethod
-    def open(cls, root: str, identity: InputIdentity, allow_rerelease: bool) -> "Ledger":
+    def open(cls, root: str, identity: InputIdentity, allow_rerelease: bool) -> Ledger:
         try:
             store = open_store(root)
             count = store.release_count(identity.input_id)

@@ -18,7 +18,7 @@ import json
 import re
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -27,8 +27,15 @@ from araopt import statistics as stats
 from araopt.conversions import ValidationCounts
 from araopt.params import Params, check_epsilon
 from araopt.statistics import SufficientStatistics
-from araopt.tuning import (Guardrails, NightlyConfig, NightlyDecision, nightly_decision, nightly_report,
-                           nightly_report_png, version_history)
+from araopt.tuning import (
+    Guardrails,
+    NightlyConfig,
+    NightlyDecision,
+    nightly_decision,
+    nightly_report,
+    nightly_report_png,
+    version_history,
+)
 from transforms.io import auto_num_shards, check_input, match_files
 from transforms.statistics import ComputeStatistics
 from transforms.validate import ReadAndValidate

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 

@@ -15,8 +15,9 @@ import logging
 import math
 import re
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Literal, Mapping, NoReturn, Sequence
+from typing import Any, Final, Literal, NoReturn
 
 __all__ = [
     "COMMANDS", "OPTIONS", "OPTIONS_BY_JOB", "TEMPLATE_OPTIONS", "CliOption", "Command", "OneLineParser", "UserError",

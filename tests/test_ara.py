@@ -9,13 +9,27 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from araopt import Conversions, KeyDomain, Params, QueryParams, encode, measure
-from araopt import avro
-from araopt.ara import (ARA_MAX_VALUE, AraLimitError, AraRequirements, KeyMap, SourceEncoder, TriggerEncoder,
-                        aggregation_key_names, ara_requirements, browser_contributions, check_ara_limits,
-                        check_ara_limits_for_cardinalities, estimates_frame, estimates_from_summary_report,
-                        implausible_negative_threshold, simulate_aggregation_service, simulate_browser,
-                        validate_source_registration, validate_trigger_registration)
+from araopt import Conversions, KeyDomain, Params, QueryParams, avro, encode, measure
+from araopt.ara import (
+    ARA_MAX_VALUE,
+    AraLimitError,
+    AraRequirements,
+    KeyMap,
+    SourceEncoder,
+    TriggerEncoder,
+    aggregation_key_names,
+    ara_requirements,
+    browser_contributions,
+    check_ara_limits,
+    check_ara_limits_for_cardinalities,
+    estimates_frame,
+    estimates_from_summary_report,
+    implausible_negative_threshold,
+    simulate_aggregation_service,
+    simulate_browser,
+    validate_source_registration,
+    validate_trigger_registration,
+)
 from pipelines.ara import run_export_ara, run_reconstruct
 
 SEED = 7

@@ -11,8 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from araopt import Params, QueryParams, bound_contributions, encode
-from araopt.bounding import (bound_sorted, contribution_norms, impression_order, ranks_within_impression,
-                             sort_by_impression)
+from araopt.bounding import bound_sorted, contribution_norms, impression_order, ranks_within_impression, sort_by_impression
 
 GAMMA = 65536
 

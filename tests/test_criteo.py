@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -62,7 +62,7 @@ def write(path: Path, lines: list[str], newline_at_end: bool = True) -> Path:
 
 
 def utc(seconds: int) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def test_hand_made_file_maps_to_the_contract(tmp_path: Path) -> None:

@@ -101,8 +101,7 @@ def test_bad_values_are_refused():
 
 # ---- issue 13: extreme uniforms, the uniforms= path, chunking, C not dividing Gamma ------------------
 import araopt.encoding as encoding_module  # noqa: E402
-from araopt.encoding import (clip_randomized_round, count_scale, expected_contribution, query_scale,  # noqa: E402
-                             query_scales, rounding_variance)
+from araopt.encoding import clip_randomized_round, count_scale, query_scale, query_scales, rounding_variance  # noqa: E402
 
 LARGEST_BELOW_ONE = np.nextafter(1.0, 0.0)
 ENCODINGS = [("linf", "floor"), ("l1", "floor"), ("l1", "randomized"), ("baseline", "floor")]

@@ -7,8 +7,13 @@ import pytest
 
 from araopt import synthetic
 from araopt.conversions import Conversions
-from araopt.evaluation import (analytic_rmsre, analytic_rmsre_from_statistics, evaluate_dataset, monte_carlo_rmsre,
-                               write_outputs)
+from araopt.evaluation import (
+    analytic_rmsre,
+    analytic_rmsre_from_statistics,
+    evaluate_dataset,
+    monte_carlo_rmsre,
+    write_outputs,
+)
 from araopt.optimizer import baseline_params, optimize
 from araopt.params import Params, QueryParams
 from araopt.statistics import StatisticsSpec, compute_statistics_in_memory

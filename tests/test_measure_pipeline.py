@@ -19,8 +19,8 @@ from araopt import Conversions, KeyDomain, Params, QueryParams, aggregate, avro,
 from araopt.conversions import ValidationCounts
 from araopt.mechanism import encode_and_bound
 from pipelines import measure as measure_pipeline
-from pipelines.runner import make_runner
 from pipelines.run_folder import RunFolder
+from pipelines.runner import make_runner
 from transforms import aggregate as agg_transforms
 from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise
 from transforms.group import GroupByImpression

@@ -3,8 +3,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from araopt import (Conversions, KeyDomain, Params, QueryParams, default_taus, expected_error, measure,
-                    reconstruct, rmsre_tau, summary_report)
+from araopt import (
+    Conversions,
+    KeyDomain,
+    Params,
+    QueryParams,
+    default_taus,
+    expected_error,
+    measure,
+    reconstruct,
+    rmsre_tau,
+    summary_report,
+)
 from araopt.error_model import kept_mask
 from araopt.noise import discrete_laplace_variance, noise_parameter
 

@@ -13,9 +13,9 @@ import pytest
 
 from araopt import Params
 from araopt.store import open_store
+from araopt.tuning import Guardrails
 from pipelines import measure as measure_pipeline
 from pipelines import nightly
-from araopt.tuning import Guardrails
 from pipelines.nightly import select_window
 
 pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not

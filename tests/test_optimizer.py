@@ -8,7 +8,7 @@ from araopt.conversions import Conversions
 from araopt.encoding import query_scales
 from araopt.error_model import expected_error, rmsre_tau
 from araopt.keys import KeyDomain
-from araopt.optimizer import (baseline_params, objective, optimize, prepare_search, scipy_paper_optimize)
+from araopt.optimizer import baseline_params, objective, optimize, prepare_search, scipy_paper_optimize
 from araopt.params import Params, QueryParams
 from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
 

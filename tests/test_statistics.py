@@ -11,9 +11,17 @@ from araopt.error_model import default_taus, expected_error, kept_mask, rmsre_ta
 from araopt.keys import KeyDomain
 from araopt.optimizer import objective, statistics_breakdown
 from araopt.params import Params, QueryParams
-from araopt.statistics import (BucketLayout, StatisticsSpec, add_conversions, compute_statistics_in_memory,
-                               create_accumulator, extract_output, frac_variance, kept_per_impression,
-                               merge_accumulators)
+from araopt.statistics import (
+    BucketLayout,
+    StatisticsSpec,
+    add_conversions,
+    compute_statistics_in_memory,
+    create_accumulator,
+    extract_output,
+    frac_variance,
+    kept_per_impression,
+    merge_accumulators,
+)
 
 SLICES = ("campaignId", "geography", "productCategory")
 

@@ -279,29 +279,29 @@ class _MutantFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, fullname: str, source: str, filename: str):
         self.fullname, self.source, self.filename = fullname, source, filename
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001
+    def find_spec(self, fullname, path=None, target=None):
         if fullname != self.fullname:
             return None
         return importlib.util.spec_from_loader(fullname, self, origin=self.filename)
 
-    def create_module(self, spec):  # noqa: ANN001
+    def create_module(self, spec):
         return None
 
-    def exec_module(self, module):  # noqa: ANN001
+    def exec_module(self, module):
         module.__file__ = self.filename
         exec(compile(self.source, self.filename, "exec"), module.__dict__)
 
 
 def _warm_imports() -> None:
     """Import the heavy third-party dependencies once in the parent (children inherit them)."""
-    import hypothesis  # noqa: F401
+    import hypothesis
     import hypothesis.extra.numpy  # noqa: F401
     import numpy  # noqa: F401
     import pandas  # noqa: F401
-    import pyarrow  # noqa: F401
+    import pyarrow
     import pyarrow.parquet  # noqa: F401
     import pytest  # noqa: F401
-    import scipy.optimize  # noqa: F401
+    import scipy.optimize
     import scipy.stats  # noqa: F401
     for name in ("jsonschema", "fastavro", "randomgen", "tqdm"):
         try:
@@ -317,11 +317,11 @@ class _FastestFirst:
     def __init__(self, durations: dict[str, float], record: bool):
         self.durations, self.record = durations, record
 
-    def pytest_collection_modifyitems(self, session, config, items):  # noqa: ANN001
+    def pytest_collection_modifyitems(self, session, config, items):
         if not self.record:
             items.sort(key=lambda item: self.durations.get(item.nodeid, 0.0))
 
-    def pytest_runtest_logreport(self, report):  # noqa: ANN001
+    def pytest_runtest_logreport(self, report):
         if self.record:
             self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
 

@@ -5,7 +5,7 @@ derived from the data by ``DomainFromData``).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 import numpy as np

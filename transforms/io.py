@@ -9,8 +9,8 @@ files (``ReadConversionFiles``), never the glob again.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -132,7 +132,7 @@ def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
         for g in range(meta.num_row_groups):
             st = meta.row_group(g).column(column).statistics
             if st is not None and st.has_min_max and isinstance(st.min, _dt.datetime) and isinstance(st.max, _dt.datetime):
-                lo, hi = (v if v.tzinfo else v.replace(tzinfo=_dt.timezone.utc) for v in (st.min, st.max))
+                lo, hi = (v if v.tzinfo else v.replace(tzinfo=_dt.UTC) for v in (st.min, st.max))
                 first = lo if first is None else min(first, lo)
                 last = hi if last is None else max(last, hi)
     return total, *(None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v)) for v in (first, last))

@@ -4,7 +4,7 @@ runs it is ``pipelines.history.compute_statistics``."""
 from __future__ import annotations
 
 import pickle
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 import pyarrow as pa

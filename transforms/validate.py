@@ -4,7 +4,7 @@ counters per reason. The rejected-share gate is ``araopt.conversions.check_rejec
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 import pyarrow as pa
