@@ -352,11 +352,11 @@ class SourceEncoder:
         self._index: dict[tuple[Any, ...], int] = {}
         self._row_index: dict[tuple[int, ...], int] = {}
         slices, pieces = [], []
-        for i, (row, j) in enumerate(zip(rows, first)):
-            values = tuple(domain.dictionaries[c][int(k)] for c, k in zip(cols, row))
+        for i, (row, j) in enumerate(zip(rows, first, strict=True)):
+            values = tuple(domain.dictionaries[c][int(k)] for c, k in zip(cols, row, strict=True))
             self._index[values] = i
             self._row_index[tuple(int(k) for k in row)] = i
-            slices.append(dict(zip(self.columns, values)))
+            slices.append(dict(zip(self.columns, values, strict=True)))
             pieces.append(domain.slice_bits(domain.slices[j], self.columns))
         self.slices: tuple[dict[str, Any], ...] = tuple(slices)
         self.pieces: tuple[int, ...] = tuple(pieces)
@@ -371,8 +371,8 @@ class SourceEncoder:
         except KeyError as exc:
             raise ValueError(f"impression slice value for column {exc.args[0]!r} is missing") from None
         i = self._index.get(tuple(_py(v) for v in key))
-        if i is None:
-            raise ValueError(f"impression slice {dict(zip(self.columns, key))} is not in the key domain")
+        if i is None:  # (key may have the wrong length here: show what pairs up)
+            raise ValueError(f"impression slice {dict(zip(self.columns, key, strict=False))} is not in the key domain")
         return i
 
     def row_index(self, dictionary_indices: Sequence[int]) -> int:
@@ -477,7 +477,7 @@ class TriggerEncoder:
     def pieces_for_indices(self, combo: tuple[int, ...]) -> tuple[str | None, ...]:
         """Key pieces per encoder column for conversion-side dictionary indices (None where 0)."""
         bits = 0
-        for idx, off in zip(combo, self._offsets):
+        for idx, off in zip(combo, self._offsets, strict=True):
             bits |= idx << off
         return tuple(key_piece_hex(bits | code) if bits | code else None for code in self._codes)
 
@@ -520,13 +520,14 @@ class TriggerEncoder:
         t = self._thresholds
         if self._encoding != "l1":
             w = []
-            for v, ti, scale, ui in zip(vals, t, self._scales, u):
+            # not strict: a caller may pass more uniforms than the d this encoding consumes
+            for v, ti, scale, ui in zip(vals, t, self._scales, u, strict=False):
                 omega = min(v / ti, 1.0) * scale  # exactly the scale when clipped, never above it (Lemma 4.1)
                 low = math.floor(omega)
                 w.append(low + (1 if ui < omega - low else 0))
             w.append(self._budget - sum(w) if self._count is None else self._count)
             return tuple(w)
-        scaled = [v / ti for v, ti in zip(vals, t)]
+        scaled = [v / ti for v, ti in zip(vals, t, strict=True)]
         norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
         shrink = 1.0 / max(1.0, norm)
         if self._rounding == "floor":
@@ -554,7 +555,7 @@ class TriggerEncoder:
             return self._pieces[()]
         sv = conversion_slice_values or {}
         combo = []
-        for c, lookup in zip(self.columns, self._lookup):
+        for c, lookup in zip(self.columns, self._lookup, strict=True):
             if c not in sv:
                 raise ValueError(f"conversion slice value for column {c!r} is missing")
             i = lookup.get(_py(sv[c]))
@@ -570,7 +571,7 @@ class TriggerEncoder:
         """Trigger JSON from an encoded contribution and its key pieces (keys with value 0 left out)."""
         trigger_data = []
         values: dict[str, int] = {}
-        for name, piece, w in zip(self.key_names, pieces, contribution):
+        for name, piece, w in zip(self.key_names, pieces, contribution, strict=True):
             if not 0 <= w <= ARA_MAX_VALUE:  # never emit JSON ARA would reject (an encoder bug, Lemma 4.1)
                 raise ValueError(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: {tuple(contribution)}")
             if w:
@@ -621,13 +622,13 @@ class TriggerBatch:
         return len(self.impression_id)
 
     def registrations(self, encoder: TriggerEncoder) -> Iterator[dict[str, Any]]:
-        for w, p in zip(self.contributions.tolist(), self.piece_index.tolist()):
+        for w, p in zip(self.contributions.tolist(), self.piece_index.tolist(), strict=True):
             yield encoder.registration_from(w, self.pieces[p])
 
     def lines(self, encoder: TriggerEncoder) -> Iterator[str]:
         """JSON Lines: ``{"impression_id", "conversion_time_us", "source_index", "registration"}``."""
         for imp, t, s, reg in zip(self.impression_id.tolist(), self.conversion_time.tolist(), self.source_index.tolist(),
-                                  self.registrations(encoder)):
+                                  self.registrations(encoder), strict=True):
             yield json.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": s, "registration": reg},
                              separators=(",", ":"))
 
@@ -758,7 +759,7 @@ def simulate_browser(
     source's remaining budget (Alg. 1, :func:`araopt.bounding.bound_contributions`), and at most
     ``max_reports`` non-empty reports per source are sent.
     """
-    contribs = [tuple(browser_contributions(sources[s], t)) for s, t in zip(source_index, triggers)]
+    contribs = [tuple(browser_contributions(sources[s], t)) for s, t in zip(source_index, triggers, strict=True)]
     totals = np.array([sum(v for _, v in c) for c in contribs], dtype=np.int64)
     n = len(contribs)
     imp = np.asarray(impression_id)
@@ -771,7 +772,7 @@ def simulate_browser(
                 kept[i] = False
             else:
                 sent[key] = sent.get(key, 0) + 1
-    return BrowserResult(tuple(c for c, k in zip(contribs, kept) if k and c), kept)
+    return BrowserResult(tuple(c for c, k in zip(contribs, kept, strict=True) if k and c), kept)
 
 
 @dataclass(frozen=True)
@@ -871,7 +872,7 @@ def estimates_from_summary_report(
     estimates = reconstruct(W, params, confidence)
     floor = -implausible_negative_threshold(params.epsilon, params.contribution_budget)
     known = ~unknown
-    unknown_rows = tuple((int(b), int(m)) for b, m, u in zip(buckets, metrics, unknown) if u)
+    unknown_rows = tuple((int(b), int(m)) for b, m, u in zip(buckets, metrics, unknown, strict=True) if u)
     counters = ReconstructCounters(
         rows=len(buckets), matched=int(use.sum()), unknown_buckets=int(unknown.sum()),
         unknown_metric_sum=int(sum(m for _, m in unknown_rows)),
@@ -879,6 +880,6 @@ def estimates_from_summary_report(
         negative_metrics=int((known & (metrics < 0)).sum()),
         implausible_negative_metrics=int((known & ~huge & (metrics < floor)).sum()),
         huge_metrics=int((known & huge).sum()), unknown=unknown_rows,
-        huge=tuple((int(b), int(m)) for b, m, h in zip(buckets, metrics, known & huge) if h),
+        huge=tuple((int(b), int(m)) for b, m, h in zip(buckets, metrics, known & huge, strict=True) if h),
     )
     return estimates_frame(estimates, domain), counters

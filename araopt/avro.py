@@ -339,7 +339,7 @@ def write_summary_report(path: str | os.PathLike[str], buckets: Sequence[int], m
                          codec: str = "null") -> None:
     """``AggregatedFact`` rows, buckets with leading zero bytes left out (as the service writes them)."""
     _aligned("metrics", len(buckets), metrics)
-    rows = [{"bucket": bucket_to_min_bytes(b), "metric": _check_long(m, "metric")} for b, m in zip(buckets, metrics)]
+    rows = [{"bucket": bucket_to_min_bytes(b), "metric": _check_long(m, "metric")} for b, m in zip(buckets, metrics, strict=True)]
     _write(path, SUMMARY, rows, codec)
 
 
@@ -350,7 +350,7 @@ def write_debug_report(path: str | os.PathLike[str], buckets: Sequence[int], unn
     for what, seq in (("unnoised", unnoised), ("noise", noise), ("annotations", annotations)):
         _aligned(what, n, seq)
     rows = []
-    for b, u, z, a in zip(buckets, unnoised, noise, annotations):
+    for b, u, z, a in zip(buckets, unnoised, noise, annotations, strict=True):
         tags = list(a)
         unknown = [t for t in tags if t not in ANNOTATIONS]
         if unknown:

@@ -317,7 +317,7 @@ def merge_accumulators(accumulators: Sequence[CalibrationAccumulator]) -> Calibr
         bmap = np.empty(max(1, len(a.block_ids)), dtype=np.int64)
         for key, local in a.block_ids.items():
             bmap[local] = out.block_ids.setdefault(key, len(out.block_ids))
-        for k, v in zip(a.keys, a.vals):
+        for k, v in zip(a.keys, a.vals, strict=True):
             out.keys.append((smap[k >> _BLOCK_SHIFT] << _BLOCK_SHIFT) | bmap[k & ((1 << _BLOCK_SHIFT) - 1)])
             out.vals.append(v)
         out.num_conversions += a.num_conversions
@@ -674,7 +674,7 @@ def fit_calibration(stats: CalibrationStatistics, blocks: Sequence[Any] | None =
         cells, bkeys = cells[:, idx], tuple(bkeys[i] for i in idx)
     present = cells[:, :, _col(0, "T")].sum(axis=1) > 0
     cells = cells[present]
-    slice_keys = tuple(k for k, p in zip(stats.slice_keys, present) if p)
+    slice_keys = tuple(k for k, p in zip(stats.slice_keys, present, strict=True) if p)
     m, B = cells.shape[0], cells.shape[1]
     if m == 0 or B == 0:
         raise ValueError("no conversions in the calibration history")
@@ -829,7 +829,7 @@ def _slice_rows(slices: KeyDomain | Mapping[str, Sequence[Any]], columns: tuple[
         raise ValueError(f"slice values must give one value per estimate row ({m})")
     if not columns:
         return [()] * m
-    return [tuple(_python_scalar(v) for v in row) for row in zip(*cols)]
+    return [tuple(_python_scalar(v) for v in row) for row in zip(*cols, strict=True)]
 
 
 def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | Mapping[str, Sequence[Any]],
@@ -1114,7 +1114,7 @@ def optimize_corrected(
     if cmax < 1 or cmax > stats.spec.max_count_limit:
         raise ValueError(f"max_count_limit must lie in [1, {stats.spec.max_count_limit}], got {max_count_limit!r}")
     tau = stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
-    d, m = stats.num_queries, stats.num_slices
+    d = stats.num_queries
     gamma = stats.spec.contribution_budget
     pv = np.broadcast_to(np.asarray(period_variance, dtype=np.float64), (d + 1,))
     vnoise = discrete_laplace_variance(noise_parameter(epsilon, gamma))
@@ -1165,8 +1165,8 @@ def optimize_corrected(
                                       for q, col in enumerate(stats.value_columns)),
                         count_tau=float(tau[0]), contribution_budget=gamma)
         row = {"C": C, "kept_ranks": K, "corrected_rmsre_tau": model}
-        row.update({f"C_{col}": float(t) for col, t in zip(stats.value_columns, thresholds)})
-        row.update({f"alpha_{col}": float(a) for col, a in zip(stats.value_columns, fractions)})
+        row.update({f"C_{col}": float(t) for col, t in zip(stats.value_columns, thresholds, strict=True)})
+        row.update({f"alpha_{col}": float(a) for col, a in zip(stats.value_columns, fractions, strict=True)})
         rows.append(row)
         if model < best[0]:
             best = (model, params)

@@ -217,7 +217,7 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
         if pa.types.is_dictionary(col.type):
             col = pc.cast(col, col.type.value_type)
         columns[c] = pc.cast(col, canonical_type(col.type))
-    for c, vals in zip(value_columns, values):
+    for c, vals in zip(value_columns, values, strict=True):
         columns[c] = pa.array(vals[~bad] if any_bad else vals, type=pa.float64())
     columns["conversion_time_us"] = pa.array(micros[~bad] if any_bad else micros, type=pa.int64())
     valid = pa.table(columns)
@@ -326,7 +326,7 @@ class ValidationCounts:
         if batch.rejected.num_rows:
             names, counts = np.unique(np.asarray(batch.rejected.column(REASON).to_pylist(), dtype=object).astype(str),
                                       return_counts=True)
-            reasons = {str(k): int(v) for k, v in zip(names, counts)}
+            reasons = {str(k): int(v) for k, v in zip(names, counts, strict=True)}
         return cls(table_rows, batch.rejected.num_rows, reasons, batch.times_floored)
 
     @classmethod

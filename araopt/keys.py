@@ -67,7 +67,7 @@ class KeyDomain:
                 f"key bits do not fit: slice columns need {self.total_bits - QUERY_BITS} bits + {QUERY_BITS} query bits = "
                 f"{self.total_bits} > {MAX_BUCKET_BITS} (exceeds by {self.total_bits - MAX_BUCKET_BITS})"
             )
-        for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries)):
+        for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries, strict=True)):
             if len(set(d)) != len(d):
                 raise ValueError(f"dictionary of slice column {c!r} has duplicate values")
             if slices.size and (slices[:, j].min() < 0 or slices[:, j].max() >= len(d)):
@@ -152,7 +152,7 @@ class KeyDomain:
         arrays = [np.asarray(columns[c]) for c in self.slice_columns]
         n = len(arrays[0]) if arrays else 0
         idx = np.empty((n, len(arrays)), dtype=np.int64)
-        for j, (arr, dictionary) in enumerate(zip(arrays, self.dictionaries)):
+        for j, (arr, dictionary) in enumerate(zip(arrays, self.dictionaries, strict=True)):
             idx[:, j] = pd.Index(list(dictionary)).get_indexer(arr)
         return idx, (idx >= 0).all(axis=1)
 
@@ -177,14 +177,14 @@ class KeyDomain:
 
     def slice_values(self) -> dict[str, list[Any]]:
         """Slice column values of every domain slice, in slice-index order."""
-        return {c: [d[i] for i in self.slices[:, j]] for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries))}
+        return {c: [d[i] for i in self.slices[:, j]] for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries, strict=True))}
 
     # ---- buckets --------------------------------------------------------------------------------
     def slice_bits(self, slice_row: Sequence[int], columns: Sequence[str] | None = None) -> int:
         """The bits of a slice's fields (optionally only of ``columns``) at their offsets."""
         wanted = set(self.slice_columns if columns is None else columns)
         out = 0
-        for c, off, i in zip(self.slice_columns, self.field_offsets, slice_row):
+        for c, off, i in zip(self.slice_columns, self.field_offsets, slice_row, strict=True):
             if c in wanted:
                 out |= int(i) << off
         return out
@@ -216,11 +216,11 @@ class KeyDomain:
             "format_version": KEYMAP_FORMAT_VERSION,
             "slice_columns": list(self.slice_columns),
             "conversion_slice_columns": list(self.conversion_slice_columns),
-            "dictionaries": {c: list(d) for c, d in zip(self.slice_columns, self.dictionaries)},
+            "dictionaries": {c: list(d) for c, d in zip(self.slice_columns, self.dictionaries, strict=True)},
             "queries": list(self.query_names),
             "bottom_name": self.bottom_name,
             "query_bits": QUERY_BITS,
-            "field_bits": dict(zip(self.slice_columns, self.field_bits)),
+            "field_bits": dict(zip(self.slice_columns, self.field_bits, strict=True)),
             "slices": self.slices.tolist(),
             "layout_sha256": self.layout_checksum(),
             "params_sha256": params_sha256,
@@ -320,7 +320,7 @@ def domain_from_rows(rows: pd.DataFrame, slice_columns: Sequence[str], query_nam
 
 def check_domain_families(domain: KeyDomain, families: Mapping[str, str], source: str = "domain") -> None:
     """Refuse a domain whose slice values are not of the input's type (they would match no row)."""
-    for column, dictionary in zip(domain.slice_columns, domain.dictionaries):
+    for column, dictionary in zip(domain.slice_columns, domain.dictionaries, strict=True):
         family = families.get(column)
         if family is None:
             continue

@@ -564,10 +564,10 @@ class OptimizationResult:
         rows = []
         for r in self.per_count_limit:
             row = {"C": r.count_limit, "kept_ranks": r.kept_ranks, "rmsre_tau": r.objective, "count_share": r.count_mse_share}
-            for name, t in zip(self.params.query_columns, r.thresholds):
+            for name, t in zip(self.params.query_columns, r.thresholds, strict=True):
                 row[f"C_{name}"] = t
             if r.fractions is not None:
-                for name, a in zip(self.params.query_columns, r.fractions):
+                for name, a in zip(self.params.query_columns, r.fractions, strict=True):
                     row[f"alpha_{name}"] = a
             rows.append(row)
         return pd.DataFrame(rows)
@@ -735,14 +735,14 @@ def scipy_paper_optimize(
     for C in _progress(range(1, cmax + 1), progress, "scipy reference"):
         model = _linf_model(ctx, C, kind, epsilon)
         if d == 1:
-            res = sp_optimize.minimize(lambda x: model.value(x, np.ones(1)), x0c, method="L-BFGS-B",
-                                       bounds=list(zip(lo, hi)))
+            res = sp_optimize.minimize(lambda x, model=model: model.value(x, np.ones(1)), x0c, method="L-BFGS-B",
+                                       bounds=list(zip(lo, hi, strict=True)))
             c, alpha = np.clip(res.x, lo, hi), np.ones(1)
         else:
             amin = 2.0 * C / stats.spec.contribution_budget
             res = sp_optimize.minimize(
-                lambda x: model.value(x[:d], x[d:]), np.concatenate([x0c, np.full(d, 1.0 / d)]), method="SLSQP",
-                bounds=list(zip(lo, hi)) + [(amin, 1.0)] * d,
+                lambda x, model=model: model.value(x[:d], x[d:]), np.concatenate([x0c, np.full(d, 1.0 / d)]), method="SLSQP",
+                bounds=list(zip(lo, hi, strict=True)) + [(amin, 1.0)] * d,
                 constraints=[{"type": "eq", "fun": lambda x: np.sum(x[d:]) - 1.0}])
             c, alpha = np.clip(res.x[:d], lo, hi), np.maximum(res.x[d:], amin)
             alpha = alpha / alpha.sum()

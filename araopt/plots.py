@@ -135,7 +135,7 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
     fig = _figure(min(26.0, 0.075 * label_width + 4.6 * len(queries)), 2.4 + 0.3 * max(n, 3))
     axes = fig.subplots(1, len(queries), sharey=True, squeeze=False)[0]
     positions = np.arange(n)
-    for ax, query in zip(axes, queries):
+    for ax, query in zip(axes, queries, strict=True):
         part = estimates[estimates["query"] == query]
         rows = chosen.merge(part, on=columns, how="left").sort_values("_rank") if columns else part.head(1)
         estimate = rows["estimate"].to_numpy(dtype=float)
@@ -145,7 +145,7 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
         ax.errorbar(estimate, positions, xerr=np.vstack([estimate - low, high - estimate]), fmt="o", color="black",
                     markersize=3, elinewidth=1.6, capsize=4, capthick=1.6, label="95% interval")
         half = (high - low) / 2.0
-        for y, x, e, h in zip(positions, high, estimate, half):
+        for y, x, e, h in zip(positions, high, estimate, half, strict=True):
             share = h / abs(e) if e != 0 and np.isfinite(e) else np.inf
             relative = f" ({share:.1%})" if share <= 1 else " (>100%)"
             ax.annotate(f"{_number(e)} \u00b1 {_number(h)}{relative}", xy=(x, y), xytext=(4, 0), textcoords="offset points",
@@ -411,7 +411,7 @@ def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure
     names = list(dict.fromkeys(results["dataset"]))
     fig = _figure(max(6.4, 5.4 * len(names)), 5.0)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=True):
         sub = results[results["dataset"] == name]
         for method in [m for m in METHODS if m in set(sub["method"])]:
             s = sub[sub["method"] == method].sort_values("epsilon")
@@ -451,7 +451,7 @@ def count_limit_figure(curves: pd.DataFrame) -> Figure:
     names = list(dict.fromkeys(curves["dataset"]))
     fig = _figure(max(6.4, 5.4 * len(names)), 5.0)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=True):
         sub = curves[curves["dataset"] == name]
         for eps in sorted(set(sub["epsilon"])):
             s = sub[sub["epsilon"] == eps].sort_values("C")

@@ -82,7 +82,7 @@ def estimates_frame(estimates: Estimates, domain: KeyDomain) -> pd.DataFrame:
     frame["query"] = np.tile(np.asarray(estimates.query_names, dtype=object), m)
     for name in ("estimate", "std_error", "ci_low", "ci_high"):
         frame[name] = getattr(estimates, name).reshape(-1)
-    for c, dictionary in zip(domain.slice_columns, domain.dictionaries):
+    for c, dictionary in zip(domain.slice_columns, domain.dictionaries, strict=True):
         if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in dictionary):
             frame[c] = frame[c].astype("int64")
         else:

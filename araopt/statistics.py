@@ -202,12 +202,12 @@ def _slice_codes(acc: StatisticsAccumulator, slices: Mapping[str, np.ndarray], n
         codes.append(code.astype(np.int64))
         uniques.append(np.asarray(uniq, dtype=object))
     combined = codes[0].copy()
-    for code, uniq in zip(codes[1:], uniques[1:]):
+    for code, uniq in zip(codes[1:], uniques[1:], strict=True):
         combined = combined * len(uniq) + code
     first_rows, inverse = np.unique(combined, return_index=True, return_inverse=True)[1:]
     local = np.empty(len(first_rows), dtype=np.int64)
     for i, row in enumerate(first_rows):
-        key = tuple(_python_scalar(uniq[code[row]]) for code, uniq in zip(codes, uniques))
+        key = tuple(_python_scalar(uniq[code[row]]) for code, uniq in zip(codes, uniques, strict=True))
         local[i] = acc.slice_ids.setdefault(key, len(acc.slice_ids))
     return local[inverse.reshape(-1)]
 

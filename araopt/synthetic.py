@@ -572,7 +572,7 @@ def _pieces(table: pa.Table, chunk_rows: int) -> Iterator[pa.Table]:
     pos = np.searchsorted(starts, np.arange(chunk_rows, n, chunk_rows))
     cuts = np.unique(starts[pos[pos < starts.size]])
     edges = [0, *cuts.tolist(), n]
-    for a, b in zip(edges[:-1], edges[1:]):
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
         yield table.slice(a, b - a)
 
 

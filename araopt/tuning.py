@@ -158,7 +158,7 @@ class Guardrails:
         if abs(new.count_limit - previous.count_limit) > self.max_count_limit_change:
             problems.append(f"count limit moves {previous.count_limit} -> {new.count_limit}, more than "
                             f"{self.max_count_limit_change} (use --allow-large-change)")
-        for old_q, new_q in zip(previous.queries, new.queries):
+        for old_q, new_q in zip(previous.queries, new.queries, strict=True):
             factor = max(new_q.clip_threshold / old_q.clip_threshold, old_q.clip_threshold / new_q.clip_threshold)
             if factor > self.max_threshold_change_factor:
                 problems.append(f"clip threshold of {new_q.column} moves {old_q.clip_threshold:.4g} -> "
@@ -188,7 +188,7 @@ def _close(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
         return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     return bool(a == b)
@@ -278,4 +278,4 @@ def nightly_report_png(decision: NightlyDecision, history: Sequence[tuple[str, i
     tuning = decision.tuning
     names = ("count",) + tuning.params.query_columns
     return render(tuning.optimization.table(), tuning.params.count_limit, tuning.baseline_values(),
-                  list(zip(names, tuning.taus)), history)
+                  list(zip(names, tuning.taus, strict=True)), history)

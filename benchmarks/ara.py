@@ -72,7 +72,7 @@ def main() -> None:
             rec = {f"q{i}": 3.0 + i for i in range(d)}
             slice_values = {"device": "mobile"}
             rows.append((f"{encoding:<13} d={d:<2} + conversion-side slice: registration",
-                         _best_us(lambda: enc_d.registration(rec, slice_values), args.number // 2, args.repeat)))
+                         _best_us(lambda enc_d=enc_d, rec=rec, slice_values=slice_values: enc_d.registration(rec, slice_values), args.number // 2, args.repeat)))
     width = max(len(name) for name, _ in rows)
     print(f"{'case':<{width}}  µs/call")
     for name, us in rows:

@@ -94,7 +94,7 @@ def paper_workflow(n: int, epsilon: float = 8.0, max_count_limit: int = 20) -> N
     best = (np.inf, None)
     x0 = float(np.quantile(conv.values[:, 0], 0.99))
     for c in range(1, max_count_limit + 1):
-        res = sp_optimize.minimize(lambda x: raw_objective(c, x[0]), [x0], method="L-BFGS-B", bounds=[(1e-6, None)])
+        res = sp_optimize.minimize(lambda x, c=c: raw_objective(c, x[0]), [x0], method="L-BFGS-B", bounds=[(1e-6, None)])
         if res.fun < best[0]:
             best = (float(res.fun), (c, float(res.x[0])))
     paper_s = time.perf_counter() - t

@@ -107,7 +107,7 @@ def preset_table(seed: int) -> None:
 
     from araopt import synthetic
 
-    print("\n== Presets at scale 1 (k_min=1, k_max=10000, seed %d, train split; expectation in brackets) ==" % seed)
+    print(f"\n== Presets at scale 1 (k_min=1, k_max=10000, seed {seed}, train split; expectation in brackets) ==")
     header = (f"{'preset':<18} {'slices':>6} {'impressions':>21} {'conversions':>23} {'mean c/imp':>10} "
               f"{'max c/imp':>9} {'value median':>20} {'value p99':>20}")
     print(header)

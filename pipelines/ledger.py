@@ -56,7 +56,7 @@ def input_identity(paths: Sequence[str], first_time: str | None = None, last_tim
     """Hash every input file (threads: hashlib releases the GIL) and combine the sorted digests."""
     with ThreadPoolExecutor(max_workers=min(4, max(1, len(paths)))) as pool:
         digests = list(pool.map(file_sha256, paths))
-    files = tuple((p, h, n) for p, (h, n) in zip(paths, digests))
+    files = tuple((p, h, n) for p, (h, n) in zip(paths, digests, strict=True))
     combined = hashlib.sha256("\n".join(sorted(h for _, h, _ in files)).encode()).hexdigest()
     return InputIdentity(combined, files, first_time, last_time)
 

@@ -235,7 +235,7 @@ def test_trigger_encoder_equals_core_encode_on_rounding_boundaries(name):
                                              baseline=spec["encoding"] == "baseline")
         enc = TriggerEncoder(params, domain)
         names = params.query_columns
-        got = np.array([enc.contributions(dict(zip(names, row)), uniforms=uniforms[i]) for i, row in enumerate(values.tolist())])
+        got = np.array([enc.contributions(dict(zip(names, row, strict=True)), uniforms=uniforms[i]) for i, row in enumerate(values.tolist())])
         assert_same_or_core_bug(got, want, params)
 
 
@@ -273,7 +273,7 @@ def test_or_of_source_and_trigger_pieces_is_the_pipeline_bucket(data):
     d = data.draw(st.integers(1, 5))
     params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=tuple(cols),
                     conversion_slice_columns=tuple(cols[k_imp:]),
-                    queries=tuple(QueryParams(f"q{l}", 1.0, 1.0 / d) for l in range(d)))
+                    queries=tuple(QueryParams(f"q{q}", 1.0, 1.0 / d) for q in range(d)))
     domain = KeyDomain.from_slice_values(cols, values, params.query_columns,
                                          conversion_slice_columns=params.conversion_slice_columns)
     sources, triggers = SourceEncoder(params, domain), TriggerEncoder(params, domain)

@@ -191,7 +191,7 @@ def test_caller_arrays_are_never_modified():
         bound_contributions(ids, times, contrib, tie_breaker=tie)
         bound_contributions(ids, times, contrib[:, 0].copy(), tie_breaker=tie)
         after = [ids, times, contrib] + ([tie] if tie is not None else [])
-        for b, a in zip(before, after):
+        for b, a in zip(before, after, strict=True):
             assert np.array_equal(a, b) and a.dtype == b.dtype
     norms = np.array([3, 1, 2])
     bound_sorted(norms, np.array([0, 1, 2]), np.zeros(3, dtype=np.int64))
@@ -403,7 +403,7 @@ def test_vectorized_alg1_equals_a_literal_sequential_loop(inputs):
     for i in np.flatnonzero(kept):
         totals[ids[i]] = totals.get(ids[i], 0) + int(norms[i])
     assert all(v <= budget for v in totals.values())
-    assert all(np.array_equal(a, b) for a, b in zip(copies, [ids, times, norms]))
+    assert all(np.array_equal(a, b) for a, b in zip(copies, [ids, times, norms], strict=True))
 
 
 @given(inputs=capping_inputs(), k=st.integers(1, 3), seed=st.integers(0, 2**16))
@@ -447,5 +447,5 @@ def test_sort_paths_agree_with_reference_lexsort(records, id_kind):
     order, key = sort_by_impression(imp, t, tie)
     ref = sorted(range(len(records)), key=lambda i: (imp[i], t[i], tie[i], i))
     assert order.tolist() == ref
-    same = [imp[a] == imp[b] for a, b in zip(ref, ref[1:])]
+    same = [imp[a] == imp[b] for a, b in zip(ref, ref[1:], strict=False)]
     assert (key[1:] == key[:-1]).tolist() == same

@@ -114,7 +114,7 @@ def params_for(encoding, rounding="floor", count_limit=3, budget=GAMMA):
     """Three value queries (C_l = 2, 30, 7); L-inf fractions 0.2/0.5/0.3, baseline 0.2/0.3/0.1 + count 0.4."""
     thresholds = (2.0, 30.0, 7.0)
     fractions = {"linf": (0.2, 0.5, 0.3), "baseline": (0.2, 0.3, 0.1)}.get(encoding, (None,) * 3)
-    qs = tuple(QueryParams(f"q{i}", t, f) for i, (t, f) in enumerate(zip(thresholds, fractions)))
+    qs = tuple(QueryParams(f"q{i}", t, f) for i, (t, f) in enumerate(zip(thresholds, fractions, strict=True)))
     return Params(count_limit=count_limit, encoding=encoding, epsilon=1.0, slice_columns=(), queries=qs,
                   l1_rounding=rounding, count_budget_fraction=0.4 if encoding == "baseline" else None,
                   contribution_budget=budget)

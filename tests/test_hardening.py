@@ -69,7 +69,7 @@ def measure(argv, capsys=None):
 
 def error_line(err, prog="araopt measure"):
     assert "Traceback" not in err
-    (line,) = [l for l in err.splitlines() if l.startswith(f"{prog}: error:")]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith(f"{prog}: error:")]
     return line
 
 

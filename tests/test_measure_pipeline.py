@@ -250,7 +250,7 @@ def test_too_many_bad_rows_fail_before_release(tmp_path, capsys):
     code, out = run_measure(tmp_path, frame, make_params(), "toobad")
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    (line,) = [l for l in err.splitlines() if l.startswith("araopt measure: error:")]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("araopt measure: error:")]
     assert "above the 10% threshold" in line
     assert not out.exists()  # nothing released, not even partly
     kept = [p for p in os.listdir(tmp_path) if p.startswith("out-toobad.araopt-failed-")]

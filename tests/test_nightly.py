@@ -172,7 +172,7 @@ def test_measure_refuses_corrupt_latest_or_params_naming_the_file(tmp_path, caps
     latest.write_bytes(good[: len(good) // 2])  # truncated pointer
     assert measure_pipeline.run(measure_args + ["--output", str(tmp_path / "o1")]) == 2
     err = capsys.readouterr().err
-    (line,) = [l for l in err.splitlines() if l.startswith("araopt measure: error:")]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("araopt measure: error:")]
     assert "latest" in line and "Traceback" not in err
     latest.write_bytes(good)
     params_file = tmp_path / "store" / "versions" / "2026-11-22-c" / "params.json"

@@ -153,7 +153,7 @@ def test_fractions_follow_the_cube_root_rule_and_are_locally_optimal():
         a = alpha * np.exp(rng.normal(0, 0.05, 3))
         a /= a.sum()
         other = Params(count_limit=p.count_limit, encoding="linf", epsilon=2.0, slice_columns=("s",),
-                       queries=tuple(QueryParams(q.column, float(x), float(y)) for q, x, y in zip(p.queries, t, a)))
+                       queries=tuple(QueryParams(q.column, float(x), float(y)) for q, x, y in zip(p.queries, t, a, strict=True)))
         assert objective(stats, other, taus, "relaxed") >= res.objective * (1 - 1e-9)
 
 
@@ -193,7 +193,7 @@ def test_l1_optimization_d2_reported_and_consistent():
             t = [x.clip_threshold for x in l1.params.queries]
             t[q] *= f
             other = Params(count_limit=l1.params.count_limit, encoding="l1", epsilon=4.0, slice_columns=("s",), l1_rounding="randomized",
-                           queries=tuple(QueryParams(x.column, float(v)) for x, v in zip(l1.params.queries, t)))
+                           queries=tuple(QueryParams(x.column, float(v)) for x, v in zip(l1.params.queries, t, strict=True)))
             assert objective(stats, other, taus) >= l1.objective * (1 - 1e-9)
 
 

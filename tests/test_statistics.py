@@ -53,7 +53,7 @@ def exact_rmsre(conv: Conversions, params: Params, taus: np.ndarray, kind: str) 
 
 def linf(C: int, thresholds, fractions, slices=SLICES, columns=("value",), eps: float = 4.0) -> Params:
     return Params(count_limit=C, encoding="linf", epsilon=eps, slice_columns=slices,
-                  queries=tuple(QueryParams(c, float(t), float(a)) for c, t, a in zip(columns, thresholds, fractions)))
+                  queries=tuple(QueryParams(c, float(t), float(a)) for c, t, a in zip(columns, thresholds, fractions, strict=True)))
 
 
 @pytest.mark.parametrize("preset", ["synth-criteo", "synth-real-estate", "synth-travel"])

@@ -99,7 +99,7 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
                     and isinstance(body[0].value.value, str):
                 out.add(id(body[0]))
         if isinstance(node, (ast.Module, ast.ClassDef)):  # attribute docstrings: a string after an assignment
-            for prev, stmt in zip(node.body, node.body[1:]):
+            for prev, stmt in zip(node.body, node.body[1:], strict=False):
                 if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
                         and isinstance(stmt.value.value, str) and isinstance(prev, (ast.Assign, ast.AnnAssign)):
                     out.add(id(stmt))
@@ -169,7 +169,7 @@ def enumerate_mutants(module: str, source: str, functions: list[str] | None = No
             continue
         line = getattr(node, "lineno", 0)
 
-        def add(op: str, arg: object, desc: str) -> None:
+        def add(op: str, arg: object, desc: str, index: int = index, line: int = line, func: str = func) -> None:
             out.append(Mutant(module, index, op, arg, line, func, desc))
 
         if isinstance(node, ast.Compare):

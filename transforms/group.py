@@ -40,7 +40,7 @@ def split_by_shard(table: pa.Table, num_shards: int):
     order = np.argsort(shards, kind="stable")
     sorted_shards = shards[order]
     bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
-    for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]])):
+    for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]), strict=True):
         if stop > start:
             # take() copies the shard's rows; a slice() would share (and pickle) the whole batch
             yield int(sorted_shards[start]), table.take(pa.array(order[start:stop]))

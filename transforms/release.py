@@ -18,7 +18,7 @@ from araopt.release import Release, estimates_frame
 
 
 def summary_records(release: Release):
-    for bucket, metric in zip(release.domain.buckets(), release.report.noisy.ravel().tolist()):
+    for bucket, metric in zip(release.domain.buckets(), release.report.noisy.ravel().tolist(), strict=True):
         yield {"bucket": avro.bucket_to_min_bytes(bucket), "metric": int(metric)}
 
 
@@ -30,7 +30,7 @@ def domain_records(release: Release):
 def debug_records(release: Release):
     unnoised = release.report.unnoised.ravel().tolist()
     noise = release.report.noise.ravel().tolist()
-    for bucket, u, z in zip(release.domain.buckets(), unnoised, noise):
+    for bucket, u, z in zip(release.domain.buckets(), unnoised, noise, strict=True):
         tags = ["in_domain", "in_reports"] if u > 0 else ["in_domain"]
         yield {"bucket": avro.bucket_to_min_bytes(bucket), "unnoised_metric": int(u), "noise": int(z), "annotations": tags}
 
