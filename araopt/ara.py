@@ -33,7 +33,7 @@ import re
 import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -493,7 +493,7 @@ class TriggerEncoder:
         if rng is None:
             return _secure_uniforms(k)
         if isinstance(rng, np.random.Generator):
-            return rng.random(k).tolist()
+            return cast(list[float], rng.random(k).tolist())
         if isinstance(rng, random.Random):
             return [rng.random() for _ in range(k)]
         raise ValueError(f"rng must be a numpy Generator or random.Random, got {type(rng).__name__}")
@@ -866,7 +866,7 @@ def estimates_from_summary_report(
         raise ValueError(f"bucket 0x{domain.buckets()[dup]:x} appears {int(counts[dup])} times in the summary report "
                          f"(overlapping files or a bad report)")
     use = ~unknown & ~huge
-    W = np.full(num_keys, np.nan)
+    W: np.ndarray = np.full(num_keys, np.nan)
     W[ids[use]] = metrics[use].astype(np.float64)
     W = W.reshape(domain.num_slices, domain.num_columns)
     estimates = reconstruct(W, params, confidence)

@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import numpy as np
@@ -46,7 +46,7 @@ def load_schema(name: str) -> dict[str, Any]:
     if name not in SCHEMA_FILES:
         raise ValueError(f"unknown Aggregation Service record {name!r}; known: {sorted(SCHEMA_FILES)}")
     text = resources.files("araopt").joinpath("schemas", SCHEMA_FILES[name]).read_text(encoding="utf-8")
-    return json.loads(text)
+    return cast(dict[str, Any], json.loads(text))
 
 
 def schema_path(name: str) -> str:
@@ -57,7 +57,7 @@ def schema_path(name: str) -> str:
 
 
 def _parsed(name: str) -> dict[str, Any]:
-    return fastavro.parse_schema(load_schema(name))
+    return cast(dict[str, Any], fastavro.parse_schema(load_schema(name)))  # a record schema parses to a dict
 
 
 def _norm_type(t: Any) -> Any:

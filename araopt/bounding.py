@@ -8,6 +8,8 @@ iterations), each one vectorized over every impression that has a conversion at 
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from .params import CONTRIBUTION_BUDGET
@@ -46,10 +48,10 @@ def contribution_norms(contributions: np.ndarray, contribution_budget: int = CON
             raise ValueError(
                 f"every contribution entry must be an integer in [0, Gamma = {budget}] (a browser refuses "
                 f"aggregatable values outside [1, 65536]): got {int(contrib[row, key])} at row {row}, key {key}")
-        return contrib.sum(axis=1, dtype=np.int64)
+        return cast(np.ndarray, contrib.sum(axis=1, dtype=np.int64))
     if contrib.size and contrib.min() < 0:
         raise ValueError(f"contribution L1 norms must be non-negative integers, got {int(contrib.min())}")
-    return np.minimum(contrib, budget + 1).astype(np.int64)  # uint64 above 2^63 never wraps to negative
+    return cast(np.ndarray, np.minimum(contrib, budget + 1).astype(np.int64))  # uint64 above 2^63 never wraps to negative
 
 
 def impression_order(

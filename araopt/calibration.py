@@ -99,7 +99,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -154,7 +154,7 @@ def _python_scalar(v: Any) -> Any:
     return v
 
 
-def _sort_key(key: tuple) -> tuple:
+def _sort_key(key: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
     return tuple((type(v).__name__, v) for v in key)
 
 
@@ -184,7 +184,7 @@ class CalibrationAccumulator:
 
     params: Params
     slice_columns: tuple[str, ...]
-    slice_ids: dict[tuple, int] = field(default_factory=dict)
+    slice_ids: dict[tuple[Any, ...], int] = field(default_factory=dict)
     block_ids: dict[Any, int] = field(default_factory=dict)
     keys: list[np.ndarray] = field(default_factory=list)
     vals: list[np.ndarray] = field(default_factory=list)
@@ -197,7 +197,7 @@ def create_accumulator(params: Params, slice_columns: Sequence[str] | None = Non
     return CalibrationAccumulator(params=params, slice_columns=cols)
 
 
-def _register(codes_uniques: list[tuple[np.ndarray, np.ndarray]], registry: dict, n: int,
+def _register(codes_uniques: list[tuple[np.ndarray, np.ndarray]], registry: dict[Any, int], n: int,
               scalar: bool = False) -> np.ndarray:
     """Local ids of the combined keys (a loop over distinct keys, not records); ``scalar``: one column, bare keys."""
     if not codes_uniques:
@@ -330,7 +330,7 @@ class CalibrationStatistics:
 
     params: Params
     slice_columns: tuple[str, ...]
-    slice_keys: tuple[tuple, ...]
+    slice_keys: tuple[tuple[Any, ...], ...]
     block_keys: tuple[Any, ...]
     cells: np.ndarray
     num_conversions: int
@@ -447,7 +447,7 @@ class Calibration:
     retention_checksum: str
     slice_columns: tuple[str, ...]
     query_names: tuple[str, ...]
-    slice_keys: tuple[tuple, ...]
+    slice_keys: tuple[tuple[Any, ...], ...]
     conversions: np.ndarray
     slice_blocks: np.ndarray
     ratio: np.ndarray
@@ -479,7 +479,7 @@ class Calibration:
     def num_queries(self) -> int:
         return len(self.query_names) - 1
 
-    def index(self) -> dict[tuple, int]:
+    def index(self) -> dict[tuple[Any, ...], int]:
         return {k: i for i, k in enumerate(self.slice_keys)}
 
     def check_params(self, params: Params) -> None:
@@ -499,10 +499,10 @@ class Calibration:
             raise ValueError(f"period_blocks must be an integer >= 1, got {period_blocks!r}")
         P = int(period_blocks)
         if P <= self.period_variance.shape[0]:
-            return self.period_variance[P - 1]
+            return cast(np.ndarray, self.period_variance[P - 1])
         B = self.num_blocks  # beyond the history: independent blocks, s2_1 from P = 1
         s2_1 = self.period_variance[0] / (1.0 + 1.0 / B)
-        return s2_1 * (1.0 / P + 1.0 / B)
+        return cast(np.ndarray, s2_1 * (1.0 / P + 1.0 / B))
 
     # ---- serialisation --------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -604,7 +604,7 @@ class Calibration:
         return cls.from_bytes(raw, params, source=path)
 
 
-def _bad_shape(name: str, got: tuple, want: tuple) -> np.ndarray:
+def _bad_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> np.ndarray:
     raise ValueError(f"field {name} has shape {got}, expected {want}")
 
 
@@ -819,7 +819,7 @@ class CorrectedEstimates:
         return frame
 
 
-def _slice_rows(slices: KeyDomain | Mapping[str, Sequence[Any]], columns: tuple[str, ...], m: int) -> list[tuple]:
+def _slice_rows(slices: KeyDomain | Mapping[str, Sequence[Any]], columns: tuple[str, ...], m: int) -> list[tuple[Any, ...]]:
     values = slices.slice_values() if isinstance(slices, KeyDomain) else slices
     missing = [c for c in columns if c not in values]
     if missing:
@@ -857,7 +857,7 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     m = U.shape[0]
     rows = _slice_rows(slices, calibration.slice_columns, m)
     index = calibration.index()
-    pos = np.array([index.get(r, -1) for r in rows], dtype=np.int64)
+    pos: np.ndarray = np.array([index.get(r, -1) for r in rows], dtype=np.int64)
     seen = pos >= 0
     safe = np.where(seen, pos, 0)
     ratio = np.where(seen[:, None], calibration.ratio[safe], calibration.pooled_ratio[None, :])
@@ -933,8 +933,8 @@ def convolved_loss_quantiles(mean: np.ndarray, variance: np.ndarray, zero_probab
     sdd = np.maximum(sd, 1e-12 * (1.0 + mean))[:, None]
 
     def cdf(w: np.ndarray) -> np.ndarray:
-        return (p0 * sp_special.ndtr(w / sdd[:, 0])
-                + (1.0 - p0) * (sp_special.ndtr((w[:, None] - nodes) / sdd) * _WEIGHTS[None, :]).sum(axis=1))
+        return cast(np.ndarray, p0 * sp_special.ndtr(w / sdd[:, 0])
+                    + (1.0 - p0) * (sp_special.ndtr((w[:, None] - nodes) / sdd) * _WEIGHTS[None, :]).sum(axis=1))
 
     span = 12.0 * (sd + np.sqrt(var + mean * mean) + nodes.max(axis=1)) + 1e-9
     out = []
@@ -967,7 +967,10 @@ def _value_moments(stats: SufficientStatistics, q: int, c: np.ndarray) -> tuple[
     order = np.argsort(mean_b)
     mean_b, cnt, sm, sq = mean_b[order], cnt[order], sm[order], sq[order]
     N = max(cnt.sum(), 1e-300)
-    csum = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
+
+    def csum(a: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(a)])
+
     ccnt, csm, csq = csum(cnt), csum(sm), csum(sq)
     k = np.searchsorted(mean_b, c, side="left")  # buckets below c: [0, k)
     below_sm, below_sq = csm[k], csq[k]
@@ -1012,7 +1015,7 @@ def value_kappa(stats: SufficientStatistics, q: int, kept_ranks: int, clip: np.n
     Vv = max(m2 - m1 * m1, 0.0)
     kk, nn, hh = k[:, None], n[:, None], h[:, None]
     e2 = kk * VD + (nn - kk) * r**2 * Vv + (kk * ED - (nn - kk) * r * m1) ** 2
-    return (hh * e2).sum(axis=0) / (N * m1 * m1)
+    return cast(np.ndarray, (hh * e2).sum(axis=0) / (N * m1 * m1))
 
 
 @dataclass(frozen=True)
@@ -1027,7 +1030,7 @@ class CorrectedBreakdown:
 
     @property
     def mse(self) -> np.ndarray:
-        return self.residual_bias**2 + self.variance
+        return cast(np.ndarray, self.residual_bias**2 + self.variance)
 
     def as_error_breakdown(self) -> ErrorBreakdown:
         """For ``error_model.rmsre_tau``: expected = truth + residual bias (its rms), variance."""
@@ -1044,7 +1047,7 @@ def _ratio_terms(T: np.ndarray, X: np.ndarray, N: np.ndarray, kappa: np.ndarray)
 
 
 def corrected_breakdown(stats: SufficientStatistics, params: Params, kind: str = "exact",
-                        period_variance: float | Sequence[float] = 0.0) -> CorrectedBreakdown:
+                        period_variance: float | Sequence[float] | np.ndarray = 0.0) -> CorrectedBreakdown:
     """Predicted error of the corrected estimator for ``params`` from the optimizer's statistics.
 
     ``period_variance`` (scalar or d+1): V_period of the measured period (e.g. from a calibration).
@@ -1067,7 +1070,7 @@ def corrected_breakdown(stats: SufficientStatistics, params: Params, kind: str =
 
 
 def corrected_objective(stats: SufficientStatistics, params: Params, taus: np.ndarray | Sequence[float] | None = None,
-                        kind: str = "exact", period_variance: float | Sequence[float] = 0.0) -> float:
+                        kind: str = "exact", period_variance: float | Sequence[float] | np.ndarray = 0.0) -> float:
     """Predicted RMSRE_tau (Def. 3.2) of the corrected estimator (objective kind "corrected")."""
     t = stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
     return rmsre_tau(corrected_breakdown(stats, params, kind, period_variance).as_error_breakdown(), t).combined
@@ -1093,7 +1096,7 @@ def _clip_grid(stats: SufficientStatistics, q: int, size: int) -> np.ndarray:
 
 def optimize_corrected(
     stats: SufficientStatistics, epsilon: float, max_count_limit: int = 20, taus: np.ndarray | Sequence[float] | None = None,
-    period_variance: float | Sequence[float] = 0.0, grid_size: int = 192, sweeps: int = 4,
+    period_variance: float | Sequence[float] | np.ndarray = 0.0, grid_size: int = 192, sweeps: int = 4,
     slice_columns: Sequence[str] | None = None,
 ) -> CorrectedOptimizationResult:
     """ParameterOptimization (Alg. 5) for the corrected objective, L-inf encoding (Alg. 3).
@@ -1122,7 +1125,9 @@ def optimize_corrected(
     pi = 1.0 / np.maximum(tau[None, :], T) ** 2
     N = T[:, 0]
     grids = [_clip_grid(stats, q, grid_size) for q in range(d)]
-    rows, best = [], (np.inf, None)
+    rows: list[dict[str, Any]] = []
+    best: tuple[float, Params | None] = (np.inf, None)
+    params: Params | None
     for C in range(1, cmax + 1):
         K = kept_per_impression(C, gamma)
         if K > stats.max_rank:

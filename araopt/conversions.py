@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -153,13 +154,13 @@ class ValidatedBatch:
 
 
 def _as_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return column.to_numpy(zero_copy_only=False)
+    return cast(np.ndarray, column.to_numpy(zero_copy_only=False))
 
 
 def _integer_in_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Mask of entries of an integer column that fit int64 (only unsigned 64-bit ids can fail)."""
     if column.type == pa.uint64():
-        return ~pc.fill_null(pc.greater(column, pa.scalar(_INT64_MAX, pa.uint64())), False).to_numpy(zero_copy_only=False)
+        return cast(np.ndarray, ~pc.fill_null(pc.greater(column, pa.scalar(_INT64_MAX, pa.uint64())), False).to_numpy(zero_copy_only=False))
     return np.ones(len(column), dtype=bool)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import cast
 
 import numpy as np
 
@@ -46,11 +47,11 @@ class ErrorBreakdown:
 
     @property
     def bias(self) -> np.ndarray:
-        return self.expected - self.truth
+        return cast(np.ndarray, self.expected - self.truth)
 
     @property
     def mse(self) -> np.ndarray:
-        return self.bias**2 + self.variance
+        return cast(np.ndarray, self.bias**2 + self.variance)
 
 
 @dataclass(frozen=True)

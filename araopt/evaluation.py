@@ -152,7 +152,8 @@ def evaluate_dataset(
     name: str, train_stats: SufficientStatistics, test_conversions: Conversions | None = None,
     epsilons: Sequence[float] = DEFAULT_EPSILONS, *, test_stats: SufficientStatistics | None = None,
     max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
-    methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False, taus: Sequence[float] | None = None,
+    methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
+    taus: np.ndarray | Sequence[float] | None = None,
 ) -> DatasetEvaluation:
     """Optimize on train, evaluate on test (exactly on records when given, else on test statistics).
     ``taus`` (count first) defaults to the paper's rule on the training statistics (Sec. 5.1)."""
@@ -185,6 +186,7 @@ def evaluate_dataset(
             if test_conversions is not None:
                 test_value = analytic_rmsre(p, test_conversions, taus, kind).combined
             else:
+                assert test_stats is not None  # (one of the two was required on entry)
                 test_value = objective(test_stats, p, taus, kind)
             row = {"dataset": name, "epsilon": eps, "method": method, "count_limit": p.count_limit,
                    "clip_thresholds": ";".join(f"{q.clip_threshold:.6g}" for q in p.queries),

@@ -21,7 +21,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -154,7 +154,7 @@ class KeyDomain:
         idx = np.empty((n, len(arrays)), dtype=np.int64)
         for j, (arr, dictionary) in enumerate(zip(arrays, self.dictionaries, strict=True)):
             idx[:, j] = pd.Index(list(dictionary)).get_indexer(arr)
-        return idx, (idx >= 0).all(axis=1)
+        return idx, cast(np.ndarray, (idx >= 0).all(axis=1))
 
     def slice_index(self, columns: Mapping[str, Any]) -> np.ndarray:
         """Dense slice index in [0, m) of each record, -1 where the slice is not in the domain."""

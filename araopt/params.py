@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 
@@ -55,7 +55,7 @@ FRACTION_TOLERANCE = 1e-9
 DEFAULT_COUNT_TAU = 5.0
 
 
-def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+def check_epsilon(epsilon: float | str, name: str = "epsilon") -> float:
     """Return epsilon as float if it lies in [2^-20, 64] (floor: MIN_EPSILON; ceiling: the Aggregation Service's)."""
     if isinstance(epsilon, bool):
         raise ValueError(f"{name} must be a number, got {epsilon!r}")
@@ -374,7 +374,7 @@ class Params:
 def params_json_schema() -> dict[str, Any]:
     """The JSON Schema of the parameter file (``schemas/params.schema.json``)."""
     text = resources.files("araopt").joinpath("schemas/params.schema.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    return cast(dict[str, Any], json.loads(text))
 
 
 def utc_now_iso() -> str:

@@ -23,7 +23,7 @@ import os
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -109,7 +109,8 @@ def slice_labels(frame: pd.DataFrame, slice_columns: Sequence[str]) -> pd.Series
     if not columns:
         return pd.Series("all conversions", index=frame.index)
     parts = [f"{c}=" + frame[c].astype(str) for c in columns]
-    return parts[0].str.cat(parts[1:], sep=", ") if len(parts) > 1 else parts[0]
+    # pandas takes a list of Series as `others`; pandas-stubs only admit list[str]
+    return parts[0].str.cat(parts[1:], sep=", ") if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
 
 
 # ---- estimates ----------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ def noise_figure(unnoised: np.ndarray | Sequence[int], noise: np.ndarray | Seque
     _thousands(right, "y")
     right.set_title("distribution of the noise", fontsize=10)
     subtitle = f"{n:,} keys"
-    if sd is not None:
+    if sd is not None and a is not None:  # (set together)
         band = Z_95 * sd
         inside = float(np.mean(np.abs(noise) <= band)) if n else float("nan")
         edge = np.floor(band)
@@ -317,7 +318,7 @@ def _baseline_label(name: str) -> str:
 
 
 def _taus_text(taus: Mapping[str, float] | Sequence[tuple[str, float]]) -> str:
-    pairs = list(taus.items()) if isinstance(taus, Mapping) else [tuple(t) for t in taus]
+    pairs = list(taus.items()) if isinstance(taus, Mapping) else [(name, value) for name, value in taus]
     return ", ".join(f"{name} {_number(float(value))}" for name, value in pairs)
 
 
@@ -424,7 +425,7 @@ def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure
                         markersize=5, capsize=2, label=f"Monte-Carlo, {runs} runs (\u00b12 s.e.)")
         epsilons = np.sort(sub["epsilon"].unique())
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(epsilons))
+        ax.xaxis.set_major_locator(FixedLocator(cast(Sequence[float], epsilons)))  # (an array works as well)
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
         ax.set_yscale("log")

@@ -23,6 +23,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -67,7 +68,7 @@ def _micros(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
         raise ValueError(f"time column {name!r} must be a timestamp, got {column.type}")
     if column.null_count:
         raise ValueError(f"time column {name!r} has {column.null_count} null(s)")
-    return pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64()).to_numpy()
+    return cast(np.ndarray, pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64()).to_numpy())
 
 
 def quantile_cut(source: pa.Table | str | os.PathLike[str], train_fraction: float,

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from google.cloud import storage
@@ -748,7 +748,7 @@ class GcsStore(ParameterStore):
 
         blob = self._bucket.blob(self._prefix + key)
         try:
-            return self._call(key, "read", lambda: blob.download_as_bytes(retry=self._retry, timeout=self._timeout))
+            return cast(bytes | None, self._call(key, "read", lambda: blob.download_as_bytes(retry=self._retry, timeout=self._timeout)))
         except api.NotFound:
             return None
 
@@ -793,7 +793,7 @@ class GcsStore(ParameterStore):
         raise StoreError(f"cannot read {self._object_uri(LATEST)}: it kept changing during 5 attempts")
 
     def _download_generation(self, blob: storage.Blob, generation: int) -> bytes:
-        return blob.download_as_bytes(if_generation_match=generation, retry=self._retry, timeout=self._timeout)
+        return cast(bytes, blob.download_as_bytes(if_generation_match=generation, retry=self._retry, timeout=self._timeout))
 
     def _swap_pointer(self, data: bytes, expected_generation: int) -> None:
         from google.api_core import exceptions as api

@@ -82,7 +82,7 @@ from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -153,8 +153,8 @@ def _integral_pow(lo: float, hi: float, b: float) -> float:
     g = 1.0 - b
     log_ratio = math.log(hi / lo)
     if abs(g * log_ratio) < 1e-12:
-        return lo**g * log_ratio
-    return lo**g * math.expm1(g * log_ratio) / g
+        return cast(float, lo**g * log_ratio)
+    return cast(float, lo**g * math.expm1(g * log_ratio) / g)
 
 
 def _continuous_ppf(v: np.ndarray, lo: float, hi: float, b: float) -> np.ndarray:
@@ -472,7 +472,7 @@ class ImpressionPlan:
     @property
     def slice_counts(self) -> np.ndarray:
         """Impressions per slice over all days (the Step 1 power-law draws)."""
-        return self.counts.sum(axis=0)
+        return cast(np.ndarray, self.counts.sum(axis=0))
 
     @property
     def n_impressions(self) -> int:
@@ -720,7 +720,7 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
     # generation of chunk i+1 overlaps the writing of chunk i. At most one write is in flight, so
     # memory stays bounded (about two chunks), and files are written in order.
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="araopt-parquet")
-    in_flight: list[Future] = []
+    in_flight: list[Future[Any]] = []
 
     def submit(fn: Any, *args: Any) -> None:
         if in_flight:

@@ -65,7 +65,7 @@ class Baseline:
                 "clip_thresholds": [q.clip_threshold for q in self.params.queries]}
 
 
-def baselines(statistics: SufficientStatistics, epsilon: float, max_count_limit: int, taus: Sequence[float],
+def baselines(statistics: SufficientStatistics, epsilon: float, max_count_limit: int, taus: np.ndarray | Sequence[float],
               kind: str = Objective.EXACT, slice_columns: Sequence[str] | None = None,
               quantiles: Sequence[float] = BASELINE_QUANTILES) -> tuple[Baseline, ...]:
     """The paper's baselines (equal fractions, quantile thresholds and count limit), evaluated."""

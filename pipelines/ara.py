@@ -80,7 +80,7 @@ def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
 def _atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as fh:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
             write(fh)
         os.replace(tmp, path)
     finally:
