@@ -100,6 +100,7 @@ def needed_columns(slice_columns: Sequence[str], value_columns: Sequence[str]) -
     return [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
 
 
+@beam.typehints.with_output_types(pa.Table)
 class ReadConversionFiles(beam.PTransform):
     """An explicit list of Parquet files -> PCollection of ``pa.Table`` batches with only the needed columns."""
 
@@ -108,7 +109,7 @@ class ReadConversionFiles(beam.PTransform):
         self._paths = list(paths)
         self._columns = list(columns)
 
-    def expand(self, pbegin):
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[pa.Table]:
         return (
             pbegin
             | "Files" >> beam.Create(self._paths)
