@@ -181,7 +181,8 @@ class AraRequirements:
             out.append(f"aggregation key name length: {self.max_key_name_length} > ARA limit {ARA_MAX_KEY_NAME_LENGTH} "
                        f"(exceeds by {self.max_key_name_length - ARA_MAX_KEY_NAME_LENGTH})")
         if self.reports_per_source_guaranteed and self.reports_per_source > ARA_MAX_REPORTS_PER_SOURCE:
-            out.append(f"aggregatable reports per source: count_limit C = {self.reports_per_source} conversions per impression "
+            out.append(f"aggregatable reports per source: count_limit C = {self.reports_per_source} conversions "
+                       f"per impression "
                        f"> ARA limit {ARA_MAX_REPORTS_PER_SOURCE} reports per source "
                        f"(exceeds by {self.reports_per_source - ARA_MAX_REPORTS_PER_SOURCE})")
         return out
@@ -190,12 +191,14 @@ class AraRequirements:
         """Differences between the browser and the simulation that do not make the configuration inexpressible."""
         out = []
         if self.contribution_budget != ARA_CONTRIBUTION_BUDGET:
-            out.append(f"contribution_budget Γ = {self.contribution_budget} but the browser budgets {ARA_CONTRIBUTION_BUDGET} per "
+            out.append(f"contribution_budget Γ = {self.contribution_budget} but the browser budgets "
+                       f"{ARA_CONTRIBUTION_BUDGET} per "
                        f"source and the Aggregation Service adds noise DLap(ε/{ARA_CONTRIBUTION_BUDGET}): a simulation with "
                        f"Γ = {self.contribution_budget} does not reproduce real reports")
         if not self.reports_per_source_guaranteed and self.reports_per_source > ARA_MAX_REPORTS_PER_SOURCE:
-            out.append(f"up to {self.reports_per_source} conversions per impression fit the budget, but the browser sends at "
-                       f"most {ARA_MAX_REPORTS_PER_SOURCE} aggregatable reports per source; impressions with more conversions "
+            out.append(f"up to {self.reports_per_source} conversions per impression fit the budget, but the browser "
+                       f"sends at most {ARA_MAX_REPORTS_PER_SOURCE} aggregatable reports per source; impressions "
+                       f"with more conversions "
                        f"are capped by the browser, which the simulation does not model")
         return out
 
@@ -313,8 +316,10 @@ def key_map_json(params: Params, domain: KeyDomain) -> dict[str, Any]:
     return domain.to_json(params_sha256=params.checksum())
 
 
-def resolve_domain(params: Params, domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> KeyDomain:
-    """A :class:`KeyDomain` from a domain, a :class:`KeyMap`, a parsed key-map JSON or its path; checked against ``params``."""
+def resolve_domain(params: Params,
+                   domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> KeyDomain:
+    """A :class:`KeyDomain` from a domain, a :class:`KeyMap`, a parsed key-map JSON or its path; checked against
+    ``params``."""
     if isinstance(domain_or_keymap, KeyDomain):
         check_domain_matches(params, domain_or_keymap)
         return domain_or_keymap
@@ -443,7 +448,8 @@ class TriggerEncoder:
     ``random.Random``), else the OS CSPRNG. Values outside [0, 65536] are never emitted.
     """
 
-    def __init__(self, params: Params, domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> None:
+    def __init__(self, params: Params,
+                 domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> None:
         domain = resolve_domain(params, domain_or_keymap)
         check_ara_limits(params, domain)
         self.params = params
@@ -708,7 +714,8 @@ def validate_trigger_registration(reg: Mapping[str, Any]) -> None:
     for name, v in values.items():
         _check_name(name)
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= ARA_MAX_VALUE:
-            raise ValueError(f"trigger registration: aggregatable value {name!r} = {v!r} is not an integer in [1, {ARA_MAX_VALUE}]")
+            raise ValueError(f"trigger registration: aggregatable value {name!r} = {v!r} is not an integer "
+                             f"in [1, {ARA_MAX_VALUE}]")
     total = sum(values.values())
     if total > ARA_CONTRIBUTION_BUDGET:
         raise ValueError(f"trigger registration: values total {total} > {ARA_CONTRIBUTION_BUDGET}")

@@ -146,7 +146,8 @@ def bucket_from_avro_bytes(raw: bytes) -> int:
         raise ValueError(f"bucket must be bytes, got {type(raw).__name__}")
     stripped = bytes(raw).lstrip(b"\x00")
     if len(stripped) > BUCKET_BYTES:
-        raise ValueError(f"bucket 0x{stripped.hex()} has {len(stripped)} significant bytes; ARA buckets are at most 16 (128 bits)")
+        raise ValueError(f"bucket 0x{stripped.hex()} has {len(stripped)} significant bytes; "
+                         f"ARA buckets are at most 16 (128 bits)")
     return int.from_bytes(stripped, "big")
 
 
@@ -256,7 +257,8 @@ def read_report(paths_or_glob: PathsOrGlob, allowed: Sequence[str] = (SUMMARY, D
         kind, rows = _records(path, allowed_t)
         kinds[path] = kind
         if len(set(kinds.values())) > 1:
-            raise ValueError(f"{path}: is a {kind} file but {paths[0]} is a {kinds[paths[0]]} file; do not mix summary and debug reports")
+            raise ValueError(f"{path}: is a {kind} file but {paths[0]} is a {kinds[paths[0]]} file; "
+                             f"do not mix summary and debug reports")
         for r, row in enumerate(rows):
             where = f"{path}: row {r}"
             try:
@@ -339,7 +341,8 @@ def write_summary_report(path: str | os.PathLike[str], buckets: Sequence[int], m
                          codec: str = "null") -> None:
     """``AggregatedFact`` rows, buckets with leading zero bytes left out (as the service writes them)."""
     _aligned("metrics", len(buckets), metrics)
-    rows = [{"bucket": bucket_to_min_bytes(b), "metric": _check_long(m, "metric")} for b, m in zip(buckets, metrics, strict=True)]
+    rows = [{"bucket": bucket_to_min_bytes(b), "metric": _check_long(m, "metric")}
+            for b, m in zip(buckets, metrics, strict=True)]
     _write(path, SUMMARY, rows, codec)
 
 

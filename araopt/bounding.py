@@ -37,7 +37,8 @@ def contribution_norms(contributions: np.ndarray, contribution_budget: int = CON
     budget = check_contribution_budget(contribution_budget)
     contrib = np.asarray(contributions)
     if contrib.ndim not in (1, 2):
-        raise ValueError(f"contributions must be an (n, K) array of per-key values or (n,) L1 norms, got shape {contrib.shape}")
+        raise ValueError(f"contributions must be an (n, K) array of per-key values or (n,) L1 norms, "
+                         f"got shape {contrib.shape}")
     if contrib.size and contrib.dtype.kind not in "iu":
         raise ValueError(f"contributions must be integers (ARA aggregatable values), got dtype {contrib.dtype}")
     if contrib.dtype.kind in "iu" and contrib.dtype.itemsize < 8:  # small ints: compare with Gamma in int64

@@ -244,7 +244,8 @@ def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block
     """
     params = acc.params
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, params expect {params.query_columns}")
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+                         f"params expect {params.query_columns}")
     missing = [c for c in acc.slice_columns if c not in conversions.slices]
     if missing:
         raise ValueError(f"conversions lack slice column(s) {missing}")
@@ -411,7 +412,8 @@ def _shrink(r: np.ndarray, s2: np.ndarray, valid: np.ndarray) -> _Shrinkage:
     ok = (k >= 2) & (denom > 0)
     safe_denom = np.where(ok, denom, 1.0)
     between = np.where(ok, np.maximum(0.0, (Q - (k - 1)) / safe_denom), 0.0)
-    upper = np.where(ok, np.maximum(0.0, (Q - (k - 1) + _Z95_ONE_SIDED * np.sqrt(2 * np.maximum(k - 1, 0))) / safe_denom), 0.0)
+    upper = np.where(ok, np.maximum(0.0, (Q - (k - 1) + _Z95_ONE_SIDED * np.sqrt(2 * np.maximum(k - 1, 0))) / safe_denom),
+                     0.0)
     wr = np.where(valid, 1.0 / (s2 + between), 0.0)
     swr = wr.sum(axis=0)
     mu = np.where(swr > 0, (wr * r).sum(axis=0) / np.where(swr > 0, swr, 1.0), 1.0)
@@ -544,7 +546,9 @@ class Calibration:
 
             def mat(x: Any, name: str) -> np.ndarray:
                 a = np.asarray(x, dtype=np.float64)
-                return a.reshape(num_slices, d1) if a.size == num_slices * d1 else _bad_shape(name, a.shape, (num_slices, d1))
+                if a.size == num_slices * d1:
+                    return a.reshape(num_slices, d1)
+                return _bad_shape(name, a.shape, (num_slices, d1))
 
             cal = cls(
                 params_checksum=data["params_checksum"], retention_checksum=data["retention_checksum"],
@@ -848,7 +852,8 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     if U.ndim != 2 or U.shape[1] != len(calibration.query_names):
         raise ValueError(f"estimates have shape {U.shape}; the calibration has {len(calibration.query_names)} queries")
     if tuple(estimates.query_names) != calibration.query_names:
-        raise ValueError(f"estimates' queries {estimates.query_names} differ from the calibration's {calibration.query_names}")
+        raise ValueError(f"estimates' queries {estimates.query_names} differ from the calibration's "
+                         f"{calibration.query_names}")
     if not (np.isfinite(U).all() and np.isfinite(se).all() and (se >= 0).all()):
         raise ValueError("estimates and standard errors must be finite (standard errors >= 0)")
     conf = estimates.confidence if confidence is None else float(confidence)
@@ -953,13 +958,15 @@ def convolved_loss_quantiles(mean: np.ndarray, variance: np.ndarray, zero_probab
 # ================================================================================================
 
 def _supported_for_objective(params: Params) -> None:
-    if params.encoding == "linf" or (params.encoding == "l1" and params.num_queries == 1 and params.l1_rounding == "randomized"):
+    if params.encoding == "linf" or (params.encoding == "l1" and params.num_queries == 1
+                                     and params.l1_rounding == "randomized"):
         return
     raise ValueError("the corrected objective supports encoding 'linf' (Alg. 3) and 'l1' (Alg. 6) with one query and "
                      f"randomized rounding; got encoding {params.encoding!r} with {params.num_queries} queries")
 
 
-def _value_moments(stats: SufficientStatistics, q: int, c: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
+def _value_moments(stats: SufficientStatistics, q: int,
+                   c: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
     """Per conversion (all ranks < R): E v, E v^2 and, for every clip c, E min(v,c), E min(v,c)^2, E v min(v,c)."""
     e = stats.hist_query == q
     cnt, sm, sq = stats.hist_count[e], stats.hist_sum[e], stats.hist_sumsq[e]
@@ -1061,8 +1068,9 @@ def corrected_breakdown(stats: SufficientStatistics, params: Params, kind: str =
     pv = np.broadcast_to(np.asarray(period_variance, dtype=np.float64), (d + 1,))
     T, X = capped.truth, capped.expected
     N = T[:, 0]
-    kappa = np.array([count_kappa(stats, K)] + [float(value_kappa(stats, q, K, np.array([params.queries[q].clip_threshold]))[0])
-                                                 for q in range(d)])
+    kappa = np.array([count_kappa(stats, K)]
+                     + [float(value_kappa(stats, q, K, np.array([params.queries[q].clip_threshold]))[0])
+                        for q in range(d)])
     ratio, post = _ratio_terms(T, X, N, kappa)
     resid = T * np.sqrt(post + pv[None, :]) / ratio
     var = capped.variance / ratio**2 + T**2 * (kappa[None, :] / np.maximum(N, 1.0)[:, None]) / ratio**2
@@ -1088,7 +1096,8 @@ class CorrectedOptimizationResult:
 
 
 def _clip_grid(stats: SufficientStatistics, q: int, size: int) -> np.ndarray:
-    p = np.unique(np.concatenate([np.linspace(0.05, 0.95, size // 4), 1.0 - np.logspace(-5, np.log10(0.05), size - size // 4)]))
+    p = np.unique(np.concatenate([np.linspace(0.05, 0.95, size // 4),
+                                  1.0 - np.logspace(-5, np.log10(0.05), size - size // 4)]))
     pts = np.array([stats.quantile(q, float(x)) for x in p] + [float(stats.value_max[q])])
     pts = np.unique(pts[pts > 0])
     return pts if pts.size else np.array([1.0])

@@ -64,7 +64,8 @@ def type_family(arrow_type: pa.DataType) -> str:
     return "other"
 
 
-def check_schema(schema: pa.Schema, slice_columns: Sequence[str], value_columns: Sequence[str], source: str = "input") -> None:
+def check_schema(schema: pa.Schema, slice_columns: Sequence[str], value_columns: Sequence[str],
+                 source: str = "input") -> None:
     """Refuse (ValueError) a conversion log without the required columns or with wrong types."""
     names = set(schema.names)
     missing = [c for c in (IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns) if c not in names]
@@ -160,7 +161,8 @@ def _as_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 def _integer_in_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Mask of entries of an integer column that fit int64 (only unsigned 64-bit ids can fail)."""
     if column.type == pa.uint64():
-        return cast(np.ndarray, ~pc.fill_null(pc.greater(column, pa.scalar(_INT64_MAX, pa.uint64())), False).to_numpy(zero_copy_only=False))
+        too_large = pc.fill_null(pc.greater(column, pa.scalar(_INT64_MAX, pa.uint64())), False)
+        return cast(np.ndarray, ~too_large.to_numpy(zero_copy_only=False))
     return np.ones(len(column), dtype=bool)
 
 
@@ -185,7 +187,8 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     micros, time_ok, floored = _time_as_micros(time_column)
     time_nulls = _as_numpy(time_column.is_null())
     flag(time_nulls, "null_conversion_time")
-    unparseable = "unparseable_conversion_time" if type_family(time_column.type) == "string" else "conversion_time_out_of_range"
+    unparseable = ("unparseable_conversion_time" if type_family(time_column.type) == "string"
+                   else "conversion_time_out_of_range")
     flag(~time_ok & ~time_nulls, unparseable)
     for c in slice_columns:
         col = table.column(c)
@@ -225,7 +228,8 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     needed = [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
     rejected_rows = table.select(needed).filter(pa.array(bad))
     rejected = pa.table({c: pc.cast(rejected_rows.column(c), pa.string(), safe=False) for c in needed}
-                        | {REASON: pa.array(np.asarray(("",) + REJECT_REASONS, dtype=object)[reason[bad]], type=pa.string())})
+                        | {REASON: pa.array(np.asarray(("",) + REJECT_REASONS, dtype=object)[reason[bad]],
+                                            type=pa.string())})
     return ValidatedBatch(valid, rejected, int((floored & ~bad).sum()))
 
 
@@ -269,7 +273,8 @@ class Conversions:
         return tuple(self.slices)
 
     @classmethod
-    def from_table(cls, table: pa.Table | pd.DataFrame, slice_columns: Sequence[str], value_columns: Sequence[str]) -> Conversions:
+    def from_table(cls, table: pa.Table | pd.DataFrame, slice_columns: Sequence[str],
+                   value_columns: Sequence[str]) -> Conversions:
         """From a validated Arrow table (or DataFrame); refuses rows that fail the contract."""
         if isinstance(table, pd.DataFrame):
             table = pa.Table.from_pandas(table, preserve_index=False)

@@ -65,13 +65,15 @@ def _metric_taus(params: Params, conversions: Conversions | None, taus: np.ndarr
 def conversions_breakdown(params: Params, conversions: Conversions, kind: str = "exact") -> ErrorBreakdown:
     """Exact bias / variance per slice of ``params`` on records (slices: those present in the data)."""
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, params expect {params.query_columns}")
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+                         f"params expect {params.query_columns}")
     domain = _domain(params, conversions)
     sidx = domain.slice_index(conversions.slices)
     return expected_error(conversions, sidx, domain.num_slices, params, kind, tie_breaker=conversions.record_keys())
 
 
-def analytic_rmsre(params: Params, conversions: Conversions, taus: np.ndarray | None = None, kind: str = "exact") -> RmsreTau:
+def analytic_rmsre(params: Params, conversions: Conversions, taus: np.ndarray | None = None,
+                   kind: str = "exact") -> RmsreTau:
     """Expected RMSRE_tau of ``params`` on test records, from the exact error model."""
     return rmsre_tau(conversions_breakdown(params, conversions, kind), _metric_taus(params, conversions, taus))
 
@@ -190,7 +192,8 @@ def evaluate_dataset(
                 test_value = objective(test_stats, p, taus, kind)
             row = {"dataset": name, "epsilon": eps, "method": method, "count_limit": p.count_limit,
                    "clip_thresholds": ";".join(f"{q.clip_threshold:.6g}" for q in p.queries),
-                   "budget_fractions": ";".join("" if q.budget_fraction is None else f"{q.budget_fraction:.6g}" for q in p.queries),
+                   "budget_fractions": ";".join("" if q.budget_fraction is None else f"{q.budget_fraction:.6g}"
+                                                for q in p.queries),
                    "train_rmsre_tau": train_value, "test_rmsre_tau": test_value}
             if monte_carlo and test_conversions is not None:
                 mc = monte_carlo_rmsre(p, test_conversions, monte_carlo, seed=seed, taus=taus)

@@ -177,7 +177,8 @@ class KeyDomain:
 
     def slice_values(self) -> dict[str, list[Any]]:
         """Slice column values of every domain slice, in slice-index order."""
-        return {c: [d[i] for i in self.slices[:, j]] for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries, strict=True))}
+        return {c: [d[i] for i in self.slices[:, j]]
+                for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries, strict=True))}
 
     # ---- buckets --------------------------------------------------------------------------------
     def slice_bits(self, slice_row: Sequence[int], columns: Sequence[str] | None = None) -> int:
@@ -282,9 +283,11 @@ def _coerce(value: Any, family: str, column: str, source: str) -> Any:
     if isinstance(value, np.generic):
         value = value.item()
     if family == "integer":
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
+        if isinstance(value, bool) or not (isinstance(value, int)
+                                           or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
                                            or (isinstance(value, float) and value.is_integer())):
-            raise ValueError(f"{source}: slice column {column!r} holds integers in the input, but the domain lists {value!r}")
+            raise ValueError(f"{source}: slice column {column!r} holds integers in the input, "
+                             f"but the domain lists {value!r}")
         return int(value)
     if family == "boolean":
         if isinstance(value, bool):
@@ -325,6 +328,7 @@ def check_domain_families(domain: KeyDomain, families: Mapping[str, str], source
         if family is None:
             continue
         for value in dictionary:
-            if _coerce(value, family, column, source) != value or type(_coerce(value, family, column, source)) is not type(value):
+            if (_coerce(value, family, column, source) != value
+                    or type(_coerce(value, family, column, source)) is not type(value)):
                 raise ValueError(f"{source}: slice column {column!r} holds {family} values in the input, but the "
                                  f"domain lists {value!r} ({type(value).__name__})")

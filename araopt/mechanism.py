@@ -93,7 +93,8 @@ def measure(
     which slices occur in it.
     """
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, params expect {params.query_columns}")
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+                         f"params expect {params.query_columns}")
     if domain is None:
         if simulation_seed is None and noise_rng is None:
             raise ValueError("a release needs a declared key domain: deriving it from the data being released "

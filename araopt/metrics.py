@@ -101,7 +101,8 @@ def metrics_table(samples: np.ndarray, truth: np.ndarray, alpha: float = 0.1, ta
     """All metrics of the paper's table on Monte-Carlo samples, averaged over slices (NaN-aware)."""
     s, t = _as_samples(samples, truth)
     per = {
-        f"ARE_{alpha:g}": are(s, t, alpha), f"AME_{tau:g}": ame(s, t, tau), f"APME_{alpha:g},{tau:g}": apme(s, t, alpha, tau),
+        f"ARE_{alpha:g}": are(s, t, alpha), f"AME_{tau:g}": ame(s, t, tau),
+        f"APME_{alpha:g},{tau:g}": apme(s, t, alpha, tau),
         "EARE": eare(s, t), "RMSE": rmse(s, t), "RMSRE": rmsre(s, t), f"EARE_{tau:g}": eare_tau(s, t, tau),
         "EAREO": eareo(s, t),
     }

@@ -41,7 +41,8 @@ _MAX_COIN_ROUNDS = (2**63 - 1) // _DENOMINATOR  # K * 2^52 must stay within int6
 def noise_parameter(epsilon: float, contribution_budget: int = CONTRIBUTION_BUDGET) -> float:
     """a = eps / Gamma (SummaryReport, Alg. 2), rounded down to a multiple of 2^-52 (exactly what is sampled)."""
     eps = check_epsilon(epsilon)
-    if isinstance(contribution_budget, bool) or not isinstance(contribution_budget, (int, np.integer)) or contribution_budget < 1:
+    if (isinstance(contribution_budget, bool) or not isinstance(contribution_budget, (int, np.integer))
+            or contribution_budget < 1):
         raise ValueError(f"contribution_budget must be a positive integer, got {contribution_budget!r}")
     numerator = (Fraction(eps) * _DENOMINATOR) // int(contribution_budget)
     return _check_a(numerator / _DENOMINATOR)

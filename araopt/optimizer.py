@@ -386,7 +386,8 @@ class _LinfModel:
 
     def profile_value(self, c: np.ndarray) -> float:
         k = np.array([float(self.var_factor(q, c[q])) for q in range(self.d)])
-        return self.count_term + sum(float(self.queries[q].bias_at(c[q])) for q in range(self.d)) + float(np.cbrt(k).sum() ** 3)
+        return (self.count_term + sum(float(self.queries[q].bias_at(c[q])) for q in range(self.d))
+                + float(np.cbrt(k).sum() ** 3))
 
 
 @dataclass(frozen=True)
@@ -399,7 +400,8 @@ class SearchContext:
     grids: tuple[_Grid, ...]
     truth: np.ndarray
     pis: np.ndarray
-    _cache: dict[int, tuple[np.ndarray, tuple[_QueryModel, ...]]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[int, tuple[np.ndarray, tuple[_QueryModel, ...]]] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False)
 
     def query_models(self, kept_ranks: int) -> tuple[_QueryModel, ...]:
         if kept_ranks not in self._cache:
@@ -438,7 +440,8 @@ def _linf_model(ctx: SearchContext, C: int, kind: str, epsilon: float) -> _LinfM
     return _LinfModel(C, kind, epsilon, queries, count_term, gamma)
 
 
-def _alternate(model: _LinfModel, c: np.ndarray, alpha: np.ndarray, max_iter: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
+def _alternate(model: _LinfModel, c: np.ndarray, alpha: np.ndarray,
+               max_iter: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
     best = model.value(c, alpha)
     for _ in range(max_iter):
         alpha = model.alpha_step(c)
@@ -568,7 +571,8 @@ class OptimizationResult:
     def table(self) -> pd.DataFrame:
         rows = []
         for r in self.per_count_limit:
-            row = {"C": r.count_limit, "kept_ranks": r.kept_ranks, "rmsre_tau": r.objective, "count_share": r.count_mse_share}
+            row = {"C": r.count_limit, "kept_ranks": r.kept_ranks, "rmsre_tau": r.objective,
+                   "count_share": r.count_mse_share}
             for name, t in zip(self.params.query_columns, r.thresholds, strict=True):
                 row[f"C_{name}"] = t
             if r.fractions is not None:
@@ -654,7 +658,8 @@ def _context(stats: SufficientStatistics, taus: np.ndarray | Sequence[float] | N
              context: SearchContext | None) -> SearchContext:
     if context is None:
         return prepare_search(stats, taus)
-    if context.stats is not stats or (taus is not None and not np.array_equal(np.asarray(taus, dtype=np.float64), context.taus)):
+    if context.stats is not stats or (taus is not None
+                                      and not np.array_equal(np.asarray(taus, dtype=np.float64), context.taus)):
         raise ValueError("context was prepared for other statistics or taus")
     return context
 

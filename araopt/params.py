@@ -136,7 +136,8 @@ class Provenance:
     def from_json(cls, data: Mapping[str, Any]) -> Provenance:
         data = dict(data)
         window = data.pop("training_window", None) or {}
-        known = {k: data.pop(k, None) for k in ("rows", "created_at", "predicted_rmsre_tau", "baseline_rmsre_tau", "objective")}
+        known = {k: data.pop(k, None)
+                 for k in ("rows", "created_at", "predicted_rmsre_tau", "baseline_rmsre_tau", "objective")}
         return cls(training_start=window.get("start"), training_end=window.get("end"), extra=data, **known)
 
 
@@ -175,7 +176,8 @@ class Params:
         if isinstance(self.contribution_budget, bool) or not isinstance(self.contribution_budget, int) or not (
             1 <= self.contribution_budget <= CONTRIBUTION_BUDGET
         ):
-            raise ValueError(f"contribution_budget must be an integer in [1, {CONTRIBUTION_BUDGET}], got {self.contribution_budget!r}")
+            raise ValueError(f"contribution_budget must be an integer in [1, {CONTRIBUTION_BUDGET}], "
+                             f"got {self.contribution_budget!r}")
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
         object.__setattr__(self, "count_limit", check_count_limit(self.count_limit, self.contribution_budget))
         if self.encoding not in ENCODINGS:

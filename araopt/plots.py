@@ -168,7 +168,8 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
     axes[0].legend(loc="lower right", fontsize=8)
     total = int((ranking["estimate"].notna()).sum())
     _title(fig, f"Released estimates of the {n} largest of {total:,} slices (ranked by estimated count)")
-    _caption(fig, "Bar and dot: the released (noisy) estimate. Whiskers and '\u00b1' number (and % of the estimate): 95% interval for "
+    _caption(fig, "Bar and dot: the released (noisy) estimate. Whiskers and '\u00b1' number (and % of the estimate): "
+                  "95% interval for "
                   "the differential-privacy noise and rounding (estimate \u00b1 1.96 standard errors); it does "
                   "not cover conversions dropped by the count limit C or values clipped at the thresholds. "
                   "Large slices have intervals too narrow to see: read the number.")
@@ -266,7 +267,8 @@ def noise_figure(unnoised: np.ndarray | Sequence[int], noise: np.ndarray | Seque
         band = Z_95 * sd
         inside = float(np.mean(np.abs(noise) <= band)) if n else float("nan")
         edge = np.floor(band)
-        expected_inside = float(discrete_laplace_cdf(np.array([edge]), a)[0] - discrete_laplace_cdf(np.array([-edge - 1]), a)[0])
+        expected_inside = float(discrete_laplace_cdf(np.array([edge]), a)[0]
+                                - discrete_laplace_cdf(np.array([-edge - 1]), a)[0])
         band_label = (f"\u00b11.96 sd of DLap(\u03b5/\u0393) = \u00b1{_number(band)}: "
                       f"{inside:.1%} of keys inside (expected {expected_inside:.1%})")
         middle.axhspan(-band, band, color="tab:orange", alpha=0.18, label=band_label)
@@ -375,8 +377,8 @@ def nightly_report_figure(
         twin.set_ylabel("count limit C (orange squares)", color="tab:orange")
         twin.yaxis.set_major_locator(MaxNLocator(integer=True))
         twin.set_ylim(0, max(limits.max(initial=1) + 2, 3))
-        right.set_xticks(xs, versions, rotation=30 if len(versions) > 1 else 0, ha="right" if len(versions) > 1 else "center",
-                         fontsize=8 if len(versions) <= 20 else 6)
+        right.set_xticks(xs, versions, rotation=30 if len(versions) > 1 else 0,
+                         ha="right" if len(versions) > 1 else "center", fontsize=8 if len(versions) <= 20 else 6)
         right.set_xlim(-0.6, len(history) - 0.4)
         right.set_xlabel("version (as-of date and run id), oldest to newest")
         right.legend(handles=[Line2D([], [], marker="o", color="tab:blue", label=f"predicted {RMSRE_TAU} (left axis)"),

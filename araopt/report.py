@@ -81,7 +81,8 @@ class Estimates:
     confidence: float
 
 
-def estimate_variance(params: Params, kept_count: np.ndarray | float, rounding_variance: np.ndarray | None = None) -> np.ndarray:
+def estimate_variance(params: Params, kept_count: np.ndarray | float,
+                      rounding_variance: np.ndarray | None = None) -> np.ndarray:
     """Var of each estimate (count, q_1..q_d) per slice from Thm. 4.2 with the exact DLap variance.
 
     ``rounding_variance`` (m, d) is sum f(1-f) over kept records; when unknown (reconstruction from

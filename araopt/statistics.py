@@ -532,8 +532,8 @@ def compute_statistics_in_memory(conversions: Conversions, spec: StatisticsSpec,
     """Statistics of in-memory conversions (split into ``batches`` impression-complete batches, then merged)."""
     if batches <= 1:
         return extract_output(add_conversions(create_accumulator(spec), conversions))
-    _, inv = np.unique(np.asarray(conversions.impression_id).astype(str) if np.asarray(conversions.impression_id).dtype == object
-                       else conversions.impression_id, return_inverse=True)
+    ids = np.asarray(conversions.impression_id)
+    _, inv = np.unique(ids.astype(str) if ids.dtype == object else conversions.impression_id, return_inverse=True)
     part = inv.reshape(-1) % batches
     accs = [add_conversions(create_accumulator(spec), conversions.take(np.flatnonzero(part == b))) for b in range(batches)]
     return extract_output(merge_accumulators(accs))

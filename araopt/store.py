@@ -748,7 +748,8 @@ class GcsStore(ParameterStore):
 
         blob = self._bucket.blob(self._prefix + key)
         try:
-            return cast(bytes | None, self._call(key, "read", lambda: blob.download_as_bytes(retry=self._retry, timeout=self._timeout)))
+            return cast(bytes | None, self._call(
+                key, "read", lambda: blob.download_as_bytes(retry=self._retry, timeout=self._timeout)))
         except api.NotFound:
             return None
 

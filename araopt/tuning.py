@@ -143,7 +143,8 @@ class Guardrails:
     max_threshold_change_factor: float = 2.0
     max_count_limit_change: int = 2
 
-    def check(self, new: Params, predicted: float, baseline_values: Mapping[str, float], previous: Params | None) -> list[str]:
+    def check(self, new: Params, predicted: float, baseline_values: Mapping[str, float],
+              previous: Params | None) -> list[str]:
         """Reasons not to publish (empty: publish)."""
         problems = []
         best_baseline = min(baseline_values.values())
@@ -151,7 +152,8 @@ class Guardrails:
             problems.append(f"predicted RMSRE_tau {predicted:.4g} does not beat the best baseline {best_baseline:.4g}")
         if previous is None or self.allow_large_change:
             return problems
-        if (previous.slice_columns, previous.query_columns, previous.encoding) != (new.slice_columns, new.query_columns, new.encoding):
+        if ((previous.slice_columns, previous.query_columns, previous.encoding)
+                != (new.slice_columns, new.query_columns, new.encoding)):
             problems.append(f"slices/queries/encoding changed from {previous.slice_columns}/{previous.query_columns}/"
                             f"{previous.encoding} (use --allow-large-change)")
             return problems
@@ -190,7 +192,8 @@ def _close(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+        return (isinstance(a, (int, float)) and isinstance(b, (int, float))
+                and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12))
     return bool(a == b)
 
 

@@ -72,7 +72,8 @@ def preset_split(name: str, target: int, split: str, seed: int, days: int = 7) -
     return _conversions(synthetic.generate_table(preset, seed=seed, split=split, scale=scale, days=days))
 
 
-def weekday_log(total: int, split: str, seed: int, days: int, start: date, base: str = "synth-criteo") -> tuple[Conversions, np.ndarray]:
+def weekday_log(total: int, split: str, seed: int, days: int, start: date,
+                base: str = "synth-criteo") -> tuple[Conversions, np.ndarray]:
     """The synthetic generator (about ``total`` conversions over ``days`` days) with the Poisson rate
     lam of conversions per impression multiplied per impression day by ``WEEKDAY_PROFILE``."""
     preset = synthetic.PRESETS[base]
@@ -193,7 +194,8 @@ def print_tables(rows: list[dict]) -> None:
     print(f"{'dataset':30s} {'eps':>4s} {'paper':>13s} {'corr@paper':>13s} {'corr@cobj':>13s} {'fallback':>8s}")
     for r in rows:
         if "cov_paper" in r:
-            print(f"{r['dataset']:30s} {r['epsilon']:4g} {_fmt_cov(r['cov_paper']):>13s} {_fmt_cov(r['cov_corr@paper']):>13s} "
+            print(f"{r['dataset']:30s} {r['epsilon']:4g} {_fmt_cov(r['cov_paper']):>13s} "
+                  f"{_fmt_cov(r['cov_corr@paper']):>13s} "
                   f"{_fmt_cov(r['cov_corr@cobj']):>13s} {r['fallback']:8d}")
     print("\nSummary per dataset: mean relative change of test RMSRE_tau vs paper over the 7 epsilons "
           "(negative = corrected is better); epsilons where corrected > paper")

@@ -32,7 +32,8 @@ def encode_and_cap(item, params: Params):
         slice_key = tuple(row[c] for c in params.slice_columns)
         total = 0
         for q in params.queries:
-            omega = math.floor(q.budget_fraction * params.contribution_budget / params.count_limit) * min(row[q.column], q.clip_threshold) / q.clip_threshold
+            omega = (math.floor(q.budget_fraction * params.contribution_budget / params.count_limit)
+                     * min(row[q.column], q.clip_threshold) / q.clip_threshold)
             w = math.floor(omega) + (rnd.random() < omega - math.floor(omega))
             total += w
             yield (slice_key, q.column), w

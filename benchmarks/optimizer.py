@@ -38,7 +38,8 @@ def preset_conversions(name: str, target: int, split: str, seed: int = 1) -> Con
 def click_level(n: int, d: int, seed: int = 4) -> Conversions:
     """One conversion per impression (the real-world datasets' setting)."""
     rng = np.random.default_rng(seed)
-    frame = pd.DataFrame({"impression_id": np.arange(n), "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+    frame = pd.DataFrame({"impression_id": np.arange(n),
+                          "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
                           "s": rng.zipf(1.6, n) % 200})
     for q in range(d):
         frame[f"v{q}"] = rng.lognormal(1.0 + q, 0.8 + 0.4 * q, n)
@@ -75,7 +76,8 @@ def paper_workflow(n: int, epsilon: float = 8.0, max_count_limit: int = 20) -> N
     from araopt import KeyDomain, Params, QueryParams, expected_error, rmsre_tau
     from araopt.error_model import default_taus
 
-    print(f"\n== the paper's workflow (scipy on raw records, {n:,} conversions, C = 1..{max_count_limit}, eps = {epsilon:g}) vs ours ==")
+    print(f"\n== the paper's workflow (scipy on raw records, {n:,} conversions, C = 1..{max_count_limit}, "
+          f"eps = {epsilon:g}) vs ours ==")
     conv = preset_conversions("synth-travel", n, "train")
     domain = KeyDomain.from_slice_values(SLICES, conv.slices, ("value",))
     sidx = domain.slice_index(conv.slices)

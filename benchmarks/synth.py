@@ -118,7 +118,8 @@ def preset_table(seed: int) -> None:
             ids = table["impression_id"].to_numpy()
             starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 1))
             max_per_imp = max(max_per_imp, int(np.diff(np.append(starts, ids.size)).max()))
-            s = (table["campaignId"].to_numpy() * 8 + table["geography"].to_numpy()) * 2 + table["productCategory"].to_numpy()
+            s = ((table["campaignId"].to_numpy() * 8 + table["geography"].to_numpy()) * 2
+                 + table["productCategory"].to_numpy())
             seen_slices[np.unique(s)] = True
             values.append(table["value"].to_numpy())
             rows += table.num_rows

@@ -228,7 +228,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
                                "slices": domain.num_slices, "estimates": args.output}
     if counters.unknown:
         side = f"{os.path.splitext(args.output)[0]}.unknown_buckets.csv"
-        rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown], "metric": [m for _, m in counters.unknown]})
+        rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown],
+                             "metric": [m for _, m in counters.unknown]})
         _atomic_write(side, lambda fh: rows.to_csv(fh, index=False))
         summary["unknown_buckets_file"] = side
         _warn(prog, f"{counters.unknown_buckets} bucket(s) of the report are not in the key map (metric sum "

@@ -154,7 +154,8 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, 
                    max_slices: int = DEFAULT_MAX_SLICES):
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection."""
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
-        inputs.paths, params.slice_columns, params.query_columns, folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
+        inputs.paths, params.slice_columns, params.query_columns,
+        folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
     valid, counts = read["valid"], read["counts"]
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])

@@ -169,7 +169,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 def print_report(report: dict, wall: float, path: str) -> None:
     p = report["params"]
-    qs = ", ".join(f"{q['column']}: C_l={q['clip_threshold']:.4g} alpha={q['budget_fraction'] if q['budget_fraction'] is None else round(q['budget_fraction'], 4)}"
+    qs = ", ".join(f"{q['column']}: C_l={q['clip_threshold']:.4g} "
+                   f"alpha={q['budget_fraction'] if q['budget_fraction'] is None else round(q['budget_fraction'], 4)}"
                    for q in p["queries"])
     base = ", ".join(f"{k} {v:.4g}" for k, v in report["baselines"].items())
     print(f"araopt nightly {report['as_of']} ({report['window'][0]}..{report['window'][1]}, {report['rows_read']:,} rows): "

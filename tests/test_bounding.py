@@ -115,7 +115,8 @@ def test_time_order_not_input_order_and_deterministic_ties():
 
 
 @pytest.mark.parametrize("times", [np.array([4, 4, 4]), np.array([0.5, 0.5, 0.5]), np.array([4, 4, 4], dtype=np.uint64)])
-@pytest.mark.parametrize("ids", [np.array([3, 3, 3]), np.array([2**62, 2**62, 2**62]), np.array(["a", "a", "a"], dtype=object)])
+@pytest.mark.parametrize("ids", [np.array([3, 3, 3]), np.array([2**62, 2**62, 2**62]),
+                                 np.array(["a", "a", "a"], dtype=object)])
 def test_ties_in_time_are_resolved_by_the_tie_breaker_on_every_sort_path(times, ids):
     # the tie breaker reverses the input order: the last record comes first and takes the budget
     norms = np.array([40000, 40000, 40000])
@@ -383,7 +384,8 @@ def capping_inputs(draw):
         lambda v: np.array(v, dtype=np.uint64))))
     budget = draw(st.one_of(st.just(GAMMA), st.integers(1, 100)))
     equal = draw(st.booleans())
-    norm_values = st.one_of(st.integers(0, 2 * budget + 2), st.sampled_from([0, budget // 2, budget - 1, budget, budget + 1]))
+    norm_values = st.one_of(st.integers(0, 2 * budget + 2),
+                            st.sampled_from([0, budget // 2, budget - 1, budget, budget + 1]))
     if equal:
         norms = [draw(norm_values)] * n
     else:
@@ -425,7 +427,8 @@ def test_every_impression_kept_total_within_budget(n_imp, n, count_limit, encodi
     imp = rng.integers(0, n_imp, n)
     t = rng.integers(0, 5, n)
     vals = rng.lognormal(0, 2, (n, 2)) * scale
-    qs = (QueryParams("a", 3.0, None if encoding == "l1" else 0.3), QueryParams("b", 50.0, None if encoding == "l1" else (0.7 if encoding == "linf" else 0.2)))
+    qs = (QueryParams("a", 3.0, None if encoding == "l1" else 0.3),
+          QueryParams("b", 50.0, None if encoding == "l1" else (0.7 if encoding == "linf" else 0.2)))
     params = Params(count_limit=count_limit, encoding=encoding, epsilon=1.0, slice_columns=(), queries=qs,
                     count_budget_fraction=0.5 if encoding == "baseline" else None)
     w = encode(vals, params, rng)

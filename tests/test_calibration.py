@@ -345,7 +345,8 @@ def test_count_kappa_matches_the_calibration_and_optimizer_improves_on_the_paper
 
 def test_convolved_loss_quantiles_match_monte_carlo():
     rng = np.random.default_rng(0)
-    cases = [(1.5, 3.75, 0.39, 0.3), (0.2, 1.0, 0.9, 0.05), (10.0, 4.0, 0.0, 0.1), (5.0, 50.0, 0.0, 0.0), (1.0, 2.0, 0.5, 2.0)]
+    cases = [(1.5, 3.75, 0.39, 0.3), (0.2, 1.0, 0.9, 0.05), (10.0, 4.0, 0.0, 0.1), (5.0, 50.0, 0.0, 0.0),
+             (1.0, 2.0, 0.5, 2.0)]
     mean, var, zero, sd = (np.array(c) for c in zip(*cases, strict=True))
     lo, hi = cb.convolved_loss_quantiles(mean, var, zero, sd, 0.025)
     for i, (m, v, z, s) in enumerate(cases):

@@ -53,7 +53,8 @@ def make_params(encoding="linf"):
 def write_parts(frame, directory, parts):
     os.makedirs(directory, exist_ok=True)
     for i in range(parts):
-        pq.write_table(pa.Table.from_pandas(frame.iloc[i::parts], preserve_index=False), os.path.join(directory, f"part-{i}.parquet"))
+        pq.write_table(pa.Table.from_pandas(frame.iloc[i::parts], preserve_index=False),
+                       os.path.join(directory, f"part-{i}.parquet"))
     return str(directory)
 
 

@@ -35,7 +35,8 @@ def write_history(root, days=("2026-11-20", "2026-11-21", "2026-11-22"), n=3000,
             "value": rng.lognormal(2, 1, n) * scale,
         })
         os.makedirs(os.path.join(root, f"date={day}"), exist_ok=True)
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(root, f"date={day}", "part-0.parquet"))
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False),
+                       os.path.join(root, f"date={day}", "part-0.parquet"))
     return str(root)
 
 
@@ -115,7 +116,8 @@ def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch,
         result = real_optimize(statistics, epsilon, *args, **kwargs)
         base = optimizer.baseline_params(statistics, epsilon, 0.95, 8, taus=result.taus)
         worse = optimizer.objective(statistics, base, result.taus, "exact") * 1.5
-        return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus, result.seconds)
+        return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus,
+                            result.seconds)
 
     monkeypatch.setattr(tuning, "optimize", worse_than_baseline)
     assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "w"])) == 2

@@ -209,7 +209,8 @@ def enumerate_mutants(module: str, source: str, functions: list[str] | None = No
                 add("drop", None, f"drop statement `{_short(node)}`")
             if isinstance(node, ast.AugAssign):
                 if type(node.op) in BIN_SWAP:
-                    add("augop", None, f"`{SYMBOL[type(node.op)]}=` -> `{SYMBOL[BIN_SWAP[type(node.op)]]}=` in `{_short(node)}`")
+                    add("augop", None,
+                        f"`{SYMBOL[type(node.op)]}=` -> `{SYMBOL[BIN_SWAP[type(node.op)]]}=` in `{_short(node)}`")
                 add("augassign", None, f"`{SYMBOL.get(type(node.op), '?')}=` -> `=` in `{_short(node)}`")
         elif isinstance(node, (ast.If, ast.While, ast.IfExp)):
             add("negate", None, f"negate condition `{_short(node.test)}`")
@@ -453,8 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{module}: the unmutated module fails its tests ({outcome}); see {root / '.mutation-child.log'}")
                 return 2
             timeout = 3 * base_time + 10
-            print(f"== {module}: {len(mutants)} mutants, tests {' '.join(tests)} ({base_time:.1f} s, timeout {timeout:.0f} s)",
-                  flush=True)
+            print(f"== {module}: {len(mutants)} mutants, tests {' '.join(tests)} "
+                  f"({base_time:.1f} s, timeout {timeout:.0f} s)", flush=True)
             survivors = []
             counts: dict[str, int] = {}
             for k, m in enumerate(mutants):

@@ -89,7 +89,8 @@ class EncodeBoundAndSum(beam.PTransform):
         check_global_windowing(shards)
         return (
             shards
-            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed), beam.pvalue.AsSingleton(self._domain))
+            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed),
+                                             beam.pvalue.AsSingleton(self._domain))
             | "SumPerKey" >> beam.CombineGlobally(DomainSumsCombineFn())
         )
 

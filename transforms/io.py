@@ -136,7 +136,8 @@ def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
                 lo, hi = (v if v.tzinfo else v.replace(tzinfo=_dt.UTC) for v in (st.min, st.max))
                 first = lo if first is None else min(first, lo)
                 last = hi if last is None else max(last, hi)
-    first_text, last_text = (None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v)) for v in (first, last))
+    first_text, last_text = (None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v))
+                             for v in (first, last))
     return total, first_text, last_text
 
 

@@ -82,9 +82,11 @@ class ReadAndValidate(beam.PTransform):
         self._dead_letter = dead_letter_prefix
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection[Any]]:
-        batches = pbegin | "Read" >> ReadConversionFiles(self._paths, needed_columns(self._slice_columns, self._value_columns))
+        columns = needed_columns(self._slice_columns, self._value_columns)
+        batches = pbegin | "Read" >> ReadConversionFiles(self._paths, columns)
         checked = batches | "Validate" >> ValidateConversions(self._slice_columns, self._value_columns)
-        counts = checked[COUNTS] | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge).with_output_types(ValidationCounts)
+        counts = checked[COUNTS] | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge).with_output_types(
+            ValidationCounts)
         if self._dead_letter is not None:
             _ = checked[REJECTED] | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
                 self._dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns), num_shards=1,
