@@ -131,7 +131,10 @@ def encode(
     width = 1 if params.encoding == "l1" else d
     for start in range(0, n, _CHUNK_ROWS):
         stop = min(n, start + _CHUNK_ROWS)
-        u = uniforms[start:stop] if uniforms is not None else rng.random((stop - start, width))  # type: ignore[union-attr]
+        if uniforms is not None:
+            u = uniforms[start:stop]
+        else:  # rng is a Generator here (refused above otherwise)
+            u = cast(np.random.Generator, rng).random((stop - start, width))
         _encode_chunk(vals[start:stop], params, u, out[start:stop])
     return out
 

@@ -235,7 +235,7 @@ class Params:
         missing = [q.column for q in self.queries if q.budget_fraction is None]
         if missing:
             raise ValueError(f"queries{missing}.budget_fraction is required for encoding {self.encoding!r}")
-        total = float(sum(fractions))  # type: ignore[arg-type]
+        total = float(sum(f for f in fractions if f is not None))  # (none is None: checked above)
         if self.encoding == "baseline":
             if self.count_budget_fraction is None:
                 raise ValueError("count_budget_fraction is required for encoding 'baseline'")

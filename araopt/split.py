@@ -120,7 +120,7 @@ def split_by_time(source: pa.Table | str | os.PathLike[str], out_dir: str | os.P
     if time_column not in dataset.schema.names:
         raise ValueError(f"input has no column {time_column!r}; present: {dataset.schema.names}")
     if cut_time is None:
-        cut_time = quantile_cut(source, train_fraction, time_column)  # type: ignore[arg-type]
+        cut_time = quantile_cut(source, cast(float, train_fraction), time_column)  # (exactly one given: checked above)
     out = prepare_output_dir(out_dir, ("train", "test"), overwrite)
     tmp = {s: out / f".{s}.tmp-{os.getpid()}" for s in ("train", "test")}
     writers = {s: ParquetShardWriter(tmp[s], dataset.schema, max_rows_per_file) for s in tmp}
