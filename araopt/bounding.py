@@ -8,6 +8,8 @@ iterations), each one vectorized over every impression that has a conversion at 
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from .params import CONTRIBUTION_BUDGET
@@ -35,7 +37,8 @@ def contribution_norms(contributions: np.ndarray, contribution_budget: int = CON
     budget = check_contribution_budget(contribution_budget)
     contrib = np.asarray(contributions)
     if contrib.ndim not in (1, 2):
-        raise ValueError(f"contributions must be an (n, K) array of per-key values or (n,) L1 norms, got shape {contrib.shape}")
+        raise ValueError(f"contributions must be an (n, K) array of per-key values or (n,) L1 norms, "
+                         f"got shape {contrib.shape}")
     if contrib.size and contrib.dtype.kind not in "iu":
         raise ValueError(f"contributions must be integers (ARA aggregatable values), got dtype {contrib.dtype}")
     if contrib.dtype.kind in "iu" and contrib.dtype.itemsize < 8:  # small ints: compare with Gamma in int64
@@ -46,10 +49,10 @@ def contribution_norms(contributions: np.ndarray, contribution_budget: int = CON
             raise ValueError(
                 f"every contribution entry must be an integer in [0, Gamma = {budget}] (a browser refuses "
                 f"aggregatable values outside [1, 65536]): got {int(contrib[row, key])} at row {row}, key {key}")
-        return contrib.sum(axis=1, dtype=np.int64)
+        return cast(np.ndarray, contrib.sum(axis=1, dtype=np.int64))
     if contrib.size and contrib.min() < 0:
         raise ValueError(f"contribution L1 norms must be non-negative integers, got {int(contrib.min())}")
-    return np.minimum(contrib, budget + 1).astype(np.int64)  # uint64 above 2^63 never wraps to negative
+    return cast(np.ndarray, np.minimum(contrib, budget + 1).astype(np.int64))  # uint64 above 2^63 never wraps to negative
 
 
 def impression_order(

@@ -98,8 +98,9 @@ import math
 import os
 import re
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -154,7 +155,7 @@ def _python_scalar(v: Any) -> Any:
     return v
 
 
-def _sort_key(key: tuple) -> tuple:
+def _sort_key(key: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
     return tuple((type(v).__name__, v) for v in key)
 
 
@@ -184,7 +185,7 @@ class CalibrationAccumulator:
 
     params: Params
     slice_columns: tuple[str, ...]
-    slice_ids: dict[tuple, int] = field(default_factory=dict)
+    slice_ids: dict[tuple[Any, ...], int] = field(default_factory=dict)
     block_ids: dict[Any, int] = field(default_factory=dict)
     keys: list[np.ndarray] = field(default_factory=list)
     vals: list[np.ndarray] = field(default_factory=list)
@@ -197,7 +198,7 @@ def create_accumulator(params: Params, slice_columns: Sequence[str] | None = Non
     return CalibrationAccumulator(params=params, slice_columns=cols)
 
 
-def _register(codes_uniques: list[tuple[np.ndarray, np.ndarray]], registry: dict, n: int,
+def _register(codes_uniques: list[tuple[np.ndarray, np.ndarray]], registry: dict[Any, int], n: int,
               scalar: bool = False) -> np.ndarray:
     """Local ids of the combined keys (a loop over distinct keys, not records); ``scalar``: one column, bare keys."""
     if not codes_uniques:
@@ -244,7 +245,8 @@ def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block
     """
     params = acc.params
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, params expect {params.query_columns}")
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+                         f"params expect {params.query_columns}")
     missing = [c for c in acc.slice_columns if c not in conversions.slices]
     if missing:
         raise ValueError(f"conversions lack slice column(s) {missing}")
@@ -317,7 +319,7 @@ def merge_accumulators(accumulators: Sequence[CalibrationAccumulator]) -> Calibr
         bmap = np.empty(max(1, len(a.block_ids)), dtype=np.int64)
         for key, local in a.block_ids.items():
             bmap[local] = out.block_ids.setdefault(key, len(out.block_ids))
-        for k, v in zip(a.keys, a.vals):
+        for k, v in zip(a.keys, a.vals, strict=True):
             out.keys.append((smap[k >> _BLOCK_SHIFT] << _BLOCK_SHIFT) | bmap[k & ((1 << _BLOCK_SHIFT) - 1)])
             out.vals.append(v)
         out.num_conversions += a.num_conversions
@@ -330,7 +332,7 @@ class CalibrationStatistics:
 
     params: Params
     slice_columns: tuple[str, ...]
-    slice_keys: tuple[tuple, ...]
+    slice_keys: tuple[tuple[Any, ...], ...]
     block_keys: tuple[Any, ...]
     cells: np.ndarray
     num_conversions: int
@@ -395,7 +397,7 @@ def history_blocks(conversions: Conversions, impression_time_us: np.ndarray | No
     return (pd.util.hash_array(ids) % np.uint64(HASH_BLOCKS)).astype(np.int64)
 
 
-def period_blocks_for(calibration: "Calibration", conversions: float) -> int:
+def period_blocks_for(calibration: Calibration, conversions: float) -> int:
     """How many history blocks a measured period with ``conversions`` conversions amounts to (>= 1):
     its size over the history's average block size."""
     per_block = float(np.sum(calibration.conversions)) / max(1, calibration.num_blocks)
@@ -439,7 +441,8 @@ def _shrink(r: np.ndarray, s2: np.ndarray, valid: np.ndarray) -> _Shrinkage:
     ok = (k >= 2) & (denom > 0)
     safe_denom = np.where(ok, denom, 1.0)
     between = np.where(ok, np.maximum(0.0, (Q - (k - 1)) / safe_denom), 0.0)
-    upper = np.where(ok, np.maximum(0.0, (Q - (k - 1) + _Z95_ONE_SIDED * np.sqrt(2 * np.maximum(k - 1, 0))) / safe_denom), 0.0)
+    upper = np.where(ok, np.maximum(0.0, (Q - (k - 1) + _Z95_ONE_SIDED * np.sqrt(2 * np.maximum(k - 1, 0))) / safe_denom),
+                     0.0)
     wr = np.where(valid, 1.0 / (s2 + between), 0.0)
     swr = wr.sum(axis=0)
     mu = np.where(swr > 0, (wr * r).sum(axis=0) / np.where(swr > 0, swr, 1.0), 1.0)
@@ -475,7 +478,7 @@ class Calibration:
     retention_checksum: str
     slice_columns: tuple[str, ...]
     query_names: tuple[str, ...]
-    slice_keys: tuple[tuple, ...]
+    slice_keys: tuple[tuple[Any, ...], ...]
     conversions: np.ndarray
     slice_blocks: np.ndarray
     ratio: np.ndarray
@@ -507,7 +510,7 @@ class Calibration:
     def num_queries(self) -> int:
         return len(self.query_names) - 1
 
-    def index(self) -> dict[tuple, int]:
+    def index(self) -> dict[tuple[Any, ...], int]:
         return {k: i for i, k in enumerate(self.slice_keys)}
 
     def check_params(self, params: Params) -> None:
@@ -527,10 +530,10 @@ class Calibration:
             raise ValueError(f"period_blocks must be an integer >= 1, got {period_blocks!r}")
         P = int(period_blocks)
         if P <= self.period_variance.shape[0]:
-            return self.period_variance[P - 1]
+            return cast(np.ndarray, self.period_variance[P - 1])
         B = self.num_blocks  # beyond the history: independent blocks, s2_1 from P = 1
         s2_1 = self.period_variance[0] / (1.0 + 1.0 / B)
-        return s2_1 * (1.0 / P + 1.0 / B)
+        return cast(np.ndarray, s2_1 * (1.0 / P + 1.0 / B))
 
     # ---- serialisation --------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -557,7 +560,7 @@ class Calibration:
         return (json.dumps(self.to_json(), allow_nan=True) + "\n").encode("utf-8")
 
     @classmethod
-    def from_json(cls, data: Any, params: Params | None = None, source: str = "calibration") -> "Calibration":
+    def from_json(cls, data: Any, params: Params | None = None, source: str = "calibration") -> Calibration:
         """Validate and build; with ``params``, also refuse a checksum mismatch. Every refusal is a ValueError."""
         if not isinstance(data, Mapping):
             raise ValueError(f"{source}: top level must be a JSON object")
@@ -572,7 +575,9 @@ class Calibration:
 
             def mat(x: Any, name: str) -> np.ndarray:
                 a = np.asarray(x, dtype=np.float64)
-                return a.reshape(num_slices, d1) if a.size == num_slices * d1 else _bad_shape(name, a.shape, (num_slices, d1))
+                if a.size == num_slices * d1:
+                    return a.reshape(num_slices, d1)
+                return _bad_shape(name, a.shape, (num_slices, d1))
 
             cal = cls(
                 params_checksum=data["params_checksum"], retention_checksum=data["retention_checksum"],
@@ -603,7 +608,7 @@ class Calibration:
         return cal
 
     @classmethod
-    def from_bytes(cls, raw: bytes, params: Params | None = None, source: str = "calibration") -> "Calibration":
+    def from_bytes(cls, raw: bytes, params: Params | None = None, source: str = "calibration") -> Calibration:
         try:
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -621,7 +626,7 @@ class Calibration:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], params: Params | None = None) -> "Calibration":
+    def load(cls, path: str | os.PathLike[str], params: Params | None = None) -> Calibration:
         """Read and validate; with ``params``, refuse a calibration fitted for other parameters."""
         path = os.fspath(path)
         try:
@@ -632,7 +637,7 @@ class Calibration:
         return cls.from_bytes(raw, params, source=path)
 
 
-def _bad_shape(name: str, got: tuple, want: tuple) -> np.ndarray:
+def _bad_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> np.ndarray:
     raise ValueError(f"field {name} has shape {got}, expected {want}")
 
 
@@ -702,7 +707,7 @@ def fit_calibration(stats: CalibrationStatistics, blocks: Sequence[Any] | None =
         cells, bkeys = cells[:, idx], tuple(bkeys[i] for i in idx)
     present = cells[:, :, _col(0, "T")].sum(axis=1) > 0
     cells = cells[present]
-    slice_keys = tuple(k for k, p in zip(stats.slice_keys, present) if p)
+    slice_keys = tuple(k for k, p in zip(stats.slice_keys, present, strict=True) if p)
     m, B = cells.shape[0], cells.shape[1]
     if m == 0 or B == 0:
         raise ValueError("no conversions in the calibration history")
@@ -847,7 +852,7 @@ class CorrectedEstimates:
         return frame
 
 
-def _slice_rows(slices: KeyDomain | Mapping[str, Sequence[Any]], columns: tuple[str, ...], m: int) -> list[tuple]:
+def _slice_rows(slices: KeyDomain | Mapping[str, Sequence[Any]], columns: tuple[str, ...], m: int) -> list[tuple[Any, ...]]:
     values = slices.slice_values() if isinstance(slices, KeyDomain) else slices
     missing = [c for c in columns if c not in values]
     if missing:
@@ -857,7 +862,7 @@ def _slice_rows(slices: KeyDomain | Mapping[str, Sequence[Any]], columns: tuple[
         raise ValueError(f"slice values must give one value per estimate row ({m})")
     if not columns:
         return [()] * m
-    return [tuple(_python_scalar(v) for v in row) for row in zip(*cols)]
+    return [tuple(_python_scalar(v) for v in row) for row in zip(*cols, strict=True)]
 
 
 def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | Mapping[str, Sequence[Any]],
@@ -876,7 +881,8 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     if U.ndim != 2 or U.shape[1] != len(calibration.query_names):
         raise ValueError(f"estimates have shape {U.shape}; the calibration has {len(calibration.query_names)} queries")
     if tuple(estimates.query_names) != calibration.query_names:
-        raise ValueError(f"estimates' queries {estimates.query_names} differ from the calibration's {calibration.query_names}")
+        raise ValueError(f"estimates' queries {estimates.query_names} differ from the calibration's "
+                         f"{calibration.query_names}")
     if not (np.isfinite(U).all() and np.isfinite(se).all() and (se >= 0).all()):
         raise ValueError("estimates and standard errors must be finite (standard errors >= 0)")
     conf = estimates.confidence if confidence is None else float(confidence)
@@ -885,7 +891,7 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     m = U.shape[0]
     rows = _slice_rows(slices, calibration.slice_columns, m)
     index = calibration.index()
-    pos = np.array([index.get(r, -1) for r in rows], dtype=np.int64)
+    pos: np.ndarray = np.array([index.get(r, -1) for r in rows], dtype=np.int64)
     seen = pos >= 0
     safe = np.where(seen, pos, 0)
     ratio = np.where(seen[:, None], calibration.ratio[safe], calibration.pooled_ratio[None, :])
@@ -964,8 +970,8 @@ def convolved_loss_quantiles(mean: np.ndarray, variance: np.ndarray, zero_probab
     sdd = np.maximum(sd, 1e-12 * (1.0 + mean))[:, None]
 
     def cdf(w: np.ndarray) -> np.ndarray:
-        return (p0 * sp_special.ndtr(w / sdd[:, 0])
-                + (1.0 - p0) * (sp_special.ndtr((w[:, None] - nodes) / sdd) * _WEIGHTS[None, :]).sum(axis=1))
+        return cast(np.ndarray, p0 * sp_special.ndtr(w / sdd[:, 0])
+                    + (1.0 - p0) * (sp_special.ndtr((w[:, None] - nodes) / sdd) * _WEIGHTS[None, :]).sum(axis=1))
 
     span = 12.0 * (sd + np.sqrt(var + mean * mean) + nodes.max(axis=1)) + 1e-9
     out = []
@@ -984,13 +990,15 @@ def convolved_loss_quantiles(mean: np.ndarray, variance: np.ndarray, zero_probab
 # ================================================================================================
 
 def _supported_for_objective(params: Params) -> None:
-    if params.encoding == "linf" or (params.encoding == "l1" and params.num_queries == 1 and params.l1_rounding == "randomized"):
+    if params.encoding == "linf" or (params.encoding == "l1" and params.num_queries == 1
+                                     and params.l1_rounding == "randomized"):
         return
     raise ValueError("the corrected objective supports encoding 'linf' (Alg. 3) and 'l1' (Alg. 6) with one query and "
                      f"randomized rounding; got encoding {params.encoding!r} with {params.num_queries} queries")
 
 
-def _value_moments(stats: SufficientStatistics, q: int, c: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
+def _value_moments(stats: SufficientStatistics, q: int,
+                   c: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
     """Per conversion (all ranks < R): E v, E v^2 and, for every clip c, E min(v,c), E min(v,c)^2, E v min(v,c)."""
     e = stats.hist_query == q
     cnt, sm, sq = stats.hist_count[e], stats.hist_sum[e], stats.hist_sumsq[e]
@@ -998,7 +1006,10 @@ def _value_moments(stats: SufficientStatistics, q: int, c: np.ndarray) -> tuple[
     order = np.argsort(mean_b)
     mean_b, cnt, sm, sq = mean_b[order], cnt[order], sm[order], sq[order]
     N = max(cnt.sum(), 1e-300)
-    csum = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
+
+    def csum(a: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(a)])
+
     ccnt, csm, csq = csum(cnt), csum(sm), csum(sq)
     k = np.searchsorted(mean_b, c, side="left")  # buckets below c: [0, k)
     below_sm, below_sq = csm[k], csq[k]
@@ -1043,7 +1054,7 @@ def value_kappa(stats: SufficientStatistics, q: int, kept_ranks: int, clip: np.n
     Vv = max(m2 - m1 * m1, 0.0)
     kk, nn, hh = k[:, None], n[:, None], h[:, None]
     e2 = kk * VD + (nn - kk) * r**2 * Vv + (kk * ED - (nn - kk) * r * m1) ** 2
-    return (hh * e2).sum(axis=0) / (N * m1 * m1)
+    return cast(np.ndarray, (hh * e2).sum(axis=0) / (N * m1 * m1))
 
 
 @dataclass(frozen=True)
@@ -1058,7 +1069,7 @@ class CorrectedBreakdown:
 
     @property
     def mse(self) -> np.ndarray:
-        return self.residual_bias**2 + self.variance
+        return cast(np.ndarray, self.residual_bias**2 + self.variance)
 
     def as_error_breakdown(self) -> ErrorBreakdown:
         """For ``error_model.rmsre_tau``: expected = truth + residual bias (its rms), variance."""
@@ -1075,7 +1086,7 @@ def _ratio_terms(T: np.ndarray, X: np.ndarray, N: np.ndarray, kappa: np.ndarray)
 
 
 def corrected_breakdown(stats: SufficientStatistics, params: Params, kind: str = "exact",
-                        period_variance: float | Sequence[float] = 0.0) -> CorrectedBreakdown:
+                        period_variance: float | Sequence[float] | np.ndarray = 0.0) -> CorrectedBreakdown:
     """Predicted error of the corrected estimator for ``params`` from the optimizer's statistics.
 
     ``period_variance`` (scalar or d+1): V_period of the measured period (e.g. from a calibration).
@@ -1089,8 +1100,9 @@ def corrected_breakdown(stats: SufficientStatistics, params: Params, kind: str =
     pv = np.broadcast_to(np.asarray(period_variance, dtype=np.float64), (d + 1,))
     T, X = capped.truth, capped.expected
     N = T[:, 0]
-    kappa = np.array([count_kappa(stats, K)] + [float(value_kappa(stats, q, K, np.array([params.queries[q].clip_threshold]))[0])
-                                                 for q in range(d)])
+    kappa = np.array([count_kappa(stats, K)]
+                     + [float(value_kappa(stats, q, K, np.array([params.queries[q].clip_threshold]))[0])
+                        for q in range(d)])
     ratio, post = _ratio_terms(T, X, N, kappa)
     resid = T * np.sqrt(post + pv[None, :]) / ratio
     var = capped.variance / ratio**2 + T**2 * (kappa[None, :] / np.maximum(N, 1.0)[:, None]) / ratio**2
@@ -1098,7 +1110,7 @@ def corrected_breakdown(stats: SufficientStatistics, params: Params, kind: str =
 
 
 def corrected_objective(stats: SufficientStatistics, params: Params, taus: np.ndarray | Sequence[float] | None = None,
-                        kind: str = "exact", period_variance: float | Sequence[float] = 0.0) -> float:
+                        kind: str = "exact", period_variance: float | Sequence[float] | np.ndarray = 0.0) -> float:
     """Predicted RMSRE_tau (Def. 3.2) of the corrected estimator (objective kind "corrected")."""
     t = stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
     return rmsre_tau(corrected_breakdown(stats, params, kind, period_variance).as_error_breakdown(), t).combined
@@ -1116,7 +1128,8 @@ class CorrectedOptimizationResult:
 
 
 def _clip_grid(stats: SufficientStatistics, q: int, size: int) -> np.ndarray:
-    p = np.unique(np.concatenate([np.linspace(0.05, 0.95, size // 4), 1.0 - np.logspace(-5, np.log10(0.05), size - size // 4)]))
+    p = np.unique(np.concatenate([np.linspace(0.05, 0.95, size // 4),
+                                  1.0 - np.logspace(-5, np.log10(0.05), size - size // 4)]))
     pts = np.array([stats.quantile(q, float(x)) for x in p] + [float(stats.value_max[q])])
     pts = np.unique(pts[pts > 0])
     return pts if pts.size else np.array([1.0])
@@ -1124,7 +1137,7 @@ def _clip_grid(stats: SufficientStatistics, q: int, size: int) -> np.ndarray:
 
 def optimize_corrected(
     stats: SufficientStatistics, epsilon: float, max_count_limit: int = 20, taus: np.ndarray | Sequence[float] | None = None,
-    period_variance: float | Sequence[float] = 0.0, grid_size: int = 192, sweeps: int = 4,
+    period_variance: float | Sequence[float] | np.ndarray = 0.0, grid_size: int = 192, sweeps: int = 4,
     slice_columns: Sequence[str] | None = None,
 ) -> CorrectedOptimizationResult:
     """ParameterOptimization (Alg. 5) for the corrected objective, L-inf encoding (Alg. 3).
@@ -1145,7 +1158,7 @@ def optimize_corrected(
     if cmax < 1 or cmax > stats.spec.max_count_limit:
         raise ValueError(f"max_count_limit must lie in [1, {stats.spec.max_count_limit}], got {max_count_limit!r}")
     tau = stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
-    d, m = stats.num_queries, stats.num_slices
+    d = stats.num_queries
     gamma = stats.spec.contribution_budget
     pv = np.broadcast_to(np.asarray(period_variance, dtype=np.float64), (d + 1,))
     vnoise = discrete_laplace_variance(noise_parameter(epsilon, gamma))
@@ -1153,7 +1166,9 @@ def optimize_corrected(
     pi = 1.0 / np.maximum(tau[None, :], T) ** 2
     N = T[:, 0]
     grids = [_clip_grid(stats, q, grid_size) for q in range(d)]
-    rows, best = [], (np.inf, None)
+    rows: list[dict[str, Any]] = []
+    best: tuple[float, Params | None] = (np.inf, None)
+    params: Params | None
     for C in range(1, cmax + 1):
         K = kept_per_impression(C, gamma)
         if K > stats.max_rank:
@@ -1196,8 +1211,8 @@ def optimize_corrected(
                                       for q, col in enumerate(stats.value_columns)),
                         count_tau=float(tau[0]), contribution_budget=gamma)
         row = {"C": C, "kept_ranks": K, "corrected_rmsre_tau": model}
-        row.update({f"C_{col}": float(t) for col, t in zip(stats.value_columns, thresholds)})
-        row.update({f"alpha_{col}": float(a) for col, a in zip(stats.value_columns, fractions)})
+        row.update({f"C_{col}": float(t) for col, t in zip(stats.value_columns, thresholds, strict=True)})
+        row.update({f"alpha_{col}": float(a) for col, a in zip(stats.value_columns, fractions, strict=True)})
         rows.append(row)
         if model < best[0]:
             best = (model, params)

@@ -7,8 +7,9 @@ before any processing; per-row problems are returned as rejected rows with a ``r
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -63,7 +64,8 @@ def type_family(arrow_type: pa.DataType) -> str:
     return "other"
 
 
-def check_schema(schema: pa.Schema, slice_columns: Sequence[str], value_columns: Sequence[str], source: str = "input") -> None:
+def check_schema(schema: pa.Schema, slice_columns: Sequence[str], value_columns: Sequence[str],
+                 source: str = "input") -> None:
     """Refuse (ValueError) a conversion log without the required columns or with wrong types."""
     names = set(schema.names)
     missing = [c for c in (IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns) if c not in names]
@@ -153,13 +155,14 @@ class ValidatedBatch:
 
 
 def _as_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return column.to_numpy(zero_copy_only=False)
+    return cast(np.ndarray, column.to_numpy(zero_copy_only=False))
 
 
 def _integer_in_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Mask of entries of an integer column that fit int64 (only unsigned 64-bit ids can fail)."""
     if column.type == pa.uint64():
-        return ~pc.fill_null(pc.greater(column, pa.scalar(_INT64_MAX, pa.uint64())), False).to_numpy(zero_copy_only=False)
+        too_large = pc.fill_null(pc.greater(column, pa.scalar(_INT64_MAX, pa.uint64())), False)
+        return cast(np.ndarray, ~too_large.to_numpy(zero_copy_only=False))
     return np.ones(len(column), dtype=bool)
 
 
@@ -185,7 +188,8 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     micros, time_ok, floored = _time_as_micros(time_column)
     time_nulls = _as_numpy(time_column.is_null())
     flag(time_nulls, "null_conversion_time")
-    unparseable = "unparseable_conversion_time" if type_family(time_column.type) == "string" else "conversion_time_out_of_range"
+    unparseable = ("unparseable_conversion_time" if type_family(time_column.type) == "string"
+                   else "conversion_time_out_of_range")
     flag(~time_ok & ~time_nulls, unparseable)
     for c in slice_columns:
         col = table.column(c)
@@ -218,7 +222,7 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
         if pa.types.is_dictionary(col.type):
             col = pc.cast(col, col.type.value_type)
         columns[c] = pc.cast(col, canonical_type(col.type))
-    for c, vals in zip(value_columns, values):
+    for c, vals in zip(value_columns, values, strict=True):
         columns[c] = pa.array(vals[~bad] if any_bad else vals, type=pa.float64())
     columns["conversion_time_us"] = pa.array(micros[~bad] if any_bad else micros, type=pa.int64())
     for c in passthrough:  # optional columns carried unchanged (e.g. impression_time for the calibration)
@@ -228,7 +232,8 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     needed = [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
     rejected_rows = table.select(needed).filter(pa.array(bad))
     rejected = pa.table({c: pc.cast(rejected_rows.column(c), pa.string(), safe=False) for c in needed}
-                        | {REASON: pa.array(np.asarray(("",) + REJECT_REASONS, dtype=object)[reason[bad]], type=pa.string())})
+                        | {REASON: pa.array(np.asarray(("",) + REJECT_REASONS, dtype=object)[reason[bad]],
+                                            type=pa.string())})
     return ValidatedBatch(valid, rejected, int((floored & ~bad).sum()))
 
 
@@ -272,7 +277,8 @@ class Conversions:
         return tuple(self.slices)
 
     @classmethod
-    def from_table(cls, table: pa.Table | pd.DataFrame, slice_columns: Sequence[str], value_columns: Sequence[str]) -> "Conversions":
+    def from_table(cls, table: pa.Table | pd.DataFrame, slice_columns: Sequence[str],
+                   value_columns: Sequence[str]) -> Conversions:
         """From a validated Arrow table (or DataFrame); refuses rows that fail the contract."""
         if isinstance(table, pd.DataFrame):
             table = pa.Table.from_pandas(table, preserve_index=False)
@@ -292,7 +298,7 @@ class Conversions:
             value_columns=tuple(value_columns),
         )
 
-    def take(self, index: np.ndarray) -> "Conversions":
+    def take(self, index: np.ndarray) -> Conversions:
         return Conversions(self.impression_id[index], self.conversion_time[index],
                            {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns)
 
@@ -325,16 +331,16 @@ class ValidationCounts:
     times_floored: int = 0
 
     @classmethod
-    def of(cls, table_rows: int, batch: "ValidatedBatch") -> "ValidationCounts":
+    def of(cls, table_rows: int, batch: ValidatedBatch) -> ValidationCounts:
         reasons: dict[str, int] = {}
         if batch.rejected.num_rows:
             names, counts = np.unique(np.asarray(batch.rejected.column(REASON).to_pylist(), dtype=object).astype(str),
                                       return_counts=True)
-            reasons = {str(k): int(v) for k, v in zip(names, counts)}
+            reasons = {str(k): int(v) for k, v in zip(names, counts, strict=True)}
         return cls(table_rows, batch.rejected.num_rows, reasons, batch.times_floored)
 
     @classmethod
-    def merge(cls, parts: Iterable["ValidationCounts"]) -> "ValidationCounts":
+    def merge(cls, parts: Iterable[ValidationCounts]) -> ValidationCounts:
         read = rejected = floored = 0
         reasons: dict[str, int] = {}
         for p in parts:

@@ -38,10 +38,11 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -155,7 +156,7 @@ def _arrow_error(path: str, e: pa.ArrowInvalid) -> ValueError:
 
 
 def _numpy(batch: pa.RecordBatch, name: str, fill: Any) -> np.ndarray:
-    return batch.column(name).fill_null(fill).to_numpy(zero_copy_only=False)
+    return cast(np.ndarray, batch.column(name).fill_null(fill).to_numpy(zero_copy_only=False))
 
 
 def map_batch(batch: pa.RecordBatch, first_line: int, include_non_converting: bool = False

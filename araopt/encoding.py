@@ -19,6 +19,8 @@ Encodings
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from .params import Params
@@ -52,7 +54,7 @@ def randomized_round(omega: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     frac = np.subtract(omega, low)
     up = np.less(uniforms, frac)
     low += up
-    return low.astype(np.int64)
+    return cast(np.ndarray, low.astype(np.int64))
 
 
 def clip_randomized_round(
@@ -129,7 +131,10 @@ def encode(
     width = 1 if params.encoding == "l1" else d
     for start in range(0, n, _CHUNK_ROWS):
         stop = min(n, start + _CHUNK_ROWS)
-        u = uniforms[start:stop] if uniforms is not None else rng.random((stop - start, width))  # type: ignore[union-attr]
+        if uniforms is not None:
+            u = uniforms[start:stop]
+        else:  # rng is a Generator here (refused above otherwise)
+            u = cast(np.random.Generator, rng).random((stop - start, width))
         _encode_chunk(vals[start:stop], params, u, out[start:stop])
     return out
 
@@ -174,12 +179,12 @@ def expected_contribution(values: np.ndarray, params: Params) -> np.ndarray:
     vals = check_values(values, params.num_queries)
     thresholds = np.array([q.clip_threshold for q in params.queries], dtype=np.float64)
     if params.encoding in ("linf", "baseline"):
-        return query_scales(params)[None, :] * (np.minimum(vals, thresholds) / thresholds)
+        return cast(np.ndarray, query_scales(params)[None, :] * (np.minimum(vals, thresholds) / thresholds))
     scaled = vals / thresholds
     shrink = 1.0 / np.maximum(1.0, scaled.sum(axis=1))
     if params.l1_rounding == "floor":
-        return np.floor(scaled * (shrink * (params.contribution_budget / params.count_limit))[:, None])
-    return scaled * (shrink * params.per_conversion_budget)[:, None]
+        return cast(np.ndarray, np.floor(scaled * (shrink * (params.contribution_budget / params.count_limit))[:, None]))
+    return cast(np.ndarray, scaled * (shrink * params.per_conversion_budget)[:, None])
 
 
 def rounding_variance(values: np.ndarray, params: Params) -> np.ndarray:
@@ -188,4 +193,4 @@ def rounding_variance(values: np.ndarray, params: Params) -> np.ndarray:
         return np.zeros(check_values(values, params.num_queries).shape)
     mean = expected_contribution(values, params)
     frac = mean - np.floor(mean)
-    return frac * (1.0 - frac)
+    return cast(np.ndarray, frac * (1.0 - frac))

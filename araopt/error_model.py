@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import cast
 
 import numpy as np
 
@@ -46,11 +47,11 @@ class ErrorBreakdown:
 
     @property
     def bias(self) -> np.ndarray:
-        return self.expected - self.truth
+        return cast(np.ndarray, self.expected - self.truth)
 
     @property
     def mse(self) -> np.ndarray:
-        return self.bias**2 + self.variance
+        return cast(np.ndarray, self.bias**2 + self.variance)
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def relaxed_variance(params: Params, num_slices: int) -> np.ndarray:
     """Relaxation 4.5 (m, d+1): 2 C^2 C_l^2/(alpha_l^2 eps^2) and 2 (d+1) C^2/eps^2 (baseline: / alpha_0^2)."""
     c, eps, d = params.count_limit, params.epsilon, params.num_queries
     out = np.empty((num_slices, d + 1))
-    for col, (q, alpha) in enumerate(zip(params.queries, params.budget_fractions)):
+    for col, (q, alpha) in enumerate(zip(params.queries, params.budget_fractions, strict=True)):
         out[:, col + 1] = 2.0 * c**2 * q.clip_threshold**2 / (alpha**2 * eps**2)
     if params.encoding == "baseline":
         out[:, 0] = 2.0 * c**2 / (params.count_fraction**2 * eps**2)

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from . import plots, tuning
 from .conversions import Conversions
-from .error_model import ErrorBreakdown, RmsreTau, default_taus, expected_error, params_taus, rmsre_tau
+from .error_model import ErrorBreakdown, Objective, RmsreTau, default_taus, expected_error, params_taus, rmsre_tau
 from .keys import KeyDomain
 from .mechanism import measure
 from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, objective, optimize, prepare_search
@@ -69,13 +69,15 @@ def _metric_taus(params: Params, conversions: Conversions | None, taus: np.ndarr
 def conversions_breakdown(params: Params, conversions: Conversions, kind: str = "exact") -> ErrorBreakdown:
     """Exact bias / variance per slice of ``params`` on records (slices: those present in the data)."""
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, params expect {params.query_columns}")
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+                         f"params expect {params.query_columns}")
     domain = _domain(params, conversions)
     sidx = domain.slice_index(conversions.slices)
     return expected_error(conversions, sidx, domain.num_slices, params, kind, tie_breaker=conversions.record_keys())
 
 
-def analytic_rmsre(params: Params, conversions: Conversions, taus: np.ndarray | None = None, kind: str = "exact") -> RmsreTau:
+def analytic_rmsre(params: Params, conversions: Conversions, taus: np.ndarray | None = None,
+                   kind: str = "exact") -> RmsreTau:
     """Expected RMSRE_tau of ``params`` on test records, from the exact error model."""
     return rmsre_tau(conversions_breakdown(params, conversions, kind), _metric_taus(params, conversions, taus))
 
@@ -203,8 +205,8 @@ def evaluate_dataset(
     name: str, train_stats: SufficientStatistics, test_conversions: Conversions | None = None,
     epsilons: Sequence[float] = DEFAULT_EPSILONS, *, test_stats: SufficientStatistics | None = None,
     max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
-    methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False, taus: Sequence[float] | None = None,
-    train_conversions: Conversions | None = None,
+    methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
+    taus: np.ndarray | Sequence[float] | None = None, train_conversions: Conversions | None = None,
 ) -> DatasetEvaluation:
     """Optimize on train, evaluate on test (exactly on records when given, else on test statistics).
     ``taus`` (count first) defaults to the paper's rule on the training statistics (Sec. 5.1).
@@ -219,7 +221,7 @@ def evaluate_dataset(
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; known: {METHODS}")
-    kind = tuning.Objective.EXACT.value if kind == tuning.CORRECTED else kind  # the paper's estimators' objective
+    kind = Objective.EXACT.value if kind == tuning.CORRECTED else kind  # the paper's estimators' objective
     taus = train_stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
     train_ctx = prepare_search(train_stats, taus)
     test_ctx = prepare_search(test_stats, taus) if test_stats is not None else None
@@ -242,21 +244,25 @@ def evaluate_dataset(
         if CORRECTED_METHOD in methods and train_conversions is not None and test_conversions is not None:
             from . import calibration
 
-            tuned = tuning.tune(train_stats, eps, max_count_limit=max_count_limit, kind=tuning.CORRECTED, taus=taus)
+            tuned = tuning.tune(train_stats, eps, max_count_limit=max_count_limit, kind=tuning.CORRECTED,
+                                taus=taus.tolist())
             cal = calibration.calibration_statistics(train_conversions, tuned.params,
                                                      calibration.history_blocks(train_conversions))
             candidates[CORRECTED_METHOD] = (tuning.attach_calibration(tuned.params, cal), tuned.predicted_rmsre_tau,
                                             None)
         for method, (p, train_value, _) in candidates.items():
             if method == CORRECTED_METHOD:
+                assert test_conversions is not None  # the corrected method is only a candidate with test records
                 test_value = corrected_rmsre(p, test_conversions, taus).combined
             elif test_conversions is not None:
                 test_value = analytic_rmsre(p, test_conversions, taus, kind).combined
             else:
+                assert test_stats is not None  # (one of the two was required on entry)
                 test_value = objective(test_stats, p, taus, kind)
             row = {"dataset": name, "epsilon": eps, "method": method, "count_limit": p.count_limit,
                    "clip_thresholds": ";".join(f"{q.clip_threshold:.6g}" for q in p.queries),
-                   "budget_fractions": ";".join("" if q.budget_fraction is None else f"{q.budget_fraction:.6g}" for q in p.queries),
+                   "budget_fractions": ";".join("" if q.budget_fraction is None else f"{q.budget_fraction:.6g}"
+                                                for q in p.queries),
                    "train_rmsre_tau": train_value, "test_rmsre_tau": test_value}
             if method == CORRECTED_METHOD:
                 row["correction"] = p.correction
@@ -266,7 +272,7 @@ def evaluate_dataset(
                     row.update({"mc_rmsre_tau": mc.empirical, "mc_std_error": mc.std_error, "mc_runs": mc.runs,
                                 "mc_z": (mc.empirical - test_value) / mc.std_error if mc.std_error > 0 else 0.0})
                 cov = interval_coverage(p, test_conversions, monte_carlo, seed=seed)
-                for name, value in zip(("count",) + p.query_columns, cov.released):
+                for name, value in zip(("count",) + p.query_columns, cov.released, strict=True):
                     row[f"coverage_{name}"] = float(value)
             rows.append(row)
         if gap and test_stats is not None:

@@ -19,8 +19,9 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -66,7 +67,7 @@ class KeyDomain:
                 f"key bits do not fit: slice columns need {self.total_bits - QUERY_BITS} bits + {QUERY_BITS} query bits = "
                 f"{self.total_bits} > {MAX_BUCKET_BITS} (exceeds by {self.total_bits - MAX_BUCKET_BITS})"
             )
-        for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries)):
+        for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries, strict=True)):
             if len(set(d)) != len(d):
                 raise ValueError(f"dictionary of slice column {c!r} has duplicate values")
             if slices.size and (slices[:, j].min() < 0 or slices[:, j].max() >= len(d)):
@@ -88,7 +89,7 @@ class KeyDomain:
     def from_slice_values(
         cls, slice_columns: Sequence[str], columns: Mapping[str, Any], query_names: Sequence[str],
         baseline: bool = False, conversion_slice_columns: Sequence[str] = (),
-    ) -> "KeyDomain":
+    ) -> KeyDomain:
         """Domain of the distinct slices present in ``columns`` (dict of equal-length arrays)."""
         frame = pd.DataFrame({c: np.asarray(columns[c]) for c in slice_columns}).drop_duplicates()
         dictionaries = tuple(tuple(_to_python(sorted(frame[c].unique().tolist()))) for c in slice_columns)
@@ -98,7 +99,7 @@ class KeyDomain:
         assert valid.all()
         return domain._with_slices(idx)
 
-    def _with_slices(self, idx: np.ndarray) -> "KeyDomain":
+    def _with_slices(self, idx: np.ndarray) -> KeyDomain:
         idx = np.unique(np.asarray(idx, dtype=np.int64).reshape(-1, len(self.slice_columns)), axis=0)
         return KeyDomain(self.slice_columns, self.dictionaries, idx, self.query_names, self.baseline,
                          self.conversion_slice_columns)
@@ -151,9 +152,9 @@ class KeyDomain:
         arrays = [np.asarray(columns[c]) for c in self.slice_columns]
         n = len(arrays[0]) if arrays else 0
         idx = np.empty((n, len(arrays)), dtype=np.int64)
-        for j, (arr, dictionary) in enumerate(zip(arrays, self.dictionaries)):
+        for j, (arr, dictionary) in enumerate(zip(arrays, self.dictionaries, strict=True)):
             idx[:, j] = pd.Index(list(dictionary)).get_indexer(arr)
-        return idx, (idx >= 0).all(axis=1)
+        return idx, cast(np.ndarray, (idx >= 0).all(axis=1))
 
     def slice_index(self, columns: Mapping[str, Any]) -> np.ndarray:
         """Dense slice index in [0, m) of each record, -1 where the slice is not in the domain."""
@@ -176,14 +177,15 @@ class KeyDomain:
 
     def slice_values(self) -> dict[str, list[Any]]:
         """Slice column values of every domain slice, in slice-index order."""
-        return {c: [d[i] for i in self.slices[:, j]] for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries))}
+        return {c: [d[i] for i in self.slices[:, j]]
+                for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries, strict=True))}
 
     # ---- buckets --------------------------------------------------------------------------------
     def slice_bits(self, slice_row: Sequence[int], columns: Sequence[str] | None = None) -> int:
         """The bits of a slice's fields (optionally only of ``columns``) at their offsets."""
         wanted = set(self.slice_columns if columns is None else columns)
         out = 0
-        for c, off, i in zip(self.slice_columns, self.field_offsets, slice_row):
+        for c, off, i in zip(self.slice_columns, self.field_offsets, slice_row, strict=True):
             if c in wanted:
                 out |= int(i) << off
         return out
@@ -215,11 +217,11 @@ class KeyDomain:
             "format_version": KEYMAP_FORMAT_VERSION,
             "slice_columns": list(self.slice_columns),
             "conversion_slice_columns": list(self.conversion_slice_columns),
-            "dictionaries": {c: list(d) for c, d in zip(self.slice_columns, self.dictionaries)},
+            "dictionaries": {c: list(d) for c, d in zip(self.slice_columns, self.dictionaries, strict=True)},
             "queries": list(self.query_names),
             "bottom_name": self.bottom_name,
             "query_bits": QUERY_BITS,
-            "field_bits": dict(zip(self.slice_columns, self.field_bits)),
+            "field_bits": dict(zip(self.slice_columns, self.field_bits, strict=True)),
             "slices": self.slices.tolist(),
             "layout_sha256": self.layout_checksum(),
             "params_sha256": params_sha256,
@@ -231,7 +233,7 @@ class KeyDomain:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> "KeyDomain":
+    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> KeyDomain:
         try:
             cols = tuple(data["slice_columns"])
             dicts = tuple(tuple(data["dictionaries"][c]) for c in cols)
@@ -255,7 +257,7 @@ class KeyDomain:
             json.dump(self.to_json(params_sha256), fh, indent=1)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "KeyDomain":
+    def load(cls, path: str | os.PathLike[str]) -> KeyDomain:
         try:
             with open(path, encoding="utf-8") as fh:
                 data = json.load(fh)
@@ -281,9 +283,11 @@ def _coerce(value: Any, family: str, column: str, source: str) -> Any:
     if isinstance(value, np.generic):
         value = value.item()
     if family == "integer":
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
+        if isinstance(value, bool) or not (isinstance(value, int)
+                                           or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
                                            or (isinstance(value, float) and value.is_integer())):
-            raise ValueError(f"{source}: slice column {column!r} holds integers in the input, but the domain lists {value!r}")
+            raise ValueError(f"{source}: slice column {column!r} holds integers in the input, "
+                             f"but the domain lists {value!r}")
         return int(value)
     if family == "boolean":
         if isinstance(value, bool):
@@ -319,11 +323,12 @@ def domain_from_rows(rows: pd.DataFrame, slice_columns: Sequence[str], query_nam
 
 def check_domain_families(domain: KeyDomain, families: Mapping[str, str], source: str = "domain") -> None:
     """Refuse a domain whose slice values are not of the input's type (they would match no row)."""
-    for column, dictionary in zip(domain.slice_columns, domain.dictionaries):
+    for column, dictionary in zip(domain.slice_columns, domain.dictionaries, strict=True):
         family = families.get(column)
         if family is None:
             continue
         for value in dictionary:
-            if _coerce(value, family, column, source) != value or type(_coerce(value, family, column, source)) is not type(value):
+            if (_coerce(value, family, column, source) != value
+                    or type(_coerce(value, family, column, source)) is not type(value)):
                 raise ValueError(f"{source}: slice column {column!r} holds {family} values in the input, but the "
                                  f"domain lists {value!r} ({type(value).__name__})")

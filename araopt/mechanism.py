@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .aggregate import domain_sums
 from .bounding import bound_contributions
 from .conversions import Conversions
 from .encoding import encode
 from .keys import KeyDomain
 from .params import Params
 from .randomness import keyed_uniforms, secure_generator
-from .aggregate import domain_sums
 from .release import Accounting, Release, noisy_release
 from .report import Estimates, SummaryReport
 
@@ -93,7 +93,8 @@ def measure(
     which slices occur in it.
     """
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, params expect {params.query_columns}")
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+                         f"params expect {params.query_columns}")
     if domain is None:
         if simulation_seed is None and noise_rng is None:
             raise ValueError("a release needs a declared key domain: deriving it from the data being released "

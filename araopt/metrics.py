@@ -5,6 +5,8 @@ Closed forms from bias and variance where one exists (RMSE, RMSRE, RMSRE_tau); t
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from .error_model import ErrorBreakdown
@@ -30,7 +32,7 @@ def are(samples: np.ndarray, truth: np.ndarray, alpha: float) -> np.ndarray:
 def ame(samples: np.ndarray, truth: np.ndarray, tau: float) -> np.ndarray:
     """AME_tau: P[|U - V| > tau] per slice."""
     s, t = _as_samples(samples, truth)
-    return (np.abs(s - t) > tau).mean(axis=0)
+    return cast(np.ndarray, (np.abs(s - t) > tau).mean(axis=0))
 
 
 def apme(samples: np.ndarray, truth: np.ndarray, alpha: float, tau: float) -> np.ndarray:
@@ -39,7 +41,7 @@ def apme(samples: np.ndarray, truth: np.ndarray, alpha: float, tau: float) -> np
     err = np.abs(s - t)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel_big = np.where(t > 0, err / np.where(t > 0, t, 1.0) > alpha, err > 0)
-    return (rel_big & (err > tau)).mean(axis=0)
+    return cast(np.ndarray, (rel_big & (err > tau)).mean(axis=0))
 
 
 def eare(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -52,7 +54,7 @@ def eare(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
 def eare_tau(samples: np.ndarray, truth: np.ndarray, tau: float) -> np.ndarray:
     """EARE_tau: E[|U - V| / max(tau, V)]."""
     s, t = _as_samples(samples, truth)
-    return (np.abs(s - t) / np.maximum(tau, t)).mean(axis=0)
+    return cast(np.ndarray, (np.abs(s - t) / np.maximum(tau, t)).mean(axis=0))
 
 
 def eareo(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -65,7 +67,7 @@ def eareo(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 def rmse(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
     s, t = _as_samples(samples, truth)
-    return np.sqrt(((s - t) ** 2).mean(axis=0))
+    return cast(np.ndarray, np.sqrt(((s - t) ** 2).mean(axis=0)))
 
 
 def rmsre(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -77,13 +79,13 @@ def rmsre(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
 def rmsre_tau_samples(samples: np.ndarray, truth: np.ndarray, tau: float) -> np.ndarray:
     """RMSRE_tau per slice on samples: sqrt(E[((U - V) / max(tau, V))^2])."""
     s, t = _as_samples(samples, truth)
-    return np.sqrt((((s - t) / np.maximum(tau, t)) ** 2).mean(axis=0))
+    return cast(np.ndarray, np.sqrt((((s - t) / np.maximum(tau, t)) ** 2).mean(axis=0)))
 
 
 # ---- closed forms from the error model -------------------------------------------------------
 def rmse_closed_form(breakdown: ErrorBreakdown) -> np.ndarray:
     """sqrt(bias^2 + Var) per slice and query."""
-    return np.sqrt(breakdown.mse)
+    return cast(np.ndarray, np.sqrt(breakdown.mse))
 
 
 def rmsre_closed_form(breakdown: ErrorBreakdown) -> np.ndarray:
@@ -92,14 +94,15 @@ def rmsre_closed_form(breakdown: ErrorBreakdown) -> np.ndarray:
 
 
 def rmsre_tau_closed_form(breakdown: ErrorBreakdown, taus: np.ndarray) -> np.ndarray:
-    return np.sqrt(breakdown.mse) / np.maximum(np.asarray(taus)[None, :], breakdown.truth)
+    return cast(np.ndarray, np.sqrt(breakdown.mse) / np.maximum(np.asarray(taus)[None, :], breakdown.truth))
 
 
 def metrics_table(samples: np.ndarray, truth: np.ndarray, alpha: float = 0.1, tau: float = 5.0) -> dict[str, float]:
     """All metrics of the paper's table on Monte-Carlo samples, averaged over slices (NaN-aware)."""
     s, t = _as_samples(samples, truth)
     per = {
-        f"ARE_{alpha:g}": are(s, t, alpha), f"AME_{tau:g}": ame(s, t, tau), f"APME_{alpha:g},{tau:g}": apme(s, t, alpha, tau),
+        f"ARE_{alpha:g}": are(s, t, alpha), f"AME_{tau:g}": ame(s, t, tau),
+        f"APME_{alpha:g},{tau:g}": apme(s, t, alpha, tau),
         "EARE": eare(s, t), "RMSE": rmse(s, t), "RMSRE": rmsre(s, t), f"EARE_{tau:g}": eare_tau(s, t, tau),
         "EAREO": eareo(s, t),
     }

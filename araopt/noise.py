@@ -20,6 +20,7 @@ would keep fewer than 16 bits; every intermediate stays below 2^62, far inside i
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import cast
 
 import numpy as np
 
@@ -40,7 +41,8 @@ _MAX_COIN_ROUNDS = (2**63 - 1) // _DENOMINATOR  # K * 2^52 must stay within int6
 def noise_parameter(epsilon: float, contribution_budget: int = CONTRIBUTION_BUDGET) -> float:
     """a = eps / Gamma (SummaryReport, Alg. 2), rounded down to a multiple of 2^-52 (exactly what is sampled)."""
     eps = check_epsilon(epsilon)
-    if isinstance(contribution_budget, bool) or not isinstance(contribution_budget, (int, np.integer)) or contribution_budget < 1:
+    if (isinstance(contribution_budget, bool) or not isinstance(contribution_budget, (int, np.integer))
+            or contribution_budget < 1):
         raise ValueError(f"contribution_budget must be a positive integer, got {contribution_budget!r}")
     numerator = (Fraction(eps) * _DENOMINATOR) // int(contribution_budget)
     return _check_a(numerator / _DENOMINATOR)
@@ -69,7 +71,7 @@ def discrete_laplace_variance(a: float) -> float:
 def discrete_laplace_pmf(k: np.ndarray, a: float) -> np.ndarray:
     """P[DLap(a) = k] = tanh(a/2) e^{-a|k|}."""
     a = _check_a(a)
-    return np.tanh(a / 2.0) * np.exp(-a * np.abs(np.asarray(k, dtype=np.float64)))
+    return cast(np.ndarray, np.tanh(a / 2.0) * np.exp(-a * np.abs(np.asarray(k, dtype=np.float64))))
 
 
 def discrete_laplace_cdf(k: np.ndarray, a: float) -> np.ndarray:
@@ -79,7 +81,7 @@ def discrete_laplace_cdf(k: np.ndarray, a: float) -> np.ndarray:
     q = np.exp(-a)
     pos = 1.0 - np.exp(-a * (k + 1.0)) / (1.0 + q)
     neg = np.exp(a * k) / (1.0 + q)
-    return np.where(k >= 0, pos, neg)
+    return cast(np.ndarray, np.where(k >= 0, pos, neg))
 
 
 def discrete_laplace_from_uniforms(a: float, u1: np.ndarray, u2: np.ndarray) -> np.ndarray:
@@ -140,7 +142,7 @@ def sample_discrete_laplace(a: float, size: int | tuple[int, ...], rng: np.rando
         rng = secure_generator()
     shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
     count = int(np.prod(shape, dtype=np.int64))
-    return (_geometric(rng, numerator, count) - _geometric(rng, numerator, count)).reshape(shape)
+    return cast(np.ndarray, (_geometric(rng, numerator, count) - _geometric(rng, numerator, count)).reshape(shape))
 
 
 def add_noise(histogram: np.ndarray, noise: np.ndarray) -> np.ndarray:

@@ -34,16 +34,18 @@ import dataclasses
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 from scipy import optimize as sp_optimize
 from tqdm import tqdm
 
 from .encoding import count_scale, query_scales
-from .error_model import OBJECTIVES, ErrorBreakdown, Objective, relaxed_variance, rmsre_tau
+from .error_model import OBJECTIVES, ErrorBreakdown, relaxed_variance, rmsre_tau
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import CONTRIBUTION_BUDGET, Encoding, Params, Provenance, QueryParams, check_epsilon
 from .report import estimate_variance
@@ -109,7 +111,7 @@ def _hist_terms(
         excess[inside] = (sm[inside] - lo[inside] * cnt[inside]) * frac_above[inside]
         sl = stats.hist_slice[e]
         clipped[:, q] = kept[:, q + 1] - np.bincount(sl, weights=excess, minlength=m)
-        if rounding is not None:
+        if rounding is not None and omega_scales is not None:  # (both or neither)
             mean = sm / cnt
             sd = np.sqrt(np.maximum(sq / cnt - mean**2, 0.0))
             g = frac_variance(omega_scales[q] * mean / c, omega_scales[q] * sd / c)
@@ -191,6 +193,7 @@ def statistics_breakdown(stats: SufficientStatistics, params: Params, kind: str 
     expected = np.empty((m, d + 1))
     expected[:, 0] = kept[:, 0]
     want_round = kind == "exact"
+    rounding: np.ndarray | None
     if params.encoding == "l1" and (d > 1 or params.l1_rounding == "floor"):
         sl, vals, weight = _sample_cells(stats, kept_ranks)
         expected[:, 1:], rounding = _l1_sample_terms(sl, vals, weight, m, thresholds, params.count_limit,
@@ -260,12 +263,12 @@ class _QueryModel:
 
     def bias_at(self, c: np.ndarray) -> np.ndarray:
         i, t = self.locate(c)
-        return self.bias[i] + self.q1[i] * t + self.q2[i] * t * t
+        return cast(np.ndarray, self.bias[i] + self.q1[i] * t + self.q2[i] * t * t)
 
     def rho_at(self, c: np.ndarray) -> np.ndarray:
         i, t = self.locate(c)
         h = self.g[i + 1] - self.g[i]
-        return self.rho[i] + (self.rho[i + 1] - self.rho[i]) * t / h
+        return cast(np.ndarray, self.rho[i] + (self.rho[i + 1] - self.rho[i]) * t / h)
 
 
 def _query_model(stats: SufficientStatistics, grid: _Grid, q: int, kept_ranks: int, pi: np.ndarray,
@@ -339,12 +342,13 @@ class _LinfModel:
         qm = self.queries[q]
         C, G = self.count_limit, self.contribution_budget
         c = np.asarray(c, dtype=np.float64)
+        w: float | np.ndarray
         if self.kind == "relaxed":
             w = 2.0 * C * C * qm.p / self.epsilon**2
         else:
             v = discrete_laplace_variance(noise_parameter(self.epsilon, G))
             w = (v * qm.p + qm.rho_at(c) / 6.0) * (C / G) ** 2
-        return w * c * c
+        return cast(np.ndarray, w * c * c)
 
     def value(self, c: np.ndarray, alpha: np.ndarray) -> float:
         total = self.count_term
@@ -378,11 +382,12 @@ class _LinfModel:
     def alpha_step(self, c: np.ndarray) -> np.ndarray:
         k = np.array([float(self.var_factor(q, c[q])) for q in range(self.d)])
         r = np.cbrt(np.maximum(k, 1e-300))
-        return r / r.sum()
+        return cast(np.ndarray, r / r.sum())
 
     def profile_value(self, c: np.ndarray) -> float:
         k = np.array([float(self.var_factor(q, c[q])) for q in range(self.d)])
-        return self.count_term + sum(float(self.queries[q].bias_at(c[q])) for q in range(self.d)) + float(np.cbrt(k).sum() ** 3)
+        return (self.count_term + sum(float(self.queries[q].bias_at(c[q])) for q in range(self.d))
+                + float(np.cbrt(k).sum() ** 3))
 
 
 @dataclass(frozen=True)
@@ -395,7 +400,8 @@ class SearchContext:
     grids: tuple[_Grid, ...]
     truth: np.ndarray
     pis: np.ndarray
-    _cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[int, tuple[np.ndarray, tuple[_QueryModel, ...]]] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False)
 
     def query_models(self, kept_ranks: int) -> tuple[_QueryModel, ...]:
         if kept_ranks not in self._cache:
@@ -434,7 +440,8 @@ def _linf_model(ctx: SearchContext, C: int, kind: str, epsilon: float) -> _LinfM
     return _LinfModel(C, kind, epsilon, queries, count_term, gamma)
 
 
-def _alternate(model: _LinfModel, c: np.ndarray, alpha: np.ndarray, max_iter: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
+def _alternate(model: _LinfModel, c: np.ndarray, alpha: np.ndarray,
+               max_iter: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
     best = model.value(c, alpha)
     for _ in range(max_iter):
         alpha = model.alpha_step(c)
@@ -469,9 +476,9 @@ def _profile_polish(model: _LinfModel, c: np.ndarray, sweeps: int = 10) -> np.nd
 def _solve_linf(model: _LinfModel, starts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, float]:
     d = model.d
     if d == 1:
-        c, val = model.c_step(0, 1.0)
-        return np.array([c]), np.array([1.0]), val + model.count_term
-    best = (None, None, np.inf)
+        c1, val1 = model.c_step(0, 1.0)
+        return np.array([c1]), np.array([1.0]), val1 + model.count_term
+    best: tuple[np.ndarray | None, np.ndarray | None, float] = (None, None, np.inf)
     for c0 in starts:
         c, alpha, val = _alternate(model, np.asarray(c0, dtype=np.float64), np.full(d, 1.0 / d))
         c2 = _profile_polish(model, c)
@@ -480,7 +487,8 @@ def _solve_linf(model: _LinfModel, starts: Sequence[np.ndarray]) -> tuple[np.nda
             c, alpha, val = c2, alpha2, val2
         if val < best[2]:
             best = (c, alpha, val)
-    return best  # type: ignore[return-value]
+    # every start has a finite value in practice (None would fail the caller at once)
+    return cast(tuple[np.ndarray, np.ndarray, float], best)
 
 
 # ================================================================================================
@@ -503,7 +511,7 @@ def _integer_fractions(k: np.ndarray, count_limit: int, gamma: int) -> np.ndarra
     alpha = s * count_limit / gamma
     slack = gamma - units * count_limit  # < C: floor(alpha Gamma / C) is unchanged by adding it to one query
     alpha[int(np.argmax(s))] += slack / gamma
-    return alpha
+    return cast(np.ndarray, alpha)
 
 
 def _make_params(
@@ -529,7 +537,7 @@ def _finalize_fractions(model: _LinfModel, c: np.ndarray, alpha: np.ndarray) -> 
         k = np.array([float(model.var_factor(q, c[q])) for q in range(model.d)])
         return _integer_fractions(k, model.count_limit, model.contribution_budget)
     a = np.maximum(alpha, 2.0 * model.count_limit / model.contribution_budget)
-    return a / a.sum()
+    return cast(np.ndarray, a / a.sum())
 
 
 # ================================================================================================
@@ -563,17 +571,18 @@ class OptimizationResult:
     def table(self) -> pd.DataFrame:
         rows = []
         for r in self.per_count_limit:
-            row = {"C": r.count_limit, "kept_ranks": r.kept_ranks, "rmsre_tau": r.objective, "count_share": r.count_mse_share}
-            for name, t in zip(self.params.query_columns, r.thresholds):
+            row = {"C": r.count_limit, "kept_ranks": r.kept_ranks, "rmsre_tau": r.objective,
+                   "count_share": r.count_mse_share}
+            for name, t in zip(self.params.query_columns, r.thresholds, strict=True):
                 row[f"C_{name}"] = t
             if r.fractions is not None:
-                for name, a in zip(self.params.query_columns, r.fractions):
+                for name, a in zip(self.params.query_columns, r.fractions, strict=True):
                     row[f"alpha_{name}"] = a
             rows.append(row)
         return pd.DataFrame(rows)
 
 
-def _progress(iterable: range, progress: bool, desc: str) -> tqdm:
+def _progress(iterable: range, progress: bool, desc: str) -> tqdm[int]:
     enabled = bool(progress) and sys.stderr.isatty()
     return tqdm(iterable, desc=desc, unit="C", file=sys.stderr, disable=not enabled, leave=False)
 
@@ -610,6 +619,7 @@ def optimize(
     use_samples = encoding == "l1" and (d > 1 or l1_rounding == "floor")
     rows: list[CandidateResult] = []
     best: tuple[float, Params | None] = (np.inf, None)
+    params: Params | None
     prev_c = None
     for C in _progress(range(1, cmax + 1), progress, f"optimize {encoding}"):
         model = _linf_model(ctx, C, kind, epsilon)
@@ -648,7 +658,8 @@ def _context(stats: SufficientStatistics, taus: np.ndarray | Sequence[float] | N
              context: SearchContext | None) -> SearchContext:
     if context is None:
         return prepare_search(stats, taus)
-    if context.stats is not stats or (taus is not None and not np.array_equal(np.asarray(taus, dtype=np.float64), context.taus)):
+    if context.stats is not stats or (taus is not None
+                                      and not np.array_equal(np.asarray(taus, dtype=np.float64), context.taus)):
         raise ValueError("context was prepared for other statistics or taus")
     return context
 
@@ -689,7 +700,8 @@ def _optimize_l1_samples(
     starts = [np.maximum(start, 1e-12), np.array([stats.quantile(q, 0.99) for q in range(d)]) * d]
     if previous is not None:
         starts.append(previous)
-    best_c, best_v = None, np.inf
+    best_c: np.ndarray | None = None
+    best_v = np.inf
     for c in starts:
         c = np.where(c > 0, c, 1.0).astype(np.float64)
         cur = value(c)
@@ -710,6 +722,7 @@ def _optimize_l1_samples(
                 break
         if cur < best_v:
             best_c, best_v = c.copy(), cur
+    assert best_c is not None
     return _make_params(stats, "l1", epsilon, C, best_c, None, taus, slice_columns, l1_rounding)
 
 
@@ -731,19 +744,30 @@ def scipy_paper_optimize(
     lo = np.array([g.points[0] for g in grids])
     hi = np.array([g.points[-1] for g in grids])
     x0c = np.clip([stats.quantile(q, 0.99) for q in range(d)], lo, hi)
-    rows, best = [], (np.inf, None)
+    rows: list[CandidateResult] = []
+    best: tuple[float, Params | None] = (np.inf, None)
+    params: Params | None
     for C in _progress(range(1, cmax + 1), progress, "scipy reference"):
         model = _linf_model(ctx, C, kind, epsilon)
         if d == 1:
-            res = sp_optimize.minimize(lambda x: model.value(x, np.ones(1)), x0c, method="L-BFGS-B",
-                                       bounds=list(zip(lo, hi)))
+            def linf_value(x: npt.NDArray[np.float64], model: _LinfModel = model) -> float:
+                return model.value(x, np.ones(1))
+
+            res = sp_optimize.minimize(linf_value, x0c, method="L-BFGS-B", bounds=list(zip(lo, hi, strict=True)))
             c, alpha = np.clip(res.x, lo, hi), np.ones(1)
         else:
             amin = 2.0 * C / stats.spec.contribution_budget
+
+            def linf_value(x: npt.NDArray[np.float64], model: _LinfModel = model) -> float:
+                return model.value(x[:d], x[d:])
+
+            def fractions_sum_to_one(x: npt.NDArray[np.float64]) -> np.float64:
+                return np.sum(x[d:]) - 1.0
+
             res = sp_optimize.minimize(
-                lambda x: model.value(x[:d], x[d:]), np.concatenate([x0c, np.full(d, 1.0 / d)]), method="SLSQP",
-                bounds=list(zip(lo, hi)) + [(amin, 1.0)] * d,
-                constraints=[{"type": "eq", "fun": lambda x: np.sum(x[d:]) - 1.0}])
+                linf_value, np.concatenate([x0c, np.full(d, 1.0 / d)]), method="SLSQP",
+                bounds=list(zip(lo, hi, strict=True)) + [(amin, 1.0)] * d,
+                constraints=[{"type": "eq", "fun": fractions_sum_to_one}])
             c, alpha = np.clip(res.x[:d], lo, hi), np.maximum(res.x[d:], amin)
             alpha = alpha / alpha.sum()
         val = model.value(c, alpha)
@@ -756,6 +780,7 @@ def scipy_paper_optimize(
         if value < best[0]:
             best = (value, params)
     params = best[1]
+    assert params is not None
     final = _objective_value(stats, params, tau, kind)
     return OptimizationResult(params, final, kind, "linf", tuple(rows), tuple(float(t) for t in tau),
                               time.perf_counter() - t0)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -84,7 +85,7 @@ def manifest_json(entries: Sequence[ManifestEntry], simulation: bool, extra: Map
         "simulation": simulation,
         "release_dir": release_dir(simulation),
         "private_dir": PRIVATE_DIR,
-        "written_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "written_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "files": [{"path": e.path, "sha256": e.sha256, "bytes": e.bytes, "visibility": e.visibility}
                   for e in sorted(entries, key=lambda e: e.path)],
         **dict(extra),

@@ -13,10 +13,11 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any, cast
 
 import jsonschema
 
@@ -56,7 +57,7 @@ FRACTION_TOLERANCE = 1e-9
 DEFAULT_COUNT_TAU = 5.0
 
 
-def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+def check_epsilon(epsilon: float | str, name: str = "epsilon") -> float:
     """Return epsilon as float if it lies in [2^-20, 64] (floor: MIN_EPSILON; ceiling: the Aggregation Service's)."""
     if isinstance(epsilon, bool):
         raise ValueError(f"{name} must be a number, got {epsilon!r}")
@@ -134,10 +135,11 @@ class Provenance:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Provenance":
+    def from_json(cls, data: Mapping[str, Any]) -> Provenance:
         data = dict(data)
         window = data.pop("training_window", None) or {}
-        known = {k: data.pop(k, None) for k in ("rows", "created_at", "predicted_rmsre_tau", "baseline_rmsre_tau", "objective")}
+        known = {k: data.pop(k, None)
+                 for k in ("rows", "created_at", "predicted_rmsre_tau", "baseline_rmsre_tau", "objective")}
         return cls(training_start=window.get("start"), training_end=window.get("end"), extra=data, **known)
 
 
@@ -183,7 +185,8 @@ class Params:
         if isinstance(self.contribution_budget, bool) or not isinstance(self.contribution_budget, int) or not (
             1 <= self.contribution_budget <= CONTRIBUTION_BUDGET
         ):
-            raise ValueError(f"contribution_budget must be an integer in [1, {CONTRIBUTION_BUDGET}], got {self.contribution_budget!r}")
+            raise ValueError(f"contribution_budget must be an integer in [1, {CONTRIBUTION_BUDGET}], "
+                             f"got {self.contribution_budget!r}")
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
         object.__setattr__(self, "count_limit", check_count_limit(self.count_limit, self.contribution_budget))
         if self.encoding not in ENCODINGS:
@@ -234,7 +237,7 @@ class Params:
                              f"baseline {domain.baseline}, the parameters use {self.slice_columns} / "
                              f"{self.query_columns} / baseline {self.encoding == 'baseline'}")
 
-    def with_domain_of(self, slice_values: Mapping[str, Any]) -> "Params":
+    def with_domain_of(self, slice_values: Mapping[str, Any]) -> Params:
         """These parameters carrying the domain of the slices in ``slice_values`` (column -> values)."""
         domain = KeyDomain.from_slice_values(self.slice_columns, slice_values, self.query_columns,
                                              self.encoding == "baseline", self.conversion_slice_columns)
@@ -249,7 +252,7 @@ class Params:
         missing = [q.column for q in self.queries if q.budget_fraction is None]
         if missing:
             raise ValueError(f"queries{missing}.budget_fraction is required for encoding {self.encoding!r}")
-        total = float(sum(fractions))  # type: ignore[arg-type]
+        total = float(sum(f for f in fractions if f is not None))  # (none is None: checked above)
         if self.encoding == "baseline":
             if self.count_budget_fraction is None:
                 raise ValueError("count_budget_fraction is required for encoding 'baseline'")
@@ -288,7 +291,7 @@ class Params:
         """floor(Gamma / C): the L1 norm every L-inf / L1 contribution uses (Lemma 4.1)."""
         return self.contribution_budget // self.count_limit
 
-    def with_epsilon(self, epsilon: float) -> "Params":
+    def with_epsilon(self, epsilon: float) -> Params:
         return dataclasses.replace(self, epsilon=epsilon)
 
     # ---- serialisation --------------------------------------------------------------------
@@ -336,7 +339,7 @@ class Params:
         os.replace(tmp, path)
 
     @classmethod
-    def from_json(cls, data: Any, source: str = "parameter file") -> "Params":
+    def from_json(cls, data: Any, source: str = "parameter file") -> Params:
         """Validate ``data`` (parsed JSON) against the schema and semantically; refuse with the field name."""
         if not isinstance(data, dict):
             raise ValueError(f"{source}: top level must be a JSON object")
@@ -373,7 +376,7 @@ class Params:
             raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
-    def from_bytes(cls, raw: bytes, source: str = "parameter file") -> "Params":
+    def from_bytes(cls, raw: bytes, source: str = "parameter file") -> Params:
         try:
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -381,7 +384,7 @@ class Params:
         return cls.from_json(data, source)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Params":
+    def load(cls, path: str | os.PathLike[str]) -> Params:
         path = os.fspath(path)
         try:
             with open(path, "rb") as fh:
@@ -402,11 +405,11 @@ def _calibration_from_json(data: Any) -> Any:
 def params_json_schema() -> dict[str, Any]:
     """The JSON Schema of the parameter file (``schemas/params.schema.json``)."""
     text = resources.files("araopt").joinpath("schemas/params.schema.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    return cast(dict[str, Any], json.loads(text))
 
 
 def utc_now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 def _check_version(version: Any, source: str = "parameter file") -> None:

@@ -22,7 +22,8 @@ import io
 import os
 import re
 import textwrap
-from typing import TYPE_CHECKING, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
@@ -108,7 +109,8 @@ def slice_labels(frame: pd.DataFrame, slice_columns: Sequence[str]) -> pd.Series
     if not columns:
         return pd.Series("all conversions", index=frame.index)
     parts = [f"{c}=" + frame[c].astype(str) for c in columns]
-    return parts[0].str.cat(parts[1:], sep=", ") if len(parts) > 1 else parts[0]
+    # pandas takes a list of Series as `others`; pandas-stubs only admit list[str]
+    return parts[0].str.cat(parts[1:], sep=", ") if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
 
 
 # ---- estimates ----------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
     fig = _figure(min(26.0, 0.075 * label_width + 4.6 * len(queries)), 2.4 + 0.3 * max(n, 3))
     axes = fig.subplots(1, len(queries), sharey=True, squeeze=False)[0]
     positions = np.arange(n)
-    for ax, query in zip(axes, queries):
+    for ax, query in zip(axes, queries, strict=True):
         part = estimates[estimates["query"] == query]
         rows = chosen.merge(part, on=columns, how="left").sort_values("_rank") if columns else part.head(1)
         estimate = rows["estimate"].to_numpy(dtype=float)
@@ -144,7 +146,7 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
         ax.errorbar(estimate, positions, xerr=np.vstack([estimate - low, high - estimate]), fmt="o", color="black",
                     markersize=3, elinewidth=1.6, capsize=4, capthick=1.6, label="95% interval")
         half = (high - low) / 2.0
-        for y, x, e, h in zip(positions, high, estimate, half):
+        for y, x, e, h in zip(positions, high, estimate, half, strict=True):
             share = h / abs(e) if e != 0 and np.isfinite(e) else np.inf
             relative = f" ({share:.1%})" if share <= 1 else " (>100%)"
             ax.annotate(f"{_number(e)} \u00b1 {_number(h)}{relative}", xy=(x, y), xytext=(4, 0), textcoords="offset points",
@@ -269,11 +271,12 @@ def noise_figure(unnoised: np.ndarray | Sequence[int], noise: np.ndarray | Seque
     _thousands(right, "y")
     right.set_title("distribution of the noise", fontsize=10)
     subtitle = f"{n:,} keys"
-    if sd is not None:
+    if sd is not None and a is not None:  # (set together)
         band = Z_95 * sd
         inside = float(np.mean(np.abs(noise) <= band)) if n else float("nan")
         edge = np.floor(band)
-        expected_inside = float(discrete_laplace_cdf(np.array([edge]), a)[0] - discrete_laplace_cdf(np.array([-edge - 1]), a)[0])
+        expected_inside = float(discrete_laplace_cdf(np.array([edge]), a)[0]
+                                - discrete_laplace_cdf(np.array([-edge - 1]), a)[0])
         band_label = (f"\u00b11.96 sd of DLap(\u03b5/\u0393) = \u00b1{_number(band)}: "
                       f"{inside:.1%} of keys inside (expected {expected_inside:.1%})")
         middle.axhspan(-band, band, color="tab:orange", alpha=0.18, label=band_label)
@@ -325,7 +328,7 @@ def _baseline_label(name: str) -> str:
 
 
 def _taus_text(taus: Mapping[str, float] | Sequence[tuple[str, float]]) -> str:
-    pairs = list(taus.items()) if isinstance(taus, Mapping) else [tuple(t) for t in taus]
+    pairs = list(taus.items()) if isinstance(taus, Mapping) else [(name, value) for name, value in taus]
     return ", ".join(f"{name} {_number(float(value))}" for name, value in pairs)
 
 
@@ -382,8 +385,8 @@ def nightly_report_figure(
         twin.set_ylabel("count limit C (orange squares)", color="tab:orange")
         twin.yaxis.set_major_locator(MaxNLocator(integer=True))
         twin.set_ylim(0, max(limits.max(initial=1) + 2, 3))
-        right.set_xticks(xs, versions, rotation=30 if len(versions) > 1 else 0, ha="right" if len(versions) > 1 else "center",
-                         fontsize=8 if len(versions) <= 20 else 6)
+        right.set_xticks(xs, versions, rotation=30 if len(versions) > 1 else 0,
+                         ha="right" if len(versions) > 1 else "center", fontsize=8 if len(versions) <= 20 else 6)
         right.set_xlim(-0.6, len(history) - 0.4)
         right.set_xlabel("version (as-of date and run id), oldest to newest")
         right.legend(handles=[Line2D([], [], marker="o", color="tab:blue", label=f"predicted {RMSRE_TAU} (left axis)"),
@@ -419,7 +422,7 @@ def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure
     names = list(dict.fromkeys(results["dataset"]))
     fig = _figure(max(6.4, 5.4 * len(names)), 5.0)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=True):
         sub = results[results["dataset"] == name]
         for method in [m for m in METHODS if m in set(sub["method"])]:
             s = sub[sub["method"] == method].sort_values("epsilon")
@@ -432,7 +435,7 @@ def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure
                         markersize=5, capsize=2, label=f"Monte-Carlo, {runs} runs (\u00b12 s.e.)")
         epsilons = np.sort(sub["epsilon"].unique())
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(epsilons))
+        ax.xaxis.set_major_locator(FixedLocator(cast(Sequence[float], epsilons)))  # (an array works as well)
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
         ax.set_yscale("log")
@@ -459,7 +462,7 @@ def count_limit_figure(curves: pd.DataFrame) -> Figure:
     names = list(dict.fromkeys(curves["dataset"]))
     fig = _figure(max(6.4, 5.4 * len(names)), 5.0)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=True):
         sub = curves[curves["dataset"] == name]
         for eps in sorted(set(sub["epsilon"])):
             s = sub[sub["epsilon"] == eps].sort_values("C")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from randomgen import AESCounter
@@ -56,7 +57,7 @@ def mix64(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         x = (x ^ (x >> np.uint64(30))) * _M1
         x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
+    return cast(np.ndarray, x ^ (x >> np.uint64(31)))
 
 
 def keyed_uniforms(seed: int, keys: np.ndarray, stream: int) -> np.ndarray:

@@ -7,8 +7,9 @@ both call :func:`noisy_release`; ``estimates_frame`` is the one long-format tabl
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -93,7 +94,7 @@ def true_totals(estimates: Estimates, params: Params, domain: KeyDomain) -> Any:
     # a reconstructed report may miss buckets (NaN estimates): correct the complete slices only
     part = dataclasses.replace(estimates, **{f: getattr(estimates, f)[finite] for f in
                                              ("estimate", "std_error", "ci_low", "ci_high")})
-    values = {c: [v for v, keep in zip(vals, finite) if keep] for c, vals in domain.slice_values().items()}
+    values = {c: [v for v, keep in zip(vals, finite, strict=True) if keep] for c, vals in domain.slice_values().items()}
     got = correct(part, params.calibration, values, params, period_blocks=period)
     full = {}
     for f in ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error", "ratio",
@@ -141,7 +142,7 @@ def estimates_frame(estimates: Estimates, domain: KeyDomain, corrected: Any = No
                         ("capped_estimate", estimates.estimate), ("capped_std_error", estimates.std_error)):
         frame[name] = np.asarray(array, dtype=np.float64).reshape(-1)
     frame["bias_corrected"] = bias_corrected
-    for c, dictionary in zip(domain.slice_columns, domain.dictionaries):
+    for c, dictionary in zip(domain.slice_columns, domain.dictionaries, strict=True):
         if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in dictionary):
             frame[c] = frame[c].astype("int64")
         else:

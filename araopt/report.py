@@ -13,8 +13,13 @@ from scipy import stats
 
 from .aggregate import domain_sums
 from .encoding import count_scale, query_scales
-from .noise import (add_noise, discrete_laplace_from_uniforms, discrete_laplace_variance, noise_parameter,
-                    sample_discrete_laplace)
+from .noise import (
+    add_noise,
+    discrete_laplace_from_uniforms,
+    discrete_laplace_variance,
+    noise_parameter,
+    sample_discrete_laplace,
+)
 from .params import Params
 from .randomness import keyed_uniforms
 
@@ -76,7 +81,8 @@ class Estimates:
     confidence: float
 
 
-def estimate_variance(params: Params, kept_count: np.ndarray | float, rounding_variance: np.ndarray | None = None) -> np.ndarray:
+def estimate_variance(params: Params, kept_count: np.ndarray | float,
+                      rounding_variance: np.ndarray | None = None) -> np.ndarray:
     """Var of each estimate (count, q_1..q_d) per slice from Thm. 4.2 with the exact DLap variance.
 
     ``rounding_variance`` (m, d) is sum f(1-f) over kept records; when unknown (reconstruction from

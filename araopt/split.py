@@ -22,7 +22,8 @@ import math
 import os
 import shutil
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -50,7 +51,7 @@ def parse_cut_time(text: str) -> datetime:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(f"cut time {text!r} is not an ISO-8601 date/time (e.g. 2024-01-15T00:00:00Z)") from None
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def _dataset(source: pa.Table | str | os.PathLike[str]) -> ds.Dataset:
@@ -67,7 +68,7 @@ def _micros(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
         raise ValueError(f"time column {name!r} must be a timestamp, got {column.type}")
     if column.null_count:
         raise ValueError(f"time column {name!r} has {column.null_count} null(s)")
-    return pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64()).to_numpy()
+    return cast(np.ndarray, pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64()).to_numpy())
 
 
 def quantile_cut(source: pa.Table | str | os.PathLike[str], train_fraction: float,
@@ -84,7 +85,7 @@ def quantile_cut(source: pa.Table | str | os.PathLike[str], train_fraction: floa
         raise ValueError(f"need at least 2 rows to split, got {times.size}")
     k = min(times.size - 1, max(0, round(q * times.size)))
     cut_us = int(np.partition(times, k)[k])
-    return datetime.fromtimestamp(cut_us // 1_000_000, tz=timezone.utc).replace(microsecond=cut_us % 1_000_000)
+    return datetime.fromtimestamp(cut_us // 1_000_000, tz=UTC).replace(microsecond=cut_us % 1_000_000)
 
 
 def split_table(table: pa.Table, cut_time: datetime, time_column: str = "conversion_time") -> tuple[pa.Table, pa.Table]:
@@ -103,8 +104,8 @@ def _early_mask(column: pa.ChunkedArray | pa.Array, cut_time: datetime, name: st
 
 def _cut_micros(cut_time: datetime) -> int:
     if cut_time.tzinfo is None:
-        cut_time = cut_time.replace(tzinfo=timezone.utc)
-    delta = cut_time - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        cut_time = cut_time.replace(tzinfo=UTC)
+    delta = cut_time - datetime(1970, 1, 1, tzinfo=UTC)
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
@@ -119,7 +120,7 @@ def split_by_time(source: pa.Table | str | os.PathLike[str], out_dir: str | os.P
     if time_column not in dataset.schema.names:
         raise ValueError(f"input has no column {time_column!r}; present: {dataset.schema.names}")
     if cut_time is None:
-        cut_time = quantile_cut(source, train_fraction, time_column)  # type: ignore[arg-type]
+        cut_time = quantile_cut(source, cast(float, train_fraction), time_column)  # (exactly one given: checked above)
     out = prepare_output_dir(out_dir, ("train", "test"), overwrite)
     tmp = {s: out / f".{s}.tmp-{os.getpid()}" for s in ("train", "test")}
     writers = {s: ParquetShardWriter(tmp[s], dataset.schema, max_rows_per_file) for s in tmp}

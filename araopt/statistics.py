@@ -45,8 +45,9 @@ value query's variance; in practice it is far smaller (see tests).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -110,7 +111,7 @@ class BucketLayout:
         lower, upper = self.lower_edges(), self.upper_edges()
         idx -= (v < lower[idx]) & (idx > 0)
         idx += (v >= upper[idx]) & (idx < top)
-        return idx
+        return cast(np.ndarray, idx)
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,11 @@ class StatisticsSpec:
             raise ValueError(f"max count limit C_max must be an integer >= 1, got {self.max_count_limit!r}")
         if self.max_count_limit > self.contribution_budget:
             raise ValueError(f"max count limit must be <= {self.contribution_budget}")
-        if self.sample_size is None:  # samples are only needed for L1 with d >= 2
-            object.__setattr__(self, "sample_size", 128 if len(self.value_columns) >= 2 else 0)
-        if int(self.sample_size) < 0 or int(self.max_impression_size) < 1:
+        sample_size = self.sample_size
+        if sample_size is None:  # samples are only needed for L1 with d >= 2
+            sample_size = 128 if len(self.value_columns) >= 2 else 0
+            object.__setattr__(self, "sample_size", sample_size)
+        if int(sample_size) < 0 or int(self.max_impression_size) < 1:
             raise ValueError("sample_size must be >= 0 and max_impression_size >= 1")
 
     @property
@@ -160,7 +163,7 @@ class StatisticsAccumulator:
     """Combiner state. Arrays are keyed by local slice ids (``slice_ids``); pending parts are lists."""
 
     spec: StatisticsSpec
-    slice_ids: dict[tuple, int] = field(default_factory=dict)
+    slice_ids: dict[tuple[Any, ...], int] = field(default_factory=dict)
     rank_keys: list[np.ndarray] = field(default_factory=list)     # slice * (R+1) + rank class
     rank_vals: list[np.ndarray] = field(default_factory=list)     # (k, 1 + d): count, sums
     hist_keys: list[np.ndarray] = field(default_factory=list)     # ((slice R + rank) d + q) B + bucket
@@ -201,12 +204,12 @@ def _slice_codes(acc: StatisticsAccumulator, slices: Mapping[str, np.ndarray], n
         codes.append(code.astype(np.int64))
         uniques.append(np.asarray(uniq, dtype=object))
     combined = codes[0].copy()
-    for code, uniq in zip(codes[1:], uniques[1:]):
+    for code, uniq in zip(codes[1:], uniques[1:], strict=True):
         combined = combined * len(uniq) + code
     first_rows, inverse = np.unique(combined, return_index=True, return_inverse=True)[1:]
     local = np.empty(len(first_rows), dtype=np.int64)
     for i, row in enumerate(first_rows):
-        key = tuple(_python_scalar(uniq[code[row]]) for code, uniq in zip(codes, uniques))
+        key = tuple(_python_scalar(uniq[code[row]]) for code, uniq in zip(codes, uniques, strict=True))
         local[i] = acc.slice_ids.setdefault(key, len(acc.slice_ids))
     return local[inverse.reshape(-1)]
 
@@ -258,6 +261,7 @@ def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> Sta
     rank = np.empty(n, dtype=np.int64)
     rank[order] = rank_sorted
     sizes = np.bincount(group)
+    assert acc.impression_sizes is not None and acc.value_max is not None  # (create_accumulator sets both)
     acc.impression_sizes += np.bincount(np.minimum(sizes, spec.max_impression_size + 1),
                                         minlength=spec.max_impression_size + 2)
     acc.num_impressions += int(len(sizes))
@@ -313,6 +317,7 @@ def compact(acc: StatisticsAccumulator) -> StatisticsAccumulator:
         k, v = _reduce(np.concatenate(acc.global_keys), np.concatenate(acc.global_vals))
         acc.global_keys, acc.global_vals = [k], [v]
     if len(acc.sample_cells) > 1:
+        assert acc.spec.sample_size is not None  # (an int after StatisticsSpec.__post_init__)
         c, p, v = _bottom_k(np.concatenate(acc.sample_cells), np.concatenate(acc.sample_prio),
                             np.concatenate(acc.sample_vals).reshape(-1, d), acc.spec.sample_size)
         acc.sample_cells, acc.sample_prio, acc.sample_vals = [c], [p], [v]
@@ -321,7 +326,7 @@ def compact(acc: StatisticsAccumulator) -> StatisticsAccumulator:
 
 
 def _remap(keys: np.ndarray, per_slice: int, mapping: np.ndarray) -> np.ndarray:
-    return mapping[keys // per_slice] * per_slice + keys % per_slice
+    return cast(np.ndarray, mapping[keys // per_slice] * per_slice + keys % per_slice)
 
 
 def merge_accumulators(accumulators: Sequence[StatisticsAccumulator]) -> StatisticsAccumulator:
@@ -347,6 +352,8 @@ def merge_accumulators(accumulators: Sequence[StatisticsAccumulator]) -> Statist
         out.sample_cells += [_remap(c, R, mapping) for c in a.sample_cells]
         out.sample_prio += list(a.sample_prio)
         out.sample_vals += list(a.sample_vals)
+        assert out.impression_sizes is not None and out.value_max is not None  # (create_accumulator sets both)
+        assert a.impression_sizes is not None and a.value_max is not None
         out.impression_sizes += a.impression_sizes
         out.value_max = np.maximum(out.value_max, a.value_max)
         out.num_conversions += a.num_conversions
@@ -354,7 +361,7 @@ def merge_accumulators(accumulators: Sequence[StatisticsAccumulator]) -> Statist
     return compact(out)
 
 
-def _sort_key(key: tuple) -> tuple:
+def _sort_key(key: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
     return tuple((type(v).__name__, v) for v in key)
 
 
@@ -367,7 +374,7 @@ class SufficientStatistics:
     """Consolidated statistics; slices sorted by their slice-column values (see module docstring)."""
 
     spec: StatisticsSpec
-    slice_keys: tuple[tuple, ...]
+    slice_keys: tuple[tuple[Any, ...], ...]
     rank_counts: np.ndarray      # (m, R+1) exact counts per rank class (last: rank >= R)
     rank_sums: np.ndarray        # (m, R+1, d) exact sums per rank class
     hist_slice: np.ndarray       # sparse entries, sorted by (slice, rank, query, bucket)
@@ -510,6 +517,7 @@ def extract_output(acc: StatisticsAccumulator) -> SufficientStatistics:
         sc, sp, sv = sc[o], sp[o], sv[o]
     else:
         sc, sp, sv = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64), np.zeros((0, d))
+    assert acc.impression_sizes is not None and acc.value_max is not None  # (create_accumulator sets both)
     return SufficientStatistics(
         spec=spec, slice_keys=tuple(keys), rank_counts=rank_counts, rank_sums=rank_sums,
         hist_slice=cell // R, hist_rank=cell % R, hist_query=query, hist_bucket=bucket,
@@ -524,8 +532,8 @@ def compute_statistics_in_memory(conversions: Conversions, spec: StatisticsSpec,
     """Statistics of in-memory conversions (split into ``batches`` impression-complete batches, then merged)."""
     if batches <= 1:
         return extract_output(add_conversions(create_accumulator(spec), conversions))
-    _, inv = np.unique(np.asarray(conversions.impression_id).astype(str) if np.asarray(conversions.impression_id).dtype == object
-                       else conversions.impression_id, return_inverse=True)
+    ids = np.asarray(conversions.impression_id)
+    _, inv = np.unique(ids.astype(str) if ids.dtype == object else conversions.impression_id, return_inverse=True)
     part = inv.reshape(-1) % batches
     accs = [add_conversions(create_accumulator(spec), conversions.take(np.flatnonzero(part == b))) for b in range(batches)]
     return extract_output(merge_accumulators(accs))

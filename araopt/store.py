@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from google.cloud import storage
@@ -656,16 +656,16 @@ def make_gcs_client(project: str | None = None) -> storage.Client:
     With ``STORAGE_EMULATOR_HOST`` set, an anonymous client is used (the emulator needs no
     credentials, and none are looked up).
     """
-    from google.cloud import storage  # noqa: PLC0415 - keep import cost off local-only runs
+    from google.cloud import storage  # keep import cost off local-only runs
 
     if os.environ.get("STORAGE_EMULATOR_HOST"):
-        from google.auth.credentials import AnonymousCredentials  # noqa: PLC0415
+        from google.auth.credentials import AnonymousCredentials
 
         return storage.Client(
             credentials=AnonymousCredentials(),
             project=project or os.environ.get("GOOGLE_CLOUD_PROJECT") or "test",
         )
-    from google.auth import exceptions as auth_exceptions  # noqa: PLC0415
+    from google.auth import exceptions as auth_exceptions
 
     try:
         return storage.Client(project=project)
@@ -695,7 +695,7 @@ class GcsStore(ParameterStore):
         timeout: float = 30.0,
         retry_deadline: float = 60.0,
     ) -> None:
-        from google.cloud.storage.retry import DEFAULT_RETRY  # noqa: PLC0415
+        from google.cloud.storage.retry import DEFAULT_RETRY
 
         prefix = prefix.strip("/")
         self._bucket_name = bucket
@@ -714,9 +714,9 @@ class GcsStore(ParameterStore):
 
     def _call(self, key: str, action: str, fn: Callable[[], T]) -> T:
         """Run one client call, translating library errors into one-line StoreErrors."""
-        from google.api_core import exceptions as api  # noqa: PLC0415
-        from google.auth import exceptions as auth_exceptions  # noqa: PLC0415
-        from google.cloud.storage import exceptions as storage_exceptions  # noqa: PLC0415
+        from google.api_core import exceptions as api
+        from google.auth import exceptions as auth_exceptions
+        from google.cloud.storage import exceptions as storage_exceptions
 
         uri = self._object_uri(key)
         try:
@@ -744,16 +744,17 @@ class GcsStore(ParameterStore):
         return StoreError(f"cannot {action} {self._object_uri(key)}: bucket {self._bucket_name} not found")
 
     def _read(self, key: str) -> bytes | None:
-        from google.api_core import exceptions as api  # noqa: PLC0415
+        from google.api_core import exceptions as api
 
         blob = self._bucket.blob(self._prefix + key)
         try:
-            return self._call(key, "read", lambda: blob.download_as_bytes(retry=self._retry, timeout=self._timeout))
+            return cast(bytes | None, self._call(
+                key, "read", lambda: blob.download_as_bytes(retry=self._retry, timeout=self._timeout)))
         except api.NotFound:
             return None
 
     def _create(self, key: str, data: bytes) -> bool:
-        from google.api_core import exceptions as api  # noqa: PLC0415
+        from google.api_core import exceptions as api
 
         blob = self._bucket.blob(self._prefix + key)
         content_type = "application/json" if key.endswith(".json") else "text/plain"
@@ -772,7 +773,7 @@ class GcsStore(ParameterStore):
         return True
 
     def _read_pointer(self) -> tuple[bytes | None, int]:
-        from google.api_core import exceptions as api  # noqa: PLC0415
+        from google.api_core import exceptions as api
 
         name = self._prefix + LATEST
         for _ in range(5):
@@ -793,10 +794,10 @@ class GcsStore(ParameterStore):
         raise StoreError(f"cannot read {self._object_uri(LATEST)}: it kept changing during 5 attempts")
 
     def _download_generation(self, blob: storage.Blob, generation: int) -> bytes:
-        return blob.download_as_bytes(if_generation_match=generation, retry=self._retry, timeout=self._timeout)
+        return cast(bytes, blob.download_as_bytes(if_generation_match=generation, retry=self._retry, timeout=self._timeout))
 
     def _swap_pointer(self, data: bytes, expected_generation: int) -> None:
-        from google.api_core import exceptions as api  # noqa: PLC0415
+        from google.api_core import exceptions as api
 
         blob = self._bucket.blob(self._prefix + LATEST)
         blob.cache_control = "no-store"
@@ -820,7 +821,7 @@ class GcsStore(ParameterStore):
             raise self._bucket_missing(LATEST, "replace") from exc
 
     def _list_version_names(self) -> list[str]:
-        from google.api_core import exceptions as api  # noqa: PLC0415
+        from google.api_core import exceptions as api
 
         start = f"{self._prefix}{VERSIONS_DIR}/"
         suffix = f"/{PARAMS_FILE}"

@@ -75,13 +75,14 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -152,8 +153,8 @@ def _integral_pow(lo: float, hi: float, b: float) -> float:
     g = 1.0 - b
     log_ratio = math.log(hi / lo)
     if abs(g * log_ratio) < 1e-12:
-        return lo**g * log_ratio
-    return lo**g * math.expm1(g * log_ratio) / g
+        return cast(float, lo**g * log_ratio)
+    return cast(float, lo**g * math.expm1(g * log_ratio) / g)
 
 
 def _continuous_ppf(v: np.ndarray, lo: float, hi: float, b: float) -> np.ndarray:
@@ -317,7 +318,7 @@ class SyntheticPreset:
     def power_law(self) -> PowerLaw:
         return PowerLaw(self.b, self.k_min, self.k_max)
 
-    def scaled(self, scale: float) -> "SyntheticPreset":
+    def scaled(self, scale: float) -> SyntheticPreset:
         """The preset with its power-law support multiplied by ``scale`` (module docstring)."""
         s = _check_finite("scale", scale)
         if s <= 0:
@@ -332,7 +333,7 @@ class SyntheticPreset:
         return {"format": PRESET_FORMAT, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SyntheticPreset":
+    def from_dict(cls, data: Mapping[str, Any]) -> SyntheticPreset:
         """Inverse of ``to_dict``; unknown keys are an error (catches typos like "lambda")."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a preset must be a JSON object, got {type(data).__name__}")
@@ -471,7 +472,7 @@ class ImpressionPlan:
     @property
     def slice_counts(self) -> np.ndarray:
         """Impressions per slice over all days (the Step 1 power-law draws)."""
-        return self.counts.sum(axis=0)
+        return cast(np.ndarray, self.counts.sum(axis=0))
 
     @property
     def n_impressions(self) -> int:
@@ -522,7 +523,7 @@ def _generate_block(plan: ImpressionPlan, day: int, block: int, cum_counts: np.n
     local = np.arange(i0, i1, dtype=np.int64)
     slice_of = np.searchsorted(cum_counts, local, side="right")
     day_start_us = int(datetime(plan.start_date.year, plan.start_date.month, plan.start_date.day,
-                                tzinfo=timezone.utc).timestamp()) * 1_000_000 + day * _US_PER_DAY
+                                tzinfo=UTC).timestamp()) * 1_000_000 + day * _US_PER_DAY
     imp_time = day_start_us + rng.integers(0, _US_PER_DAY, n_imp, dtype=np.int64)
     n_conv = rng.poisson(preset.lam, n_imp).astype(np.int64)  # Step 2
     rows = int(n_conv.sum())
@@ -571,7 +572,7 @@ def _pieces(table: pa.Table, chunk_rows: int) -> Iterator[pa.Table]:
     pos = np.searchsorted(starts, np.arange(chunk_rows, n, chunk_rows))
     cuts = np.unique(starts[pos[pos < starts.size]])
     edges = [0, *cuts.tolist(), n]
-    for a, b in zip(edges[:-1], edges[1:]):
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
         yield table.slice(a, b - a)
 
 
@@ -719,7 +720,7 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
     # generation of chunk i+1 overlaps the writing of chunk i. At most one write is in flight, so
     # memory stays bounded (about two chunks), and files are written in order.
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="araopt-parquet")
-    in_flight: list[Future] = []
+    in_flight: list[Future[Any]] = []
 
     def submit(fn: Any, *args: Any) -> None:
         if in_flight:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,6 @@ from .error_model import Objective
 from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, baseline_params, objective, optimize
 from .params import Encoding, L1Rounding, Params, Provenance, utc_now_iso
 from .statistics import DEFAULT_MAX_COUNT_LIMIT, SufficientStatistics
-
 
 DEFAULT_TAU_RULE = "count 5; each value query 5 x its median per conversion in the history (Sec. 5.1)"
 
@@ -65,7 +65,7 @@ class Baseline:
                 "clip_thresholds": [q.clip_threshold for q in self.params.queries]}
 
 
-def baselines(statistics: SufficientStatistics, epsilon: float, max_count_limit: int, taus: Sequence[float],
+def baselines(statistics: SufficientStatistics, epsilon: float, max_count_limit: int, taus: np.ndarray | Sequence[float],
               kind: str = Objective.EXACT, slice_columns: Sequence[str] | None = None,
               quantiles: Sequence[float] = BASELINE_QUANTILES) -> tuple[Baseline, ...]:
     """The paper's baselines (equal fractions, quantile thresholds and count limit), evaluated."""
@@ -207,7 +207,8 @@ class Guardrails:
     max_threshold_change_factor: float = 2.0
     max_count_limit_change: int = 2
 
-    def check(self, new: Params, predicted: float, baseline_values: Mapping[str, float], previous: Params | None) -> list[str]:
+    def check(self, new: Params, predicted: float, baseline_values: Mapping[str, float],
+              previous: Params | None) -> list[str]:
         """Reasons not to publish (empty: publish)."""
         problems = []
         best_baseline = min(baseline_values.values())
@@ -215,14 +216,15 @@ class Guardrails:
             problems.append(f"predicted RMSRE_tau {predicted:.4g} does not beat the best baseline {best_baseline:.4g}")
         if previous is None or self.allow_large_change:
             return problems
-        if (previous.slice_columns, previous.query_columns, previous.encoding) != (new.slice_columns, new.query_columns, new.encoding):
+        if ((previous.slice_columns, previous.query_columns, previous.encoding)
+                != (new.slice_columns, new.query_columns, new.encoding)):
             problems.append(f"slices/queries/encoding changed from {previous.slice_columns}/{previous.query_columns}/"
                             f"{previous.encoding} (use --allow-large-change)")
             return problems
         if abs(new.count_limit - previous.count_limit) > self.max_count_limit_change:
             problems.append(f"count limit moves {previous.count_limit} -> {new.count_limit}, more than "
                             f"{self.max_count_limit_change} (use --allow-large-change)")
-        for old_q, new_q in zip(previous.queries, new.queries):
+        for old_q, new_q in zip(previous.queries, new.queries, strict=True):
             factor = max(new_q.clip_threshold / old_q.clip_threshold, old_q.clip_threshold / new_q.clip_threshold)
             if factor > self.max_threshold_change_factor:
                 problems.append(f"clip threshold of {new_q.column} moves {old_q.clip_threshold:.4g} -> "
@@ -254,7 +256,7 @@ def _close(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
         if not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
             return False
@@ -358,7 +360,7 @@ def nightly_report_png(decision: NightlyDecision, history: Sequence[tuple[str, i
     tuning = decision.tuning
     names = ("count",) + tuning.params.query_columns
     return render(tuning.optimization.table(), tuning.params.count_limit, tuning.baseline_values(),
-                  list(zip(names, tuning.taus)), history)
+                  list(zip(names, tuning.taus, strict=True)), history)
 
 
 def attach_calibration(params: Params, calibration_statistics: Any) -> Params:

@@ -35,7 +35,8 @@ def _params(encoding: str, d: int, conversion_side: bool) -> Params:
 
 def _domain(params: Params) -> KeyDomain:
     n = 200
-    cols = {"campaign": np.array([f"c{i % 50}" for i in range(n)]), "device": np.array(["desktop", "mobile", "tablet", "tv"] * (n // 4))}
+    cols = {"campaign": np.array([f"c{i % 50}" for i in range(n)]),
+            "device": np.array(["desktop", "mobile", "tablet", "tv"] * (n // 4))}
     return KeyDomain.from_slice_values(params.slice_columns, cols, params.query_columns,
                                        baseline=params.encoding == "baseline",
                                        conversion_slice_columns=params.conversion_slice_columns)
@@ -53,18 +54,23 @@ def main() -> None:
     rows = []
     du_penc = Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("campaign",),
                      queries=(QueryParams("items", 2.0, 0.5), QueryParams("value", 30.0, 0.5)))
-    dom = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array(["Thanksgiving", "Christmas"])}, du_penc.query_columns)
+    dom = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array(["Thanksgiving", "Christmas"])},
+                                      du_penc.query_columns)
     enc = TriggerEncoder(du_penc, dom)
     record = {"items": 3, "value": 21.0}
     gen = np.random.default_rng(0)
-    rows.append(("worked example (d=2, linf): registration, OS CSPRNG", _best_us(lambda: enc.registration(record), args.number, args.repeat)))
-    rows.append(("worked example: registration, numpy Generator", _best_us(lambda: enc.registration(record, rng=gen), args.number, args.repeat)))
-    rows.append(("worked example: header (JSON string), OS CSPRNG", _best_us(lambda: enc.header(record), args.number, args.repeat)))
+    rows.append(("worked example (d=2, linf): registration, OS CSPRNG",
+                 _best_us(lambda: enc.registration(record), args.number, args.repeat)))
+    rows.append(("worked example: registration, numpy Generator",
+                 _best_us(lambda: enc.registration(record, rng=gen), args.number, args.repeat)))
+    rows.append(("worked example: header (JSON string), OS CSPRNG",
+                 _best_us(lambda: enc.header(record), args.number, args.repeat)))
     arr = np.array([[3.0, 21.0]])
-    rows.append(("worked example: core encode() on a (1, d) array only", _best_us(lambda: encode(arr, du_penc, gen), args.number, args.repeat)))
+    rows.append(("worked example: core encode() on a (1, d) array only",
+                 _best_us(lambda: encode(arr, du_penc, gen), args.number, args.repeat)))
     sources = SourceEncoder(du_penc, dom)
-    rows.append(("worked example: source registration lookup", _best_us(lambda: sources.registration({"campaign": "Thanksgiving"}),
-                                                                         args.number, args.repeat)))
+    rows.append(("worked example: source registration lookup",
+                 _best_us(lambda: sources.registration({"campaign": "Thanksgiving"}), args.number, args.repeat)))
     for encoding in ("linf", "l1", "l1-randomized", "baseline"):
         for d in (2, 10, 19):
             params = _params(encoding, d, conversion_side=True)
@@ -72,7 +78,8 @@ def main() -> None:
             rec = {f"q{i}": 3.0 + i for i in range(d)}
             slice_values = {"device": "mobile"}
             rows.append((f"{encoding:<13} d={d:<2} + conversion-side slice: registration",
-                         _best_us(lambda: enc_d.registration(rec, slice_values), args.number // 2, args.repeat)))
+                         _best_us(lambda enc_d=enc_d, rec=rec, slice_values=slice_values:
+                                  enc_d.registration(rec, slice_values), args.number // 2, args.repeat)))
     width = max(len(name) for name, _ in rows)
     print(f"{'case':<{width}}  µs/call")
     for name, us in rows:

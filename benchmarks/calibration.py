@@ -67,7 +67,8 @@ def preset_split(name: str, target: int, split: str, seed: int, days: int = 7) -
     return _conversions(synthetic.generate_table(preset, seed=seed, split=split, scale=scale, days=days))
 
 
-def weekday_log(total: int, split: str, seed: int, days: int, start: date, base: str = "synth-criteo") -> tuple[Conversions, np.ndarray]:
+def weekday_log(total: int, split: str, seed: int, days: int, start: date,
+                base: str = "synth-criteo") -> tuple[Conversions, np.ndarray]:
     """The synthetic generator (about ``total`` conversions over ``days`` days) with the Poisson rate
     lam of conversions per impression multiplied per impression day by ``WEEKDAY_PROFILE``."""
     preset = synthetic.PRESETS[base]

@@ -41,7 +41,8 @@ def write_synthetic(directory: str, n: int, seed: int = 0) -> None:
         slice_code = (imp * 2654435761) % 256  # the slice is an impression feature
         table = pa.table({
             "impression_id": pa.array(imp, pa.int64()),
-            "conversion_time": pa.array(rng.integers(1_700_000_000_000_000, 1_702_592_000_000_000, m), pa.timestamp("us", tz="UTC")),
+            "conversion_time": pa.array(rng.integers(1_700_000_000_000_000, 1_702_592_000_000_000, m),
+                                        pa.timestamp("us", tz="UTC")),
             "campaignId": pa.array((slice_code // 16).astype(np.int32)),
             "geography": pa.array((slice_code % 16 // 2).astype(np.int32)),
             "productCategory": pa.array((slice_code % 2).astype(np.int32)),
@@ -126,17 +127,20 @@ def main() -> None:
             write_synthetic(data, n)
             print(f"generated {n:,} conversions in {time.perf_counter() - t0:.1f} s", flush=True)
             out = os.path.join(work, f"out-{n}")
-            wall, rss = run_child([py, "-m", "pipelines.measure", "--input", data, "--params", os.path.join(work, "params.json"),
-                                   "--output", out, "--domain", domain, "--direct_running_mode", "in_memory"])
+            wall, rss = run_child([py, "-m", "pipelines.measure", "--input", data,
+                                   "--params", os.path.join(work, "params.json"), "--output", out, "--domain", domain,
+                                   "--direct_running_mode", "in_memory"])
             results[n] = (wall, rss)
             print(f"araopt measure, {n:>11,} conversions: {wall:6.1f} s end to end = {n / wall:>9,.0f} conversions/s, "
                   f"peak RSS {rss:,.0f} MiB", flush=True)
         naive_n = args.naive_rows
         naive_data = os.path.join(work, "data-naive")
         write_synthetic(naive_data, naive_n)
-        wall, rss = run_child([py, os.path.join(ROOT, "benchmarks", "naive_measure.py"), naive_data, os.path.join(work, "params.json")])
+        wall, rss = run_child([py, os.path.join(ROOT, "benchmarks", "naive_measure.py"), naive_data,
+                               os.path.join(work, "params.json")])
         naive_rate = naive_n / wall
-        print(f"naive per-element Beam, {naive_n:,} conversions: {wall:6.1f} s = {naive_rate:,.0f} conversions/s, peak RSS {rss:,.0f} MiB")
+        print(f"naive per-element Beam, {naive_n:,} conversions: {wall:6.1f} s = {naive_rate:,.0f} conversions/s, "
+              f"peak RSS {rss:,.0f} MiB")
         big = max(results)
         rate = big / results[big][0]
         from transforms.io import auto_num_shards

@@ -14,9 +14,9 @@ import apache_beam as beam
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from araopt import Params, sample_discrete_laplace  # noqa: E402
-from araopt.noise import noise_parameter  # noqa: E402
-from pipelines.runner import make_runner, pipeline_options  # noqa: E402
+from araopt import Params, sample_discrete_laplace
+from araopt.noise import noise_parameter
+from pipelines.runner import make_runner, pipeline_options
 
 
 def encode_and_cap(item, params: Params):
@@ -32,7 +32,8 @@ def encode_and_cap(item, params: Params):
         slice_key = tuple(row[c] for c in params.slice_columns)
         total = 0
         for q in params.queries:
-            omega = math.floor(q.budget_fraction * params.contribution_budget / params.count_limit) * min(row[q.column], q.clip_threshold) / q.clip_threshold
+            omega = (math.floor(q.budget_fraction * params.contribution_budget / params.count_limit)
+                     * min(row[q.column], q.clip_threshold) / q.clip_threshold)
             w = math.floor(omega) + (rnd.random() < omega - math.floor(omega))
             total += w
             yield (slice_key, q.column), w

@@ -19,11 +19,11 @@ import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from araopt import synthetic  # noqa: E402
-from araopt.conversions import Conversions  # noqa: E402
-from araopt.evaluation import DEFAULT_EPSILONS, comparison_table, evaluate_dataset, write_outputs  # noqa: E402
-from araopt.optimizer import optimize, prepare_search, scipy_paper_optimize  # noqa: E402
-from araopt.statistics import StatisticsSpec, compute_statistics_in_memory  # noqa: E402
+from araopt import synthetic
+from araopt.conversions import Conversions
+from araopt.evaluation import DEFAULT_EPSILONS, comparison_table, evaluate_dataset, write_outputs
+from araopt.optimizer import optimize, prepare_search, scipy_paper_optimize
+from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
 
 SLICES = ("campaignId", "geography", "productCategory")
 PRESETS = ("synth-criteo", "synth-real-estate", "synth-travel")
@@ -38,7 +38,8 @@ def preset_conversions(name: str, target: int, split: str, seed: int = 1) -> Con
 def click_level(n: int, d: int, seed: int = 4) -> Conversions:
     """One conversion per impression (the real-world datasets' setting)."""
     rng = np.random.default_rng(seed)
-    frame = pd.DataFrame({"impression_id": np.arange(n), "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+    frame = pd.DataFrame({"impression_id": np.arange(n),
+                          "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
                           "s": rng.zipf(1.6, n) % 200})
     for q in range(d):
         frame[f"v{q}"] = rng.lognormal(1.0 + q, 0.8 + 0.4 * q, n)
@@ -75,7 +76,8 @@ def paper_workflow(n: int, epsilon: float = 8.0, max_count_limit: int = 20) -> N
     from araopt import KeyDomain, Params, QueryParams, expected_error, rmsre_tau
     from araopt.error_model import default_taus
 
-    print(f"\n== the paper's workflow (scipy on raw records, {n:,} conversions, C = 1..{max_count_limit}, eps = {epsilon:g}) vs ours ==")
+    print(f"\n== the paper's workflow (scipy on raw records, {n:,} conversions, C = 1..{max_count_limit}, "
+          f"eps = {epsilon:g}) vs ours ==")
     conv = preset_conversions("synth-travel", n, "train")
     domain = KeyDomain.from_slice_values(SLICES, conv.slices, ("value",))
     sidx = domain.slice_index(conv.slices)
@@ -94,7 +96,7 @@ def paper_workflow(n: int, epsilon: float = 8.0, max_count_limit: int = 20) -> N
     best = (np.inf, None)
     x0 = float(np.quantile(conv.values[:, 0], 0.99))
     for c in range(1, max_count_limit + 1):
-        res = sp_optimize.minimize(lambda x: raw_objective(c, x[0]), [x0], method="L-BFGS-B", bounds=[(1e-6, None)])
+        res = sp_optimize.minimize(lambda x, c=c: raw_objective(c, x[0]), [x0], method="L-BFGS-B", bounds=[(1e-6, None)])
         if res.fun < best[0]:
             best = (float(res.fun), (c, float(res.x[0])))
     paper_s = time.perf_counter() - t

@@ -16,10 +16,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from measure import write_synthetic  # noqa: E402
-
-from araopt.statistics import StatisticsSpec  # noqa: E402
-from transforms.statistics import compute_statistics  # noqa: E402
+from araopt.statistics import StatisticsSpec
+from measure import write_synthetic
+from transforms.statistics import compute_statistics
 
 
 def main() -> None:

@@ -107,7 +107,7 @@ def preset_table(seed: int) -> None:
 
     from araopt import synthetic
 
-    print("\n== Presets at scale 1 (k_min=1, k_max=10000, seed %d, train split; expectation in brackets) ==" % seed)
+    print(f"\n== Presets at scale 1 (k_min=1, k_max=10000, seed {seed}, train split; expectation in brackets) ==")
     header = (f"{'preset':<18} {'slices':>6} {'impressions':>21} {'conversions':>23} {'mean c/imp':>10} "
               f"{'max c/imp':>9} {'value median':>20} {'value p99':>20}")
     print(header)
@@ -118,7 +118,8 @@ def preset_table(seed: int) -> None:
             ids = table["impression_id"].to_numpy()
             starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 1))
             max_per_imp = max(max_per_imp, int(np.diff(np.append(starts, ids.size)).max()))
-            s = (table["campaignId"].to_numpy() * 8 + table["geography"].to_numpy()) * 2 + table["productCategory"].to_numpy()
+            s = ((table["campaignId"].to_numpy() * 8 + table["geography"].to_numpy()) * 2
+                 + table["productCategory"].to_numpy())
             seen_slices[np.unique(s)] = True
             values.append(table["value"].to_numpy())
             rows += table.num_rows

@@ -26,7 +26,7 @@ def main() -> int:
     except ValueError as exc:
         print(f"araopt flex template: {exc}", file=sys.stderr)
         return 2
-    from pipelines.cli import main as cli_main  # noqa: PLC0415 - only inside the template image
+    from pipelines.cli import main as cli_main  # only inside the template image
 
     return int(cli_main(argv) or 0)
 

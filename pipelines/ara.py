@@ -24,14 +24,26 @@ import json
 import math
 import os
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
 from araopt import avro, outputs
-from araopt.ara import (REGISTER_SOURCE, REGISTER_TRIGGER, KeyMap, SourceEncoder, destination_site,
-                        TriggerEncoder, ara_warnings, check_ara_limits, check_ara_limits_for_cardinalities,
-                        estimates_from_summary_report, key_map_json, trigger_batch)
+from araopt.ara import (
+    REGISTER_SOURCE,
+    REGISTER_TRIGGER,
+    KeyMap,
+    SourceEncoder,
+    TriggerEncoder,
+    ara_warnings,
+    check_ara_limits,
+    check_ara_limits_for_cardinalities,
+    destination_site,
+    estimates_from_summary_report,
+    key_map_json,
+    trigger_batch,
+)
 from araopt.conversions import Conversions
 from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound
@@ -68,7 +80,7 @@ def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
 def _atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as fh:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
             write(fh)
         os.replace(tmp, path)
     finally:
@@ -216,7 +228,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
                                "slices": domain.num_slices, "estimates": args.output}
     if counters.unknown:
         side = f"{os.path.splitext(args.output)[0]}.unknown_buckets.csv"
-        rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown], "metric": [m for _, m in counters.unknown]})
+        rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown],
+                             "metric": [m for _, m in counters.unknown]})
         _atomic_write(side, lambda fh: rows.to_csv(fh, index=False))
         summary["unknown_buckets_file"] = side
         _warn(prog, f"{counters.unknown_buckets} bucket(s) of the report are not in the key map (metric sum "

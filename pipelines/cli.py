@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import options
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version as package_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
 
     try:
         return package_version("araopt")

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import options
 from .options import UserError, parse_tau, split_columns
@@ -76,7 +76,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     tests = [check_input(p, slices, values) for p in args.test]
 
     evaluations = []
-    for name, train, test in zip(names, trains, tests):
+    for name, train, test in zip(names, trains, tests, strict=True):
         dead_letter = os.path.join(args.output, "dead_letter", f"{name}-train")
         run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter)
         report_rejections(f"{PROG} ({name}, train)", run.counts, dead_letter + ".parquet")

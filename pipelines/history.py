@@ -10,8 +10,9 @@ import pickle
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
     import pyarrow as pa

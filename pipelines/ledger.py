@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -56,7 +56,7 @@ def input_identity(paths: Sequence[str], first_time: str | None = None, last_tim
     """Hash every input file (threads: hashlib releases the GIL) and combine the sorted digests."""
     with ThreadPoolExecutor(max_workers=min(4, max(1, len(paths)))) as pool:
         digests = list(pool.map(file_sha256, paths))
-    files = tuple((p, h, n) for p, (h, n) in zip(paths, digests))
+    files = tuple((p, h, n) for p, (h, n) in zip(paths, digests, strict=True))
     combined = hashlib.sha256("\n".join(sorted(h for _, h, _ in files)).encode()).hexdigest()
     return InputIdentity(combined, files, first_time, last_time)
 
@@ -74,7 +74,7 @@ class Ledger:
     previous_releases: int
 
     @classmethod
-    def open(cls, root: str, identity: InputIdentity, allow_rerelease: bool) -> "Ledger":
+    def open(cls, root: str, identity: InputIdentity, allow_rerelease: bool) -> Ledger:
         try:
             store = open_store(root)
             count = store.release_count(identity.input_id)

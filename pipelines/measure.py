@@ -22,8 +22,8 @@ import io
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import apache_beam as beam
 import pandas as pd
@@ -40,11 +40,11 @@ from transforms.io import InputFiles, check_input
 from transforms.release import WriteRelease
 from transforms.validate import ReadAndValidate
 
-from .ledger import Ledger, default_ledger_root, input_identity
 from . import options
+from .ledger import Ledger, default_ledger_root, input_identity
 from .options import UserError
-from .runner import SHUFFLES, make_runner, pipeline_options, remove_dir, runner_name, spill_dir
 from .run_folder import RunFolder
+from .runner import make_runner, pipeline_options, remove_dir, runner_name, spill_dir
 
 SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "
                       "the output is NOT differentially private and must never be published")
@@ -72,7 +72,7 @@ def load_params(ref: str, version: str = "latest") -> LoadedParams:
             raise UserError(f"cannot read parameter file {ref}: {exc}") from None
         params = Params.from_bytes(raw, source=ref)
         return LoadedParams(params, {"path": ref, "sha256": hashlib.sha256(raw).hexdigest()})
-    from araopt.store import StoreError, open_store, parse_params_ref, resolve_params_ref
+    from araopt.store import StoreError, open_store, resolve_params_ref
 
     try:
         resolved = open_store(ref).resolve(version) if version != "latest" else resolve_params_ref(ref)
@@ -154,7 +154,8 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, 
                    max_slices: int = DEFAULT_MAX_SLICES):
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection."""
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
-        inputs.paths, params.slice_columns, params.query_columns, folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
+        inputs.paths, params.slice_columns, params.query_columns,
+        folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
     valid, counts = read["valid"], read["counts"]
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])

@@ -8,8 +8,9 @@ impression -> sufficient statistics (bounded size) -> a single-element step that
 (Alg. 5) and the baselines and applies the guardrails (``araopt.tuning``) -> the calibration of the
 chosen parameters on the same grouped history (retention ratios, issue 12) -> a single-element step
 that attaches it, writes the run report (JSON + PNG) and publishes an immutable version, then moves
-``latest`` with a compare-and-swap on the pointer read when the job started. Publishing inside the pipeline (not after ``wait_until_finish``) is what a Dataflow Flex
-Template launcher needs; locally it runs in the same process.
+``latest`` with a compare-and-swap on the pointer read when the job started. Publishing inside the
+pipeline (not after ``wait_until_finish``) is what a Dataflow Flex Template launcher needs; locally it
+runs in the same process.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import json
 import re
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -28,11 +29,19 @@ from araopt import statistics as stats
 from araopt.conversions import ValidationCounts
 from araopt.params import Params, check_epsilon
 from araopt.statistics import SufficientStatistics
-from araopt.tuning import (Guardrails, NightlyConfig, NightlyDecision, nightly_decision, nightly_report,
-                           nightly_report_png, version_history, with_calibration)
-from transforms.io import auto_num_shards, check_input, match_files
+from araopt.tuning import (
+    Guardrails,
+    NightlyConfig,
+    NightlyDecision,
+    nightly_decision,
+    nightly_report,
+    nightly_report_png,
+    version_history,
+    with_calibration,
+)
 from transforms.calibration import ComputeCalibration
 from transforms.group import GroupByImpression
+from transforms.io import auto_num_shards, check_input, match_files
 from transforms.statistics import StatisticsFromShards
 from transforms.validate import ReadAndValidate
 
@@ -177,7 +186,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 def print_report(report: dict, wall: float, path: str) -> None:
     p = report["params"]
-    qs = ", ".join(f"{q['column']}: C_l={q['clip_threshold']:.4g} alpha={q['budget_fraction'] if q['budget_fraction'] is None else round(q['budget_fraction'], 4)}"
+    qs = ", ".join(f"{q['column']}: C_l={q['clip_threshold']:.4g} "
+                   f"alpha={q['budget_fraction'] if q['budget_fraction'] is None else round(q['budget_fraction'], 4)}"
                    for q in p["queries"])
     base = ", ".join(f"{k} {v:.4g}" for k, v in report["baselines"].items())
     print(f"araopt nightly {report['as_of']} ({report['window'][0]}..{report['window'][1]}, {report['rows_read']:,} rows): "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -72,13 +72,15 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     result = tuning.optimization
     rows = [{"method": f"optimized {args.encoding}", "C": result.params.count_limit,
              "thresholds": ", ".join(f"{q.clip_threshold:.4g}" for q in result.params.queries),
-             "fractions": ", ".join("-" if q.budget_fraction is None else f"{q.budget_fraction:.3f}" for q in result.params.queries),
+             "fractions": ", ".join("-" if q.budget_fraction is None else f"{q.budget_fraction:.3f}"
+                                    for q in result.params.queries),
              "train RMSRE_tau": result.objective, "ratio": 1.0}]
     for b in tuning.baselines:
         p = b.params
         rows.append({"method": b.name, "C": p.count_limit,
                      "thresholds": ", ".join(f"{qq.clip_threshold:.4g}" for qq in p.queries),
-                     "fractions": ", ".join(f"{qq.budget_fraction:.3f}" for qq in p.queries) + f" (+count {p.count_budget_fraction:.3f})",
+                     "fractions": (", ".join(f"{qq.budget_fraction:.3f}" for qq in p.queries)
+                                   + f" (+count {p.count_budget_fraction:.3f})"),
                      "train RMSRE_tau": b.rmsre_tau, "ratio": b.rmsre_tau / result.objective})
     params.save(args.output)
     print(f"{stats.num_conversions:,} conversions, {stats.num_impressions:,} impressions, {stats.num_slices:,} slices; "

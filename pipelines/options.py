@@ -15,8 +15,9 @@ import logging
 import math
 import re
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Literal, Mapping, NoReturn, Sequence
+from typing import Any, Final, Literal, NoReturn
 
 __all__ = [
     "COMMANDS", "OPTIONS", "OPTIONS_BY_JOB", "TEMPLATE_OPTIONS", "CliOption", "Command", "OneLineParser", "UserError",
@@ -280,7 +281,8 @@ COMMANDS: Final[Mapping[str, Command]] = {
         ("araopt nightly --history logs/ --as-of yesterday --window-days 7 --store store/ --slices "
          "campaignId,geography --values value --epsilon 8",),
         ("history", "as_of", "window_days", "store", "slices", "values", ("epsilon", {"required": True}), "encoding",
-         "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id", "objective",
+         "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
+         "objective",
          "tau", "max_rejected_fraction", "num_shards", "shuffle"),
         beam=True),
     "synth": Command(
@@ -371,7 +373,8 @@ def command_options(command: str) -> dict[str, CliOption]:
     for entry in COMMANDS[command].options:
         name, overrides = (entry, {}) if isinstance(entry, str) else entry
         base = OPTIONS[name]
-        out[name] = CliOption(**{**base.__dict__, **{k: v for k, v in overrides.items() if k in CliOption.__dataclass_fields__}})
+        known = {k: v for k, v in overrides.items() if k in CliOption.__dataclass_fields__}
+        out[name] = CliOption(**{**base.__dict__, **known})
     return out
 
 

@@ -46,7 +46,7 @@ class RunFolder:
     overwrite: bool
 
     @classmethod
-    def prepare(cls, target: str, overwrite: bool) -> "RunFolder":
+    def prepare(cls, target: str, overwrite: bool) -> RunFolder:
         """Refuse an existing run without ``overwrite`` (and anything that is not a run folder even with
         it); sweep leftovers of killed runs; create an empty staging folder."""
         target = target.rstrip("/")

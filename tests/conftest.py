@@ -15,9 +15,9 @@ settings.register_profile("nightly", max_examples=2000, deadline=None, suppress_
 settings.register_profile("mutation", parent=settings.get_profile("ci"), database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-from gcs_fixtures import fake_gcs_server, gcp_storage_emulator  # noqa: E402,F401  (GCS API emulators)
-
 import pytest  # noqa: E402
+
+from gcs_fixtures import fake_gcs_server, gcp_storage_emulator  # noqa: E402,F401  (GCS API emulators)
 
 
 @pytest.fixture(autouse=True)

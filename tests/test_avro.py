@@ -73,7 +73,8 @@ def test_output_domain_is_16_bytes_and_refuses_duplicates(tmp_path):
 
 def test_debug_report_round_trip_and_metric_is_unnoised_plus_noise(tmp_path):
     path = tmp_path / "debug.avro"
-    avro.write_debug_report(path, [1, 2, 3], [10, 0, 4], [-2, 5, 0], [["in_domain", "in_reports"], ["in_domain"], ["in_reports"]])
+    avro.write_debug_report(path, [1, 2, 3], [10, 0, 4], [-2, 5, 0],
+                            [["in_domain", "in_reports"], ["in_domain"], ["in_reports"]])
     buckets, unnoised, noise, annotations = avro.read_debug_report(path)
     assert buckets == [1, 2, 3] and unnoised.tolist() == [10, 0, 4] and noise.tolist() == [-2, 5, 0]
     assert annotations == (("in_domain", "in_reports"), ("in_domain",), ("in_reports",))
@@ -88,7 +89,8 @@ def test_other_schema_is_refused_naming_the_file(tmp_path):
                                                                    {"name": "metric", "type": "double"}]}
     path = tmp_path / "wrong.avro"
     _write_raw(path, other, [{"bucket": b"\x01", "metric": 1.5}])
-    with pytest.raises(ValueError, match=r"wrong\.avro: Avro schema AggregatedFact \{bucket: bytes, metric: double\} is not"):
+    with pytest.raises(ValueError,
+                       match=r"wrong\.avro: Avro schema AggregatedFact \{bucket: bytes, metric: double\} is not"):
         avro.read_summary_report(path)
     # a domain file is not a summary report; a summary report is not an output domain
     avro.write_output_domain(tmp_path / "domain.avro", [1])

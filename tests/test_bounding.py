@@ -11,8 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from araopt import Params, QueryParams, bound_contributions, encode
-from araopt.bounding import (bound_sorted, contribution_norms, impression_order, ranks_within_impression,
-                             sort_by_impression)
+from araopt.bounding import bound_sorted, contribution_norms, impression_order, ranks_within_impression, sort_by_impression
 
 GAMMA = 65536
 
@@ -116,7 +115,8 @@ def test_time_order_not_input_order_and_deterministic_ties():
 
 
 @pytest.mark.parametrize("times", [np.array([4, 4, 4]), np.array([0.5, 0.5, 0.5]), np.array([4, 4, 4], dtype=np.uint64)])
-@pytest.mark.parametrize("ids", [np.array([3, 3, 3]), np.array([2**62, 2**62, 2**62]), np.array(["a", "a", "a"], dtype=object)])
+@pytest.mark.parametrize("ids", [np.array([3, 3, 3]), np.array([2**62, 2**62, 2**62]),
+                                 np.array(["a", "a", "a"], dtype=object)])
 def test_ties_in_time_are_resolved_by_the_tie_breaker_on_every_sort_path(times, ids):
     # the tie breaker reverses the input order: the last record comes first and takes the budget
     norms = np.array([40000, 40000, 40000])
@@ -192,7 +192,7 @@ def test_caller_arrays_are_never_modified():
         bound_contributions(ids, times, contrib, tie_breaker=tie)
         bound_contributions(ids, times, contrib[:, 0].copy(), tie_breaker=tie)
         after = [ids, times, contrib] + ([tie] if tie is not None else [])
-        for b, a in zip(before, after):
+        for b, a in zip(before, after, strict=True):
             assert np.array_equal(a, b) and a.dtype == b.dtype
     norms = np.array([3, 1, 2])
     bound_sorted(norms, np.array([0, 1, 2]), np.zeros(3, dtype=np.int64))
@@ -384,7 +384,8 @@ def capping_inputs(draw):
         lambda v: np.array(v, dtype=np.uint64))))
     budget = draw(st.one_of(st.just(GAMMA), st.integers(1, 100)))
     equal = draw(st.booleans())
-    norm_values = st.one_of(st.integers(0, 2 * budget + 2), st.sampled_from([0, budget // 2, budget - 1, budget, budget + 1]))
+    norm_values = st.one_of(st.integers(0, 2 * budget + 2),
+                            st.sampled_from([0, budget // 2, budget - 1, budget, budget + 1]))
     if equal:
         norms = [draw(norm_values)] * n
     else:
@@ -404,7 +405,7 @@ def test_vectorized_alg1_equals_a_literal_sequential_loop(inputs):
     for i in np.flatnonzero(kept):
         totals[ids[i]] = totals.get(ids[i], 0) + int(norms[i])
     assert all(v <= budget for v in totals.values())
-    assert all(np.array_equal(a, b) for a, b in zip(copies, [ids, times, norms]))
+    assert all(np.array_equal(a, b) for a, b in zip(copies, [ids, times, norms], strict=True))
 
 
 @given(inputs=capping_inputs(), k=st.integers(1, 3), seed=st.integers(0, 2**16))
@@ -426,7 +427,8 @@ def test_every_impression_kept_total_within_budget(n_imp, n, count_limit, encodi
     imp = rng.integers(0, n_imp, n)
     t = rng.integers(0, 5, n)
     vals = rng.lognormal(0, 2, (n, 2)) * scale
-    qs = (QueryParams("a", 3.0, None if encoding == "l1" else 0.3), QueryParams("b", 50.0, None if encoding == "l1" else (0.7 if encoding == "linf" else 0.2)))
+    qs = (QueryParams("a", 3.0, None if encoding == "l1" else 0.3),
+          QueryParams("b", 50.0, None if encoding == "l1" else (0.7 if encoding == "linf" else 0.2)))
     params = Params(count_limit=count_limit, encoding=encoding, epsilon=1.0, slice_columns=(), queries=qs,
                     count_budget_fraction=0.5 if encoding == "baseline" else None)
     w = encode(vals, params, rng)
@@ -448,5 +450,5 @@ def test_sort_paths_agree_with_reference_lexsort(records, id_kind):
     order, key = sort_by_impression(imp, t, tie)
     ref = sorted(range(len(records)), key=lambda i: (imp[i], t[i], tie[i], i))
     assert order.tolist() == ref
-    same = [imp[a] == imp[b] for a, b in zip(ref, ref[1:])]
+    same = [imp[a] == imp[b] for a, b in zip(ref, ref[1:], strict=False)]
     assert (key[1:] == key[:-1]).tolist() == same

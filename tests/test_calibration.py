@@ -33,7 +33,7 @@ def generate(rng: np.random.Generator, lams, impressions, id_offset: int = 0, da
     """Slices s = 0..k-1 with impressions[s] impressions, Poisson(lams[s]) conversions each (>= 1)."""
     ids, slices, days_of = [], [], []
     next_id = id_offset
-    for s, (lam, n) in enumerate(zip(lams, impressions)):
+    for s, (lam, n) in enumerate(zip(lams, impressions, strict=True)):
         sizes = 1 + rng.poisson(lam - 1.0, n)
         ids.append(np.repeat(np.arange(next_id, next_id + n), sizes))
         slices.append(np.full(sizes.sum(), s))
@@ -345,8 +345,9 @@ def test_count_kappa_matches_the_calibration_and_optimizer_improves_on_the_paper
 
 def test_convolved_loss_quantiles_match_monte_carlo():
     rng = np.random.default_rng(0)
-    cases = [(1.5, 3.75, 0.39, 0.3), (0.2, 1.0, 0.9, 0.05), (10.0, 4.0, 0.0, 0.1), (5.0, 50.0, 0.0, 0.0), (1.0, 2.0, 0.5, 2.0)]
-    mean, var, zero, sd = (np.array(c) for c in zip(*cases))
+    cases = [(1.5, 3.75, 0.39, 0.3), (0.2, 1.0, 0.9, 0.05), (10.0, 4.0, 0.0, 0.1), (5.0, 50.0, 0.0, 0.0),
+             (1.0, 2.0, 0.5, 2.0)]
+    mean, var, zero, sd = (np.array(c) for c in zip(*cases, strict=True))
     lo, hi = cb.convolved_loss_quantiles(mean, var, zero, sd, 0.025)
     for i, (m, v, z, s) in enumerate(cases):
         m1 = m / (1 - z)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -62,7 +62,7 @@ def write(path: Path, lines: list[str], newline_at_end: bool = True) -> Path:
 
 
 def utc(seconds: int) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def test_hand_made_file_maps_to_the_contract(tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_hand_made_file_maps_to_the_contract(tmp_path: Path) -> None:
     assert t["user_id"].to_pylist() == [h("user1"), None]  # -1 -> missing
     assert t["product_id"].to_pylist() == [h("prod"), None]
     dead = load.dead_letters.to_pydict()
-    assert list(zip(dead["line"], dead["reason"])) == [
+    assert list(zip(dead["line"], dead["reason"], strict=True)) == [
         (3, "SalesAmountInEuro missing (-1) or invalid on a converted row"),
         (4, "product_price missing (-1) or invalid on a converted row"),
         (5, "partner_id missing (-1)"),
@@ -101,7 +101,7 @@ def test_non_converting_clicks_are_kept_on_request_with_zero_value(tmp_path: Pat
     assert row["Sale"] == 0 and row["product_price_x_sale"] == 0.0 and row["SalesAmountInEuro"] == 0.0
     assert row["conversion_time"] == row["click_time"] == utc(T0 + 60)  # no sale: the click time
     assert row["product_price"] is None  # -1 -> missing, yet the value is 0 because Sale = 0
-    dead = dict(zip(load.dead_letters["line"].to_pylist(), load.dead_letters["reason"].to_pylist()))
+    dead = dict(zip(load.dead_letters["line"].to_pylist(), load.dead_letters["reason"].to_pylist(), strict=True))
     assert dead[9] == "click_timestamp missing (-1) or negative"  # kept rows need a time
 
 

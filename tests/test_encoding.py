@@ -40,7 +40,8 @@ def make_params(encoding, d, count_limit, thresholds, rounding="floor"):
     thresholds = list(thresholds)[:d] + [1.0] * max(0, d - len(thresholds))
     if encoding == "l1":
         qs = tuple(QueryParams(f"q{i}", thresholds[i]) for i in range(d))
-        return Params(count_limit=count_limit, encoding="l1", epsilon=1.0, slice_columns=(), queries=qs, l1_rounding=rounding)
+        return Params(count_limit=count_limit, encoding="l1", epsilon=1.0, slice_columns=(), queries=qs,
+                      l1_rounding=rounding)
     if encoding == "baseline":
         qs = tuple(QueryParams(f"q{i}", thresholds[i], 1.0 / (d + 1)) for i in range(d))
         return Params(count_limit=count_limit, encoding="baseline", epsilon=1.0, slice_columns=(), queries=qs,
@@ -101,8 +102,7 @@ def test_bad_values_are_refused():
 
 # ---- issue 13: extreme uniforms, the uniforms= path, chunking, C not dividing Gamma ------------------
 import araopt.encoding as encoding_module  # noqa: E402
-from araopt.encoding import (clip_randomized_round, count_scale, expected_contribution, query_scale,  # noqa: E402
-                             query_scales, rounding_variance)
+from araopt.encoding import clip_randomized_round, count_scale, query_scale, query_scales, rounding_variance  # noqa: E402
 
 LARGEST_BELOW_ONE = np.nextafter(1.0, 0.0)
 ENCODINGS = [("linf", "floor"), ("l1", "floor"), ("l1", "randomized"), ("baseline", "floor")]
@@ -115,7 +115,7 @@ def params_for(encoding, rounding="floor", count_limit=3, budget=GAMMA):
     """Three value queries (C_l = 2, 30, 7); L-inf fractions 0.2/0.5/0.3, baseline 0.2/0.3/0.1 + count 0.4."""
     thresholds = (2.0, 30.0, 7.0)
     fractions = {"linf": (0.2, 0.5, 0.3), "baseline": (0.2, 0.3, 0.1)}.get(encoding, (None,) * 3)
-    qs = tuple(QueryParams(f"q{i}", t, f) for i, (t, f) in enumerate(zip(thresholds, fractions)))
+    qs = tuple(QueryParams(f"q{i}", t, f) for i, (t, f) in enumerate(zip(thresholds, fractions, strict=True)))
     return Params(count_limit=count_limit, encoding=encoding, epsilon=1.0, slice_columns=(), queries=qs,
                   l1_rounding=rounding, count_budget_fraction=0.4 if encoding == "baseline" else None,
                   contribution_budget=budget)
@@ -172,7 +172,8 @@ def test_l1_randomized_uses_one_uniform_per_record_systematically():
 
 
 def test_l1_floor_with_a_count_limit_that_does_not_divide_gamma():
-    """The paper's L1 (Alg. 6 encoding): S = Gamma / C = 21845.33 for C = 3, w_l = floor(u_l), bottom = floor(Gamma/C) - sum."""
+    """The paper's L1 (Alg. 6 encoding): S = Gamma / C = 21845.33 for C = 3, w_l = floor(u_l),
+    bottom = floor(Gamma/C) - sum."""
     p = params_for("l1", "floor", count_limit=3)
     vals = np.array([[2.0, 0.0, 0.0], [1.0, 15.0, 0.0], [2.0, 30.0, 7.0], [0.2, 0.0, 0.0], [4.0, 0.0, 0.0]])
     w = encode(vals, p, np.random.default_rng(0))
@@ -272,7 +273,8 @@ def test_expected_contribution_and_rounding_variance_closed_forms():
 
 def test_clip_randomized_round_eq_1():
     """CRR(v; C, C_l, alpha_l) = RR(floor(alpha_l Gamma / C) * min(v, C_l) / C_l): the worked example z1."""
-    assert clip_randomized_round(np.array([21.0, 21.0, 45.0]), 2, 30.0, 0.5, np.array([0.5, 0.9, 0.0])).tolist() == [11469, 11468, 16384]
+    rounded = clip_randomized_round(np.array([21.0, 21.0, 45.0]), 2, 30.0, 0.5, np.array([0.5, 0.9, 0.0]))
+    assert rounded.tolist() == [11469, 11468, 16384]
     assert clip_randomized_round(np.array([21.0]), 2, 30.0, 0.5, np.array([0.0]), contribution_budget=1000).tolist() == [175]
 
 

@@ -7,8 +7,13 @@ import pytest
 
 from araopt import synthetic
 from araopt.conversions import Conversions
-from araopt.evaluation import (analytic_rmsre, analytic_rmsre_from_statistics, evaluate_dataset, monte_carlo_rmsre,
-                               write_outputs)
+from araopt.evaluation import (
+    analytic_rmsre,
+    analytic_rmsre_from_statistics,
+    evaluate_dataset,
+    monte_carlo_rmsre,
+    write_outputs,
+)
 from araopt.optimizer import baseline_params, optimize
 from araopt.params import Params, QueryParams
 from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
@@ -24,14 +29,17 @@ def preset_table(name: str, target: int, split: str, seed: int = 7) -> pa.Table:
 
 def small_d2(n: int = 1500, seed: int = 11) -> Conversions:
     rng = np.random.default_rng(seed)
-    frame = pd.DataFrame({"impression_id": rng.integers(0, n // 3, n), "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-                          "s": rng.integers(0, 5, n), "items": rng.poisson(2.0, n).astype(float), "price": rng.lognormal(2, 1, n)})
+    frame = pd.DataFrame({"impression_id": rng.integers(0, n // 3, n),
+                          "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+                          "s": rng.integers(0, 5, n), "items": rng.poisson(2.0, n).astype(float),
+                          "price": rng.lognormal(2, 1, n)})
     return Conversions.from_table(frame, ["s"], ["items", "price"])
 
 
 def test_analytic_rmsre_matches_monte_carlo_within_5_sigma():
     conv = small_d2()
-    stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("items", "price"), max_count_limit=5, sample_size=1000))
+    stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("items", "price"), max_count_limit=5,
+                                                              sample_size=1000))
     taus = stats.taus()
     candidates = [optimize(stats, 4.0, max_count_limit=5, taus=taus, progress=False).params,
                   optimize(stats, 4.0, "l1", max_count_limit=5, taus=taus, progress=False).params,

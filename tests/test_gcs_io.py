@@ -2,15 +2,13 @@
 GCS through Beam IO; reconstruct and export-ara read their inputs from GCS."""
 from __future__ import annotations
 
-import pytest
-
 import os
 
 import pandas as pd
+import pytest
 
 from pipelines import measure as measure_pipeline
 from pipelines.ara import run_export_ara, run_reconstruct
-
 from test_measure_pipeline import make_frame, make_params, write_parts
 
 pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not

@@ -69,7 +69,7 @@ def measure(argv, capsys=None):
 
 def error_line(err, prog="araopt measure"):
     assert "Traceback" not in err
-    (line,) = [l for l in err.splitlines() if l.startswith(f"{prog}: error:")]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith(f"{prog}: error:")]
     return line
 
 
@@ -149,7 +149,8 @@ def test_2_simulation_may_derive_the_domain_and_says_so(tmp_path, capsys):
 def test_3_int_ids_in_one_file_and_string_ids_in_another_are_refused_naming_both(tmp_path, capsys):
     frame = conversions()
     write(frame.iloc[:300], str(tmp_path / "in" / "a.parquet"))
-    write(frame.iloc[300:].assign(impression_id=lambda f: f["impression_id"].astype(str)), str(tmp_path / "in" / "b.parquet"))
+    write(frame.iloc[300:].assign(impression_id=lambda f: f["impression_id"].astype(str)),
+          str(tmp_path / "in" / "b.parquet"))
     params().save(tmp_path / "p.json")
     code, cap = measure(["--input", str(tmp_path / "in"), "--params", str(tmp_path / "p.json"), "--output",
                          str(tmp_path / "o"), "--domain", domain_csv(tmp_path)], capsys)
@@ -186,7 +187,8 @@ def test_4_release_folder_holds_no_exact_counts_and_private_folder_is_labelled(t
     assert "do not publish" in (tmp_path / "o" / "private" / "README.txt").read_text().lower()
     manifest = read_json(tmp_path / "o" / "MANIFEST.json")
     visibility = {f["path"]: f["visibility"] for f in manifest["files"]}
-    assert visibility["private/run_summary.json"] == "private" and visibility["private/dead_letter/rejected.parquet"] == "private"
+    assert visibility["private/run_summary.json"] == "private"
+    assert visibility["private/dead_letter/rejected.parquet"] == "private"
     assert visibility["private/debug/summary_report.avro"] == "private"
     assert all(v == "release" for p, v in visibility.items() if p.startswith("release/"))
     exact = [line for line in cap.out.splitlines() if "kept" in line]

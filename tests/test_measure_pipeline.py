@@ -19,8 +19,8 @@ from araopt import Conversions, KeyDomain, Params, QueryParams, aggregate, avro,
 from araopt.conversions import ValidationCounts
 from araopt.mechanism import encode_and_bound
 from pipelines import measure as measure_pipeline
-from pipelines.runner import make_runner
 from pipelines.run_folder import RunFolder
+from pipelines.runner import make_runner
 from transforms import aggregate as agg_transforms
 from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise
 from transforms.group import GroupByImpression
@@ -53,7 +53,8 @@ def make_params(encoding="linf"):
 def write_parts(frame, directory, parts):
     os.makedirs(directory, exist_ok=True)
     for i in range(parts):
-        pq.write_table(pa.Table.from_pandas(frame.iloc[i::parts], preserve_index=False), os.path.join(directory, f"part-{i}.parquet"))
+        pq.write_table(pa.Table.from_pandas(frame.iloc[i::parts], preserve_index=False),
+                       os.path.join(directory, f"part-{i}.parquet"))
     return str(directory)
 
 
@@ -252,7 +253,7 @@ def test_too_many_bad_rows_fail_before_release(tmp_path, capsys):
     code, out = run_measure(tmp_path, frame, make_params(), "toobad")
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    (line,) = [l for l in err.splitlines() if l.startswith("araopt measure: error:")]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("araopt measure: error:")]
     assert "above the 10% threshold" in line
     assert not out.exists()  # nothing released, not even partly
     kept = [p for p in os.listdir(tmp_path) if p.startswith("out-toobad.araopt-failed-")]

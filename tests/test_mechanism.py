@@ -3,8 +3,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from araopt import (Conversions, KeyDomain, Params, QueryParams, default_taus, expected_error, measure,
-                    reconstruct, rmsre_tau, summary_report)
+from araopt import (
+    Conversions,
+    KeyDomain,
+    Params,
+    QueryParams,
+    default_taus,
+    expected_error,
+    measure,
+    reconstruct,
+    rmsre_tau,
+    summary_report,
+)
 from araopt.error_model import kept_mask
 from araopt.noise import discrete_laplace_variance, noise_parameter
 
@@ -49,7 +59,8 @@ def test_reconstruction_is_unbiased_for_clipped_kept_truth():
     rng = np.random.default_rng(5)
     n = 3000
     frame = pd.DataFrame({
-        "impression_id": rng.integers(0, 800, n), "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+        "impression_id": rng.integers(0, 800, n),
+        "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
         "s": rng.integers(0, 4, n), "v": rng.lognormal(2, 1, n), "w": rng.poisson(3, n).astype(float),
     })
     conv = Conversions.from_table(frame, ["s"], ["v", "w"])
@@ -69,7 +80,8 @@ def test_error_model_matches_monte_carlo_rmsre_tau():
     rng = np.random.default_rng(9)
     n = 2000
     frame = pd.DataFrame({
-        "impression_id": rng.integers(0, 500, n), "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+        "impression_id": rng.integers(0, 500, n),
+        "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
         "s": rng.integers(0, 6, n), "v": rng.lognormal(1, 1, n),
     })
     conv = Conversions.from_table(frame, ["s"], ["v"])
@@ -136,5 +148,5 @@ def test_row_validation_reasons_including_unparseable_string_times():
     })
     good, rejected = validate_table(table, ["s"], ["v"])
     assert good.num_rows == 1 and good.column("conversion_time_us").to_pylist() == [1_793_527_200_000_000]
-    assert rejected.column("reason").to_pylist() == ["null_impression_id", "unparseable_conversion_time", "null_conversion_time",
-                                                     "null_slice_value", "non_finite_value"]
+    assert rejected.column("reason").to_pylist() == ["null_impression_id", "unparseable_conversion_time",
+                                                     "null_conversion_time", "null_slice_value", "non_finite_value"]

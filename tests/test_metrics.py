@@ -21,7 +21,8 @@ def test_rmse_rmsre_rmsre_tau_match_closed_forms():
     closed = metrics.rmse_closed_form(b)[:, 0]
     assert np.allclose(metrics.rmse(s, truth), closed, rtol=0.01)
     tau = 5.0
-    assert np.allclose(metrics.rmsre_tau_samples(s, truth, tau), metrics.rmsre_tau_closed_form(b, np.array([tau]))[:, 0], rtol=0.01)
+    assert np.allclose(metrics.rmsre_tau_samples(s, truth, tau), metrics.rmsre_tau_closed_form(b, np.array([tau]))[:, 0],
+                       rtol=0.01)
     rel = metrics.rmsre(s, truth)
     assert np.isnan(rel[0]) and np.allclose(rel[1:], closed[1:] / truth[1:], rtol=0.01)
     assert np.isnan(metrics.rmsre_closed_form(b)[0, 0])

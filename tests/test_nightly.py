@@ -13,9 +13,9 @@ import pytest
 
 from araopt import Params
 from araopt.store import open_store
+from araopt.tuning import Guardrails
 from pipelines import measure as measure_pipeline
 from pipelines import nightly
-from araopt.tuning import Guardrails
 from pipelines.nightly import select_window
 
 pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not
@@ -35,7 +35,8 @@ def write_history(root, days=("2026-11-20", "2026-11-21", "2026-11-22"), n=3000,
             "value": rng.lognormal(2, 1, n) * scale,
         })
         os.makedirs(os.path.join(root, f"date={day}"), exist_ok=True)
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(root, f"date={day}", "part-0.parquet"))
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False),
+                       os.path.join(root, f"date={day}", "part-0.parquet"))
     return str(root)
 
 
@@ -115,7 +116,8 @@ def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch,
         result = real_optimize(statistics, epsilon, *args, **kwargs)
         base = optimizer.baseline_params(statistics, epsilon, 0.95, 8, taus=result.taus)
         worse = optimizer.objective(statistics, base, result.taus, "exact") * 1.5
-        return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus, result.seconds)
+        return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus,
+                            result.seconds)
 
     monkeypatch.setattr(tuning, "optimize", worse_than_baseline)
     assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "w", "--objective", "exact"])) == 2
@@ -172,7 +174,7 @@ def test_measure_refuses_corrupt_latest_or_params_naming_the_file(tmp_path, caps
     latest.write_bytes(good[: len(good) // 2])  # truncated pointer
     assert measure_pipeline.run(measure_args + ["--output", str(tmp_path / "o1")]) == 2
     err = capsys.readouterr().err
-    (line,) = [l for l in err.splitlines() if l.startswith("araopt measure: error:")]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("araopt measure: error:")]
     assert "latest" in line and "Traceback" not in err
     latest.write_bytes(good)
     params_file = tmp_path / "store" / "versions" / "2026-11-22-c" / "params.json"

@@ -4,8 +4,13 @@ import pytest
 from scipy import stats
 
 from araopt import sample_discrete_laplace
-from araopt.noise import (discrete_laplace_cdf, discrete_laplace_from_uniforms, discrete_laplace_pmf,
-                          discrete_laplace_variance, noise_parameter)
+from araopt.noise import (
+    discrete_laplace_cdf,
+    discrete_laplace_from_uniforms,
+    discrete_laplace_pmf,
+    discrete_laplace_variance,
+    noise_parameter,
+)
 from araopt.randomness import Simulation, keyed_uniforms, secure_generator
 
 N = 1_000_000

@@ -8,7 +8,7 @@ from araopt.conversions import Conversions
 from araopt.encoding import query_scales
 from araopt.error_model import expected_error, rmsre_tau
 from araopt.keys import KeyDomain
-from araopt.optimizer import (baseline_params, objective, optimize, prepare_search, scipy_paper_optimize)
+from araopt.optimizer import baseline_params, objective, optimize, prepare_search, scipy_paper_optimize
 from araopt.params import Params, QueryParams
 from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
 
@@ -24,7 +24,8 @@ def preset_conversions(name: str, target: int = 8000, seed: int = 2) -> Conversi
 def one_per_impression(n: int = 4000, d: int = 1, seed: int = 4, slices: int = 40) -> Conversions:
     """Click-level data (count limit 1 is natural), as the paper's real-world datasets."""
     rng = np.random.default_rng(seed)
-    frame = pd.DataFrame({"impression_id": np.arange(n), "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+    frame = pd.DataFrame({"impression_id": np.arange(n),
+                          "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
                           "s": rng.zipf(1.6, n) % slices})
     cols = []
     for q in range(d):
@@ -35,13 +36,16 @@ def one_per_impression(n: int = 4000, d: int = 1, seed: int = 4, slices: int = 4
 
 def several_per_impression(n: int = 5000, seed: int = 5) -> Conversions:
     rng = np.random.default_rng(seed)
-    frame = pd.DataFrame({"impression_id": rng.integers(0, n // 4, n), "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-                          "s": rng.integers(0, 10, n), "items": rng.poisson(2.0, n).astype(float), "price": rng.lognormal(3, 1.2, n)})
+    frame = pd.DataFrame({"impression_id": rng.integers(0, n // 4, n),
+                          "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
+                          "s": rng.integers(0, 10, n), "items": rng.poisson(2.0, n).astype(float),
+                          "price": rng.lognormal(3, 1.2, n)})
     return Conversions.from_table(frame, ["s"], ["items", "price"])
 
 
 def exact_rmsre(conv: Conversions, params: Params, taus: np.ndarray, kind: str = "exact") -> float:
-    dom = KeyDomain.from_slice_values(params.slice_columns, conv.slices, params.query_columns, baseline=params.encoding == "baseline")
+    dom = KeyDomain.from_slice_values(params.slice_columns, conv.slices, params.query_columns,
+                                      baseline=params.encoding == "baseline")
     sidx = dom.slice_index(conv.slices)
     return rmsre_tau(expected_error(conv, sidx, dom.num_slices, params, kind, tie_breaker=conv.record_keys()), taus).combined
 
@@ -110,8 +114,10 @@ def test_d1_global_optimum_against_a_dense_grid():
     grid = np.unique(np.concatenate([np.geomspace(values[0], values[-1], 500), values[:: max(1, len(values) // 300)]]))
     # the brute force is the exact error model
     for kind in ("exact", "relaxed"):
-        p = Params(count_limit=3, encoding="linf", epsilon=2.0, slice_columns=SLICES, queries=(QueryParams("value", float(grid[400]), 1.0),))
-        assert brute_force_d1(conv, taus, 2.0, kind, 3, grid[400:401])[0] == pytest.approx(exact_rmsre(conv, p, taus, kind), rel=1e-9)
+        p = Params(count_limit=3, encoding="linf", epsilon=2.0, slice_columns=SLICES,
+                   queries=(QueryParams("value", float(grid[400]), 1.0),))
+        assert brute_force_d1(conv, taus, 2.0, kind, 3, grid[400:401])[0] == pytest.approx(exact_rmsre(conv, p, taus, kind),
+                                                                                           rel=1e-9)
     ctx = prepare_search(stats, taus)
     for eps in (1.0, 64.0):
         for kind in ("exact", "relaxed"):
@@ -153,7 +159,8 @@ def test_fractions_follow_the_cube_root_rule_and_are_locally_optimal():
         a = alpha * np.exp(rng.normal(0, 0.05, 3))
         a /= a.sum()
         other = Params(count_limit=p.count_limit, encoding="linf", epsilon=2.0, slice_columns=("s",),
-                       queries=tuple(QueryParams(q.column, float(x), float(y)) for q, x, y in zip(p.queries, t, a)))
+                       queries=tuple(QueryParams(q.column, float(x), float(y))
+                                     for q, x, y in zip(p.queries, t, a, strict=True)))
         assert objective(stats, other, taus, "relaxed") >= res.objective * (1 - 1e-9)
 
 
@@ -182,7 +189,8 @@ def test_parameter_file_is_valid_records_taus_and_exact_floors():
 
 def test_l1_optimization_d2_reported_and_consistent():
     conv = several_per_impression(n=3000)
-    stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), conv.value_columns, max_count_limit=4, sample_size=5000))
+    stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), conv.value_columns, max_count_limit=4,
+                                                              sample_size=5000))
     taus = stats.taus()
     l1 = optimize(stats, 4.0, encoding="l1", max_count_limit=4, taus=taus, progress=False)
     assert l1.params.encoding == "l1" and all(q.budget_fraction is None for q in l1.params.queries)
@@ -192,8 +200,10 @@ def test_l1_optimization_d2_reported_and_consistent():
         for f in (0.8, 1.25):
             t = [x.clip_threshold for x in l1.params.queries]
             t[q] *= f
-            other = Params(count_limit=l1.params.count_limit, encoding="l1", epsilon=4.0, slice_columns=("s",), l1_rounding="randomized",
-                           queries=tuple(QueryParams(x.column, float(v)) for x, v in zip(l1.params.queries, t)))
+            other = Params(count_limit=l1.params.count_limit, encoding="l1", epsilon=4.0, slice_columns=("s",),
+                           l1_rounding="randomized",
+                           queries=tuple(QueryParams(x.column, float(v))
+                                         for x, v in zip(l1.params.queries, t, strict=True)))
             assert objective(stats, other, taus) >= l1.objective * (1 - 1e-9)
 
 
@@ -220,7 +230,8 @@ def test_baselines_as_in_the_paper():
 
 
 def test_bad_arguments_refused():
-    stats = compute_statistics_in_memory(several_per_impression(n=500), StatisticsSpec(("s",), ("items", "price"), max_count_limit=5))
+    stats = compute_statistics_in_memory(several_per_impression(n=500),
+                                         StatisticsSpec(("s",), ("items", "price"), max_count_limit=5))
     with pytest.raises(ValueError, match="epsilon"):
         optimize(stats, 0.0, progress=False)
     with pytest.raises(ValueError, match="epsilon"):

@@ -1,5 +1,6 @@
 """Parameter file: construction, JSON round trip, and every refusal naming its field."""
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -100,6 +101,6 @@ def test_not_json_and_unreadable(tmp_path):
 
 def test_frozen():
     p = paper_params()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         p.count_limit = 3  # type: ignore[misc]
     assert copy.deepcopy(p) == p

@@ -9,8 +9,7 @@ from scipy import stats
 
 from araopt import Params, QueryParams, encode
 from araopt.noise import discrete_laplace_variance, noise_parameter, sample_discrete_laplace
-from araopt.report import (estimate_variance, key_histogram, reconstruct, simulated_noise,
-                           summary_report)
+from araopt.report import estimate_variance, key_histogram, reconstruct, simulated_noise, summary_report
 
 GAMMA = 65536
 

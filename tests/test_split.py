@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,7 @@ import pytest
 from araopt.split import parse_cut_time, quantile_cut, split_by_time, split_table
 from araopt.synthetic import PRESETS, write_synthetic
 
-T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def log(times_s: list[int], ids: list[int] | None = None) -> pa.Table:

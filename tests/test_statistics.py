@@ -11,9 +11,17 @@ from araopt.error_model import default_taus, expected_error, kept_mask, rmsre_ta
 from araopt.keys import KeyDomain
 from araopt.optimizer import objective, statistics_breakdown
 from araopt.params import Params, QueryParams
-from araopt.statistics import (BucketLayout, StatisticsSpec, add_conversions, compute_statistics_in_memory,
-                               create_accumulator, extract_output, frac_variance, kept_per_impression,
-                               merge_accumulators)
+from araopt.statistics import (
+    BucketLayout,
+    StatisticsSpec,
+    add_conversions,
+    compute_statistics_in_memory,
+    create_accumulator,
+    extract_output,
+    frac_variance,
+    kept_per_impression,
+    merge_accumulators,
+)
 
 SLICES = ("campaignId", "geography", "productCategory")
 
@@ -45,7 +53,8 @@ def exact_rmsre(conv: Conversions, params: Params, taus: np.ndarray, kind: str) 
 
 def linf(C: int, thresholds, fractions, slices=SLICES, columns=("value",), eps: float = 4.0) -> Params:
     return Params(count_limit=C, encoding="linf", epsilon=eps, slice_columns=slices,
-                  queries=tuple(QueryParams(c, float(t), float(a)) for c, t, a in zip(columns, thresholds, fractions)))
+                  queries=tuple(QueryParams(c, float(t), float(a))
+                                for c, t, a in zip(columns, thresholds, fractions, strict=True)))
 
 
 @pytest.mark.parametrize("preset", ["synth-criteo", "synth-real-estate", "synth-travel"])
@@ -155,8 +164,10 @@ def test_frac_variance_exact_for_point_masses_and_one_sixth_when_spread():
 def test_l1_objective_from_samples_exact_when_cells_are_small_and_close_when_sampled():
     conv = multi_query_conversions(n=4000, impressions=1000)
     taus = default_taus(conv.values)
-    full = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("items", "price"), max_count_limit=6, sample_size=10_000))
-    sampled = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("items", "price"), max_count_limit=6, sample_size=64))
+    full = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("items", "price"), max_count_limit=6,
+                                                             sample_size=10_000))
+    sampled = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("items", "price"), max_count_limit=6,
+                                                                sample_size=64))
     for C, t, rounding in [(1, (3.0, 60.0), "randomized"), (4, (2.0, 30.0), "floor")]:
         p = Params(count_limit=C, encoding="l1", epsilon=4.0, slice_columns=("s",), l1_rounding=rounding,
                    queries=(QueryParams("items", t[0]), QueryParams("price", t[1])))

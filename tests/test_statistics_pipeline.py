@@ -11,10 +11,9 @@ from apache_beam.testing.util import assert_that
 from araopt import Conversions
 from araopt import statistics as stats
 from pipelines.history import compute_statistics
+from test_measure_pipeline import make_frame, write_parts
 from transforms.statistics import ComputeStatistics
 from transforms.validate import ValidateConversions
-
-from test_measure_pipeline import make_frame, write_parts
 
 SPEC = stats.StatisticsSpec(("campaign", "geo"), ("value", "items"), max_count_limit=6)
 

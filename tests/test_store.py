@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from gcs_fixtures import EmulatorHandle, fake_gcs_server, gcp_storage_emulator  # noqa: F401 - fixtures
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +31,7 @@ from araopt.store import (
     parse_params_ref,
     resolve_params_ref,
 )
+from gcs_fixtures import EmulatorHandle, fake_gcs_server, gcp_storage_emulator  # noqa: F401 - fixtures
 
 BASE_AS_OF = "2024-03-01"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +20,25 @@ from scipy import stats
 
 from araopt import synthetic
 from araopt.synthetic import (
-    CONVERSION_LOG_SCHEMA, N_SLICES, PRESETS, PowerLaw, SyntheticPreset, expected_sizes, fit_log_normal,
-    fit_power_law, fit_synthetic, fit_synthetic_report, fit_zero_truncated_poisson, generate_table, get_preset,
-    iter_chunks, load_preset, plan_impressions, save_preset, scale_for_target_conversions, write_synthetic,
+    CONVERSION_LOG_SCHEMA,
+    N_SLICES,
+    PRESETS,
+    PowerLaw,
+    SyntheticPreset,
+    expected_sizes,
+    fit_log_normal,
+    fit_power_law,
+    fit_synthetic,
+    fit_synthetic_report,
+    fit_zero_truncated_poisson,
+    generate_table,
+    get_preset,
+    iter_chunks,
+    load_preset,
+    plan_impressions,
+    save_preset,
+    scale_for_target_conversions,
+    write_synthetic,
 )
 
 Z = 5.0
@@ -280,7 +296,7 @@ def test_conversion_times_lie_in_the_attribution_window_and_are_ordered(travel) 
     same = imp[1:] == imp[:-1]
     assert np.all(np.diff(t_conv)[same] > 0)  # strictly increasing within an impression
     assert np.all(np.diff(imp) >= 0)  # rows of an impression are contiguous
-    start = int(datetime(2024, 1, 1, tzinfo=timezone.utc).timestamp()) * 1_000_000
+    start = int(datetime(2024, 1, 1, tzinfo=UTC).timestamp()) * 1_000_000
     assert t_imp.min() >= start and t_imp.max() < start + plan.days * 86_400_000_000
     # the offsets are uniform over the window
     assert stats.kstest(off / WINDOW_US, "uniform").pvalue > 1e-6
@@ -313,7 +329,7 @@ def test_partitioned_writer_shards_ids_and_dates(tmp_path: Path) -> None:
             t = ds.dataset(p).to_table()
             day = date.fromisoformat(p.parent.name[5:])
             t_imp = t["impression_time"].cast(pa.int64()).to_numpy()
-            lo = int(datetime(day.year, day.month, day.day, tzinfo=timezone.utc).timestamp()) * 1_000_000
+            lo = int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()) * 1_000_000
             assert t_imp.min() >= lo and t_imp.max() < lo + 86_400_000_000  # partition = impression date
             ids_by_day.setdefault(day, set()).update(t["impression_id"].to_numpy().tolist())
         all_ids = [i for s in ids_by_day.values() for i in s]

@@ -99,7 +99,7 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
                     and isinstance(body[0].value.value, str):
                 out.add(id(body[0]))
         if isinstance(node, (ast.Module, ast.ClassDef)):  # attribute docstrings: a string after an assignment
-            for prev, stmt in zip(node.body, node.body[1:]):
+            for prev, stmt in zip(node.body, node.body[1:], strict=False):
                 if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
                         and isinstance(stmt.value.value, str) and isinstance(prev, (ast.Assign, ast.AnnAssign)):
                     out.add(id(stmt))
@@ -169,7 +169,7 @@ def enumerate_mutants(module: str, source: str, functions: list[str] | None = No
             continue
         line = getattr(node, "lineno", 0)
 
-        def add(op: str, arg: object, desc: str) -> None:
+        def add(op: str, arg: object, desc: str, index: int = index, line: int = line, func: str = func) -> None:
             out.append(Mutant(module, index, op, arg, line, func, desc))
 
         if isinstance(node, ast.Compare):
@@ -209,7 +209,8 @@ def enumerate_mutants(module: str, source: str, functions: list[str] | None = No
                 add("drop", None, f"drop statement `{_short(node)}`")
             if isinstance(node, ast.AugAssign):
                 if type(node.op) in BIN_SWAP:
-                    add("augop", None, f"`{SYMBOL[type(node.op)]}=` -> `{SYMBOL[BIN_SWAP[type(node.op)]]}=` in `{_short(node)}`")
+                    add("augop", None,
+                        f"`{SYMBOL[type(node.op)]}=` -> `{SYMBOL[BIN_SWAP[type(node.op)]]}=` in `{_short(node)}`")
                 add("augassign", None, f"`{SYMBOL.get(type(node.op), '?')}=` -> `=` in `{_short(node)}`")
         elif isinstance(node, (ast.If, ast.While, ast.IfExp)):
             add("negate", None, f"negate condition `{_short(node.test)}`")
@@ -279,29 +280,29 @@ class _MutantFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, fullname: str, source: str, filename: str):
         self.fullname, self.source, self.filename = fullname, source, filename
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001
+    def find_spec(self, fullname, path=None, target=None):
         if fullname != self.fullname:
             return None
         return importlib.util.spec_from_loader(fullname, self, origin=self.filename)
 
-    def create_module(self, spec):  # noqa: ANN001
+    def create_module(self, spec):
         return None
 
-    def exec_module(self, module):  # noqa: ANN001
+    def exec_module(self, module):
         module.__file__ = self.filename
         exec(compile(self.source, self.filename, "exec"), module.__dict__)
 
 
 def _warm_imports() -> None:
     """Import the heavy third-party dependencies once in the parent (children inherit them)."""
-    import hypothesis  # noqa: F401
+    import hypothesis
     import hypothesis.extra.numpy  # noqa: F401
     import numpy  # noqa: F401
     import pandas  # noqa: F401
-    import pyarrow  # noqa: F401
+    import pyarrow
     import pyarrow.parquet  # noqa: F401
     import pytest  # noqa: F401
-    import scipy.optimize  # noqa: F401
+    import scipy.optimize
     import scipy.stats  # noqa: F401
     for name in ("jsonschema", "fastavro", "randomgen", "tqdm"):
         try:
@@ -317,11 +318,11 @@ class _FastestFirst:
     def __init__(self, durations: dict[str, float], record: bool):
         self.durations, self.record = durations, record
 
-    def pytest_collection_modifyitems(self, session, config, items):  # noqa: ANN001
+    def pytest_collection_modifyitems(self, session, config, items):
         if not self.record:
             items.sort(key=lambda item: self.durations.get(item.nodeid, 0.0))
 
-    def pytest_runtest_logreport(self, report):  # noqa: ANN001
+    def pytest_runtest_logreport(self, report):
         if self.record:
             self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
 
@@ -456,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{module}: the unmutated module fails its tests ({outcome}); see {root / '.mutation-child.log'}")
                 return 2
             timeout = 3 * base_time + 10
-            print(f"== {module}: {len(mutants)} mutants, tests {' '.join(tests)} ({base_time:.1f} s, timeout {timeout:.0f} s)",
-                  flush=True)
+            print(f"== {module}: {len(mutants)} mutants, tests {' '.join(tests)} "
+                  f"({base_time:.1f} s, timeout {timeout:.0f} s)", flush=True)
             survivors = []
             counts: dict[str, int] = {}
             for k, m in enumerate(mutants):

@@ -5,7 +5,7 @@ derived from the data by ``DomainFromData``).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -39,12 +39,12 @@ class _EncodeAndBound(beam.DoFn):
         self._params = params
         self._seed = simulation_seed
 
-    def setup(self):
+    def setup(self) -> None:
         self._kept = Metrics.counter(NAMESPACE, "conversions_kept")
         self._capped = Metrics.counter(NAMESPACE, "conversions_capped")
         self._outside = Metrics.counter(NAMESPACE, "conversions_kept_outside_domain")
 
-    def process(self, item: tuple[int, pa.Table], domain: KeyDomain):
+    def process(self, item: tuple[int, pa.Table], domain: KeyDomain) -> Iterator[aggregate.DomainSums]:
         _, table = item
         params = self._params
         conv = Conversions.from_table(table, params.slice_columns, params.query_columns)
@@ -74,6 +74,8 @@ class DomainSumsCombineFn(beam.CombineFn):
         return acc
 
 
+@beam.typehints.with_input_types(beam.typehints.Tuple[int, pa.Table])
+@beam.typehints.with_output_types(beam.typehints.Optional[aggregate.DomainSums])
 class EncodeBoundAndSum(beam.PTransform):
     """(shard, table of complete impressions) -> one merged ``DomainSums`` over the domain side input."""
 
@@ -83,11 +85,12 @@ class EncodeBoundAndSum(beam.PTransform):
         self._domain = domain
         self._seed = simulation_seed
 
-    def expand(self, shards):
+    def expand(self, shards: beam.PCollection[tuple[int, pa.Table]]) -> beam.PCollection[aggregate.DomainSums | None]:
         check_global_windowing(shards)
         return (
             shards
-            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed), beam.pvalue.AsSingleton(self._domain))
+            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed),
+                                             beam.pvalue.AsSingleton(self._domain))
             | "SumPerKey" >> beam.CombineGlobally(DomainSumsCombineFn())
         )
 
@@ -100,7 +103,7 @@ class _AddNoise(beam.DoFn):
         self._seed = simulation_seed
         self._max_rejected = max_rejected_fraction
 
-    def process(self, sums: aggregate.DomainSums | None, counts: ValidationCounts, domain: KeyDomain):
+    def process(self, sums: aggregate.DomainSums | None, counts: ValidationCounts, domain: KeyDomain) -> Iterator[Release]:
         check_rejected_share(counts, self._max_rejected)
         if sums is None:  # every valid row was in shards that produced nothing: cannot happen with rows > 0
             sums = aggregate.empty(domain.num_slices, domain.num_columns)
@@ -110,6 +113,8 @@ class _AddNoise(beam.DoFn):
         yield noisy_release(sums, self._params, domain, accounting, simulation_seed=self._seed)
 
 
+@beam.typehints.with_input_types(beam.typehints.Optional[aggregate.DomainSums])
+@beam.typehints.with_output_types(Release)
 class NoisyRelease(beam.PTransform):
     """Merged sums -> one ``Release`` (noise exactly once per domain key, after the combine)."""
 
@@ -122,7 +127,7 @@ class NoisyRelease(beam.PTransform):
         self._seed = simulation_seed
         self._max_rejected = max_rejected_fraction
 
-    def expand(self, merged):
+    def expand(self, merged: beam.PCollection[aggregate.DomainSums | None]) -> beam.PCollection[Release]:
         check_global_windowing(merged)
         return merged | "AddNoiseOncePerKey" >> beam.ParDo(
             _AddNoise(self._params, self._seed, self._max_rejected), beam.pvalue.AsSingleton(self._counts),
@@ -150,6 +155,8 @@ class _SliceSetCombineFn(beam.CombineFn):
         return acc
 
 
+@beam.typehints.with_input_types(pa.Table)
+@beam.typehints.with_output_types(KeyDomain)
 class DomainFromData(beam.PTransform):
     """SIMULATION ONLY: valid batches -> singleton ``KeyDomain`` of the slices present (at most ``max_slices``)."""
 
@@ -158,7 +165,7 @@ class DomainFromData(beam.PTransform):
         self._params = params
         self._max_slices = max_slices
 
-    def expand(self, batches):
+    def expand(self, batches: beam.PCollection[pa.Table]) -> beam.PCollection[KeyDomain]:
         params = self._params
         return (
             batches

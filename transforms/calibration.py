@@ -4,7 +4,8 @@ thin ``beam.CombineFn``. Blocks are impression days when the log has ``impressio
 disjoint random parts of the window (``araopt.calibration.history_blocks``)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa

@@ -15,6 +15,7 @@ Two shuffles, same result:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
@@ -33,14 +34,14 @@ def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:
     return (hashed % np.uint64(num_shards)).astype(np.int64)
 
 
-def split_by_shard(table: pa.Table, num_shards: int):
+def split_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.Table]]:
     """(shard, rows of that shard) for every shard present in the batch."""
     ids = table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False)
     shards = shard_of(ids, num_shards)
     order = np.argsort(shards, kind="stable")
     sorted_shards = shards[order]
     bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
-    for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]])):
+    for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]), strict=True):
         if stop > start:
             # take() copies the shard's rows; a slice() would share (and pickle) the whole batch
             yield int(sorted_shards[start]), table.take(pa.array(order[start:stop]))
@@ -50,7 +51,7 @@ class _KeyByShard(beam.DoFn):
     def __init__(self, num_shards: int):
         self._num_shards = num_shards
 
-    def process(self, table: pa.Table):
+    def process(self, table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
         yield from split_by_shard(table, self._num_shards)
 
 
@@ -61,7 +62,7 @@ class _SpillByShard(beam.DoFn):
         self._num_shards = num_shards
         self._spill_dir = spill_dir
 
-    def process(self, table: pa.Table):
+    def process(self, table: pa.Table) -> Iterator[tuple[int, str]]:
         for shard, part in split_by_shard(table, self._num_shards):
             path = FileSystems.join(self._spill_dir, f"shard-{shard:05d}", f"{uuid.uuid4().hex}.arrow")
             with FileSystems.create(path) as fh:
@@ -70,7 +71,7 @@ class _SpillByShard(beam.DoFn):
             yield shard, path
 
 
-def _read_shard(item):
+def _read_shard(item: tuple[int, Iterable[str]]) -> tuple[int, pa.Table]:
     shard, paths = item
     tables = []
     for path in sorted(paths):
@@ -79,12 +80,14 @@ def _read_shard(item):
     return shard, pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
 
 
-def _concat(item):
+def _concat(item: tuple[int, Iterable[pa.Table]]) -> tuple[int, pa.Table]:
     shard, tables = item
     tables = list(tables)
     return shard, pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
 
 
+@beam.typehints.with_input_types(pa.Table)
+@beam.typehints.with_output_types(beam.typehints.Tuple[int, pa.Table])
 class GroupByImpression(beam.PTransform):
     """PCollection[pa.Table] -> PCollection[(shard, pa.Table)] of complete impressions.
 
@@ -98,7 +101,7 @@ class GroupByImpression(beam.PTransform):
         self._num_shards = num_shards
         self._spill_dir = spill_dir
 
-    def expand(self, tables):
+    def expand(self, tables: beam.PCollection[pa.Table]) -> beam.PCollection[tuple[int, pa.Table]]:
         if self._spill_dir is not None:
             return (
                 tables

@@ -9,8 +9,8 @@ files (``ReadConversionFiles``), never the glob again.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -108,6 +108,7 @@ def needed_columns(slice_columns: Sequence[str], value_columns: Sequence[str]) -
     return [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
 
 
+@beam.typehints.with_output_types(pa.Table)
 class ReadConversionFiles(beam.PTransform):
     """An explicit list of Parquet files -> PCollection of ``pa.Table`` batches with only the needed columns."""
 
@@ -116,7 +117,7 @@ class ReadConversionFiles(beam.PTransform):
         self._paths = list(paths)
         self._columns = list(columns)
 
-    def expand(self, pbegin):
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[pa.Table]:
         return (
             pbegin
             | "Files" >> beam.Create(self._paths)
@@ -140,10 +141,12 @@ def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
         for g in range(meta.num_row_groups):
             st = meta.row_group(g).column(column).statistics
             if st is not None and st.has_min_max and isinstance(st.min, _dt.datetime) and isinstance(st.max, _dt.datetime):
-                lo, hi = (v if v.tzinfo else v.replace(tzinfo=_dt.timezone.utc) for v in (st.min, st.max))
+                lo, hi = (v if v.tzinfo else v.replace(tzinfo=_dt.UTC) for v in (st.min, st.max))
                 first = lo if first is None else min(first, lo)
                 last = hi if last is None else max(last, hi)
-    return total, *(None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v)) for v in (first, last))
+    first_text, last_text = (None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v))
+                             for v in (first, last))
+    return total, first_text, last_text
 
 
 def count_rows(paths: Sequence[str]) -> int:

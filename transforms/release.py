@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
@@ -17,25 +19,25 @@ from araopt import avro, outputs
 from araopt.release import Release, estimates_frame
 
 
-def summary_records(release: Release):
-    for bucket, metric in zip(release.domain.buckets(), release.report.noisy.ravel().tolist()):
+def summary_records(release: Release) -> Iterator[dict[str, Any]]:
+    for bucket, metric in zip(release.domain.buckets(), release.report.noisy.ravel().tolist(), strict=True):
         yield {"bucket": avro.bucket_to_min_bytes(bucket), "metric": int(metric)}
 
 
-def domain_records(release: Release):
+def domain_records(release: Release) -> Iterator[dict[str, Any]]:
     for bucket in release.domain.buckets():
         yield {"bucket": avro.bucket_to_16_bytes(bucket)}
 
 
-def debug_records(release: Release):
+def debug_records(release: Release) -> Iterator[dict[str, Any]]:
     unnoised = release.report.unnoised.ravel().tolist()
     noise = release.report.noise.ravel().tolist()
-    for bucket, u, z in zip(release.domain.buckets(), unnoised, noise):
+    for bucket, u, z in zip(release.domain.buckets(), unnoised, noise, strict=True):
         tags = ["in_domain", "in_reports"] if u > 0 else ["in_domain"]
         yield {"bucket": avro.bucket_to_min_bytes(bucket), "unnoised_metric": int(u), "noise": int(z), "annotations": tags}
 
 
-def calibration_summary(release: Release) -> dict | None:
+def calibration_summary(release: Release) -> dict[str, Any] | None:
     """Which calibration made the estimates of the true totals (None: estimates are Alg. 4's)."""
     cal, corrected = release.params.calibration, release.corrected
     if cal is None or corrected is None:
@@ -45,7 +47,7 @@ def calibration_summary(release: Release) -> dict | None:
             "correction": release.params.correction, "fallback_slices": corrected.fallback_slices}
 
 
-def release_json(release: Release, params_sha256: str) -> dict:
+def release_json(release: Release, params_sha256: str) -> dict[str, Any]:
     """What the release says about itself: only public facts (no exact counts)."""
     simulation = release.simulation_seed is not None
     return {
@@ -79,7 +81,7 @@ class _WriteSmallFiles(beam.DoFn):
         with FileSystems.create(FileSystems.join(self._output, outputs.release_file(name, self._simulation))) as fh:
             fh.write(data)
 
-    def process(self, release: Release):
+    def process(self, release: Release) -> Iterator[str]:
         self._put(outputs.KEY_MAP_JSON, json.dumps(release.domain.to_json(self._sha), indent=1).encode())
         self._put(outputs.KEY_MAP_CSV, outputs.csv_bytes(release.domain.key_table()))
         frame = estimates_frame(release.estimates, release.domain, release.corrected, release.params.correction)
@@ -95,6 +97,8 @@ class _WriteSmallFiles(beam.DoFn):
         yield "done"
 
 
+@beam.typehints.with_input_types(Release)
+@beam.typehints.with_output_types(str)
 class WriteRelease(beam.PTransform):
     """Release -> files under the run folder ``output`` (see ``araopt.outputs`` for the layout)."""
 
@@ -105,7 +109,8 @@ class WriteRelease(beam.PTransform):
         self._debug = debug_run
         self._simulation = simulation
 
-    def _avro(self, pcoll, label: str, fn, record: str, relative: str):
+    def _avro(self, pcoll: beam.PCollection[Release], label: str, fn: Callable[[Release], Iterator[dict[str, Any]]],
+              record: str, relative: str) -> beam.pvalue.PDone:
         stem = relative[: -len(".avro")]
         return (
             pcoll
@@ -115,7 +120,7 @@ class WriteRelease(beam.PTransform):
                 shard_name_template="", file_name_suffix=".avro")
         )
 
-    def expand(self, release):
+    def expand(self, release: beam.PCollection[Release]) -> beam.PCollection[str]:
         self._avro(release, "SummaryReport", summary_records, avro.SUMMARY,
                    outputs.release_file(outputs.SUMMARY_REPORT, self._simulation))
         self._avro(release, "OutputDomain", domain_records, avro.DOMAIN,

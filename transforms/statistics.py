@@ -4,7 +4,8 @@ runs it is ``pipelines.history.compute_statistics``."""
 from __future__ import annotations
 
 import pickle
-from typing import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
@@ -44,6 +45,8 @@ def _to_conversions(item: tuple[int, pa.Table], slice_columns: Sequence[str], va
     return Conversions.from_table(item[1], slice_columns, value_columns)
 
 
+@beam.typehints.with_input_types(pa.Table)
+@beam.typehints.with_output_types(stats.SufficientStatistics)
 class ComputeStatistics(beam.PTransform):
     """Valid conversion batches -> one ``SufficientStatistics`` (bounded size, see araopt.statistics)."""
 
@@ -53,7 +56,7 @@ class ComputeStatistics(beam.PTransform):
         self._num_shards = num_shards
         self._spill_dir = spill_dir
 
-    def expand(self, valid_tables):
+    def expand(self, valid_tables: beam.PCollection[pa.Table]) -> beam.PCollection[stats.SufficientStatistics]:
         return (
             valid_tables
             | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir)
@@ -84,7 +87,7 @@ class SaveElement(beam.DoFn):
     def __init__(self, path: str):
         self._path = path
 
-    def process(self, element):
+    def process(self, element: Any) -> Iterator[str]:
         with FileSystems.create(self._path) as fh:
             fh.write(pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
         yield self._path

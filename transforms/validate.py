@@ -4,11 +4,13 @@ counters per reason. The rejected-share gate is ``araopt.conversions.check_rejec
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
+from apache_beam.runners.runner import PipelineResult
 
 from araopt.conversions import REJECT_REASONS, TIMES_FLOORED, ValidationCounts, dead_letter_schema, validate_batch
 
@@ -20,19 +22,21 @@ COUNTS = "counts"
 NAMESPACE = "araopt"
 
 
+@beam.typehints.with_input_types(pa.Table)
+@beam.typehints.with_output_types(pa.Table, **{REJECTED: pa.Table, COUNTS: ValidationCounts})
 class _ValidateBatch(beam.DoFn):
     def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str], passthrough: Sequence[str] = ()):
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
         self._passthrough = tuple(passthrough)
 
-    def setup(self):
+    def setup(self) -> None:
         self._rows_read = Metrics.counter(NAMESPACE, "rows_read")
         self._rows_valid = Metrics.counter(NAMESPACE, "rows_valid")
         self._floored = Metrics.counter(NAMESPACE, TIMES_FLOORED)
         self._rejected = {r: Metrics.counter(NAMESPACE, f"rows_rejected_{r}") for r in REJECT_REASONS}
 
-    def process(self, table: pa.Table):
+    def process(self, table: pa.Table) -> Iterator[pa.Table | beam.pvalue.TaggedOutput]:
         batch = validate_batch(table, self._slice_columns, self._value_columns, self._passthrough)
         counts = ValidationCounts.of(table.num_rows, batch)
         self._rows_read.inc(table.num_rows)
@@ -47,6 +51,8 @@ class _ValidateBatch(beam.DoFn):
             yield batch.valid
 
 
+@beam.typehints.with_input_types(pa.Table)
+@beam.typehints.with_output_types(pa.Table, **{REJECTED: pa.Table, COUNTS: ValidationCounts})
 class ValidateConversions(beam.PTransform):
     """Batches -> outputs ``valid`` (canonical tables), ``rejected`` (text columns + ``reason``),
     ``counts`` (one ``ValidationCounts`` per batch)."""
@@ -57,7 +63,7 @@ class ValidateConversions(beam.PTransform):
         self._value_columns = tuple(value_columns)
         self._passthrough = tuple(passthrough)
 
-    def expand(self, batches):
+    def expand(self, batches: beam.PCollection[pa.Table]) -> beam.pvalue.DoOutputsTuple:
         return batches | "ValidateRows" >> beam.ParDo(
             _ValidateBatch(self._slice_columns, self._value_columns, self._passthrough)).with_outputs(
                 REJECTED, COUNTS, main=VALID)
@@ -65,7 +71,10 @@ class ValidateConversions(beam.PTransform):
 
 class ReadAndValidate(beam.PTransform):
     """Explicit Parquet files -> ``{"valid": batches, "counts": singleton ValidationCounts}``, and the
-    dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given."""
+    dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given.
+
+    The two outputs are typed by the steps that make them (``pa.Table``, ``ValidationCounts``): Beam
+    checks a composite's dict output against a single output type, which fits neither."""
 
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
                  dead_letter_prefix: str | None = None, passthrough: Sequence[str] = ()):
@@ -76,12 +85,13 @@ class ReadAndValidate(beam.PTransform):
         self._dead_letter = dead_letter_prefix
         self._passthrough = tuple(passthrough)
 
-    def expand(self, pbegin):
+    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection[Any]]:
         columns = needed_columns(self._slice_columns, self._value_columns) + list(self._passthrough)
         batches = pbegin | "Read" >> ReadConversionFiles(self._paths, columns)
         checked = batches | "Validate" >> ValidateConversions(self._slice_columns, self._value_columns,
                                                               self._passthrough)
-        counts = checked[COUNTS] | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge)
+        counts = checked[COUNTS] | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge).with_output_types(
+            ValidationCounts)
         if self._dead_letter is not None:
             _ = checked[REJECTED] | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
                 self._dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns), num_shards=1,
@@ -89,7 +99,7 @@ class ReadAndValidate(beam.PTransform):
         return {VALID: checked[VALID], COUNTS: counts}
 
 
-def counter_values(result) -> dict[str, int]:
+def counter_values(result: PipelineResult) -> dict[str, int]:
     """Beam counters of a finished pipeline by name (committed, else attempted); {} if unsupported."""
     out: dict[str, int] = {}
     try:
@@ -100,7 +110,7 @@ def counter_values(result) -> dict[str, int]:
     return out
 
 
-def rejected_by_reason(result) -> dict[str, int]:
+def rejected_by_reason(result: PipelineResult) -> dict[str, int]:
     """Rows sent to the dead letter, per reason, from the validation counters."""
     prefix = "rows_rejected_"
     return {k[len(prefix):]: v for k, v in counter_values(result).items() if k.startswith(prefix) and v}
