@@ -454,3 +454,17 @@ def test_15_csv_cells_that_look_like_formulas_are_neutralised(tmp_path):
         assert "'" + evil in cells
     est = pd.read_parquet(tmp_path / "o" / "release" / "estimates.parquet")
     assert evil in est["s"].tolist()  # typed outputs keep the true value
+
+
+def test_input_messages_name_the_file(tmp_path, capsys):
+    """A CSV renamed .parquet, a CSV, and a 0-byte file: each refusal names the file and what is wrong."""
+    _, pfile = setup(tmp_path)
+    (tmp_path / "log.parquet").write_text("impression_id,conversion_time\n1,2026-01-01\n")
+    (tmp_path / "log.csv").write_text("impression_id,conversion_time\n1,2026-01-01\n")
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    for name, needle in (("log.parquet", "not a Parquet file"), ("log.csv", "not a Parquet file"),
+                         ("empty.parquet", "is empty (0 bytes)")):
+        code, cap = measure(["--input", str(tmp_path / name), "--params", pfile, "--output", str(tmp_path / "o"),
+                             "--domain", domain_csv(tmp_path)], capsys)
+        line = error_line(cap.err)
+        assert code == 2 and needle in line and name in line, line

@@ -9,6 +9,7 @@ files (``ReadConversionFiles``), never the glob again.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,15 @@ def _is_glob(pattern: str) -> bool:
 
 
 def _is_directory(pattern: str) -> bool:
-    return not _is_glob(pattern) and not pattern.endswith(".parquet") and FileSystems.exists(pattern)
+    """A folder (local) or a prefix with objects below it (gs://), not a glob and not a file."""
+    if _is_glob(pattern):
+        return False
+    if "://" not in pattern or pattern.startswith("file://"):
+        return os.path.isdir(pattern.removeprefix("file://"))
+    if not FileSystems.exists(pattern):
+        return False
+    files = FileSystems.match([pattern])[0].metadata_list
+    return not any(m.path.rstrip("/") == pattern.rstrip("/") for m in files)
 
 
 def _root(pattern: str) -> str:
@@ -85,6 +94,8 @@ def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], valu
     if isinstance(pattern, str):
         paths = match_files(pattern)
         if not paths:
+            if not _is_glob(pattern) and FileSystems.exists(pattern) and not _is_directory(pattern):
+                raise ValueError(f"{pattern} is empty (0 bytes): not a Parquet conversion log")
             raise ValueError(f"no input files match {pattern!r} (empty files and names starting with _ or . are skipped)")
     else:
         paths = list(pattern)
