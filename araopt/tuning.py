@@ -168,10 +168,11 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
     paper_kind = Objective.EXACT if str(kind) == CORRECTED else str(kind)
     result = optimize(statistics, epsilon, str(encoding), max_count_limit, str(paper_kind), taus=taus, progress=progress,
                       l1_rounding=str(l1_rounding), slice_columns=slice_columns, context=context)
-    choice = choose_correction(statistics, result.params, result.taus) if str(encoding) == Encoding.LINF else None
-    if str(kind) == CORRECTED:
-        if str(encoding) != Encoding.LINF:
-            raise ValueError("objective 'corrected' is implemented for encoding 'linf' (Alg. 3)")
+    try:
+        choice: EstimatorChoice | None = choose_correction(statistics, result.params, result.taus)
+    except ValueError:  # the corrected error model covers L-inf (and L1 with one query): else correct by ratio
+        choice = None
+    if str(kind) == CORRECTED and str(encoding) == Encoding.LINF:
         assert choice is not None
         best_capped = min(choice.capped_rmsre_tau, choice.corrected_rmsre_tau)
         corrected = _corrected_search(statistics, epsilon, max_count_limit, result.taus, slice_columns)
