@@ -410,3 +410,7 @@ def test_geometric_is_exact_beyond_2_to_the_53():
     odd = (big % 2 == 1).mean()
     assert 0.4 < odd < 0.6
     assert g.dtype == np.int64 and g.min() >= 0
+
+
+def test_add_noise_accepts_array_likes():
+    assert add_noise([1, 2], [3, -4]).tolist() == [4, -2]
