@@ -104,3 +104,15 @@ def test_rmsre_tau_refusals():
 def test_rmsre_tau_accepts_taus_as_a_list():
     got = rmsre_tau(breakdown(), [5, 10, 2])
     np.testing.assert_allclose(got.per_query, rmsre_tau(breakdown(), np.array([5.0, 10.0, 2.0])).per_query)
+
+
+def test_expected_error_refusals():
+    from araopt.error_model import expected_error
+
+    conv = conversions([1, 2], [0, 0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="objective must be one of"):
+        expected_error(conv, np.array([0, 0]), 1, linf(1), objective="approximate")
+    with pytest.raises(ValueError, match="slice_index has 1 entries for 2 records"):
+        expected_error(conv, np.array([0]), 1, linf(1))
+    with pytest.raises(ValueError, match="outside the domain"):
+        expected_error(conv, np.array([0, -1]), 1, linf(1))
