@@ -151,6 +151,8 @@ def test_times_are_offset_by_the_earliest_time_in_the_packed_key(dtype):
     ids, t = np.array([1, 0, 1, 0]), np.array([7, 6, 6, 7], dtype=dtype)
     assert sort_by_impression(ids, t)[0].tolist() == [1, 3, 2, 0]
     assert bound_contributions(ids, t, np.full(4, 40000)).tolist() == [False, True, True, False]
+    # t0 = 1: offsets t + t0 = 2, 3 carry into the impression bit and merge impressions 0 and 1
+    assert bound_contributions(np.array([0, 1]), np.array([1, 2], dtype=dtype), np.full(2, 40000)).tolist() == [True, True]
 
 
 def test_fractional_float_times_are_not_truncated():
