@@ -30,7 +30,10 @@ _UNIFORMS_HELP = "uniforms must be an (n, d) float array on [0, 1)"
 
 def check_values(values: np.ndarray, num_queries: int | None = None) -> np.ndarray:
     """Return ``values`` as a float64 (n, d) array; refuse NaN, infinities and negative values."""
-    arr = np.asarray(values, dtype=np.float64)
+    raw = np.asarray(values)
+    if raw.dtype.kind not in "iuf":  # strings ("0.5"), bools, objects: a schema error, not a value
+        raise TypeError(f"values must be a numeric (integer or float) array, got dtype {raw.dtype}")
+    arr = raw.astype(np.float64, copy=False)
     if arr.ndim == 1:
         arr = arr.reshape(-1, 1)
     if arr.ndim != 2:
@@ -43,7 +46,7 @@ def check_values(values: np.ndarray, num_queries: int | None = None) -> np.ndarr
             raise ValueError(f"values must be finite: NaN or infinity at row {bad[0]}, query {bad[1]}")
         if (arr < 0).any():
             bad = np.argwhere(arr < 0)[0]
-            raise ValueError(f"values must be non-negative: {arr[bad[0], bad[1]]!r} at row {bad[0]}, query {bad[1]}")
+            raise ValueError(f"values must be non-negative: {float(arr[bad[0], bad[1]])!r} at row {bad[0]}, query {bad[1]}")
     return arr
 
 

@@ -49,6 +49,8 @@ def noise_parameter(epsilon: float, contribution_budget: int = CONTRIBUTION_BUDG
 
 
 def _check_a(a: float) -> float:
+    if isinstance(a, (str, bytes, bool, np.bool_)) or not isinstance(a, (int, float, np.integer, np.floating)):
+        raise TypeError(f"discrete Laplace parameter a must be a real number, got {type(a).__name__} {a!r}")
     a = float(a)
     if not (np.isfinite(a) and MIN_NOISE_PARAMETER <= a <= MAX_NOISE_PARAMETER):
         raise ValueError(

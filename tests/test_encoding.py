@@ -328,3 +328,14 @@ def test_l1_randomized_needs_one_uniform_column():
     with pytest.raises(ValueError, match=r"^uniforms must be an \(n, d\) float array on \[0, 1\): got shape \(2, 0\)"):
         encode(np.ones((2, 3)), p, uniforms=np.zeros((2, 0)))
     assert encode(np.ones((2, 3)), p, uniforms=np.zeros((2, 1))).shape == (2, 4)
+
+
+@pytest.mark.parametrize("bad", [np.array([["0.5"]]), np.array([[True]]), np.array([[1.0]], dtype=object)])
+def test_values_must_be_numeric_not_strings_bools_or_objects(bad):
+    with pytest.raises(TypeError, match="numeric"):
+        encoding_module.check_values(bad, 1)
+
+
+def test_negative_value_message_prints_a_plain_number():
+    with pytest.raises(ValueError, match=r"non-negative: -1\.0 at row 0, query 0"):
+        encoding_module.check_values(np.array([[-1.0]]), 1)

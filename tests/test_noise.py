@@ -414,3 +414,17 @@ def test_geometric_is_exact_beyond_2_to_the_53():
 
 def test_add_noise_accepts_array_likes():
     assert add_noise([1, 2], [3, -4]).tolist() == [4, -2]
+
+
+@pytest.mark.parametrize("bad", ["0.5", b"0.5", True, np.bool_(True), None, [0.5]])
+def test_noise_parameter_must_be_a_real_number_not_a_string_or_bool(bad):
+    """Mixed types: "0.5" or True is a caller bug, not a noise scale (float("0.5") would accept it)."""
+    with pytest.raises(TypeError, match="must be a real number"):
+        rate_numerator(bad)
+    with pytest.raises(TypeError, match="must be a real number"):
+        discrete_laplace_variance(bad)
+
+
+def test_noise_parameter_accepts_numpy_scalars():
+    assert rate_numerator(np.float64(0.5)) == rate_numerator(0.5)
+    assert rate_numerator(np.int64(1)) == rate_numerator(1.0)
