@@ -290,7 +290,7 @@ def print_summary(summary: dict, output: str, simulation: bool) -> None:
         point = "capped / retention ratio" if calibration["correction"] == "ratio" else "the capped sum"
         unseen = calibration["fallback_slices"]
         print(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the calibration's "
-              f"uncertainty; {calibration['period_blocks']} history block(s) long)"
+              f"uncertainty for a period of {calibration['period_blocks']} history block(s))"
               + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)" if unseen else ""))
 
 
