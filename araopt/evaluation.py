@@ -272,8 +272,8 @@ def evaluate_dataset(
                     row.update({"mc_rmsre_tau": mc.empirical, "mc_std_error": mc.std_error, "mc_runs": mc.runs,
                                 "mc_z": (mc.empirical - test_value) / mc.std_error if mc.std_error > 0 else 0.0})
                 cov = interval_coverage(p, test_conversions, monte_carlo, seed=seed)
-                for name, value in zip(("count",) + p.query_columns, cov.released, strict=True):
-                    row[f"coverage_{name}"] = float(value)
+                for query, value in zip(("count",) + p.query_columns, cov.released, strict=True):
+                    row[f"coverage_{query}"] = float(value)
             rows.append(row)
         if gap and test_stats is not None:
             g = generalization_gap(train_stats, test_stats, eps, test_conversions, max_count_limit, kind, taus,
@@ -305,7 +305,8 @@ plot_count_limit = plots.count_limit_plot
 
 
 def write_outputs(evaluations: Sequence[DatasetEvaluation], out_dir: str | os.PathLike[str]) -> Mapping[str, str]:
-    """rmsre.csv, comparison.csv, generalization_gap.csv, count_limit.csv, rmsre.png, count_limit.png."""
+    """rmsre.csv, comparison.csv, generalization_gap.csv, count_limit.csv, rmsre.png, count_limit.png and,
+    with Monte-Carlo runs, coverage.png."""
     os.makedirs(out_dir, exist_ok=True)
     results = pd.concat([e.results for e in evaluations], ignore_index=True)
     gaps = pd.concat([e.gaps for e in evaluations], ignore_index=True)
@@ -322,4 +323,6 @@ def write_outputs(evaluations: Sequence[DatasetEvaluation], out_dir: str | os.Pa
         plots.count_limit_plot(curves, paths["count_limit_plot"])
     else:
         paths.pop("count_limit_plot")
+    if any(c.startswith("coverage_") for c in results.columns):
+        paths["coverage_plot"] = plots.coverage_plot(results, os.path.join(out_dir, "coverage.png"))
     return paths

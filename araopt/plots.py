@@ -10,8 +10,9 @@ and a writer that renders it to a PNG file (or bytes) and returns the path (or b
   and the noise histogram against the DLap distribution.
 * ``nightly_report_png``: predicted RMSRE_tau per integer count limit C with the chosen C and the
   baselines, tau stated; the published parameter versions over time.
-* ``rmsre_plot`` / ``count_limit_plot``: the evaluation figures (test RMSRE_tau vs epsilon per method,
-  cf. the paper's Fig. (experiments); training RMSRE_tau per count limit C, "why this C").
+* ``rmsre_plot`` / ``count_limit_plot`` / ``coverage_plot``: the evaluation figures (test RMSRE_tau vs
+  epsilon per method, cf. the paper's Fig. (experiments); training RMSRE_tau per count limit C, "why
+  this C"; coverage of each method's 95% intervals of the true totals vs epsilon).
 
 No pyplot: every figure is a ``matplotlib.figure.Figure`` on its own ``FigureCanvasAgg``, so nothing
 global (backend, current figure) is touched.
@@ -59,7 +60,7 @@ def _title(fig: Figure, title: str, subtitle: str | None = None) -> None:
     """Figure title (and a smaller subtitle line) wrapped to the figure's width."""
     text = _wrap(title, fig, 12)
     if subtitle:
-        text += "\n" + _wrap(subtitle, fig, 9.5)
+        text += "\n" + _wrap(subtitle, fig, 11.5)  # drawn at the title's size (11): wrap with a margin
     fig.suptitle(text, fontsize=11)
 
 
@@ -453,6 +454,50 @@ def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure
 def rmsre_plot(results: pd.DataFrame, path: str | os.PathLike[str], with_monte_carlo: bool = True) -> str:
     """Write :func:`rmsre_figure` to ``path`` (PNG); returns the path."""
     return _save(rmsre_figure(results, with_monte_carlo), path)
+
+
+def coverage_figure(results: pd.DataFrame, nominal: float = 0.95) -> Figure:
+    """Empirical coverage of each method's nominal 95% intervals of the TRUE test totals vs epsilon, one
+    panel per (dataset, query), the nominal level drawn and the [90%, 99%] band shaded (issue 12)."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    from .evaluation import METHOD_LABELS, METHODS
+
+    queries = [c[len("coverage_"):] for c in results.columns if c.startswith("coverage_")]
+    if not queries:
+        raise ValueError("results have no coverage_<query> columns (run the evaluation with Monte-Carlo runs)")
+    names = list(dict.fromkeys(results["dataset"]))
+    panels = [(name, query) for name in names for query in queries]
+    fig = _figure(max(6.4, 4.6 * len(panels)), 4.8)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, query) in zip(axes, panels, strict=True):
+        sub = results[(results["dataset"] == name) & results[f"coverage_{query}"].notna()]
+        for method in [m for m in METHODS if m in set(sub["method"])]:
+            s = sub[sub["method"] == method].sort_values("epsilon")
+            ax.plot(s["epsilon"], 100.0 * s[f"coverage_{query}"], marker="o", label=METHOD_LABELS.get(method, method),
+                    linestyle="--" if method == "optimized_l1" else "-")
+        ax.axhspan(90.0, 99.0, color="tab:green", alpha=0.12, label="90\u201399%")
+        ax.axhline(100.0 * nominal, color="k", lw=1.0, ls=":", label=f"nominal {100 * nominal:g}%")
+        epsilons = np.sort(sub["epsilon"].unique())
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(cast(Sequence[float], epsilons)))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+        ax.set_ylim(0.0, 102.0)
+        ax.set_xlabel("privacy budget \u03b5 (log scale)")
+        ax.set_ylabel("intervals covering the true total (%)")
+        ax.set_title(f"{name}: {query}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7.5, loc="lower right")
+    _title(fig, "Do the 95% intervals cover the TRUE test totals?",
+           "share of slices \u00d7 noise draws whose interval contains the true total; Alg. 4's intervals "
+           "target the capped, clipped sum, the corrected method's the truth")
+    return fig
+
+
+def coverage_plot(results: pd.DataFrame, path: str | os.PathLike[str]) -> str:
+    """Write :func:`coverage_figure` to ``path`` (PNG); returns the path."""
+    return _save(coverage_figure(results), path)
 
 
 def count_limit_figure(curves: pd.DataFrame) -> Figure:

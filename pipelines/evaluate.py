@@ -107,7 +107,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         print(comparison_table(results).to_string(index=False))
         if args.monte_carlo:
             cols = ["dataset", "epsilon", "method", "test_rmsre_tau", "mc_rmsre_tau", "mc_std_error", "mc_z"]
-            print(results[cols].to_string(index=False))
+            cols += [c for c in results.columns if c.startswith("coverage_")]  # of the TRUE totals, nominal 95%
+            print(results[[c for c in cols if c in results.columns]].to_string(index=False))
         gaps = pd.concat([e.gaps for e in evaluations], ignore_index=True)
         if not gaps.empty:
             print(gaps.to_string(index=False))

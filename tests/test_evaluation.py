@@ -126,6 +126,7 @@ def test_evaluate_cli_writes_csv_and_png(tmp_path, capsys):
                        "--epsilons", "1,64", "--monte-carlo", "3", "--out", str(out)])
     assert rc == 0
     results = pd.read_csv(out / "rmsre.csv")
+    assert set(results["dataset"]) == {"re"}  # (the coverage loop once overwrote the dataset name)
     assert set(results["method"]) == {"optimized_linf", "optimized_l1", "baseline_q95", "baseline_q99", "corrected"}
     paper = results[results["method"] != "corrected"]
     assert paper["mc_rmsre_tau"].notna().all()
@@ -133,8 +134,10 @@ def test_evaluate_cli_writes_csv_and_png(tmp_path, capsys):
     corrected = results[results["method"] == "corrected"].set_index("epsilon")
     linf = results[results["method"] == "optimized_linf"].set_index("epsilon")
     assert (corrected["test_rmsre_tau"] <= linf["test_rmsre_tau"] * 1.10).all()
-    assert (out / "rmsre.png").exists() and (out / "count_limit.png").exists()
-    assert len(pd.read_csv(out / "generalization_gap.csv")) == 2
+    assert (out / "rmsre.png").exists() and (out / "count_limit.png").exists() and (out / "coverage.png").exists()
+    gaps = pd.read_csv(out / "generalization_gap.csv")
+    assert len(gaps) == 2 and set(gaps["dataset"]) == {"re"}
+    assert set(pd.read_csv(out / "count_limit.csv")["dataset"]) == {"re"}
 
 
 @pytest.mark.parametrize("case, message", [

@@ -203,3 +203,20 @@ def test_rmsre_and_count_limit_plots_titles_fit_and_aliases_remain(tmp_path):
     assert evaluation.plot_rmsre is plots.rmsre_plot and evaluation.plot_count_limit is plots.count_limit_plot
     _check_png(plots.rmsre_plot(results, tmp_path / "rmsre.png"))
     _check_png(plots.count_limit_plot(curves, tmp_path / "count_limit.png"))
+
+
+def test_coverage_plot_one_panel_per_dataset_and_query_with_the_nominal_level(tmp_path):
+    results, _ = _evaluation_frames()
+    results["coverage_count"] = np.where(results["method"] == "corrected", 0.95, 0.6)
+    results["coverage_value"] = np.where(results["method"] == "corrected", 0.94, 0.3)
+    fig = plots.coverage_figure(results)
+    _inside_figure(fig)
+    assert [ax.get_title() for ax in fig.axes] == ["synth: count", "synth: value"]
+    ax = fig.axes[0]
+    assert "true total" in ax.get_ylabel() and "\u03b5" in ax.get_xlabel()
+    assert any("nominal 95%" in t for t in _legend_texts(ax))
+    corrected = [line for line in ax.get_lines() if line.get_label() == evaluation.METHOD_LABELS["corrected"]]
+    assert len(corrected) == 1 and np.allclose(corrected[0].get_ydata(), 95.0)  # percent, per epsilon
+    _check_png(plots.coverage_plot(results, tmp_path / "coverage.png"))
+    with pytest.raises(ValueError, match="coverage"):
+        plots.coverage_figure(results.drop(columns=["coverage_count", "coverage_value"]))
