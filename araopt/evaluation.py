@@ -41,7 +41,7 @@ CORRECTED_METHOD = "corrected"
 METHODS = ("optimized_linf", "optimized_l1") + tuple(tuning.baseline_name(q) for q in BASELINE_QUANTILES) + (
     CORRECTED_METHOD,)
 METHOD_LABELS = {
-    CORRECTED_METHOD: "corrected to the true totals (issue 12)",
+    CORRECTED_METHOD: "corrected to the true totals (calibrated)",
     "optimized_linf": "optimized L\u221e (Alg. 3 + 5)",
     "optimized_l1": "optimized L1 (Alg. 6)",
     "baseline_q95": "baseline q=0.95",
