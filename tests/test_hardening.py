@@ -184,6 +184,7 @@ def test_4_release_folder_holds_no_exact_counts_and_private_folder_is_labelled(t
     assert code == 0
     release = read_json(tmp_path / "o" / "release" / "release.json")
     assert not {k for k in release if "row" in k or "conversion" in k or "impression" in k or "kept" in k}
+    assert release["differentially_private"] is True and release["simulation"] is False
     assert "do not publish" in (tmp_path / "o" / "private" / "README.txt").read_text().lower()
     manifest = read_json(tmp_path / "o" / "MANIFEST.json")
     visibility = {f["path"]: f["visibility"] for f in manifest["files"]}
@@ -276,7 +277,8 @@ def test_8_simulation_is_loud_and_marks_every_artifact(tmp_path, capsys):
     assert not (tmp_path / "o" / "release").exists()
     names = os.listdir(tmp_path / "o" / "simulation")
     assert names and all(n.startswith("SIMULATION-") for n in names)
-    assert read_json(tmp_path / "o" / "simulation" / "SIMULATION-release.json")["simulation"] is True
+    simulated = read_json(tmp_path / "o" / "simulation" / "SIMULATION-release.json")
+    assert simulated["simulation"] is True and simulated["differentially_private"] is False
     assert read_json(tmp_path / "o" / "MANIFEST.json")["simulation"] is True
 
 
