@@ -29,6 +29,8 @@ from typing import Any, cast
 import fastavro
 import numpy as np
 
+from .files import atomic_write
+
 SUMMARY = "AggregatedFact"
 DEBUG = "DebugAggregatedFact"
 DOMAIN = "AggregationBucket"
@@ -321,15 +323,7 @@ def read_output_domain(paths_or_glob: PathsOrGlob) -> list[int]:
 # ---- writing ----------------------------------------------------------------------------------
 def _write(path: str | os.PathLike[str], name: str, records: Iterable[dict[str, Any]], codec: str) -> None:
     """Write atomically (temporary file + rename) with the service's schema ``name``."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as fh:
-            fastavro.writer(fh, _parsed(name), records, codec=codec)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path, lambda fh: fastavro.writer(fh, _parsed(name), records, codec=codec))
 
 
 def _aligned(what: str, n: int, other: Sequence[Any] | np.ndarray) -> None:

@@ -110,6 +110,7 @@ from scipy import stats as sp_stats
 from .conversions import Conversions
 from .encoding import check_values, expected_contribution, query_scales
 from .error_model import ErrorBreakdown, kept_mask, rmsre_tau
+from .files import atomic_write_bytes
 from .keys import KeyDomain
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import Params, QueryParams, check_epsilon
@@ -617,13 +618,7 @@ class Calibration:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically (temporary file + rename), like ``Params.save``."""
-        path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(self.to_bytes())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        atomic_write_bytes(path, self.to_bytes())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], params: Params | None = None) -> Calibration:

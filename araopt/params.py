@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import jsonschema
 
+from .files import atomic_write_bytes
 from .keys import KeyDomain
 
 CONTRIBUTION_BUDGET = 65536
@@ -330,13 +331,7 @@ class Params:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically (temporary file + rename): a reader never sees a partial file."""
-        path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(self.to_bytes())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        atomic_write_bytes(path, self.to_bytes())
 
     @classmethod
     def from_json(cls, data: Any, source: str = "parameter file") -> Params:

@@ -414,10 +414,19 @@ def nightly_report_png(
 
 
 # ---- evaluation ---------------------------------------------------------------------------------
-def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure:
-    """Test RMSRE_tau vs epsilon (log2 axis), one line per method, one panel per dataset (cf. Fig. experiments)."""
+def _epsilon_axis(ax: Axes, epsilons: pd.Series | np.ndarray) -> None:
+    """A log2 epsilon axis with exactly the evaluated epsilons as ticks, labelled 1, 2, 4, ..."""
     from matplotlib.ticker import FixedLocator, NullLocator
 
+    values = np.sort(np.unique(np.asarray(epsilons, dtype=np.float64)))
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(cast(Sequence[float], values)))  # (an array works as well)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(values, [f"{e:g}" for e in values])
+
+
+def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure:
+    """Test RMSRE_tau vs epsilon (log2 axis), one line per method, one panel per dataset (cf. Fig. experiments)."""
     from .evaluation import METHOD_LABELS, METHODS
 
     names = list(dict.fromkeys(results["dataset"]))
@@ -434,11 +443,7 @@ def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure
             runs = int(mc["mc_runs"].max()) if "mc_runs" in mc else 0
             ax.errorbar(mc["epsilon"], mc["mc_rmsre_tau"], yerr=2 * mc["mc_std_error"], fmt="x", color="k",
                         markersize=5, capsize=2, label=f"Monte-Carlo, {runs} runs (\u00b12 s.e.)")
-        epsilons = np.sort(sub["epsilon"].unique())
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(cast(Sequence[float], epsilons)))  # (an array works as well)
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+        _epsilon_axis(ax, sub["epsilon"])
         ax.set_yscale("log")
         _plain_log_ticks(ax, "y")
         ax.set_xlabel("privacy budget \u03b5 (log scale)")
@@ -459,8 +464,6 @@ def rmsre_plot(results: pd.DataFrame, path: str | os.PathLike[str], with_monte_c
 def coverage_figure(results: pd.DataFrame, nominal: float = 0.95) -> Figure:
     """Empirical coverage of each method's nominal 95% intervals of the TRUE test totals vs epsilon, one
     panel per (dataset, query), the nominal level drawn and the [90%, 99%] band shaded (issue 12)."""
-    from matplotlib.ticker import FixedLocator, NullLocator
-
     from .evaluation import METHOD_LABELS, METHODS
 
     queries = [c[len("coverage_"):] for c in results.columns if c.startswith("coverage_")]
@@ -478,11 +481,7 @@ def coverage_figure(results: pd.DataFrame, nominal: float = 0.95) -> Figure:
                     linestyle="--" if method == "optimized_l1" else "-")
         ax.axhspan(90.0, 99.0, color="tab:green", alpha=0.12, label="90\u201399%")
         ax.axhline(100.0 * nominal, color="k", lw=1.0, ls=":", label=f"nominal {100 * nominal:g}%")
-        epsilons = np.sort(sub["epsilon"].unique())
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(cast(Sequence[float], epsilons)))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+        _epsilon_axis(ax, sub["epsilon"])
         ax.set_ylim(0.0, 102.0)
         ax.set_xlabel("privacy budget \u03b5 (log scale)")
         ax.set_ylabel("intervals covering the true total (%)")

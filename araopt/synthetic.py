@@ -91,6 +91,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from scipy import optimize
 
+from .files import atomic_write_bytes
+
 # --------------------------------------------------------------------------------------------
 # Features (Table impression-dimensions) and the output schema (schemas/conversion_log.arrow.json)
 # --------------------------------------------------------------------------------------------
@@ -393,9 +395,7 @@ def save_preset(preset: SyntheticPreset, path: str | os.PathLike[str], *, fit: M
     if fit is not None:
         data["fit"] = dict(fit)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8"))
 
 
 def expected_sizes(preset: SyntheticPreset, scale: float = 1.0) -> dict[str, float]:

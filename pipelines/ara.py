@@ -45,6 +45,7 @@ from araopt.ara import (
     trigger_batch,
 )
 from araopt.conversions import Conversions
+from araopt.files import atomic_write
 from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound
 from araopt.params import Params, check_epsilon
@@ -75,17 +76,6 @@ def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
     return KeyDomain.from_slice_values(params.slice_columns, conv.slices, params.query_columns,
                                        baseline=params.encoding == "baseline",
                                        conversion_slice_columns=params.conversion_slice_columns)
-
-
-def _atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 # ---- export-ara ----------------------------------------------------------------------------------
@@ -147,19 +137,19 @@ def _export(args: argparse.Namespace) -> int:
     # --- every check passed: write ---
     os.makedirs(args.output, exist_ok=True)
     out = lambda name: os.path.join(args.output, name)  # noqa: E731
-    _atomic_write(out("key_map.json"), lambda fh: json.dump(key_map_json(params, domain), fh, indent=1))
-    _atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
+    atomic_write(out("key_map.json"), lambda fh: json.dump(key_map_json(params, domain), fh, indent=1), mode="w")
+    atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
     source_doc = {"header": REGISTER_SOURCE, "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(),
                   "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
                   "registrations": sources.all_registrations()}
-    _atomic_write(out("sources.json"), lambda fh: json.dump(source_doc, fh, indent=1, default=_json_default))
+    atomic_write(out("sources.json"), lambda fh: json.dump(source_doc, fh, indent=1, default=_json_default), mode="w")
     avro.write_output_domain(out("output_domain.avro"), domain.buckets())
     if batch is not None:
         def write_lines(fh: Any) -> None:
             for line in batch.lines(triggers):
                 fh.write(line)
                 fh.write("\n")
-        _atomic_write(out("triggers.jsonl"), write_lines)
+        atomic_write(out("triggers.jsonl"), write_lines, mode="w")
     summary = {
         "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
         "slices": domain.num_slices, "keys": domain.num_keys, "sources": len(sources),
@@ -170,7 +160,7 @@ def _export(args: argparse.Namespace) -> int:
         "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
         "simulation_seed": args.simulation_seed,
     }
-    _atomic_write(out("export.json"), lambda fh: json.dump(summary, fh, indent=1))
+    atomic_write(out("export.json"), lambda fh: json.dump(summary, fh, indent=1), mode="w")
     for w in ara_warnings(params, domain):
         _warn(prog, w)
     if batch is not None and batch.skipped:
@@ -223,14 +213,14 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if counters.rows and counters.unknown_buckets == counters.rows:
         raise ValueError(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or parameter "
                          f"file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
-    _atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
+    atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary: dict[str, Any] = {"report_kind": data.kind, "files": len(data.paths), **counters.to_json(),
                                "slices": domain.num_slices, "estimates": args.output}
     if counters.unknown:
         side = f"{os.path.splitext(args.output)[0]}.unknown_buckets.csv"
         rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown],
                              "metric": [m for _, m in counters.unknown]})
-        _atomic_write(side, lambda fh: rows.to_csv(fh, index=False))
+        atomic_write(side, lambda fh: rows.to_csv(fh, index=False), mode="w")
         summary["unknown_buckets_file"] = side
         _warn(prog, f"{counters.unknown_buckets} bucket(s) of the report are not in the key map (metric sum "
                     f"{counters.unknown_metric_sum}); listed in {side}")
@@ -246,7 +236,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         _warn(prog, f"{counters.implausible_negative_metrics} metric(s) are more negative than noise at epsilon="
                     f"{params.epsilon:g} makes plausible (wrong epsilon or a corrupt report?)")
     side_summary = f"{os.path.splitext(args.output)[0]}.summary.json"
-    _atomic_write(side_summary, lambda fh: json.dump(summary, fh, indent=1))
+    atomic_write(side_summary, lambda fh: json.dump(summary, fh, indent=1), mode="w")
     print(f"{prog}: {counters.matched:,} of {counters.rows:,} report rows matched {domain.num_keys:,} keys of "
           f"{domain.num_slices:,} slices; estimates with {args.confidence:.0%} intervals written to {args.output} "
           f"(accounting in {side_summary})")

@@ -1,0 +1,33 @@
+"""Local files that are whole or absent: write to a temporary sibling, fsync, rename (POSIX atomic)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import IO, Any
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object], mode: str = "wb") -> str:
+    """Call ``write(fh)`` on a temporary file beside ``path``, fsync it and rename it over ``path``.
+
+    A reader sees the old file or the new one, never a partial one; on failure the temporary file is
+    removed and ``path`` is untouched. ``mode`` is ``"wb"`` or ``"w"`` (UTF-8 text). Returns ``path``."""
+    if mode not in ("wb", "w"):
+        raise ValueError(f"mode must be 'wb' or 'w', got {mode!r}")
+    path = os.fspath(path)
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, mode, encoding=None if mode == "wb" else "utf-8") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> str:
+    """:func:`atomic_write` of ``data``."""
+    return atomic_write(path, lambda fh: fh.write(data))
