@@ -110,7 +110,7 @@ from scipy import stats as sp_stats
 from .conversions import Conversions
 from .encoding import check_values, expected_contribution, query_scales
 from .error_model import ErrorBreakdown, kept_mask, rmsre_tau
-from .files import atomic_write_bytes
+from .files import atomic_write_bytes, read_bytes
 from .keys import KeyDomain
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import Params, QueryParams, check_epsilon
@@ -624,11 +624,7 @@ class Calibration:
     def load(cls, path: str | os.PathLike[str], params: Params | None = None) -> Calibration:
         """Read and validate; with ``params``, refuse a calibration fitted for other parameters."""
         path = os.fspath(path)
-        try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except OSError as exc:
-            raise ValueError(f"cannot read calibration file {path}: {exc.strerror}") from None
+        raw = read_bytes(path, "calibration file")
         return cls.from_bytes(raw, params, source=path)
 
 

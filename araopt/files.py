@@ -1,4 +1,4 @@
-"""Local files that are whole or absent: write to a temporary sibling, fsync, rename (POSIX atomic)."""
+"""Local files: written whole or not at all (temporary sibling, fsync, rename), read with a one-line error."""
 from __future__ import annotations
 
 import os
@@ -31,3 +31,13 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> str:
     """:func:`atomic_write` of ``data``."""
     return atomic_write(path, lambda fh: fh.write(data))
+
+
+def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
+    """The bytes of a local file; an unreadable one is a ``ValueError`` naming ``what`` and the path."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None

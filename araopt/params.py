@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import jsonschema
 
-from .files import atomic_write_bytes
+from .files import atomic_write_bytes, read_bytes
 from .keys import KeyDomain
 
 CONTRIBUTION_BUDGET = 65536
@@ -381,11 +381,7 @@ class Params:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Params:
         path = os.fspath(path)
-        try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except OSError as exc:
-            raise ValueError(f"cannot read parameter file {path}: {exc.strerror}") from None
+        raw = read_bytes(path, "parameter file")
         return cls.from_bytes(raw, source=path)
 
 

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from araopt.files import atomic_write, atomic_write_bytes
+from araopt.files import atomic_write, atomic_write_bytes, read_bytes
 
 
 def test_new_content_replaces_the_old_and_no_temporary_file_remains(tmp_path):
@@ -31,3 +31,10 @@ def test_a_failing_writer_leaves_the_old_file_untouched_and_no_temporary_file(tm
 def test_mode_must_be_write_binary_or_text(tmp_path):
     with pytest.raises(ValueError, match="mode"):
         atomic_write(tmp_path / "a", lambda fh: None, mode="a")
+
+
+def test_read_bytes_names_what_and_the_path(tmp_path):
+    (tmp_path / "p.json").write_bytes(b"{}")
+    assert read_bytes(tmp_path / "p.json", "parameter file") == b"{}"
+    with pytest.raises(ValueError, match=r"cannot read parameter file .*missing\.json: No such file"):
+        read_bytes(tmp_path / "missing.json", "parameter file")
