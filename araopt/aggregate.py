@@ -29,8 +29,12 @@ DEFAULT_MAX_SLICES = 100_000
 class DomainSums:
     """Integer sums of kept contributions per domain key, and the record accounting.
 
-    ``rows = kept + capped + outside_domain``: ``capped`` were dropped by Alg. 1, ``outside_domain``
-    were kept by Alg. 1 but their slice is not in the declared domain (never released).
+    ``rows = kept + capped + outside_domain`` counts the rows of the measured period: ``capped`` were
+    dropped by Alg. 1, ``outside_domain`` were kept by Alg. 1 but their slice is not in the declared
+    domain (never released). ``lookback_rows`` only consumed budget (earlier conversions of the same
+    impressions, never counted); ``rows_before_lookback`` are period rows whose impression was shown
+    before the earliest conversion the job saw, so earlier conversions of it may be missing and Alg. 1
+    may keep more of it than the browser did (0 when impression times are unknown).
     """
 
     histogram: np.ndarray  # (m, d+1) int64, encoder column order
@@ -38,6 +42,8 @@ class DomainSums:
     capped: int
     outside_domain: int
     impressions: int
+    lookback_rows: int = 0
+    rows_before_lookback: int = 0
 
     @property
     def rows(self) -> int:
@@ -49,26 +55,31 @@ def empty(num_slices: int, num_columns: int) -> DomainSums:
 
 
 def domain_sums(slice_index: np.ndarray, contributions: np.ndarray, kept: np.ndarray, num_slices: int,
-                impressions: int = 0) -> DomainSums:
-    """Sum kept contributions per domain slice (``slice_index`` -1: outside the domain), vectorized."""
+                impressions: int = 0, in_period: np.ndarray | None = None,
+                rows_before_lookback: int = 0) -> DomainSums:
+    """Sum kept contributions of the period's rows per domain slice (``slice_index`` -1: outside the
+    domain), vectorized. Rows with ``in_period`` False (lookback) were capped with the rest but are
+    neither summed nor counted as kept, capped or outside the domain."""
     slice_index = np.asarray(slice_index, dtype=np.int64)
     contributions = np.asarray(contributions)
     kept = np.asarray(kept, dtype=bool)
-    if contributions.ndim != 2 or not (len(slice_index) == len(kept) == contributions.shape[0]):
-        raise ValueError(f"contributions {contributions.shape}, slice_index {slice_index.shape} and kept "
-                         f"{kept.shape} do not align")
+    period = np.ones(len(kept), dtype=bool) if in_period is None else np.asarray(in_period, dtype=bool)
+    if contributions.ndim != 2 or not (len(slice_index) == len(kept) == len(period) == contributions.shape[0]):
+        raise ValueError(f"contributions {contributions.shape}, slice_index {slice_index.shape}, kept "
+                         f"{kept.shape} and in_period {period.shape} do not align")
     if contributions.size and contributions.dtype.kind not in "iu":
         raise ValueError(f"contributions must be integers, got dtype {contributions.dtype}")
     if slice_index.size and (slice_index.min() < -1 or slice_index.max() >= num_slices):
         raise ValueError(f"slice_index outside [-1, {num_slices})")
     inside = slice_index >= 0
-    use = kept & inside
+    use = kept & inside & period
     hist = np.zeros((num_slices, contributions.shape[1]), dtype=np.int64)
     idx = slice_index[use]
     for col in range(contributions.shape[1]):
         # integer bincount: np.add.at is exact for int64 (no float weights, no 2^53 limit)
         np.add.at(hist[:, col], idx, contributions[use, col].astype(np.int64))
-    return DomainSums(hist, int(use.sum()), int((~kept).sum()), int((kept & ~inside).sum()), int(impressions))
+    return DomainSums(hist, int(use.sum()), int((~kept & period).sum()), int((kept & ~inside & period).sum()),
+                      int(impressions), int((~period).sum()), int(rows_before_lookback))
 
 
 def merge(parts: Iterable[DomainSums]) -> DomainSums:
@@ -83,7 +94,8 @@ def merge(parts: Iterable[DomainSums]) -> DomainSums:
     for p in parts[1:]:
         hist += p.histogram
     return DomainSums(hist, sum(p.kept for p in parts), sum(p.capped for p in parts),
-                      sum(p.outside_domain for p in parts), sum(p.impressions for p in parts))
+                      sum(p.outside_domain for p in parts), sum(p.impressions for p in parts),
+                      sum(p.lookback_rows for p in parts), sum(p.rows_before_lookback for p in parts))
 
 
 class TooManySlices(ValueError):

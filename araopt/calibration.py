@@ -114,8 +114,8 @@ from .files import atomic_write_bytes, read_bytes
 from .keys import KeyDomain
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import Params, QueryParams, check_epsilon
-from .report import Estimates
-from .statistics import SufficientStatistics, kept_per_impression
+from .report import Estimates, estimate_variance
+from .statistics import SufficientStatistics, count_kappa, kept_per_impression, value_kappa
 
 CALIBRATION_FORMAT = "araopt.calibration/1"
 METHOD = "empirical-bayes-ratio/1"
@@ -239,7 +239,8 @@ def retained_values(conversions: Conversions, params: Params) -> tuple[np.ndarra
 
 
 def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block_ids: Any) -> CalibrationAccumulator:
-    """Add a batch holding ALL conversions of each of its impressions, with a block id per record.
+    """Add a batch holding ALL conversions of each of its impressions, with a block id per record
+    (lookback rows, ``in_period`` False, are capped with the rest and then left out).
 
     Block ids are any hashable scalars (a day index, a date string); blocks are ordered by their
     sorted ids (consecutive blocks = consecutive periods). Returns ``acc``.
@@ -260,8 +261,15 @@ def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block
     if pd.isna(pd.Series(blocks)).any():
         raise ValueError("block_ids must not be null / NaN")
     d = params.num_queries
-    kept, retained = retained_values(conversions, params)
+    kept, retained = retained_values(conversions, params)  # Alg. 1 over the period and its lookback
     vals = check_values(conversions.values, d)
+    if conversions.in_period is not None:  # only the period's rows are counted
+        inside = conversions.period_mask()
+        conversions, kept, retained, vals, blocks = (conversions.take(np.flatnonzero(inside)), kept[inside],
+                                                     retained[inside], vals[inside], blocks[inside])
+        n = len(conversions)
+        if n == 0:
+            return acc
     sid = _register([_factorize(conversions.slices[c]) for c in acc.slice_columns], acc.slice_ids, n)
     bid = _register([_factorize(blocks)], acc.block_ids, n, scalar=True)
     imp, _ = _factorize(conversions.impression_id)
@@ -988,64 +996,74 @@ def _supported_for_objective(params: Params) -> None:
                      f"randomized rounding; got encoding {params.encoding!r} with {params.num_queries} queries")
 
 
-def _value_moments(stats: SufficientStatistics, q: int,
-                   c: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
-    """Per conversion (all ranks < R): E v, E v^2 and, for every clip c, E min(v,c), E min(v,c)^2, E v min(v,c)."""
-    e = stats.hist_query == q
-    cnt, sm, sq = stats.hist_count[e], stats.hist_sum[e], stats.hist_sumsq[e]
-    mean_b = sm / np.maximum(cnt, 1e-300)
-    order = np.argsort(mean_b)
-    mean_b, cnt, sm, sq = mean_b[order], cnt[order], sm[order], sq[order]
-    N = max(cnt.sum(), 1e-300)
+@dataclass(frozen=True)
+class Backtest:
+    """The error one release of ``period_blocks`` history blocks would have had, replayed on the
+    history's own blocks: RMSRE_tau per window of blocks, and over all windows (root mean square)."""
 
-    def csum(a: np.ndarray) -> np.ndarray:
-        return np.concatenate([[0.0], np.cumsum(a)])
-
-    ccnt, csm, csq = csum(cnt), csum(sm), csum(sq)
-    k = np.searchsorted(mean_b, c, side="left")  # buckets below c: [0, k)
-    below_sm, below_sq = csm[k], csq[k]
-    above_cnt, above_sm = ccnt[-1] - ccnt[k], csm[-1] - csm[k]
-    m1, m2 = csm[-1] / N, csq[-1] / N
-    g1 = (below_sm + c * above_cnt) / N
-    g2 = (below_sq + c * c * above_cnt) / N
-    gv = (below_sq + c * above_sm) / N
-    return float(m1), float(m2), g1, g2, gv
+    correction: str
+    period_blocks: int
+    rmsre_tau: float
+    per_query: np.ndarray   # (d+1,) root mean square over windows
+    per_window: np.ndarray  # (windows,)
 
 
-def _size_table(stats: SufficientStatistics, kept_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(h(n), n, k(n) = min(n, K)) from the impression-size histogram (overflow bin counted as H+1)."""
-    h = stats.impression_sizes.astype(np.float64)
-    n = np.arange(len(h), dtype=np.float64)
-    return h, n, np.minimum(n, kept_ranks)
+def _leave_one_out_ratios(T: np.ndarray, X: np.ndarray, calibration: Calibration, q: int,
+                          slice_rows: np.ndarray) -> np.ndarray:
+    """(m, W) ratios of each slice without window w: its raw history ratio without that window,
+    shrunk toward the pooled ratio with the calibration's own weight (the measured window never
+    informs its own correction)."""
+    mu = float(calibration.pooled_ratio[q])
+    between = float(calibration.between_slice_variance[q])
+    n_hist = calibration.conversions[slice_rows]
+    blocks = np.maximum(calibration.slice_blocks[slice_rows], 1.0)
+    s2 = calibration.pooled_kappa[q] / np.maximum(n_hist, 1.0) + calibration.interaction_variance[q] / blocks
+    keep = 0.0 if between <= 0 else between / (s2 + between)  # 1 - B_j
+    T_rest = T.sum(axis=1, keepdims=True) - T
+    X_rest = X.sum(axis=1, keepdims=True) - X
+    with np.errstate(invalid="ignore", divide="ignore"):
+        raw = np.where(T_rest > 0, X_rest / np.where(T_rest > 0, T_rest, 1.0), mu)
+    keep_w = keep if np.isscalar(keep) else np.asarray(keep)[:, None]
+    return np.clip(mu + keep_w * (raw - mu), MIN_RATIO, 1.0)
 
 
-def count_kappa(stats: SufficientStatistics, kept_ranks: int) -> float:
-    """Pooled ratio sampling factor of the count: sum_n h(n) (min(n,K) - r n)^2 / N."""
-    h, n, k = _size_table(stats, kept_ranks)
-    N = max((h * n).sum(), 1e-300)
-    r = (h * k).sum() / N
-    return float((h * (k - r * n) ** 2).sum() / N)
-
-
-def value_kappa(stats: SufficientStatistics, q: int, kept_ranks: int, clip: np.ndarray) -> np.ndarray:
-    """Pooled ratio sampling factor of value query q for clip thresholds ``clip`` (L-inf retention min(v, c)).
-
-    Values i.i.d. within an impression, independent of rank: with D = min(v,c) - r v, an impression
-    of n conversions (k = min(n, K) kept) has E(x - r t)^2 = k Var D + (n-k) r^2 Var v + (k E D - (n-k) r E v)^2.
-    """
-    c = np.atleast_1d(np.asarray(clip, dtype=np.float64))
-    m1, m2, g1, g2, gv = _value_moments(stats, q, c)
-    h, n, k = _size_table(stats, kept_ranks)
-    N = max((h * n).sum(), 1e-300)
-    if m1 <= 0:
-        return np.zeros_like(c)
-    r = g1 * (h * k).sum() / (m1 * N)
-    ED = g1 - r * m1
-    VD = np.maximum(g2 - 2 * r * gv + r * r * m2 - ED**2, 0.0)
-    Vv = max(m2 - m1 * m1, 0.0)
-    kk, nn, hh = k[:, None], n[:, None], h[:, None]
-    e2 = kk * VD + (nn - kk) * r**2 * Vv + (kk * ED - (nn - kk) * r * m1) ** 2
-    return cast(np.ndarray, (hh * e2).sum(axis=0) / (N * m1 * m1))
+def backtest(stats: CalibrationStatistics, params: Params, calibration: Calibration,
+             taus: np.ndarray | Sequence[float], correction: str, period_blocks: int = 1) -> Backtest:
+    """Replay releases of ``period_blocks`` consecutive history blocks (e.g. days) with ``params``:
+    per window the expected error of the released estimate given that window's data, E(U) = X_w
+    (what Alg. 1 keeps of it, clipped; ``correction`` "ratio": X_w / r_hat with the window left out
+    of r_hat) against its true total T_w, plus the noise and rounding variance of Thm. 4.2, over the
+    slices of the history (Def. 3.2, taus given). This is the prediction a model of the period cannot
+    make well when the window's volume, its loss and its truth vary together (heavy-tailed values,
+    weekday cycles): every window is a real sample of a release."""
+    if correction not in ("ratio", "none"):
+        raise ValueError(f"correction must be 'ratio' or 'none', got {correction!r}")
+    P = int(period_blocks)
+    B = stats.cells.shape[1]
+    if P < 1 or P > B:
+        raise ValueError(f"period_blocks must lie in [1, {B}] (blocks in the history), got {period_blocks!r}")
+    t = np.asarray(taus, dtype=np.float64)
+    d = params.num_queries
+    if t.shape != (d + 1,):
+        raise ValueError(f"taus must be {d + 1} numbers (count first), got {t}")
+    index = calibration.index()
+    slice_rows = np.array([index.get(k, -1) for k in stats.slice_keys], dtype=np.int64)
+    present = slice_rows >= 0
+    windows = np.lib.stride_tricks.sliding_window_view(np.arange(B), P)
+    sq = np.zeros((len(windows), d + 1))
+    for q in range(d + 1):
+        T = np.stack([stats.quantity(q, "T")[:, w].sum(axis=1) for w in windows], axis=1)[present]
+        X = np.stack([stats.quantity(q, "X")[:, w].sum(axis=1) for w in windows], axis=1)[present]
+        kept = np.stack([stats.quantity(0, "X")[:, w].sum(axis=1) for w in windows], axis=1)[present]
+        ratio = (_leave_one_out_ratios(T, X, calibration, q, slice_rows[present]) if correction == "ratio"
+                 else np.ones_like(T))
+        # Thm. 4.2: noise, and rounding bounded by 1/6 per kept conversion (small beside the noise)
+        var = np.stack([estimate_variance(params, kept[:, w], np.repeat(kept[:, w:w + 1] / 6.0, d, axis=1))[:, q]
+                        for w in range(len(windows))], axis=1)
+        err2 = (X / ratio - T) ** 2 + var / ratio**2
+        sq[:, q] = (err2 / np.maximum(t[q], T) ** 2).mean(axis=0)
+    per_window = np.sqrt(sq.mean(axis=1))
+    return Backtest(correction, P, float(np.sqrt(sq.mean())), np.sqrt(sq.mean(axis=0)), per_window)
 
 
 @dataclass(frozen=True)
@@ -1081,11 +1099,14 @@ def corrected_breakdown(stats: SufficientStatistics, params: Params, kind: str =
     """Predicted error of the corrected estimator for ``params`` from the optimizer's statistics.
 
     ``period_variance`` (scalar or d+1): V_period of the measured period (e.g. from a calibration).
+    ``stats`` may be scaled to a release period (``SufficientStatistics.scaled``): truths, bias and
+    the period's sampling term kappa / N follow the period's volume, the ratio's own uncertainty
+    Var(rho | history) the history's (``stats.volume_scale`` says how they differ).
     """
     from .optimizer import statistics_breakdown  # the paper estimator's breakdown (Thm. 4.2 + exact bias)
 
     _supported_for_objective(params)
-    capped = statistics_breakdown(stats, params, kind)
+    capped = statistics_breakdown(stats, params, kind, period_loss=False)  # the ratio terms below model the loss
     d = params.num_queries
     K = kept_per_impression(params.count_limit, params.contribution_budget)
     pv = np.broadcast_to(np.asarray(period_variance, dtype=np.float64), (d + 1,))
@@ -1094,7 +1115,7 @@ def corrected_breakdown(stats: SufficientStatistics, params: Params, kind: str =
     kappa = np.array([count_kappa(stats, K)]
                      + [float(value_kappa(stats, q, K, np.array([params.queries[q].clip_threshold]))[0])
                         for q in range(d)])
-    ratio, post = _ratio_terms(T, X, N, kappa)
+    ratio, post = _ratio_terms(T, X, N / stats.volume_scale, kappa)  # the ratio is learnt on the whole history
     resid = T * np.sqrt(post + pv[None, :]) / ratio
     var = capped.variance / ratio**2 + T**2 * (kappa[None, :] / np.maximum(N, 1.0)[:, None]) / ratio**2
     return CorrectedBreakdown(truth=T, ratio=ratio, residual_bias=resid, variance=var, capped=capped)
@@ -1155,7 +1176,8 @@ def optimize_corrected(
     vnoise = discrete_laplace_variance(noise_parameter(epsilon, gamma))
     T = stats.totals()
     pi = 1.0 / np.maximum(tau[None, :], T) ** 2
-    N = T[:, 0]
+    N = T[:, 0]  # conversions per slice in the release period
+    N_history = N / stats.volume_scale  # ... and in the history the ratios are learnt on
     grids = [_clip_grid(stats, q, grid_size) for q in range(d)]
     rows: list[dict[str, Any]] = []
     best: tuple[float, Params | None] = (np.inf, None)
@@ -1166,7 +1188,7 @@ def optimize_corrected(
             break
         kept = stats.kept_totals(K)
         k0 = np.array([count_kappa(stats, K)])
-        r0, post0 = _ratio_terms(T[:, :1], kept[:, :1], N, k0)
+        r0, post0 = _ratio_terms(T[:, :1], kept[:, :1], N_history, k0)
         var0 = (d + 1) * vnoise / (gamma // C) ** 2
         count_term = float((pi[:, 0] * (var0 + T[:, 0] ** 2 * (post0[:, 0] + pv[0] + k0[0] / np.maximum(N, 1.0)))
                             / r0[:, 0] ** 2).mean())
@@ -1176,7 +1198,7 @@ def optimize_corrected(
             X, unclipped = _clipped_sums(stats, q, K, c, kept[:, q + 1], kept[:, 0])
             kq = value_kappa(stats, q, K, c)
             Tq = np.repeat(T[:, q + 1:q + 2], len(c), axis=1)
-            rq, postq = _ratio_terms(Tq, X, N, kq)
+            rq, postq = _ratio_terms(Tq, X, N_history, kq)
             A.append((pi[:, q + 1:q + 2] * (vnoise + unclipped / 6.0) * (c[None, :] * C / gamma) ** 2 / rq**2).mean(axis=0))
             Bq.append((pi[:, q + 1:q + 2] * Tq**2 * (postq + pv[q + 1] + kq[None, :] / np.maximum(N, 1.0)[:, None])
                        / rq**2).mean(axis=0))

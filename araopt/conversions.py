@@ -18,6 +18,14 @@ import pyarrow.compute as pc
 
 IMPRESSION_ID = "impression_id"
 CONVERSION_TIME = "conversion_time"
+IMPRESSION_TIME = "impression_time"
+"""Optional column: when the impression was shown (any timestamp unit or zone, like conversion_time)."""
+IMPRESSION_TIME_US = "impression_time_us"
+"""The canonical form of ``impression_time`` in valid rows: int64 microseconds since the epoch, UTC."""
+IN_PERIOD = "in_period"
+"""Canonical boolean column of valid rows: True for rows of the period being measured, False for rows
+of a lookback (earlier conversions of the same impressions): they consume the per-impression budget of
+ContributionCapping (Alg. 1), as in the browser, but are not counted or released."""
 REASON = "reason"
 
 REJECT_REASONS = (
@@ -32,6 +40,7 @@ REJECT_REASONS = (
     "non_finite_value",
     "negative_value",
     "value_above_2pow53",
+    "bad_impression_time",
 )
 """Why a row goes to the dead letter (first failing check wins); each has a Beam counter."""
 
@@ -196,6 +205,15 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
         flag(_as_numpy(col.is_null()), "null_slice_value")
         if type_family(col.type) == "integer":
             flag(~_integer_in_int64(col), "slice_value_out_of_range")
+    imp_micros = np.zeros(0, dtype=np.int64)
+    if IMPRESSION_TIME in passthrough and IMPRESSION_TIME in table.column_names:
+        # by its own unit (pandas writes ns), like conversion_time; a missing impression time is a defect
+        imp_column = table.column(IMPRESSION_TIME)
+        if type_family(imp_column.type) not in ("timestamp", "string"):
+            raise ValueError(f"column {IMPRESSION_TIME!r} must be a timestamp, got {imp_column.type}")
+        imp_micros, imp_ok, imp_floored = _time_as_micros(imp_column)
+        flag(~imp_ok | _as_numpy(imp_column.is_null()), "bad_impression_time")
+        floored = floored | imp_floored
     values = []
     for c in value_columns:
         col = table.column(c)
@@ -225,8 +243,10 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     for c, vals in zip(value_columns, values, strict=True):
         columns[c] = pa.array(vals[~bad] if any_bad else vals, type=pa.float64())
     columns["conversion_time_us"] = pa.array(micros[~bad] if any_bad else micros, type=pa.int64())
-    for c in passthrough:  # optional columns carried unchanged (e.g. impression_time for the calibration)
-        if c in table.column_names:
+    if IMPRESSION_TIME in passthrough and IMPRESSION_TIME in table.column_names:
+        columns[IMPRESSION_TIME_US] = pa.array(imp_micros[~bad] if any_bad else imp_micros, type=pa.int64())
+    for c in passthrough:  # other optional columns are carried unchanged
+        if c in table.column_names and c != IMPRESSION_TIME:
             columns[c] = kept(table.column(c))
     valid = pa.table(columns)
     needed = [IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns]
@@ -244,30 +264,44 @@ def dead_letter_schema(slice_columns: Sequence[str], value_columns: Sequence[str
 
 
 def validate_table(
-    table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str],
+    table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str], passthrough: Sequence[str] = (),
 ) -> tuple[pa.Table, pa.Table]:
     """(valid rows, rejected rows + ``reason``) of ``validate_batch``."""
-    batch = validate_batch(table, slice_columns, value_columns)
+    batch = validate_batch(table, slice_columns, value_columns, passthrough)
     return batch.valid, batch.rejected
 
 
 @dataclass(frozen=True)
 class Conversions:
-    """Validated conversion records as numpy arrays (the unit of work of the core)."""
+    """Validated conversion records as numpy arrays (the unit of work of the core).
+
+    ``in_period`` (optional, bool): False marks lookback rows, earlier conversions of the same
+    impressions that consume the budget of ContributionCapping (Alg. 1) but are neither counted nor
+    released (``None``: every row is in the period). ``impression_time`` (optional): int64
+    microseconds since the epoch, UTC.
+    """
 
     impression_id: np.ndarray
     conversion_time: np.ndarray  # int64 microseconds since the epoch (any sortable int64 works)
     slices: Mapping[str, np.ndarray]
     values: np.ndarray  # (n, d) float64, in value_columns order
     value_columns: tuple[str, ...]
+    in_period: np.ndarray | None = None
+    impression_time: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.impression_id)
         lengths = {"conversion_time": len(self.conversion_time), "values": self.values.shape[0]}
         lengths.update({f"slice {k}": len(v) for k, v in self.slices.items()})
+        if self.in_period is not None:
+            lengths["in_period"] = len(self.in_period)
+        if self.impression_time is not None:
+            lengths["impression_time"] = len(self.impression_time)
         bad = {k: v for k, v in lengths.items() if v != n}
         if bad:
             raise ValueError(f"mismatched array lengths: impression_id has {n}, {bad}")
+        if self.in_period is not None and np.asarray(self.in_period).dtype != np.bool_:
+            raise ValueError(f"in_period must be a boolean array, got dtype {np.asarray(self.in_period).dtype}")
 
     def __len__(self) -> int:
         return len(self.impression_id)
@@ -276,6 +310,16 @@ class Conversions:
     def slice_columns(self) -> tuple[str, ...]:
         return tuple(self.slices)
 
+    def period_mask(self) -> np.ndarray:
+        """Boolean mask of the rows of the measured period (all rows when there is no lookback)."""
+        if self.in_period is None:
+            return np.ones(len(self), dtype=bool)
+        return np.asarray(self.in_period, dtype=bool)
+
+    @property
+    def has_lookback(self) -> bool:
+        return self.in_period is not None and not bool(np.all(self.in_period))
+
     @classmethod
     def from_table(cls, table: pa.Table | pd.DataFrame, slice_columns: Sequence[str],
                    value_columns: Sequence[str]) -> Conversions:
@@ -283,33 +327,65 @@ class Conversions:
         if isinstance(table, pd.DataFrame):
             table = pa.Table.from_pandas(table, preserve_index=False)
         if "conversion_time_us" not in table.column_names:
-            good, rejected = validate_table(table, slice_columns, value_columns)
+            passthrough = (IMPRESSION_TIME,) if IMPRESSION_TIME in table.column_names else ()
+            good, rejected = validate_table(table, slice_columns, value_columns, passthrough)
             if rejected.num_rows:
                 reasons = pd.Series(rejected.column(REASON).to_pylist()).value_counts().to_dict()
                 raise ValueError(f"{rejected.num_rows} invalid conversion rows: {reasons}")
             table = good
         values = np.column_stack([pc.cast(table.column(c), pa.float64()).to_numpy(zero_copy_only=False)
                                   for c in value_columns]) if value_columns else np.zeros((table.num_rows, 0))
+
+        def optional(name: str, dtype: type) -> np.ndarray | None:
+            if name not in table.column_names:
+                return None
+            return cast(np.ndarray, table.column(name).to_numpy(zero_copy_only=False).astype(dtype, copy=False))
+
         return cls(
             impression_id=table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False),
             conversion_time=table.column("conversion_time_us").to_numpy(zero_copy_only=False).astype(np.int64),
             slices={c: table.column(c).to_numpy(zero_copy_only=False) for c in slice_columns},
             values=values.reshape(table.num_rows, len(value_columns)),
             value_columns=tuple(value_columns),
+            in_period=optional(IN_PERIOD, np.bool_),
+            impression_time=optional(IMPRESSION_TIME_US, np.int64),
         )
 
     def take(self, index: np.ndarray) -> Conversions:
         return Conversions(self.impression_id[index], self.conversion_time[index],
-                           {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns)
+                           {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns,
+                           None if self.in_period is None else self.in_period[index],
+                           None if self.impression_time is None else self.impression_time[index])
 
     def record_keys(self) -> np.ndarray:
-        """A 64-bit content hash per record: the deterministic tie-break and simulation RR key."""
+        """A 64-bit content hash per record: the deterministic tie-break and simulation RR key.
+
+        It hashes the record's content only (not ``in_period``): a conversion read as lookback on
+        one day gets the key it had when it was released, so its rounding and its place in Alg. 1's
+        order are the same."""
         frame = pd.DataFrame({"i": _normalise(self.impression_id), "t": self.conversion_time.astype(np.int64)})
         for j in range(self.values.shape[1]):
             frame[f"v{j}"] = self.values[:, j].astype(np.float64)
         for k, v in self.slices.items():
             frame[f"s_{k}"] = _normalise(v)
         return pd.util.hash_pandas_object(frame, index=False).to_numpy(dtype=np.uint64)
+
+
+def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
+    """The rows of a measured period and of its lookback in one batch, ``in_period`` set."""
+    if period.value_columns != lookback.value_columns or set(period.slices) != set(lookback.slices):
+        raise ValueError("the period and its lookback must carry the same slice and value columns")
+    both_times = period.impression_time is not None and lookback.impression_time is not None
+    return Conversions(
+        np.concatenate([_normalise(period.impression_id), _normalise(lookback.impression_id)]),
+        np.concatenate([period.conversion_time, lookback.conversion_time]).astype(np.int64),
+        {k: np.concatenate([_normalise(v), _normalise(lookback.slices[k])]) for k, v in period.slices.items()},
+        np.concatenate([period.values, lookback.values]),
+        period.value_columns,
+        np.concatenate([period.period_mask(), np.zeros(len(lookback), dtype=bool)]),
+        np.concatenate([cast(np.ndarray, period.impression_time), cast(np.ndarray, lookback.impression_time)])
+        if both_times else None,
+    )
 
 
 def _normalise(arr: np.ndarray) -> np.ndarray:

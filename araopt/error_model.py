@@ -100,21 +100,26 @@ def expected_error(
     conversions: Conversions, slice_index: np.ndarray, num_slices: int, params: Params,
     objective: str = "exact", tie_breaker: np.ndarray | None = None,
 ) -> ErrorBreakdown:
-    """Bias/variance of every estimate per slice for ``params`` on this data (truth = unclipped, uncapped)."""
+    """Bias/variance of every estimate per slice for ``params`` on this data (truth = unclipped, uncapped),
+    for the period's rows when ``conversions`` carries a lookback (``in_period``); ``slice_index`` is
+    per record, lookback rows included (theirs may be -1)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     slice_index = np.asarray(slice_index, dtype=np.int64)
     if len(slice_index) != len(conversions):
         raise ValueError(f"slice_index has {len(slice_index)} entries for {len(conversions)} records")
+    m, d = num_slices, params.num_queries
+    kept = kept_mask(conversions, params, tie_breaker)  # Alg. 1 over the period and its lookback
+    if conversions.in_period is not None:  # only the period's rows are measured
+        inside = conversions.period_mask()
+        conversions, slice_index, kept = conversions.take(np.flatnonzero(inside)), slice_index[inside], kept[inside]
     if (slice_index < 0).any():
         raise ValueError("records outside the domain (slice_index < 0) must be removed first")
-    m, d = num_slices, params.num_queries
     vals = conversions.values
     truth = np.empty((m, d + 1))
     truth[:, 0] = _per_slice_sum(slice_index, np.ones(len(slice_index)), m)
     for col in range(d):
         truth[:, col + 1] = _per_slice_sum(slice_index, vals[:, col], m)
-    kept = kept_mask(conversions, params, tie_breaker)
     ks, kv = slice_index[kept], vals[kept]
     thresholds = np.array([q.clip_threshold for q in params.queries])
 

@@ -50,7 +50,10 @@ METHOD_LABELS = {
 
 
 def _domain(params: Params, conversions: Conversions) -> KeyDomain:
-    return KeyDomain.from_slice_values(params.slice_columns, conversions.slices, params.query_columns,
+    """The slices of the measured period's rows (not of its lookback)."""
+    period = conversions.period_mask()
+    slices = {c: np.asarray(v)[period] for c, v in conversions.slices.items()}
+    return KeyDomain.from_slice_values(params.slice_columns, slices, params.query_columns,
                                        baseline=params.encoding == "baseline",
                                        conversion_slice_columns=params.conversion_slice_columns)
 

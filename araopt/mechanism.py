@@ -31,7 +31,8 @@ def encode_and_bound(
     conversions: Conversions, params: Params, simulation_seed: int | None = None,
     rng: np.random.Generator | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(contributions (n, d+1), kept mask) for records that hold *all* conversions of their impressions."""
+    """(contributions (n, d+1), kept mask) for records that hold *all* conversions of their impressions
+    (up to the end of the measured period: lookback rows included, whatever ``in_period`` says)."""
     keys = conversions.record_keys()
     uniforms = rounding_uniforms(keys, params.num_queries, simulation_seed)
     if uniforms is None and rng is None:
@@ -48,7 +49,7 @@ class Measurement:
 
     release: Release
     histogram: np.ndarray
-    kept: np.ndarray
+    kept: np.ndarray  # per record, lookback rows included (Alg. 1 runs over them too)
     in_domain: np.ndarray
 
     @property
@@ -104,9 +105,11 @@ def measure(
                                              conversion_slice_columns=params.conversion_slice_columns)
     contributions, kept = encode_and_bound(conversions, params, simulation_seed, rng)
     slice_idx = domain.slice_index(conversions.slices)
+    period = conversions.period_mask()
     sums = domain_sums(slice_idx, contributions, kept, domain.num_slices,
-                       impressions=len(np.unique(conversions.impression_id)))
-    accounting = Accounting(rows_read=len(conversions), rows_rejected=0, rows_kept=sums.kept, rows_capped=sums.capped,
-                            rows_outside_domain=sums.outside_domain, impressions=sums.impressions)
+                       impressions=len(np.unique(conversions.impression_id[period])), in_period=period)
+    accounting = Accounting(rows_read=int(period.sum()), rows_rejected=0, rows_kept=sums.kept, rows_capped=sums.capped,
+                            rows_outside_domain=sums.outside_domain, impressions=sums.impressions,
+                            lookback_rows_read=sums.lookback_rows, lookback_rows_used=sums.lookback_rows)
     release = noisy_release(sums, params, domain, accounting, simulation_seed=simulation_seed, rng=noise_rng)
     return Measurement(release, sums.histogram, kept, slice_idx >= 0)

@@ -49,7 +49,7 @@ from .error_model import OBJECTIVES, ErrorBreakdown, relaxed_variance, rmsre_tau
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import CONTRIBUTION_BUDGET, Encoding, Params, Provenance, QueryParams, check_epsilon
 from .report import estimate_variance
-from .statistics import SufficientStatistics, frac_variance, kept_per_impression
+from .statistics import SufficientStatistics, count_kappa, frac_variance, kept_per_impression, value_kappa
 
 ENCODINGS = (Encoding.LINF.value, Encoding.L1.value)
 """The encodings the optimizer chooses parameters for (the baseline is Sec. 5.1's fixed rule)."""
@@ -175,8 +175,13 @@ def baseline_kept_ranks(stats: SufficientStatistics, params: Params) -> int:
     return int(min(max(k, params.count_limit), stats.max_rank))
 
 
-def statistics_breakdown(stats: SufficientStatistics, params: Params, kind: str = "exact") -> ErrorBreakdown:
-    """Truth, E[U] and Var(U) per slice (m, d+1), count first, from statistics (cf. ``error_model.expected_error``)."""
+def statistics_breakdown(stats: SufficientStatistics, params: Params, kind: str = "exact",
+                         period_loss: bool = True) -> ErrorBreakdown:
+    """Truth, E[U] and Var(U) per slice (m, d+1), count first, from statistics (cf. ``error_model.expected_error``).
+
+    For a future release period (``stats.future_period``, with ``period_loss``) the variance also holds
+    the sampling variance of the period's loss T - X (``statistics.count_kappa`` / ``value_kappa`` with
+    ratio 1): the truth and what Alg. 1 keeps of it are random in a period not yet seen."""
     _check_kind(kind)
     if params.query_columns != stats.value_columns:
         raise ValueError(f"params queries {params.query_columns} differ from the statistics' {stats.value_columns}")
@@ -205,7 +210,20 @@ def statistics_breakdown(stats: SufficientStatistics, params: Params, kind: str 
         variance = estimate_variance(params, kept[:, 0], rounding)
     else:
         variance = relaxed_variance(params, m)
-    return ErrorBreakdown(truth=stats.totals(), expected=expected, variance=variance)
+    truth = stats.totals()
+    if stats.future_period and period_loss:
+        variance = variance + loss_sampling_variance(stats, kept_ranks, thresholds, truth)
+    return ErrorBreakdown(truth=truth, expected=expected, variance=variance)
+
+
+def loss_sampling_variance(stats: SufficientStatistics, kept_ranks: int, thresholds: np.ndarray,
+                           truth: np.ndarray) -> np.ndarray:
+    """Var(T - X) per slice (m, d+1) of a period drawn like the statistics: kappa_1 T^2 / N."""
+    factors = [count_kappa(stats, kept_ranks, ratio=1.0)]
+    factors += [float(value_kappa(stats, q, kept_ranks, thresholds[q:q + 1], ratio=1.0)[0])
+                for q in range(stats.num_queries)]
+    n = np.maximum(truth[:, :1], 1.0)
+    return cast(np.ndarray, np.asarray(factors)[None, :] * truth**2 / n)
 
 
 def objective(stats: SufficientStatistics, params: Params, taus: np.ndarray | None = None, kind: str = "exact") -> float:
@@ -637,7 +655,9 @@ def optimize(
         else:
             fractions = _finalize_fractions(model, c, alpha) if encoding == "linf" else None
             params = _make_params(stats, encoding, epsilon, C, c, fractions, tau, slice_columns, l1_rounding)
-            value = math.sqrt(max(val, 0.0) / (d + 1))
+            # a future period's loss varies with C: the choice of C weighs it (the inner search does not)
+            value = (_objective_value(stats, params, tau, kind) if stats.future_period
+                     else math.sqrt(max(val, 0.0) / (d + 1)))
         rows.append(CandidateResult(C, kept_per_impression(C, stats.spec.contribution_budget), value,
                                     tuple(float(x) for x in (params.queries[q].clip_threshold for q in range(d))),
                                     None if fractions is None else tuple(float(a) for a in fractions),

@@ -24,7 +24,9 @@ from .report import Estimates, SummaryReport, reconstruct, summary_report
 class Accounting:
     """Exact record accounting of one run (operator-private: never part of the release).
 
-    ``rows_read = rows_rejected + rows_kept + rows_capped + rows_outside_domain``.
+    ``rows_read = rows_rejected + rows_kept + rows_capped + rows_outside_domain`` for the measured
+    period; for its lookback (earlier conversions that only consume budget, never counted)
+    ``lookback_rows_read = lookback_rows_rejected + lookback_rows_used``.
     """
 
     rows_read: int
@@ -35,10 +37,15 @@ class Accounting:
     impressions: int
     rejected_by_reason: Mapping[str, int] = field(default_factory=dict)
     times_floored: int = 0
+    lookback_rows_read: int = 0
+    lookback_rows_rejected: int = 0
+    lookback_rows_used: int = 0
+    rows_before_lookback: int = 0
 
     @property
     def closes(self) -> bool:
-        return self.rows_read == self.rows_rejected + self.rows_kept + self.rows_capped + self.rows_outside_domain
+        period = self.rows_read == self.rows_rejected + self.rows_kept + self.rows_capped + self.rows_outside_domain
+        return period and self.lookback_rows_read == self.lookback_rows_rejected + self.lookback_rows_used
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -46,6 +53,9 @@ class Accounting:
             "rows_rejected_by_reason": dict(self.rejected_by_reason), "conversions_kept": self.rows_kept,
             "conversions_dropped_by_cap": self.rows_capped, "conversions_kept_outside_domain": self.rows_outside_domain,
             "impressions": self.impressions, "times_floored_to_microseconds": self.times_floored,
+            "lookback_rows_read": self.lookback_rows_read, "lookback_rows_rejected": self.lookback_rows_rejected,
+            "lookback_rows_used": self.lookback_rows_used,
+            "conversions_of_impressions_older_than_the_lookback": self.rows_before_lookback,
             "accounting_closes": self.closes,
         }
 

@@ -27,7 +27,18 @@ What is kept (the combiner's state; ``compact`` consolidates it)
     conversions). Used for the L1 encoding (Alg. 6) with d >= 2, whose clipping is not separable
     per query: estimates are exact for cells with <= k conversions, unbiased (Horvitz-Thompson with
     the exact cell count) otherwise.
+  * ``cluster_sizes``: histogram of the measured period's clusters, one per (impression, release
+    period cell of ``period_days`` UTC days; the whole window when None), by (conversions in the
+    cluster, lifetime rank of its first conversion): Alg. 1 keeps clip(K(C) - first rank, 0, size) of
+    them, exactly. The calibration's ratio sampling factor kappa (``araopt.calibration``) needs it.
+  * ``day_counts``: conversions per UTC day, and the first and last conversion time: how many days
+    of history the statistics hold (``history_days``), so that a release of another length can be
+    modelled (``scaled``).
   * exact per-query maximum, number of conversions and impressions.
+
+Lookback rows (``Conversions.in_period`` False: earlier conversions of the same impressions, read
+only so that ranks are lifetime ranks, as the browser's budget is per source lifetime) are ranked
+with the rest and then left out of every statistic.
 
 Size bound (does not grow with the number of conversions n): with m slices, d queries,
 B = layout.num_buckets (3,842 by default), R ranks, k samples, H impression sizes:
@@ -44,6 +55,7 @@ value query's variance; in practice it is far smaller (see tests).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -125,6 +137,7 @@ class StatisticsSpec:
     sample_size: int | None = None
     max_impression_size: int = 1024
     contribution_budget: int = CONTRIBUTION_BUDGET
+    period_days: int | None = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slice_columns", tuple(self.slice_columns))
@@ -143,6 +156,8 @@ class StatisticsSpec:
             object.__setattr__(self, "sample_size", sample_size)
         if int(sample_size) < 0 or int(self.max_impression_size) < 1:
             raise ValueError("sample_size must be >= 0 and max_impression_size >= 1")
+        if self.period_days is not None and (isinstance(self.period_days, bool) or int(self.period_days) < 1):
+            raise ValueError(f"period_days must be None or an integer >= 1, got {self.period_days!r}")
 
     @property
     def num_queries(self) -> int:
@@ -174,9 +189,15 @@ class StatisticsAccumulator:
     sample_prio: list[np.ndarray] = field(default_factory=list)   # uint64 record hash
     sample_vals: list[np.ndarray] = field(default_factory=list)   # (k, d)
     impression_sizes: np.ndarray | None = None
+    cluster_keys: list[np.ndarray] = field(default_factory=list)  # size * (R+1) + min(first rank, R)
+    cluster_vals: list[np.ndarray] = field(default_factory=list)  # (k, 1): clusters
+    day_keys: list[np.ndarray] = field(default_factory=list)      # UTC day index
+    day_vals: list[np.ndarray] = field(default_factory=list)      # (k, 1): conversions
     value_max: np.ndarray | None = None
     num_conversions: int = 0
     num_impressions: int = 0
+    time_min: int | None = None
+    time_max: int | None = None
     pending_rows: int = 0
 
 
@@ -238,11 +259,31 @@ def _bottom_k(cells: np.ndarray, prio: np.ndarray, vals: np.ndarray, k: int) -> 
     return cells[keep], prio[keep], vals[keep]
 
 
+_US_PER_DAY = 86_400_000_000
+
+
+def _period_clusters(spec: StatisticsSpec, group: np.ndarray, rank: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Keys size * (R+1) + min(first rank, R) of the period's clusters (rows sorted by impression, time)."""
+    R, H = spec.max_rank, spec.max_impression_size
+    if spec.period_days is None:
+        cell = group
+    else:
+        period = np.floor_divide(times, _US_PER_DAY * int(spec.period_days))
+        starts = np.r_[True, (group[1:] != group[:-1]) | (period[1:] != period[:-1])]
+        cell = np.cumsum(starts) - 1
+    first = np.r_[True, cell[1:] != cell[:-1]]
+    sizes = np.bincount(cell)
+    sizes = sizes[sizes > 0]
+    first_rank = rank[first]
+    return np.minimum(sizes, H + 1) * (R + 1) + np.minimum(first_rank, R)
+
+
 def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> StatisticsAccumulator:
     """Add a batch that holds ALL conversions of each of its impressions; returns ``acc``.
 
     Ranks are computed within impression by (conversion_time, record_keys()) with Alg. 1's order
-    (``araopt.bounding``), exactly as the mechanism does.
+    (``araopt.bounding``), exactly as the mechanism does, over the period's rows and their lookback;
+    only the period's rows are then counted.
     """
     spec = acc.spec
     missing = [c for c in spec.slice_columns if c not in conversions.slices]
@@ -258,13 +299,37 @@ def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> Sta
     keys = conversions.record_keys()
     order = impression_order(conversions.impression_id, conversions.conversion_time, keys)
     rank_sorted, group = ranks_within_impression(np.asarray(conversions.impression_id)[order])
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = rank_sorted
-    sizes = np.bincount(group)
+    period_sorted = conversions.period_mask()[order]
+    # impressions with a conversion in the period; their sizes count the lookback too (lifetime sizes)
+    active = np.bincount(group, weights=period_sorted, minlength=int(group[-1]) + 1 if n else 0) > 0
+    sizes = np.bincount(group)[active]
     assert acc.impression_sizes is not None and acc.value_max is not None  # (create_accumulator sets both)
     acc.impression_sizes += np.bincount(np.minimum(sizes, spec.max_impression_size + 1),
                                         minlength=spec.max_impression_size + 2)
     acc.num_impressions += int(len(sizes))
+    times_sorted = np.asarray(conversions.conversion_time, dtype=np.int64)[order]
+    pg, pr, pt = group[period_sorted], rank_sorted[period_sorted], times_sorted[period_sorted]
+    if len(pg):
+        clusters = _period_clusters(spec, pg, pr, pt)
+        ck, cv = _reduce(clusters, np.ones((len(clusters), 1)))
+        acc.cluster_keys.append(ck)
+        acc.cluster_vals.append(cv)
+        dk, dv = _reduce(np.floor_divide(pt, _US_PER_DAY), np.ones((len(pt), 1)))
+        acc.day_keys.append(dk)
+        acc.day_vals.append(dv)
+        acc.time_min = int(pt.min()) if acc.time_min is None else min(acc.time_min, int(pt.min()))
+        acc.time_max = int(pt.max()) if acc.time_max is None else max(acc.time_max, int(pt.max()))
+    if conversions.in_period is not None:  # from here on only the period's rows, with their lifetime ranks
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = rank_sorted
+        inside = conversions.period_mask()
+        conversions, vals, keys, rank = conversions.take(np.flatnonzero(inside)), vals[inside], keys[inside], rank[inside]
+        n = len(conversions)
+        if n == 0:
+            return acc
+    else:
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = rank_sorted
     acc.num_conversions += n
     acc.value_max = np.maximum(acc.value_max, vals.max(axis=0))
 
@@ -316,6 +381,12 @@ def compact(acc: StatisticsAccumulator) -> StatisticsAccumulator:
     if len(acc.global_keys) > 1:
         k, v = _reduce(np.concatenate(acc.global_keys), np.concatenate(acc.global_vals))
         acc.global_keys, acc.global_vals = [k], [v]
+    if len(acc.cluster_keys) > 1:
+        k, v = _reduce(np.concatenate(acc.cluster_keys), np.concatenate(acc.cluster_vals))
+        acc.cluster_keys, acc.cluster_vals = [k], [v]
+    if len(acc.day_keys) > 1:
+        k, v = _reduce(np.concatenate(acc.day_keys), np.concatenate(acc.day_vals))
+        acc.day_keys, acc.day_vals = [k], [v]
     if len(acc.sample_cells) > 1:
         assert acc.spec.sample_size is not None  # (an int after StatisticsSpec.__post_init__)
         c, p, v = _bottom_k(np.concatenate(acc.sample_cells), np.concatenate(acc.sample_prio),
@@ -358,6 +429,14 @@ def merge_accumulators(accumulators: Sequence[StatisticsAccumulator]) -> Statist
         out.value_max = np.maximum(out.value_max, a.value_max)
         out.num_conversions += a.num_conversions
         out.num_impressions += a.num_impressions
+        out.cluster_keys += list(a.cluster_keys)
+        out.cluster_vals += list(a.cluster_vals)
+        out.day_keys += list(a.day_keys)
+        out.day_vals += list(a.day_vals)
+        for attr, pick in (("time_min", min), ("time_max", max)):
+            mine, theirs = getattr(out, attr), getattr(a, attr)
+            if theirs is not None:
+                setattr(out, attr, theirs if mine is None else pick(mine, theirs))
     return compact(out)
 
 
@@ -394,6 +473,12 @@ class SufficientStatistics:
     sample_values: np.ndarray    # (k, d)
     num_conversions: int
     num_impressions: int
+    cluster_sizes: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # rows (size, first rank, clusters)
+    day_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # UTC days with conversions
+    day_conversions: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    time_range: tuple[int, int] | None = None    # first and last conversion time (int64 microseconds)
+    volume_scale: float = 1.0                     # 1 for observed statistics; ``scaled`` sets it
+    future_period: bool = False                   # a model of a release yet to come (``for_release_period``)
 
     # ---- shapes ----------------------------------------------------------------------------------
     @property
@@ -424,6 +509,38 @@ class SufficientStatistics:
         arrays = (self.rank_counts, self.rank_sums, self.hist_slice, self.hist_count, self.hist_sum, self.hist_sumsq,
                   self.impression_sizes, self.value_max, self.sample_priority, self.sample_values)
         return int(sum(a.size for a in arrays)) + int(np.count_nonzero(self.global_count) * 3)
+
+    # ---- the release period ------------------------------------------------------------------------
+    def history_days(self) -> int:
+        """Days of history the statistics cover: UTC days with at least one conversion (>= 1)."""
+        return max(1, int(len(self.day_index)))
+
+    def scaled(self, factor: float) -> SufficientStatistics:
+        """The expected statistics of a sample ``factor`` times as large (e.g. one day of a 9-day history:
+        1/9): every count and sum of conversions and clusters multiplied by ``factor``; per-conversion
+        distributions (quantiles, medians, taus, kept ranks) unchanged. The paper's error model is
+        linear in them (bias terms and rounding variance), while the noise of a release does not
+        depend on its volume: tuning on the scaled statistics tunes for a release of that volume."""
+        f = float(factor)
+        if not (math.isfinite(f) and f > 0):
+            raise ValueError(f"the scale factor must be a finite number > 0, got {factor!r}")
+        cs = self.cluster_sizes.copy()
+        if len(cs):
+            cs[:, 2] *= f
+        return dataclasses.replace(
+            self, rank_counts=self.rank_counts * f, rank_sums=self.rank_sums * f, hist_count=self.hist_count * f,
+            hist_sum=self.hist_sum * f, hist_sumsq=self.hist_sumsq * f, cluster_sizes=cs,
+            day_conversions=self.day_conversions * f, volume_scale=self.volume_scale * f)
+
+    def for_release_period(self, days: float, history_days: float | None = None) -> SufficientStatistics:
+        """A model of one future release of ``days`` days: ``scaled`` to its expected volume (history:
+        ``history_days``, default ``self.history_days()``; a period at least as long as the history
+        is modelled at the history's volume), marked ``future_period``: the period's loss to Alg. 1
+        and clipping is then a random quantity whose sampling variance the error model adds."""
+        hist = float(self.history_days() if history_days is None else history_days)
+        if not (math.isfinite(float(days)) and float(days) > 0 and hist > 0):
+            raise ValueError(f"release period and history must be > 0 days, got {days!r} and {hist!r}")
+        return dataclasses.replace(self.scaled(min(1.0, float(days) / hist)), future_period=True)
 
     # ---- exact totals ------------------------------------------------------------------------------
     def totals(self) -> np.ndarray:
@@ -518,6 +635,15 @@ def extract_output(acc: StatisticsAccumulator) -> SufficientStatistics:
     else:
         sc, sp, sv = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64), np.zeros((0, d))
     assert acc.impression_sizes is not None and acc.value_max is not None  # (create_accumulator sets both)
+    R = spec.max_rank
+    if acc.cluster_keys:
+        ck, cv = acc.cluster_keys[0], acc.cluster_vals[0][:, 0]
+        cluster_sizes = np.column_stack([ck // (R + 1), ck % (R + 1), cv]).astype(np.float64)
+    else:
+        cluster_sizes = np.zeros((0, 3))
+    day_index = acc.day_keys[0] if acc.day_keys else np.zeros(0, dtype=np.int64)
+    day_conversions = acc.day_vals[0][:, 0] if acc.day_vals else np.zeros(0)
+    time_range = None if acc.time_min is None or acc.time_max is None else (int(acc.time_min), int(acc.time_max))
     return SufficientStatistics(
         spec=spec, slice_keys=tuple(keys), rank_counts=rank_counts, rank_sums=rank_sums,
         hist_slice=cell // R, hist_rank=cell % R, hist_query=query, hist_bucket=bucket,
@@ -525,6 +651,8 @@ def extract_output(acc: StatisticsAccumulator) -> SufficientStatistics:
         global_count=global_count, global_sum=global_sum, impression_sizes=acc.impression_sizes.copy(),
         value_max=acc.value_max.copy(), sample_slice=sc // R, sample_rank=sc % R, sample_priority=sp,
         sample_values=sv, num_conversions=int(acc.num_conversions), num_impressions=int(acc.num_impressions),
+        cluster_sizes=cluster_sizes, day_index=day_index.astype(np.int64), day_conversions=day_conversions,
+        time_range=time_range,
     )
 
 
@@ -568,3 +696,77 @@ def frac_variance(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
         damp = np.exp(-2 * np.pi**2 * k * k * sigma[mid, None] ** 2)
         out[mid] = 1.0 / 6.0 - (phase * damp / (np.pi * k) ** 2).sum(axis=1)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Sampling of a release period's loss (clusters: an impression's conversions in one period)
+# ------------------------------------------------------------------------------------------------
+
+def _value_moments(stats: SufficientStatistics, q: int,
+                   c: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
+    """Per conversion (all ranks < R): E v, E v^2 and, for every clip c, E min(v,c), E min(v,c)^2, E v min(v,c)."""
+    e = stats.hist_query == q
+    cnt, sm, sq = stats.hist_count[e], stats.hist_sum[e], stats.hist_sumsq[e]
+    mean_b = sm / np.maximum(cnt, 1e-300)
+    order = np.argsort(mean_b)
+    mean_b, cnt, sm, sq = mean_b[order], cnt[order], sm[order], sq[order]
+    N = max(cnt.sum(), 1e-300)
+
+    def csum(a: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(a)])
+
+    ccnt, csm, csq = csum(cnt), csum(sm), csum(sq)
+    k = np.searchsorted(mean_b, c, side="left")  # buckets below c: [0, k)
+    below_sm, below_sq = csm[k], csq[k]
+    above_cnt, above_sm = ccnt[-1] - ccnt[k], csm[-1] - csm[k]
+    m1, m2 = csm[-1] / N, csq[-1] / N
+    g1 = (below_sm + c * above_cnt) / N
+    g2 = (below_sq + c * c * above_cnt) / N
+    gv = (below_sq + c * above_sm) / N
+    return float(m1), float(m2), g1, g2, gv
+
+
+def cluster_table(stats: SufficientStatistics, kept_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(h, n, k): clusters of the measured period (an impression's conversions in one release period)
+    by size n and number k that Alg. 1 keeps, k = clip(K - first lifetime rank, 0, n) (conversions of
+    a period are consecutive in the impression's order). Overflow sizes count as H+1."""
+    cs = stats.cluster_sizes
+    if len(cs):
+        n, first, h = cs[:, 0], cs[:, 1], cs[:, 2]
+        return h, n, np.clip(kept_ranks - first, 0.0, n)
+    h = stats.impression_sizes.astype(np.float64)
+    n = np.arange(len(h), dtype=np.float64)
+    return h, n, np.minimum(n, kept_ranks)
+
+
+def count_kappa(stats: SufficientStatistics, kept_ranks: int, ratio: float | None = None) -> float:
+    """Sampling factor of a period's kept count: sum over clusters h (k - r n)^2 / N, so that
+    Var(X - r T) = kappa T^2 / N for a period of N conversions. ``ratio`` None: r = the pooled
+    retention ratio (the calibration's kappa); 1: the loss T - X of the capped estimate."""
+    h, n, k = cluster_table(stats, kept_ranks)
+    N = max((h * n).sum(), 1e-300)
+    r = (h * k).sum() / N if ratio is None else float(ratio)
+    return float((h * (k - r * n) ** 2).sum() / N)
+
+
+def value_kappa(stats: SufficientStatistics, q: int, kept_ranks: int, clip: np.ndarray,
+                ratio: float | None = None) -> np.ndarray:
+    """Sampling factor of value query q for clip thresholds ``clip`` (L-inf retention min(v, c)), as
+    ``count_kappa`` (``ratio`` None: the pooled ratio; 1: the loss of the capped estimate).
+
+    Values i.i.d. within an impression, independent of rank: with D = min(v,c) - r v, a cluster of n
+    conversions (k kept) has E(x - r t)^2 = k Var D + (n-k) r^2 Var v + (k E D - (n-k) r E v)^2.
+    """
+    c = np.atleast_1d(np.asarray(clip, dtype=np.float64))
+    m1, m2, g1, g2, gv = _value_moments(stats, q, c)
+    h, n, k = cluster_table(stats, kept_ranks)
+    N = max((h * n).sum(), 1e-300)
+    if m1 <= 0:
+        return np.zeros_like(c)
+    r = g1 * (h * k).sum() / (m1 * N) if ratio is None else np.full_like(c, float(ratio))
+    ED = g1 - r * m1
+    VD = np.maximum(g2 - 2 * r * gv + r * r * m2 - ED**2, 0.0)
+    Vv = max(m2 - m1 * m1, 0.0)
+    kk, nn, hh = k[:, None], n[:, None], h[:, None]
+    e2 = kk * VD + (nn - kk) * r**2 * Vv + (kk * ED - (nn - kk) * r * m1) ** 2
+    return cast(np.ndarray, (hh * e2).sum(axis=0) / (N * m1 * m1))

@@ -85,6 +85,13 @@ class TuningResult:
     optimization: OptimizationResult
     baselines: tuple[Baseline, ...]
     tau_rule: str = ""
+    alternatives: tuple[tuple[Params, OptimizationResult], ...] = ()
+    """Other finished candidates (the other objective's optimum): ``calibrate`` may prefer one."""
+
+    @property
+    def candidates(self) -> tuple[tuple[Params, OptimizationResult], ...]:
+        """(params, search) of the model's choice first, then the alternatives."""
+        return ((self.params, self.optimization),) + self.alternatives
 
     @property
     def predicted_rmsre_tau(self) -> float:
@@ -154,10 +161,20 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
          taus: Sequence[float] | None = None, tau_overrides: Mapping[str, float] | None = None,
          training_window: tuple[str | None, str | None] = (None, None),
          rows: int | None = None, provenance: Mapping[str, Any] | None = None, progress: bool = False,
-         context: SearchContext | None = None) -> TuningResult:
+         context: SearchContext | None = None, release_period_days: float | None = None,
+         history_days: float | None = None) -> TuningResult:
     """Alg. 5 on the statistics, the baselines on the same statistics and taus, and the parameter file
     to publish: the chosen parameters carrying the history's key domain and their provenance.
-    ``taus`` (count first) or ``tau_overrides`` (query name -> tau) replace the default rule."""
+    ``taus`` (count first) or ``tau_overrides`` (query name -> tau) replace the default rule.
+
+    ``release_period_days``: tune for releases of that many days (the noise of a release does not
+    depend on its length, its volume does): the statistics are scaled to the expected volume of one
+    release (``SufficientStatistics.for_release_period``; ``history_days`` defaults to the days with
+    conversions in the statistics), and every prediction is for one such release. None: a release
+    as large as the history (the paper's setting)."""
+    hist_days = float(statistics.history_days() if history_days is None else history_days)
+    if release_period_days is not None:
+        statistics = statistics.for_release_period(release_period_days, hist_days)
     if taus is None:
         resolved, tau_rule = resolve_taus(statistics, tau_overrides)
         taus = resolved.tolist()
@@ -168,35 +185,58 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
     paper_kind = Objective.EXACT if str(kind) == CORRECTED else str(kind)
     result = optimize(statistics, epsilon, str(encoding), max_count_limit, str(paper_kind), taus=taus, progress=progress,
                       l1_rounding=str(l1_rounding), slice_columns=slice_columns, context=context)
-    try:
-        choice: EstimatorChoice | None = choose_correction(statistics, result.params, result.taus)
-    except ValueError:  # the corrected error model covers L-inf (and L1 with one query): else correct by ratio
-        choice = None
+    # the corrected error model covers L-inf (and L1 with one query); other parameters correct by ratio
+    choice = (choose_correction(statistics, result.params, result.taus) if corrected_model_supports(result.params)
+              else None)
+    alternative: tuple[OptimizationResult, EstimatorChoice] | None = None
     if str(kind) == CORRECTED and str(encoding) == Encoding.LINF:
         assert choice is not None
         best_capped = min(choice.capped_rmsre_tau, choice.corrected_rmsre_tau)
         corrected = _corrected_search(statistics, epsilon, max_count_limit, result.taus, slice_columns)
+        corrected_choice = EstimatorChoice("ratio", objective(statistics, corrected.params, np.asarray(result.taus),
+                                                              Objective.EXACT), corrected.objective)
+        paper_result = dataclasses.replace(result, objective=best_capped, kind=CORRECTED)
         if corrected.objective < best_capped * (1.0 - CORRECTION_MARGIN):
-            result = corrected
-            choice = EstimatorChoice("ratio", objective(statistics, corrected.params, np.asarray(result.taus),
-                                                        Objective.EXACT), corrected.objective)
+            result, choice, alternative = corrected, corrected_choice, (paper_result, choice)
         else:
-            result = dataclasses.replace(result, objective=best_capped, kind=CORRECTED)
+            result, alternative = paper_result, (corrected, corrected_choice)
     base = baselines(statistics, epsilon, max_count_limit, result.taus, str(paper_kind), slice_columns)
-    extra = {"optimizer": "araopt.optimizer.optimize (ParameterOptimization, Alg. 5)", "encoding": str(encoding),
-             "max_count_limit": max_count_limit, "baselines": {b.name: b.to_json() for b in base},
-             "per_count_limit": [{"C": r.count_limit, "rmsre_tau": r.objective} for r in result.per_count_limit],
-             "optimizer_seconds": result.seconds, "taus": list(result.taus), "tau_rule": tau_rule,
-             **({"estimator": dataclasses.asdict(choice)} if choice is not None else {}),
-             **dict(provenance or {})}
-    params = dataclasses.replace(
-        result.params.with_domain_of(statistics.slice_values()),
-        correction=choice.correction if choice is not None else "ratio",
-        provenance=Provenance(training_start=training_window[0], training_end=training_window[1],
-                              rows=statistics.num_conversions if rows is None else rows, created_at=utc_now_iso(),
-                              predicted_rmsre_tau=result.objective,
-                              baseline_rmsre_tau=min(b.rmsre_tau for b in base), objective=str(kind), extra=extra))
-    return TuningResult(params, result, base, tau_rule)
+
+    def finish(found: OptimizationResult, estimator: EstimatorChoice | None) -> Params:
+        extra = {"optimizer": "araopt.optimizer.optimize (ParameterOptimization, Alg. 5)", "encoding": str(encoding),
+                 "max_count_limit": max_count_limit, "baselines": {b.name: b.to_json() for b in base},
+                 "per_count_limit": [{"C": r.count_limit, "rmsre_tau": r.objective} for r in found.per_count_limit],
+                 "optimizer_seconds": found.seconds, "taus": list(found.taus), "tau_rule": tau_rule,
+                 "release_period_days": release_period_days if release_period_days is not None else hist_days,
+                 "history_days": hist_days, "volume_scale": statistics.volume_scale,
+                 **({"estimator": dataclasses.asdict(estimator)} if estimator is not None else {}),
+                 **dict(provenance or {})}
+        return dataclasses.replace(
+            found.params.with_domain_of(statistics.slice_values()),
+            correction=estimator.correction if estimator is not None else "ratio",
+            provenance=Provenance(training_start=training_window[0], training_end=training_window[1],
+                                  rows=statistics.num_conversions if rows is None else rows, created_at=utc_now_iso(),
+                                  predicted_rmsre_tau=found.objective,
+                                  baseline_rmsre_tau=min(b.rmsre_tau for b in base), objective=str(kind),
+                                  extra=extra))
+
+    alternatives = ()
+    if alternative is not None and retention_key(alternative[0].params) != retention_key(result.params):
+        alternatives = ((finish(*alternative), alternative[0]),)
+    return TuningResult(finish(result, choice), result, base, tau_rule, alternatives)
+
+
+def retention_key(params: Params) -> tuple[Any, ...]:
+    """What decides what Alg. 1 keeps and how values are clipped: two parameter sets with the same key
+    share a calibration."""
+    return (params.encoding, params.count_limit, params.contribution_budget, params.count_budget_fraction,
+            params.l1_rounding, tuple((q.column, float(q.clip_threshold), q.budget_fraction) for q in params.queries))
+
+
+def corrected_model_supports(params: Params) -> bool:
+    """Whether the corrected estimator's error model (``calibration.corrected_breakdown``) covers ``params``."""
+    return params.encoding == Encoding.LINF or (params.encoding == Encoding.L1 and params.num_queries == 1
+                                                and params.l1_rounding == L1Rounding.RANDOMIZED)
 
 
 # ---- the nightly job's decisions -----------------------------------------------------------------
@@ -365,10 +405,56 @@ def nightly_report_png(decision: NightlyDecision, history: Sequence[tuple[str, i
 
 
 def attach_calibration(params: Params, calibration_statistics: Any) -> Params:
-    """``params`` carrying the calibration fitted on the history for exactly their bounding (issue 12)."""
+    """``params`` carrying the calibration fitted on the history for exactly their bounding."""
     from .calibration import fit_calibration
 
     if calibration_statistics is None:
         return params
     fitted = fit_calibration(calibration_statistics)
     return dataclasses.replace(params, calibration=fitted)
+
+
+MIN_BACKTEST_BLOCKS = 3
+"""A backtest over fewer windows of history says too little: the model's prediction stands."""
+
+
+def calibrate(result: TuningResult, calibration_statistics: Any | Sequence[Any],
+              release_period_days: float | None = None) -> TuningResult:
+    """The tuning result with the history's calibration attached and, when the history holds at least
+    ``MIN_BACKTEST_BLOCKS`` windows of one release period (calibration blocks are UTC days), the
+    parameters and estimator chosen and the error predicted by replaying releases of that period on
+    the history's own days (``calibration.backtest``, each day's correction learnt without it): the
+    model's prediction assumes a period's truth, loss and volume vary independently; the replay does
+    not. ``calibration_statistics``: one per ``result.candidates`` (or one for the chosen params)."""
+    from .calibration import backtest
+
+    stats_list = (list(calibration_statistics) if isinstance(calibration_statistics, (list, tuple))
+                  else [calibration_statistics])
+    if not stats_list or stats_list[0] is None:
+        return result
+    candidates = result.candidates[:len(stats_list)]
+    scored = []
+    for (params, search), cal_stats in zip(candidates, stats_list, strict=True):
+        params = attach_calibration(params, cal_stats)
+        blocks = cal_stats.cells.shape[1]
+        period = int(round(release_period_days)) if release_period_days is not None else blocks
+        if not (1 <= period and blocks - period + 1 >= MIN_BACKTEST_BLOCKS) or params.encoding == "baseline":
+            scored.append((float("nan"), params, search, None))
+            continue
+        taus = np.asarray(search.taus, dtype=np.float64)
+        replays = {c: backtest(cal_stats, params, params.calibration, taus, c, period) for c in ("none", "ratio")}
+        choice = min(replays, key=lambda c: replays[c].rmsre_tau)
+        assert params.provenance is not None  # (tune always sets it)
+        extra = dict(params.provenance.extra)
+        extra.update(model_predicted_rmsre_tau=params.provenance.predicted_rmsre_tau, backtest={
+            c: {"rmsre_tau": r.rmsre_tau, "period_days": r.period_blocks, "windows": int(len(r.per_window)),
+                "per_query": [float(x) for x in r.per_query]} for c, r in replays.items()})
+        provenance = dataclasses.replace(params.provenance, predicted_rmsre_tau=replays[choice].rmsre_tau, extra=extra)
+        params = dataclasses.replace(params, correction=choice, provenance=provenance)
+        scored.append((replays[choice].rmsre_tau, params, dataclasses.replace(search, objective=replays[choice].rmsre_tau),
+                       replays))
+    if any(math.isnan(x[0]) for x in scored):  # no replay: the model's choice stands
+        return dataclasses.replace(result, params=scored[0][1], alternatives=())
+    best = min(range(len(scored)), key=lambda i: scored[i][0])
+    _, params, search, _ = scored[best]
+    return dataclasses.replace(result, params=params, optimization=search, alternatives=())

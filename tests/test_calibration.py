@@ -324,7 +324,8 @@ def test_count_kappa_matches_the_calibration_and_optimizer_improves_on_the_paper
     rng = np.random.default_rng(4)
     conv, days = generate(rng, [4.0] * 8, [1500] * 8)
     params = linf(count_limit=3, clip=4.0)
-    stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("value",), max_count_limit=8))
+    # blocks hold whole impressions here, so the statistics' clusters are whole impressions too
+    stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("value",), max_count_limit=8, period_days=None))
     cal = cb.calibrate(conv, params, days)
     k = cb.count_kappa(stats, 3)
     assert k == pytest.approx(cal.pooled_kappa[0], rel=0.05)

@@ -33,11 +33,13 @@ def check_global_windowing(pcoll: beam.PCollection) -> None:
 
 
 class _EncodeAndBound(beam.DoFn):
-    """Per shard of complete impressions: encoding (Alg. 3 / Alg. 6), capping (Alg. 1), per-key sums."""
+    """Per shard of complete impressions: encoding (Alg. 3 / Alg. 6), capping (Alg. 1) over the
+    period's rows and their lookback, per-key sums of the period's rows."""
 
-    def __init__(self, params: Params, simulation_seed: int | None):
+    def __init__(self, params: Params, simulation_seed: int | None, coverage_start_us: int | None = None):
         self._params = params
         self._seed = simulation_seed
+        self._coverage_start = coverage_start_us
 
     def setup(self) -> None:
         self._kept = Metrics.counter(NAMESPACE, "conversions_kept")
@@ -49,12 +51,22 @@ class _EncodeAndBound(beam.DoFn):
         params = self._params
         conv = Conversions.from_table(table, params.slice_columns, params.query_columns)
         contributions, kept = encode_and_bound(conv, params, self._seed)
+        period = conv.period_mask()
         sums = aggregate.domain_sums(domain.slice_index(conv.slices), contributions, kept, domain.num_slices,
-                                     impressions=len(np.unique(conv.impression_id)))
+                                     impressions=len(np.unique(conv.impression_id[period])), in_period=period,
+                                     rows_before_lookback=rows_before_coverage(conv, self._coverage_start))
         self._kept.inc(sums.kept)
         self._capped.inc(sums.capped)
         self._outside.inc(sums.outside_domain)
         yield sums
+
+
+def rows_before_coverage(conversions: Conversions, coverage_start_us: int | None) -> int:
+    """Period rows of impressions shown before ``coverage_start_us`` (the earliest conversion the job
+    reads): their earlier conversions may be missing. 0 when impression times are unknown."""
+    if coverage_start_us is None or conversions.impression_time is None:
+        return 0
+    return int((conversions.period_mask() & (conversions.impression_time < coverage_start_us)).sum())
 
 
 class DomainSumsCombineFn(beam.CombineFn):
@@ -79,17 +91,19 @@ class DomainSumsCombineFn(beam.CombineFn):
 class EncodeBoundAndSum(beam.PTransform):
     """(shard, table of complete impressions) -> one merged ``DomainSums`` over the domain side input."""
 
-    def __init__(self, params: Params, domain: beam.PCollection, simulation_seed: int | None = None):
+    def __init__(self, params: Params, domain: beam.PCollection, simulation_seed: int | None = None,
+                 coverage_start_us: int | None = None):
         super().__init__()
         self._params = params
         self._domain = domain
         self._seed = simulation_seed
+        self._coverage_start = coverage_start_us
 
     def expand(self, shards: beam.PCollection[tuple[int, pa.Table]]) -> beam.PCollection[aggregate.DomainSums | None]:
         check_global_windowing(shards)
         return (
             shards
-            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed),
+            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed, self._coverage_start),
                                              beam.pvalue.AsSingleton(self._domain))
             | "SumPerKey" >> beam.CombineGlobally(DomainSumsCombineFn())
         )
@@ -103,12 +117,16 @@ class _AddNoise(beam.DoFn):
         self._seed = simulation_seed
         self._max_rejected = max_rejected_fraction
 
-    def process(self, sums: aggregate.DomainSums | None, counts: ValidationCounts, domain: KeyDomain) -> Iterator[Release]:
+    def process(self, sums: aggregate.DomainSums | None, counts: ValidationCounts, domain: KeyDomain,
+                lookback_counts: ValidationCounts | None = None) -> Iterator[Release]:
         check_rejected_share(counts, self._max_rejected)
         if sums is None:  # every valid row was in shards that produced nothing: cannot happen with rows > 0
             sums = aggregate.empty(domain.num_slices, domain.num_columns)
+        lookback = lookback_counts or ValidationCounts()
         accounting = Accounting(counts.rows_read, counts.rows_rejected, sums.kept, sums.capped, sums.outside_domain,
-                                sums.impressions, counts.rejected_by_reason, counts.times_floored)
+                                sums.impressions, counts.rejected_by_reason, counts.times_floored,
+                                lookback.rows_read, lookback.rows_rejected, sums.lookback_rows,
+                                sums.rows_before_lookback)
         Metrics.counter(NAMESPACE, "keys_released").inc(domain.num_keys)
         yield noisy_release(sums, self._params, domain, accounting, simulation_seed=self._seed)
 
@@ -119,19 +137,22 @@ class NoisyRelease(beam.PTransform):
     """Merged sums -> one ``Release`` (noise exactly once per domain key, after the combine)."""
 
     def __init__(self, params: Params, counts: beam.PCollection, domain: beam.PCollection,
-                 simulation_seed: int | None = None, max_rejected_fraction: float = 0.10):
+                 simulation_seed: int | None = None, max_rejected_fraction: float = 0.10,
+                 lookback_counts: beam.PCollection | None = None):
         super().__init__()
         self._params = params
         self._counts = counts
         self._domain = domain
         self._seed = simulation_seed
         self._max_rejected = max_rejected_fraction
+        self._lookback_counts = lookback_counts
 
     def expand(self, merged: beam.PCollection[aggregate.DomainSums | None]) -> beam.PCollection[Release]:
         check_global_windowing(merged)
-        return merged | "AddNoiseOncePerKey" >> beam.ParDo(
-            _AddNoise(self._params, self._seed, self._max_rejected), beam.pvalue.AsSingleton(self._counts),
-            beam.pvalue.AsSingleton(self._domain))
+        side = [beam.pvalue.AsSingleton(self._counts), beam.pvalue.AsSingleton(self._domain)]
+        if self._lookback_counts is not None:
+            side.append(beam.pvalue.AsSingleton(self._lookback_counts))
+        return merged | "AddNoiseOncePerKey" >> beam.ParDo(_AddNoise(self._params, self._seed, self._max_rejected), *side)
 
 
 class _SliceSetCombineFn(beam.CombineFn):

@@ -8,17 +8,26 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult
 
-from araopt.conversions import REJECT_REASONS, TIMES_FLOORED, ValidationCounts, dead_letter_schema, validate_batch
+from araopt.conversions import (
+    IN_PERIOD,
+    REJECT_REASONS,
+    TIMES_FLOORED,
+    ValidationCounts,
+    dead_letter_schema,
+    validate_batch,
+)
 
 from .io import ReadConversionFiles, needed_columns
 
 VALID = "valid"
 REJECTED = "rejected"
 COUNTS = "counts"
+LOOKBACK_COUNTS = "lookback_counts"
 NAMESPACE = "araopt"
 
 
@@ -69,34 +78,58 @@ class ValidateConversions(beam.PTransform):
                 REJECTED, COUNTS, main=VALID)
 
 
+def _mark_period(table: pa.Table, in_period: bool) -> pa.Table:
+    return table.append_column(IN_PERIOD, pa.array(np.full(table.num_rows, in_period), type=pa.bool_()))
+
+
 class ReadAndValidate(beam.PTransform):
     """Explicit Parquet files -> ``{"valid": batches, "counts": singleton ValidationCounts}``, and the
     dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given.
 
-    The two outputs are typed by the steps that make them (``pa.Table``, ``ValidationCounts``): Beam
+    ``lookback_paths``: files of earlier conversions that consume the per-impression budget of
+    ContributionCapping (Alg. 1) but are not measured. They are validated the same way, their valid
+    rows join ``valid`` with ``in_period`` False (the period's rows get True), their accounting is the
+    extra output ``lookback_counts`` and their dead letter ``<dead_letter_prefix>_lookback.parquet``.
+
+    The outputs are typed by the steps that make them (``pa.Table``, ``ValidationCounts``): Beam
     checks a composite's dict output against a single output type, which fits neither."""
 
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
-                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = ()):
+                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = (),
+                 lookback_paths: Sequence[str] = ()):
         super().__init__()
         self._paths = list(paths)
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
         self._dead_letter = dead_letter_prefix
         self._passthrough = tuple(passthrough)
+        self._lookback = list(lookback_paths)
+
+    def _read(self, pbegin: beam.pvalue.PBegin, paths: list[str], label: str,
+              dead_letter: str | None) -> tuple[beam.PCollection[pa.Table], beam.PCollection[ValidationCounts]]:
+        columns = needed_columns(self._slice_columns, self._value_columns) + list(self._passthrough)
+        batches = pbegin | f"Read{label}" >> ReadConversionFiles(paths, columns)
+        checked = batches | f"Validate{label}" >> ValidateConversions(self._slice_columns, self._value_columns,
+                                                                      self._passthrough)
+        counts = checked[COUNTS] | f"CountRows{label}" >> beam.CombineGlobally(
+            ValidationCounts.merge).with_output_types(ValidationCounts)
+        if dead_letter is not None:
+            _ = checked[REJECTED] | f"WriteDeadLetter{label}" >> beam.io.WriteToParquetBatched(
+                dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns), num_shards=1,
+                shard_name_template="", file_name_suffix=".parquet")
+        return checked[VALID], counts
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection[Any]]:
-        columns = needed_columns(self._slice_columns, self._value_columns) + list(self._passthrough)
-        batches = pbegin | "Read" >> ReadConversionFiles(self._paths, columns)
-        checked = batches | "Validate" >> ValidateConversions(self._slice_columns, self._value_columns,
-                                                              self._passthrough)
-        counts = checked[COUNTS] | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge).with_output_types(
-            ValidationCounts)
-        if self._dead_letter is not None:
-            _ = checked[REJECTED] | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
-                self._dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns), num_shards=1,
-                shard_name_template="", file_name_suffix=".parquet")
-        return {VALID: checked[VALID], COUNTS: counts}
+        valid, counts = self._read(pbegin, self._paths, "", self._dead_letter)
+        if not self._lookback:
+            return {VALID: valid, COUNTS: counts}
+        lookback, lookback_counts = self._read(pbegin, self._lookback, "Lookback",
+                                               None if self._dead_letter is None else self._dead_letter + "_lookback")
+        marked = (
+            (valid | "MarkPeriod" >> beam.Map(_mark_period, True).with_output_types(pa.Table),
+             lookback | "MarkLookback" >> beam.Map(_mark_period, False).with_output_types(pa.Table))
+            | "PeriodAndLookback" >> beam.Flatten().with_output_types(pa.Table))
+        return {VALID: marked, COUNTS: counts, LOOKBACK_COUNTS: lookback_counts}
 
 
 def counter_values(result: PipelineResult) -> dict[str, int]:
