@@ -1018,13 +1018,12 @@ def _leave_one_out_ratios(T: np.ndarray, X: np.ndarray, calibration: Calibration
     n_hist = calibration.conversions[slice_rows]
     blocks = np.maximum(calibration.slice_blocks[slice_rows], 1.0)
     s2 = calibration.pooled_kappa[q] / np.maximum(n_hist, 1.0) + calibration.interaction_variance[q] / blocks
-    keep = 0.0 if between <= 0 else between / (s2 + between)  # 1 - B_j
+    keep = np.zeros_like(s2) if between <= 0 else between / (s2 + between)  # 1 - B_j per slice
     T_rest = T.sum(axis=1, keepdims=True) - T
     X_rest = X.sum(axis=1, keepdims=True) - X
     with np.errstate(invalid="ignore", divide="ignore"):
         raw = np.where(T_rest > 0, X_rest / np.where(T_rest > 0, T_rest, 1.0), mu)
-    keep_w = keep if np.isscalar(keep) else np.asarray(keep)[:, None]
-    return np.clip(mu + keep_w * (raw - mu), MIN_RATIO, 1.0)
+    return cast(np.ndarray, np.clip(mu + keep[:, None] * (raw - mu), MIN_RATIO, 1.0))
 
 
 def backtest(stats: CalibrationStatistics, params: Params, calibration: Calibration,

@@ -372,9 +372,12 @@ class Conversions:
 
 
 def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
-    """The rows of a measured period and of its lookback in one batch, ``in_period`` set."""
+    """The rows of a measured period and of its lookback in one batch, ``in_period`` set; lookback rows
+    of impressions without a conversion in the period are left out (they cannot change its ranks)."""
     if period.value_columns != lookback.value_columns or set(period.slices) != set(lookback.slices):
         raise ValueError("the period and its lookback must carry the same slice and value columns")
+    lookback = lookback.take(np.flatnonzero(np.isin(_normalise(lookback.impression_id),
+                                                    _normalise(period.impression_id))))
     both_times = period.impression_time is not None and lookback.impression_time is not None
     return Conversions(
         np.concatenate([_normalise(period.impression_id), _normalise(lookback.impression_id)]),

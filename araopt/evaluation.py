@@ -210,6 +210,7 @@ def evaluate_dataset(
     max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
     methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
     taus: np.ndarray | Sequence[float] | None = None, train_conversions: Conversions | None = None,
+    release_period_days: float | None = None,
 ) -> DatasetEvaluation:
     """Optimize on train, evaluate on test (exactly on records when given, else on test statistics).
     ``taus`` (count first) defaults to the paper's rule on the training statistics (Sec. 5.1).
@@ -217,7 +218,11 @@ def evaluate_dataset(
     calibration fitted on ``train_conversions``) needs both train and test records; with
     ``monte_carlo`` every method also gets the coverage of its nominal 95% intervals of the true
     totals (``coverage_<query>``; the corrected method's calibrated intervals, the others' Alg. 4
-    intervals)."""
+    intervals).
+
+    ``release_period_days``: every method is tuned for one release of that many days (the test
+    period's length: the noise of a release is the same whatever its length, its volume is not);
+    None: for a release as large as the training log (the paper's setting)."""
     if test_conversions is None and test_stats is None:
         raise ValueError("evaluate_dataset needs test conversions or test statistics")
     eps_list = [check_epsilon(e) for e in epsilons]
@@ -226,6 +231,9 @@ def evaluate_dataset(
         raise ValueError(f"unknown methods {sorted(unknown)}; known: {METHODS}")
     kind = Objective.EXACT.value if kind == tuning.CORRECTED else kind  # the paper's estimators' objective
     taus = train_stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
+    history = train_stats
+    if release_period_days is not None:
+        train_stats = train_stats.for_release_period(release_period_days)
     train_ctx = prepare_search(train_stats, taus)
     test_ctx = prepare_search(test_stats, taus) if test_stats is not None else None
     rows, gap_rows, curve_rows = [], [], []
@@ -247,12 +255,12 @@ def evaluate_dataset(
         if CORRECTED_METHOD in methods and train_conversions is not None and test_conversions is not None:
             from . import calibration
 
-            tuned = tuning.tune(train_stats, eps, max_count_limit=max_count_limit, kind=tuning.CORRECTED,
-                                taus=taus.tolist())
-            cal = calibration.calibration_statistics(train_conversions, tuned.params,
-                                                     calibration.history_blocks(train_conversions))
-            candidates[CORRECTED_METHOD] = (tuning.attach_calibration(tuned.params, cal), tuned.predicted_rmsre_tau,
-                                            None)
+            tuned = tuning.tune(history, eps, max_count_limit=max_count_limit, kind=tuning.CORRECTED,
+                                taus=taus.tolist(), release_period_days=release_period_days)
+            blocks = calibration.day_blocks(train_conversions)
+            cals = [calibration.calibration_statistics(train_conversions, p, blocks) for p, _ in tuned.candidates]
+            tuned = tuning.calibrate(tuned, cals, release_period_days)
+            candidates[CORRECTED_METHOD] = (tuned.params, tuned.predicted_rmsre_tau, None)
         for method, (p, train_value, _) in candidates.items():
             if method == CORRECTED_METHOD:
                 assert test_conversions is not None  # the corrected method is only a candidate with test records

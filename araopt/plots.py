@@ -56,12 +56,12 @@ def _wrap(text: str, fig: Figure, fontsize: float) -> str:
     return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
 
 
-def _title(fig: Figure, title: str, subtitle: str | None = None) -> None:
+def _title(fig: Figure, title: str, subtitle: str | None = None, color: str | None = None) -> None:
     """Figure title (and a smaller subtitle line) wrapped to the figure's width."""
     text = _wrap(title, fig, 12)
     if subtitle:
         text += "\n" + _wrap(subtitle, fig, 11.5)  # drawn at the title's size (11): wrap with a margin
-    fig.suptitle(text, fontsize=11)
+    fig.suptitle(text, fontsize=11, color=color)
 
 
 def _caption(fig: Figure, text: str) -> None:
@@ -336,10 +336,11 @@ def _taus_text(taus: Mapping[str, float] | Sequence[tuple[str, float]]) -> str:
 def nightly_report_figure(
     per_count_limit: pd.DataFrame, chosen_count_limit: int, baselines: Mapping[str, float],
     taus: Mapping[str, float] | Sequence[tuple[str, float]],
-    history: Sequence[tuple[str, int, float | None]],
+    history: Sequence[tuple[str, int, float | None]], refused: Sequence[str] = (), release_period_days: float | None = None,
 ) -> Figure:
     """Left: predicted RMSRE_tau per integer C, the chosen C, each baseline as a labelled line.
-    Right: the published versions (C and predicted RMSRE_tau on two labelled y axes)."""
+    Right: the published versions (C and predicted RMSRE_tau on two labelled y axes). ``refused``:
+    the guardrails' reasons not to publish, shown as a red banner (the choice was NOT published)."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
@@ -368,7 +369,10 @@ def nightly_report_figure(
     else:
         left.xaxis.set_major_locator(MaxNLocator(integer=True))
     left.set_xlabel("count limit C (conversions kept per impression)")
-    left.set_ylabel(f"predicted {RMSRE_TAU} on the training window (lower is better)")
+    period = ("one release of the training window" if release_period_days is None
+              else f"one release of {release_period_days:g} day(s)")
+    left.set_ylabel(f"predicted {RMSRE_TAU} of {period} (lower is better)")
+
     left.set_title(f"Why C = {chosen_count_limit}: predicted error for each count limit", fontsize=10)
     left.grid(True, which="both", alpha=0.3)
     left.legend(fontsize=8, loc="upper right")
@@ -397,20 +401,23 @@ def nightly_report_figure(
     else:
         right.text(0.5, 0.5, "no published versions yet", ha="center", va="center", transform=right.transAxes)
         right.set_axis_off()
-    _title(fig, f"Nightly parameter choice: C = {chosen_count_limit}, predicted {RMSRE_TAU} = {chosen_text}",
-           f"{RMSRE_TAU}: root mean squared relative error over slices, each error divided by max(true value, \u03c4); "
-           f"\u03c4 = {_taus_text(taus)}")
+    head = f"Nightly parameter choice: C = {chosen_count_limit}, predicted {RMSRE_TAU} = {chosen_text}"
+    if refused:
+        head = "NOT PUBLISHED: " + "; ".join(refused) + f" -- refused choice: C = {chosen_count_limit}"
+    _title(fig, head, f"{RMSRE_TAU}: root mean squared relative error over slices, each error divided by max(true value, "
+                      f"\u03c4); \u03c4 = {_taus_text(taus)}", color="tab:red" if refused else None)
     return fig
 
 
 def nightly_report_png(
     per_count_limit: pd.DataFrame, chosen_count_limit: int, baselines: Mapping[str, float],
     taus: Mapping[str, float] | Sequence[tuple[str, float]],
-    history: Sequence[tuple[str, int, float | None]],
+    history: Sequence[tuple[str, int, float | None]], refused: Sequence[str] = (), release_period_days: float | None = None,
 ) -> bytes:
     """PNG bytes of :func:`nightly_report_figure` (``per_count_limit`` has columns C and rmsre_tau;
     ``taus`` maps query name (count first) to tau; ``history`` is (version, C, predicted RMSRE_tau))."""
-    return _png_bytes(nightly_report_figure(per_count_limit, chosen_count_limit, baselines, taus, history))
+    return _png_bytes(nightly_report_figure(per_count_limit, chosen_count_limit, baselines, taus, history, refused,
+                                            release_period_days))
 
 
 # ---- evaluation ---------------------------------------------------------------------------------

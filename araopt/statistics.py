@@ -275,7 +275,7 @@ def _period_clusters(spec: StatisticsSpec, group: np.ndarray, rank: np.ndarray, 
     sizes = np.bincount(cell)
     sizes = sizes[sizes > 0]
     first_rank = rank[first]
-    return np.minimum(sizes, H + 1) * (R + 1) + np.minimum(first_rank, R)
+    return cast(np.ndarray, np.minimum(sizes, H + 1) * (R + 1) + np.minimum(first_rank, R))
 
 
 def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> StatisticsAccumulator:

@@ -220,7 +220,7 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
                                   baseline_rmsre_tau=min(b.rmsre_tau for b in base), objective=str(kind),
                                   extra=extra))
 
-    alternatives = ()
+    alternatives: tuple[tuple[Params, OptimizationResult], ...] = ()
     if alternative is not None and retention_key(alternative[0].params) != retention_key(result.params):
         alternatives = ((finish(*alternative), alternative[0]),)
     return TuningResult(finish(result, choice), result, base, tau_rule, alternatives)
@@ -242,7 +242,10 @@ def corrected_model_supports(params: Params) -> bool:
 # ---- the nightly job's decisions -----------------------------------------------------------------
 @dataclass(frozen=True)
 class Guardrails:
-    """Publishing rules: beat the best baseline; large moves of C or thresholds need an explicit allowance."""
+    """Publishing rules: beat the best baseline; large moves of C or thresholds need an explicit allowance.
+
+    A change of epsilon, of the slices, queries or encoding starts a new series: the move guards
+    compare like with like only (a new epsilon moves C for a reason)."""
 
     allow_large_change: bool = False
     max_threshold_change_factor: float = 2.0
@@ -250,28 +253,47 @@ class Guardrails:
 
     def check(self, new: Params, predicted: float, baseline_values: Mapping[str, float],
               previous: Params | None) -> list[str]:
-        """Reasons not to publish (empty: publish)."""
+        """Reasons not to publish (empty: publish), each naming the parameter and the likely cause."""
         problems = []
         best_baseline = min(baseline_values.values())
         if not predicted < best_baseline:
             problems.append(f"predicted RMSRE_tau {predicted:.4g} does not beat the best baseline {best_baseline:.4g}")
-        if previous is None or self.allow_large_change:
+        if previous is None or self.allow_large_change or new_series(previous, new):
             return problems
-        if ((previous.slice_columns, previous.query_columns, previous.encoding)
-                != (new.slice_columns, new.query_columns, new.encoding)):
-            problems.append(f"slices/queries/encoding changed from {previous.slice_columns}/{previous.query_columns}/"
-                            f"{previous.encoding} (use --allow-large-change)")
-            return problems
+        cause = _change_cause(previous, new)
         if abs(new.count_limit - previous.count_limit) > self.max_count_limit_change:
             problems.append(f"count limit moves {previous.count_limit} -> {new.count_limit}, more than "
-                            f"{self.max_count_limit_change} (use --allow-large-change)")
+                            f"{self.max_count_limit_change}{cause} (use --allow-large-change)")
         for old_q, new_q in zip(previous.queries, new.queries, strict=True):
             factor = max(new_q.clip_threshold / old_q.clip_threshold, old_q.clip_threshold / new_q.clip_threshold)
             if factor > self.max_threshold_change_factor:
                 problems.append(f"clip threshold of {new_q.column} moves {old_q.clip_threshold:.4g} -> "
-                                f"{new_q.clip_threshold:.4g} (x{factor:.2f} > {self.max_threshold_change_factor:g}; "
-                                f"use --allow-large-change)")
+                                f"{new_q.clip_threshold:.4g} (x{factor:.2f} > {self.max_threshold_change_factor:g})"
+                                f"{cause} (use --allow-large-change)")
         return problems
+
+
+def new_series(previous: Params, new: Params) -> str:
+    """Why ``new`` starts a new series of versions rather than continuing ``previous`` ('' if it continues)."""
+    if previous.epsilon != new.epsilon:
+        return f"epsilon changed {previous.epsilon:g} -> {new.epsilon:g}"
+    if (previous.slice_columns, previous.query_columns, previous.encoding) != (
+            new.slice_columns, new.query_columns, new.encoding):
+        return (f"slices/queries/encoding changed from {list(previous.slice_columns)}/{list(previous.query_columns)}/"
+                f"{previous.encoding} to {list(new.slice_columns)}/{list(new.query_columns)}/{new.encoding}")
+    old_period = previous.provenance.extra.get("release_period_days") if previous.provenance else None
+    new_period = new.provenance.extra.get("release_period_days") if new.provenance else None
+    if old_period is not None and new_period is not None and old_period != new_period:
+        return f"release period changed {old_period:g} -> {new_period:g} days"
+    return ""
+
+
+def _change_cause(previous: Params, new: Params) -> str:
+    """The likely reason a parameter moved, for the guardrail's message."""
+    if previous.correction != new.correction:
+        return (f": the estimator switched from {previous.correction!r} to {new.correction!r} (the corrected "
+                f"estimator divides by the retention ratio, so it favours other C and clips)")
+    return ": the history changed"
 
 
 def same_release(previous: Params, new: Params, as_of: str) -> bool:
@@ -324,6 +346,8 @@ class NightlyConfig:
     guardrails: Guardrails = field(default_factory=Guardrails)
     max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION
     tau_overrides: tuple[tuple[str, float], ...] = ()
+    release_period_days: float = 1.0
+    lookback_days: int = 0
 
 
 @dataclass(frozen=True)
@@ -333,6 +357,7 @@ class NightlyDecision:
     tuning: TuningResult
     problems: tuple[str, ...]
     idempotent: bool
+    series: str = ""  # why this run starts a new series of versions ('' if it continues the previous)
 
     @property
     def publish(self) -> bool:
@@ -346,9 +371,10 @@ def nightly_decision(statistics: SufficientStatistics, counts: ValidationCounts,
     tuning = tune(statistics, config.epsilon, encoding=config.encoding, max_count_limit=config.max_count_limit,
                   kind=config.kind, slice_columns=config.slice_columns, training_window=config.window,
                   tau_overrides=dict(config.tau_overrides),
-                  rows=counts.rows_valid,
+                  rows=counts.rows_valid, release_period_days=config.release_period_days,
+                  history_days=len(config.dates),
                   provenance={"run_id": config.run_id, "as_of": config.as_of, "rows_read": counts.rows_read,
-                              "rows_rejected": counts.rows_rejected})
+                              "rows_rejected": counts.rows_rejected, "lookback_days": config.lookback_days})
     if previous is not None and same_release(previous, tuning.params, config.as_of):
         return NightlyDecision(tuning, (), True)
     problems = config.guardrails.check(tuning.params, tuning.predicted_rmsre_tau, tuning.baseline_values(), previous)
@@ -356,13 +382,25 @@ def nightly_decision(statistics: SufficientStatistics, counts: ValidationCounts,
 
 
 def with_calibration(decision: NightlyDecision, calibration_statistics: Any, previous: Params | None,
-                     as_of: str) -> NightlyDecision:
-    """The decision for the parameters carrying the calibration fitted on the window; a re-run of the
-    same as-of date on the same history is recognised with the calibration included."""
-    params = attach_calibration(decision.tuning.params, calibration_statistics)
-    tuning = dataclasses.replace(decision.tuning, params=params)
-    idempotent = previous is not None and same_release(previous, params, as_of)
-    return NightlyDecision(tuning, () if idempotent else decision.problems, idempotent)
+                     config: NightlyConfig) -> NightlyDecision:
+    """The decision for the parameters carrying the calibration fitted on the window (``calibrate``:
+    the candidates replayed on the window's days), guarded again (the replay may prefer the other
+    candidate); a re-run of the same as-of date on the same history is recognised with the
+    calibration included."""
+    tuning = calibrate(decision.tuning, calibration_statistics, config.release_period_days)
+    idempotent = previous is not None and same_release(previous, tuning.params, config.as_of)
+    if idempotent:
+        return NightlyDecision(tuning, (), True)
+    return NightlyDecision(tuning, tuple(config.guardrails.check(tuning.params, _model_prediction(tuning),
+                                                                 tuning.baseline_values(), previous)), False,
+                           new_series(previous, tuning.params) if previous is not None else "")
+
+
+def _model_prediction(tuning: TuningResult) -> float:
+    """The model's predicted RMSRE_tau (the baselines' are model predictions too)."""
+    prov = tuning.params.provenance
+    value = prov.extra.get("model_predicted_rmsre_tau") if prov is not None else None
+    return float(value) if value is not None else tuning.predicted_rmsre_tau
 
 
 def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: ValidationCounts,
@@ -373,11 +411,14 @@ def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: Val
         "as_of": config.as_of, "run_id": config.run_id, "window": list(config.window), "history_dates": list(config.dates),
         "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected, "epsilon": config.epsilon,
         "objective": str(config.kind), "taus": list(tuning.taus), "tau_rule": tuning.tau_rule,
-        "predicted_rmsre_tau": tuning.predicted_rmsre_tau, "baselines": tuning.baseline_values(),
-        "optimizer_seconds": tuning.optimization.seconds,
+        "release_period_days": config.release_period_days, "lookback_days": config.lookback_days,
+        "predicted_rmsre_tau": tuning.predicted_rmsre_tau, "model_predicted_rmsre_tau": _model_prediction(tuning),
+        "prediction": ("replayed on the window's days" if tuning.params.provenance is not None
+                       and "backtest" in tuning.params.provenance.extra else "error model"),
+        "baselines": tuning.baseline_values(), "optimizer_seconds": tuning.optimization.seconds,
         "per_count_limit": tuning.optimization.table().to_dict(orient="records"), "params": tuning.params.to_json(),
         "previous_version": previous_version, "published": False, "idempotent": decision.idempotent,
-        "problems": list(decision.problems),
+        "problems": list(decision.problems), "new_series": decision.series,
     }
 
 
@@ -400,8 +441,10 @@ def nightly_report_png(decision: NightlyDecision, history: Sequence[tuple[str, i
 
     tuning = decision.tuning
     names = ("count",) + tuning.params.query_columns
+    period = tuning.params.provenance.extra.get("release_period_days") if tuning.params.provenance else None
     return render(tuning.optimization.table(), tuning.params.count_limit, tuning.baseline_values(),
-                  list(zip(names, tuning.taus, strict=True)), history)
+                  list(zip(names, tuning.taus, strict=True)), history, decision.problems,
+                  float(period) if period is not None else None)
 
 
 def attach_calibration(params: Params, calibration_statistics: Any) -> Params:
@@ -428,18 +471,18 @@ def calibrate(result: TuningResult, calibration_statistics: Any | Sequence[Any],
     not. ``calibration_statistics``: one per ``result.candidates`` (or one for the chosen params)."""
     from .calibration import backtest
 
-    stats_list = (list(calibration_statistics) if isinstance(calibration_statistics, (list, tuple))
-                  else [calibration_statistics])
+    stats_list: list[Any] = (list(calibration_statistics) if isinstance(calibration_statistics, (list, tuple))
+                             else [calibration_statistics])
     if not stats_list or stats_list[0] is None:
         return result
     candidates = result.candidates[:len(stats_list)]
-    scored = []
+    scored: list[tuple[float, Params, OptimizationResult]] = []
     for (params, search), cal_stats in zip(candidates, stats_list, strict=True):
         params = attach_calibration(params, cal_stats)
         blocks = cal_stats.cells.shape[1]
         period = int(round(release_period_days)) if release_period_days is not None else blocks
         if not (1 <= period and blocks - period + 1 >= MIN_BACKTEST_BLOCKS) or params.encoding == "baseline":
-            scored.append((float("nan"), params, search, None))
+            scored.append((float("nan"), params, search))
             continue
         taus = np.asarray(search.taus, dtype=np.float64)
         replays = {c: backtest(cal_stats, params, params.calibration, taus, c, period) for c in ("none", "ratio")}
@@ -451,10 +494,10 @@ def calibrate(result: TuningResult, calibration_statistics: Any | Sequence[Any],
                 "per_query": [float(x) for x in r.per_query]} for c, r in replays.items()})
         provenance = dataclasses.replace(params.provenance, predicted_rmsre_tau=replays[choice].rmsre_tau, extra=extra)
         params = dataclasses.replace(params, correction=choice, provenance=provenance)
-        scored.append((replays[choice].rmsre_tau, params, dataclasses.replace(search, objective=replays[choice].rmsre_tau),
-                       replays))
+        scored.append((replays[choice].rmsre_tau, params,
+                       dataclasses.replace(search, objective=replays[choice].rmsre_tau)))
     if any(math.isnan(x[0]) for x in scored):  # no replay: the model's choice stands
         return dataclasses.replace(result, params=scored[0][1], alternatives=())
     best = min(range(len(scored)), key=lambda i: scored[i][0])
-    _, params, search, _ = scored[best]
+    _, params, search = scored[best]
     return dataclasses.replace(result, params=params, optimization=search, alternatives=())

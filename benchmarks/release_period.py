@@ -12,8 +12,9 @@ Methods, tuned on train for a release of one day (``tuning.tune(..., release_per
 ``released`` (objective corrected + the calibration fitted on train: what ``measure`` publishes),
 ``optimized_linf`` (the paper's estimator), the two baselines (Sec. 5.1). ``tuned_on_day``: the
 released method with parameters tuned on the test day itself (an oracle; calibrated on train like the
-others): the ratio train / day says how much tuning on the window costs. Test RMSRE_tau is analytic and exact on the test day's records
-(``evaluation.analytic_rmsre`` / ``corrected_rmsre``), taus from train (Sec. 5.1).
+others): the ratio train / day says how much tuning on the window costs. Test RMSRE_tau is analytic
+and exact on the test day's records (``evaluation.analytic_rmsre`` / ``corrected_rmsre``), taus from
+train (Sec. 5.1).
 
 Run: .venv/bin/python benchmarks/release_period.py [--per-day 40000] [--train-days 9 28] [--epsilons 1 4 16 64]
 """

@@ -47,6 +47,7 @@ run_evaluate = run
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     import pandas as pd
 
+    from araopt.conversions import concat_periods
     from araopt.evaluation import METHODS, comparison_table, evaluate_dataset, write_outputs
     from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
     from araopt.tuning import resolve_taus
@@ -74,15 +75,23 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit)
     trains = [check_input(p, slices, values) for p in args.train]  # every input is checked before any work
     tests = [check_input(p, slices, values) for p in args.test]
+    lookback = check_input(args.lookback, slices, values) if args.lookback else None
 
     evaluations = []
     for name, train, test in zip(names, trains, tests, strict=True):
         dead_letter = os.path.join(args.output, "dead_letter", f"{name}-train")
-        run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter)
+        run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
+                                 lookback=lookback)
         report_rejections(f"{PROG} ({name}, train)", run.counts, dead_letter + ".parquet")
         train_stats = run.statistics
         test_conv, test_counts, rejected = load_conversions(test, slices, values, args.max_rejected_fraction,
                                                             what="test log")
+        # the browser caps over each impression's life: the training log (and its lookback) is the test's lookback
+        train_conv, _, _ = load_conversions(train, slices, values, args.max_rejected_fraction, what="training log")
+        earlier = train_conv if lookback is None else concat_periods(
+            train_conv, load_conversions(lookback, slices, values, args.max_rejected_fraction, what="lookback")[0])
+        train_full = earlier
+        test_conv = concat_periods(test_conv, earlier)
         if rejected.num_rows:
             import pyarrow.parquet as pq
 
@@ -91,16 +100,16 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         report_rejections(f"{PROG} ({name}, test)", test_counts,
                           os.path.join(args.output, "dead_letter", f"{name}-test.parquet"))
         test_stats = compute_statistics_in_memory(test_conv, spec)
-        train_conv = None
-        if "corrected" in methods:  # its calibration is fitted on the training records
-            train_conv, _, _ = load_conversions(train, slices, values, args.max_rejected_fraction, what="training log")
+        period = float(test_stats.history_days())
         taus, tau_rule = resolve_taus(train_stats, tau_overrides)
         print(f"{name}: {tau_rule}", file=sys.stderr)
-        print(f"{name}: {train_stats.num_conversions} training and {len(test_conv)} test conversions", file=sys.stderr)
+        print(f"{name}: {train_stats.num_conversions} training conversions over {train_stats.history_days()} day(s), "
+              f"{test_stats.num_conversions} test conversions over {period:g} day(s): every method is tuned for one "
+              f"release of {period:g} day(s)", file=sys.stderr)
         evaluations.append(evaluate_dataset(
             name, train_stats, test_conv, epsilons, test_stats=test_stats, max_count_limit=args.max_count_limit,
             kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
-            progress=True, taus=taus, train_conversions=train_conv))
+            progress=True, taus=taus, train_conversions=train_full, release_period_days=period))
     paths = write_outputs(evaluations, args.output)
     results = pd.concat([e.results for e in evaluations], ignore_index=True)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):

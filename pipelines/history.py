@@ -70,10 +70,11 @@ def _run_to_driver(pipeline_args: Sequence[str], shuffle: str,
 
 def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline_args: Sequence[str] = (),
                        max_rejected_fraction: float = 0.10, num_shards: int | None = None, shuffle: str = "auto",
-                       dead_letter: str | None = None) -> StatisticsRun:
+                       dead_letter: str | None = None, lookback: InputFiles | None = None) -> StatisticsRun:
     """The Beam statistics pipeline (ReadAndValidate -> GroupByImpression -> the statistics combiner),
     run to completion; the result comes back to the driver. Refuses bad input before any work and a
-    history with too many rejected rows after (``check_rejected_share``)."""
+    history with too many rejected rows after (``check_rejected_share``). ``lookback``: earlier
+    conversions read only to give the history's conversions their lifetime ranks."""
     from araopt.conversions import check_rejected_share
     from transforms.io import InputFiles, auto_num_shards, check_input
     from transforms.statistics import ComputeStatistics
@@ -84,7 +85,8 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
         read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
-                                                            dead_letter)
+                                                            dead_letter,
+                                                            lookback_paths=lookback.paths if lookback else ())
         return {"counts": read["counts"],
                 "statistics": read["valid"] | "Statistics" >> ComputeStatistics(spec, shards, shuffle_dir)}
 
@@ -93,27 +95,33 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
     return StatisticsRun(values["statistics"], values["counts"], inputs)
 
 
-def compute_calibration(inputs: InputFiles, params: Params, pipeline_args: Sequence[str] = (),
-                        num_shards: int | None = None, shuffle: str = "auto") -> Any:
-    """The calibration statistics (``araopt.calibration``) of a history for fixed parameters, on Beam."""
+def compute_calibration(inputs: InputFiles, params: Params | Sequence[Params], pipeline_args: Sequence[str] = (),
+                        num_shards: int | None = None, shuffle: str = "auto", lookback: InputFiles | None = None) -> Any:
+    """The calibration statistics (``araopt.calibration``) of a history for fixed parameters (one per
+    candidate when ``params`` is a sequence, as a tuple), on Beam."""
     import apache_beam as beam
 
+    from araopt.params import Params
     from transforms.calibration import ComputeCalibration
     from transforms.group import GroupByImpression
     from transforms.io import auto_num_shards
     from transforms.validate import ReadAndValidate
 
+    candidates: tuple[Params, ...] = (params,) if isinstance(params, Params) else tuple(params)
+    many = not isinstance(params, Params)
+    first = candidates[0]
     shards = num_shards or auto_num_shards(inputs.rows)
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
-        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, params.slice_columns, params.query_columns,
-                                                            passthrough=inputs.optional_columns)
+        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, first.slice_columns, first.query_columns,
+                                                            lookback_paths=lookback.paths if lookback else ())
         grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(shards, shuffle_dir)
-        chosen = pipeline | "Params" >> beam.Create([params])
-        return {"calibration": grouped | "Calibration" >> ComputeCalibration(chosen, params.slice_columns,
-                                                                             params.query_columns)}
+        chosen = pipeline | "Params" >> beam.Create([candidates])
+        return {"calibration": grouped | "Calibration" >> ComputeCalibration(chosen, first.slice_columns,
+                                                                             first.query_columns)}
 
-    return _run_to_driver(pipeline_args, shuffle, build)["calibration"]
+    result = _run_to_driver(pipeline_args, shuffle, build)["calibration"]
+    return result if many else result[0]
 
 
 def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], value_columns: Sequence[str],

@@ -38,7 +38,7 @@ from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.group import GroupByImpression
 from transforms.io import InputFiles, check_input
 from transforms.release import WriteRelease
-from transforms.validate import ReadAndValidate
+from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate
 
 from . import options
 from .ledger import Ledger, default_ledger_root, input_identity
@@ -151,12 +151,18 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
 def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, folder: RunFolder, params_sha256: str,
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
                    num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
-                   max_slices: int = DEFAULT_MAX_SLICES):
-    """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection."""
+                   max_slices: int = DEFAULT_MAX_SLICES, lookback: InputFiles | None = None):
+    """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection.
+    ``lookback``: earlier conversions that consume each impression's budget (Alg. 1) but are not released."""
+    passthrough = tuple(c for c in inputs.optional_columns if lookback is None or c in lookback.optional_columns)
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, params.slice_columns, params.query_columns,
-        folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
+        folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")], passthrough=passthrough,
+        lookback_paths=lookback.paths if lookback is not None else ())
     valid, counts = read["valid"], read["counts"]
+    # conversions are exported by day: the earliest file read covers its whole UTC day
+    first = _micros((lookback or inputs).first_time)
+    coverage_start = None if first is None else first - first % 86_400_000_000
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])
     else:
@@ -164,11 +170,40 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, 
     merged = (
         valid
         | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
-        | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed)
+        | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed, coverage_start)
     )
-    release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain_pc, simulation_seed, max_rejected_fraction)
+    release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain_pc, simulation_seed, max_rejected_fraction,
+                                                      read.get(LOOKBACK_COUNTS))
     release | "WriteRelease" >> WriteRelease(folder.staging, params_sha256, debug_run, simulation_seed is not None)
     return release
+
+
+def _micros(iso: str | None) -> int | None:
+    """An ISO-8601 time (naive = UTC) as int64 microseconds since the epoch; None stays None."""
+    if iso is None:
+        return None
+    stamp = pd.Timestamp(iso)
+    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+    return int(stamp.value // 1000)
+
+
+def load_lookback(pattern: str | None, params: Params, inputs: InputFiles) -> InputFiles | None:
+    """--lookback: checked like the input (same columns and id / slice types), and disjoint from it
+    (a file in both would consume budget twice)."""
+    if pattern is None:
+        return None
+    lookback = check_input(pattern, params.slice_columns, params.query_columns)
+    shared = sorted(set(lookback.paths) & set(inputs.paths))
+    if shared:
+        raise UserError(f"--lookback and --input share {len(shared)} file(s) (e.g. {shared[0]}): the lookback holds "
+                        f"earlier conversions only")
+    families = {c: type_family(inputs.schema.field(c).type) for c in ("impression_id", *params.slice_columns)}
+    other = {c: type_family(lookback.schema.field(c).type) for c in families}
+    differ = [c for c in families if families[c] != other[c]]
+    if differ:
+        raise UserError(f"--lookback types differ from --input for {differ} ({[other[c] for c in differ]} vs "
+                        f"{[families[c] for c in differ]}): ids would not match")
+    return lookback
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -187,6 +222,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.num_shards is not None and args.num_shards < 1:
         raise UserError(f"--num-shards must be >= 1, got {args.num_shards}")
     inputs = check_input(args.input, params.slice_columns, params.query_columns)
+    lookback = load_lookback(args.lookback, params, inputs)
     domain, domain_origin = resolve_domain(args, params, inputs)
     ledger = None
     if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
@@ -198,7 +234,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     num_shards = args.num_shards or auto_shards(inputs)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed, args.debug_run,
-                   num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices)
+                   num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices, lookback)
     try:
         try:
             result = pipeline.run()
@@ -207,7 +243,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
             remove_dir(shuffle_dir)
         summary = run_summary(folder, args, loaded, params, inputs, opts, time.time() - started, simulation)
         summary.update(epsilon_note, domain=domain_origin, num_shards=num_shards,
-                       shuffle="files" if shuffle_dir else "memory")
+                       shuffle="files" if shuffle_dir else "memory",
+                       lookback_files=len(lookback.paths) if lookback else 0,
+                       impression_times_known=bool(set(inputs.optional_columns) & {"impression_time"}))
         folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
         release_number = None
         if ledger is not None:
@@ -282,6 +320,7 @@ def print_summary(summary: dict, output: str, simulation: bool) -> None:
           f"{summary['conversions_kept']:,} kept + {summary['conversions_dropped_by_cap']:,} dropped by the cap + "
           f"{summary['conversions_kept_outside_domain']:,} outside the domain + {summary['rows_rejected']:,} rejected "
           f"({by_reason}); details in {output}/{outputs.PRIVATE_DIR}/")
+    print_lookback_note(summary)
     calibration = summary.get("calibration")
     if not calibration:
         print("  estimates are of the capped-and-clipped sums (Alg. 4): the parameters carry no calibration, so "
@@ -292,6 +331,26 @@ def print_summary(summary: dict, output: str, simulation: bool) -> None:
         print(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the calibration's "
               f"uncertainty for a period of {calibration['period_blocks']} history block(s))"
               + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)" if unseen else ""))
+
+
+def print_lookback_note(summary: dict) -> None:
+    """Once per run: whether Alg. 1 saw each impression's earlier conversions (the browser's cap is per
+    source lifetime), and how many of the measured conversions may be over-counted."""
+    before = summary.get("conversions_of_impressions_older_than_the_lookback", 0)
+    if summary.get("lookback_files"):
+        tail = (f"; {before:,} measured conversion(s) belong to impressions shown before the lookback's first day and "
+                f"may be over-counted (lengthen --lookback)" if before else "")
+        print(f"  lifetime cap: {summary['lookback_rows_used']:,} earlier conversion(s) from --lookback consumed "
+              f"budget (not released){tail}")
+    elif summary.get("impression_times_known"):
+        if before:
+            print(f"  WARNING: no --lookback: {before:,} measured conversion(s) belong to impressions shown before the "
+                  f"input's first day; their earlier conversions did not consume budget, so the release may "
+                  f"keep more of them than the browser does (pass the days before as --lookback)")
+    else:
+        print("  WARNING: no --lookback and no impression_time: conversions of impressions that converted before "
+              "this input are capped as if these were their first, so the release may keep more than the browser "
+              "does (pass the days before as --lookback)")
 
 
 if __name__ == "__main__":

@@ -56,23 +56,33 @@ def build_parser() -> argparse.ArgumentParser:
     return options.build_parser("nightly")
 
 
-def select_window(history: str, as_of: str, window_days: int) -> tuple[list[str], list[str]]:
-    """Files of the date partitions in [as_of - window_days + 1, as_of]; (files, dates found)."""
+def select_window(history: str, as_of: str, window_days: int, lookback_days: int = 0
+                  ) -> tuple[list[str], list[str], list[str]]:
+    """Files of the conversion-date partitions in [as_of - window_days + 1, as_of], the dates found, and
+    the files of the ``lookback_days`` partitions before the window (read only for lifetime ranks)."""
     if window_days < 1:
         raise UserError(f"--window-days must be >= 1, got {window_days}")
+    if lookback_days < 0:
+        raise UserError(f"--lookback-days must be >= 0, got {lookback_days}")
     end = dt.date.fromisoformat(as_of)
     start = end - dt.timedelta(days=window_days - 1)
+    lookback_start = start - dt.timedelta(days=lookback_days)
     files = match_files(history)
-    chosen, dates = [], set()
+    chosen, lookback, dates = [], [], set()
     for path in files:
         m = DATE_PARTITION.search(path)
-        if m and start <= dt.date.fromisoformat(m.group(1)) <= end:
+        if not m:
+            continue
+        day = dt.date.fromisoformat(m.group(1))
+        if start <= day <= end:
             chosen.append(path)
             dates.add(m.group(1))
+        elif lookback_start <= day < start:
+            lookback.append(path)
     if not chosen:
         raise UserError(f"no history in the window {start}..{end} under {history!r} "
                         f"({len(files)} files found, partitions must look like date=YYYY-MM-DD/)")
-    return chosen, sorted(dates)
+    return chosen, sorted(dates), lookback
 
 
 def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
@@ -99,7 +109,7 @@ class _CalibrateReportAndPublish(beam.DoFn):
     def process(self, decision: NightlyDecision, calibration_statistics, counts: ValidationCounts):
         config = self._config
         previous = Params.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
-        decision = with_calibration(decision, calibration_statistics, previous, config.as_of)
+        decision = with_calibration(decision, calibration_statistics, previous, config)
         report = nightly_report(decision, config, counts, self._expected_previous)
         report_dir = FileSystems.join(config.store, "reports", f"{config.as_of}-{config.run_id}")
         if decision.idempotent:  # the same as-of date on the same history: nothing new to publish
@@ -146,29 +156,31 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         previous_payload = store.resolve("latest").payload if pointer else None
     except StoreError as exc:
         raise UserError(str(exc)) from None
-    files, dates = select_window(args.history, as_of, args.window_days)
+    files, dates, lookback_files = select_window(args.history, as_of, args.window_days, args.lookback_days)
     inputs = check_input(files, slices, values)
+    lookback = check_input(lookback_files, slices, values) if lookback_files else None
     window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
     config = NightlyConfig(
         store=args.store, as_of=as_of, run_id=args.run_id or uuid.uuid4().hex[:8], epsilon=epsilon,
         slice_columns=slices, window=(window_start, as_of), dates=tuple(dates), encoding=args.encoding,
         max_count_limit=max_c, kind=args.objective, max_rejected_fraction=args.max_rejected_fraction,
-        tau_overrides=tau_overrides,
+        tau_overrides=tau_overrides, release_period_days=args.release_period, lookback_days=args.lookback_days,
         guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor,
                               args.max_count_limit_change))
-    spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c)
+    spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
     opts = pipeline_options(beam_args)
     shuffle_dir = spill_dir(opts, args.shuffle)
     num_shards = args.num_shards or auto_num_shards(inputs.rows)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, passthrough=inputs.optional_columns)
+    read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values,
+                                                      lookback_paths=lookback.paths if lookback else ())
     counts = read["counts"]
     grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
     statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
     decision = statistics | "OptimizeAndGuard" >> beam.Map(_decide, beam.pvalue.AsSingleton(counts), config,
                                                            previous_payload)
-    chosen = decision | "ChosenParams" >> beam.Map(lambda d: d.tuning.params)
-    calibration = grouped | "Calibration" >> ComputeCalibration(chosen, slices, values)
+    candidates = decision | "CandidateParams" >> beam.Map(lambda d: tuple(p for p, _ in d.tuning.candidates))
+    calibration = grouped | "Calibration" >> ComputeCalibration(candidates, slices, values)
     _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
         _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
         beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))

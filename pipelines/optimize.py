@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 
 import pandas as pd
@@ -52,23 +53,34 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     tau_overrides = parse_tau(args.tau)
     if os.path.exists(args.output) and not args.overwrite:
         raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
-    spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit)  # validates column overlap
+    period = args.release_period
+    spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit,  # validates column overlap
+                          period_days=max(1, round(period)))
     inputs = check_input(args.history, slices, values)
+    lookback = check_input(args.lookback, slices, values) if args.lookback else None
     dead_letter = os.path.splitext(args.output)[0] + ".rejected"
-    run = compute_statistics(inputs, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter)
+    run = compute_statistics(inputs, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
+                             lookback=lookback)
     report_rejections(PROG, run.counts, dead_letter + ".parquet")
     stats = run.statistics
+    if not lookback:
+        print(f"{PROG}: no --lookback: conversions are ranked within the history only, so impressions that "
+              f"converted before it look smaller than they are (the loss to the cap is under-estimated)",
+              file=sys.stderr)
     tuning = tune(stats, epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit, kind=args.objective,
                   l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
                   tau_overrides=tau_overrides, rows=run.counts.rows_valid, progress=not args.no_progress,
-                  provenance={"history": args.history, "row_accounting": {
+                  release_period_days=period,
+                  provenance={"history": args.history, "lookback": args.lookback, "row_accounting": {
                       "rows_read": run.counts.rows_read, "rows_rejected": run.counts.rows_rejected,
                       "rows_rejected_by_reason": dict(run.counts.rejected_by_reason)}})
-    from araopt.tuning import attach_calibration
+    from araopt.tuning import calibrate
 
     from .history import compute_calibration
 
-    params = attach_calibration(tuning.params, compute_calibration(inputs, tuning.params, beam_args))
+    candidates = tuple(p for p, _ in tuning.candidates)
+    tuning = calibrate(tuning, compute_calibration(inputs, candidates, beam_args, lookback=lookback), period)
+    params = tuning.params
     result = tuning.optimization
     rows = [{"method": f"optimized {args.encoding}", "C": result.params.count_limit,
              "thresholds": ", ".join(f"{q.clip_threshold:.4g}" for q in result.params.queries),
@@ -83,14 +95,16 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                                    + f" (+count {p.count_budget_fraction:.3f})"),
                      "train RMSRE_tau": b.rmsre_tau, "ratio": b.rmsre_tau / result.objective})
     params.save(args.output)
-    print(f"{stats.num_conversions:,} conversions, {stats.num_impressions:,} impressions, {stats.num_slices:,} slices; "
-          f"epsilon {epsilon:g}, objective {args.objective}; {tuning.tau_rule}")
+    print(f"{stats.num_conversions:,} conversions over {stats.history_days()} day(s), {stats.num_impressions:,} "
+          f"impressions, {stats.num_slices:,} slices; epsilon {epsilon:g}, objective {args.objective}, tuned for one "
+          f"release of {period:g} day(s); {tuning.tau_rule}")
     print(result_table(rows))
     best = tuning.best_baseline
     print(f"{PROG}: wrote {args.output}: C = {params.count_limit}, "
           + ", ".join(f"{q.column} clipped at {q.clip_threshold:.4g}" for q in params.queries)
-          + f"; predicted training RMSRE_tau {result.objective:.4g}, {best.rmsre_tau / result.objective:.1f}x better "
-            f"than the best baseline ({best.name}) [optimizer {result.seconds:.2f} s]; estimates will be "
+          + f"; predicted RMSRE_tau of one {period:g}-day release {result.objective:.4g}, "
+            f"{best.rmsre_tau / result.objective:.1f}x better than the best baseline ({best.name}) "
+            f"[optimizer {result.seconds:.2f} s]; estimates will be "
           + ("corrected to the true totals (calibrated on the history)" if params.correction == "ratio" else
              "the capped sums with intervals for the true totals (correcting would add more noise than bias)"))
     return 0

@@ -117,6 +117,17 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("domain", "The declared output domain: a key map JSON (key_map.json from measure or export-ara) or a "
        ".csv/.json file listing slice values; default: the domain the parameter version carries.",
        metavar="FILE", label="Output domain", regex=_NON_EMPTY, gcs_only=True),
+    _o("lookback", "Earlier conversions (Parquet: a file, directory or glob, e.g. the 30 days before): they "
+       "consume each impression's contribution budget in ContributionCapping (Alg. 1), as the browser caps a "
+       "source over its whole life, but are never released or counted. Without it, conversions of impressions "
+       "that converted before the input are capped as if the input held their first conversions.",
+       metavar="LOG", label="Lookback", regex=_NON_EMPTY, gcs_only=True),
+    _o("release_period", "Days of conversions each release covers (tuning and predictions are for one release "
+       "of this length: its noise is the same whatever its length, its volume is not).", type="positive_float",
+       default=1.0, metavar="DAYS", label="Release period (days)", regex=_POSITIVE_DECIMAL),
+    _o("lookback_days", "Days of partitions before the window read only to rank each impression's conversions "
+       "over its whole life (as the browser caps a source); 0 = none.", type="int", default=30, metavar="N",
+       label="Lookback (days)", regex=_NON_NEGATIVE_INT),
     _o("debug_run", "Also write the unnoised values and the noise (Aggregation Service debug run) into the "
        "operator-private folder.", type="bool", label="Debug run", regex=_BOOL),
     _o("max_slices", "Refuse a domain with more slices than this.", type="positive_int", default=100_000,
@@ -246,7 +257,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "declared domain: --domain, or the one the parameter version carries.",
         ("araopt measure --input logs/date=2026-11-24/ --params store/ --output out/",
          "araopt measure --input logs/ --params params.json --domain slices.csv --output out/ --debug-run"),
-        ("input", "params", "output", "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
+        ("input", "params", "output", "lookback", "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
          "allow_rerelease", "ledger", "params_version", "simulation_seed", "num_shards", "shuffle",
          "max_rejected_fraction", "overwrite"),
         beam=True),
@@ -257,8 +268,10 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "training RMSRE_tau of the result and of the baselines, and the history's key domain.",
         ("araopt optimize --history logs/ --slices campaignId,geography --values value --epsilon 8 "
          "--output params.json",),
-        ("history", "slices", "values", ("epsilon", {"required": True}), "output", "encoding", "max_count_limit",
-         "objective", "tau",
+        ("history", "slices", "values", ("epsilon", {"required": True}), "output", "release_period",
+         ("lookback", {"help": "Earlier conversions (Parquet) read only to rank each history conversion within its "
+                               "impression's whole life (as the browser caps a source); not part of the history."}),
+         "encoding", "max_count_limit", "objective", "tau",
          "l1_rounding", "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "evaluate": Command(
@@ -271,6 +284,9 @@ COMMANDS: Final[Mapping[str, Command]] = {
         ("train", "test", ("name", {"help": "Dataset name (one per --train; default dataset1, ...).",
                                     "action": "append"}),
          "slices", "values", "epsilons", "output", "monte_carlo", "seed", "max_count_limit", "objective", "tau",
+         ("lookback", {"help": "Conversions before the training log (Parquet), read only to rank the training "
+                               "conversions over their impressions' whole lives; the test log's lookback is the "
+                               "training log (and this)."}),
          "methods", "no_gap", "max_rejected_fraction", "overwrite"),
         beam=True),
     "nightly": Command(
@@ -280,7 +296,8 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "of 'latest'. Re-running an as-of date on the same history publishes nothing.",
         ("araopt nightly --history logs/ --as-of yesterday --window-days 7 --store store/ --slices "
          "campaignId,geography --values value --epsilon 8",),
-        ("history", "as_of", "window_days", "store", "slices", "values", ("epsilon", {"required": True}), "encoding",
+        ("history", "as_of", "window_days", "store", "slices", "values", ("epsilon", {"required": True}),
+         "release_period", "lookback_days", "encoding",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",
          "tau", "max_rejected_fraction", "num_shards", "shuffle"),
@@ -379,10 +396,11 @@ def command_options(command: str) -> dict[str, CliOption]:
 
 
 TEMPLATE_OPTIONS: Final[Mapping[str, tuple[str, ...]]] = {
-    "nightly": ("history", "as_of", "window_days", "store", "slices", "values", "epsilon", "encoding", "max_count_limit",
-                "allow_large_change", "max_threshold_change_factor", "max_count_limit_change"),
-    "measure": ("input", "params", "output", "epsilon", "override_epsilon", "debug_run", "domain", "max_slices",
-                "allow_rerelease", "ledger"),
+    "nightly": ("history", "as_of", "window_days", "store", "slices", "values", "epsilon", "release_period",
+                "lookback_days", "encoding", "max_count_limit", "allow_large_change", "max_threshold_change_factor",
+                "max_count_limit_change"),
+    "measure": ("input", "params", "output", "lookback", "epsilon", "override_epsilon", "debug_run", "domain",
+                "max_slices", "allow_rerelease", "ledger"),
 }
 """The options of the Dataflow Flex Templates (metadata generated by ``python -m deploy.gen_metadata``)."""
 

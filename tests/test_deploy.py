@@ -72,11 +72,12 @@ def test_metadata_parameters_match_options(job: str) -> None:
 
 def test_option_lists_cover_the_documented_cli() -> None:
     assert [o.flag for o in NIGHTLY_OPTIONS] == [
-        "--history", "--as-of", "--window-days", "--store", "--slices", "--values", "--epsilon", "--encoding",
-        "--max-count-limit", "--allow-large-change", "--max-threshold-change-factor", "--max-count-limit-change",
+        "--history", "--as-of", "--window-days", "--store", "--slices", "--values", "--epsilon", "--release-period",
+        "--lookback-days", "--encoding", "--max-count-limit", "--allow-large-change", "--max-threshold-change-factor",
+        "--max-count-limit-change",
     ]  # fmt: skip
     assert [o.flag for o in MEASURE_OPTIONS] == [
-        "--input", "--params", "--output", "--epsilon", "--override-epsilon", "--debug-run", "--domain",
+        "--input", "--params", "--output", "--lookback", "--epsilon", "--override-epsilon", "--debug-run", "--domain",
         "--max-slices", "--allow-rerelease", "--ledger",
     ]
     required = {job: {o.name for o in opts if o.required} for job, opts in OPTIONS_BY_JOB.items()}

@@ -47,8 +47,10 @@ def nightly_args(history, store, as_of="2026-11-22", window=3, epsilon=8, extra=
 
 def test_window_selection(tmp_path):
     hist = write_history(tmp_path / "h", n=50)
-    files, dates = select_window(hist, "2026-11-22", 2)
-    assert dates == ["2026-11-21", "2026-11-22"] and len(files) == 2
+    files, dates, lookback = select_window(hist, "2026-11-22", 2)
+    assert dates == ["2026-11-21", "2026-11-22"] and len(files) == 2 and lookback == []
+    files, dates, lookback = select_window(hist, "2026-11-22", 1, lookback_days=1)
+    assert dates == ["2026-11-22"] and len(files) == 1 and len(lookback) == 1 and "date=2026-11-21" in lookback[0]
     with pytest.raises(Exception, match="no history in the window"):
         select_window(hist, "2026-12-30", 3)
     with pytest.raises(Exception, match="window-days"):
@@ -137,6 +139,41 @@ def test_guardrails_unit():
     assert any("count limit" in x for x in g.check(p(8, 10), 0.1, {"b": 0.2}, p(3, 10)))
     assert any("x3.00" in x for x in g.check(p(3, 30), 0.1, {"b": 0.2}, p(3, 10)))
     assert Guardrails(allow_large_change=True).check(p(8, 30), 0.1, {"b": 0.2}, p(3, 10)) == []
+
+
+def test_guardrails_name_the_cause_and_a_new_epsilon_starts_a_new_series():
+    import dataclasses
+
+    from araopt import QueryParams
+    from araopt.tuning import new_series
+
+    def p(c, t, eps=1.0, correction="none"):
+        return Params(count_limit=c, encoding="linf", epsilon=eps, slice_columns=("s",),
+                      queries=(QueryParams("v", t, 1.0),), correction=correction)
+
+    g = Guardrails()
+    switched = g.check(p(8, 30, correction="ratio"), 0.1, {"b": 0.2}, p(3, 10, correction="none"))
+    assert len(switched) == 2 and all("estimator switched from 'none' to 'ratio'" in x for x in switched)
+    assert all("history changed" in x for x in g.check(p(8, 30), 0.1, {"b": 0.2}, p(3, 10)))
+    # a new epsilon is a new series: C 20 -> 2 is expected, not a large change
+    assert g.check(p(2, 10, eps=64.0), 0.1, {"b": 0.2}, p(20, 10, eps=1.0)) == []
+    assert new_series(p(20, 10, eps=1.0), p(2, 10, eps=64.0)) == "epsilon changed 1 -> 64"
+    assert new_series(p(3, 10), p(3, 11)) == ""
+    day, week = (dataclasses.replace(p(3, 10), provenance=dataclasses.replace(
+        p(3, 10).provenance or __import__("araopt").Provenance(), extra={"release_period_days": d})) for d in (1.0, 7.0))
+    assert new_series(day, week) == "release period changed 1 -> 7 days"
+
+
+def test_refused_report_figure_says_not_published():
+    from araopt.plots import nightly_report_figure
+
+    table = pd.DataFrame({"C": [1, 2, 3], "rmsre_tau": [0.3, 0.2, 0.25]})
+    fig = nightly_report_figure(table, 2, {"baseline_q95": 0.4}, [("count", 5.0)], [], refused=["count limit moves"],
+                                release_period_days=1.0)
+    assert fig._suptitle is not None and fig._suptitle.get_text().startswith("NOT PUBLISHED: count limit moves")
+    assert "one release of 1 day(s)" in fig.axes[0].get_ylabel()
+    published = nightly_report_figure(table, 2, {"baseline_q95": 0.4}, [("count", 5.0)], [])
+    assert not published._suptitle.get_text().startswith("NOT PUBLISHED")
 
 
 def test_bad_input_before_work(tmp_path, capsys):

@@ -1,7 +1,8 @@
-"""Calibration side pipeline: shards of complete impressions -> ``CalibrationStatistics`` for the chosen
-parameters (a singleton side input), with the pure combiner of ``araopt.calibration`` wrapped in one
-thin ``beam.CombineFn``. Blocks are impression days when the log has ``impression_time``, else
-disjoint random parts of the window (``araopt.calibration.history_blocks``)."""
+"""Calibration side pipeline: shards of complete impressions -> ``CalibrationStatistics`` for each of
+the candidate parameters (a singleton side input: a ``Params`` or a tuple of them), with the pure
+combiner of ``araopt.calibration`` wrapped in one thin ``beam.CombineFn``. Blocks are the UTC days
+of the conversions (``araopt.calibration.day_blocks``): a release covers the conversions of its
+days. Lookback rows (``in_period`` False) are capped with the rest and not counted."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,47 +16,51 @@ from araopt.conversions import Conversions
 from araopt.params import Params
 
 
+def _as_tuple(params: Params | Sequence[Params]) -> tuple[Params, ...]:
+    return (params,) if isinstance(params, Params) else tuple(params)
+
+
 class _AddCalibration(beam.DoFn):
-    """Per shard: what ContributionCapping (Alg. 1) keeps of every (impression, slice, block) under the params."""
+    """Per shard: what ContributionCapping (Alg. 1) keeps of every (impression, slice, day) under each params."""
 
     def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str]):
         self._slices = tuple(slice_columns)
         self._values = tuple(value_columns)
 
-    def process(self, item: tuple[int, pa.Table], params: Params):
-        table = item[1]
-        conv = Conversions.from_table(table, self._slices, self._values)
-        times = None
-        if calibration.IMPRESSION_TIME in table.column_names:
-            column = table.column(calibration.IMPRESSION_TIME)
-            times = column.cast(pa.int64()).to_numpy(zero_copy_only=False) if column.null_count == 0 else None
-        acc = calibration.create_accumulator(params, self._slices)
-        yield calibration.add_conversions(acc, conv, calibration.history_blocks(conv, times))
+    def process(self, item: tuple[int, pa.Table], params: Params | Sequence[Params]):
+        conv = Conversions.from_table(item[1], self._slices, self._values)
+        blocks = calibration.day_blocks(conv)
+        yield tuple(calibration.add_conversions(calibration.create_accumulator(p, self._slices), conv, blocks)
+                    for p in _as_tuple(params))
 
 
 class CalibrationCombineFn(beam.CombineFn):
-    """Thin wrapper: every method delegates to the pure combiner in ``araopt.calibration``."""
+    """Thin wrapper: every method delegates to the pure combiner in ``araopt.calibration`` (one per candidate)."""
 
     def create_accumulator(self) -> Any:
         return None
 
     def add_input(self, acc: Any, part: Any) -> Any:
-        return part if acc is None else calibration.merge_accumulators([acc, part])
+        return part if acc is None else tuple(calibration.merge_accumulators([a, b]) for a, b in zip(acc, part,
+                                                                                                    strict=True))
 
     def merge_accumulators(self, accs: Any) -> Any:
         parts = [a for a in accs if a is not None]
-        return calibration.merge_accumulators(parts) if parts else None
+        if not parts:
+            return None
+        return tuple(calibration.merge_accumulators(list(group)) for group in zip(*parts, strict=True))
 
     def compact(self, acc: Any) -> Any:
-        return acc if acc is None else calibration.compact(acc)
+        return acc if acc is None else tuple(calibration.compact(a) for a in acc)
 
     def extract_output(self, acc: Any) -> Any:
-        return None if acc is None else calibration.extract_output(acc)
+        return None if acc is None else tuple(calibration.extract_output(a) for a in acc)
 
 
 class ComputeCalibration(beam.PTransform):
-    """(shard, table of complete impressions) -> one ``CalibrationStatistics`` for ``params`` (a
-    singleton PCollection of ``Params``: the parameters are often chosen inside the same pipeline)."""
+    """(shard, table of complete impressions) -> one tuple of ``CalibrationStatistics``, one per candidate
+    of ``params`` (a singleton PCollection of ``Params`` or of a tuple of them: the parameters are often
+    chosen inside the same pipeline)."""
 
     def __init__(self, params: beam.PCollection, slice_columns: Sequence[str], value_columns: Sequence[str]):
         super().__init__()
