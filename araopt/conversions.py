@@ -7,6 +7,7 @@ before any processing; per-row problems are returned as rejected rows with a ``r
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -369,6 +370,13 @@ class Conversions:
         for k, v in self.slices.items():
             frame[f"s_{k}"] = _normalise(v)
         return pd.util.hash_pandas_object(frame, index=False).to_numpy(dtype=np.uint64)
+
+
+def split_periods(conversions: Conversions) -> tuple[Conversions, Conversions]:
+    """(the period's rows, the lookback rows) of a batch with ``in_period`` (inverse of ``concat_periods``)."""
+    mask = conversions.period_mask()
+    return (dataclasses.replace(conversions.take(np.flatnonzero(mask)), in_period=None),
+            dataclasses.replace(conversions.take(np.flatnonzero(~mask)), in_period=None))
 
 
 def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:

@@ -702,8 +702,10 @@ class ParquetShardWriter:
 
 def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, partition_by_date: bool,
                 chunk_rows: int = 1_000_000, max_rows_per_file: int = 8_000_000,
-                compression: str = "snappy") -> dict[str, Any]:
-    """Write one split's Parquet shards into a fresh ``directory``; returns the manifest."""
+                compression: str = "snappy", by_conversion_date: bool = False) -> dict[str, Any]:
+    """Write one split's Parquet shards into a fresh ``directory``; returns the manifest. Date
+    partitions are by impression date (each holds whole impressions), or with ``by_conversion_date``
+    by conversion date (what a daily export holds: an impression's conversions spread over days)."""
     max_rows_per_file = _check_int("max_rows_per_file", max_rows_per_file)
     if max_rows_per_file < 1:
         raise ValueError(f"max_rows_per_file must be >= 1, got {max_rows_per_file}")
@@ -713,6 +715,7 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
                               use_dictionary=list(_DICTIONARY_COLUMNS))
     current: tuple[int, ParquetShardWriter] | None = None  # (day, writer) of the open date partition
     closed: list[ParquetShardWriter] = [flat]
+    by_day: dict[date, ParquetShardWriter] = {}  # conversion-date partitions, all open until the end
     rows = 0
     converting_impressions = 0
     max_per_impression = 0
@@ -729,8 +732,19 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
 
     try:
         for d, table in iter_chunks(plan, chunk_rows):
-            if not partition_by_date:
-                writer = flat
+            if partition_by_date and by_conversion_date:
+                day_of = np.floor_divide(table.column("conversion_time").cast(pa.int64()).to_numpy(), _US_PER_DAY)
+                for day in np.unique(day_of):
+                    when = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(days=int(day))).date()
+                    if when not in by_day:
+                        by_day[when] = ParquetShardWriter(directory / f"date={when.isoformat()}", CONVERSION_LOG_SCHEMA,
+                                                          max_rows_per_file, compression,
+                                                          use_dictionary=list(_DICTIONARY_COLUMNS))
+                        closed.append(by_day[when])
+                    submit(by_day[when].write, table.filter(pa.array(day_of == day)))
+                writer = None
+            elif not partition_by_date:
+                writer: ParquetShardWriter | None = flat
             else:
                 if current is None or current[0] != d:  # days are generated in order
                     if current is not None:
@@ -740,7 +754,8 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
                                                      use_dictionary=list(_DICTIONARY_COLUMNS)))
                     closed.append(current[1])
                 writer = current[1]
-            submit(writer.write, table)
+            if writer is not None:
+                submit(writer.write, table)
             ids = table.column("impression_id").to_numpy()
             run_starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 1))  # chunks never split an impression
             converting_impressions += run_starts.size
@@ -767,6 +782,8 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
         "start_date": plan.start_date.isoformat(),
         "days": plan.days,
         "partition_by_date": partition_by_date,
+        "partitioned_by": None if not partition_by_date else ("conversion_date" if by_conversion_date
+                                                             else "impression_date"),
         "slices": N_SLICES,
         "impressions": plan.n_impressions,
         "converting_impressions": converting_impressions,
@@ -780,11 +797,13 @@ def write_synthetic(out_dir: str | os.PathLike[str], preset: SyntheticPreset, *,
                     scale: float = 1.0, days: int | None = None, splits: Sequence[str] = SPLITS,
                     start_date: date = DEFAULT_START_DATE, overwrite: bool = False,
                     chunk_rows: int = 1_000_000, max_rows_per_file: int = 8_000_000,
-                    power_law_method: str = "exact", compression: str = "snappy") -> dict[str, dict[str, Any]]:
+                    power_law_method: str = "exact", compression: str = "snappy",
+                    by_conversion_date: bool = False) -> dict[str, dict[str, Any]]:
     """Generate and write ``splits`` (independent draws) under ``out_dir/<split>/``.
 
     ``days=None`` writes flat ``part-*.parquet`` files (impressions on ``start_date``);
-    ``days=N`` writes ``date=YYYY-MM-DD/part-*.parquet`` for N days. Each split is written to a
+    ``days=N`` writes ``date=YYYY-MM-DD/part-*.parquet`` for N days of impressions, partitioned by
+    impression date or, with ``by_conversion_date``, by conversion date. Each split is written to a
     hidden temporary directory and renamed into place when complete; ``_manifest.json`` records
     parameters and sizes (underscore files are ignored by Arrow/pandas dataset readers).
     """
@@ -802,7 +821,8 @@ def write_synthetic(out_dir: str | os.PathLike[str], preset: SyntheticPreset, *,
             shutil.rmtree(tmp)
         try:
             manifest = write_split(plan, tmp, partition_by_date=days is not None, chunk_rows=chunk_rows,
-                                   max_rows_per_file=max_rows_per_file, compression=compression)
+                                   max_rows_per_file=max_rows_per_file, compression=compression,
+                                   by_conversion_date=by_conversion_date)
             (tmp / "_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
             publish_dir(tmp, out / s)
         finally:

@@ -1,9 +1,13 @@
 """The README's main job, end to end on local defaults (DirectRunner, local files, synthetic data):
 
-1. generate 8 days of synthetic conversions (preset synth-criteo, date-partitioned Parquet);
-2. `araopt nightly` on the first 7 days into a local parameter store (versions/ + latest);
-3. `araopt measure` on day 8 with the store's `latest` (secure noise, as in production);
-4. print estimates with error bars, the predicted vs baseline error, and write the plots.
+1. generate 16 days of synthetic impressions (preset synth-criteo, a 7-day attribution window) as a
+   daily export: Parquet partitions by conversion date;
+2. `araopt nightly` on a 7-day window (with the 7 days before it as lookback, so that every
+   conversion has its lifetime rank) into a local parameter store, tuned for one day's release;
+3. `araopt measure` on the next day with the store's `latest` (secure noise, as in production) and
+   the 7 days before it as `--lookback` (the browser caps an impression over its whole life);
+4. print estimates with error bars, the predicted vs baseline error, the predicted error of the
+   day's release next to the realised one (the demo knows the synthetic truth), and write the plots.
 
     python -m pipelines.demo [--out demo-output] [--conversions-per-day 150000] [--epsilon 8]
 """
@@ -25,6 +29,8 @@ from araopt.release import ESTIMATE_COLUMNS
 from . import options
 
 SLICES = "campaignId,geography,productCategory"
+WINDOW = 7
+"""Days of the nightly window, of its lookback, of the measured day's lookback and of the attribution window."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,29 +53,44 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     for sub in ("data", "store", "measure", "plots"):
         shutil.rmtree(os.path.join(out, sub), ignore_errors=True)
     os.makedirs(out, exist_ok=True)
+    if args.days < 2 * WINDOW + 1:
+        raise options.UserError(f"--days must be at least {2 * WINDOW + 1} (a {WINDOW}-day window, its {WINDOW}-day "
+                                f"lookback and the measured day), got {args.days}")
     start = dt.date(2026, 11, 1)
     days = [(start + dt.timedelta(days=i)).isoformat() for i in range(args.days)]
     as_of, today = days[-2], days[-1]
+    lookback_days = days[-1 - WINDOW:-1]
 
-    _step(f"1/4 synthetic conversion log: {args.days} days x ~{args.conversions_per_day:,} conversions (synth-criteo)")
+    _step(f"1/4 synthetic conversion log: {args.days} days x ~{args.conversions_per_day:,} conversions (synth-criteo), "
+          f"exported by conversion date")
     code = run_synth(["--preset", "synth-criteo", "--target-conversions", str(args.conversions_per_day * args.days),
                       "--seed", str(args.seed), "--output", os.path.join(out, "data"), "--days", str(args.days),
-                      "--start-date", days[0], "--split", "train", "--overwrite"])
+                      "--start-date", days[0], "--split", "train", "--partition-by", "conversion-date",
+                      "--attribution-window-days", str(WINDOW), "--overwrite"])
     if code:
         return code
     history = os.path.join(out, "data", "train")
 
-    _step(f"2/4 nightly re-optimization on {days[0]}..{as_of} -> parameter store")
+    _step(f"2/4 nightly re-optimization on {days[-1 - WINDOW]}..{as_of} ({WINDOW} days, {WINDOW} days of lookback), "
+          f"tuned for one day's release -> parameter store")
     store = os.path.join(out, "store")
-    code = nightly.run(["--history", history, "--as-of", as_of, "--window-days", str(args.days - 1), "--store", store,
-                        "--slices", SLICES, "--values", "value", "--epsilon", str(args.epsilon), "--run-id", "demo"])
+    code = nightly.run(["--history", history, "--as-of", as_of, "--window-days", str(WINDOW), "--lookback-days",
+                        str(WINDOW), "--release-period", "1", "--store", store, "--slices", SLICES, "--values", "value",
+                        "--epsilon", str(args.epsilon), "--run-id", "demo"])
     if code:
         return code
 
-    _step(f"3/4 measure {today} with the store's latest parameters (secure noise)")
+    _step(f"3/4 measure {today} with the store's latest parameters (secure noise) and {lookback_days[0]}.."
+          f"{lookback_days[-1]} as lookback")
     result_dir = os.path.join(out, "measure")
-    code = measure.run(["--input", os.path.join(history, f"date={today}"), "--params", store, "--output", result_dir,
-                        "--debug-run"])
+    lookback = os.path.join(out, "lookback")
+    shutil.rmtree(lookback, ignore_errors=True)
+    for day in lookback_days:  # the lookback as its own folder of the days' files (links, not copies)
+        os.makedirs(os.path.join(lookback, f"date={day}"))
+        for name in os.listdir(os.path.join(history, f"date={day}")):
+            os.symlink(os.path.join(history, f"date={day}", name), os.path.join(lookback, f"date={day}", name))
+    code = measure.run(["--input", os.path.join(history, f"date={today}"), "--lookback", lookback, "--params", store,
+                        "--output", result_dir, "--debug-run"])
     if code:
         return code
 
@@ -84,6 +105,9 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     plots = write_plots(estimates, result_dir, os.path.join(out, "plots"))
     shutil.copy(os.path.join(report_dir, "report.png"), os.path.join(out, "plots", "nightly_report.png"))
     print_results(report, summary, estimates)
+    realised = realised_rmsre(estimates, os.path.join(history, f"date={today}"), report["taus"])
+    print(f"\nthe day's release: predicted RMSRE_tau {report['predicted_rmsre_tau']:.4f} ({report['prediction']}), "
+          f"realised {realised:.4f} (against the synthetic truth, which only a demo knows)")
     print("\noutputs:")
     for label, path in [("synthetic history", history), ("parameter store", store),
                         ("parameters used", summary["parameters"]["uri"]), ("nightly report", report_dir),
@@ -95,14 +119,29 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     return 0
 
 
+def realised_rmsre(estimates: pd.DataFrame, day: str, taus: Sequence[float]) -> float:
+    """RMSRE_tau (Def. 3.2) of the released estimates against the true totals of the day's conversions."""
+    import numpy as np
+
+    slice_cols = SLICES.split(",")
+    truth = pd.read_parquet(day, columns=[*slice_cols, "value"]).groupby(slice_cols).agg(
+        count=("value", "size"), value=("value", "sum"))
+    squares = []
+    for tau, query in zip(taus, ("count", "value"), strict=True):
+        rows = estimates[estimates["query"] == query].set_index(slice_cols)["estimate"]
+        true = truth[query].reindex(rows.index, fill_value=0.0).to_numpy(dtype=float)
+        squares.append(np.mean(((rows.to_numpy(dtype=float) - true) / np.maximum(tau, true)) ** 2))
+    return float(np.sqrt(np.mean(squares)))
+
+
 def print_results(report: dict, summary: dict, estimates: pd.DataFrame) -> None:
     p = report["params"]
     print(f"parameters {summary['parameters']['version']}: C = {p['count_limit']}, "
           + ", ".join(f"{q['column']}: clip {q['clip_threshold']:.1f}" for q in p["queries"]))
     base = report["baselines"]
-    pred = report["predicted_rmsre_tau"]
-    print(f"predicted training RMSRE_tau: optimized {pred:.4f} | "
-          + " | ".join(f"{k} {v:.4f} (x{v / pred:.1f} worse)" for k, v in base.items()))
+    pred = report["model_predicted_rmsre_tau"]
+    print(f"predicted RMSRE_tau of one {report['release_period_days']:g}-day release (error model): optimized "
+          f"{pred:.4f} | " + " | ".join(f"{k} {v:.4f} (x{v / pred:.1f} worse)" for k, v in base.items()))
     print(f"measured {summary['rows_read']:,} conversions: {summary['conversions_kept']:,} kept, "
           f"{summary['conversions_dropped_by_cap']:,} dropped by the cap, {summary['rows_rejected']:,} rejected; "
           f"{summary['keys']:,} keys at epsilon {summary['epsilon']:g}")

@@ -183,6 +183,9 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("days", "Date-partition the output over N days starting at --start-date (date=YYYY-MM-DD/).",
        type="positive_int", metavar="N"),
     _o("start_date", "First impression date, YYYY-MM-DD.", type="date", default="2024-01-01", metavar="YYYY-MM-DD"),
+    _o("partition_by", "With --days: date partitions by impression date (each holds whole impressions) or by "
+       "conversion date (a daily export: measure a day with the days before as --lookback).",
+       default="impression-date", choices=("impression-date", "conversion-date")),
     _o("split", "Which split(s) to write.", default="both", choices=("both", "train", "test")),
     _o("b", "Override the power-law shape b (> 0).", type="float"),
     _o("lam", "Override the Poisson rate lam (>= 0).", type="float"),
@@ -308,7 +311,8 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "(campaignId 16 x geography 8 x productCategory 2); impressions per slice ~ PowerLaw(b, k_min, k_max); "
         "conversions per impression ~ Poisson(lam); value ~ LogNormal(mu, sigma).",
         ("araopt synth --preset synth-criteo --target-conversions 1000000 --seed 1 --output data/",),
-        ("preset", "scale", "target_conversions", "seed", "output", "days", "start_date", "split", "b", "lam", "mu",
+        ("preset", "scale", "target_conversions", "seed", "output", "days", "start_date", "partition_by", "split", "b",
+         "lam", "mu",
          "sigma", ("k_min", {"help": "Override the power-law k_min (>= 1; preset default 1)."}),
          ("k_max", {"help": "Override the power-law k_max (>= k_min; preset default 10000)."}),
          ("attribution_window_days", {"help": "Override the attribution window (preset default 30)."}),
@@ -317,8 +321,9 @@ COMMANDS: Final[Mapping[str, Command]] = {
         epilog="presets (k_min=1, k_max=10000, 30-day window): synth-criteo b=2.88 lam=10 mu=4.19 sigma=1.16; "
                "synth-real-estate b=0.06 lam=10 mu=0.87 sigma=0.43; synth-travel b=1.14 lam=10 mu=1.95 sigma=1.14. "
                "Output: OUT/train/ and OUT/test/, each part-NNNNN.parquet or, with --days N, "
-               "date=YYYY-MM-DD/part-NNNNN.parquet (an impression and all its conversions in the partition of "
-               "the impression date), and _manifest.json."),
+               "date=YYYY-MM-DD/part-NNNNN.parquet (by impression date: an impression and all its conversions in "
+               "the partition of the impression date; with --partition-by conversion-date: each conversion in the "
+               "partition of its own date), and _manifest.json."),
     "fit-synthetic": Command(
         "pipelines.synth", "run_fit_synthetic", "fit a synthetic preset (b, lambda, mu, sigma) to a conversion log",
         "Fit the Sec. 5.3 model by maximum likelihood and write a preset JSON that `araopt synth --preset FILE` "
@@ -380,7 +385,8 @@ COMMANDS: Final[Mapping[str, Command]] = {
         ("araopt demo --output demo-output",),
         (("output", {"required": False, "default": "demo-output",
                      "help": "Output folder (its data/, store/, measure/ and plots/ are replaced on every run)."}),
-         "conversions_per_day", ("days", {"default": 8, "help": "Days generated; the last one is measured."}),
+         "conversions_per_day", ("days", {"default": 16, "help": "Days of impressions generated (at least 15: a "
+                                                         "7-day window, its 7-day lookback, the measured last day)."}),
          ("epsilon", {"default": 8.0}), ("seed", {"default": 2026}))),
 }
 

@@ -39,7 +39,7 @@ def run_synth(argv: Sequence[str] | None = None) -> int:
         manifests = synthetic.write_synthetic(
             a.output, preset, seed=a.seed, scale=scale, days=a.days, splits=splits, start_date=a.start_date,
             overwrite=a.overwrite, chunk_rows=a.chunk_rows, max_rows_per_file=a.rows_per_file,
-            power_law_method=a.power_law_sampler)
+            power_law_method=a.power_law_sampler, by_conversion_date=a.partition_by == "conversion-date")
         written = "; ".join(f"{s}: {m['conversions']:,} conversions of {m['impressions']:,} impressions in "
                             f"{len(m['files'])} file(s)" for s, m in manifests.items())
         print(f"araopt synth: wrote {preset.name} (seed {a.seed}) under {a.output}: {written} "

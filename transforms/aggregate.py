@@ -5,6 +5,7 @@ derived from the data by ``DomainFromData``).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
@@ -14,7 +15,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
 
 from araopt import aggregate
-from araopt.conversions import Conversions, ValidationCounts, check_rejected_share
+from araopt.conversions import Conversions, ValidationCounts, check_rejected_share, concat_periods, split_periods
 from araopt.keys import KeyDomain
 from araopt.mechanism import encode_and_bound
 from araopt.params import Params
@@ -50,11 +51,17 @@ class _EncodeAndBound(beam.DoFn):
         _, table = item
         params = self._params
         conv = Conversions.from_table(table, params.slice_columns, params.query_columns)
+        lookback_rows = 0
+        if conv.in_period is not None:  # lookback rows of impressions without a period row cannot change anything
+            lookback_rows = int((~conv.period_mask()).sum())
+            conv = concat_periods(*split_periods(conv))
         contributions, kept = encode_and_bound(conv, params, self._seed)
         period = conv.period_mask()
         sums = aggregate.domain_sums(domain.slice_index(conv.slices), contributions, kept, domain.num_slices,
                                      impressions=len(np.unique(conv.impression_id[period])), in_period=period,
                                      rows_before_lookback=rows_before_coverage(conv, self._coverage_start))
+        if conv.in_period is not None:
+            sums = dataclasses.replace(sums, lookback_rows=lookback_rows)
         self._kept.inc(sums.kept)
         self._capped.inc(sums.capped)
         self._outside.inc(sums.outside_domain)
