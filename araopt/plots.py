@@ -144,8 +144,12 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
         low, high = rows["ci_low"].to_numpy(dtype=float), rows["ci_high"].to_numpy(dtype=float)
         color = "tab:blue" if query == "count" else "tab:green"
         ax.barh(positions, estimate, height=0.62, color=color, alpha=0.35, label="released estimate")
-        ax.errorbar(estimate, positions, xerr=np.vstack([estimate - low, high - estimate]), fmt="o", color="black",
-                    markersize=3, elinewidth=1.6, capsize=4, capthick=1.6, label="95% interval")
+        # the interval of the true total need not contain the point estimate (correction "none": the capped
+        # estimate, biased low, with the interval of the true total): draw the interval around its own middle
+        middle = (low + high) / 2.0
+        ax.errorbar(middle, positions, xerr=np.vstack([middle - low, high - middle]), fmt="none", ecolor="black",
+                    elinewidth=1.6, capsize=4, capthick=1.6, label="95% interval")
+        ax.plot(estimate, positions, "o", color="black", markersize=3)
         half = (high - low) / 2.0
         for y, x, e, h in zip(positions, high, estimate, half, strict=True):
             share = h / abs(e) if e != 0 and np.isfinite(e) else np.inf

@@ -93,6 +93,20 @@ def test_estimates_plot_count_and_value_panels_with_named_slices_and_intervals(t
     _check_png(path)
 
 
+def test_estimates_plot_draws_an_interval_that_does_not_hold_the_point_estimate():
+    # correction "none": the released point is the capped estimate (biased low), the interval is the
+    # true total's and may lie wholly above it
+    estimates = _estimates()
+    estimates["ci_low"] = estimates["estimate"] * 1.1
+    estimates["ci_high"] = estimates["estimate"] * 1.3
+    fig = plots.estimates_figure(estimates, ["campaignId", "geography"], top=4)
+    bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    segments = bars[0].lines[2][0].get_segments()
+    counts = estimates[estimates["query"] == "count"].nlargest(4, "estimate")
+    lows = sorted(seg[0][0] for seg in segments)
+    assert lows == pytest.approx(sorted(counts["ci_low"]))
+
+
 def test_estimates_plot_refuses_missing_columns():
     with pytest.raises(ValueError, match="lacks columns"):
         plots.estimates_figure(_estimates().drop(columns="ci_low"), ["campaignId", "geography"])
