@@ -133,7 +133,7 @@ def canonical_type(arrow_type: pa.DataType, is_value: bool = False) -> pa.DataTy
             "timestamp": pa.int64()}.get(family, arrow_type)
 
 
-def _time_as_micros(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def time_as_micros(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Timestamps (any unit / tz) or ISO-8601 strings -> (int64 microseconds since the epoch, ok mask,
     floored mask). Sub-microsecond digits are floored (not rejected); values that cannot be parsed or
     do not fit int64 microseconds are not ok."""
@@ -195,7 +195,7 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     if type_family(ids.type) == "integer":
         flag(~_integer_in_int64(ids), "impression_id_out_of_range")
     time_column = table.column(CONVERSION_TIME)
-    micros, time_ok, floored = _time_as_micros(time_column)
+    micros, time_ok, floored = time_as_micros(time_column)
     time_nulls = _as_numpy(time_column.is_null())
     flag(time_nulls, "null_conversion_time")
     unparseable = ("unparseable_conversion_time" if type_family(time_column.type) == "string"
@@ -212,7 +212,7 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
         imp_column = table.column(IMPRESSION_TIME)
         if type_family(imp_column.type) not in ("timestamp", "string"):
             raise ValueError(f"column {IMPRESSION_TIME!r} must be a timestamp, got {imp_column.type}")
-        imp_micros, imp_ok, imp_floored = _time_as_micros(imp_column)
+        imp_micros, imp_ok, imp_floored = time_as_micros(imp_column)
         flag(~imp_ok | _as_numpy(imp_column.is_null()), "bad_impression_time")
         floored = floored | imp_floored
     values = []

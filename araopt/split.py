@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from .conversions import time_as_micros
 from .synthetic import ParquetShardWriter, prepare_output_dir, publish_dir
 
 
@@ -68,7 +69,10 @@ def _micros(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
         raise ValueError(f"time column {name!r} must be a timestamp, got {column.type}")
     if column.null_count:
         raise ValueError(f"time column {name!r} has {column.null_count} null(s)")
-    return cast(np.ndarray, pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64()).to_numpy())
+    micros, ok, _ = time_as_micros(column)  # by the column's own unit (pandas writes ns), floored to the microsecond
+    if not ok.all():
+        raise ValueError(f"time column {name!r} has {int((~ok).sum())} value(s) out of the int64 microsecond range")
+    return micros
 
 
 def quantile_cut(source: pa.Table | str | os.PathLike[str], train_fraction: float,

@@ -732,6 +732,7 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
 
     try:
         for d, table in iter_chunks(plan, chunk_rows):
+            writer: ParquetShardWriter | None
             if partition_by_date and by_conversion_date:
                 day_of = np.floor_divide(table.column("conversion_time").cast(pa.int64()).to_numpy(), _US_PER_DAY)
                 for day in np.unique(day_of):
@@ -744,7 +745,7 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
                     submit(by_day[when].write, table.filter(pa.array(day_of == day)))
                 writer = None
             elif not partition_by_date:
-                writer: ParquetShardWriter | None = flat
+                writer = flat
             else:
                 if current is None or current[0] != d:  # days are generated in order
                     if current is not None:

@@ -30,7 +30,9 @@ import pandas as pd
 from araopt import calibration as cb
 from araopt import synthetic, tuning
 from araopt.conversions import Conversions
-from araopt.evaluation import analytic_rmsre, corrected_rmsre
+from araopt.evaluation import _domain, analytic_rmsre, conversions_breakdown, corrected_rmsre, interval_coverage
+from araopt.mechanism import measure
+from araopt.release import estimates_frame
 from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
 
 SLICES = ("campaignId", "geography", "productCategory")
@@ -134,6 +136,33 @@ def run_case(log: DailyLog, test_day: int, train_days: int, epsilons, spec: Stat
     return rows
 
 
+def nightly_case(log: DailyLog, first_test_day: int, days: int, train_days: int, eps: float, spec: StatisticsSpec,
+                 coverage_runs: int, seed: int) -> list[dict]:
+    """Nightly as it runs: for each of ``days`` consecutive days, tune on the ``train_days`` before it
+    (with lookback) for a one-day release, predict, then release the day (with its lookback) and score
+    it: the expected RMSRE_tau given the day (analytic), one simulated release's RMSRE_tau, and the
+    coverage of the released 95% intervals of the true totals over ``coverage_runs`` noise draws."""
+    rows = []
+    for test_day in range(first_test_day, first_test_day + days):
+        train = log.window(test_day - train_days, test_day - 1)
+        test = log.window(test_day, test_day)
+        stats = compute_statistics_in_memory(train, spec)
+        taus = stats.taus()
+        res = tuned(stats, train, eps, 1.0, train_days, taus)
+        expected = corrected_rmsre(res.params, test, taus).combined
+        cov = interval_coverage(res.params, test, coverage_runs, seed=seed + test_day)
+        truth = conversions_breakdown(res.params, test).truth
+        release = measure(test, res.params, _domain(res.params, test), simulation_seed=seed + test_day).release
+        frame = estimates_frame(release.estimates, release.domain, release.corrected, res.params.correction)
+        est = frame["estimate"].to_numpy().reshape(truth.shape)
+        once = float(np.sqrt(np.mean(((est - truth) / np.maximum(taus[None, :], truth)) ** 2, axis=0).mean()))
+        rows.append({"dataset": log.name, "epsilon": eps, "test_day": test_day, "C": res.params.count_limit,
+                     "correction": res.params.correction, "predicted": res.predicted_rmsre_tau,
+                     "realised_expected": expected, "realised_one_release": once,
+                     **{f"coverage_{q}": float(c) for q, c in zip(("count", "value"), cov.released, strict=True)}})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-day", type=int, default=40_000, help="conversions per day (steady state)")
@@ -144,11 +173,39 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--tune-for-window", action="store_true",
                     help="tune for a release as large as the training window (the paper's setting; 'before')")
+    ap.add_argument("--nightly-days", type=int, default=0,
+                    help="instead of the table: nightly over this many consecutive days (prediction vs realised, "
+                         "coverage of the released intervals)")
+    ap.add_argument("--coverage-runs", type=int, default=10)
     args = ap.parse_args()
-    days = LOOKBACK_DAYS + max(args.train_days) + args.test_days + 1
+    days = LOOKBACK_DAYS + max(args.train_days) + max(args.test_days, args.nightly_days) + 1
     spec = StatisticsSpec(SLICES, ("value",))
     rows = []
     t0 = time.perf_counter()
+    if args.nightly_days:
+        for name in args.datasets:
+            log = (geometric_log(args.per_day, days + 30, args.seed, pareto=name == "geometric-pareto")
+                   if name.startswith("geometric") else
+                   daily_log(name, synthetic.get_preset(name), args.per_day, days + 30, args.seed))
+            for eps in args.epsilons:
+                rows += nightly_case(log, LOOKBACK_DAYS + max(args.train_days) + 30, args.nightly_days,
+                                     min(args.train_days), eps, spec, args.coverage_runs, args.seed)
+            print(f"{name}: done after {time.perf_counter() - t0:.0f} s", flush=True)
+        frame = pd.DataFrame(rows)
+        frame["expected/predicted"] = frame["realised_expected"] / frame["predicted"]
+        frame["one_release/predicted"] = frame["realised_one_release"] / frame["predicted"]
+        summary = frame.groupby(["dataset", "epsilon"]).agg(
+            days=("test_day", "size"), predicted=("predicted", "mean"), realised=("realised_expected", "mean"),
+            one_release=("realised_one_release", "mean"), ratio=("expected/predicted", "mean"),
+            ratio_one_release=("one_release/predicted", "mean"), coverage_count=("coverage_count", "mean"),
+            coverage_value=("coverage_value", "mean"), min_coverage_count=("coverage_count", "min"),
+            min_coverage_value=("coverage_value", "min")).reset_index()
+        with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+            print(summary.to_string(index=False))
+        print(f"realised / predicted over all days: mean {frame['expected/predicted'].mean():.3f} (expected given "
+              f"the day), {frame['one_release/predicted'].mean():.3f} (one simulated release); coverage of the released "
+              f"95% intervals: count {frame['coverage_count'].mean():.3f}, value {frame['coverage_value'].mean():.3f}")
+        return
     for name in args.datasets:
         if name in ("geometric", "geometric-pareto"):
             log = geometric_log(args.per_day, days + 30, args.seed, pareto=name == "geometric-pareto")
