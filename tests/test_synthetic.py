@@ -340,6 +340,22 @@ def test_partitioned_writer_shards_ids_and_dates(tmp_path: Path) -> None:
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary directories left
 
 
+def test_conversion_date_partitions_hold_each_conversion_on_its_own_day(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    flat = write_synthetic(tmp_path / "flat", PRESETS["synth-travel"], seed=2, scale=0.05, days=3, splits=("train",))
+    m = write_synthetic(out, PRESETS["synth-travel"], seed=2, scale=0.05, days=3, splits=("train",),
+                        by_conversion_date=True, chunk_rows=3_000)
+    assert m["train"]["partitioned_by"] == "conversion_date"
+    assert m["train"]["conversions"] == flat["train"]["conversions"]  # the same rows, partitioned otherwise
+    parts = sorted((out / "train").glob("date=*/part-*.parquet"))
+    assert len({p.parent.name for p in parts}) > 3  # conversions run past the impression days
+    for p in parts:
+        day = date.fromisoformat(p.parent.name[5:])
+        lo = int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()) * 1_000_000
+        times = ds.dataset(p).to_table()["conversion_time"].cast(pa.int64()).to_numpy()
+        assert times.min() >= lo and times.max() < lo + 86_400_000_000
+
+
 def test_written_data_equals_in_memory_generation(tmp_path: Path) -> None:
     p = PRESETS["synth-criteo"]
     write_synthetic(tmp_path / "o", p, seed=9, scale=3, splits=("test",), chunk_rows=500, max_rows_per_file=700)
