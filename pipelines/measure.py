@@ -34,18 +34,18 @@ from araopt.aggregate import DEFAULT_MAX_SLICES
 from araopt.conversions import type_family
 from araopt.keys import KeyDomain, check_domain_families, domain_from_rows
 from araopt.params import Params, check_epsilon
-from araopt.rowset import RowSet
+from araopt.rowset import RowSet, RowSetPart
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.group import GroupByImpression
 from transforms.io import InputFiles, check_input
 from transforms.release import WriteRelease
-from transforms.rowset import WriteRowSet
+from transforms.rowset import WriteRowIds
 from transforms.validate import ReadAndValidate
 
 from . import options
 from .ledger import Ledger, ledger_root
 from .options import UserError
-from .run_folder import ROW_SET, RunFolder
+from .run_folder import ROW_IDS, RunFolder
 from .runner import make_runner, pipeline_options, runner_name, spill_folder
 
 SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "
@@ -154,15 +154,15 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
 def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, folder: RunFolder, params_sha256: str,
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
                    num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
-                   max_slices: int = DEFAULT_MAX_SLICES, row_set: str | None = None):
+                   max_slices: int = DEFAULT_MAX_SLICES, row_ids: str | None = None):
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection.
-    ``row_set``: where to write the released rows' row set (``transforms.rowset``) for the ledger."""
+    ``row_ids``: the folder where the released rows' ids go (``transforms.rowset``), for the ledger."""
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, params.slice_columns, params.query_columns,
         folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
     valid, counts = read["valid"], read["counts"]
-    if row_set is not None:
-        _ = valid | "ReleasedRowSet" >> WriteRowSet(row_set)
+    if row_ids is not None:
+        _ = valid | "ReleasedRowIds" >> WriteRowIds(row_ids)
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])
     else:
@@ -227,7 +227,7 @@ def _measure(args: argparse.Namespace, beam_args: list[str], loaded: LoadedParam
         pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
         build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed,
                        args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices,
-                       row_set=None if ledger is None else folder.path(ROW_SET))
+                       row_ids=None if ledger is None else folder.path(ROW_IDS))
         result = pipeline.run()
         result.wait_until_finish()
     summary = run_summary(folder, args, loaded, params, inputs, opts, time.time() - started, simulation)
@@ -237,14 +237,15 @@ def _measure(args: argparse.Namespace, beam_args: list[str], loaded: LoadedParam
     private = {"params_sha256": params.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
                "input": input_facts(inputs)}
 
+    rows = None if ledger is None else RowSet.merge(RowSetPart.from_arrow_bytes(b) for b in folder.read_all(ROW_IDS))
+
     def record_release():
         """At commit (exclusive): check the released rows against the ledger and record them."""
         undo = None
-        if ledger is not None:
-            data = folder.read(ROW_SET)
-            rows = RowSet.from_parquet_bytes(data, "the release's row set")
-            recorded = ledger.check_and_record(rows, data, {"output": folder.target, "params_sha256": params.checksum(),
-                                                            "epsilon": params.epsilon, **epsilon_note})
+        if ledger is not None and rows is not None:
+            entry = {"output": folder.target, "params_sha256": params.checksum(), "epsilon": params.epsilon,
+                     **epsilon_note}
+            recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry)
             summary.update(release_number_of_this_input=recorded.release_number,
                            conversions_released_before=recorded.rows_released_before,
                            ledger=ledger.store.uri, ledger_entry=recorded.entry["id"])

@@ -40,8 +40,8 @@ REPLACED_TAG = ".araopt-replaced-"
 FAILED_TAG = ".araopt-failed-"
 LOCK_TAG = ".araopt-lock"
 WORK_DIR = ".araopt-work"
-"""Inside the staging folder: files the job leaves for the driver (the release's row set); never committed."""
-ROW_SET = f"{WORK_DIR}/row_set.parquet"
+"""Inside the staging folder: files the job leaves for the driver (the released rows' ids); never committed."""
+ROW_IDS = f"{WORK_DIR}/row_ids"
 _LOG = logging.getLogger(__name__)
 
 
@@ -132,6 +132,17 @@ class RunFolder:
             return _Gcs(self.staging).read(relative)
         with FileSystems.open(self.path(relative)) as fh:
             return bytes(fh.read())
+
+    def read_all(self, relative_dir: str) -> list[bytes]:
+        """The contents of every file under ``relative_dir`` of the staging folder."""
+        prefix = relative_dir.rstrip("/") + "/"
+        if self.staging.startswith("gs://"):
+            gcs = _Gcs(self.staging)
+            return [gcs.read(n) for n in gcs.names() if n.startswith(prefix)]
+        directory = os.path.join(self.staging, *prefix.split("/"))
+        if not os.path.isdir(directory):
+            return []
+        return [self.read(prefix + name) for name in sorted(os.listdir(directory))]
 
     def _files(self) -> list[str]:
         """Every file under the staging folder, relative, '/'-separated (Beam temp folders and the

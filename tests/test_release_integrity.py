@@ -318,3 +318,42 @@ def test_a_parameter_file_inside_a_store_is_read_as_the_stores(tmp_path):
     for ref in (f"{tmp_path}/store/versions/{version}/params.json", f"{tmp_path}/store/versions/{version}",
                 f"{tmp_path}/store"):
         assert load_params(ref).store == store.uri, ref
+
+
+def test_a_run_failing_after_its_output_was_prepared_leaves_no_staging_folder(tmp_path, monkeypatch, capsys):
+    from araopt import Params, QueryParams
+    from pipelines import measure as measure_pipeline
+
+    pq.write_table(pa.Table.from_pandas(frame(50), preserve_index=False), tmp_path / "in.parquet")
+    Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
+           queries=(QueryParams("v", 20.0, 1.0),)).save(tmp_path / "p.json")
+    (tmp_path / "domain.csv").write_text("s\na\nb\n")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected failure while building the job")
+
+    monkeypatch.setattr(measure_pipeline, "build_pipeline", boom)
+    code = measure_pipeline.run(["--input", str(tmp_path / "in.parquet"), "--params", str(tmp_path / "p.json"),
+                                 "--output", str(tmp_path / "out"), "--domain", str(tmp_path / "domain.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and "injected failure" in err and "Traceback" not in err
+    assert not [n for n in os.listdir(tmp_path) if STAGING_TAG in n or n == "out"]
+
+
+def test_the_job_writes_the_ids_of_exactly_the_rows_it_reads(tmp_path):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from transforms.rowset import WriteRowIds
+
+    valid, _ = validate_table(pa.Table.from_pandas(frame(3000), preserve_index=False), ["s"], ["v"])
+    batches = [valid.slice(0, 1000), valid.slice(1000, 1500), valid.slice(2500), valid.slice(0, 1000)]  # a retried batch
+    with TestPipeline() as p:
+        written = p | beam.Create(batches) | WriteRowIds(str(tmp_path / "ids"))
+        assert_that(written | beam.combiners.Count.Globally(), equal_to([4]))
+    parts = [RowSetPart.from_arrow_bytes((tmp_path / "ids" / n).read_bytes()) for n in os.listdir(tmp_path / "ids")]
+    rows = RowSet.merge(parts)
+    assert np.array_equal(rows.ids, sorted_unique(table_row_ids(valid)))
+    times = valid.column("conversion_time_us").to_numpy()
+    assert (rows.first_time_us, rows.last_time_us) == (times.min(), times.max())
