@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from araopt import outputs
-from araopt.locks import GcsLease, LockHeld
 from araopt.store import open_store
 from pipelines import measure as measure_pipeline
 from pipelines.options import UserError
@@ -155,6 +154,8 @@ def test_parameters_named_inside_a_store_record_in_the_stores_ledger(tmp_path, c
 
 # ---- gs:// -------------------------------------------------------------------------------------
 def test_a_gcs_lease_admits_one_of_two_racing_takers_and_an_expired_one_is_taken_over(fake_gcs_server):
+    from araopt.locks import GcsLease, LockHeld
+
     client = fake_gcs_server.client()
     for race in range(20):
         uri = f"gs://{fake_gcs_server.bucket}/out-{race}.araopt-lock"
