@@ -93,6 +93,8 @@ class RunFolder:
         if not target:
             raise UserError("--output is empty")
         if is_remote(target):
+            if not target.startswith("gs://"):
+                raise UserError(f"--output {target}: a run folder is a local path or gs://BUCKET/PATH")
             _check_target(target, overwrite)
             return cls(target, f"{target}{STAGING_TAG}{uuid.uuid4().hex[:12]}", overwrite)
         target = os.path.realpath(os.path.abspath(target))  # a symlinked output is the folder it names
@@ -137,8 +139,11 @@ class RunFolder:
         """The contents of every file under ``relative_dir`` of the staging folder."""
         prefix = relative_dir.rstrip("/") + "/"
         if self.staging.startswith("gs://"):
+            from concurrent.futures import ThreadPoolExecutor
+
             gcs = _Gcs(self.staging)
-            return [gcs.read(n) for n in gcs.names() if n.startswith(prefix)]
+            with ThreadPoolExecutor(max_workers=8) as pool:  # one small object per batch: fetch several at once
+                return list(pool.map(gcs.read, [n for n in gcs.names() if n.startswith(prefix)]))
         directory = os.path.join(self.staging, *prefix.split("/"))
         if not os.path.isdir(directory):
             return []
