@@ -69,14 +69,16 @@ def _id_words(impression_id: np.ndarray | pa.Array | pa.ChunkedArray) -> tuple[n
         if arr.dtype.kind in "iub":
             return arr.astype(np.int64).view(np.uint64), False
         text = pa.array(arr.astype(object), type=pa.string())
-    as_int = _canonical_int64(text)
-    words = pd.util.hash_array(np.asarray(text.to_numpy(zero_copy_only=False), dtype=object)).astype(np.uint64)
+    encoded = pc.dictionary_encode(text)  # hash each distinct id once (an impression has several conversions)
+    distinct = encoded.dictionary
+    words = pd.util.hash_array(np.asarray(distinct.to_numpy(zero_copy_only=False), dtype=object)).astype(np.uint64)
+    as_int = _canonical_int64(distinct)
     if as_int is not None:
         mask, values = as_int
         ints = values.view(np.uint64).copy()
         _mix(ints, np.empty_like(ints))
         words = np.where(mask, ints, words)
-    return words, True
+    return words[encoded.indices.to_numpy(zero_copy_only=False)], True
 
 
 def _canonical_int64(text: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
