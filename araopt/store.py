@@ -482,9 +482,9 @@ class ParameterStore(abc.ABC):
         return data
 
     def append_release(self, entry: dict[str, Any], row_set: bytes, expected_generation: int) -> dict[str, Any]:
-        """Store ``row_set`` (create-only, named by its sha256) and append ``entry`` to the index iff the
-        index is still at ``expected_generation`` (:class:`StoreConflict` otherwise: read and check
-        again). Returns the entry as recorded."""
+        """Store ``row_set`` (create-only, named by its sha256) and append ``entry`` (with a unique ``id``)
+        to the index iff the index is still at ``expected_generation`` (:class:`StoreConflict` otherwise:
+        read and check again). Returns the entry as recorded."""
         sha = _sha256(row_set)
         key = _ledger_rows_key(sha)
         self._put_immutable(key, row_set)
@@ -492,7 +492,12 @@ class ParameterStore(abc.ABC):
         releases, generation = self.read_ledger()
         if generation != expected_generation:
             raise StoreConflict(f"{self._object_uri(LEDGER_INDEX)} changed while this release was checked")
-        self._swap_cas(LEDGER_INDEX, _ledger_bytes([*releases, recorded]), generation)
+        try:
+            self._swap_cas(LEDGER_INDEX, _ledger_bytes([*releases, recorded]), generation)
+        except StoreConflict:
+            # A retried request whose first attempt succeeded also fails its precondition: check.
+            if not any(e["id"] == recorded["id"] for e in self.read_ledger()[0]):
+                raise
         return recorded
 
     def remove_release(self, release_id: str, attempts: int = 10) -> None:

@@ -735,3 +735,17 @@ def test_ledger_refuses_a_corrupt_index_and_a_tampered_row_set(backend: Backend)
         store.read_row_set(recorded)
     backend.write_raw("ledger/index.json", b'{"format": "araopt-ledger/2", "releases": [{"id": "x"}]')
     assert "not valid JSON" in assert_one_line(pytest.raises(StoreError, store.read_ledger).value)
+
+
+def test_ledger_append_whose_retry_reports_a_conflict_after_succeeding_is_recorded_once(backend: Backend) -> None:
+    store = backend.open()
+    original = store._swap_cas
+
+    def succeed_then_report_conflict(key: str, data: bytes, generation: int) -> None:
+        original(key, data, generation)
+        raise StoreConflict("the retried request saw its own write")
+
+    store._swap_cas = succeed_then_report_conflict  # type: ignore[method-assign]
+    store.append_release(_entry("a"), b"rows", 0)
+    store._swap_cas = original  # type: ignore[method-assign]
+    assert [e["id"] for e in store.read_ledger()[0]] == ["a"]
