@@ -21,7 +21,7 @@ from araopt.store import open_store
 from pipelines.ledger import Ledger, ledger_root
 from pipelines.options import UserError
 from pipelines.runner import SPILL_PREFIX, spill_folder
-from test_run_folder import RACES, frame
+from test_run_folder import RACES, conversions_table
 
 
 # ---- locks, not process ids -----------------------------------------------------------------------
@@ -100,19 +100,18 @@ def parquet(table: pa.Table, **kwargs) -> bytes:
 
 
 def test_the_row_set_does_not_depend_on_files_order_compression_row_groups_or_types():
-    f = frame()
-    table = pa.Table.from_pandas(f, preserve_index=False)
+    table = conversions_table()
     base = row_set_of_files(parquet(table))
     narrow = table.set_column(0, "impression_id", table.column(0).cast(pa.int32()))
-    seconds_free = f.assign(conversion_time=f.conversion_time.dt.tz_localize(None).astype("datetime64[ns]"))
+    nanos = table.set_column(1, "conversion_time", table.column(1).cast(pa.timestamp("ns")))
     variants = {
-        "rows reordered": [parquet(table.take(np.random.default_rng(1).permutation(len(f))))],
+        "rows reordered": [parquet(table.take(np.random.default_rng(1).permutation(table.num_rows)))],
         "zstd instead of snappy": [parquet(table, compression="zstd")],
         "another row-group size": [parquet(table, row_group_size=97)],
         "split into two files": [parquet(table.slice(0, 700)), parquet(table.slice(700))],
         "int32 ids": [parquet(narrow)],
-        "nanosecond timestamps without a zone": [parquet(pa.Table.from_pandas(seconds_free, preserve_index=False))],
-        "other value and slice columns": [parquet(table.drop_columns(["s"]).append_column("s", pa.array(["z"] * len(f))))],
+        "nanosecond timestamps without a zone": [parquet(nanos)],
+        "other slice values": [parquet(table.drop_columns(["s"]).append_column("s", pa.array(["z"] * table.num_rows)))],
     }
     for name, blobs in variants.items():
         rows = row_set_of_files(*blobs)
@@ -189,7 +188,7 @@ def test_the_job_writes_the_ids_of_exactly_the_rows_it_reads(tmp_path):
 
     from transforms.rowset import WriteRowIds
 
-    valid, _ = validate_table(pa.Table.from_pandas(frame(3000), preserve_index=False), ["s"], ["v"])
+    valid, _ = validate_table(conversions_table(3000), ["s"], ["v"])
     batches = [valid.slice(0, 1000), valid.slice(1000, 1500), valid.slice(2500), valid.slice(0, 1000)]  # a retried batch
     with TestPipeline() as p:
         written = p | beam.Create(batches) | WriteRowIds(str(tmp_path / "ids"))

@@ -8,7 +8,6 @@ import os
 import threading
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -135,13 +134,13 @@ def test_wait_for_manifest_reads_the_release_manifest_and_refuses_an_incomplete_
         wait_for_manifest(str(tmp_path / "out"))
 
 
-def frame(n=2000, seed=0):
+def conversions_table(n=2000, seed=0) -> pa.Table:
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "impression_id": rng.integers(0, 500, n).astype("int64"),
-        "conversion_time": pd.Timestamp("2026-11-20", tz="UTC") + pd.to_timedelta(rng.integers(0, 10**11, n), unit="us"),
-        "s": rng.choice(["a", "b"], n),
-        "v": rng.lognormal(2, 1, n),
+    return pa.table({
+        "impression_id": pa.array(rng.integers(0, 500, n), pa.int64()),
+        "conversion_time": pa.array(1_795_132_800_000_000 + rng.integers(0, 10**11, n), pa.timestamp("us", tz="UTC")),
+        "s": pa.array(rng.choice(["a", "b"], n)),
+        "v": pa.array(rng.lognormal(2, 1, n)),
     })
 
 
@@ -149,7 +148,7 @@ def test_a_run_failing_after_its_output_was_prepared_leaves_no_staging_folder(tm
     from araopt import Params, QueryParams
     from pipelines import measure as measure_pipeline
 
-    pq.write_table(pa.Table.from_pandas(frame(50), preserve_index=False), tmp_path / "in.parquet")
+    pq.write_table(conversions_table(50), tmp_path / "in.parquet")
     Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
            queries=(QueryParams("v", 20.0, 1.0),)).save(tmp_path / "p.json")
     (tmp_path / "domain.csv").write_text("s\na\nb\n")
