@@ -1,12 +1,13 @@
 """The layout of a run's output folder: what may be published and what is operator-private.
 
-    OUT/MANIFEST.json          written last: every file with its sha256 and visibility; a folder
-                               without it is incomplete (a killed run) and must not be used
     OUT/release/               PUBLISHABLE: noised numbers over the declared domain only
         summary_report.avro, output_domain.avro, key_map.json, key_map.csv,
-        estimates.parquet, estimates.csv, release.json
+        estimates.parquet, estimates.csv, release.json,
+        MANIFEST.json          written last: the release files with their sha256 and size, nothing
+                               else; a run without it is incomplete (a killed run) and must not be used
     OUT/private/               OPERATOR-PRIVATE: exact, un-noised figures and raw rows; never publish
-        README.txt, run_summary.json, dead_letter/rejected.parquet, debug/summary_report.avro
+        README.txt, run_summary.json, run_manifest.json (every private file's sha256, the input's
+        files, the release ledger entry), dead_letter/rejected.parquet, debug/summary_report.avro
 
 In simulation mode (seeded noise: NOT private) the release folder is ``simulation/`` and every file
 in it is named ``SIMULATION-<name>``, so a simulated file can never be mistaken for a release.
@@ -26,7 +27,11 @@ SIMULATION_DIR = "simulation"
 SIMULATION_PREFIX = "SIMULATION-"
 PRIVATE_DIR = "private"
 MANIFEST = "MANIFEST.json"
-MANIFEST_FORMAT = "araopt-run/1"
+MANIFEST_FORMAT = "araopt-release/2"
+RUN_MANIFEST = "run_manifest.json"
+RUN_MANIFEST_FORMAT = "araopt-run/2"
+LEGACY_MANIFEST = "MANIFEST.json"
+"""Runs written before the manifest moved into the release folder have it at the top (still recognised)."""
 
 SUMMARY_REPORT = "summary_report.avro"
 OUTPUT_DOMAIN = "output_domain.avro"
@@ -66,28 +71,49 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def manifest_file(simulation: bool) -> str:
+    """The manifest readers check, relative to the run folder (in the release or simulation folder)."""
+    return release_file(MANIFEST, simulation)
+
+
+RUN_MARKERS = (manifest_file(False), manifest_file(True), private_file(RUN_SUMMARY), LEGACY_MANIFEST)
+"""Any of these makes a folder an araopt run folder (which ``--overwrite`` may replace)."""
+
+
 @dataclass(frozen=True)
 class ManifestEntry:
     path: str  # relative to the run folder, '/'-separated
     sha256: str
     bytes: int
 
-    @property
-    def visibility(self) -> str:
-        return "private" if self.path.startswith(PRIVATE_DIR + "/") else "release"
 
-
-def manifest_json(entries: Sequence[ManifestEntry], simulation: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """The completion manifest: written last, so its presence means every listed file is whole."""
+def release_manifest(entries: Sequence[ManifestEntry], simulation: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The completion manifest of the release folder: written last, so its presence means every listed
+    file is whole. It lists the release files only (paths relative to the release folder): nothing
+    about the input, the private files or the ledger."""
+    folder = release_dir(simulation) + "/"
+    outside = [e.path for e in entries if not e.path.startswith(folder)]
+    if outside:
+        raise ValueError(f"not release files: {outside}")
     return {
         "format": MANIFEST_FORMAT,
         "complete": True,
         "simulation": simulation,
-        "release_dir": release_dir(simulation),
-        "private_dir": PRIVATE_DIR,
         "written_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "files": [{"path": e.path, "sha256": e.sha256, "bytes": e.bytes, "visibility": e.visibility}
+        "files": [{"path": e.path[len(folder):], "sha256": e.sha256, "bytes": e.bytes}
                   for e in sorted(entries, key=lambda e: e.path)],
+        **dict(extra),
+    }
+
+
+def run_manifest(entries: Sequence[ManifestEntry], release_manifest_sha256: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The operator-private manifest: every other file of the run (paths relative to the run folder),
+    the release manifest's sha256, and ``extra`` (the input's files, the release ledger entry)."""
+    return {
+        "format": RUN_MANIFEST_FORMAT,
+        "OPERATOR_PRIVATE": "exact input facts: never publish",
+        "release_manifest_sha256": release_manifest_sha256,
+        "files": [{"path": e.path, "sha256": e.sha256, "bytes": e.bytes} for e in sorted(entries, key=lambda e: e.path)],
         **dict(extra),
     }
 

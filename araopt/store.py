@@ -13,8 +13,11 @@ exactly one moves the pointer; the other raises :class:`StoreConflict` and leave
 version in force. Readers never see a partial file: versions are created atomically (temp file +
 ``link`` locally, single-request uploads on GCS) and the pointer is replaced atomically.
 
-Release ledger: ``ledger/<input sha256>/release-NNNNNN.json``, one create-only entry per release of
-an input (``record_release``), so that releasing the same data again is visible and refusable.
+Release ledger: ``ledger/index.json`` lists every release (its conversion count, time window and
+the sha256 of its row set) and is moved by compare-and-swap like ``latest`` (local: a ``flock`` and
+the content's digest; GCS: the object generation); ``ledger/rows/<sha256>.parquet`` holds each
+release's row set (``araopt.rowset``), content-addressed and create-only. Of two racing recorders
+exactly one appends; the other re-reads the index and checks again.
 
 Idempotency: publishing an as-of date whose payload is byte-identical to the one ``latest`` already
 names is a no-op that returns the existing version, whatever the run id. A *different* payload for
@@ -135,15 +138,13 @@ def _checksum_key(version: str) -> str:
 
 
 LEDGER_DIR: Final = "ledger"
+LEDGER_INDEX: Final = f"{LEDGER_DIR}/index.json"
+LEDGER_FORMAT: Final = "araopt-ledger/2"
+_LEDGER_ENTRY_FIELDS: Final = ("id", "row_set", "row_set_sha256", "rows", "first_time_us", "last_time_us")
 
 
-def _check_input_id(input_id: str) -> None:
-    if not isinstance(input_id, str) or not _SHA256_RE.fullmatch(input_id):
-        raise ValueError(f"input id must be a sha256 hex digest, got {input_id!r}")
-
-
-def _ledger_key(input_id: str, number: int) -> str:
-    return f"{LEDGER_DIR}/{input_id}/release-{number:06d}.json"
+def _ledger_rows_key(sha: str) -> str:
+    return f"{LEDGER_DIR}/rows/{sha}.parquet"
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,15 @@ class ParameterStore(abc.ABC):
     @abc.abstractmethod
     def _list_version_names(self) -> list[str]:
         """Names of versions whose params file exists (unsorted)."""
+
+    @abc.abstractmethod
+    def _read_cas(self, key: str) -> tuple[bytes | None, int]:
+        """An object moved by compare-and-swap: its bytes (None if absent) and generation (0 if absent)."""
+
+    @abc.abstractmethod
+    def _swap_cas(self, key: str, data: bytes, expected_generation: int) -> None:
+        """Replace (or create, for generation 0) ``key`` iff its generation is still ``expected_generation``;
+        :class:`StoreConflict` otherwise."""
 
     # -- public API ---------------------------------------------------------------------------
     def read_latest_pointer(self) -> LatestPointer | None:
@@ -442,28 +452,67 @@ class ParameterStore(abc.ABC):
         )
 
     # -- release ledger ------------------------------------------------------------------------
-    def release_count(self, input_id: str) -> int:
-        """How many releases of the input ``input_id`` (a sha256 hex digest) the ledger records."""
-        _check_input_id(input_id)
-        count = 0
-        while self._read(_ledger_key(input_id, count + 1)) is not None:
-            count += 1
-        return count
+    def read_ledger(self) -> tuple[list[dict[str, Any]], int]:
+        """The releases the ledger records (oldest first) and the index's generation (for
+        :meth:`append_release`); a corrupt index raises :class:`StoreError` naming it."""
+        raw, generation = self._read_cas(LEDGER_INDEX)
+        if raw is None:
+            return [], 0
+        uri = self._object_uri(LEDGER_INDEX)
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise StoreError(f"corrupt release ledger {uri}: not valid JSON ({_one_line(exc, 80)})") from None
+        releases = body.get("releases") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or body.get("format") != LEDGER_FORMAT or not isinstance(releases, list):
+            raise StoreError(f"corrupt release ledger {uri}: expected format {LEDGER_FORMAT} with a list of releases")
+        for entry in releases:
+            if not isinstance(entry, dict) or any(name not in entry for name in _LEDGER_ENTRY_FIELDS):
+                raise StoreError(f"corrupt release ledger {uri}: an entry lacks one of {', '.join(_LEDGER_ENTRY_FIELDS)}")
+        return releases, generation
 
-    def record_release(self, input_id: str, entry: bytes, expected_count: int) -> int:
-        """Record one more release of ``input_id``; returns its number (1 for the first release).
+    def read_row_set(self, entry: dict[str, Any]) -> bytes:
+        """The row set a ledger entry names, checksum-verified."""
+        key = entry["row_set"]
+        data = self._read(key)
+        if data is None:
+            raise StoreError(f"release ledger: row set {self._object_uri(key)} is missing (entry {entry['id']})")
+        if _sha256(data) != entry["row_set_sha256"]:
+            raise StoreError(f"release ledger: row set {self._object_uri(key)} does not match its sha256 (corrupt)")
+        return data
 
-        ``expected_count`` is what :meth:`release_count` said when the job started: if another job
-        recorded a release of the same input meanwhile, :class:`StoreConflict` is raised and nothing
-        is recorded (entries are create-only, so two racing jobs cannot both take the same number).
-        """
-        _check_input_id(input_id)
-        number = expected_count + 1
-        if not self._create(_ledger_key(input_id, number), bytes(entry)):
-            raise StoreConflict(
-                f"{self._object_uri(_ledger_key(input_id, number))} exists: another job recorded a release of "
-                f"the same input concurrently; nothing was recorded")
-        return number
+    def append_release(self, entry: dict[str, Any], row_set: bytes, expected_generation: int) -> dict[str, Any]:
+        """Store ``row_set`` (create-only, named by its sha256) and append ``entry`` (with a unique ``id``)
+        to the index iff the index is still at ``expected_generation`` (:class:`StoreConflict` otherwise:
+        read and check again). Returns the entry as recorded."""
+        sha = _sha256(row_set)
+        key = _ledger_rows_key(sha)
+        self._put_immutable(key, row_set)
+        recorded = {**entry, "row_set": key, "row_set_sha256": sha, "row_set_bytes": len(row_set)}
+        releases, generation = self.read_ledger()
+        if generation != expected_generation:
+            raise StoreConflict(f"{self._object_uri(LEDGER_INDEX)} changed while this release was checked")
+        try:
+            self._swap_cas(LEDGER_INDEX, _ledger_bytes([*releases, recorded]), generation)
+        except StoreConflict:
+            # A retried request whose first attempt succeeded also fails its precondition: check.
+            if not any(e["id"] == recorded["id"] for e in self.read_ledger()[0]):
+                raise
+        return recorded
+
+    def remove_release(self, release_id: str, attempts: int = 10) -> None:
+        """Take an entry out of the index again (a release recorded but then not committed)."""
+        for _ in range(attempts):
+            releases, generation = self.read_ledger()
+            kept = [e for e in releases if e["id"] != release_id]
+            if len(kept) == len(releases):
+                return
+            try:
+                self._swap_cas(LEDGER_INDEX, _ledger_bytes(kept), generation)
+                return
+            except StoreConflict:
+                continue
+        raise StoreError(f"could not remove release {release_id} from {self._object_uri(LEDGER_INDEX)}: it kept changing")
 
     # -- helpers ------------------------------------------------------------------------------
     def _put_immutable(self, key: str, data: bytes) -> bool:
@@ -492,6 +541,10 @@ class ParameterStore(abc.ABC):
         return fields[0]
 
 
+def _ledger_bytes(releases: list[dict[str, Any]]) -> bytes:
+    return (json.dumps({"format": LEDGER_FORMAT, "releases": releases}, indent=1, sort_keys=True) + "\n").encode()
+
+
 # ---------------------------------------------------------------------------------------------
 # Local filesystem
 # ---------------------------------------------------------------------------------------------
@@ -503,6 +556,12 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _content_generation(data: bytes) -> int:
+    """A local object's generation: a digest of its content (a compare-and-swap under a lock needs
+    only "unchanged since read"; every ledger write changes the content)."""
+    return int.from_bytes(hashlib.sha256(data).digest()[:7], "big") + 1
 
 
 def _write_temp(directory: Path, name: str, data: bytes) -> Path:
@@ -578,26 +637,47 @@ class LocalStore(ParameterStore):
         return data, LatestPointer.from_json_bytes(data, self._object_uri(LATEST)).serial
 
     def _swap_pointer(self, data: bytes, expected_generation: int) -> None:
-        with self._guard(LATEST, "replace"):
-            self._root.mkdir(parents=True, exist_ok=True)
-            with self._pointer_lock():
-                _, generation = self._read_pointer()
-                if generation != expected_generation:
-                    raise StoreConflict(
-                        f"{self._object_uri(LATEST)} changed (serial {generation}, expected {expected_generation})"
-                    )
-                tmp = _write_temp(self._root, LATEST, data)
+        def check() -> None:
+            _, generation = self._read_pointer()
+            if generation != expected_generation:
+                raise StoreConflict(
+                    f"{self._object_uri(LATEST)} changed (serial {generation}, expected {expected_generation})"
+                )
+
+        self._replace_locked(LATEST, data, check)
+
+    def _read_cas(self, key: str) -> tuple[bytes | None, int]:
+        data = self._read(key)
+        return (None, 0) if data is None else (data, _content_generation(data))
+
+    def _swap_cas(self, key: str, data: bytes, expected_generation: int) -> None:
+        def check() -> None:
+            if self._read_cas(key)[1] != expected_generation:
+                raise StoreConflict(f"{self._object_uri(key)} changed (expected generation {expected_generation})")
+
+        self._replace_locked(key, data, check)
+
+    def _replace_locked(self, key: str, data: bytes, check: Callable[[], None]) -> None:
+        """Under an exclusive ``flock`` on ``<key>.lock``: ``check()`` (raises to refuse), then replace
+        ``key`` atomically (temp file, fsync, rename)."""
+        path = self._root / key
+        with self._guard(key, "replace"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with self._key_lock(key):
+                check()
+                tmp = _write_temp(path.parent, path.name, data)
                 try:
-                    os.replace(tmp, self._root / LATEST)
+                    os.replace(tmp, path)
                 except BaseException:
                     with contextlib.suppress(OSError):
                         tmp.unlink()
                     raise
-                _fsync_dir(self._root)
+                _fsync_dir(path.parent)
 
     @contextlib.contextmanager
-    def _pointer_lock(self) -> Iterator[None]:
-        fd = os.open(self._root / f"{LATEST}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    def _key_lock(self, key: str) -> Iterator[None]:
+        lock_path = self._root / f"{key}.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             deadline = time.monotonic() + self._lock_timeout
             while True:
@@ -606,9 +686,7 @@ class LocalStore(ParameterStore):
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise StoreError(
-                            f"timed out after {self._lock_timeout:g}s waiting for {self._root / (LATEST + '.lock')}"
-                        ) from None
+                        raise StoreError(f"timed out after {self._lock_timeout:g}s waiting for {lock_path}") from None
                     time.sleep(0.005)
             yield
         finally:
@@ -757,7 +835,8 @@ class GcsStore(ParameterStore):
         from google.api_core import exceptions as api
 
         blob = self._bucket.blob(self._prefix + key)
-        content_type = "application/json" if key.endswith(".json") else "text/plain"
+        content_type = ("application/json" if key.endswith(".json")
+                        else "application/octet-stream" if key.endswith(".parquet") else "text/plain")
         try:
             self._call(
                 key,
@@ -773,37 +852,43 @@ class GcsStore(ParameterStore):
         return True
 
     def _read_pointer(self) -> tuple[bytes | None, int]:
+        return self._read_cas(LATEST)
+
+    def _swap_pointer(self, data: bytes, expected_generation: int) -> None:
+        self._swap_cas(LATEST, data, expected_generation)
+
+    def _read_cas(self, key: str) -> tuple[bytes | None, int]:
         from google.api_core import exceptions as api
 
-        name = self._prefix + LATEST
+        name = self._prefix + key
         for _ in range(5):
             try:
                 blob = self._call(
-                    LATEST, "read", lambda: self._bucket.get_blob(name, retry=self._retry, timeout=self._timeout)
+                    key, "read", lambda: self._bucket.get_blob(name, retry=self._retry, timeout=self._timeout)
                 )
             except api.NotFound as exc:
-                raise self._bucket_missing(LATEST, "read") from exc
+                raise self._bucket_missing(key, "read") from exc
             if blob is None:
                 return None, 0
             generation = int(blob.generation)
             try:
-                data = self._call(LATEST, "read", functools.partial(self._download_generation, blob, generation))
+                data = self._call(key, "read", functools.partial(self._download_generation, blob, generation))
             except (api.PreconditionFailed, api.NotFound):
                 continue  # replaced between the metadata and the media request: read again
             return data, generation
-        raise StoreError(f"cannot read {self._object_uri(LATEST)}: it kept changing during 5 attempts")
+        raise StoreError(f"cannot read {self._object_uri(key)}: it kept changing during 5 attempts")
 
     def _download_generation(self, blob: storage.Blob, generation: int) -> bytes:
         return cast(bytes, blob.download_as_bytes(if_generation_match=generation, retry=self._retry, timeout=self._timeout))
 
-    def _swap_pointer(self, data: bytes, expected_generation: int) -> None:
+    def _swap_cas(self, key: str, data: bytes, expected_generation: int) -> None:
         from google.api_core import exceptions as api
 
-        blob = self._bucket.blob(self._prefix + LATEST)
+        blob = self._bucket.blob(self._prefix + key)
         blob.cache_control = "no-store"
         try:
             self._call(
-                LATEST,
+                key,
                 "replace",
                 lambda: blob.upload_from_string(
                     data,
@@ -815,10 +900,10 @@ class GcsStore(ParameterStore):
             )
         except api.PreconditionFailed:
             raise StoreConflict(
-                f"{self._object_uri(LATEST)} changed (generation is no longer {expected_generation})"
+                f"{self._object_uri(key)} changed (generation is no longer {expected_generation})"
             ) from None
         except api.NotFound as exc:
-            raise self._bucket_missing(LATEST, "replace") from exc
+            raise self._bucket_missing(key, "replace") from exc
 
     def _list_version_names(self) -> list[str]:
         from google.api_core import exceptions as api

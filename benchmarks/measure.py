@@ -96,15 +96,16 @@ def shard_working_set(directory: str, num_shards: int) -> tuple[int, float]:
     return shard.num_rows, peak / 2**20
 
 
-def run_child(args: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of a child process."""
+def run_child(args: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS MiB, CPU seconds: user + system) of a child process. On a shared
+    machine the CPU time is the steadier figure to compare two versions with."""
     start = time.perf_counter()
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     if status != 0:
         raise SystemExit(f"command failed: {' '.join(args)}\n{proc.stderr.read().decode()[-3000:]}")
-    return wall, usage.ru_maxrss / 1024.0
+    return wall, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -127,16 +128,16 @@ def main() -> None:
             write_synthetic(data, n)
             print(f"generated {n:,} conversions in {time.perf_counter() - t0:.1f} s", flush=True)
             out = os.path.join(work, f"out-{n}")
-            wall, rss = run_child([py, "-m", "pipelines.measure", "--input", data,
+            wall, rss, cpu = run_child([py, "-m", "pipelines.measure", "--input", data,
                                    "--params", os.path.join(work, "params.json"), "--output", out, "--domain", domain,
                                    "--direct_running_mode", "in_memory"])
             results[n] = (wall, rss)
             print(f"araopt measure, {n:>11,} conversions: {wall:6.1f} s end to end = {n / wall:>9,.0f} conversions/s, "
-                  f"peak RSS {rss:,.0f} MiB", flush=True)
+                  f"peak RSS {rss:,.0f} MiB, CPU {cpu:.1f} s", flush=True)
         naive_n = args.naive_rows
         naive_data = os.path.join(work, "data-naive")
         write_synthetic(naive_data, naive_n)
-        wall, rss = run_child([py, os.path.join(ROOT, "benchmarks", "naive_measure.py"), naive_data,
+        wall, rss, _ = run_child([py, os.path.join(ROOT, "benchmarks", "naive_measure.py"), naive_data,
                                os.path.join(work, "params.json")])
         naive_rate = naive_n / wall
         print(f"naive per-element Beam, {naive_n:,} conversions: {wall:6.1f} s = {naive_rate:,.0f} conversions/s, "

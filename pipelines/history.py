@@ -42,10 +42,11 @@ def _run_to_driver(pipeline_args: Sequence[str], shuffle: str,
 
     from transforms.statistics import SaveElement
 
-    from .runner import make_runner, pipeline_options, remove_dir, spill_dir
+    from .runner import make_runner, pipeline_options, remove_dir, spill_folder
 
     opts = pipeline_options(list(pipeline_args))
-    shuffle_dir = spill_dir(opts, shuffle)
+    spill = spill_folder(opts, shuffle)
+    shuffle_dir = spill.path
     temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
     run_dir = FileSystems.join(temp_root, f"araopt-job-{os.getpid()}-{uuid.uuid4().hex}")
     if "://" not in run_dir:
@@ -64,7 +65,7 @@ def _run_to_driver(pipeline_args: Sequence[str], shuffle: str,
                 values[name] = pickle.loads(fh.read())
         return values
     finally:
-        remove_dir(shuffle_dir)
+        spill.remove()
         remove_dir(run_dir)
 
 

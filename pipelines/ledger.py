@@ -1,97 +1,121 @@
-"""The release ledger: which inputs were released, how many times (Aggregation Service rule: each
-report goes into one aggregation only; re-noising the same data lets averages strip the noise).
+"""The release ledger: which conversions were released (the Aggregation Service's rule: each report
+goes into one aggregation only; releasing the same conversions again lets averages strip the noise).
 
-An input's identity is the sha256 of its files' content digests, sorted: the same rows released
-again count as a re-release whatever the files are called or where they live. The ledger lives in
-the parameter store when ``--params`` is a store (``STORE/ledger/``), else in ``--ledger`` or
-``$ARAOPT_LEDGER`` or ``~/.local/state/araopt``. Releasing an input the ledger already knows needs
-``--allow-rerelease``; the count is recorded in the run's manifest and in the ledger entry.
+Keyed on rows, not files (``araopt.rowset``): a release is the set of conversions it used, whatever
+files, order, compression, row groups or encodings they came in. At commit, under the run folder's
+lock and before anything is moved into place, :meth:`Ledger.check_and_record` compares the release's
+row set with every earlier release whose time window meets it; conversions released before refuse
+the release (saying how many of how many) unless ``--allow-rerelease``, and the count is recorded.
+The entry is appended to the ledger index by compare-and-swap (of two racing releases exactly one
+appends; the other checks again and sees the first); if the commit then fails, it is taken out again.
+
+One ledger per store: when ``--params`` names a parameter store (its root, ``STORE/versions/<v>`` or
+``STORE/versions/<v>/params.json``), the ledger is ``STORE/ledger/`` and a ``--ledger`` elsewhere is
+refused; else ``--ledger`` or ``$ARAOPT_LEDGER`` or ``~/.local/state/araopt``.
 """
 from __future__ import annotations
 
-import hashlib
-import json
+import logging
 import os
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
+import numpy as np
 
 from araopt.params import utc_now_iso
-from araopt.store import ParameterStore, StoreError, open_store
+from araopt.rowset import RowSet, times_released
+from araopt.store import ParameterStore, StoreConflict, StoreError, open_store
 
 from .options import UserError
-
-_CHUNK = 8 << 20
-
-
-def file_sha256(path: str) -> tuple[str, int]:
-    """(sha256 hex, size) of one file, streamed (local or gs://)."""
-    digest = hashlib.sha256()
-    size = 0
-    with FileSystems.open(path) as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-@dataclass(frozen=True)
-class InputIdentity:
-    """The content identity of an input: per-file digests and their combined sha256."""
-
-    input_id: str
-    files: tuple[tuple[str, str, int], ...]  # (path, sha256, bytes)
-    first_time: str | None
-    last_time: str | None
-
-    def to_json(self) -> dict:
-        return {"input_sha256": self.input_id,
-                "files": [{"path": p, "sha256": h, "bytes": n} for p, h, n in self.files],
-                "window": {"first_conversion_time": self.first_time, "last_conversion_time": self.last_time}}
-
-
-def input_identity(paths: Sequence[str], first_time: str | None = None, last_time: str | None = None) -> InputIdentity:
-    """Hash every input file (threads: hashlib releases the GIL) and combine the sorted digests."""
-    with ThreadPoolExecutor(max_workers=min(4, max(1, len(paths)))) as pool:
-        digests = list(pool.map(file_sha256, paths))
-    files = tuple((p, h, n) for p, (h, n) in zip(paths, digests, strict=True))
-    combined = hashlib.sha256("\n".join(sorted(h for _, h, _ in files)).encode()).hexdigest()
-    return InputIdentity(combined, files, first_time, last_time)
 
 
 def default_ledger_root() -> str:
     return os.environ.get("ARAOPT_LEDGER") or os.path.join(os.path.expanduser("~"), ".local", "state", "araopt")
 
 
+def _same_location(a: str, b: str) -> bool:
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def ledger_root(store: str | None, ledger: str | None) -> str:
+    """Where releases are recorded: the parameter store's ledger, else ``--ledger`` or the default."""
+    if store is None:
+        return ledger or default_ledger_root()
+    if ledger is not None and not _same_location(ledger, store):
+        raise UserError(f"--ledger {ledger}: the parameters come from the store {store}, whose releases are recorded "
+                        f"in its own ledger ({store}/ledger; one ledger per store): drop --ledger")
+    return store
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A release as recorded: the ledger entry, and how often its conversions had been released."""
+
+    entry: dict[str, Any]
+    rows_released_before: int
+    release_number: int  # 1 + the most earlier releases any one of its conversions was in
+
+
 @dataclass(frozen=True)
 class Ledger:
-    """A ledger location and the count of earlier releases of one input, read when the job started."""
+    """A release ledger (a store's ``ledger/``) and whether re-releasing is allowed."""
 
     store: ParameterStore
-    identity: InputIdentity
-    previous_releases: int
+    allow_rerelease: bool
 
     @classmethod
-    def open(cls, root: str, identity: InputIdentity, allow_rerelease: bool) -> Ledger:
+    def open(cls, root: str, allow_rerelease: bool) -> Ledger:
+        """Open the ledger and read its index once: an unreachable or corrupt ledger fails before any work."""
         try:
             store = open_store(root)
-            count = store.release_count(identity.input_id)
-        except StoreError as exc:
+            store.read_ledger()
+        except (StoreError, ValueError) as exc:
             raise UserError(f"release ledger: {exc}") from None
-        if count and not allow_rerelease:
-            raise UserError(
-                f"this input (sha256 {identity.input_id[:16]}…, {len(identity.files)} file(s)) was already released "
-                f"{count} time(s) (ledger {store.uri}); releasing the same data again lets averages strip the noise. "
-                f"Pass --allow-rerelease to do it anyway (it is recorded)")
-        return cls(store, identity, count)
+        return cls(store, allow_rerelease)
 
-    def record(self, entry: dict) -> int:
-        """Record this release (create-only): returns the number of times the input has now been released."""
-        body = {"recorded_at": utc_now_iso(), **self.identity.to_json(), **entry}
+    def check_and_record(self, rows: RowSet, row_set: bytes, entry: dict[str, Any], attempts: int = 10) -> Recorded:
+        """Refuse ``rows`` if any was released before (unless re-releasing is allowed), else append the
+        release (``row_set``: its Parquet bytes) with ``entry``'s fields. Retries when another release
+        is recorded meanwhile."""
+        loaded: dict[str, np.ndarray] = {}
         try:
-            return self.store.record_release(self.identity.input_id, (json.dumps(body, indent=1) + "\n").encode(),
-                                             self.previous_releases)
+            for _ in range(attempts):
+                releases, generation = self.store.read_ledger()
+                meeting = [e for e in releases if rows.may_meet(e["first_time_us"], e["last_time_us"])]
+                for e in meeting:
+                    if e["id"] not in loaded:
+                        loaded[e["id"]] = RowSet.from_parquet_bytes(self.store.read_row_set(e), e["row_set"]).ids
+                counts = times_released(rows, [loaded[e["id"]] for e in meeting])
+                before = int(np.count_nonzero(counts))
+                overlaps = {e["id"]: int(np.count_nonzero(rows.contained_in(loaded[e["id"]]))) for e in meeting}
+                overlaps = {k: v for k, v in overlaps.items() if v}
+                if before and not self.allow_rerelease:
+                    raise UserError(
+                        f"{before:,} of the {len(rows):,} conversions of this input were already released "
+                        f"({len(overlaps)} earlier release(s) in the ledger {self.store.uri}); releasing them again lets "
+                        f"averages strip the noise. Pass --allow-rerelease to do it anyway (it is recorded)")
+                number = 1 + int(counts.max()) if len(counts) else 1
+                record = {**entry, "id": uuid.uuid4().hex, "recorded_at": utc_now_iso(), "rows": len(rows),
+                          "first_time_us": rows.first_time_us, "last_time_us": rows.last_time_us,
+                          "rows_released_before": before, "release_number": number, "overlaps": overlaps}
+                try:
+                    recorded = self.store.append_release(record, row_set, generation)
+                except StoreConflict:
+                    continue
+                return Recorded(recorded, before, number)
         except StoreError as exc:
             raise UserError(f"release ledger: {exc}") from None
+        raise UserError(f"release ledger {self.store.uri}: it kept changing during {attempts} attempts; nothing was "
+                        f"released")
+
+    def rollback(self, recorded: Recorded) -> None:
+        """Take a recorded release out again (its commit failed: nothing was released)."""
+        try:
+            self.store.remove_release(recorded.entry["id"])
+        except StoreError as exc:  # the run's own error is what the user must see: say this one in the log
+            logging.getLogger(__name__).error(
+                "release ledger: the commit failed and release %s could not be taken out of %s (%s): the ledger "
+                "over-counts one release (the safe direction)", recorded.entry["id"], self.store.uri, exc)

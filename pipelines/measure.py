@@ -8,7 +8,7 @@ HistogramContribution, Alg. 3 / Alg. 6; ReconstructValues, Alg. 4), on Apache Be
 A release needs a declared key domain (--domain, or the one the parameter version carries); only
 simulation mode (--simulation-seed: seeded noise, NOT private) may derive it from the data.
 Outputs (``araopt.outputs``): out/release/ is publishable; out/private/ holds exact counts, the dead
-letter and the debug report and must never be published; out/MANIFEST.json is written last.
+letter and the debug report and must never be published; out/release/MANIFEST.json is written last.
 
 Data flow: Parquet files -> validate (dead letter) -> shard by hash(impression_id) -> GroupByKey ->
 per shard: sort, encode, cap, per-key sums over the domain -> CombineGlobally (integer) -> noise once
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 import pandas as pd
+import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from araopt import outputs
@@ -34,17 +35,19 @@ from araopt.aggregate import DEFAULT_MAX_SLICES
 from araopt.conversions import type_family
 from araopt.keys import KeyDomain, check_domain_families, domain_from_rows
 from araopt.params import Params, check_epsilon
+from araopt.rowset import RowSet, RowSetPart
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.group import GroupByImpression
 from transforms.io import InputFiles, check_input
 from transforms.release import WriteRelease
-from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate
+from transforms.rowset import WriteRowIds
+from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate, period_rows
 
 from . import options
-from .ledger import Ledger, default_ledger_root, input_identity
+from .ledger import Ledger, ledger_root
 from .options import UserError
-from .run_folder import RunFolder
-from .runner import make_runner, pipeline_options, remove_dir, runner_name, spill_dir
+from .run_folder import ROW_IDS, RunFolder
+from .runner import make_runner, pipeline_options, runner_name, spill_folder
 
 SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "
                       "the output is NOT differentially private and must never be published")
@@ -63,8 +66,11 @@ class LoadedParams:
 
 def load_params(ref: str, version: str = "latest") -> LoadedParams:
     """A parameter file (.json, local or gs://), or a store URI (``STORE`` -> latest, or
-    ``STORE/versions/<v>``) resolved to a checksum-verified version."""
-    if ref.endswith(".json"):
+    ``STORE/versions/<v>`` or ``STORE/versions/<v>/params.json``) resolved to a checksum-verified
+    version (a store's parameters are always read as the store's: its ledger records the release)."""
+    from araopt.store import LATEST, StoreError, open_store, parse_params_ref, resolve_params_ref
+
+    if ref.endswith(".json") and parse_params_ref(ref)[1] == LATEST:
         try:
             with FileSystems.open(ref) as fh:
                 raw = fh.read()
@@ -72,8 +78,6 @@ def load_params(ref: str, version: str = "latest") -> LoadedParams:
             raise UserError(f"cannot read parameter file {ref}: {exc}") from None
         params = Params.from_bytes(raw, source=ref)
         return LoadedParams(params, {"path": ref, "sha256": hashlib.sha256(raw).hexdigest()})
-    from araopt.store import StoreError, open_store, resolve_params_ref
-
     try:
         resolved = open_store(ref).resolve(version) if version != "latest" else resolve_params_ref(ref)
     except StoreError as exc:
@@ -151,9 +155,11 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
 def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, folder: RunFolder, params_sha256: str,
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
                    num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
-                   max_slices: int = DEFAULT_MAX_SLICES, lookback: InputFiles | None = None):
+                   max_slices: int = DEFAULT_MAX_SLICES, row_ids: str | None = None, lookback: InputFiles | None = None):
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection.
-    ``lookback``: earlier conversions that consume each impression's budget (Alg. 1) but are not released."""
+    ``row_ids``: the folder where the released rows' ids go (``transforms.rowset``), for the ledger;
+    ``lookback``: earlier conversions that consume each impression's budget (Alg. 1) but are not released
+    (nor recorded in the ledger)."""
     passthrough = tuple(c for c in inputs.optional_columns if lookback is None or c in lookback.optional_columns)
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, params.slice_columns, params.query_columns,
@@ -163,6 +169,9 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, 
     # conversions are exported by day: the earliest file read covers its whole UTC day
     first = _micros((lookback or inputs).first_time)
     coverage_start = None if first is None else first - first % 86_400_000_000
+    if row_ids is not None:
+        released = valid if lookback is None else valid | "PeriodRows" >> beam.Map(period_rows).with_output_types(pa.Table)
+        _ = released | "ReleasedRowIds" >> WriteRowIds(row_ids)
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])
     else:
@@ -224,40 +233,13 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     inputs = check_input(args.input, params.slice_columns, params.query_columns)
     lookback = load_lookback(args.lookback, params, inputs)
     domain, domain_origin = resolve_domain(args, params, inputs)
-    ledger = None
-    if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
-        identity = input_identity(inputs.paths, inputs.first_time, inputs.last_time)
-        ledger = Ledger.open(args.ledger or loaded.store or default_ledger_root(), identity, args.allow_rerelease)
-    folder = RunFolder.prepare(args.output, args.overwrite)
-    opts = pipeline_options(beam_args)
-    shuffle_dir = spill_dir(opts, args.shuffle)
-    num_shards = args.num_shards or auto_shards(inputs)
-    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed, args.debug_run,
-                   num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices, lookback)
+    folder = RunFolder.prepare(args.output, args.overwrite)  # the output first, locked for the whole run
     try:
-        try:
-            result = pipeline.run()
-            result.wait_until_finish()
-        finally:
-            remove_dir(shuffle_dir)
-        summary = run_summary(folder, args, loaded, params, inputs, opts, time.time() - started, simulation)
-        summary.update(epsilon_note, domain=domain_origin, num_shards=num_shards,
-                       shuffle="files" if shuffle_dir else "memory",
-                       lookback_files=len(lookback.paths) if lookback else 0,
-                       impression_times_known=bool(set(inputs.optional_columns) & {"impression_time"}))
-        folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
-        release_number = None
-        if ledger is not None:
-            release_number = ledger.record({"output": folder.target, "params_sha256": params.checksum(),
-                                            "epsilon": params.epsilon, **epsilon_note})
-            summary["release_number_of_this_input"] = release_number
-            summary["ledger"] = ledger.store.uri
-        folder.write(outputs.private_file(outputs.RUN_SUMMARY), json.dumps(summary, indent=1).encode())
-        extra = {"params_sha256": params.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
-                 "input": ledger.identity.to_json() if ledger else {"files": list(inputs.paths)},
-                 "release_number_of_this_input": release_number}
-        folder.commit(simulation, extra)
+        summary = _measure(args, beam_args, loaded, params, epsilon_note, inputs, domain, domain_origin, folder,
+                           started, simulation, lookback)
+    except UserError:  # a refusal (ledger, output): nothing to debug, nothing kept
+        folder.abandon()
+        raise
     except Exception as exc:
         kept = folder.fail()
         if kept is None:
@@ -269,6 +251,61 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         raise
     print_summary(summary, folder.target, simulation)
     return 0
+
+
+def _measure(args: argparse.Namespace, beam_args: list[str], loaded: LoadedParams, params: Params, epsilon_note: dict,
+             inputs: InputFiles, domain: KeyDomain | None, domain_origin: str, folder: RunFolder, started: float,
+             simulation: bool, lookback: InputFiles | None = None) -> dict:
+    """Run the job into ``folder``'s staging folder and commit it (recording the release in the ledger)."""
+    ledger = None
+    if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
+        ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
+    opts = pipeline_options(beam_args)
+    num_shards = args.num_shards or auto_shards(inputs)
+    with spill_folder(opts, args.shuffle) as shuffle_dir:
+        pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+        build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed,
+                       args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices,
+                       row_ids=None if ledger is None else folder.path(ROW_IDS), lookback=lookback)
+        result = pipeline.run()
+        result.wait_until_finish()
+    summary = run_summary(folder, args, loaded, params, inputs, opts, time.time() - started, simulation)
+    summary.update(epsilon_note, domain=domain_origin, num_shards=num_shards,
+                   shuffle="files" if shuffle_dir else "memory", lookback_files=len(lookback.paths) if lookback else 0,
+                   impression_times_known=bool(set(inputs.optional_columns) & {"impression_time"}))
+    folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
+    private = {"params_sha256": params.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
+               "input": input_facts(inputs)}
+
+    rows = None if ledger is None else RowSet.merge(RowSetPart.from_arrow_bytes(b) for b in folder.read_all(ROW_IDS))
+
+    def record_release():
+        """At commit (exclusive): check the released rows against the ledger and record them."""
+        undo = None
+        if ledger is not None and rows is not None:
+            entry = {"output": folder.target, "params_sha256": params.checksum(), "epsilon": params.epsilon,
+                     **epsilon_note}
+            recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry)
+            summary.update(release_number_of_this_input=recorded.release_number,
+                           conversions_released_before=recorded.rows_released_before,
+                           ledger=ledger.store.uri, ledger_entry=recorded.entry["id"])
+            private["ledger"] = {"uri": ledger.store.uri, "entry": recorded.entry}
+
+            def undo():
+                ledger.rollback(recorded)
+        folder.write(outputs.private_file(outputs.RUN_SUMMARY), json.dumps(summary, indent=1).encode())
+        return undo
+
+    folder.commit(simulation, {"params_sha256": params.checksum(), "epsilon": params.epsilon}, private,
+                  before_move=record_release)
+    return summary
+
+
+def input_facts(inputs: InputFiles) -> dict:
+    """Operator-private: the input's files with their sizes, and its time window from the footers."""
+    sizes = {m.path: m.size_in_bytes for result in FileSystems.match(list(inputs.paths)) for m in result.metadata_list}
+    return {"files": [{"path": p, "bytes": sizes.get(p)} for p in inputs.paths],
+            "window": {"first_conversion_time": inputs.first_time, "last_conversion_time": inputs.last_time}}
 
 
 def auto_shards(inputs: InputFiles) -> int:

@@ -47,7 +47,7 @@ from transforms.validate import ReadAndValidate
 
 from . import options
 from .options import UserError, parse_tau, resolve_as_of, split_columns
-from .runner import make_runner, pipeline_options, remove_dir, spill_dir
+from .runner import make_runner, pipeline_options, spill_folder
 
 DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
@@ -169,7 +169,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                               args.max_count_limit_change))
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
     opts = pipeline_options(beam_args)
-    shuffle_dir = spill_dir(opts, args.shuffle)
+    spill = spill_folder(opts, args.shuffle)
+    shuffle_dir = spill.path
     num_shards = args.num_shards or auto_num_shards(inputs.rows)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values,
@@ -188,7 +189,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         result = pipeline.run()
         result.wait_until_finish()
     finally:
-        remove_dir(shuffle_dir)
+        spill.remove()
     report_path = FileSystems.join(args.store, "reports", f"{as_of}-{config.run_id}", "report.json")
     with FileSystems.open(report_path) as fh:
         report = json.loads(fh.read().decode())

@@ -84,7 +84,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
        "date=YYYY-MM-DD/ partitions.", required=True, metavar="LOG", label="Conversion history",
        regex=_NON_EMPTY, gcs_only=True),
     _o("params", "Parameter file (.json, local or gs://), a parameter store (its 'latest' version) or "
-       "STORE/versions/<version>.", required=True, metavar="PARAMS", label="Parameters", regex=_NON_EMPTY,
+       "STORE/versions/<version>[/params.json] (read as the store's: its ledger records the release).",
+       required=True, metavar="PARAMS", label="Parameters", regex=_NON_EMPTY,
        gcs_only=True),
     _o("output", "Where the results go; an existing result is replaced only with --overwrite.", required=True,
        metavar="PATH", aliases=("--out",), label="Output directory", regex=_NON_EMPTY, gcs_only=True),
@@ -132,10 +133,12 @@ _ALL: Final[tuple[CliOption, ...]] = (
        "operator-private folder.", type="bool", label="Debug run", regex=_BOOL),
     _o("max_slices", "Refuse a domain with more slices than this.", type="positive_int", default=100_000,
        metavar="N", label="Max slices", regex=_POSITIVE_INT),
-    _o("allow_rerelease", "Release an input the release ledger already knows (each release is recorded).",
+    _o("allow_rerelease", "Release conversions the release ledger says were released before (counted and "
+       "recorded).",
        type="bool", label="Allow re-release", regex=_BOOL),
-    _o("ledger", "Where releases are recorded (default: the parameter store, else $ARAOPT_LEDGER or "
-       "~/.local/state/araopt).", metavar="URI", label="Release ledger", regex=_NON_EMPTY, gcs_only=True),
+    _o("ledger", "Where releases are recorded when the parameters do not come from a store (a store's releases "
+       "are recorded in its own ledger); default $ARAOPT_LEDGER or ~/.local/state/araopt.", metavar="URI",
+       label="Release ledger", regex=_NON_EMPTY, gcs_only=True),
     _o("params_version", "Version to resolve in a parameter store.", default="latest", metavar="VERSION"),
     _o("max_rejected_fraction", "Fail before releasing or publishing if more than this share of rows is "
        "invalid (the Aggregation Service's own rule is 10%).", type="float", default=0.10, metavar="F"),
@@ -256,7 +259,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "Encode (HistogramContribution, Alg. 3 / Alg. 6), cap (ContributionCapping, Alg. 1), sum per key over "
         "the declared domain, add discrete Laplace noise once per key (SummaryReport, Alg. 2) and reconstruct "
         "(ReconstructValues, Alg. 4). OUT/release/ may be published; OUT/private/ holds exact counts, the dead "
-        "letter and the debug report and must not; OUT/MANIFEST.json is written last. A release needs a "
+        "letter and the debug report and must not; OUT/release/MANIFEST.json is written last. A release needs a "
         "declared domain: --domain, or the one the parameter version carries.",
         ("araopt measure --input logs/date=2026-11-24/ --params store/ --output out/",
          "araopt measure --input logs/ --params params.json --domain slices.csv --output out/ --debug-run"),

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, SetupOptions, StandardOptions
+
+from araopt.locks import LockedDir, sweep_unlocked
 
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 
@@ -40,17 +41,43 @@ def make_runner(opts: PipelineOptions):
 
 
 SHUFFLES = ("auto", "memory", "files")
+SPILL_PREFIX = "araopt-shuffle-"
 
 
-def spill_dir(opts: PipelineOptions, shuffle: str = "auto") -> str | None:
-    """Where GroupByImpression spills its shuffle (``transforms.group``), or None for an in-memory
-    GroupByKey. ``auto``: files for the local runner (whose GroupByKey holds its whole input in
-    memory), memory otherwise (Dataflow's shuffle service keeps data out of worker memory)."""
+class SpillFolder:
+    """Where GroupByImpression spills its shuffle (``transforms.group``): ``path``, or None for an
+    in-memory GroupByKey; :meth:`remove` when the job ends or fails (also a context manager)."""
+
+    def __init__(self, path: str | None, locked: LockedDir | None = None) -> None:
+        self.path = path
+        self._locked = locked
+
+    def remove(self) -> None:
+        if self._locked is not None:
+            self._locked.remove()
+        else:
+            remove_dir(self.path)
+
+    def __enter__(self) -> str | None:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def spill_folder(opts: PipelineOptions, shuffle: str = "auto") -> SpillFolder:
+    """The shuffle spill folder of a job. ``auto``: files for the local runner (whose GroupByKey holds
+    its whole input in memory), memory otherwise (Dataflow's shuffle service keeps data out of worker
+    memory).
+
+    A local spill folder is created ``0700`` (raw conversion rows) with a lock held until it is removed
+    (``araopt.locks.LockedDir``); spill folders under the same temp location whose lock nobody holds
+    are killed runs' leftovers and are removed first, whatever host or PID namespace their run was in."""
     if shuffle not in SHUFFLES:
         raise ValueError(f"--shuffle must be one of {SHUFFLES}, got {shuffle!r}")
     local = opts.view_as(StandardOptions).runner in LOCAL_RUNNERS
     if shuffle == "memory" or (shuffle == "auto" and not local):
-        return None
+        return SpillFolder(None)
     import tempfile
     import uuid
 
@@ -58,47 +85,12 @@ def spill_dir(opts: PipelineOptions, shuffle: str = "auto") -> str | None:
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
     root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
-    path = FileSystems.join(root, f"{SPILL_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
-    if not is_remote(root):
-        for stale in sweep_leftovers(root, (SPILL_PREFIX,)):
-            logging.getLogger(__name__).warning("removed the shuffle spill of a killed run: %s", stale)
-        os.makedirs(path, mode=0o700)
-        os.chmod(path, 0o700)  # raw conversion rows: readable by this user only, whatever the umask
-    return path
-
-
-SPILL_PREFIX = "araopt-shuffle-"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_leftovers(parent: str, stems: tuple[str, ...]) -> list[str]:
-    """Remove local folders ``parent/<stem><pid>-...`` whose process is gone (killed runs' leftovers).
-
-    Returns what was removed. Object stores are left to the bucket's lifecycle rules.
-    """
-    import shutil
-
-    removed: list[str] = []
-    if is_remote(parent) or not os.path.isdir(parent):
-        return removed
-    for name in os.listdir(parent):
-        for stem in stems:
-            head = name[len(stem):].split("-", 1)[0] if name.startswith(stem) else ""
-            if head.isdigit() and int(head) != os.getpid() and not _pid_alive(int(head)):
-                path = os.path.join(parent, name)
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
-                break
-    return removed
+    if is_remote(root):  # object stores: a killed run's spill is left to the bucket's lifecycle rules
+        return SpillFolder(FileSystems.join(root, f"{SPILL_PREFIX}{uuid.uuid4().hex}"))
+    for stale in sweep_unlocked(root, SPILL_PREFIX):
+        logging.getLogger(__name__).warning("removed the shuffle spill of a killed run: %s", stale)
+    locked = LockedDir.create(root, SPILL_PREFIX, "araopt shuffle spill", mode=0o700)
+    return SpillFolder(locked.path, locked)
 
 
 def remove_dir(path: str | None) -> None:

@@ -37,9 +37,10 @@ def test_measure_and_reconstruct_on_gcs(tmp_path, gcp_storage_emulator):
     names = {b.name for b in bucket.list_blobs()}
     assert {"out/release/summary_report.avro", "out/release/output_domain.avro", "out/release/key_map.json",
             "out/release/estimates.csv", "out/private/run_summary.json", "out/private/debug/summary_report.avro",
-            "out/MANIFEST.json"} <= names
+            "out/release/MANIFEST.json", "out/private/run_manifest.json"} <= names
     assert not [n for n in names if ".araopt-staging-" in n or "beam-temp" in n]  # staging moved, temp removed
-    assert [n for n in names if n.startswith("ledger/ledger/")]  # the release is recorded on GCS
+    assert "ledger/ledger/index.json" in names  # the release is recorded on GCS
+    assert not [n for n in names if ".araopt-lock" in n]  # the commit's lease is released
     target = tmp_path / "est.csv"
     assert run_reconstruct(["--summary-report", f"{gs}/out/release/summary_report.avro", "--params",
                             f"{gs}/params/p.json", "--key-map", f"{gs}/out/release/key_map.json", "--out", str(target)]) == 0

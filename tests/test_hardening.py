@@ -120,7 +120,8 @@ def test_2_one_row_neighbours_give_identical_release_structure(tmp_path):
     for name, frame in (("without", base), ("with", pd.concat([base, extra], ignore_index=True))):
         data = write(frame, str(tmp_path / name / "part-0.parquet"))
         out = tmp_path / f"out-{name}"
-        assert measure_pipeline.run(["--input", data, "--params", pfile, "--output", str(out), "--domain", dom]) == 0
+        assert measure_pipeline.run(["--input", data, "--params", pfile, "--output", str(out), "--domain", dom,
+                                     "--allow-rerelease"]) == 0  # neighbours share all but one conversion
         outs.append(out)
     for name in (outputs.KEY_MAP_JSON, outputs.KEY_MAP_CSV):
         a, b = (open(os.path.join(o, outputs.release_file(name, False)), "rb").read() for o in outs)
@@ -186,12 +187,11 @@ def test_4_release_folder_holds_no_exact_counts_and_private_folder_is_labelled(t
     assert not {k for k in release if "row" in k or "conversion" in k or "impression" in k or "kept" in k}
     assert release["differentially_private"] is True and release["simulation"] is False
     assert "do not publish" in (tmp_path / "o" / "private" / "README.txt").read_text().lower()
-    manifest = read_json(tmp_path / "o" / "MANIFEST.json")
-    visibility = {f["path"]: f["visibility"] for f in manifest["files"]}
-    assert visibility["private/run_summary.json"] == "private"
-    assert visibility["private/dead_letter/rejected.parquet"] == "private"
-    assert visibility["private/debug/summary_report.avro"] == "private"
-    assert all(v == "release" for p, v in visibility.items() if p.startswith("release/"))
+    public = {f["path"] for f in read_json(tmp_path / "o" / "release" / "MANIFEST.json")["files"]}
+    assert public == set(os.listdir(tmp_path / "o" / "release")) - {"MANIFEST.json"}  # release files only
+    private = {f["path"] for f in read_json(tmp_path / "o" / "private" / "run_manifest.json")["files"]}
+    assert {"private/run_summary.json", "private/dead_letter/rejected.parquet",
+            "private/debug/summary_report.avro"} <= private
     exact = [line for line in cap.out.splitlines() if "kept" in line]
     assert exact and all("operator-private" in line for line in exact)
     assert oct(os.stat(tmp_path / "o" / "private").st_mode & 0o777) == "0o700"
@@ -205,9 +205,11 @@ def test_5_overwrite_without_debug_run_removes_the_previous_debug_report(tmp_pat
     assert (tmp_path / "o" / "private" / "debug" / "summary_report.avro").exists()
     assert measure_pipeline.run(base + ["--overwrite", "--allow-rerelease"]) == 0
     assert not (tmp_path / "o" / "private" / "debug").exists()
-    files = {f["path"] for f in read_json(tmp_path / "o" / "MANIFEST.json")["files"]}
+    files = {"release/" + f["path"] for f in read_json(tmp_path / "o" / "release" / "MANIFEST.json")["files"]}
+    files |= {f["path"] for f in read_json(tmp_path / "o" / "private" / "run_manifest.json")["files"]}
     on_disk = {os.path.relpath(os.path.join(r, f), tmp_path / "o") for r, _, fs in os.walk(tmp_path / "o") for f in fs}
-    assert on_disk == files | {"MANIFEST.json"}  # nothing stale, nothing unlisted, no beam-temp folders
+    # nothing stale, nothing unlisted, no beam-temp folders
+    assert on_disk == files | {"release/MANIFEST.json", "private/run_manifest.json"}
 
 
 def test_7_a_failure_while_committing_keeps_the_previous_run_whole(tmp_path, monkeypatch):
@@ -216,12 +218,12 @@ def test_7_a_failure_while_committing_keeps_the_previous_run_whole(tmp_path, mon
     data, pfile = setup(tmp_path)
     base = ["--input", data, "--params", pfile, "--output", str(tmp_path / "o"), "--domain", domain_csv(tmp_path)]
     assert measure_pipeline.run(base) == 0
-    before = {p: open(tmp_path / "o" / p, "rb").read() for p in ("MANIFEST.json", "release/estimates.csv")}
+    before = {p: open(tmp_path / "o" / p, "rb").read() for p in ("release/MANIFEST.json", "release/estimates.csv")}
 
     def boom(self):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(RunFolder, "_commit_local", boom)
+    monkeypatch.setattr(RunFolder, "_move_local", boom)
     assert measure_pipeline.run(base + ["--overwrite", "--allow-rerelease"]) == 2
     assert {p: open(tmp_path / "o" / p, "rb").read() for p in before} == before
     assert not [n for n in os.listdir(tmp_path) if ".araopt-staging-" in n]
@@ -235,7 +237,7 @@ def test_7_kill_mid_run_leaves_the_old_run_and_the_leftover_is_swept(tmp_path):
             str(tmp_path / "o"), "--domain", domain_csv(tmp_path)]
     env = {**os.environ, "PYTHONPATH": ROOT}
     subprocess.run(base, cwd=ROOT, env=env, check=True, capture_output=True)
-    manifest = (tmp_path / "o" / "MANIFEST.json").read_bytes()
+    manifest = (tmp_path / "o" / "release" / "MANIFEST.json").read_bytes()
     proc = subprocess.Popen(base + ["--overwrite", "--allow-rerelease"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
@@ -244,7 +246,7 @@ def test_7_kill_mid_run_leaves_the_old_run_and_the_leftover_is_swept(tmp_path):
     time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert (tmp_path / "o" / "MANIFEST.json").read_bytes() == manifest  # the old run, whole
+    assert (tmp_path / "o" / "release" / "MANIFEST.json").read_bytes() == manifest  # the old run, whole
     assert [n for n in os.listdir(tmp_path) if ".araopt-staging-" in n]  # the killed run's leftover
     subprocess.run(base + ["--overwrite", "--allow-rerelease"], cwd=ROOT, env=env, check=True, capture_output=True)
     assert not [n for n in os.listdir(tmp_path) if ".araopt-staging-" in n]  # swept by the next run
@@ -254,18 +256,20 @@ def test_7_kill_mid_run_leaves_the_old_run_and_the_leftover_is_swept(tmp_path):
 def test_6_spill_folder_is_0700_and_dead_runs_spills_are_swept(tmp_path):
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.runner import SPILL_PREFIX, spill_dir
+    from pipelines.runner import SPILL_PREFIX, spill_folder
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    leftover = tmp_path / f"{SPILL_PREFIX}{dead.pid}-0123abcd"
+    opts = PipelineOptions(["--temp_location", str(tmp_path)])
+    leftover = tmp_path / f"{SPILL_PREFIX}0123abcd"  # a killed run's: nobody holds its lock
     (leftover / "shard-00001").mkdir(parents=True)
     (leftover / "shard-00001" / "rows.arrow").write_bytes(b"raw rows")
-    alive = tmp_path / f"{SPILL_PREFIX}{os.getpid() + 0}-feedbeef"  # our own: never swept
-    alive.mkdir()
-    path = spill_dir(PipelineOptions(["--temp_location", str(tmp_path)]), "files")
-    assert oct(os.stat(path).st_mode & 0o777) == "0o700"
-    assert not leftover.exists() and alive.exists()
+    (tmp_path / f"{SPILL_PREFIX}0123abcd.lock").write_text("{}")
+    alive = spill_folder(opts, "files")  # a live run's: never swept
+    spill = spill_folder(opts, "files")
+    assert oct(os.stat(spill.path).st_mode & 0o777) == "0o700"
+    assert not leftover.exists() and os.path.isdir(alive.path)
+    spill.remove()
+    alive.remove()
+    assert os.listdir(tmp_path) == []
 
 
 # ---- 8. simulation never looks like a release -------------------------------------------------------
@@ -279,7 +283,7 @@ def test_8_simulation_is_loud_and_marks_every_artifact(tmp_path, capsys):
     assert names and all(n.startswith("SIMULATION-") for n in names)
     simulated = read_json(tmp_path / "o" / "simulation" / "SIMULATION-release.json")
     assert simulated["simulation"] is True and simulated["differentially_private"] is False
-    assert read_json(tmp_path / "o" / "MANIFEST.json")["simulation"] is True
+    assert read_json(tmp_path / "o" / "simulation" / "SIMULATION-MANIFEST.json")["simulation"] is True
 
 
 def test_8_option_abbreviations_are_refused(tmp_path, capsys):
@@ -298,10 +302,10 @@ def test_9_releasing_the_same_input_again_needs_a_flag_and_is_counted(tmp_path, 
     (copy / "renamed.parquet").write_bytes((tmp_path / "in" / "part-0.parquet").read_bytes())
     capsys.readouterr()
     code, cap = measure(["--input", str(copy), "--params", pfile, "--output", str(tmp_path / "o2"), "--domain", dom], capsys)
-    assert code == 2 and "already released 1 time" in error_line(cap.err) and not (tmp_path / "o2").exists()
+    assert code == 2 and "600 of the 600 conversions of this input were already released" in error_line(cap.err)
+    assert not (tmp_path / "o2").exists()
     assert measure_pipeline.run(["--input", str(copy), "--params", pfile, "--output", str(tmp_path / "o2"), "--domain",
                                  dom, "--allow-rerelease"]) == 0
-    assert read_json(tmp_path / "o2" / "MANIFEST.json")["release_number_of_this_input"] == 2
     assert read_json(tmp_path / "o2" / "private" / "run_summary.json")["release_number_of_this_input"] == 2
 
 

@@ -82,7 +82,8 @@ def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys
     assert summary["parameters"]["version"] == "2026-11-22-r1" and summary["domain"] == "the parameter version"
     assert summary["parameters"]["sha256"] == store.resolve().sha256
     assert summary["release_number_of_this_input"] == 1 and summary["ledger"] == store.uri
-    assert store.release_count(json.loads((out / "MANIFEST.json").read_text())["input"]["input_sha256"]) == 1
+    releases, _ = store.read_ledger()
+    assert [e["id"] for e in releases] == [summary["ledger_entry"]] and releases[0]["rows"] == summary["rows_read"]
 
 
 def report_slices(hist):

@@ -5,6 +5,7 @@ Every behavioural test runs against the local store and against GcsStore on a re
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -699,3 +700,52 @@ def test_gcp_storage_emulator_fixture_serves_gcs_api(gcp_storage_emulator: Emula
         blob.upload_from_string(b"{}", if_generation_match=0)  # HTTP 412 on real GCS
     except PreconditionFailed:
         pytest.fail("gcp-storage-emulator now honours preconditions: update this test and the notes")
+
+
+# ---------------------------------------------------------------------------------------------
+# Release ledger (index moved by compare-and-swap, content-addressed row sets)
+# ---------------------------------------------------------------------------------------------
+
+
+def _entry(tag: str) -> dict[str, object]:
+    return {"id": tag, "rows": 1, "first_time_us": 0, "last_time_us": 1}
+
+
+def test_ledger_appends_only_from_the_generation_it_read(backend: Backend) -> None:
+    store = backend.open()
+    assert store.read_ledger() == ([], 0)
+    _, generation = store.read_ledger()
+    recorded = store.append_release(_entry("a"), b"rows of a", generation)
+    assert recorded["row_set_sha256"] == hashlib.sha256(b"rows of a").hexdigest()
+    assert store.read_row_set(recorded) == b"rows of a"
+    with pytest.raises(StoreConflict):  # a second recorder that read the same generation loses
+        store.append_release(_entry("b"), b"rows of b", generation)
+    releases, generation = store.read_ledger()
+    assert [e["id"] for e in releases] == ["a"]
+    store.append_release(_entry("b"), b"rows of a", generation)  # same rows: one object, two entries
+    store.remove_release("a")
+    assert [e["id"] for e in store.read_ledger()[0]] == ["b"]
+
+
+def test_ledger_refuses_a_corrupt_index_and_a_tampered_row_set(backend: Backend) -> None:
+    store = backend.open()
+    recorded = store.append_release(_entry("a"), b"rows", 0)
+    backend.write_raw(recorded["row_set"], b"other rows")
+    with pytest.raises(StoreError, match="does not match its sha256"):
+        store.read_row_set(recorded)
+    backend.write_raw("ledger/index.json", b'{"format": "araopt-ledger/2", "releases": [{"id": "x"}]')
+    assert "not valid JSON" in assert_one_line(pytest.raises(StoreError, store.read_ledger).value)
+
+
+def test_ledger_append_whose_retry_reports_a_conflict_after_succeeding_is_recorded_once(backend: Backend) -> None:
+    store = backend.open()
+    original = store._swap_cas
+
+    def succeed_then_report_conflict(key: str, data: bytes, generation: int) -> None:
+        original(key, data, generation)
+        raise StoreConflict("the retried request saw its own write")
+
+    store._swap_cas = succeed_then_report_conflict  # type: ignore[method-assign]
+    store.append_release(_entry("a"), b"rows", 0)
+    store._swap_cas = original  # type: ignore[method-assign]
+    assert [e["id"] for e in store.read_ledger()[0]] == ["a"]

@@ -82,6 +82,13 @@ def _mark_period(table: pa.Table, in_period: bool) -> pa.Table:
     return table.append_column(IN_PERIOD, pa.array(np.full(table.num_rows, in_period), type=pa.bool_()))
 
 
+def period_rows(table: pa.Table) -> pa.Table:
+    """The rows of the measured period of a valid batch (all of them when it carries no lookback)."""
+    if IN_PERIOD not in table.column_names:
+        return table
+    return table.filter(table.column(IN_PERIOD))
+
+
 class ReadAndValidate(beam.PTransform):
     """Explicit Parquet files -> ``{"valid": batches, "counts": singleton ValidationCounts}``, and the
     dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given.
