@@ -165,3 +165,34 @@ def test_beam_measure_with_lookback_equals_the_lifetime_cap(tmp_path):
         assert_that(sums, check)
         assert_that(read[LOOKBACK_COUNTS] | beam.Map(lambda c: c.rows_read),
                     lambda got: got == [sum((log.conversion_time // DAY) < day)], label="lookback counts")
+
+
+@pytest.mark.slow
+def test_daily_releases_with_lookback_record_only_the_days_rows_in_the_ledger(tmp_path, capsys):
+    from pipelines import measure as measure_cli
+
+    log = multi_day_log(8, impressions=150)
+    paths = _write_days(log, tmp_path)
+    days = sorted(paths)
+    params("linf", 3).save(str(tmp_path / "params.json"))
+    (tmp_path / "slices.csv").write_text("s\n0\n1\n2\n")
+
+    def release(day: int) -> int:
+        lookback = tmp_path / f"lookback-{day}"
+        lookback.mkdir()
+        for d in days:
+            if d < day:
+                os.link(paths[d], lookback / os.path.basename(paths[d]))
+        return measure_cli.run(["--input", paths[day], "--lookback", str(lookback), "--params",
+                                str(tmp_path / "params.json"), "--domain", str(tmp_path / "slices.csv"),
+                                "--output", str(tmp_path / f"out-{day}"), "--ledger", str(tmp_path / "ledger")])
+
+    # day 4's lookback holds day 3, which was released: not a re-release of any of day 4's rows
+    assert release(days[3]) == 0 and release(days[4]) == 0
+    out = capsys.readouterr().out
+    assert out.count("lifetime cap:") == 2
+    # the same day into a new output is a re-release of its rows
+    again = measure_cli.run(["--input", paths[days[3]], "--params", str(tmp_path / "params.json"), "--domain",
+                             str(tmp_path / "slices.csv"), "--output", str(tmp_path / "again"), "--ledger",
+                             str(tmp_path / "ledger")])
+    assert again == 2 and "already released" in capsys.readouterr().err
