@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
     from araopt.statistics import StatisticsSpec, SufficientStatistics
     from transforms.io import InputFiles
 
+    from .runner import TranslatedJob
+
 
 @dataclass(frozen=True)
 class StatisticsRun:
@@ -30,34 +32,38 @@ class StatisticsRun:
     statistics: SufficientStatistics
     counts: ValidationCounts
     inputs: InputFiles
+    dead_letter: str | None = None  # where the rejected rows are (a .parquet file or a pattern of shards)
 
 
-def _run_to_driver(pipeline_args: Sequence[str], shuffle: str,
-                   build: Callable[[Any, str | None], Mapping[str, Any]]) -> dict[str, Any]:
+def _run_to_driver(pipeline_args: Sequence[str], shuffle: str, build: Callable[[Any, str | None], Mapping[str, Any]],
+                   job: str = "job", file_suffix: str = "") -> dict[str, Any] | TranslatedJob:
     """Run a Beam job whose ``build(pipeline, shuffle_dir)`` returns singleton PCollections by name,
-    and bring their values back to the driver (pickled through the temp location)."""
+    and bring their values back to the driver (pickled through the temp location). On a dry run
+    (``--dry_run``) the job is only translated: its description is returned instead."""
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
     from transforms.statistics import SaveElement
 
-    from .runner import make_runner, pipeline_options, remove_dir, spill_dir
+    from .runner import make_runner, pipeline_options, remove_dir, run_pipeline, spill_dir
 
     opts = pipeline_options(list(pipeline_args))
-    shuffle_dir = spill_dir(opts, shuffle)
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here
     temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
     run_dir = FileSystems.join(temp_root, f"araopt-job-{os.getpid()}-{uuid.uuid4().hex}")
-    if "://" not in run_dir:
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    outputs = build(pipeline, shuffle_dir)
-    paths = {name: FileSystems.join(run_dir, f"{name}.pkl") for name in outputs}
-    for name, pcoll in outputs.items():
-        _ = pcoll | f"Save{name.title()}" >> beam.ParDo(SaveElement(paths[name]))
+    shuffle_dir = None
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
+        shuffle_dir = spill_dir(opts, shuffle)
+        if "://" not in run_dir:
+            os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        outputs = build(pipeline, shuffle_dir)
+        paths = {name: FileSystems.join(run_dir, f"{name}.pkl") for name in outputs}
+        for name, pcoll in outputs.items():
+            _ = pcoll | f"Save{name.title()}" >> beam.ParDo(SaveElement(paths[name]))
+        translated = run_pipeline(pipeline, opts, job, file_suffix)
+        if translated is not None:
+            return translated
         values = {}
         for name, path in paths.items():
             with FileSystems.open(path) as fh:
@@ -70,32 +76,43 @@ def _run_to_driver(pipeline_args: Sequence[str], shuffle: str,
 
 def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline_args: Sequence[str] = (),
                        max_rejected_fraction: float = 0.10, num_shards: int | None = None, shuffle: str = "auto",
-                       dead_letter: str | None = None) -> StatisticsRun:
+                       dead_letter: str | None = None, job: str = "statistics",
+                       file_suffix: str = "") -> StatisticsRun | TranslatedJob:
     """The Beam statistics pipeline (ReadAndValidate -> GroupByImpression -> the statistics combiner),
-    run to completion; the result comes back to the driver. Refuses bad input before any work and a
-    history with too many rejected rows after (``check_rejected_share``)."""
+    run to completion; the result comes back to the driver (on a dry run: the translated job). Refuses
+    bad input before any work and a history with too many rejected rows after (``check_rejected_share``)."""
     from araopt.conversions import check_rejected_share
     from transforms.io import InputFiles, auto_num_shards, check_input
     from transforms.statistics import ComputeStatistics
     from transforms.validate import ReadAndValidate
 
+    from .runner import is_local_runner, pipeline_options, worker_writable
+
     inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, spec.slice_columns, spec.value_columns)
     shards = num_shards or auto_num_shards(inputs.rows)
+    opts = pipeline_options(list(pipeline_args))
+    local = is_local_runner(opts)
+    dead_letter = worker_writable(opts, dead_letter) if dead_letter else None
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
         read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
-                                                            dead_letter)
+                                                            dead_letter, one_dead_letter_file=local)
         return {"counts": read["counts"],
                 "statistics": read["valid"] | "Statistics" >> ComputeStatistics(spec, shards, shuffle_dir)}
 
-    values = _run_to_driver(pipeline_args, shuffle, build)
+    values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
+    if not isinstance(values, dict):
+        return values
     check_rejected_share(values["counts"], max_rejected_fraction, what="history")
-    return StatisticsRun(values["statistics"], values["counts"], inputs)
+    where = None if dead_letter is None else dead_letter + (".parquet" if local else "-*.parquet")
+    return StatisticsRun(values["statistics"], values["counts"], inputs, where)
 
 
 def compute_calibration(inputs: InputFiles, params: Params, pipeline_args: Sequence[str] = (),
-                        num_shards: int | None = None, shuffle: str = "auto") -> Any:
-    """The calibration statistics (``araopt.calibration``) of a history for fixed parameters, on Beam."""
+                        num_shards: int | None = None, shuffle: str = "auto", job: str = "calibration",
+                        file_suffix: str = "") -> Any:
+    """The calibration statistics (``araopt.calibration``) of a history for fixed parameters, on Beam
+    (on a dry run: the translated job, a ``TranslatedJob``)."""
     import apache_beam as beam
 
     from transforms.calibration import ComputeCalibration
@@ -113,7 +130,8 @@ def compute_calibration(inputs: InputFiles, params: Params, pipeline_args: Seque
         return {"calibration": grouped | "Calibration" >> ComputeCalibration(chosen, params.slice_columns,
                                                                              params.query_columns)}
 
-    return _run_to_driver(pipeline_args, shuffle, build)["calibration"]
+    values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
+    return values["calibration"] if isinstance(values, dict) else values
 
 
 def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], value_columns: Sequence[str],

@@ -44,7 +44,17 @@ from . import options
 from .ledger import Ledger, default_ledger_root, input_identity
 from .options import UserError
 from .run_folder import RunFolder
-from .runner import make_runner, pipeline_options, remove_dir, runner_name, spill_dir
+from .runner import (
+    check_workers_can_write,
+    dry_run_sentence,
+    is_local_runner,
+    make_runner,
+    pipeline_options,
+    remove_dir,
+    run_pipeline,
+    runner_name,
+    spill_dir,
+)
 
 SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "
                       "the output is NOT differentially private and must never be published")
@@ -151,11 +161,12 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
 def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, folder: RunFolder, params_sha256: str,
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
                    num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
-                   max_slices: int = DEFAULT_MAX_SLICES):
+                   max_slices: int = DEFAULT_MAX_SLICES, one_dead_letter_file: bool = True):
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection."""
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, params.slice_columns, params.query_columns,
-        folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
+        folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")],
+        one_dead_letter_file=one_dead_letter_file)
     valid, counts = read["valid"], read["counts"]
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])
@@ -186,6 +197,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         raise UserError(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
     if args.num_shards is not None and args.num_shards < 1:
         raise UserError(f"--num-shards must be >= 1, got {args.num_shards}")
+    opts = pipeline_options(beam_args)
+    check_workers_can_write(opts, args.output, "--output")
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
     inputs = check_input(args.input, params.slice_columns, params.query_columns)
     domain, domain_origin = resolve_domain(args, params, inputs)
     ledger = None
@@ -193,18 +207,20 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         identity = input_identity(inputs.paths, inputs.first_time, inputs.last_time)
         ledger = Ledger.open(args.ledger or loaded.store or default_ledger_root(), identity, args.allow_rerelease)
     folder = RunFolder.prepare(args.output, args.overwrite)
-    opts = pipeline_options(beam_args)
-    shuffle_dir = spill_dir(opts, args.shuffle)
-    num_shards = args.num_shards or auto_shards(inputs)
-    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed, args.debug_run,
-                   num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices)
-    try:
+    try:  # from here on every failure removes the staging folder (RunFolder.fail / abandon)
+        shuffle_dir = spill_dir(opts, args.shuffle)
         try:
-            result = pipeline.run()
-            result.wait_until_finish()
+            num_shards = args.num_shards or auto_shards(inputs)
+            build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed,
+                           args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices,
+                           one_dead_letter_file=is_local_runner(opts))
+            translated = run_pipeline(pipeline, opts)
         finally:
             remove_dir(shuffle_dir)
+        if translated is not None:  # a dry run: no accounting, no release, nothing recorded in the ledger
+            folder.abandon()
+            print(dry_run_sentence("araopt measure", [translated]))
+            return 0
         summary = run_summary(folder, args, loaded, params, inputs, opts, time.time() - started, simulation)
         summary.update(epsilon_note, domain=domain_origin, num_shards=num_shards,
                        shuffle="files" if shuffle_dir else "memory")
@@ -224,8 +240,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         kept = folder.fail()
         if kept is None:
             raise
-        raise UserError(f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__} "
-                        f"(nothing was released; the operator-private files of the failed run are in {kept})") from exc
+        raise UserError(f"{options.one_line(exc)} (nothing was released; the operator-private files of the failed "
+                        f"run are in {kept})") from exc
     except BaseException:
         folder.abandon()
         raise

@@ -71,14 +71,17 @@ class ValidateConversions(beam.PTransform):
 
 class ReadAndValidate(beam.PTransform):
     """Explicit Parquet files -> ``{"valid": batches, "counts": singleton ValidationCounts}``, and the
-    dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given.
+    dead letter written to ``dead_letter_prefix`` (text columns + reason) if given: one ``.parquet``
+    file, or with ``one_dead_letter_file=False`` ``-SSSSS-of-NNNNN.parquet`` files sharded by the
+    runner (one file means one worker writing every rejected row, after a shuffle to a single key).
 
     The two outputs are typed by the steps that make them (``pa.Table``, ``ValidationCounts``): Beam
     checks a composite's dict output against a single output type, which fits neither."""
 
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
-                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = ()):
+                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = (), one_dead_letter_file: bool = True):
         super().__init__()
+        self._one_file = one_dead_letter_file
         self._paths = list(paths)
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
@@ -94,8 +97,9 @@ class ReadAndValidate(beam.PTransform):
             ValidationCounts)
         if self._dead_letter is not None:
             _ = checked[REJECTED] | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
-                self._dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns), num_shards=1,
-                shard_name_template="", file_name_suffix=".parquet")
+                self._dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns),
+                num_shards=1 if self._one_file else 0, shard_name_template="" if self._one_file else None,
+                file_name_suffix=".parquet")
         return {VALID: checked[VALID], COUNTS: counts}
 
 
