@@ -23,7 +23,7 @@ from pipelines.run_folder import RunFolder
 from pipelines.runner import make_runner
 from transforms import aggregate as agg_transforms
 from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise
-from transforms.group import GroupByImpression
+from transforms.group import GroupByImpression, split_by_shard
 from transforms.io import check_input
 from transforms.validate import REJECTED, ValidateConversions
 
@@ -120,6 +120,19 @@ def test_group_by_impression_puts_each_impression_in_exactly_one_shard():
     with TestPipeline() as p:
         shards = p | beam.Create(tables) | GroupByImpression(num_shards=8)
         assert_that(shards, check)
+
+
+def test_shard_slices_for_spilling_hold_the_same_rows_as_shard_copies(tmp_path):
+    table = pa.Table.from_pandas(make_frame(3000), preserve_index=False)
+    copies = list(split_by_shard(table, 8))
+    slices = list(split_by_shard(table, 8, copy=False))
+    assert [s for s, _ in copies] == [s for s, _ in slices] == sorted({s for s, _ in copies})
+    for (_, a), (_, b) in zip(copies, slices, strict=True):
+        assert a.equals(b)
+        path = tmp_path / "part.arrow"
+        with pa.ipc.new_file(str(path), b.schema) as writer:  # what the spill writes: only the slice's rows
+            writer.write_table(b)
+        assert pa.ipc.open_file(str(path)).read_all().equals(a)
 
 
 def core_sums(frame, params, domain=None):

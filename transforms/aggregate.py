@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
-import numpy as np
+import pandas as pd
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
@@ -47,10 +47,10 @@ class _EncodeAndBound(beam.DoFn):
     def process(self, item: tuple[int, pa.Table], domain: KeyDomain) -> Iterator[aggregate.DomainSums]:
         _, table = item
         params = self._params
-        conv = Conversions.from_table(table, params.slice_columns, params.query_columns)
+        conv = Conversions.from_table(table, params.slice_columns, params.query_columns, categorical_slices=True)
         contributions, kept = encode_and_bound(conv, params, self._seed)
         sums = aggregate.domain_sums(domain.slice_index(conv.slices), contributions, kept, domain.num_slices,
-                                     impressions=len(np.unique(conv.impression_id)))
+                                     impressions=len(pd.unique(conv.impression_id)))
         self._kept.inc(sums.kept)
         self._capped.inc(sums.capped)
         self._outside.inc(sums.outside_domain)
