@@ -34,21 +34,20 @@ def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:
     return (hashed % np.uint64(num_shards)).astype(np.int64)
 
 
-def split_by_shard(table: pa.Table, num_shards: int, copy: bool = True) -> Iterator[tuple[int, pa.Table]]:
-    """(shard, rows of that shard) for every shard present in the batch. ``copy``: each shard's rows
-    are a table of their own (to pickle: a slice would carry the whole batch); else zero-copy slices
-    of one reordered copy of the batch (to write: Arrow's IPC writer writes only a slice's rows)."""
+def split_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.Table]]:
+    """(shard, rows of that shard) for every shard present in the batch: zero-copy slices of one
+    reordered copy of the batch. Arrow IPC (the spill files, and the shuffle's coder,
+    ``transforms.coders``) writes only a slice's rows; a pickled slice would carry the whole batch."""
     ids = table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False)
     shards = shard_of(ids, num_shards)
     small = np.int16 if num_shards <= np.iinfo(np.int16).max else np.int32  # a stable sort of small ints is a radix sort
     order = np.argsort(shards.astype(small), kind="stable")
     sorted_shards = shards[order]
-    ordered = None if copy else table.take(pa.array(order))
+    ordered = table.take(pa.array(order))
     bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
     for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]), strict=True):
         if stop > start:
-            rows = table.take(pa.array(order[start:stop])) if ordered is None else ordered.slice(start, stop - start)
-            yield int(sorted_shards[start]), rows
+            yield int(sorted_shards[start]), ordered.slice(start, stop - start)
 
 
 class _KeyByShard(beam.DoFn):
@@ -67,7 +66,7 @@ class _SpillByShard(beam.DoFn):
         self._spill_dir = spill_dir
 
     def process(self, table: pa.Table) -> Iterator[tuple[int, str]]:
-        for shard, part in split_by_shard(table, self._num_shards, copy=False):
+        for shard, part in split_by_shard(table, self._num_shards):
             path = FileSystems.join(self._spill_dir, f"shard-{shard:05d}", f"{uuid.uuid4().hex}.arrow")
             with FileSystems.create(path) as fh:
                 with pa.ipc.new_file(fh, part.schema) as writer:
@@ -111,11 +110,12 @@ class GroupByImpression(beam.PTransform):
                 tables
                 | "SpillByImpressionShard" >> beam.ParDo(_SpillByShard(self._num_shards, self._spill_dir))
                 | "GroupShardFiles" >> beam.GroupByKey()
-                | "ReadShard" >> beam.Map(_read_shard)
+                | "ReadShard" >> beam.Map(_read_shard).with_output_types(beam.typehints.Tuple[int, pa.Table])
             )
         return (
             tables
-            | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards))
+            | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards)).with_output_types(
+                beam.typehints.Tuple[int, pa.Table])
             | "GroupShards" >> beam.GroupByKey()
-            | "ConcatShard" >> beam.Map(_concat)
+            | "ConcatShard" >> beam.Map(_concat).with_output_types(beam.typehints.Tuple[int, pa.Table])
         )

@@ -132,7 +132,7 @@ class ReadConversionFiles(beam.PTransform):
         return (
             pbegin
             | "Files" >> beam.Create(self._paths)
-            | "ReadParquetBatches" >> beam.io.ReadAllFromParquetBatched(columns=self._columns)
+            | "ReadParquetBatches" >> beam.io.ReadAllFromParquetBatched(columns=self._columns).with_output_types(pa.Table)
         )
 
 
