@@ -102,9 +102,10 @@ class TranslatedJob:
 
 
 def run_pipeline(pipeline: Any, opts: PipelineOptions, name: str = "job", file_suffix: str = "") -> TranslatedJob | None:
-    """Run ``pipeline`` to completion; None. On a dry run the runner only translates it: write the job
-    description where ``--dataflow_job_file`` says (``file_suffix`` for a command's second and later
-    jobs) and return it; nothing ran, so the caller must skip whatever reads the job's outputs."""
+    """Run ``pipeline`` to completion and return None; or, on a dry run, where the runner only
+    translates it, write the job description where ``--dataflow_job_file`` says (``file_suffix`` for a
+    command's second and later jobs) and return it: nothing ran, so the caller skips whatever would
+    read the job's outputs."""
     result = pipeline.run()
     if not is_dry_run(opts):
         result.wait_until_finish()
