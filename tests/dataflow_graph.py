@@ -168,4 +168,5 @@ class JobGraph:
         return out
 
     def summary(self) -> str:
-        return f"{len(self)} steps"
+        return (f"{len(self)} steps ({len(self.row_data_groupings())} GroupByKey of row data, "
+                f"{len(self.row_data_side_inputs())} side inputs of row data, {len(self.sink_paths())} file sinks)")

@@ -112,7 +112,7 @@ def test_measure_translates_to_dataflow_job_with_one_release_after_the_integer_c
     names = {b.name for b in gcs.client().bucket(gcs.bucket).list_blobs()}
     assert not [n for n in names if n.startswith(("out", "tmp/", "staging/"))], names  # nothing ran, nothing staged
     report(capsys, f"measure: {graph.summary()}; {shuffle_text(graph)}; integer combine {combine}; release step "
-                   f"{release.name} (_AddNoise, the only one, after the combine); 0 side inputs of row data\n  {line}")
+                   f"{release.name} (_AddNoise, the only one, after the combine)\n  {line}")
 
 
 def test_optimize_translates_its_statistics_and_calibration_jobs(gcs, tmp_path, capsys):
