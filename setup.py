@@ -38,6 +38,8 @@ setup(
         "matplotlib>=3.8,<4",
         "tqdm>=4.66,<5",
         "publicsuffixlist>=1.0,<2",
+        # Beam stages --setup_file for Dataflow with `python -m build --sdist` (else a deprecated setup.py call)
+        "build>=1.0,<2",
     ],
     extras_require={
         "test": [

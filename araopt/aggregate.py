@@ -73,13 +73,16 @@ def domain_sums(slice_index: np.ndarray, contributions: np.ndarray, kept: np.nda
         raise ValueError(f"slice_index outside [-1, {num_slices})")
     inside = slice_index >= 0
     use = kept & inside & period
-    hist = np.zeros((num_slices, contributions.shape[1]), dtype=np.int64)
-    idx = slice_index[use]
+    # rows not used are added to an extra last row that is dropped (cheaper than selecting the used rows)
+    hist = np.zeros((num_slices + 1, contributions.shape[1]), dtype=np.int64)
+    target = np.where(use, slice_index, num_slices)
+    values = contributions.astype(np.int64, copy=False)
     for col in range(contributions.shape[1]):
         # integer bincount: np.add.at is exact for int64 (no float weights, no 2^53 limit)
-        np.add.at(hist[:, col], idx, contributions[use, col].astype(np.int64))
-    return DomainSums(hist, int(use.sum()), int((~kept & period).sum()), int((kept & ~inside & period).sum()),
-                      int(impressions), int((~period).sum()), int(rows_before_lookback))
+        np.add.at(hist[:, col], target, values[:, col])
+    return DomainSums(hist[:num_slices], int(use.sum()), int((~kept & period).sum()),
+                      int((kept & ~inside & period).sum()), int(impressions), int((~period).sum()),
+                      int(rows_before_lookback))
 
 
 def merge(parts: Iterable[DomainSums]) -> DomainSums:

@@ -240,7 +240,10 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
         col = kept(table.column(c))
         if pa.types.is_dictionary(col.type):
             col = pc.cast(col, col.type.value_type)
-        columns[c] = pc.cast(col, canonical_type(col.type))
+        col = pc.cast(col, canonical_type(col.type))
+        # strings travel dictionary-encoded (int32 codes + the batch's distinct values): cheap to shard,
+        # shuffle and spill, and Conversions.from_table(categorical_slices=True) keeps them encoded
+        columns[c] = pc.dictionary_encode(col) if type_family(col.type) == "string" else col
     for c, vals in zip(value_columns, values, strict=True):
         columns[c] = pa.array(vals[~bad] if any_bad else vals, type=pa.float64())
     columns["conversion_time_us"] = pa.array(micros[~bad] if any_bad else micros, type=pa.int64())
@@ -284,7 +287,7 @@ class Conversions:
 
     impression_id: np.ndarray
     conversion_time: np.ndarray  # int64 microseconds since the epoch (any sortable int64 works)
-    slices: Mapping[str, np.ndarray]
+    slices: Mapping[str, np.ndarray]  # or pd.Categorical (string columns, from_table(categorical_slices=True))
     values: np.ndarray  # (n, d) float64, in value_columns order
     value_columns: tuple[str, ...]
     in_period: np.ndarray | None = None
@@ -323,8 +326,13 @@ class Conversions:
 
     @classmethod
     def from_table(cls, table: pa.Table | pd.DataFrame, slice_columns: Sequence[str],
-                   value_columns: Sequence[str]) -> Conversions:
-        """From a validated Arrow table (or DataFrame); refuses rows that fail the contract."""
+                   value_columns: Sequence[str], categorical_slices: bool = False) -> Conversions:
+        """From a validated Arrow table (or DataFrame); refuses rows that fail the contract.
+
+        ``categorical_slices``: dictionary-encoded slice columns (validated string slices are) become
+        ``pd.Categorical`` (codes + distinct values) instead of object arrays: what reads them by value
+        (``np.asarray``) still sees the values, and the record keys and the domain lookup work on the
+        distinct values only."""
         if isinstance(table, pd.DataFrame):
             table = pa.Table.from_pandas(table, preserve_index=False)
         if "conversion_time_us" not in table.column_names:
@@ -345,7 +353,7 @@ class Conversions:
         return cls(
             impression_id=table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False),
             conversion_time=table.column("conversion_time_us").to_numpy(zero_copy_only=False).astype(np.int64),
-            slices={c: table.column(c).to_numpy(zero_copy_only=False) for c in slice_columns},
+            slices={c: _slice_array(table.column(c), categorical_slices) for c in slice_columns},
             values=values.reshape(table.num_rows, len(value_columns)),
             value_columns=tuple(value_columns),
             in_period=optional(IN_PERIOD, np.bool_),
@@ -361,15 +369,41 @@ class Conversions:
     def record_keys(self) -> np.ndarray:
         """A 64-bit content hash per record: the deterministic tie-break and simulation RR key.
 
-        It hashes the record's content only (not ``in_period``): a conversion read as lookback on
-        one day gets the key it had when it was released, so its rounding and its place in Alg. 1's
-        order are the same."""
-        frame = pd.DataFrame({"i": _normalise(self.impression_id), "t": self.conversion_time.astype(np.int64)})
-        for j in range(self.values.shape[1]):
-            frame[f"v{j}"] = self.values[:, j].astype(np.float64)
-        for k, v in self.slices.items():
-            frame[f"s_{k}"] = _normalise(v)
-        return pd.util.hash_pandas_object(frame, index=False).to_numpy(dtype=np.uint64)
+        The value of ``pd.util.hash_pandas_object(frame, index=False)`` for the frame of the record's
+        impression id, time, values and slices (in that order), computed column by column without
+        building the frame; a categorical column hashes its distinct values once (same result). It
+        hashes the record's content only (not ``in_period``): a conversion read as lookback on one day
+        gets the key it had when it was released, so its rounding and its place in Alg. 1's order are
+        the same."""
+        columns = [_normalise(self.impression_id), self.conversion_time.astype(np.int64)]
+        columns += [self.values[:, j].astype(np.float64) for j in range(self.values.shape[1])]
+        columns += [_normalise(v) for v in self.slices.values()]
+        return _combine_hashes([pd.util.hash_array(c) for c in columns], len(self))
+
+
+def _slice_array(column: pa.ChunkedArray, categorical: bool) -> np.ndarray:
+    if not (categorical and pa.types.is_dictionary(column.type)):
+        return cast(np.ndarray, column.to_numpy(zero_copy_only=False))
+    encoded = column.unify_dictionaries().combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    values = encoded.dictionary.to_numpy(zero_copy_only=False)
+    if len(pd.unique(values)) != len(values):  # a dictionary with repeated values: encode again
+        encoded = pc.dictionary_encode(encoded.dictionary_decode())
+        values = encoded.dictionary.to_numpy(zero_copy_only=False)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    return cast(np.ndarray, pd.Categorical.from_codes(codes, categories=pd.Index(values, dtype=object)))
+
+
+def _combine_hashes(hashes: Sequence[np.ndarray], n: int) -> np.ndarray:
+    """pandas' combination of per-column hashes into one per row (``hash_pandas_object`` of a frame)."""
+    out = np.full(n, 0x345678, dtype=np.uint64)
+    mult = np.uint64(1000003)
+    for i, h in enumerate(hashes):
+        inverse_i = len(hashes) - i
+        out ^= h
+        out *= mult
+        mult += np.uint64(82520 + inverse_i + inverse_i)
+    out += np.uint64(97531)
+    return out
 
 
 def split_periods(conversions: Conversions) -> tuple[Conversions, Conversions]:
@@ -400,6 +434,8 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
 
 
 def _normalise(arr: np.ndarray) -> np.ndarray:
+    if isinstance(arr, pd.Categorical):
+        return cast(np.ndarray, arr)
     arr = np.asarray(arr)
     if arr.dtype.kind in "iu":
         return arr.astype(np.int64)

@@ -31,6 +31,7 @@ MAX_BUCKET_BITS = 128
 BOTTOM_NAME = "bottom"
 COUNT_NAME = "count"
 KEYMAP_FORMAT_VERSION = "1.0"
+_LOOKUP_TABLE_MAX = 1 << 20  # slice spaces up to this size are looked up in a table (8 MiB), larger ones searched
 
 
 def _to_python(values: Sequence[Any]) -> list[Any]:
@@ -148,18 +149,30 @@ class KeyDomain:
 
     # ---- record -> slice --------------------------------------------------------------------
     def dictionary_indices(self, columns: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Per record and slice column, the dictionary index; and a mask of records fully known."""
-        arrays = [np.asarray(columns[c]) for c in self.slice_columns]
+        """Per record and slice column, the dictionary index; and a mask of records fully known.
+
+        A ``pd.Categorical`` column is looked up by its distinct values only (then taken by code)."""
+        arrays = [columns[c] if isinstance(columns[c], pd.Categorical) else np.asarray(columns[c])
+                  for c in self.slice_columns]
         n = len(arrays[0]) if arrays else 0
         idx = np.empty((n, len(arrays)), dtype=np.int64)
         for j, (arr, dictionary) in enumerate(zip(arrays, self.dictionaries, strict=True)):
-            idx[:, j] = pd.Index(list(dictionary)).get_indexer(arr)
+            if isinstance(arr, pd.Categorical):
+                found = np.append(pd.Index(list(dictionary)).get_indexer(arr.categories), -1)
+                idx[:, j] = found[arr.codes]  # code -1 (a missing value) takes the appended -1
+            else:
+                idx[:, j] = pd.Index(list(dictionary)).get_indexer(arr)
         return idx, cast(np.ndarray, (idx >= 0).all(axis=1))
 
     def slice_index(self, columns: Mapping[str, Any]) -> np.ndarray:
         """Dense slice index in [0, m) of each record, -1 where the slice is not in the domain."""
         idx, valid = self.dictionary_indices(columns)
         codes = self._mixed_radix(idx)
+        space = math.prod(max(1, len(d)) for d in self.dictionaries)
+        if space <= _LOOKUP_TABLE_MAX:  # a table over the whole slice space: one gather per record
+            table = np.full(space, -1, dtype=np.int64)
+            table[self._mixed_radix(self.slices)] = np.arange(self.num_slices)
+            return np.where(valid, table[codes], -1)
         domain_codes = self._mixed_radix(self.slices)
         pos = np.searchsorted(domain_codes, codes)
         pos_clipped = np.minimum(pos, max(0, len(domain_codes) - 1))

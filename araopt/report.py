@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy.special import ndtri
 
 from .aggregate import domain_sums
 from .encoding import count_scale, query_scales
@@ -127,6 +127,6 @@ def reconstruct(noisy: np.ndarray, params: Params, confidence: float = 0.95) -> 
     else:
         est[:, 0] = W.sum(axis=1) / count_scale(params)
     se = np.sqrt(estimate_variance(params, est[:, 0]))
-    z = float(stats.norm.ppf(0.5 + confidence / 2.0))
+    z = float(ndtri(0.5 + confidence / 2.0))  # the standard normal quantile (scipy.special: scipy.stats imports in ~1 s)
     names = ("count",) + params.query_columns
     return Estimates(est, se, est - z * se, est + z * se, names, confidence)

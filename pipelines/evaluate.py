@@ -53,7 +53,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.tuning import resolve_taus
     from transforms.io import check_input
 
-    from .history import compute_statistics, load_conversions, report_rejections
+    from .history import StatisticsRun, compute_statistics, load_conversions, report_rejections
 
     epsilons = parse_epsilons(args.epsilons)
     if args.monte_carlo < 0 or args.monte_carlo == 1:
@@ -77,12 +77,15 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     tests = [check_input(p, slices, values) for p in args.test]
     lookback = check_input(args.lookback, slices, values) if args.lookback else None
 
-    evaluations = []
-    for name, train, test in zip(names, trains, tests, strict=True):
+    evaluations, translated = [], []
+    for i, (name, train, test) in enumerate(zip(names, trains, tests, strict=True)):
         dead_letter = os.path.join(args.output, "dead_letter", f"{name}-train")
         run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
-                                 lookback=lookback)
-        report_rejections(f"{PROG} ({name}, train)", run.counts, dead_letter + ".parquet")
+                                 lookback=lookback, job=f"statistics of {name}", file_suffix=name if i else "")
+        if not isinstance(run, StatisticsRun):  # a dry run: the evaluation needs the statistics it did not compute
+            translated.append(run)
+            continue
+        report_rejections(f"{PROG} ({name}, train)", run.counts, run.dead_letter)
         train_stats = run.statistics
         test_conv, test_counts, rejected = load_conversions(test, slices, values, args.max_rejected_fraction,
                                                             what="test log")
@@ -110,6 +113,11 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
             name, train_stats, test_conv, epsilons, test_stats=test_stats, max_count_limit=args.max_count_limit,
             kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
             progress=True, taus=taus, train_conversions=train_full, release_period_days=period))
+    if translated:
+        from .runner import dry_run_sentence
+
+        print(dry_run_sentence(PROG, translated))
+        return 0
     paths = write_outputs(evaluations, args.output)
     results = pd.concat([e.results for e in evaluations], ignore_index=True)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):

@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
     from araopt.statistics import StatisticsSpec, SufficientStatistics
     from transforms.io import InputFiles
 
+    from .runner import TranslatedJob
+
 
 @dataclass(frozen=True)
 class StatisticsRun:
@@ -30,76 +32,92 @@ class StatisticsRun:
     statistics: SufficientStatistics
     counts: ValidationCounts
     inputs: InputFiles
+    dead_letter: str | None = None  # where the rejected rows are (a .parquet file or a pattern of shards)
 
 
-def _run_to_driver(pipeline_args: Sequence[str], shuffle: str,
-                   build: Callable[[Any, str | None], Mapping[str, Any]]) -> dict[str, Any]:
+def _run_to_driver(pipeline_args: Sequence[str], shuffle: str, build: Callable[[Any, str | None], Mapping[str, Any]],
+                   job: str = "job", file_suffix: str = "") -> dict[str, Any] | TranslatedJob:
     """Run a Beam job whose ``build(pipeline, shuffle_dir)`` returns singleton PCollections by name,
-    and bring their values back to the driver (pickled through the temp location)."""
+    and bring their values back to the driver (pickled through the temp location). On a dry run
+    (``--dry_run``) the job is only translated: its description is returned instead."""
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
     from transforms.statistics import SaveElement
 
-    from .runner import make_runner, pipeline_options, remove_dir, spill_folder
+    from .runner import make_runner, pipeline_options, remove_dir, run_pipeline, spill_folder
 
     opts = pipeline_options(list(pipeline_args))
-    spill = spill_folder(opts, shuffle)
-    shuffle_dir = spill.path
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here
     temp_root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
     run_dir = FileSystems.join(temp_root, f"araopt-job-{os.getpid()}-{uuid.uuid4().hex}")
-    if "://" not in run_dir:
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    outputs = build(pipeline, shuffle_dir)
-    paths = {name: FileSystems.join(run_dir, f"{name}.pkl") for name in outputs}
-    for name, pcoll in outputs.items():
-        _ = pcoll | f"Save{name.title()}" >> beam.ParDo(SaveElement(paths[name]))
+    spill = None
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
+        spill = spill_folder(opts, shuffle)
+        shuffle_dir = spill.path
+        if "://" not in run_dir:
+            os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        outputs = build(pipeline, shuffle_dir)
+        paths = {name: FileSystems.join(run_dir, f"{name}.pkl") for name in outputs}
+        for name, pcoll in outputs.items():
+            _ = pcoll | f"Save{name.title()}" >> beam.ParDo(SaveElement(paths[name]))
+        translated = run_pipeline(pipeline, opts, job, file_suffix)
+        if translated is not None:
+            return translated
         values = {}
         for name, path in paths.items():
             with FileSystems.open(path) as fh:
                 values[name] = pickle.loads(fh.read())
         return values
     finally:
-        spill.remove()
+        if spill is not None:
+            spill.remove()
         remove_dir(run_dir)
 
 
 def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline_args: Sequence[str] = (),
                        max_rejected_fraction: float = 0.10, num_shards: int | None = None, shuffle: str = "auto",
-                       dead_letter: str | None = None, lookback: InputFiles | None = None) -> StatisticsRun:
+                       dead_letter: str | None = None, lookback: InputFiles | None = None, job: str = "statistics",
+                       file_suffix: str = "") -> StatisticsRun | TranslatedJob:
     """The Beam statistics pipeline (ReadAndValidate -> GroupByImpression -> the statistics combiner),
-    run to completion; the result comes back to the driver. Refuses bad input before any work and a
-    history with too many rejected rows after (``check_rejected_share``). ``lookback``: earlier
-    conversions read only to give the history's conversions their lifetime ranks."""
+    run to completion; the result comes back to the driver (on a dry run: the translated job). Refuses
+    bad input before any work and a history with too many rejected rows after (``check_rejected_share``).
+    ``lookback``: earlier conversions read only to give the history's conversions their lifetime ranks."""
     from araopt.conversions import check_rejected_share
     from transforms.io import InputFiles, auto_num_shards, check_input
     from transforms.statistics import ComputeStatistics
     from transforms.validate import ReadAndValidate
 
+    from .runner import is_local_runner, pipeline_options, worker_writable
+
     inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, spec.slice_columns, spec.value_columns)
     shards = num_shards or auto_num_shards(inputs.rows)
+    opts = pipeline_options(list(pipeline_args))
+    local = is_local_runner(opts)
+    dead_letter = worker_writable(opts, dead_letter) if dead_letter else None
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
         read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
-                                                            dead_letter,
+                                                            dead_letter, one_dead_letter_file=local,
                                                             lookback_paths=lookback.paths if lookback else ())
         return {"counts": read["counts"],
                 "statistics": read["valid"] | "Statistics" >> ComputeStatistics(spec, shards, shuffle_dir)}
 
-    values = _run_to_driver(pipeline_args, shuffle, build)
+    values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
+    if not isinstance(values, dict):
+        return values
     check_rejected_share(values["counts"], max_rejected_fraction, what="history")
-    return StatisticsRun(values["statistics"], values["counts"], inputs)
+    where = None if dead_letter is None else dead_letter + (".parquet" if local else "-*.parquet")
+    return StatisticsRun(values["statistics"], values["counts"], inputs, where)
 
 
 def compute_calibration(inputs: InputFiles, params: Params | Sequence[Params], pipeline_args: Sequence[str] = (),
-                        num_shards: int | None = None, shuffle: str = "auto", lookback: InputFiles | None = None) -> Any:
+                        num_shards: int | None = None, shuffle: str = "auto", lookback: InputFiles | None = None,
+                        job: str = "calibration", file_suffix: str = "") -> Any:
     """The calibration statistics (``araopt.calibration``) of a history for fixed parameters (one per
-    candidate when ``params`` is a sequence, as a tuple), on Beam."""
+    candidate when ``params`` is a sequence, as a tuple), on Beam (on a dry run: the translated job, a
+    ``TranslatedJob``)."""
     import apache_beam as beam
 
     from araopt.params import Params
@@ -121,8 +139,10 @@ def compute_calibration(inputs: InputFiles, params: Params | Sequence[Params], p
         return {"calibration": grouped | "Calibration" >> ComputeCalibration(chosen, first.slice_columns,
                                                                              first.query_columns)}
 
-    result = _run_to_driver(pipeline_args, shuffle, build)["calibration"]
-    return result if many else result[0]
+    values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
+    if not isinstance(values, dict):
+        return values
+    return values["calibration"] if many else values["calibration"][0]
 
 
 def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], value_columns: Sequence[str],

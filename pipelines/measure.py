@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import apache_beam as beam
 import pandas as pd
@@ -47,7 +48,16 @@ from . import options
 from .ledger import Ledger, ledger_root
 from .options import UserError
 from .run_folder import ROW_IDS, RunFolder
-from .runner import make_runner, pipeline_options, runner_name, spill_folder
+from .runner import (
+    check_workers_can_write,
+    dry_run_sentence,
+    is_local_runner,
+    make_runner,
+    pipeline_options,
+    run_pipeline,
+    runner_name,
+    spill_folder,
+)
 
 SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "
                       "the output is NOT differentially private and must never be published")
@@ -155,16 +165,17 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
 def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, folder: RunFolder, params_sha256: str,
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
                    num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
-                   max_slices: int = DEFAULT_MAX_SLICES, row_ids: str | None = None, lookback: InputFiles | None = None):
+                   max_slices: int = DEFAULT_MAX_SLICES, row_ids: str | None = None, lookback: InputFiles | None = None,
+                   one_dead_letter_file: bool = True):
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection.
     ``row_ids``: the folder where the released rows' ids go (``transforms.rowset``), for the ledger;
     ``lookback``: earlier conversions that consume each impression's budget (Alg. 1) but are not released
-    (nor recorded in the ledger)."""
+    (nor recorded in the ledger); ``one_dead_letter_file``: False on remote workers (a sharded dead letter)."""
     passthrough = tuple(c for c in inputs.optional_columns if lookback is None or c in lookback.optional_columns)
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, params.slice_columns, params.query_columns,
         folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")], passthrough=passthrough,
-        lookback_paths=lookback.paths if lookback is not None else ())
+        lookback_paths=lookback.paths if lookback is not None else (), one_dead_letter_file=one_dead_letter_file)
     valid, counts = read["valid"], read["counts"]
     # conversions are exported by day: the earliest file read covers its whole UTC day
     first = _micros((lookback or inputs).first_time)
@@ -230,12 +241,15 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         raise UserError(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
     if args.num_shards is not None and args.num_shards < 1:
         raise UserError(f"--num-shards must be >= 1, got {args.num_shards}")
+    opts = pipeline_options(beam_args)
+    check_workers_can_write(opts, args.output, "--output")
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
     inputs = check_input(args.input, params.slice_columns, params.query_columns)
     lookback = load_lookback(args.lookback, params, inputs)
     domain, domain_origin = resolve_domain(args, params, inputs)
     folder = RunFolder.prepare(args.output, args.overwrite)  # the output first, locked for the whole run
-    try:
-        summary = _measure(args, beam_args, loaded, params, epsilon_note, inputs, domain, domain_origin, folder,
+    try:  # from here on every failure removes the staging folder (RunFolder.fail / abandon)
+        summary = _measure(args, opts, pipeline, loaded, params, epsilon_note, inputs, domain, domain_origin, folder,
                            started, simulation, lookback)
     except UserError:  # a refusal (ledger, output): nothing to debug, nothing kept
         folder.abandon()
@@ -244,31 +258,35 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         kept = folder.fail()
         if kept is None:
             raise
-        raise UserError(f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__} "
-                        f"(nothing was released; the operator-private files of the failed run are in {kept})") from exc
+        raise UserError(f"{options.one_line(exc)} (nothing was released; the operator-private files of the failed "
+                        f"run are in {kept})") from exc
     except BaseException:
         folder.abandon()
         raise
-    print_summary(summary, folder.target, simulation)
+    if summary is not None:
+        print_summary(summary, folder.target, simulation)
     return 0
 
 
-def _measure(args: argparse.Namespace, beam_args: list[str], loaded: LoadedParams, params: Params, epsilon_note: dict,
-             inputs: InputFiles, domain: KeyDomain | None, domain_origin: str, folder: RunFolder, started: float,
-             simulation: bool, lookback: InputFiles | None = None) -> dict:
-    """Run the job into ``folder``'s staging folder and commit it (recording the release in the ledger)."""
+def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loaded: LoadedParams, params: Params,
+             epsilon_note: dict, inputs: InputFiles, domain: KeyDomain | None, domain_origin: str, folder: RunFolder,
+             started: float, simulation: bool, lookback: InputFiles | None = None) -> dict | None:
+    """Run the job into ``folder``'s staging folder and commit it (recording the release in the ledger);
+    None after a dry run (translated, nothing else done)."""
     ledger = None
     if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
         ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
-    opts = pipeline_options(beam_args)
     num_shards = args.num_shards or auto_shards(inputs)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
-        pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
         build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed,
                        args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices,
-                       row_ids=None if ledger is None else folder.path(ROW_IDS), lookback=lookback)
-        result = pipeline.run()
-        result.wait_until_finish()
+                       row_ids=None if ledger is None else folder.path(ROW_IDS), lookback=lookback,
+                       one_dead_letter_file=is_local_runner(opts))
+        translated = run_pipeline(pipeline, opts)
+    if translated is not None:  # a dry run: no accounting, no release, nothing recorded in the ledger
+        folder.abandon()
+        print(dry_run_sentence("araopt measure", [translated]))
+        return None
     summary = run_summary(folder, args, loaded, params, inputs, opts, time.time() - started, simulation)
     summary.update(epsilon_note, domain=domain_origin, num_shards=num_shards,
                    shuffle="files" if shuffle_dir else "memory", lookback_files=len(lookback.paths) if lookback else 0,

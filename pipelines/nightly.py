@@ -47,7 +47,7 @@ from transforms.validate import ReadAndValidate
 
 from . import options
 from .options import UserError, parse_tau, resolve_as_of, split_columns
-from .runner import make_runner, pipeline_options, spill_folder
+from .runner import dry_run_sentence, make_runner, pipeline_options, run_pipeline, spill_folder
 
 DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
@@ -150,6 +150,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     values = split_columns(args.values, "--values")
     max_c = args.max_count_limit
     tau_overrides = tuple(parse_tau(args.tau).items())
+    opts = pipeline_options(beam_args)
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
     try:  # the store first: unknown scheme, credentials, corrupt pointer fail before any work
         store = open_store(args.store)
         pointer = store.read_latest_pointer()
@@ -168,28 +170,24 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor,
                               args.max_count_limit_change))
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
-    opts = pipeline_options(beam_args)
-    spill = spill_folder(opts, args.shuffle)
-    shuffle_dir = spill.path
     num_shards = args.num_shards or auto_num_shards(inputs.rows)
-    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values,
-                                                      lookback_paths=lookback.paths if lookback else ())
-    counts = read["counts"]
-    grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
-    statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
-    decision = statistics | "OptimizeAndGuard" >> beam.Map(_decide, beam.pvalue.AsSingleton(counts), config,
-                                                           previous_payload)
-    candidates = decision | "CandidateParams" >> beam.Map(lambda d: tuple(p for p, _ in d.tuning.candidates))
-    calibration = grouped | "Calibration" >> ComputeCalibration(candidates, slices, values)
-    _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
-        _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
-        beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
-    try:
-        result = pipeline.run()
-        result.wait_until_finish()
-    finally:
-        spill.remove()
+    with spill_folder(opts, args.shuffle) as shuffle_dir:
+        read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values,
+                                                          lookback_paths=lookback.paths if lookback else ())
+        counts = read["counts"]
+        grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
+        statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
+        decision = statistics | "OptimizeAndGuard" >> beam.Map(_decide, beam.pvalue.AsSingleton(counts), config,
+                                                               previous_payload)
+        candidates = decision | "CandidateParams" >> beam.Map(lambda d: tuple(p for p, _ in d.tuning.candidates))
+        calibration = grouped | "Calibration" >> ComputeCalibration(candidates, slices, values)
+        _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
+            _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
+            beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
+        translated = run_pipeline(pipeline, opts)
+    if translated is not None:  # a dry run: nothing was computed, reported or published
+        print(dry_run_sentence("araopt nightly", [translated]))
+        return 0
     report_path = FileSystems.join(args.store, "reports", f"{as_of}-{config.run_id}", "report.json")
     with FileSystems.open(report_path) as fh:
         report = json.loads(fh.read().decode())

@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.tuning import tune
     from transforms.io import check_input
 
-    from .history import compute_statistics, report_rejections
+    from .history import StatisticsRun, compute_statistics, report_rejections
 
     if args.epsilon is None:
         raise UserError("--epsilon is required")
@@ -61,7 +61,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     dead_letter = os.path.splitext(args.output)[0] + ".rejected"
     run = compute_statistics(inputs, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
                              lookback=lookback)
-    report_rejections(PROG, run.counts, dead_letter + ".parquet")
+    if not isinstance(run, StatisticsRun):
+        return _dry_run(run, inputs, spec, epsilon, beam_args, lookback)
+    report_rejections(PROG, run.counts, run.dead_letter)
     stats = run.statistics
     if not lookback:
         print(f"{PROG}: no --lookback: conversions are ranked within the history only, so impressions that "
@@ -107,6 +109,22 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
             f"[optimizer {result.seconds:.2f} s]; estimates will be "
           + ("corrected to the true totals (calibrated on the history)" if params.correction == "ratio" else
              "the capped sums with intervals for the true totals (correcting would add more noise than bias)"))
+    return 0
+
+
+def _dry_run(statistics_job, inputs, spec, epsilon: float, beam_args: list[str], lookback=None) -> int:
+    """--dry_run: the statistics job is translated, not run, so the optimizer has nothing to work on;
+    the calibration job is translated with stand-in parameters (its graph does not depend on their
+    values; a real run passes the optimizer's)."""
+    from araopt.params import Params, QueryParams
+
+    from .history import compute_calibration
+    from .runner import dry_run_sentence
+
+    stand_in = Params(count_limit=1, encoding="linf", epsilon=epsilon, slice_columns=spec.slice_columns,
+                      queries=tuple(QueryParams(v, 1.0, 1.0 / len(spec.value_columns)) for v in spec.value_columns))
+    calibration_job = compute_calibration(inputs, stand_in, beam_args, file_suffix="calibration", lookback=lookback)
+    print(dry_run_sentence(PROG, [statistics_job, calibration_job]))
     return 0
 
 

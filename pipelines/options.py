@@ -21,7 +21,7 @@ from typing import Any, Final, Literal, NoReturn
 
 __all__ = [
     "COMMANDS", "OPTIONS", "OPTIONS_BY_JOB", "TEMPLATE_OPTIONS", "CliOption", "Command", "OneLineParser", "UserError",
-    "add_options", "build_parser", "cli_main", "command_options", "parse_bool", "parse_tau", "resolve_as_of",
+    "add_options", "build_parser", "cli_main", "command_options", "one_line", "parse_bool", "parse_tau", "resolve_as_of",
     "run_command", "split_columns",
 ]
 
@@ -622,9 +622,25 @@ def parse(command: str, argv: Sequence[str]) -> tuple[argparse.Namespace, list[s
 
 
 # ---- running a command ----------------------------------------------------------------------------
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+ONE_LINE_MAX_CHARS: Final = 2000
+_TRACEBACK: Final = "Traceback (most recent call last)"
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as the one line a user sees: every line of its message joined (Beam's "Pipeline has
+    validations errors:" has its reason on the next lines); of a traceback embedded in the message
+    (a worker's error, relayed) only the exception it ends with, without the frames (--traceback
+    shows them); at most ``ONE_LINE_MAX_CHARS`` characters."""
+    lines = str(exc).splitlines()
+    marks = [i for i, line in enumerate(lines) if _TRACEBACK in line]
+    if marks:
+        frames = [i for i in range(marks[-1] + 1, len(lines)) if lines[i][:1].isspace()]
+        exception = lines[(frames[-1] if frames else marks[-1]) + 1:]  # what the traceback ends with
+        lines = lines[:marks[0]] + [lines[marks[0]].split(_TRACEBACK, 1)[0]] + exception
+    joined = " ".join(" ".join(line.split()) for line in lines if line.strip())
+    if not joined:
+        return type(exc).__name__
+    return joined if len(joined) <= ONE_LINE_MAX_CHARS else joined[:ONE_LINE_MAX_CHARS - 1] + "…"
 
 
 def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
@@ -648,7 +664,7 @@ def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: 
             import traceback
 
             traceback.print_exc()
-        print(f"{prog}: error: {_first_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
 
 

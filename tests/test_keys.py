@@ -1,7 +1,9 @@
 """Key layout: slice fields and the query code in a 128-bit bucket; the domain; the key map."""
 import numpy as np
+import pandas as pd
 import pytest
 
+from araopt import keys
 from araopt.keys import KeyDomain, bucket_from_bytes, bucket_to_bytes
 
 
@@ -57,3 +59,27 @@ def test_bucket_bytes_with_leading_zeros_dropped():
     assert bucket_from_bytes(b"\x02\x05") == b == bucket_from_bytes(bucket_to_bytes(b))
     with pytest.raises(ValueError):
         bucket_from_bytes(b"\x01" * 17)
+
+
+def test_slice_index_of_categorical_columns_equals_that_of_their_values():
+    d = domain()
+    values = np.array(["Xmas", "Thanks", "Other", "Thanks", "Xmas"], dtype=object)
+    cities = np.array([3, 1, 1, 3, 1])
+    want = d.slice_index({"campaign": values, "city": cities})
+    assert want.tolist() == [2, 0, -1, -1, 1]
+    categorical = pd.Categorical(values, categories=["Other", "Xmas", "Thanks", "Unused"])
+    assert d.slice_index({"campaign": categorical, "city": cities}).tolist() == want.tolist()
+    missing = pd.Categorical(["Xmas", None], categories=["Xmas"])  # code -1 is outside the domain
+    assert d.slice_index({"campaign": missing, "city": np.array([1, 1])}).tolist() == [1, -1]
+
+
+def test_slice_index_by_lookup_table_and_by_search_agree(monkeypatch):
+    rng = np.random.default_rng(3)
+    columns = {"a": rng.integers(0, 300, 5000), "b": rng.integers(0, 200, 5000), "c": rng.integers(0, 40, 5000)}
+    d = KeyDomain.from_slice_values(("a", "b", "c"), {k: v[:3000] for k, v in columns.items()}, ("value",))
+    assert 300 * 200 * 40 > keys._LOOKUP_TABLE_MAX  # this space is searched ...
+    searched = d.slice_index(columns)
+    monkeypatch.setattr(keys, "_LOOKUP_TABLE_MAX", 1 << 30)  # ... and here looked up in a table
+    assert np.array_equal(d.slice_index(columns), searched)
+    assert (searched[:3000] >= 0).all() and (searched[3000:] == -1).any()
+    assert np.array_equal(d.slices[searched[:3000]], d.dictionary_indices({k: v[:3000] for k, v in columns.items()})[0])

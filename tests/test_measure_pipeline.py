@@ -23,7 +23,8 @@ from pipelines.run_folder import RunFolder
 from pipelines.runner import make_runner
 from transforms import aggregate as agg_transforms
 from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise
-from transforms.group import GroupByImpression
+from transforms.coders import ArrowTableCoder
+from transforms.group import GroupByImpression, shard_of, split_by_shard
 from transforms.io import check_input
 from transforms.validate import REJECTED, ValidateConversions
 
@@ -120,6 +121,29 @@ def test_group_by_impression_puts_each_impression_in_exactly_one_shard():
     with TestPipeline() as p:
         shards = p | beam.Create(tables) | GroupByImpression(num_shards=8)
         assert_that(shards, check)
+
+
+def test_shards_of_a_batch_are_its_rows_and_travel_as_their_rows_only():
+    table = pa.Table.from_pandas(make_frame(3000), preserve_index=False)
+    shards = list(split_by_shard(table, 8))
+    ids = table.column("impression_id").to_numpy()
+    assert [s for s, _ in shards] == sorted({s for s, _ in shards})
+    assert sum(part.num_rows for _, part in shards) == table.num_rows
+    coder = ArrowTableCoder()
+    for shard, part in shards:
+        want = table.filter(pa.array(shard_of(ids, 8) == shard))
+        assert part.equals(want)  # the shard's rows, in batch order
+        encoded = coder.encode(part)  # what the shuffle moves: the slice's rows, not the whole batch
+        assert coder.decode(encoded).equals(want) and len(encoded) < 2 * len(coder.encode(want))
+
+
+def test_tables_cross_stages_as_arrow_ipc_not_pickles():
+    assert isinstance(beam.coders.registry.get_coder(pa.Table), ArrowTableCoder)
+    coder = ArrowTableCoder()
+    table = pa.table({"s": pa.array(["a", "b", "a"]).dictionary_encode(), "v": [1.0, 2.0, 3.0]})
+    for t in (table, table.slice(1, 2), table.slice(0, 0)):
+        assert coder.decode(coder.encode(t)).equals(t)
+    assert coder.estimate_size(table) == table.nbytes  # what Beam's counters ask for: no encoding
 
 
 def core_sums(frame, params, domain=None):

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
-import numpy as np
+import pandas as pd
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
@@ -50,7 +50,7 @@ class _EncodeAndBound(beam.DoFn):
     def process(self, item: tuple[int, pa.Table], domain: KeyDomain) -> Iterator[aggregate.DomainSums]:
         _, table = item
         params = self._params
-        conv = Conversions.from_table(table, params.slice_columns, params.query_columns)
+        conv = Conversions.from_table(table, params.slice_columns, params.query_columns, categorical_slices=True)
         lookback_rows = 0
         if conv.in_period is not None:  # lookback rows of impressions without a period row cannot change anything
             lookback_rows = int((~conv.period_mask()).sum())
@@ -58,7 +58,7 @@ class _EncodeAndBound(beam.DoFn):
         contributions, kept = encode_and_bound(conv, params, self._seed)
         period = conv.period_mask()
         sums = aggregate.domain_sums(domain.slice_index(conv.slices), contributions, kept, domain.num_slices,
-                                     impressions=len(np.unique(conv.impression_id[period])), in_period=period,
+                                     impressions=len(pd.unique(conv.impression_id[period])), in_period=period,
                                      rows_before_lookback=rows_before_coverage(conv, self._coverage_start))
         if conv.in_period is not None:
             sums = dataclasses.replace(sums, lookback_rows=lookback_rows)

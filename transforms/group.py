@@ -35,16 +35,19 @@ def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def split_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.Table]]:
-    """(shard, rows of that shard) for every shard present in the batch."""
+    """(shard, rows of that shard) for every shard present in the batch: zero-copy slices of one
+    reordered copy of the batch. Arrow IPC (the spill files, and the shuffle's coder,
+    ``transforms.coders``) writes only a slice's rows; a pickled slice would carry the whole batch."""
     ids = table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False)
     shards = shard_of(ids, num_shards)
-    order = np.argsort(shards, kind="stable")
+    small = np.int16 if num_shards <= np.iinfo(np.int16).max else np.int32  # a stable sort of small ints is a radix sort
+    order = np.argsort(shards.astype(small), kind="stable")
     sorted_shards = shards[order]
+    ordered = table.take(pa.array(order))
     bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
     for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]), strict=True):
         if stop > start:
-            # take() copies the shard's rows; a slice() would share (and pickle) the whole batch
-            yield int(sorted_shards[start]), table.take(pa.array(order[start:stop]))
+            yield int(sorted_shards[start]), ordered.slice(start, stop - start)
 
 
 class _KeyByShard(beam.DoFn):
@@ -107,11 +110,12 @@ class GroupByImpression(beam.PTransform):
                 tables
                 | "SpillByImpressionShard" >> beam.ParDo(_SpillByShard(self._num_shards, self._spill_dir))
                 | "GroupShardFiles" >> beam.GroupByKey()
-                | "ReadShard" >> beam.Map(_read_shard)
+                | "ReadShard" >> beam.Map(_read_shard).with_output_types(beam.typehints.Tuple[int, pa.Table])
             )
         return (
             tables
-            | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards))
+            | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards)).with_output_types(
+                beam.typehints.Tuple[int, pa.Table])
             | "GroupShards" >> beam.GroupByKey()
-            | "ConcatShard" >> beam.Map(_concat)
+            | "ConcatShard" >> beam.Map(_concat).with_output_types(beam.typehints.Tuple[int, pa.Table])
         )

@@ -33,10 +33,10 @@ def _is_directory(pattern: str) -> bool:
         return False
     if "://" not in pattern or pattern.startswith("file://"):
         return os.path.isdir(pattern.removeprefix("file://"))
-    if not FileSystems.exists(pattern):
+    if FileSystems.exists(pattern.rstrip("/")):  # an object: a file (object stores have no folders)
         return False
-    files = FileSystems.match([pattern])[0].metadata_list
-    return not any(m.path.rstrip("/") == pattern.rstrip("/") for m in files)
+    below = FileSystems.match([pattern.rstrip("/") + "/**"], limits=[1])[0].metadata_list
+    return bool(below)  # a prefix with objects under it, as gs://bucket/hist/ holding date=.../ partitions
 
 
 def _root(pattern: str) -> str:
@@ -132,7 +132,7 @@ class ReadConversionFiles(beam.PTransform):
         return (
             pbegin
             | "Files" >> beam.Create(self._paths)
-            | "ReadParquetBatches" >> beam.io.ReadAllFromParquetBatched(columns=self._columns)
+            | "ReadParquetBatches" >> beam.io.ReadAllFromParquetBatched(columns=self._columns).with_output_types(pa.Table)
         )
 
 

@@ -91,7 +91,9 @@ def period_rows(table: pa.Table) -> pa.Table:
 
 class ReadAndValidate(beam.PTransform):
     """Explicit Parquet files -> ``{"valid": batches, "counts": singleton ValidationCounts}``, and the
-    dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given.
+    dead letter written to ``dead_letter_prefix`` (text columns + reason) if given: one ``.parquet``
+    file, or with ``one_dead_letter_file=False`` ``-SSSSS-of-NNNNN.parquet`` files sharded by the
+    runner (one file means one worker writing every rejected row, after a shuffle to a single key).
 
     ``lookback_paths``: files of earlier conversions that consume the per-impression budget of
     ContributionCapping (Alg. 1) but are not measured. They are validated the same way, their valid
@@ -103,8 +105,9 @@ class ReadAndValidate(beam.PTransform):
 
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
                  dead_letter_prefix: str | None = None, passthrough: Sequence[str] = (),
-                 lookback_paths: Sequence[str] = ()):
+                 lookback_paths: Sequence[str] = (), one_dead_letter_file: bool = True):
         super().__init__()
+        self._one_file = one_dead_letter_file
         self._paths = list(paths)
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
@@ -122,8 +125,9 @@ class ReadAndValidate(beam.PTransform):
             ValidationCounts.merge).with_output_types(ValidationCounts)
         if dead_letter is not None:
             _ = checked[REJECTED] | f"WriteDeadLetter{label}" >> beam.io.WriteToParquetBatched(
-                dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns), num_shards=1,
-                shard_name_template="", file_name_suffix=".parquet")
+                dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns),
+                num_shards=1 if self._one_file else 0, shard_name_template="" if self._one_file else None,
+                file_name_suffix=".parquet")
         return checked[VALID], counts
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection[Any]]:
