@@ -188,18 +188,16 @@ class AraRequirements:
         return out
 
     def warnings(self) -> list[str]:
-        """Differences between the browser and the simulation that do not make the configuration inexpressible."""
+        """Differences between the browser and the simulation that do not make the configuration inexpressible.
+
+        (More than 20 conversions of an impression fitting the baseline's budget is not one: the
+        simulation's Alg. 1 keeps at most 20 reports per source, as the browser does.)"""
         out = []
         if self.contribution_budget != ARA_CONTRIBUTION_BUDGET:
             out.append(f"contribution_budget Γ = {self.contribution_budget} but the browser budgets "
                        f"{ARA_CONTRIBUTION_BUDGET} per "
                        f"source and the Aggregation Service adds noise DLap(ε/{ARA_CONTRIBUTION_BUDGET}): a simulation with "
                        f"Γ = {self.contribution_budget} does not reproduce real reports")
-        if not self.reports_per_source_guaranteed and self.reports_per_source > ARA_MAX_REPORTS_PER_SOURCE:
-            out.append(f"up to {self.reports_per_source} conversions per impression fit the budget, but the browser "
-                       f"sends at most {ARA_MAX_REPORTS_PER_SOURCE} aggregatable reports per source; impressions "
-                       f"with more conversions "
-                       f"are capped by the browser, which the simulation does not model")
         return out
 
 
@@ -762,23 +760,15 @@ def simulate_browser(
 ) -> BrowserResult:
     """SIMULATION: triggers (in arrival order; ties in time keep that order) against their sources.
 
-    Contributions from :func:`browser_contributions`; a trigger is kept iff its total fits the
-    source's remaining budget (Alg. 1, :func:`araopt.bounding.bound_contributions`), and at most
-    ``max_reports`` non-empty reports per source are sent.
+    Contributions from :func:`browser_contributions`; a trigger is kept iff its source has sent
+    fewer than ``max_reports`` non-empty reports and its total fits the source's remaining budget
+    (Alg. 1 with Chrome's report limit, :func:`araopt.bounding.bound_contributions`).
     """
     contribs = [tuple(browser_contributions(sources[s], t)) for s, t in zip(source_index, triggers, strict=True)]
     totals = np.array([sum(v for _, v in c) for c in contribs], dtype=np.int64)
     n = len(contribs)
-    imp = np.asarray(impression_id)
-    kept = bound_contributions(imp, np.asarray(conversion_time), totals, contribution_budget, tie_breaker=np.arange(n))
-    sent: dict[Any, int] = {}
-    for i in range(n):  # arrival order = input order here
-        if kept[i] and contribs[i]:
-            key = _py(imp[i])
-            if sent.get(key, 0) >= max_reports:
-                kept[i] = False
-            else:
-                sent[key] = sent.get(key, 0) + 1
+    kept = bound_contributions(np.asarray(impression_id), np.asarray(conversion_time), totals, contribution_budget,
+                               tie_breaker=np.arange(n), max_reports=max_reports)
     return BrowserResult(tuple(c for c, k in zip(contribs, kept, strict=True) if k and c), kept)
 
 

@@ -107,6 +107,7 @@ import pandas as pd
 from scipy import special as sp_special
 from scipy import stats as sp_stats
 
+from .bounding import kept_per_impression
 from .conversions import Conversions
 from .encoding import check_values, expected_contribution, query_scales
 from .error_model import ErrorBreakdown, kept_mask, rmsre_tau
@@ -115,7 +116,7 @@ from .keys import KeyDomain
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import Params, QueryParams, check_epsilon
 from .report import Estimates
-from .statistics import SufficientStatistics, kept_per_impression
+from .statistics import SufficientStatistics
 
 CALIBRATION_FORMAT = "araopt.calibration/1"
 METHOD = "empirical-bayes-ratio/1"

@@ -394,8 +394,8 @@ def test_each_limit_violation_gives_its_message():
         (got,) = _requirements(**kw).violations()
         assert got.startswith(message), got
     assert _requirements(reports_per_source=30, reports_per_source_guaranteed=False).violations() == []
-    warnings = _requirements(reports_per_source=30, reports_per_source_guaranteed=False).warnings()
-    assert "at most 20 aggregatable reports" in warnings[0]
+    # more than 20 baseline conversions fitting the budget is no difference: the simulation keeps 20 too
+    assert _requirements(reports_per_source=30, reports_per_source_guaranteed=False).warnings() == []
 
 
 def test_limits_from_parameters():
