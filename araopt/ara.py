@@ -126,8 +126,7 @@ def key_piece_hex(piece: int) -> str:
 
 def impression_slice_columns(params: Params) -> tuple[str, ...]:
     """Slice columns carried by the source piece (impression features), in slice order."""
-    conv = set(params.conversion_slice_columns)
-    return tuple(c for c in params.slice_columns if c not in conv)
+    return params.impression_slice_columns
 
 
 def conversion_slice_columns(params: Params) -> tuple[str, ...]:

@@ -276,6 +276,11 @@ class Params:
         return len(self.queries)
 
     @property
+    def impression_slice_columns(self) -> tuple[str, ...]:
+        """Slice columns that are impression features (one value per impression), in slice order."""
+        return tuple(c for c in self.slice_columns if c not in self.conversion_slice_columns)
+
+    @property
     def budget_fractions(self) -> tuple[float, ...]:
         """alpha_1..alpha_d (1.0 for L1, whose encoder uses no fractions: Alg. 6)."""
         return tuple(1.0 if q.budget_fraction is None else float(q.budget_fraction) for q in self.queries)

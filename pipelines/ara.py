@@ -65,7 +65,8 @@ def read_conversion_log(pattern: str, params: Params) -> tuple[Conversions, dict
     by reason, rows read."""
     from .history import load_conversions
 
-    conv, counts, _ = load_conversions(pattern, params.slice_columns, params.query_columns)
+    conv, counts, _ = load_conversions(pattern, params.slice_columns, params.query_columns,
+                                       impression_slice_columns=params.impression_slice_columns)
     return conv, dict(counts.rejected_by_reason), counts.rows_read
 
 

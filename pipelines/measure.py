@@ -11,8 +11,9 @@ Outputs (``araopt.outputs``): out/release/ is publishable; out/private/ holds ex
 letter and the debug report and must never be published; out/MANIFEST.json is written last.
 
 Data flow: Parquet files -> validate (dead letter) -> shard by hash(impression_id) -> GroupByKey ->
-per shard: sort, encode, cap, per-key sums over the domain -> CombineGlobally (integer) -> noise once
-per domain key -> reconstruct -> Avro / Parquet / CSV / JSON.
+per shard: impression-side slices constant (else dead letter), sort, encode, cap, per-key sums over
+the domain -> CombineGlobally (integer) -> noise once per domain key -> reconstruct -> Avro / Parquet
+/ CSV / JSON.
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ from araopt.conversions import type_family
 from araopt.keys import KeyDomain, check_domain_families, domain_from_rows
 from araopt.params import Params, check_epsilon
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
-from transforms.group import GroupByImpression
 from transforms.io import InputFiles, check_input
 from transforms.release import WriteRelease
 from transforms.validate import ReadAndValidate
@@ -155,17 +155,15 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, 
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection."""
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, params.slice_columns, params.query_columns,
-        folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")])
-    valid, counts = read["valid"], read["counts"]
+        folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")], num_shards=num_shards,
+        spill_dir=shuffle_dir, impression_slice_columns=params.impression_slice_columns)
+    grouped, counts = read["grouped"], read["counts"]
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])
     else:
-        domain_pc = valid | "DomainFromData" >> DomainFromData(params, max_slices)
-    merged = (
-        valid
-        | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
-        | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed)
-    )
+        domain_pc = (grouped | "ShardTables" >> beam.Values()
+                     | "DomainFromData" >> DomainFromData(params, max_slices))
+    merged = grouped | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed)
     release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain_pc, simulation_seed, max_rejected_fraction)
     release | "WriteRelease" >> WriteRelease(folder.staging, params_sha256, debug_run, simulation_seed is not None)
     return release

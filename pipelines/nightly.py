@@ -40,7 +40,6 @@ from araopt.tuning import (
     with_calibration,
 )
 from transforms.calibration import ComputeCalibration
-from transforms.group import GroupByImpression
 from transforms.io import auto_num_shards, check_input, match_files
 from transforms.statistics import StatisticsFromShards
 from transforms.validate import ReadAndValidate
@@ -161,9 +160,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     shuffle_dir = spill_dir(opts, args.shuffle)
     num_shards = args.num_shards or auto_num_shards(inputs.rows)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, passthrough=inputs.optional_columns)
-    counts = read["counts"]
-    grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
+    read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, passthrough=inputs.optional_columns,
+                                                      num_shards=num_shards, spill_dir=shuffle_dir)
+    counts, grouped = read["counts"], read["grouped"]
     statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
     decision = statistics | "OptimizeAndGuard" >> beam.Map(_decide, beam.pvalue.AsSingleton(counts), config,
                                                            previous_payload)

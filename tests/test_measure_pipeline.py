@@ -32,11 +32,12 @@ SEED = 7
 
 def make_frame(n=4000, seed=0, impressions=700):
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "impression_id": rng.integers(0, impressions, n).astype("int64"),
+    imp = rng.integers(0, impressions, n).astype("int64")
+    return pd.DataFrame({  # slices are impression features: one value per impression
+        "impression_id": imp,
         "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-        "campaign": rng.integers(0, 5, n).astype("int32"),
-        "geo": rng.choice(["NY", "BOS", "SF"], n),
+        "campaign": (imp * 7 % 5).astype("int32"),
+        "geo": np.array(["NY", "BOS", "SF"])[imp * 11 % 3],
         "value": rng.lognormal(2, 1, n),
         "items": rng.poisson(2, n).astype("int64"),
     })

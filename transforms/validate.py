@@ -1,6 +1,11 @@
 """Read + validate, once for every job: Parquet files -> canonical valid batches, a dead letter with
 reasons, and one merged ``ValidationCounts`` (read / rejected per reason / times floored), with Beam
 counters per reason. The rejected-share gate is ``araopt.conversions.check_rejected_share``.
+
+Jobs that cap per impression also group here (``ReadAndValidate(..., num_shards=S)``): the rows of
+each impression are brought together and those whose impression-side slice values differ from the
+impression's first row go to the same dead letter (``araopt.conversions.impression_slice_conflicts``),
+counted with the rest.
 """
 from __future__ import annotations
 
@@ -12,11 +17,21 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult
 
-from araopt.conversions import REJECT_REASONS, TIMES_FLOORED, ValidationCounts, dead_letter_schema, validate_batch
+from araopt.conversions import (
+    IMPRESSION_SLICE_INCONSISTENT,
+    REJECT_REASONS,
+    TIMES_FLOORED,
+    ValidationCounts,
+    dead_letter_schema,
+    split_impression_slice_conflicts,
+    validate_batch,
+)
 
+from .group import GroupByImpression
 from .io import ReadConversionFiles, needed_columns
 
 VALID = "valid"
+GROUPED = "grouped"
 REJECTED = "rejected"
 COUNTS = "counts"
 NAMESPACE = "araopt"
@@ -69,34 +84,84 @@ class ValidateConversions(beam.PTransform):
                 REJECTED, COUNTS, main=VALID)
 
 
+class _CheckImpressionSlices(beam.DoFn):
+    """Per shard of complete impressions: rows whose impression-side slice values differ from their
+    impression's first row -> dead letter (``araopt.conversions.impression_slice_conflicts``)."""
+
+    def __init__(self, impression_slice_columns: Sequence[str], slice_columns: Sequence[str],
+                 value_columns: Sequence[str]):
+        self._impression_slice_columns = tuple(impression_slice_columns)
+        self._slice_columns = tuple(slice_columns)
+        self._value_columns = tuple(value_columns)
+
+    def setup(self) -> None:
+        self._rejected = Metrics.counter(NAMESPACE, f"rows_rejected_{IMPRESSION_SLICE_INCONSISTENT}")
+
+    def process(self, item: tuple[int, pa.Table]) -> Iterator[tuple[int, pa.Table] | beam.pvalue.TaggedOutput]:
+        shard, table = item
+        kept, rejected = split_impression_slice_conflicts(table, self._impression_slice_columns, self._slice_columns,
+                                                          self._value_columns)
+        if rejected is not None:
+            self._rejected.inc(rejected.num_rows)
+            yield beam.pvalue.TaggedOutput(REJECTED, rejected)
+            yield beam.pvalue.TaggedOutput(COUNTS, ValidationCounts.rejected(rejected.num_rows,
+                                                                             IMPRESSION_SLICE_INCONSISTENT))
+        if kept.num_rows:
+            yield shard, kept
+
+
 class ReadAndValidate(beam.PTransform):
     """Explicit Parquet files -> ``{"valid": batches, "counts": singleton ValidationCounts}``, and the
     dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given.
 
-    The two outputs are typed by the steps that make them (``pa.Table``, ``ValidationCounts``): Beam
+    With ``num_shards``: ``{"grouped": (shard, table of complete impressions), "counts": ...}`` instead
+    (``GroupByImpression`` with ``spill_dir``), where rows whose ``impression_slice_columns`` (default:
+    every slice column) differ from their impression's first row are rejected like invalid rows.
+
+    The outputs are typed by the steps that make them (``pa.Table``, ``ValidationCounts``): Beam
     checks a composite's dict output against a single output type, which fits neither."""
 
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
-                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = ()):
+                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = (), num_shards: int | None = None,
+                 spill_dir: str | None = None, impression_slice_columns: Sequence[str] | None = None):
         super().__init__()
         self._paths = list(paths)
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
         self._dead_letter = dead_letter_prefix
         self._passthrough = tuple(passthrough)
+        self._num_shards = num_shards
+        self._spill_dir = spill_dir
+        self._impression_slice_columns = (self._slice_columns if impression_slice_columns is None
+                                          else tuple(impression_slice_columns))
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection[Any]]:
         columns = needed_columns(self._slice_columns, self._value_columns) + list(self._passthrough)
         batches = pbegin | "Read" >> ReadConversionFiles(self._paths, columns)
         checked = batches | "Validate" >> ValidateConversions(self._slice_columns, self._value_columns,
                                                               self._passthrough)
-        counts = checked[COUNTS] | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge).with_output_types(
-            ValidationCounts)
+        counts, rejected = [checked[COUNTS]], [checked[REJECTED]]
+        if self._num_shards is None:
+            out: dict[str, beam.PCollection[Any]] = {VALID: checked[VALID]}
+        else:
+            grouped = (
+                checked[VALID]
+                | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir)
+                | "CheckImpressionSlices" >> beam.ParDo(_CheckImpressionSlices(
+                    self._impression_slice_columns, self._slice_columns, self._value_columns)).with_outputs(
+                        REJECTED, COUNTS, main=GROUPED)
+            )
+            out = {GROUPED: grouped[GROUPED]}
+            counts.append(grouped[COUNTS])
+            rejected.append(grouped[REJECTED])
+        out[COUNTS] = (
+            counts | "AllCounts" >> beam.Flatten()
+            | "CountRows" >> beam.CombineGlobally(ValidationCounts.merge).with_output_types(ValidationCounts))
         if self._dead_letter is not None:
-            _ = checked[REJECTED] | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
+            _ = (rejected | "AllRejected" >> beam.Flatten() | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
                 self._dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns), num_shards=1,
-                shard_name_template="", file_name_suffix=".parquet")
-        return {VALID: checked[VALID], COUNTS: counts}
+                shard_name_template="", file_name_suffix=".parquet"))
+        return out
 
 
 def counter_values(result: PipelineResult) -> dict[str, int]:
