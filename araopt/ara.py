@@ -525,13 +525,20 @@ class TriggerEncoder:
             w = []
             # not strict: a caller may pass more uniforms than the d this encoding consumes
             for v, ti, scale, ui in zip(vals, t, self._scales, u, strict=False):
-                omega = min(v / ti, 1.0) * scale  # exactly the scale when clipped, never above it (Lemma 4.1)
+                omega = min(v, ti) / ti * scale  # clipped first; exactly the scale when clipped (Lemma 4.1)
                 low = math.floor(omega)
                 w.append(low + (1 if ui < omega - low else 0))
             w.append(self._budget - sum(w) if self._count is None else self._count)
             return tuple(w)
         scaled = [v / ti for v, ti in zip(vals, t, strict=True)]
         norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
+        if not math.isfinite(norm):  # as encoding.l1_scaled: the direction of a vector that overflows
+            parts = [(math.frexp(v), math.frexp(ti)) for v, ti in zip(vals, t, strict=True)]
+            top = max(ev - et for (mv, ev), (_, et) in parts if mv > 0)
+            scaled = [math.ldexp(mv / mt, ev - et - top) for (mv, ev), (mt, et) in parts]
+            total = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
+            scaled = [s / total for s in scaled]
+            norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
         shrink = 1.0 / max(1.0, norm)
         if self._rounding == "floor":
             factor = shrink * self._gamma_over_c

@@ -45,7 +45,7 @@ from scipy import optimize as sp_optimize
 from tqdm import tqdm
 
 from .bounding import kept_per_impression
-from .encoding import count_scale, query_scales
+from .encoding import count_scale, l1_scaled, query_scales
 from .error_model import OBJECTIVES, ErrorBreakdown, relaxed_variance, rmsre_tau
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import CONTRIBUTION_BUDGET, Encoding, Params, Provenance, QueryParams, check_epsilon
@@ -140,8 +140,8 @@ def _l1_sample_terms(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Alg. 6 on samples: per slice E[U_l] (m, d) and rounding variance in W units (m, d)."""
     d = vals.shape[1]
-    x = vals / thresholds[None, :]
-    shrink = 1.0 / np.maximum(1.0, x.sum(axis=1))
+    x, norm = l1_scaled(vals, thresholds)
+    shrink = 1.0 / np.maximum(1.0, norm)
     budget = contribution_budget // count_limit
     expected = np.empty((m, d))
     rounding = np.zeros((m, d))
@@ -152,7 +152,7 @@ def _l1_sample_terms(
         else:
             u = x[:, q] * shrink * budget
             f = u - np.floor(u)
-            expected[:, q] = np.bincount(sl, weights=weight * vals[:, q] * shrink, minlength=m)
+            expected[:, q] = np.bincount(sl, weights=weight * x[:, q] * thresholds[q] * shrink, minlength=m)
             rounding[:, q] = np.bincount(sl, weights=weight * f * (1.0 - f), minlength=m)
     return expected, rounding
 

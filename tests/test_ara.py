@@ -724,3 +724,27 @@ def test_an_impression_whose_slice_changes_between_conversions_is_one_source_for
                                       export / "key_map.json", SEED)
     assert chrome == ours
     assert summary["rows_rejected_by_reason"] == {"impression_slice_inconsistent": 2} and summary["accounting_closes"]
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_trigger_encoder_equals_core_encode_for_extreme_finite_values(name):
+    spec = ENCODINGS[name]
+    thresholds = [1e-300, 0.5, 1e300]
+    if spec["encoding"] == "l1":
+        queries = tuple(QueryParams(f"q{i}", t) for i, t in enumerate(thresholds))
+        extra = {"l1_rounding": spec.get("l1_rounding", "floor")}
+    else:
+        share = 0.75 if spec["encoding"] == "baseline" else 1.0
+        queries = tuple(QueryParams(f"q{i}", t, share / 3) for i, t in enumerate(thresholds))
+        extra = {"count_budget_fraction": 0.25} if spec["encoding"] == "baseline" else {}
+    params = Params(count_limit=2, encoding=spec["encoding"], epsilon=1.0, slice_columns=("s",), queries=queries, **extra)
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.array([0])}, params.query_columns,
+                                         baseline=spec["encoding"] == "baseline")
+    enc = TriggerEncoder(params, domain)
+    rng = np.random.default_rng(1)
+    for values in ([1e308, 1e308, 1e308], [np.finfo(np.float64).max, 0.0, 1.0], [1.0, 1e308, 0.0], [5e-324, 0.0, 1e300]):
+        uniforms = rng.random(3)
+        got = enc.contributions({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms)
+        want = encode(np.array([values]), params, uniforms=np.array([uniforms]))
+        assert list(got) == want[0].tolist(), values
+        validate_trigger_registration(enc.registration({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms))
