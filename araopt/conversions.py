@@ -48,6 +48,12 @@ MAX_EXACT_INTEGER = 2**53
 _INT64_MAX = 2**63 - 1
 _MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
 
+EARLIEST_CONVERSION_TIME_US = 0
+"""1970-01-01T00:00:00Z: an earlier conversion time is a bug (a sentinel, a unit mix-up), not a conversion."""
+LATEST_CONVERSION_TIME_US = 7_258_118_400_000_000
+"""2200-01-01T00:00:00Z (exclusive): later times are dead-lettered (conversion_time_out_of_range), so that
+every accepted time is a datetime in every library (pandas' nanoseconds end in 2262, Python's years in 9999)."""
+
 
 def type_family(arrow_type: pa.DataType) -> str:
     """The comparable kind of a column type: integer, string, boolean, floating, decimal, timestamp or
@@ -195,6 +201,7 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     unparseable = ("unparseable_conversion_time" if type_family(time_column.type) == "string"
                    else "conversion_time_out_of_range")
     flag(~time_ok & ~time_nulls, unparseable)
+    flag((micros < EARLIEST_CONVERSION_TIME_US) | (micros >= LATEST_CONVERSION_TIME_US), "conversion_time_out_of_range")
     for c in slice_columns:
         col = table.column(c)
         flag(_as_numpy(col.is_null()), "null_slice_value")

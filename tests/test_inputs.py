@@ -1,0 +1,93 @@
+"""Inputs that used to abort a job or pass silently: conversion times far in the future or the past,
+duplicate JSON keys, parameters whose scales are 0, data-derived key maps, domain integers beyond
+int64, key maps without the parameters' checksum, a file named twice, partition folders matched by
+a glob, unknown options. Each goes to the dead letter with a reason or is refused in one line."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from araopt import Params, QueryParams, outputs
+from araopt.conversions import validate_batch
+from transforms.io import footer_summary
+
+T0 = pd.Timestamp("2026-09-01", tz="UTC")
+US_PER_DAY = 86_400_000_000
+
+
+def log(n=400, seed=0, impressions=100):
+    rng = np.random.default_rng(seed)
+    imp = rng.integers(0, impressions, n)
+    return pd.DataFrame({"impression_id": imp.astype("int64"),
+                         "conversion_time": T0 + pd.to_timedelta(rng.integers(0, 86400, n), unit="s"),
+                         "s": np.array(["a", "b", "c"], dtype=object)[imp % 3], "v": rng.lognormal(2, 1, n)})
+
+
+def with_times(frame, micros, unit="us"):
+    """``frame`` as an Arrow table whose conversion times are the given integers in ``unit``."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    times = pa.array(np.asarray(micros, dtype=np.int64), type=pa.timestamp(unit, tz="UTC"))
+    return table.set_column(table.schema.get_field_index("conversion_time"), "conversion_time", times)
+
+
+def params(**kw):
+    base = dict(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",), queries=(QueryParams("v", 20.0, 1.0),))
+    base.update(kw)
+    return Params(**base)
+
+
+# ---- conversion times ----------------------------------------------------------------------------
+YEAR_10000_US = 253_402_300_800_000_000  # 10000-01-01: a valid int64 microsecond timestamp
+
+
+@pytest.mark.parametrize("unit, times, rejected", [
+    ("us", [0, 7_258_118_400_000_000 - 1], [False, False]),  # 1970-01-01 and the last microsecond before 2200
+    ("us", [-1, 7_258_118_400_000_000], [True, True]),  # 1969-12-31T23:59:59.999999 and 2200-01-01
+    ("us", [YEAR_10000_US, -62_135_596_800_000_000], [True, True]),  # year 10000, year 1
+    ("s", [YEAR_10000_US // 1_000_000, 1_700_000_000], [True, False]),
+    ("ms", [-(2**62), 1_700_000_000_000], [True, False]),
+])
+def test_far_future_and_far_past_conversion_times_go_to_the_dead_letter(unit, times, rejected):
+    frame = log(2)
+    batch = validate_batch(with_times(frame, times, unit), ["s"], ["v"])
+    assert batch.valid.num_rows == rejected.count(False)
+    assert batch.rejected.column("reason").to_pylist() == ["conversion_time_out_of_range"] * rejected.count(True)
+
+
+def test_footer_statistics_of_a_year_10000_time_do_not_abort_and_name_the_window(tmp_path):
+    frame = log(3)
+    micros = [int(T0.value // 1000), YEAR_10000_US, int(T0.value // 1000) + 5]
+    pq.write_table(with_times(frame, micros), str(tmp_path / "far.parquet"))
+    pq.write_table(with_times(frame, [-62_135_596_800_000_000] * 3), str(tmp_path / "past.parquet"))
+    rows, first, last = footer_summary([str(tmp_path / "far.parquet"), str(tmp_path / "past.parquet")])
+    assert rows == 6 and first == "0001-01-01T00:00:00+00:00" and last == "10000-01-01T00:00:00.000000+00:00"
+    rows, first, last = footer_summary([str(tmp_path / "far.parquet")])
+    assert first == "2026-09-01T00:00:00+00:00"
+
+
+@pytest.mark.slow
+def test_a_conversion_at_year_10000_is_dead_lettered_by_every_job(tmp_path, capsys):
+    from pipelines import measure as measure_pipeline
+    from pipelines import optimize
+
+    frame = log()
+    micros = (frame["conversion_time"].astype("int64") // 1000).to_numpy().copy()
+    micros[0] = YEAR_10000_US
+    path = tmp_path / "log.parquet"
+    pq.write_table(with_times(frame, micros), str(path))
+    assert optimize.run(["--history", str(path), "--slices", "s", "--values", "v", "--epsilon", "8", "--output",
+                         str(tmp_path / "p.json")]) == 0
+    assert "conversion_time_out_of_range 1" in capsys.readouterr().err
+    assert measure_pipeline.run(["--input", str(path), "--params", str(tmp_path / "p.json"), "--output",
+                                 str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / outputs.private_file(outputs.RUN_SUMMARY)).read_text())
+    assert summary["rows_rejected_by_reason"] == {"conversion_time_out_of_range": 1} and summary["accounting_closes"]
+    dead = pq.read_table(str(tmp_path / "out" / outputs.private_file(outputs.DEAD_LETTER)))
+    assert dead.column("reason").to_pylist() == ["conversion_time_out_of_range"]
