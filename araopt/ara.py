@@ -25,7 +25,6 @@ saying which limit and by how much.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -38,6 +37,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from . import jsonio
 from .bounding import bound_contributions, impression_order
 from .encoding import count_scale, query_scales
 from .keys import BOTTOM_NAME, COUNT_NAME, MAX_BUCKET_BITS, QUERY_BITS, KeyDomain
@@ -289,14 +289,7 @@ class KeyMap:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeyMap:
         path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except OSError as exc:
-            raise ValueError(f"cannot read key map {path}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"key map {path} is not valid JSON ({exc})") from None
-        return cls.from_json(data, source=path)
+        return cls.from_json(jsonio.load(path, "key map"), source=path)
 
     def domain_for(self, params: Params, params_source: str = "parameter file") -> KeyDomain:
         """The domain, after checking that it was exported for exactly these parameters (sha256)."""
@@ -397,7 +390,7 @@ class SourceEncoder:
         return self.registration_at(self.index(impression_slice), extra)
 
     def header(self, impression_slice: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> str:
-        return json.dumps(self.registration(impression_slice, extra), separators=(",", ":"))
+        return jsonio.dumps(self.registration(impression_slice, extra), separators=(",", ":"))
 
     def all_registrations(self) -> list[dict[str, Any]]:
         """Every source registration with its slice: ``[{"source_index", "slice", "registration"}]``."""
@@ -606,7 +599,7 @@ class TriggerEncoder:
     def header(self, values: Mapping[str, float], conversion_slice_values: Mapping[str, Any] | None = None, *,
                rng: Any = None, uniforms: Sequence[float] | None = None, extra: Mapping[str, Any] | None = None) -> str:
         """The registration as a compact JSON string (the header value)."""
-        return json.dumps(self.registration(values, conversion_slice_values, rng=rng, uniforms=uniforms, extra=extra),
+        return jsonio.dumps(self.registration(values, conversion_slice_values, rng=rng, uniforms=uniforms, extra=extra),
                           separators=(",", ":"))
 
 
@@ -639,7 +632,7 @@ class TriggerBatch:
         """JSON Lines: ``{"impression_id", "conversion_time_us", "source_index", "registration"}``."""
         for imp, t, s, reg in zip(self.impression_id.tolist(), self.conversion_time.tolist(), self.source_index.tolist(),
                                   self.registrations(encoder), strict=True):
-            yield json.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": s, "registration": reg},
+            yield jsonio.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": s, "registration": reg},
                              separators=(",", ":"))
 
 

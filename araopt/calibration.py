@@ -107,6 +107,7 @@ import pandas as pd
 from scipy import special as sp_special
 from scipy import stats as sp_stats
 
+from . import jsonio
 from .bounding import kept_per_impression
 from .conversions import Conversions
 from .encoding import check_values, expected_contribution, query_scales
@@ -559,7 +560,7 @@ class Calibration:
         }
 
     def to_bytes(self) -> bytes:
-        return (json.dumps(self.to_json(), allow_nan=True) + "\n").encode("utf-8")
+        return (jsonio.dumps(self.to_json()) + "\n").encode("utf-8")  # NaN as null: read back as NaN
 
     @classmethod
     def from_json(cls, data: Any, params: Params | None = None, source: str = "calibration") -> Calibration:
@@ -611,11 +612,7 @@ class Calibration:
 
     @classmethod
     def from_bytes(cls, raw: bytes, params: Params | None = None, source: str = "calibration") -> Calibration:
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{source}: not valid JSON ({exc})") from None
-        return cls.from_json(data, params, source)
+        return cls.from_json(jsonio.loads(raw, source), params, source)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically (temporary file + rename), like ``Params.save``."""

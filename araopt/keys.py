@@ -26,6 +26,8 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from . import jsonio
+
 QUERY_BITS = 8
 MAX_BUCKET_BITS = 128
 BOTTOM_NAME = "bottom"
@@ -254,16 +256,11 @@ class KeyDomain:
 
     def save(self, path: str | os.PathLike[str], params_sha256: str | None = None) -> None:
         with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_json(params_sha256), fh, indent=1)
+            fh.write(jsonio.dumps(self.to_json(params_sha256), indent=1))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeyDomain:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read key map {os.fspath(path)}: {exc}") from None
-        return cls.from_json(data, source=os.fspath(path))
+        return cls.from_json(jsonio.load(path, "key map"), source=os.fspath(path))
 
 
 def bucket_to_bytes(bucket: int) -> bytes:

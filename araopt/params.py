@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import jsonschema
 
+from . import jsonio
 from .files import atomic_write_bytes, read_bytes
 from .keys import KeyDomain
 
@@ -328,7 +329,7 @@ class Params:
         return out
 
     def to_bytes(self) -> bytes:
-        return (json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n").encode("utf-8")
+        return (jsonio.dumps(self.to_json(), indent=2, sort_keys=False) + "\n").encode("utf-8")
 
     def checksum(self) -> str:
         """sha256 of the canonical serialisation (what ``save`` writes)."""
@@ -377,11 +378,7 @@ class Params:
 
     @classmethod
     def from_bytes(cls, raw: bytes, source: str = "parameter file") -> Params:
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{source}: not valid JSON ({exc})") from None
-        return cls.from_json(data, source)
+        return cls.from_json(jsonio.loads(raw, source), source)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Params:

@@ -20,7 +20,6 @@ input with a one-line ``araopt <cmd>: error: ...`` on stderr and no traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from araopt import avro, outputs
+from araopt import avro, jsonio, outputs
 from araopt.ara import (
     REGISTER_SOURCE,
     REGISTER_TRIGGER,
@@ -138,12 +137,12 @@ def _export(args: argparse.Namespace) -> int:
     # --- every check passed: write ---
     os.makedirs(args.output, exist_ok=True)
     out = lambda name: os.path.join(args.output, name)  # noqa: E731
-    atomic_write(out("key_map.json"), lambda fh: json.dump(key_map_json(params, domain), fh, indent=1), mode="w")
+    atomic_write(out("key_map.json"), lambda fh: fh.write(jsonio.dumps(key_map_json(params, domain), indent=1)), mode="w")
     atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
     source_doc = {"header": REGISTER_SOURCE, "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(),
                   "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
                   "registrations": sources.all_registrations()}
-    atomic_write(out("sources.json"), lambda fh: json.dump(source_doc, fh, indent=1, default=_json_default), mode="w")
+    atomic_write(out("sources.json"), lambda fh: fh.write(jsonio.dumps(source_doc, indent=1)), mode="w")
     avro.write_output_domain(out("output_domain.avro"), domain.buckets())
     if batch is not None:
         def write_lines(fh: Any) -> None:
@@ -161,7 +160,7 @@ def _export(args: argparse.Namespace) -> int:
         "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
         "simulation_seed": args.simulation_seed,
     }
-    atomic_write(out("export.json"), lambda fh: json.dump(summary, fh, indent=1), mode="w")
+    atomic_write(out("export.json"), lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
     for w in ara_warnings(params, domain):
         _warn(prog, w)
     if batch is not None and batch.skipped:
@@ -173,12 +172,6 @@ def _export(args: argparse.Namespace) -> int:
           f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files}, "
           f"export.json under {args.output}")
     return 0
-
-
-def _json_default(v: Any) -> Any:
-    if hasattr(v, "item"):
-        return v.item()
-    raise TypeError(f"not JSON serialisable: {v!r}")
 
 
 # ---- reconstruct ---------------------------------------------------------------------------------
@@ -237,7 +230,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         _warn(prog, f"{counters.implausible_negative_metrics} metric(s) are more negative than noise at epsilon="
                     f"{params.epsilon:g} makes plausible (wrong epsilon or a corrupt report?)")
     side_summary = f"{os.path.splitext(args.output)[0]}.summary.json"
-    atomic_write(side_summary, lambda fh: json.dump(summary, fh, indent=1), mode="w")
+    atomic_write(side_summary, lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
     print(f"{prog}: {counters.matched:,} of {counters.rows:,} report rows matched {domain.num_keys:,} keys of "
           f"{domain.num_slices:,} slices; estimates with {args.confidence:.0%} intervals written to {args.output} "
           f"(accounting in {side_summary})")

@@ -30,7 +30,7 @@ import apache_beam as beam
 import pandas as pd
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import outputs
+from araopt import jsonio, outputs
 from araopt.aggregate import DEFAULT_MAX_SLICES
 from araopt.conversions import type_family
 from araopt.keys import KeyDomain, check_domain_families, domain_from_rows
@@ -113,9 +113,9 @@ def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
         return domain_from_rows(rows, params.slice_columns, params.query_columns, baseline,
                                 params.conversion_slice_columns, families, source=path)
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"domain file {path} is not valid JSON ({exc})") from None
+        data = jsonio.loads(raw, f"domain file {path}")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     if isinstance(data, list):
         return domain_from_rows(pd.DataFrame(data), params.slice_columns, params.query_columns, baseline,
                                 params.conversion_slice_columns, families, source=path)
@@ -213,7 +213,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                                             "epsilon": params.epsilon, **epsilon_note})
             summary["release_number_of_this_input"] = release_number
             summary["ledger"] = ledger.store.uri
-        folder.write(outputs.private_file(outputs.RUN_SUMMARY), json.dumps(summary, indent=1).encode())
+        folder.write(outputs.private_file(outputs.RUN_SUMMARY), jsonio.dumps(summary, indent=1).encode())
         extra = {"params_sha256": params.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
                  "input": ledger.identity.to_json() if ledger else {"files": list(inputs.paths)},
                  "release_number_of_this_input": release_number}

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from araopt import jsonio
 from araopt import statistics as stats
 from araopt.conversions import ValidationCounts
 from araopt.params import Params, check_epsilon
@@ -117,7 +118,7 @@ class _CalibrateReportAndPublish(beam.DoFn):
 
 def _write_report(directory: str, report: dict, decision: NightlyDecision, store) -> None:
     with FileSystems.create(FileSystems.join(directory, "report.json")) as fh:
-        fh.write(json.dumps(report, indent=1, default=str).encode())
+        fh.write(jsonio.dumps(report, indent=1, default=str).encode())
     png = nightly_report_png(decision, version_history(store))
     with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
         fh.write(png)

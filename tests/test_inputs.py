@@ -4,9 +4,7 @@ int64, key maps without the parameters' checksum, a file named twice, partition 
 a glob, unknown options. Each goes to the dead letter with a reason or is refused in one line."""
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
 
 import numpy as np
 import pandas as pd
