@@ -3,7 +3,6 @@ JSON file it reads refuses a key given twice (``araopt.jsonio``)."""
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -73,12 +72,11 @@ def test_duplicate_keys_are_refused_in_parameter_files(tmp_path):
 
 
 def test_duplicate_keys_are_refused_in_key_maps_calibrations_and_presets(tmp_path):
-    from test_calibration import fitted
-
     from araopt.ara import KeyMap
     from araopt.calibration import Calibration
     from araopt.keys import KeyDomain
     from araopt.synthetic import load_preset
+    from test_calibration import fitted
 
     domain = KeyDomain.from_slice_values(("s",), {"s": np.array(["a", "b"])}, ("v",))
     text = json.dumps(domain.to_json("0" * 64))
@@ -102,10 +100,9 @@ def test_every_json_file_nightly_and_measure_write_is_strict(tmp_path, capsys):
     import glob
     import os
 
-    from test_nightly import nightly_args, write_history
-
     from pipelines import measure as measure_pipeline
     from pipelines import nightly
+    from test_nightly import nightly_args, write_history
 
     hist = write_history(tmp_path / "h", n=1500)
     store = str(tmp_path / "store")
