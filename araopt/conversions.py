@@ -456,12 +456,15 @@ class ValidationCounts:
 
 
 DEFAULT_MAX_REJECTED_FRACTION = 0.10
-"""Like the Aggregation Service (which fails a job when more than 10% of reports are bad)."""
+"""Like the Aggregation Service (which fails a job when more than 10% of reports are bad). The gate is
+sharp: with exactly 10% of the rows rejected the job goes on and releases, one more rejected row
+refuses it (nothing is released); ``--max-rejected-fraction`` sets another share."""
 
 
 def check_rejected_share(counts: ValidationCounts, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
                          what: str = "input") -> None:
-    """Refuse an input with no valid row, or with more than ``max_rejected_fraction`` of rows rejected."""
+    """Refuse an input with no valid row, or with more than ``max_rejected_fraction`` of rows rejected
+    (exactly that share passes: whether a release happens flips on one row at the threshold)."""
     if not 0.0 <= max_rejected_fraction <= 1.0:
         raise ValueError(f"max_rejected_fraction must lie in [0, 1], got {max_rejected_fraction!r}")
     if counts.rows_read == 0:

@@ -217,6 +217,7 @@ class Params:
         if unknown:
             raise ValueError(f"conversion_slice_columns {sorted(unknown)} are not in slice_columns")
         self._check_fractions()
+        self._check_scales()
         if self.domain is not None:
             self.check_domain(self.domain)
         if self.correction not in CORRECTIONS:
@@ -266,6 +267,23 @@ class Params:
             what = "queries[].budget_fraction"
         if abs(total - 1.0) > FRACTION_TOLERANCE:
             raise ValueError(f"{what} must sum to 1 (within {FRACTION_TOLERANCE:g}), got {total!r}")
+
+    def _check_scales(self) -> None:
+        """Refuse a budget fraction whose integer scale floor(alpha Gamma / C) is 0 (Alg. 3, baseline):
+        its key would always hold 0 and Alg. 4 would divide by 0 (the L1 scale floor(Gamma / C) is >= 1)."""
+        if self.encoding == "l1":
+            return
+        fractions = [(f"queries[{q.column!r}].budget_fraction", float(cast(float, q.budget_fraction)))
+                     for q in self.queries]
+        if self.encoding == "baseline":
+            fractions.append(("count_budget_fraction", float(cast(float, self.count_budget_fraction))))
+        gamma, c = self.contribution_budget, self.count_limit
+        for what, alpha in fractions:
+            if math.floor(alpha * gamma / c) < 1:  # as encoding.query_scale
+                raise ValueError(
+                    f"{what} = {alpha!r} gives the scale floor(alpha x Gamma / C) = floor({alpha!r} x {gamma} / {c}) = 0: "
+                    f"the key would always hold 0 and its estimate would divide by 0; use a fraction of at least "
+                    f"C / Gamma = {c / gamma!r} (or a smaller count_limit)")
 
     # ---- derived quantities -------------------------------------------------------------
     @property

@@ -127,7 +127,9 @@ _ALL: Final[tuple[CliOption, ...]] = (
        "~/.local/state/araopt).", metavar="URI", label="Release ledger", regex=_NON_EMPTY, gcs_only=True),
     _o("params_version", "Version to resolve in a parameter store.", default="latest", metavar="VERSION"),
     _o("max_rejected_fraction", "Fail before releasing or publishing if more than this share of rows is "
-       "invalid (the Aggregation Service's own rule is 10%).", type="float", default=0.10, metavar="F"),
+       "invalid (the Aggregation Service's own rule is 10%). The gate is sharp: exactly this share passes, one "
+       "more invalid row fails the job, so whether a release happens can flip on one row.", type="float",
+       default=0.10, metavar="F"),
     _o("num_shards", "Impression shards of the group-by (default: about 250,000 rows per shard, at least 16).",
        type="positive_int", metavar="N"),
     _o("shuffle", "Group-by-impression shuffle: files (spilled Arrow files; the default locally), memory (a "

@@ -89,3 +89,31 @@ def test_a_conversion_at_year_10000_is_dead_lettered_by_every_job(tmp_path, caps
     assert summary["rows_rejected_by_reason"] == {"conversion_time_out_of_range": 1} and summary["accounting_closes"]
     dead = pq.read_table(str(tmp_path / "out" / outputs.private_file(outputs.DEAD_LETTER)))
     assert dead.column("reason").to_pylist() == ["conversion_time_out_of_range"]
+
+
+# ---- parameters whose scale floor(alpha Gamma / C) is 0 ------------------------------------------
+def test_a_budget_fraction_whose_scale_is_zero_is_refused_with_the_reason():
+    smallest = 2 / 65536  # floor(alpha x 65536 / 2) = 1 exactly
+    two = lambda a: (QueryParams("v", 20.0, a), QueryParams("w", 5.0, 1.0 - a))  # noqa: E731
+    assert params(queries=two(smallest)).count_limit == 2
+    with pytest.raises(ValueError, match=r"queries\['v'\].budget_fraction = 3.05175781\d*e-05 gives the scale "
+                                         r"floor\(alpha x Gamma / C\) = floor\(.* x 65536 / 2\) = 0"):
+        params(queries=two(np.nextafter(smallest, 0.0)))
+    with pytest.raises(ValueError, match=r"count_budget_fraction = 1e-05 gives the scale .* = 0"):
+        params(encoding="baseline", count_budget_fraction=1e-5, queries=(QueryParams("v", 20.0, 1 - 1e-5),))
+    # a larger C needs a larger fraction; the parameter file names itself
+    text = params(queries=two(20 / 65536), count_limit=20).to_bytes().replace(b'"count_limit": 20', b'"count_limit": 21')
+    with pytest.raises(ValueError, match=r"^p.json: queries\['v'\].budget_fraction .* x 65536 / 21\) = 0"):
+        Params.from_bytes(text, "p.json")
+
+
+# ---- the rejected-share gate -------------------------------------------------------------------------
+def test_the_rejected_share_gate_flips_on_one_row_at_the_threshold_and_says_so():
+    from araopt.conversions import ValidationCounts, check_rejected_share
+    from pipelines.options import build_parser
+
+    check_rejected_share(ValidationCounts(1000, 100, {"null_value": 100}))  # exactly 10%: the job goes on
+    with pytest.raises(ValueError, match=r"101 of 1,000 input rows \(10.1%\) failed validation, above the 10% threshold"):
+        check_rejected_share(ValidationCounts(1000, 101, {"null_value": 101}))
+    text = " ".join(build_parser("measure").format_help().split())
+    assert "exactly this share passes, one more invalid row fails the job" in text
