@@ -277,14 +277,14 @@ class KeyMap:
     """A saved key domain with the checksum of the parameter file it was exported for."""
 
     domain: KeyDomain
-    params_sha256: str | None
+    params_sha256: str
     source: str = "key map"
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> KeyMap:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{source}: a key map is a JSON object")
-        return cls(KeyDomain.from_json(data, source=source), data.get("params_sha256"), source)
+        """A key map file; its ``params_sha256`` and ``origin`` are required (``KeyDomain.from_json``)."""
+        domain = KeyDomain.from_json(data, source=source)
+        return cls(domain, str(data["params_sha256"]), source)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeyMap:
@@ -293,7 +293,7 @@ class KeyMap:
 
     def domain_for(self, params: Params, params_source: str = "parameter file") -> KeyDomain:
         """The domain, after checking that it was exported for exactly these parameters (sha256)."""
-        if self.params_sha256 is not None and self.params_sha256 != params.checksum():
+        if self.params_sha256 != params.checksum():
             raise ValueError(
                 f"{params_source} does not match key map {self.source}: its sha256 {params.checksum()[:12]}… differs from "
                 f"the key map's params_sha256 {str(self.params_sha256)[:12]}… (export-ara was run with other parameters)")

@@ -23,7 +23,7 @@ import jsonschema
 
 from . import jsonio
 from .files import atomic_write_bytes, read_bytes
-from .keys import KeyDomain
+from .keys import HISTORY, KeyDomain
 
 CONTRIBUTION_BUDGET = 65536
 """Gamma: the ARA L1 contribution budget per source (impression)."""
@@ -243,7 +243,7 @@ class Params:
     def with_domain_of(self, slice_values: Mapping[str, Any]) -> Params:
         """These parameters carrying the domain of the slices in ``slice_values`` (column -> values)."""
         domain = KeyDomain.from_slice_values(self.slice_columns, slice_values, self.query_columns,
-                                             self.encoding == "baseline", self.conversion_slice_columns)
+                                             self.encoding == "baseline", self.conversion_slice_columns, HISTORY)
         return dataclasses.replace(self, domain=domain)
 
     def _check_fractions(self) -> None:
@@ -338,7 +338,7 @@ class Params:
             "provenance": self.provenance.to_json() if self.provenance else None,
         }
         if self.domain is not None:
-            out["domain"] = {k: v for k, v in self.domain.to_json().items() if k != "params_sha256"}
+            out["domain"] = {k: v for k, v in self.domain.to_json().items() if k not in ("params_sha256", "origin")}
         if self.calibration is not None:
             out["correction"] = self.correction
             out["calibration"] = self.calibration.to_json()
@@ -388,7 +388,8 @@ class Params:
                 l1_rounding=data.get("l1_rounding", "floor"),
                 conversion_slice_columns=tuple(data.get("conversion_slice_columns", ())),
                 provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
-                domain=None if data.get("domain") is None else KeyDomain.from_json(data["domain"], source="domain"),
+                domain=None if data.get("domain") is None else KeyDomain.from_json(data["domain"], source="domain",
+                                                                                  embedded=True),
                 calibration=_calibration_from_json(data.get("calibration")), correction=data.get("correction", "ratio"),
             )
         except ValueError as exc:

@@ -33,7 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from araopt import jsonio, outputs
 from araopt.aggregate import DEFAULT_MAX_SLICES
 from araopt.conversions import type_family
-from araopt.keys import KeyDomain, check_domain_families, domain_from_rows
+from araopt.keys import DATA, KeyDomain, check_domain_families, domain_from_rows
 from araopt.params import Params, check_epsilon
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.io import InputFiles, check_input
@@ -142,6 +142,11 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
                         "listing slice values), or parameters that carry one (araopt nightly and optimize publish "
                         "the history's domain); deriving it from the data being released is allowed only with "
                         "--simulation-seed")
+    if domain.origin == DATA and args.simulation_seed is None:
+        raise UserError(f"the domain from {origin} was derived from a conversion log (key map origin 'data', e.g. "
+                        f"written by export-ara --conversions): a release over the slices of the data it releases "
+                        f"reveals which slices occur; declare the domain (a .csv/.json list of slices, or the "
+                        f"parameter version's history domain), or pass --simulation-seed")
     max_slices = args.max_slices
     if domain.num_slices > max_slices:
         raise UserError(f"the domain from {origin} has {domain.num_slices:,} slices, more than --max-slices {max_slices:,}")

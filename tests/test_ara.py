@@ -535,10 +535,15 @@ def test_parameter_file_that_does_not_match_the_key_map(tmp_path, capsys):
     assert run_reconstruct(args + ["--params", str(tmp_path / "other.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not match key map" in err and "params_sha256" in err
-    # same checksum but a structurally different key map (edited by hand, checksum removed)
+    # a key map without the parameters' checksum cannot be checked: refused, not skipped
     wrong = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array(["a"])}, ("items",))
     (tmp_path / "km2.json").write_text(json.dumps(wrong.to_json(None)))
     assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km2.json"),
+                            "--out", str(tmp_path / "e.csv"), "--params", str(tmp_path / "p.json")]) == 2
+    assert "key map has no params_sha256" in capsys.readouterr().err
+    # the right checksum on a structurally different key map (edited by hand)
+    (tmp_path / "km3.json").write_text(json.dumps(wrong.to_json(params.checksum())))
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km3.json"),
                             "--out", str(tmp_path / "e.csv"), "--params", str(tmp_path / "p.json")]) == 2
     assert "queries ['items'] != ['items', 'value']" in capsys.readouterr().err
     assert not (tmp_path / "e.csv").exists()

@@ -117,3 +117,95 @@ def test_the_rejected_share_gate_flips_on_one_row_at_the_threshold_and_says_so()
         check_rejected_share(ValidationCounts(1000, 101, {"null_value": 101}))
     text = " ".join(build_parser("measure").format_help().split())
     assert "exactly this share passes, one more invalid row fails the job" in text
+
+
+# ---- key maps: origin, the parameters' checksum, int64 values -----------------------------------
+def write_log(tmp_path, frame=None, name="log.parquet"):
+    path = tmp_path / name
+    (log() if frame is None else frame).to_parquet(path)
+    return str(path)
+
+
+def test_export_ara_key_maps_record_where_their_slices_come_from(tmp_path, capsys):
+    from pipelines.ara import run_export_ara
+
+    data = write_log(tmp_path)
+    p = params()
+    p.save(tmp_path / "p.json")
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e1"), "--conversions", data]) == 0
+    assert json.loads((tmp_path / "e1" / "key_map.json").read_text())["origin"] == "data"
+    p.with_domain_of({"s": np.array(["a", "b", "c"])}).save(tmp_path / "ph.json")
+    assert run_export_ara(["--params", str(tmp_path / "ph.json"), "--out", str(tmp_path / "e2")]) == 0
+    assert json.loads((tmp_path / "e2" / "key_map.json").read_text())["origin"] == "history"
+    # a key map passed on keeps its origin; the parameters' embedded domain carries none (checksums unchanged)
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e3"), "--key-map",
+                           str(tmp_path / "e1" / "key_map.json")]) == 0
+    assert json.loads((tmp_path / "e3" / "key_map.json").read_text())["origin"] == "data"
+    assert "origin" not in json.loads((tmp_path / "ph.json").read_text())["domain"]
+
+
+def test_measure_refuses_a_data_derived_key_map_outside_simulation(tmp_path, capsys):
+    from pipelines import measure as measure_pipeline
+    from pipelines.ara import run_export_ara
+
+    data = write_log(tmp_path)
+    params().save(tmp_path / "p.json")
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e"), "--conversions", data]) == 0
+    capsys.readouterr()
+    args = ["--input", data, "--params", str(tmp_path / "p.json"), "--domain", str(tmp_path / "e" / "key_map.json"),
+            "--output", str(tmp_path / "out")]
+    assert measure_pipeline.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "key map origin 'data'" in err and "--simulation-seed" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_key_maps_without_origin_or_parameter_checksum_are_refused():
+    from araopt.ara import KeyMap
+    from araopt.keys import KeyDomain
+
+    doc = KeyDomain.from_slice_values(("s",), {"s": np.array(["a"])}, ("v",)).to_json("ab" * 32)
+    assert KeyMap.from_json(doc).domain.origin == "data"
+    for field, value, message in (("origin", None, "no valid origin"), ("origin", "guessed", "no valid origin"),
+                                  ("params_sha256", None, "no params_sha256"), ("params_sha256", "abc", "no params_sha256")):
+        bad = {**doc, field: value}
+        for load in (KeyMap.from_json, KeyDomain.from_json):
+            with pytest.raises(ValueError, match=message):
+                load(bad)
+
+
+def test_a_domain_integer_beyond_int64_is_refused_when_the_domain_is_loaded(tmp_path, capsys):
+    from araopt.keys import KeyDomain
+    from pipelines import measure as measure_pipeline
+
+    frame = log().assign(s=lambda f: f["impression_id"] % 3)
+    data = write_log(tmp_path, frame)
+    params().save(tmp_path / "p.json")
+    (tmp_path / "d.csv").write_text("s\n0\n1\n9223372036854775808\n")
+    assert measure_pipeline.run(["--input", data, "--params", str(tmp_path / "p.json"), "--domain",
+                                 str(tmp_path / "d.csv"), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "9223372036854775808 does not fit int64" in err and not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="value -9223372036854775809 does not fit int64"):
+        KeyDomain(("s",), ((0, -(2**63) - 1),), np.zeros((0, 1)), ("v",))
+    KeyDomain(("s",), ((2**63 - 1, -(2**63)),), np.zeros((0, 1)), ("v",))  # the int64 bounds themselves fit
+
+
+@pytest.mark.slow
+def test_measures_key_map_records_the_domains_origin(tmp_path, capsys):
+    from pipelines import measure as measure_pipeline
+
+    data = write_log(tmp_path)
+    params().save(tmp_path / "p.json")
+    (tmp_path / "d.csv").write_text("s\na\nb\nc\nd\n")
+    base = ["--input", data, "--params", str(tmp_path / "p.json")]
+    assert measure_pipeline.run(base + ["--domain", str(tmp_path / "d.csv"), "--output", str(tmp_path / "o1")]) == 0
+    km = json.loads((tmp_path / "o1" / outputs.release_file(outputs.KEY_MAP_JSON, False)).read_text())
+    assert km["origin"] == "declared" and km["params_sha256"] == params().checksum()
+    assert measure_pipeline.run(base + ["--simulation-seed", "1", "--output", str(tmp_path / "o2")]) == 0
+    km = json.loads((tmp_path / "o2" / outputs.release_file(outputs.KEY_MAP_JSON, True)).read_text())
+    assert km["origin"] == "data"
+    # a simulation may use the data-derived key map; a release may not (test above)
+    assert measure_pipeline.run(base + ["--simulation-seed", "1", "--domain",
+                                        str(tmp_path / "o2" / outputs.release_file(outputs.KEY_MAP_JSON, True)),
+                                        "--output", str(tmp_path / "o3")]) == 0
