@@ -5,6 +5,7 @@ a glob, unknown options. Each goes to the dead letter with a reason or is refuse
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,6 @@ from araopt.conversions import validate_batch
 from transforms.io import footer_summary
 
 T0 = pd.Timestamp("2026-09-01", tz="UTC")
-US_PER_DAY = 86_400_000_000
 
 
 def log(n=400, seed=0, impressions=100):
@@ -209,3 +209,40 @@ def test_measures_key_map_records_the_domains_origin(tmp_path, capsys):
     assert measure_pipeline.run(base + ["--simulation-seed", "1", "--domain",
                                         str(tmp_path / "o2" / outputs.release_file(outputs.KEY_MAP_JSON, True)),
                                         "--output", str(tmp_path / "o3")]) == 0
+
+
+# ---- a file named twice is read once --------------------------------------------------------------
+def test_a_file_named_twice_in_one_input_is_read_once(tmp_path):
+    from araopt.avro import expand_paths
+    from transforms.io import check_input, match_files
+
+    folder = tmp_path / "log"
+    folder.mkdir()
+    log(200).to_parquet(folder / "a.parquet")
+    log(100, seed=1).to_parquet(folder / "b.parquet")
+    os.symlink(folder / "a.parquet", folder / "c.parquet")  # the same file under another name
+    os.link(folder / "b.parquet", folder / "d.parquet")  # and a hard link
+    assert [os.path.basename(p) for p in match_files(str(folder))] == ["a.parquet", "b.parquet"]
+    assert [os.path.basename(p) for p in match_files(str(folder / "*.parquet"))] == ["a.parquet", "b.parquet"]
+    a = str(folder / "a.parquet")
+    inputs = check_input([a, a, str(folder / "." / "a.parquet"), str(folder / "c.parquet")], ["s"], ["v"])
+    assert inputs.paths == (a,) and inputs.rows == 200
+    (tmp_path / "r.avro").write_bytes(b"x")
+    os.symlink(tmp_path / "r.avro", tmp_path / "s.avro")
+    assert expand_paths([str(tmp_path / "r.avro"), str(tmp_path / "." / "r.avro"), str(tmp_path / "s.avro")]) == [
+        str(tmp_path / "r.avro")]
+
+
+@pytest.mark.slow
+def test_measure_counts_the_rows_of_a_file_named_twice_once(tmp_path, capsys):
+    from pipelines import measure as measure_pipeline
+
+    folder = tmp_path / "log"
+    folder.mkdir()
+    log().to_parquet(folder / "a.parquet")
+    os.symlink(folder / "a.parquet", folder / "copy.parquet")
+    params().save(tmp_path / "p.json")
+    assert measure_pipeline.run(["--input", str(folder), "--params", str(tmp_path / "p.json"), "--output",
+                                 str(tmp_path / "out"), "--simulation-seed", "1"]) == 0
+    summary = json.loads((tmp_path / "out" / outputs.private_file(outputs.RUN_SUMMARY)).read_text())
+    assert summary["rows_read"] == len(log()) and summary["input_files"] == 1

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.conversions import CONVERSION_TIME, IMPRESSION_ID, unify_schemas
+from araopt.files import distinct_files
 
 _GLOB_CHARS = "*?["
 
@@ -55,15 +56,15 @@ def is_hidden(path: str, root: str) -> bool:
 
 
 def match_files(pattern: str) -> list[str]:
-    """Non-empty, non-hidden files matching a path or glob (local or gs://); a directory means every
-    ``*.parquet`` below it."""
+    """Non-empty, non-hidden files matching a path or glob (local or gs://), each file once (also when
+    two names lead to it: ``araopt.files.distinct_files``); a directory means every ``*.parquet`` below it."""
     if _is_directory(pattern):
         patterns = [FileSystems.join(pattern, "**.parquet"), FileSystems.join(pattern, "*.parquet")]
     else:
         patterns = [pattern]
     root = _root(pattern)
     matched = {m.path: m.size_in_bytes for p in patterns for m in FileSystems.match([p])[0].metadata_list}
-    return sorted(p for p, size in matched.items() if size > 0 and not is_hidden(p, root))
+    return distinct_files(sorted(p for p, size in matched.items() if size > 0 and not is_hidden(p, root)))
 
 
 def read_schema(path: str) -> pa.Schema:
@@ -98,7 +99,7 @@ def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], valu
                 raise ValueError(f"{pattern} is empty (0 bytes): not a Parquet conversion log")
             raise ValueError(f"no input files match {pattern!r} (empty files and names starting with _ or . are skipped)")
     else:
-        paths = list(pattern)
+        paths = distinct_files(pattern)  # a file named twice is read once
         if not paths:
             raise ValueError("no input files")
     schemas = [(p, read_schema(p)) for p in paths]
