@@ -246,3 +246,43 @@ def test_measure_counts_the_rows_of_a_file_named_twice_once(tmp_path, capsys):
                                  str(tmp_path / "out"), "--simulation-seed", "1"]) == 0
     summary = json.loads((tmp_path / "out" / outputs.private_file(outputs.RUN_SUMMARY)).read_text())
     assert summary["rows_read"] == len(log()) and summary["input_files"] == 1
+
+
+# ---- a glob that matches partition folders --------------------------------------------------------
+def partitions(tmp_path):
+    root = tmp_path / "log"
+    for day, sub in (("2026-09-01", ""), ("2026-09-02", "hour=03"), ("2026-09-10", "")):
+        folder = root / f"date={day}" / sub
+        folder.mkdir(parents=True)
+        log(100, seed=int(day[-2:])).to_parquet(folder / "part-0.parquet")
+    (root / "date=2026-09-01" / "_SUCCESS").write_text("")
+    (root / "date=2026-09-01" / "_temporary").mkdir()
+    log(5).to_parquet(root / "date=2026-09-01" / "_temporary" / "part-9.parquet")
+    return root
+
+
+def test_a_glob_that_matches_partition_folders_finds_the_parquet_files_under_them(tmp_path):
+    from pipelines.nightly import select_window
+    from transforms.io import match_files
+
+    root = partitions(tmp_path)
+    relative = lambda paths: [os.path.relpath(p, root) for p in paths]  # noqa: E731
+    assert relative(match_files(str(root / "date=2026-09-0*"))) == [
+        "date=2026-09-01/part-0.parquet", "date=2026-09-02/hour=03/part-0.parquet"]
+    assert len(match_files(str(root / "date=*"))) == 3 == len(match_files(str(root / "date=*/")))
+    assert relative(match_files(str(root / "date=*" / "*.parquet"))) == [
+        "date=2026-09-01/part-0.parquet", "date=2026-09-10/part-0.parquet"]  # a glob of files stays one
+    files, dates = select_window(str(root / "date=2026-09-0*"), "2026-09-02", 7)
+    assert dates == ["2026-09-01", "2026-09-02"] and len(files) == 2
+
+
+@pytest.mark.slow
+def test_measure_reads_the_partitions_a_glob_names(tmp_path, capsys):
+    from pipelines import measure as measure_pipeline
+
+    root = partitions(tmp_path)
+    params().save(tmp_path / "p.json")
+    assert measure_pipeline.run(["--input", str(root / "date=2026-09-0*"), "--params", str(tmp_path / "p.json"),
+                                 "--output", str(tmp_path / "out"), "--simulation-seed", "1"]) == 0
+    summary = json.loads((tmp_path / "out" / outputs.private_file(outputs.RUN_SUMMARY)).read_text())
+    assert summary["rows_read"] == 200 and summary["input_files"] == 2
