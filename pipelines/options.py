@@ -588,12 +588,37 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def parse(command: str, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(known options, the rest for Apache Beam) for Beam jobs; unknown options are an error otherwise."""
+    """(known options, the rest for Apache Beam) for Beam jobs; an argument that is neither an option of
+    the command nor an Apache Beam option is a usage error (exit 2) before anything runs, for every command."""
     parser = build_parser(command)
     if COMMANDS[command].beam:
         args, rest = parser.parse_known_args(list(argv))
+        beam_parser = _beam_parser()
+        unknown = list(beam_parser.parse_known_args(rest)[1])
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)} (neither an option of araopt {command} nor an "
+                         f"Apache Beam option){_did_you_mean(unknown, parser, beam_parser)}")
         return args, rest
     return parser.parse_args(list(argv)), []
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    """The parser Apache Beam builds from every pipeline option (``PipelineOptions.get_all_options``,
+    abbreviations refused): what it does not parse, Beam would discard with a warning."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    parsers: list[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
+    return parsers[0]
+
+
+def _did_you_mean(unknown: Sequence[str], *parsers: argparse.ArgumentParser) -> str:
+    import difflib
+
+    flags = [f for p in parsers for action in p._actions for f in action.option_strings if f.startswith("--")]
+    hints = [f"{u.split('=', 1)[0]} -> {close[0]}" for u in unknown if u.startswith("--")
+             for close in [difflib.get_close_matches(u.split("=", 1)[0], flags, n=1, cutoff=0.8)] if close]
+    return f"; did you mean: {', '.join(hints)}" if hints else ""
 
 
 # ---- running a command ----------------------------------------------------------------------------

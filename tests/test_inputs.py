@@ -286,3 +286,39 @@ def test_measure_reads_the_partitions_a_glob_names(tmp_path, capsys):
                                  "--output", str(tmp_path / "out"), "--simulation-seed", "1"]) == 0
     summary = json.loads((tmp_path / "out" / outputs.private_file(outputs.RUN_SUMMARY)).read_text())
     assert summary["rows_read"] == 200 and summary["input_files"] == 2
+
+
+# ---- unknown options --------------------------------------------------------------------------------
+def _example_argv(command):
+    import shlex
+
+    from pipelines.options import COMMANDS
+
+    return shlex.split(COMMANDS[command].examples[0])[2:]
+
+
+@pytest.mark.parametrize("command", ["measure", "optimize", "evaluate", "nightly", "synth", "fit-synthetic", "split",
+                                     "load-criteo", "export-ara", "reconstruct", "demo"])
+@pytest.mark.parametrize("typo", [["--overwite"], ["--max-slice", "5"], ["--runer", "DataflowRunner"], ["stray"]])
+def test_an_unknown_or_misspelt_option_is_refused_before_anything_runs_on_every_command(command, typo, tmp_path, capsys,
+                                                                                         monkeypatch):
+    from pipelines.cli import main
+
+    monkeypatch.chdir(tmp_path)  # the examples' relative outputs would land here, if anything ran
+    assert main([command, *_example_argv(command), *typo]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments" in err and typo[0] in err and "Traceback" not in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_misspelt_option_gets_a_suggestion_and_beam_options_still_pass(capsys):
+    from pipelines.options import parse
+
+    argv = ["--input", "x", "--params", "p", "--output", "o"]
+    with pytest.raises(SystemExit):
+        parse("measure", argv + ["--max-slice", "5", "--overwite"])
+    assert "did you mean: --max-slice -> --max-slices, --overwite -> --overwrite" in capsys.readouterr().err
+    beam = ["--runner", "DirectRunner", "--direct_running_mode", "multi_processing", "--direct_num_workers=2",
+            "--temp_location", "/tmp", "--project", "p", "--setup_file", "./setup.py"]
+    args, rest = parse("measure", argv + beam)
+    assert rest == beam and args.output == "o"
