@@ -80,7 +80,7 @@ def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
 
 # ---- export-ara ----------------------------------------------------------------------------------
 def run_export_ara(argv: Sequence[str] | None = None) -> int:
-    return options.run_command("export-ara", _with_local_inputs(_export, ("params", "key_map", "conversions")), argv)
+    return options.run_command("export-ara", _with_local_inputs(_export, ("key_map", "conversions")), argv)
 
 
 def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[str, ...]
@@ -101,9 +101,17 @@ def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[
     return run
 
 
+def load_params(ref: str) -> Params:
+    """A parameter file (.json, local or gs://) or a store (its ``latest``, or ``STORE/versions/<v>``),
+    checksum-verified, as ``araopt measure`` takes it."""
+    from .measure import load_params as load
+
+    return load(ref).params
+
+
 def _export(args: argparse.Namespace) -> int:
     prog = "araopt export-ara"
-    params = Params.load(args.params)
+    params = load_params(args.params)
     if args.simulation_seed is not None and args.simulation_seed < 0:
         raise ValueError(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
@@ -177,7 +185,7 @@ def _export(args: argparse.Namespace) -> int:
 # ---- reconstruct ---------------------------------------------------------------------------------
 def run_reconstruct(argv: Sequence[str] | None = None) -> int:
     return options.run_command("reconstruct", _with_local_inputs(
-        _reconstruct, ("summary_report", "params", "key_map", "conversions")), argv)
+        _reconstruct, ("summary_report", "key_map", "conversions")), argv)
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
@@ -186,7 +194,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
     if os.path.exists(args.output) and not args.overwrite:
         raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
-    file_params = Params.load(args.params)
+    file_params = load_params(args.params)
     params = file_params if args.epsilon is None else file_params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
     if args.key_map:
         key_map = KeyMap.load(args.key_map)

@@ -753,3 +753,23 @@ def test_trigger_encoder_equals_core_encode_for_extreme_finite_values(name):
         want = encode(np.array([values]), params, uniforms=np.array([uniforms]))
         assert list(got) == want[0].tolist(), values
         validate_trigger_registration(enc.registration({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms))
+
+
+def test_export_and_reconstruct_accept_a_parameter_store_like_measure(tmp_path, capsys):
+    from araopt.store import open_store
+
+    params = du_penc_params().with_domain_of({"campaign": np.array(["Thanksgiving", "Christmas"])})
+    store = tmp_path / "store8"
+    open_store(str(store)).publish("2026-11-20", "a1", params.to_bytes(), validate=Params.from_bytes)
+    for ref in (str(store), str(store / "versions" / "2026-11-20-a1")):
+        export = tmp_path / f"export-{len(ref)}"
+        assert run_export_ara(["--params", ref, "--out", str(export)]) == 0
+        key_map = json.loads((export / "key_map.json").read_text())
+        assert key_map["params_sha256"] == params.checksum() and key_map["origin"] == "history"
+        domain = KeyMap.load(export / "key_map.json").domain
+        avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), np.arange(domain.num_keys) * 1000)
+        out = tmp_path / f"e-{len(ref)}.csv"
+        assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--params", ref, "--key-map",
+                                str(export / "key_map.json"), "--out", str(out)]) == 0
+        assert len(pd.read_csv(out)) == domain.num_keys
+    assert "Is a directory" not in capsys.readouterr().err
