@@ -116,7 +116,7 @@ from .files import atomic_write_bytes, read_bytes
 from .keys import KeyDomain
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import Params, QueryParams, check_epsilon
-from .report import Estimates
+from .report import Estimates, nonnegative_interval
 from .statistics import SufficientStatistics
 
 CALIBRATION_FORMAT = "araopt.calibration/1"
@@ -911,8 +911,8 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     w_lo, w_hi = convolved_loss_quantiles(mean_loss, var_loss, zero, gauss_sd, tail)
     ci_low = np.where(pos, est + np.minimum(w_lo - mean_loss, 0.0), est - z * std)
     ci_high = np.where(pos, est + np.maximum(w_hi - mean_loss, 0.0), est + z * std)
-    noise = z * se / ratio  # never narrower than the uncorrected interval's noise part
-    ci_low, ci_high = np.minimum(ci_low, est - noise), np.maximum(ci_high, est + noise)
+    noise = z * se / ratio  # never narrower than the uncorrected interval's noise part (until cut at 0)
+    ci_low, ci_high = nonnegative_interval(np.minimum(ci_low, est - noise), np.maximum(ci_high, est + noise))
     return CorrectedEstimates(
         estimate=est, std_error=std, ci_low=ci_low, ci_high=ci_high,
         capped_estimate=U.copy(),
