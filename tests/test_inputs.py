@@ -322,3 +322,39 @@ def test_a_misspelt_option_gets_a_suggestion_and_beam_options_still_pass(capsys)
             "--temp_location", "/tmp", "--project", "p", "--setup_file", "./setup.py"]
     args, rest = parse("measure", argv + beam)
     assert rest == beam and args.output == "o"
+
+
+# ---- Ctrl-C ---------------------------------------------------------------------------------------
+def test_ctrl_c_while_a_command_imports_its_modules_is_one_line(monkeypatch, capsys):
+    import importlib
+
+    from pipelines import cli
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    assert cli.main(["measure", "--input", "x", "--params", "p", "--output", "o"]) == 130
+    assert capsys.readouterr().err == "araopt measure: interrupted\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.4, 1.0])  # importing Beam alone takes longer
+def test_ctrl_c_during_start_up_prints_one_line(delay, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    write_log(tmp_path)
+    params().save(tmp_path / "p.json")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "measure", "--input", str(tmp_path / "log.parquet"),
+                             "--params", str(tmp_path / "p.json"), "--output", str(tmp_path / "out"),
+                             "--simulation-seed", "1"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if not ln.startswith("WARNING")]
+    assert proc.returncode == 130 and lines == ["araopt measure: interrupted"], err[-2000:]
