@@ -33,6 +33,7 @@ from .keys import KeyDomain
 from .mechanism import measure
 from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, objective, optimize, prepare_search
 from .params import Params, check_epsilon
+from .progress import Stages
 from .report import Estimates
 from .statistics import SufficientStatistics
 
@@ -207,6 +208,7 @@ def evaluate_dataset(
     max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
     methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
     taus: np.ndarray | Sequence[float] | None = None, train_conversions: Conversions | None = None,
+    stages: Stages | None = None,
 ) -> DatasetEvaluation:
     """Optimize on train, evaluate on test (exactly on records when given, else on test statistics).
     ``taus`` (count first) defaults to the paper's rule on the training statistics (Sec. 5.1).
@@ -214,7 +216,7 @@ def evaluate_dataset(
     calibration fitted on ``train_conversions``) needs both train and test records; with
     ``monte_carlo`` every method also gets the coverage of its nominal 95% intervals of the true
     totals (``coverage_<query>``; the corrected method's calibrated intervals, the others' Alg. 4
-    intervals)."""
+    intervals). ``stages`` hears of every (epsilon, step) as it starts (``araopt.progress``)."""
     if test_conversions is None and test_stats is None:
         raise ValueError("evaluate_dataset needs test conversions or test statistics")
     eps_list = [check_epsilon(e) for e in epsilons]
@@ -226,7 +228,10 @@ def evaluate_dataset(
     train_ctx = prepare_search(train_stats, taus)
     test_ctx = prepare_search(test_stats, taus) if test_stats is not None else None
     rows, gap_rows, curve_rows = [], [], []
-    for eps in eps_list:
+    say = stages or (lambda stage: None)
+    for k, eps in enumerate(eps_list, 1):
+        at = f"{name}, epsilon {eps:g} ({k}/{len(eps_list)})"
+        say(f"{at}: optimizing {', '.join(m for m in methods if m in METHODS)} on the training statistics")
         candidates: dict[str, tuple[Params, float, OptimizationResult | None]] = {}
         if "optimized_linf" in methods:
             res = optimize(train_stats, eps, "linf", max_count_limit, kind, taus, progress=progress, context=train_ctx)
@@ -250,6 +255,8 @@ def evaluate_dataset(
                                                      calibration.history_blocks(train_conversions))
             candidates[CORRECTED_METHOD] = (tuning.attach_calibration(tuned.params, cal), tuned.predicted_rmsre_tau,
                                             None)
+        say(f"{at}: test RMSRE_tau of {len(candidates)} method(s)"
+            + (f", {monte_carlo} mechanism runs each" if monte_carlo and test_conversions is not None else ""))
         for method, (p, train_value, _) in candidates.items():
             if method == CORRECTED_METHOD:
                 assert test_conversions is not None  # the corrected method is only a candidate with test records
@@ -276,6 +283,7 @@ def evaluate_dataset(
                     row[f"coverage_{query}"] = float(value)
             rows.append(row)
         if gap and test_stats is not None:
+            say(f"{at}: generalization gap (tuning on the test log)")
             g = generalization_gap(train_stats, test_stats, eps, test_conversions, max_count_limit, kind, taus,
                                    train_ctx, test_ctx)
             gap_rows.append({"dataset": name, "epsilon": eps, **g})

@@ -48,6 +48,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     import pandas as pd
 
     from araopt.evaluation import METHODS, comparison_table, evaluate_dataset, write_outputs
+    from araopt.progress import Progress
     from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
     from araopt.tuning import resolve_taus
     from transforms.io import check_input
@@ -75,12 +76,15 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     trains = [check_input(p, slices, values) for p in args.train]  # every input is checked before any work
     tests = [check_input(p, slices, values) for p in args.test]
 
+    progress = Progress(PROG, enabled=not args.no_progress)
     evaluations = []
     for name, train, test in zip(names, trains, tests, strict=True):
         dead_letter = os.path.join(args.output, "dead_letter", f"{name}-train")
+        progress(f"{name}: statistics of the training log (Beam: {len(train.paths)} file(s), {train.rows:,} rows)")
         run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter)
         report_rejections(f"{PROG} ({name}, train)", run.counts, dead_letter + ".parquet")
         train_stats = run.statistics
+        progress(f"{name}: reading the test log ({len(test.paths)} file(s), {test.rows:,} rows)")
         test_conv, test_counts, rejected = load_conversions(test, slices, values, args.max_rejected_fraction,
                                                             what="test log")
         if rejected.num_rows:
@@ -100,7 +104,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         evaluations.append(evaluate_dataset(
             name, train_stats, test_conv, epsilons, test_stats=test_stats, max_count_limit=args.max_count_limit,
             kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
-            progress=True, taus=taus, train_conversions=train_conv))
+            progress=not args.no_progress, taus=taus, train_conversions=train_conv, stages=progress))
     paths = write_outputs(evaluations, args.output)
     results = pd.concat([e.results for e in evaluations], ignore_index=True)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):

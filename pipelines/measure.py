@@ -35,6 +35,7 @@ from araopt.aggregate import DEFAULT_MAX_SLICES
 from araopt.conversions import type_family
 from araopt.keys import DATA, KeyDomain, check_domain_families, domain_from_rows
 from araopt.params import Params, check_epsilon
+from araopt.progress import Progress
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.io import InputFiles, check_input
 from transforms.release import WriteRelease
@@ -202,6 +203,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed, args.debug_run,
                    num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices)
+    Progress("araopt measure", enabled=not args.no_progress)(
+        f"the Beam job: validate, group by impression, encode, cap (Alg. 1), sum, noise once per key "
+        f"({len(inputs.paths)} file(s), {inputs.rows:,} rows, {num_shards} shards)")
     try:
         try:
             result = pipeline.run()

@@ -29,6 +29,7 @@ from araopt import jsonio
 from araopt import statistics as stats
 from araopt.conversions import ValidationCounts
 from araopt.params import Params, check_epsilon
+from araopt.progress import Progress
 from araopt.statistics import SufficientStatistics
 from araopt.tuning import (
     Guardrails,
@@ -172,6 +173,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
         _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
         beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
+    Progress("araopt nightly", enabled=not args.no_progress)(
+        f"one Beam job: validate, group by impression, statistics, ParameterOptimization (Alg. 5), guardrails, "
+        f"calibration, publish ({len(inputs.paths)} file(s), {inputs.rows:,} rows, {num_shards} shards)")
     try:
         result = pipeline.run()
         result.wait_until_finish()

@@ -38,6 +38,7 @@ run_optimize = run
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.params import check_epsilon
+    from araopt.progress import Progress
     from araopt.statistics import StatisticsSpec
     from araopt.tuning import tune
     from transforms.io import check_input
@@ -55,9 +56,12 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit)  # validates column overlap
     inputs = check_input(args.history, slices, values)
     dead_letter = os.path.splitext(args.output)[0] + ".rejected"
+    progress = Progress(PROG, enabled=not args.no_progress)
+    progress(f"statistics of the history (Beam: {len(inputs.paths)} file(s), {inputs.rows:,} rows)")
     run = compute_statistics(inputs, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter)
     report_rejections(PROG, run.counts, dead_letter + ".parquet")
     stats = run.statistics
+    progress(f"ParameterOptimization (Alg. 5) and the baselines, C = 1..{args.max_count_limit}")
     tuning = tune(stats, epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit, kind=args.objective,
                   l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
                   tau_overrides=tau_overrides, rows=run.counts.rows_valid, progress=not args.no_progress,
@@ -68,6 +72,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from .history import compute_calibration
 
+    progress(f"calibration of the chosen parameters on the history (Beam: {inputs.rows:,} rows)")
     params = attach_calibration(tuning.params, compute_calibration(inputs, tuning.params, beam_args))
     result = tuning.optimization
     rows = [{"method": f"optimized {args.encoding}", "C": result.params.count_limit,

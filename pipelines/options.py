@@ -163,7 +163,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
        "released estimates of the true totals, calibrated on the training log).",
        default="optimized_linf,optimized_l1,baseline_q95,baseline_q99,corrected", metavar="M,..."),
     _o("no_gap", "Skip the generalization gap (tuning on the test log).", type="bool"),
-    _o("no_progress", "No progress bar.", type="bool"),
+    _o("no_progress", "No progress on stderr (a line per stage of a long job, and the optimizer's bar on a "
+       "terminal).", type="bool"),
     # ---- synthetic data, split, Criteo --------------------------------------------------------
     _o("preset", f"Preset name ({', '.join(PRESET_NAMES)}) or a preset .json written by fit-synthetic.",
        required=True, metavar="PRESET"),
@@ -250,7 +251,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "araopt measure --input logs/ --params params.json --domain slices.csv --output out/ --debug-run"),
         ("input", "params", "output", "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
          "allow_rerelease", "ledger", "params_version", "simulation_seed", "num_shards", "shuffle",
-         "max_rejected_fraction", "overwrite"),
+         "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "optimize": Command(
         "pipelines.optimize", "run", "choose C, clip thresholds and budget fractions on history (Alg. 5)",
@@ -273,7 +274,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
         ("train", "test", ("name", {"help": "Dataset name (one per --train; default dataset1, ...).",
                                     "action": "append"}),
          "slices", "values", "epsilons", "output", "monte_carlo", "seed", "max_count_limit", "objective", "tau",
-         "methods", "no_gap", "max_rejected_fraction", "overwrite"),
+         "methods", "no_gap", "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "nightly": Command(
         "pipelines.nightly", "run", "re-optimize on the last N days and publish to a parameter store",
@@ -285,7 +286,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
         ("history", "as_of", "window_days", "store", "slices", "values", ("epsilon", {"required": True}), "encoding",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",
-         "tau", "max_rejected_fraction", "num_shards", "shuffle"),
+         "tau", "max_rejected_fraction", "num_shards", "shuffle", "no_progress"),
         beam=True),
     "synth": Command(
         "pipelines.synth", "run_synth", "the paper's synthetic conversion logs (Sec. 5.3)",
