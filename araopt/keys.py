@@ -265,13 +265,6 @@ class KeyDomain:
         if not isinstance(data, Mapping):
             raise ValueError(f"{source}: a key map is a JSON object")
         origin = HISTORY if embedded else data.get("origin")
-        if origin not in ORIGINS:
-            raise ValueError(f"{source}: key map has no valid origin ({data.get('origin')!r}, one of {ORIGINS} "
-                             f"expected; key maps written before origins were recorded must be written again)")
-        sha = data.get("params_sha256")
-        if not embedded and not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _SHA256_HEX):
-            raise ValueError(f"{source}: key map has no params_sha256 (the checksum of the parameter file it was "
-                             f"written for): it cannot be checked against the parameters")
         try:
             cols = tuple(data["slice_columns"])
             dicts = tuple(tuple(data["dictionaries"][c]) for c in cols)
@@ -281,6 +274,10 @@ class KeyDomain:
         except (KeyError, TypeError, OverflowError) as exc:
             raise ValueError(f"{source}: malformed key map ({exc!r})") from None
         except ValueError as exc:
+            if origin not in ORIGINS:
+                raise ValueError(f"{source}: key map has no valid origin ({data.get('origin')!r}, one of {ORIGINS} "
+                                 f"expected; key maps written before origins were recorded must be written "
+                                 f"again)") from None
             raise ValueError(f"{source}: {exc}") from None
         recorded = data.get("layout_sha256")
         if not isinstance(recorded, str) or not recorded:
@@ -288,6 +285,10 @@ class KeyDomain:
                              f"(to declare a domain by hand, list slice values in a .csv or .json file instead)")
         if recorded != domain.layout_checksum():
             raise ValueError(f"{source}: layout checksum mismatch (file edited or corrupt)")
+        sha = data.get("params_sha256")
+        if not embedded and not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _SHA256_HEX):
+            raise ValueError(f"{source}: key map has no params_sha256 (the checksum of the parameter file it was "
+                             f"written for): it cannot be checked against the parameters")
         return domain
 
     def save(self, path: str | os.PathLike[str], params_sha256: str) -> None:

@@ -348,8 +348,8 @@ def test_declared_domain_noises_unseen_keys_and_counts_slices_outside_it(tmp_pat
     frame = make_frame(2000)
     params = make_params()
     declared = {"campaign": np.array([0, 1, 9]), "geo": np.array(["NY", "NY", "LA"])}  # (9, LA) never occurs
-    domain = KeyDomain.from_slice_values(params.slice_columns, declared, params.query_columns)
-    domain.save(tmp_path / "domain.json")
+    domain = KeyDomain.from_slice_values(params.slice_columns, declared, params.query_columns, origin="declared")
+    domain.save(tmp_path / "domain.json", params.checksum())
     code, out = run_measure(tmp_path, frame, params, "dom", extra=["--domain", str(tmp_path / "domain.json")])
     assert code == 0
     buckets, unnoised, noise = read_debug(out)
