@@ -264,7 +264,7 @@ class KeyDomain:
         the history's, origin ``history``); the layout checksum is always checked."""
         if not isinstance(data, Mapping):
             raise ValueError(f"{source}: a key map is a JSON object")
-        origin = HISTORY if embedded else data.get("origin")
+        origin = HISTORY if embedded else str(data.get("origin"))
         try:
             cols = tuple(data["slice_columns"])
             dicts = tuple(tuple(data["dictionaries"][c]) for c in cols)
