@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from . import jsonio
-from .bounding import bound_contributions, impression_order
+from .bounding import MAX_REPORTS_PER_SOURCE, bound_contributions, impression_order
 from .encoding import count_scale, query_scales
 from .keys import BOTTOM_NAME, COUNT_NAME, MAX_BUCKET_BITS, QUERY_BITS, KeyDomain
 from .noise import noise_parameter
@@ -52,7 +52,7 @@ ARA_MAX_KEYS_PER_SOURCE = 20
 ARA_MAX_KEY_NAME_LENGTH = 25
 ARA_MAX_VALUE = 65536
 ARA_CONTRIBUTION_BUDGET = 65536
-ARA_MAX_REPORTS_PER_SOURCE = 20
+ARA_MAX_REPORTS_PER_SOURCE = MAX_REPORTS_PER_SOURCE  # Alg. 1 applies it (araopt.bounding)
 ARA_MAX_KEY_BITS = MAX_BUCKET_BITS
 DEFAULT_DESTINATION = "https://advertiser.example"
 
