@@ -90,6 +90,25 @@ def test_every_slice_type_and_conversions_give_the_same_verdict_as_tables(kind):
     assert impression_slice_conflicts(Conversions.from_table(table, ("s",), VALUES), ("s",)).tolist() == want
 
 
+def test_only_the_rows_of_impressions_with_two_values_are_sorted(monkeypatch):
+    """The fast pass (a hash pass per column) clears consistent impressions; the exact first-row
+    decision (a sort by time and record hash) sees only the rows of impressions that may have two values."""
+    import araopt.conversions as conversions
+
+    seen = []
+    real = conversions.Conversions.from_table
+
+    def spy(table, *args, **kw):
+        seen.append(sorted(table.column("impression_id").to_pylist()))
+        return real(table, *args, **kw)
+
+    monkeypatch.setattr(conversions.Conversions, "from_table", staticmethod(spy))
+    consistent = valid_table(frame().iloc[[0, 1, 3, 5, 6]])
+    assert not impression_slice_conflicts(consistent, IMPRESSION_SIDE, SLICES, VALUES).any() and seen == []
+    assert impression_slice_conflicts(valid_table(frame()), ("campaign",), SLICES, VALUES).sum() == 1
+    assert seen == [[1, 1, 1]]  # impression 1 only: 2 and 3 are consistent in campaign
+
+
 def test_rejected_rows_become_dead_letter_rows_with_the_reason():
     table = valid_table(frame())
     kept, rejected = split_impression_slice_conflicts(table, IMPRESSION_SIDE, SLICES, VALUES)
@@ -141,7 +160,7 @@ def test_counts_of_late_rejections_merge_with_validation_counts():
 def test_measure_and_the_history_jobs_reject_the_same_rows_and_accounting_closes(tmp_path, capsys):
     from araopt.statistics import StatisticsSpec
     from pipelines import measure as measure_pipeline
-    from pipelines.history import compute_statistics, load_conversions
+    from pipelines.history import compute_calibration, compute_statistics, load_conversions
 
     df = pd.concat([frame().assign(impression_id=frame()["impression_id"] + 10 * k) for k in range(5)])
     path = tmp_path / "log.parquet"
@@ -165,3 +184,8 @@ def test_measure_and_the_history_jobs_reject_the_same_rows_and_accounting_closes
     conv, counts, rejected = load_conversions(str(path), SLICES, VALUES, 0.5, impression_slice_columns=("campaign", "geo"))
     assert len(conv) == 25 and counts.rejected_by_reason == {IMPRESSION_SLICE_INCONSISTENT: 10}
     assert rejected.num_rows == 10
+    # the calibration job of parameters with a conversion-side column checks the impression side only
+    from transforms.io import check_input
+
+    cal = compute_calibration(check_input(str(path), SLICES, VALUES), params)
+    assert cal.num_conversions == 25
