@@ -144,8 +144,11 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
         low, high = rows["ci_low"].to_numpy(dtype=float), rows["ci_high"].to_numpy(dtype=float)
         color = "tab:blue" if query == "count" else "tab:green"
         ax.barh(positions, estimate, height=0.62, color=color, alpha=0.35, label="released estimate")
-        ax.errorbar(estimate, positions, xerr=np.vstack([estimate - low, high - estimate]), fmt="o", color="black",
-                    markersize=3, elinewidth=1.6, capsize=4, capthick=1.6, label="95% interval")
+        # intervals are cut at 0; an unbiased estimate below 0 is drawn left of its interval
+        center = np.clip(estimate, low, high)
+        ax.errorbar(center, positions, xerr=np.vstack([center - low, high - center]), fmt="none", color="black",
+                    elinewidth=1.6, capsize=4, capthick=1.6, label="95% interval")
+        ax.plot(estimate, positions, "o", color="black", markersize=3)
         half = (high - low) / 2.0
         for y, x, e, h in zip(positions, high, estimate, half, strict=True):
             share = h / abs(e) if e != 0 and np.isfinite(e) else np.inf
@@ -171,7 +174,8 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
     _title(fig, f"Released estimates of the {n} largest of {total:,} slices (ranked by estimated count)")
     corrected = "bias_corrected" in estimates.columns and bool(estimates["bias_corrected"].any())
     calibrated = "capped_estimate" in estimates.columns and bool(
-        ((estimates["ci_low"] != estimates["estimate"] - 1.96 * estimates["std_error"]).abs() > 1e-9).any())
+        (((estimates["ci_low"] - (estimates["estimate"] - 1.96 * estimates["std_error"])).abs() > 1e-9)
+         & (estimates["ci_low"] > 0)).any())  # (an interval cut at 0 is not a calibrated one)
     if corrected or calibrated:
         what = ("95% interval of the TRUE total: the differential-privacy noise and rounding plus the uncertainty "
                 "of the retention ratios calibrated on the history (conversions dropped by the count limit C and "
