@@ -25,7 +25,6 @@ saying which limit and by how much.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -38,7 +37,8 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from .bounding import bound_contributions, impression_order
+from . import jsonio
+from .bounding import MAX_REPORTS_PER_SOURCE, bound_contributions, impression_order
 from .encoding import count_scale, query_scales
 from .keys import BOTTOM_NAME, COUNT_NAME, MAX_BUCKET_BITS, QUERY_BITS, KeyDomain
 from .noise import noise_parameter
@@ -52,7 +52,7 @@ ARA_MAX_KEYS_PER_SOURCE = 20
 ARA_MAX_KEY_NAME_LENGTH = 25
 ARA_MAX_VALUE = 65536
 ARA_CONTRIBUTION_BUDGET = 65536
-ARA_MAX_REPORTS_PER_SOURCE = 20
+ARA_MAX_REPORTS_PER_SOURCE = MAX_REPORTS_PER_SOURCE  # Alg. 1 applies it (araopt.bounding)
 ARA_MAX_KEY_BITS = MAX_BUCKET_BITS
 DEFAULT_DESTINATION = "https://advertiser.example"
 
@@ -126,8 +126,7 @@ def key_piece_hex(piece: int) -> str:
 
 def impression_slice_columns(params: Params) -> tuple[str, ...]:
     """Slice columns carried by the source piece (impression features), in slice order."""
-    conv = set(params.conversion_slice_columns)
-    return tuple(c for c in params.slice_columns if c not in conv)
+    return params.impression_slice_columns
 
 
 def conversion_slice_columns(params: Params) -> tuple[str, ...]:
@@ -188,18 +187,16 @@ class AraRequirements:
         return out
 
     def warnings(self) -> list[str]:
-        """Differences between the browser and the simulation that do not make the configuration inexpressible."""
+        """Differences between the browser and the simulation that do not make the configuration inexpressible.
+
+        (More than 20 conversions of an impression fitting the baseline's budget is not one: the
+        simulation's Alg. 1 keeps at most 20 reports per source, as the browser does.)"""
         out = []
         if self.contribution_budget != ARA_CONTRIBUTION_BUDGET:
             out.append(f"contribution_budget Γ = {self.contribution_budget} but the browser budgets "
                        f"{ARA_CONTRIBUTION_BUDGET} per "
                        f"source and the Aggregation Service adds noise DLap(ε/{ARA_CONTRIBUTION_BUDGET}): a simulation with "
                        f"Γ = {self.contribution_budget} does not reproduce real reports")
-        if not self.reports_per_source_guaranteed and self.reports_per_source > ARA_MAX_REPORTS_PER_SOURCE:
-            out.append(f"up to {self.reports_per_source} conversions per impression fit the budget, but the browser "
-                       f"sends at most {ARA_MAX_REPORTS_PER_SOURCE} aggregatable reports per source; impressions "
-                       f"with more conversions "
-                       f"are capped by the browser, which the simulation does not model")
         return out
 
 
@@ -280,30 +277,23 @@ class KeyMap:
     """A saved key domain with the checksum of the parameter file it was exported for."""
 
     domain: KeyDomain
-    params_sha256: str | None
+    params_sha256: str
     source: str = "key map"
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> KeyMap:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{source}: a key map is a JSON object")
-        return cls(KeyDomain.from_json(data, source=source), data.get("params_sha256"), source)
+        """A key map file; its ``params_sha256`` and ``origin`` are required (``KeyDomain.from_json``)."""
+        domain = KeyDomain.from_json(data, source=source)
+        return cls(domain, str(data["params_sha256"]), source)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeyMap:
         path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except OSError as exc:
-            raise ValueError(f"cannot read key map {path}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"key map {path} is not valid JSON ({exc})") from None
-        return cls.from_json(data, source=path)
+        return cls.from_json(jsonio.load(path, "key map"), source=path)
 
     def domain_for(self, params: Params, params_source: str = "parameter file") -> KeyDomain:
         """The domain, after checking that it was exported for exactly these parameters (sha256)."""
-        if self.params_sha256 is not None and self.params_sha256 != params.checksum():
+        if self.params_sha256 != params.checksum():
             raise ValueError(
                 f"{params_source} does not match key map {self.source}: its sha256 {params.checksum()[:12]}… differs from "
                 f"the key map's params_sha256 {str(self.params_sha256)[:12]}… (export-ara was run with other parameters)")
@@ -400,7 +390,7 @@ class SourceEncoder:
         return self.registration_at(self.index(impression_slice), extra)
 
     def header(self, impression_slice: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> str:
-        return json.dumps(self.registration(impression_slice, extra), separators=(",", ":"))
+        return jsonio.dumps(self.registration(impression_slice, extra), separators=(",", ":"))
 
     def all_registrations(self) -> list[dict[str, Any]]:
         """Every source registration with its slice: ``[{"source_index", "slice", "registration"}]``."""
@@ -528,13 +518,20 @@ class TriggerEncoder:
             w = []
             # not strict: a caller may pass more uniforms than the d this encoding consumes
             for v, ti, scale, ui in zip(vals, t, self._scales, u, strict=False):
-                omega = min(v / ti, 1.0) * scale  # exactly the scale when clipped, never above it (Lemma 4.1)
+                omega = min(v, ti) / ti * scale  # clipped first; exactly the scale when clipped (Lemma 4.1)
                 low = math.floor(omega)
                 w.append(low + (1 if ui < omega - low else 0))
             w.append(self._budget - sum(w) if self._count is None else self._count)
             return tuple(w)
         scaled = [v / ti for v, ti in zip(vals, t, strict=True)]
         norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
+        if not math.isfinite(norm):  # as encoding.l1_scaled: the direction of a vector that overflows
+            parts = [(math.frexp(v), math.frexp(ti)) for v, ti in zip(vals, t, strict=True)]
+            top = max(ev - et for (mv, ev), (_, et) in parts if mv > 0)
+            scaled = [math.ldexp(mv / mt, ev - et - top) for (mv, ev), (mt, et) in parts]
+            total = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
+            scaled = [s / total for s in scaled]
+            norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
         shrink = 1.0 / max(1.0, norm)
         if self._rounding == "floor":
             factor = shrink * self._gamma_over_c
@@ -602,7 +599,7 @@ class TriggerEncoder:
     def header(self, values: Mapping[str, float], conversion_slice_values: Mapping[str, Any] | None = None, *,
                rng: Any = None, uniforms: Sequence[float] | None = None, extra: Mapping[str, Any] | None = None) -> str:
         """The registration as a compact JSON string (the header value)."""
-        return json.dumps(self.registration(values, conversion_slice_values, rng=rng, uniforms=uniforms, extra=extra),
+        return jsonio.dumps(self.registration(values, conversion_slice_values, rng=rng, uniforms=uniforms, extra=extra),
                           separators=(",", ":"))
 
 
@@ -635,7 +632,7 @@ class TriggerBatch:
         """JSON Lines: ``{"impression_id", "conversion_time_us", "source_index", "registration"}``."""
         for imp, t, s, reg in zip(self.impression_id.tolist(), self.conversion_time.tolist(), self.source_index.tolist(),
                                   self.registrations(encoder), strict=True):
-            yield json.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": s, "registration": reg},
+            yield jsonio.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": s, "registration": reg},
                              separators=(",", ":"))
 
 
@@ -762,23 +759,15 @@ def simulate_browser(
 ) -> BrowserResult:
     """SIMULATION: triggers (in arrival order; ties in time keep that order) against their sources.
 
-    Contributions from :func:`browser_contributions`; a trigger is kept iff its total fits the
-    source's remaining budget (Alg. 1, :func:`araopt.bounding.bound_contributions`), and at most
-    ``max_reports`` non-empty reports per source are sent.
+    Contributions from :func:`browser_contributions`; a trigger is kept iff its source has sent
+    fewer than ``max_reports`` non-empty reports and its total fits the source's remaining budget
+    (Alg. 1 with Chrome's report limit, :func:`araopt.bounding.bound_contributions`).
     """
     contribs = [tuple(browser_contributions(sources[s], t)) for s, t in zip(source_index, triggers, strict=True)]
     totals = np.array([sum(v for _, v in c) for c in contribs], dtype=np.int64)
     n = len(contribs)
-    imp = np.asarray(impression_id)
-    kept = bound_contributions(imp, np.asarray(conversion_time), totals, contribution_budget, tie_breaker=np.arange(n))
-    sent: dict[Any, int] = {}
-    for i in range(n):  # arrival order = input order here
-        if kept[i] and contribs[i]:
-            key = _py(imp[i])
-            if sent.get(key, 0) >= max_reports:
-                kept[i] = False
-            else:
-                sent[key] = sent.get(key, 0) + 1
+    kept = bound_contributions(np.asarray(impression_id), np.asarray(conversion_time), totals, contribution_budget,
+                               tie_breaker=np.arange(n), max_reports=max_reports)
     return BrowserResult(tuple(c for c, k in zip(contribs, kept, strict=True) if k and c), kept)
 
 

@@ -29,7 +29,7 @@ from typing import Any, cast
 import fastavro
 import numpy as np
 
-from .files import atomic_write
+from .files import atomic_write, distinct_files
 
 SUMMARY = "AggregatedFact"
 DEBUG = "DebugAggregatedFact"
@@ -194,7 +194,7 @@ def expand_paths(paths_or_glob: PathsOrGlob) -> list[str]:
             raise ValueError(f"no such file: {p!r}")
     if not out:
         raise ValueError("no input file given")
-    return list(dict.fromkeys(out))
+    return distinct_files(out)
 
 
 def _records(path: str, allowed: tuple[str, ...]) -> tuple[str, Iterator[dict[str, Any]]]:

@@ -3,6 +3,10 @@
 Per impression, in conversion-time order (ties broken deterministically), a contribution is kept
 iff the budget used so far plus its L1 norm stays within Gamma; a contribution that does not fit is
 skipped and later, smaller ones may still fit (first come, first kept, all or nothing per trigger).
+As in Chrome, a source also sends at most ``MAX_REPORTS_PER_SOURCE`` (20) aggregatable reports:
+once an impression has that many kept non-empty contributions, every later one is dropped, even if
+budget remains (checked before the budget, as the spec's "max aggregatable reports per source").
+A contribution of norm 0 makes no report (the browser sends none): it is kept and not counted.
 The loop runs over rank positions within impressions (at most max conversions per impression
 iterations), each one vectorized over every impression that has a conversion at that rank.
 """
@@ -16,6 +20,23 @@ from .params import CONTRIBUTION_BUDGET
 
 MAX_CONTRIBUTION_BUDGET = 2**32
 """Largest Gamma accepted (ARA's is 2^16): running totals and row sums stay exact in int64."""
+
+MAX_REPORTS_PER_SOURCE = 20
+"""Chrome's limit of aggregatable reports per source (the spec leaves it to the user agent)."""
+
+
+def check_max_reports(max_reports: int) -> int:
+    """The report limit as an int if it is an integer >= 1; a bool, float or smaller value is refused."""
+    if isinstance(max_reports, (bool, np.bool_)) or not isinstance(max_reports, (int, np.integer)) or max_reports < 1:
+        raise ValueError(f"max_reports must be an integer >= 1, got {max_reports!r}")
+    return int(max_reports)
+
+
+def kept_per_impression(count_limit: int, contribution_budget: int = CONTRIBUTION_BUDGET,
+                        max_reports: int = MAX_REPORTS_PER_SOURCE) -> int:
+    """K(C) = min(Gamma // floor(Gamma / C), max_reports): what Alg. 1 keeps per impression when every
+    contribution has norm floor(Gamma / C) (L-inf, L1)."""
+    return min(contribution_budget // (contribution_budget // int(count_limit)), check_max_reports(max_reports))
 
 
 def check_contribution_budget(contribution_budget: int) -> int:
@@ -173,14 +194,16 @@ def ranks_within_impression(sorted_impression_ids: np.ndarray) -> tuple[np.ndarr
 
 def bound_sorted(
     norms: np.ndarray, rank: np.ndarray, group: np.ndarray, contribution_budget: int = CONTRIBUTION_BUDGET,
-    equal_norm: int | None = None,
+    equal_norm: int | None = None, max_reports: int = MAX_REPORTS_PER_SOURCE,
 ) -> np.ndarray:
     """ContributionCapping on records already sorted by (impression, time): boolean kept mask in that order.
 
     ``norms``: each record's L1 norm (non-negative integers, checked by :func:`contribution_norms`).
     ``equal_norm``: every record has this norm (L-inf, L1), so ``norms`` is not consulted.
+    ``max_reports``: at most this many records of norm > 0 are kept per impression (Chrome: 20).
     """
     budget = check_contribution_budget(contribution_budget)
+    reports_limit = check_max_reports(max_reports)
     rank, group = np.asarray(rank), np.asarray(group)
     n = len(rank)
     if len(group) != n:
@@ -196,32 +219,37 @@ def bound_sorted(
     kept = np.zeros(n, dtype=bool)
     if n == 0:
         return kept
-    if equal_norm is not None:  # equal norms: the first floor(Gamma / norm) of each impression are kept
-        limit = n if equal_norm == 0 else budget // int(equal_norm)
+    if equal_norm is not None:  # equal norms: the first min(floor(Gamma / norm), max_reports) are kept
+        limit = n if equal_norm == 0 else min(budget // int(equal_norm), reports_limit)
         return rank < limit
     used = np.zeros(int(group[-1]) + 1, dtype=np.int64)
+    reports = np.zeros(len(used), dtype=np.int64)
     by_rank = np.argsort(rank, kind="stable")
     bounds = np.searchsorted(rank[by_rank], np.arange(int(rank.max()) + 2))
     for r in range(int(rank.max()) + 1):
         idx = by_rank[bounds[r]:bounds[r + 1]]
         g = group[idx]
-        fits = used[g] + norms[idx] <= budget  # norms <= Gamma + 1 and used <= Gamma: no overflow
+        w = norms[idx]
+        # norms <= Gamma + 1 and used <= Gamma: no overflow; a report beyond the limit is dropped first
+        fits = (used[g] + w <= budget) & ((reports[g] < reports_limit) | (w == 0))
         kept[idx] = fits
-        used[g[fits]] += norms[idx[fits]]  # one record per impression per rank: no duplicate g
+        used[g[fits]] += w[fits]  # one record per impression per rank: no duplicate g
+        reports[g[fits]] += w[fits] > 0
     return kept
 
 
 def bound_contributions(
     impression_ids: np.ndarray, conversion_times: np.ndarray, contributions: np.ndarray,
     contribution_budget: int = CONTRIBUTION_BUDGET, tie_breaker: np.ndarray | None = None,
+    max_reports: int = MAX_REPORTS_PER_SOURCE,
 ) -> np.ndarray:
     """ContributionCapping over records in any order: boolean "kept" mask aligned with the input.
 
     ``contributions`` is an (n, K) array of integers in [0, Gamma] (per-key values) or (n,) of
     non-negative integer L1 norms (see :func:`contribution_norms`). Records of one impression are
     taken in ``conversion_times`` order, ties by ``tie_breaker`` then input position; a record is
-    kept iff its norm fits the impression's remaining budget ``contribution_budget``. Inputs are
-    never modified.
+    kept iff the impression has sent fewer than ``max_reports`` reports (records of norm > 0) and
+    its norm fits the impression's remaining budget ``contribution_budget``. Inputs are never modified.
     """
     n = len(impression_ids)
     contrib = np.asarray(contributions)
@@ -233,9 +261,10 @@ def bound_contributions(
     order, sorted_impressions = sort_by_impression(impression_ids, conversion_times, tie_breaker)
     rank, group = ranks_within_impression(sorted_impressions)
     if n and (norms == norms[0]).all():  # L-inf / L1: skip gathering the norms
-        kept_sorted = bound_sorted(norms[:0], rank, group, contribution_budget, equal_norm=int(norms[0]))
+        kept_sorted = bound_sorted(norms[:0], rank, group, contribution_budget, equal_norm=int(norms[0]),
+                                   max_reports=max_reports)
     else:
-        kept_sorted = bound_sorted(norms[order], rank, group, contribution_budget)
+        kept_sorted = bound_sorted(norms[order], rank, group, contribution_budget, max_reports=max_reports)
     kept = np.empty(n, dtype=bool)
     kept[order] = kept_sorted
     return kept

@@ -107,6 +107,8 @@ import pandas as pd
 from scipy import special as sp_special
 from scipy import stats as sp_stats
 
+from . import jsonio
+from .bounding import kept_per_impression
 from .conversions import Conversions
 from .encoding import check_values, expected_contribution, query_scales
 from .error_model import ErrorBreakdown, kept_mask, rmsre_tau
@@ -114,8 +116,8 @@ from .files import atomic_write_bytes, read_bytes
 from .keys import KeyDomain
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import Params, QueryParams, check_epsilon
-from .report import Estimates, estimate_variance
-from .statistics import SufficientStatistics, count_kappa, kept_per_impression, value_kappa
+from .report import Estimates, estimate_variance, nonnegative_interval
+from .statistics import SufficientStatistics, count_kappa, value_kappa
 
 CALIBRATION_FORMAT = "araopt.calibration/1"
 METHOD = "empirical-bayes-ratio/1"
@@ -566,7 +568,7 @@ class Calibration:
         }
 
     def to_bytes(self) -> bytes:
-        return (json.dumps(self.to_json(), allow_nan=True) + "\n").encode("utf-8")
+        return (jsonio.dumps(self.to_json()) + "\n").encode("utf-8")  # NaN as null: read back as NaN
 
     @classmethod
     def from_json(cls, data: Any, params: Params | None = None, source: str = "calibration") -> Calibration:
@@ -618,11 +620,7 @@ class Calibration:
 
     @classmethod
     def from_bytes(cls, raw: bytes, params: Params | None = None, source: str = "calibration") -> Calibration:
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{source}: not valid JSON ({exc})") from None
-        return cls.from_json(data, params, source)
+        return cls.from_json(jsonio.loads(raw, source), params, source)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically (temporary file + rename), like ``Params.save``."""
@@ -921,8 +919,8 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     w_lo, w_hi = convolved_loss_quantiles(mean_loss, var_loss, zero, gauss_sd, tail)
     ci_low = np.where(pos, est + np.minimum(w_lo - mean_loss, 0.0), est - z * std)
     ci_high = np.where(pos, est + np.maximum(w_hi - mean_loss, 0.0), est + z * std)
-    noise = z * se / ratio  # never narrower than the uncorrected interval's noise part
-    ci_low, ci_high = np.minimum(ci_low, est - noise), np.maximum(ci_high, est + noise)
+    noise = z * se / ratio  # never narrower than the uncorrected interval's noise part (until cut at 0)
+    ci_low, ci_high = nonnegative_interval(np.minimum(ci_low, est - noise), np.maximum(ci_high, est + noise))
     return CorrectedEstimates(
         estimate=est, std_error=std, ci_low=ci_low, ci_high=ci_high,
         capped_estimate=U.copy(),

@@ -42,8 +42,12 @@ REJECT_REASONS = (
     "negative_value",
     "value_above_2pow53",
     "bad_impression_time",
+    "impression_slice_inconsistent",
 )
-"""Why a row goes to the dead letter (first failing check wins); each has a Beam counter."""
+"""Why a row goes to the dead letter (first failing check wins); each has a Beam counter. The last
+one is decided once all rows of an impression are together (``impression_slice_conflicts``)."""
+
+IMPRESSION_SLICE_INCONSISTENT = REJECT_REASONS[-1]
 
 TIMES_FLOORED = "times_floored_to_microseconds"
 """Counter (not a rejection): rows whose timestamp had sub-microsecond digits, floored to the microsecond."""
@@ -53,6 +57,12 @@ MAX_EXACT_INTEGER = 2**53
 
 _INT64_MAX = 2**63 - 1
 _MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+EARLIEST_CONVERSION_TIME_US = 0
+"""1970-01-01T00:00:00Z: an earlier conversion time is a bug (a sentinel, a unit mix-up), not a conversion."""
+LATEST_CONVERSION_TIME_US = 7_258_118_400_000_000
+"""2200-01-01T00:00:00Z (exclusive): later times are dead-lettered (conversion_time_out_of_range), so that
+every accepted time is a datetime in every library (pandas' nanoseconds end in 2262, Python's years in 9999)."""
 
 
 def type_family(arrow_type: pa.DataType) -> str:
@@ -201,6 +211,7 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     unparseable = ("unparseable_conversion_time" if type_family(time_column.type) == "string"
                    else "conversion_time_out_of_range")
     flag(~time_ok & ~time_nulls, unparseable)
+    flag((micros < EARLIEST_CONVERSION_TIME_US) | (micros >= LATEST_CONVERSION_TIME_US), "conversion_time_out_of_range")
     for c in slice_columns:
         col = table.column(c)
         flag(_as_numpy(col.is_null()), "null_slice_value")
@@ -259,6 +270,89 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
                         | {REASON: pa.array(np.asarray(("",) + REJECT_REASONS, dtype=object)[reason[bad]],
                                             type=pa.string())})
     return ValidatedBatch(valid, rejected, int((floored & ~bad).sum()))
+
+
+def _equality_codes(column: pa.ChunkedArray | pa.Array | np.ndarray) -> np.ndarray:
+    """Integers equal exactly where the column's values are equal (ints and bools as they are,
+    anything else by dictionary code)."""
+    if isinstance(column, np.ndarray):
+        return column if column.dtype.kind in "iub" else pd.factorize(column)[0]
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_integer(column.type) or pa.types.is_boolean(column.type):
+        return _as_numpy(column)
+    return _as_numpy(pc.dictionary_encode(column).indices)
+
+
+def impression_slice_conflicts(records: pa.Table | Conversions, impression_slice_columns: Sequence[str],
+                               slice_columns: Sequence[str] = (), value_columns: Sequence[str] = ()) -> np.ndarray:
+    """Mask of the records whose impression-side slice values differ from their impression's first record.
+
+    ``records``: validated rows (a ``validate_batch`` table with its ``slice_columns`` and
+    ``value_columns``, or ``Conversions``) holding every row of each of its impressions. An
+    impression is one ARA source, registered once with its impression features: rows that disagree
+    on them cannot come from a browser and would split the impression over two slices (two
+    budgets). The first row is the first in Alg. 1's order (conversion time, then
+    ``Conversions.record_keys``), so the verdict does not depend on files, batches or shards.
+    Vectorized: a hash pass finds the impressions with more than one value; only their rows are sorted.
+    """
+    table = records if isinstance(records, pa.Table) else None
+    n = len(records) if table is None else table.num_rows
+    conflicts = np.zeros(n, dtype=bool)
+    columns = tuple(impression_slice_columns)
+    if n < 2 or not columns:
+        return conflicts
+
+    def column(c: str) -> pa.ChunkedArray | np.ndarray:
+        return table.column(c) if table is not None else np.asarray(cast(Conversions, records).slices[c])
+
+    impression = pd.factorize(_equality_codes(column(IMPRESSION_ID) if table is not None
+                                              else cast(Conversions, records).impression_id))[0]
+    suspect = np.zeros(int(impression.max()) + 1, dtype=bool)
+    for c in columns:
+        codes = _equality_codes(column(c))
+        some = np.empty(len(suspect), dtype=codes.dtype)
+        some[impression] = codes  # some row's value per impression: every row equals it iff the column is constant
+        suspect[impression[codes != some[impression]]] = True
+    if not suspect.any():
+        return conflicts
+    from .bounding import ranks_within_impression, sort_by_impression
+
+    rows = np.flatnonzero(suspect[impression])
+    sub = (Conversions.from_table(table.take(pa.array(rows)), slice_columns, value_columns) if table is not None
+           else cast(Conversions, records).take(rows))
+    order, sorted_impressions = sort_by_impression(sub.impression_id, sub.conversion_time, sub.record_keys())
+    rank, group = ranks_within_impression(sorted_impressions)
+    first_row = order[rank == 0][group]  # for each sorted position: the first row of its impression
+    differs = np.zeros(len(rows), dtype=bool)
+    for c in columns:
+        values = np.asarray(sub.slices[c])
+        differs[order] |= values[order] != values[first_row]
+    conflicts[rows[differs]] = True
+    return conflicts
+
+
+def dead_letter_rows(table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str],
+                     reason: str) -> pa.Table:
+    """Validated (canonical) rows as dead-letter rows: the contract's columns as text, and ``reason``."""
+    columns = {IMPRESSION_ID: table.column(IMPRESSION_ID),
+               CONVERSION_TIME: pc.cast(table.column("conversion_time_us"), pa.timestamp("us", tz="UTC"))}
+    columns |= {c: table.column(c) for c in (*slice_columns, *value_columns)}
+    return pa.table({c: pc.cast(col, pa.string(), safe=False) for c, col in columns.items()}
+                    | {REASON: pa.array([reason] * table.num_rows, type=pa.string())})
+
+
+def split_impression_slice_conflicts(
+    table: pa.Table, impression_slice_columns: Sequence[str], slice_columns: Sequence[str],
+    value_columns: Sequence[str],
+) -> tuple[pa.Table, pa.Table | None]:
+    """(rows kept, dead-letter rows or None) of ``impression_slice_conflicts``."""
+    conflicts = impression_slice_conflicts(table, impression_slice_columns, slice_columns, value_columns)
+    if not conflicts.any():
+        return table, None
+    return (table.filter(pa.array(~conflicts)),
+            dead_letter_rows(table.filter(pa.array(conflicts)), slice_columns, value_columns,
+                             IMPRESSION_SLICE_INCONSISTENT))
 
 
 def dead_letter_schema(slice_columns: Sequence[str], value_columns: Sequence[str]) -> pa.Schema:
@@ -463,6 +557,11 @@ class ValidationCounts:
         return cls(table_rows, batch.rejected.num_rows, reasons, batch.times_floored)
 
     @classmethod
+    def rejected(cls, rows: int, reason: str) -> ValidationCounts:
+        """``rows`` rejected for ``reason`` after they were read (and counted) by validation."""
+        return cls(0, rows, {reason: rows} if rows else {}, 0)
+
+    @classmethod
     def merge(cls, parts: Iterable[ValidationCounts]) -> ValidationCounts:
         read = rejected = floored = 0
         reasons: dict[str, int] = {}
@@ -480,12 +579,15 @@ class ValidationCounts:
 
 
 DEFAULT_MAX_REJECTED_FRACTION = 0.10
-"""Like the Aggregation Service (which fails a job when more than 10% of reports are bad)."""
+"""Like the Aggregation Service (which fails a job when more than 10% of reports are bad). The gate is
+sharp: with exactly 10% of the rows rejected the job goes on and releases, one more rejected row
+refuses it (nothing is released); ``--max-rejected-fraction`` sets another share."""
 
 
 def check_rejected_share(counts: ValidationCounts, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
                          what: str = "input") -> None:
-    """Refuse an input with no valid row, or with more than ``max_rejected_fraction`` of rows rejected."""
+    """Refuse an input with no valid row, or with more than ``max_rejected_fraction`` of rows rejected
+    (exactly that share passes: whether a release happens flips on one row at the threshold)."""
     if not 0.0 <= max_rejected_fraction <= 1.0:
         raise ValueError(f"max_rejected_fraction must lie in [0, 1], got {max_rejected_fraction!r}")
     if counts.rows_read == 0:

@@ -34,7 +34,6 @@ Reading streams through pyarrow.csv.open_csv. Memory is bounded by ``block_size`
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -49,6 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from . import jsonio
 from .synthetic import ParquetShardWriter, check_replaceable, publish_dir
 
 CRITEO_COLUMNS: tuple[str, ...] = (
@@ -334,7 +334,7 @@ def convert_criteo(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]
         manifest = {"schema": "conversion_log/1", "source": "criteo-sponsored-search", "input": os.fspath(path),
                     "include_non_converting": include_non_converting, **stats.as_dict(),
                     "files": [os.path.basename(f) for f in writer.files + dead_writer.files]}
-        (tmp / "_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        (tmp / "_manifest.json").write_text(jsonio.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         publish_dir(tmp, out)
     finally:
         if tmp.exists():

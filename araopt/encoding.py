@@ -7,7 +7,8 @@ query in ``params.queries`` order followed by the bottom key (for the baseline: 
 Encodings
 ---------
 ``linf`` (Alg. 3): w_l = RR(floor(alpha_l Gamma / C) * min(v_l, C_l) / C_l), bottom = floor(Gamma/C) - sum.
-``l1`` (Alg. 6): v = (q_l / C_l)_l, u = v / max(1, |v|_1) * S, w_l = round(u_l), bottom = floor(Gamma/C) - sum.
+``l1`` (Alg. 6): v = (q_l / C_l)_l, u = v / max(1, |v|_1) * S, w_l = round(u_l), bottom = floor(Gamma/C) - sum
+    (a v that overflows float64 is replaced by its direction, ``l1_scaled``: safe for every finite value).
     * ``l1_rounding="floor"`` is the paper's version: S = Gamma / C and floor rounding. It is
       deterministic and biased: each record loses frac(u_l) on average ~1/2 unit per query.
     * ``l1_rounding="randomized"`` is our unbiased variant: S = floor(Gamma / C) and *systematic*
@@ -149,9 +150,10 @@ def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarr
     if params.encoding in ("linf", "baseline"):
         scales = query_scales(params).astype(np.float64)
         for col in range(d):  # loop over queries (d <= 20), vectorized over records
-            # min(v / C_l, 1) * scale: exactly ``scale`` when clipped, never above it (Lemma 4.1)
-            omega = np.divide(vals[:, col], thresholds[col])
-            np.minimum(omega, 1.0, out=omega)
+            # min(v, C_l) / C_l * scale: clipped before it is scaled (no overflow for any finite v),
+            # exactly ``scale`` when clipped, never above it (Lemma 4.1)
+            omega = np.minimum(vals[:, col], thresholds[col])
+            omega /= thresholds[col]
             omega *= scales[col]
             out[:, col] = randomized_round(omega, u[:, col])
         if params.encoding == "linf":
@@ -162,8 +164,8 @@ def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarr
             out[:, d] = count_scale(params)
         return
     # L1 (Alg. 6)
-    scaled = vals / thresholds
-    shrink = 1.0 / np.maximum(1.0, scaled.sum(axis=1))
+    scaled, norm = l1_scaled(vals, thresholds)
+    shrink = 1.0 / np.maximum(1.0, norm)
     if params.l1_rounding == "floor":
         u_real = scaled * (shrink * (params.contribution_budget / params.count_limit))[:, None]
         out[:, :d] = np.floor(u_real).astype(np.int64)
@@ -177,14 +179,37 @@ def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarr
     out[:, d] = budget - out[:, :d].sum(axis=1)
 
 
+def l1_scaled(vals: np.ndarray, thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Alg. 6's scaled vectors v = (q_l / C_l)_l and their L1 norms, finite for every finite value.
+
+    A record whose q_l / C_l (or their sum) overflows float64 has |v|_1 = inf, so Alg. 6 keeps only
+    its direction v / |v|_1: computed from the ratios shifted by a power of two (``frexp``), it
+    replaces v, with norm ~1 (inf / inf would be NaN, and NaN an int64 minimum after rounding).
+    """
+    with np.errstate(over="ignore"):
+        scaled = vals / thresholds
+        norm = scaled.sum(axis=1)
+    huge = ~np.isfinite(norm)
+    if huge.any():
+        mantissa, exponent = np.frexp(vals[huge])
+        clip_mantissa, clip_exponent = np.frexp(thresholds)
+        shift = exponent - clip_exponent
+        top = np.where(mantissa > 0, shift, np.iinfo(np.int32).min).max(axis=1)
+        direction = np.ldexp(mantissa / clip_mantissa, shift - top[:, None])  # in [0, 2): no overflow
+        direction /= direction.sum(axis=1)[:, None]
+        scaled[huge] = direction
+        norm[huge] = direction.sum(axis=1)
+    return scaled, norm
+
+
 def expected_contribution(values: np.ndarray, params: Params) -> np.ndarray:
     """E[w] per record and value query: the quantity Alg. 4 makes the estimate unbiased for (n, d)."""
     vals = check_values(values, params.num_queries)
     thresholds = np.array([q.clip_threshold for q in params.queries], dtype=np.float64)
     if params.encoding in ("linf", "baseline"):
         return cast(np.ndarray, query_scales(params)[None, :] * (np.minimum(vals, thresholds) / thresholds))
-    scaled = vals / thresholds
-    shrink = 1.0 / np.maximum(1.0, scaled.sum(axis=1))
+    scaled, norm = l1_scaled(vals, thresholds)
+    shrink = 1.0 / np.maximum(1.0, norm)
     if params.l1_rounding == "floor":
         return cast(np.ndarray, np.floor(scaled * (shrink * (params.contribution_budget / params.count_limit))[:, None]))
     return cast(np.ndarray, scaled * (shrink * params.per_conversion_budget)[:, None])

@@ -33,6 +33,7 @@ from .keys import KeyDomain
 from .mechanism import measure
 from .optimizer import BASELINE_QUANTILES, OptimizationResult, SearchContext, objective, optimize, prepare_search
 from .params import Params, check_epsilon
+from .progress import Stages
 from .report import Estimates
 from .statistics import SufficientStatistics
 
@@ -211,6 +212,7 @@ def evaluate_dataset(
     methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
     taus: np.ndarray | Sequence[float] | None = None, train_conversions: Conversions | None = None,
     release_period_days: float | None = None,
+    stages: Stages | None = None,
 ) -> DatasetEvaluation:
     """Optimize on train, evaluate on test (exactly on records when given, else on test statistics).
     ``taus`` (count first) defaults to the paper's rule on the training statistics (Sec. 5.1).
@@ -222,7 +224,8 @@ def evaluate_dataset(
 
     ``release_period_days``: every method is tuned for one release of that many days (the test
     period's length: the noise of a release is the same whatever its length, its volume is not);
-    None: for a release as large as the training log (the paper's setting)."""
+    None: for a release as large as the training log (the paper's setting). ``stages`` hears of every
+    (epsilon, step) as it starts (``araopt.progress``)."""
     if test_conversions is None and test_stats is None:
         raise ValueError("evaluate_dataset needs test conversions or test statistics")
     eps_list = [check_epsilon(e) for e in epsilons]
@@ -237,7 +240,10 @@ def evaluate_dataset(
     train_ctx = prepare_search(train_stats, taus)
     test_ctx = prepare_search(test_stats, taus) if test_stats is not None else None
     rows, gap_rows, curve_rows = [], [], []
-    for eps in eps_list:
+    say = stages or (lambda stage: None)
+    for k, eps in enumerate(eps_list, 1):
+        at = f"{name}, epsilon {eps:g} ({k}/{len(eps_list)})"
+        say(f"{at}: optimizing {', '.join(m for m in methods if m in METHODS)} on the training statistics")
         candidates: dict[str, tuple[Params, float, OptimizationResult | None]] = {}
         if "optimized_linf" in methods:
             res = optimize(train_stats, eps, "linf", max_count_limit, kind, taus, progress=progress, context=train_ctx)
@@ -261,6 +267,8 @@ def evaluate_dataset(
             cals = [calibration.calibration_statistics(train_conversions, p, blocks) for p, _ in tuned.candidates]
             tuned = tuning.calibrate(tuned, cals, release_period_days)
             candidates[CORRECTED_METHOD] = (tuned.params, tuned.predicted_rmsre_tau, None)
+        say(f"{at}: test RMSRE_tau of {len(candidates)} method(s)"
+            + (f", {monte_carlo} mechanism runs each" if monte_carlo and test_conversions is not None else ""))
         for method, (p, train_value, _) in candidates.items():
             if method == CORRECTED_METHOD:
                 assert test_conversions is not None  # the corrected method is only a candidate with test records
@@ -287,6 +295,7 @@ def evaluate_dataset(
                     row[f"coverage_{query}"] = float(value)
             rows.append(row)
         if gap and test_stats is not None:
+            say(f"{at}: generalization gap (tuning on the test log)")
             g = generalization_gap(train_stats, test_stats, eps, test_conversions, max_count_limit, kind, taus,
                                    train_ctx, test_ctx)
             gap_rows.append({"dataset": name, "epsilon": eps, **g})

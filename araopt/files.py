@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 
@@ -41,3 +41,23 @@ def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
             return fh.read()
     except OSError as exc:
         raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
+def distinct_files(paths: Iterable[str]) -> list[str]:
+    """``paths`` in order with every file once: a local file named twice (the same spelling, another
+    spelling, a symlink or a hard link: one device and inode) is kept at its first name; remote
+    (``scheme://``) names are compared as they are."""
+    seen: set[Any] = set()
+    out = []
+    for path in paths:
+        key: Any = path
+        if "://" not in path or path.startswith("file://"):
+            try:
+                st = os.stat(path.removeprefix("file://"))
+                key = (st.st_dev, st.st_ino)
+            except OSError:  # unreadable: left to the reader, which says so
+                key = os.path.realpath(path.removeprefix("file://"))
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out

@@ -15,6 +15,7 @@ with ``column`` the encoder's output column (queries in order, then bottom/count
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -26,12 +27,21 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from . import jsonio
+
 QUERY_BITS = 8
 MAX_BUCKET_BITS = 128
 BOTTOM_NAME = "bottom"
 COUNT_NAME = "count"
 KEYMAP_FORMAT_VERSION = "1.0"
 _LOOKUP_TABLE_MAX = 1 << 20  # slice spaces up to this size are looked up in a table (8 MiB), larger ones searched
+DECLARED, HISTORY, DATA = "declared", "history", "data"
+ORIGINS = (DECLARED, HISTORY, DATA)
+"""Where a domain's slices come from: listed by the operator, the training history's slices (the
+parameter version), or the data it is used on (SIMULATION ONLY for a release: it reveals which slices
+occur). Recorded in every key map; ``measure`` refuses a ``data`` key map outside simulation."""
+_INT64 = (-(2**63), 2**63 - 1)
+_SHA256_HEX = frozenset("0123456789abcdef")
 
 
 def _to_python(values: Sequence[Any]) -> list[Any]:
@@ -55,12 +65,21 @@ class KeyDomain:
     query_names: tuple[str, ...]
     baseline: bool = False
     conversion_slice_columns: tuple[str, ...] = ()
+    origin: str = DATA  # see ORIGINS; not part of the layout (equality, checksum)
 
     def __post_init__(self) -> None:
         slices = np.asarray(self.slices, dtype=np.int64).reshape(-1, len(self.slice_columns))
         object.__setattr__(self, "slices", slices)
+        if self.origin not in ORIGINS:
+            raise ValueError(f"origin must be one of {ORIGINS}, got {self.origin!r}")
         if len(self.dictionaries) != len(self.slice_columns):
             raise ValueError("one dictionary per slice column is required")
+        for c, d in zip(self.slice_columns, self.dictionaries, strict=True):
+            big = [v for v in d if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                   and not _INT64[0] <= int(v) <= _INT64[1]]
+            if big:
+                raise ValueError(f"slice column {c!r}: value {int(big[0])} does not fit int64 (integer slice values "
+                                 f"are int64 in every input)")
         if len(self.query_names) + 1 >= 2**QUERY_BITS:
             raise ValueError(f"at most {2**QUERY_BITS - 2} value queries fit in the {QUERY_BITS}-bit query code")
         if self.total_bits > MAX_BUCKET_BITS:
@@ -89,13 +108,14 @@ class KeyDomain:
     @classmethod
     def from_slice_values(
         cls, slice_columns: Sequence[str], columns: Mapping[str, Any], query_names: Sequence[str],
-        baseline: bool = False, conversion_slice_columns: Sequence[str] = (),
+        baseline: bool = False, conversion_slice_columns: Sequence[str] = (), origin: str = DATA,
     ) -> KeyDomain:
-        """Domain of the distinct slices present in ``columns`` (dict of equal-length arrays)."""
+        """Domain of the distinct slices present in ``columns`` (dict of equal-length arrays); ``origin``:
+        where those values come from (``ORIGINS``; by default the data the domain is used on)."""
         frame = pd.DataFrame({c: np.asarray(columns[c]) for c in slice_columns}).drop_duplicates()
         dictionaries = tuple(tuple(_to_python(sorted(frame[c].unique().tolist()))) for c in slice_columns)
         domain = cls(tuple(slice_columns), dictionaries, np.zeros((0, len(slice_columns))), tuple(query_names),
-                     baseline, tuple(conversion_slice_columns))
+                     baseline, tuple(conversion_slice_columns), origin)
         idx, valid = domain.dictionary_indices({c: frame[c].to_numpy() for c in slice_columns})
         assert valid.all()
         return domain._with_slices(idx)
@@ -103,7 +123,11 @@ class KeyDomain:
     def _with_slices(self, idx: np.ndarray) -> KeyDomain:
         idx = np.unique(np.asarray(idx, dtype=np.int64).reshape(-1, len(self.slice_columns)), axis=0)
         return KeyDomain(self.slice_columns, self.dictionaries, idx, self.query_names, self.baseline,
-                         self.conversion_slice_columns)
+                         self.conversion_slice_columns, self.origin)
+
+    def with_origin(self, origin: str) -> KeyDomain:
+        """The same layout with another ``origin``."""
+        return dataclasses.replace(self, origin=origin)
 
     # ---- sizes and layout -------------------------------------------------------------------
     @property
@@ -238,6 +262,7 @@ class KeyDomain:
             "slices": self.slices.tolist(),
             "layout_sha256": self.layout_checksum(),
             "params_sha256": params_sha256,
+            "origin": self.origin,
         }
 
     def layout_checksum(self) -> str:
@@ -246,16 +271,26 @@ class KeyDomain:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str = "key map") -> KeyDomain:
+    def from_json(cls, data: Mapping[str, Any], source: str = "key map", embedded: bool = False) -> KeyDomain:
+        """A key map file (``embedded=False``: its ``origin`` and the ``params_sha256`` of the parameters
+        it was written for are required) or the domain a parameter version carries (``embedded``:
+        the history's, origin ``history``); the layout checksum is always checked."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{source}: a key map is a JSON object")
+        origin = HISTORY if embedded else str(data.get("origin"))
         try:
             cols = tuple(data["slice_columns"])
             dicts = tuple(tuple(data["dictionaries"][c]) for c in cols)
             domain = cls(cols, dicts, np.asarray(data["slices"], dtype=np.int64).reshape(-1, len(cols)),
                          tuple(data["queries"]), data.get("bottom_name") == COUNT_NAME,
-                         tuple(data.get("conversion_slice_columns", ())))
-        except (KeyError, TypeError) as exc:
+                         tuple(data.get("conversion_slice_columns", ())), origin)
+        except (KeyError, TypeError, OverflowError) as exc:
             raise ValueError(f"{source}: malformed key map ({exc!r})") from None
         except ValueError as exc:
+            if origin not in ORIGINS:
+                raise ValueError(f"{source}: key map has no valid origin ({data.get('origin')!r}, one of {ORIGINS} "
+                                 f"expected; key maps written before origins were recorded must be written "
+                                 f"again)") from None
             raise ValueError(f"{source}: {exc}") from None
         recorded = data.get("layout_sha256")
         if not isinstance(recorded, str) or not recorded:
@@ -263,20 +298,20 @@ class KeyDomain:
                              f"(to declare a domain by hand, list slice values in a .csv or .json file instead)")
         if recorded != domain.layout_checksum():
             raise ValueError(f"{source}: layout checksum mismatch (file edited or corrupt)")
+        sha = data.get("params_sha256")
+        if not embedded and not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _SHA256_HEX):
+            raise ValueError(f"{source}: key map has no params_sha256 (the checksum of the parameter file it was "
+                             f"written for): it cannot be checked against the parameters")
         return domain
 
-    def save(self, path: str | os.PathLike[str], params_sha256: str | None = None) -> None:
+    def save(self, path: str | os.PathLike[str], params_sha256: str) -> None:
+        """A key map file for the parameters whose checksum is ``params_sha256``."""
         with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_json(params_sha256), fh, indent=1)
+            fh.write(jsonio.dumps(self.to_json(params_sha256), indent=1))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeyDomain:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read key map {os.fspath(path)}: {exc}") from None
-        return cls.from_json(data, source=os.fspath(path))
+        return cls.from_json(jsonio.load(path, "key map"), source=os.fspath(path))
 
 
 def bucket_to_bytes(bucket: int) -> bytes:
@@ -331,7 +366,7 @@ def domain_from_rows(rows: pd.DataFrame, slice_columns: Sequence[str], query_nam
     duplicated = pd.DataFrame(cols).duplicated()
     if duplicated.any():
         raise ValueError(f"{source}: slice {pd.DataFrame(cols)[duplicated].iloc[0].to_dict()} is listed twice")
-    return KeyDomain.from_slice_values(slice_columns, cols, query_names, baseline, conversion_slice_columns)
+    return KeyDomain.from_slice_values(slice_columns, cols, query_names, baseline, conversion_slice_columns, DECLARED)
 
 
 def check_domain_families(domain: KeyDomain, families: Mapping[str, str], source: str = "domain") -> None:

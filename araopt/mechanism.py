@@ -11,7 +11,7 @@ import numpy as np
 
 from .aggregate import domain_sums
 from .bounding import bound_contributions
-from .conversions import Conversions
+from .conversions import Conversions, impression_slice_conflicts
 from .encoding import encode
 from .keys import KeyDomain
 from .params import Params
@@ -87,7 +87,8 @@ def measure(
     noise_rng: np.random.Generator | None = None,
 ) -> Measurement:
     """Run the mechanism. Without ``simulation_seed`` all randomness is from the secure generator
-    (or the given ``rng`` / ``noise_rng``, for tests).
+    (or the given ``rng`` / ``noise_rng``, for tests). Conversions whose impression-side slice
+    values differ from their impression's first conversion are refused (ValueError).
 
     ``domain`` may be omitted only in simulation (``simulation_seed``) or with an explicit
     ``noise_rng``: a real release over a domain derived from the data it releases would reveal
@@ -96,6 +97,12 @@ def measure(
     if tuple(conversions.value_columns) != params.query_columns:
         raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
                          f"params expect {params.query_columns}")
+    inconsistent = impression_slice_conflicts(conversions, params.impression_slice_columns)
+    if inconsistent.any():
+        raise ValueError(f"{int(inconsistent.sum())} conversion(s) have impression-side slice values "
+                         f"({', '.join(params.impression_slice_columns)}) that differ from their impression's first "
+                         f"conversion (e.g. impression {conversions.impression_id[np.flatnonzero(inconsistent)[0]]!r}): "
+                         f"an impression is one source with one slice; remove them (the jobs dead-letter them)")
     if domain is None:
         if simulation_seed is None and noise_rng is None:
             raise ValueError("a release needs a declared key domain: deriving it from the data being released "

@@ -44,12 +44,13 @@ import pandas as pd
 from scipy import optimize as sp_optimize
 from tqdm import tqdm
 
-from .encoding import count_scale, query_scales
+from .bounding import kept_per_impression
+from .encoding import count_scale, l1_scaled, query_scales
 from .error_model import OBJECTIVES, ErrorBreakdown, relaxed_variance, rmsre_tau
 from .noise import discrete_laplace_variance, noise_parameter
 from .params import CONTRIBUTION_BUDGET, Encoding, Params, Provenance, QueryParams, check_epsilon
 from .report import estimate_variance
-from .statistics import SufficientStatistics, count_kappa, frac_variance, kept_per_impression, value_kappa
+from .statistics import SufficientStatistics, count_kappa, frac_variance, value_kappa
 
 ENCODINGS = (Encoding.LINF.value, Encoding.L1.value)
 """The encodings the optimizer chooses parameters for (the baseline is Sec. 5.1's fixed rule)."""
@@ -139,8 +140,8 @@ def _l1_sample_terms(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Alg. 6 on samples: per slice E[U_l] (m, d) and rounding variance in W units (m, d)."""
     d = vals.shape[1]
-    x = vals / thresholds[None, :]
-    shrink = 1.0 / np.maximum(1.0, x.sum(axis=1))
+    x, norm = l1_scaled(vals, thresholds)
+    shrink = 1.0 / np.maximum(1.0, norm)
     budget = contribution_budget // count_limit
     expected = np.empty((m, d))
     rounding = np.zeros((m, d))
@@ -151,17 +152,18 @@ def _l1_sample_terms(
         else:
             u = x[:, q] * shrink * budget
             f = u - np.floor(u)
-            expected[:, q] = np.bincount(sl, weights=weight * vals[:, q] * shrink, minlength=m)
+            expected[:, q] = np.bincount(sl, weights=weight * x[:, q] * thresholds[q] * shrink, minlength=m)
             rounding[:, q] = np.bincount(sl, weights=weight * f * (1.0 - f), minlength=m)
     return expected, rounding
 
 
 def baseline_kept_ranks(stats: SufficientStatistics, params: Params) -> int:
-    """Approximate kept ranks of the baseline: Gamma // (mean expected norm), capped at R.
+    """Approximate kept ranks of the baseline: Gamma // (mean expected norm), capped at R (<= 20).
 
     Baseline norms vary per record (no bottom key), so Alg. 1 may keep more than C conversions of an
-    impression. From the statistics we take the mean expected norm over all conversions; this is an
-    approximation (``evaluation`` uses the exact error model on records for reported test errors).
+    impression, but never more than Chrome's 20 reports per source (R <= 20). From the statistics we
+    take the mean expected norm over all conversions; this is an approximation (``evaluation`` uses
+    the exact error model on records for reported test errors).
     """
     scales = query_scales(params).astype(float)
     mean_norm = float(count_scale(params))

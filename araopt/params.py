@@ -21,8 +21,9 @@ from typing import Any, cast
 
 import jsonschema
 
+from . import jsonio
 from .files import atomic_write_bytes, read_bytes
-from .keys import KeyDomain
+from .keys import HISTORY, KeyDomain
 
 CONTRIBUTION_BUDGET = 65536
 """Gamma: the ARA L1 contribution budget per source (impression)."""
@@ -216,6 +217,7 @@ class Params:
         if unknown:
             raise ValueError(f"conversion_slice_columns {sorted(unknown)} are not in slice_columns")
         self._check_fractions()
+        self._check_scales()
         if self.domain is not None:
             self.check_domain(self.domain)
         if self.correction not in CORRECTIONS:
@@ -241,7 +243,7 @@ class Params:
     def with_domain_of(self, slice_values: Mapping[str, Any]) -> Params:
         """These parameters carrying the domain of the slices in ``slice_values`` (column -> values)."""
         domain = KeyDomain.from_slice_values(self.slice_columns, slice_values, self.query_columns,
-                                             self.encoding == "baseline", self.conversion_slice_columns)
+                                             self.encoding == "baseline", self.conversion_slice_columns, HISTORY)
         return dataclasses.replace(self, domain=domain)
 
     def _check_fractions(self) -> None:
@@ -266,6 +268,23 @@ class Params:
         if abs(total - 1.0) > FRACTION_TOLERANCE:
             raise ValueError(f"{what} must sum to 1 (within {FRACTION_TOLERANCE:g}), got {total!r}")
 
+    def _check_scales(self) -> None:
+        """Refuse a budget fraction whose integer scale floor(alpha Gamma / C) is 0 (Alg. 3, baseline):
+        its key would always hold 0 and Alg. 4 would divide by 0 (the L1 scale floor(Gamma / C) is >= 1)."""
+        if self.encoding == "l1":
+            return
+        fractions = [(f"queries[{q.column!r}].budget_fraction", float(cast(float, q.budget_fraction)))
+                     for q in self.queries]
+        if self.encoding == "baseline":
+            fractions.append(("count_budget_fraction", float(cast(float, self.count_budget_fraction))))
+        gamma, c = self.contribution_budget, self.count_limit
+        for what, alpha in fractions:
+            if math.floor(alpha * gamma / c) < 1:  # as encoding.query_scale
+                raise ValueError(
+                    f"{what} = {alpha!r} gives the scale floor(alpha x Gamma / C) = floor({alpha!r} x {gamma} / {c}) = 0: "
+                    f"the key would always hold 0 and its estimate would divide by 0; use a fraction of at least "
+                    f"C / Gamma = {c / gamma!r} (or a smaller count_limit)")
+
     # ---- derived quantities -------------------------------------------------------------
     @property
     def query_columns(self) -> tuple[str, ...]:
@@ -274,6 +293,11 @@ class Params:
     @property
     def num_queries(self) -> int:
         return len(self.queries)
+
+    @property
+    def impression_slice_columns(self) -> tuple[str, ...]:
+        """Slice columns that are impression features (one value per impression), in slice order."""
+        return tuple(c for c in self.slice_columns if c not in self.conversion_slice_columns)
 
     @property
     def budget_fractions(self) -> tuple[float, ...]:
@@ -314,7 +338,7 @@ class Params:
             "provenance": self.provenance.to_json() if self.provenance else None,
         }
         if self.domain is not None:
-            out["domain"] = {k: v for k, v in self.domain.to_json().items() if k != "params_sha256"}
+            out["domain"] = {k: v for k, v in self.domain.to_json().items() if k not in ("params_sha256", "origin")}
         if self.calibration is not None:
             out["correction"] = self.correction
             out["calibration"] = self.calibration.to_json()
@@ -323,7 +347,7 @@ class Params:
         return out
 
     def to_bytes(self) -> bytes:
-        return (json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n").encode("utf-8")
+        return (jsonio.dumps(self.to_json(), indent=2, sort_keys=False) + "\n").encode("utf-8")
 
     def checksum(self) -> str:
         """sha256 of the canonical serialisation (what ``save`` writes)."""
@@ -364,7 +388,8 @@ class Params:
                 l1_rounding=data.get("l1_rounding", "floor"),
                 conversion_slice_columns=tuple(data.get("conversion_slice_columns", ())),
                 provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
-                domain=None if data.get("domain") is None else KeyDomain.from_json(data["domain"], source="domain"),
+                domain=None if data.get("domain") is None else KeyDomain.from_json(data["domain"], source="domain",
+                                                                                  embedded=True),
                 calibration=_calibration_from_json(data.get("calibration")), correction=data.get("correction", "ratio"),
             )
         except ValueError as exc:
@@ -372,11 +397,7 @@ class Params:
 
     @classmethod
     def from_bytes(cls, raw: bytes, source: str = "parameter file") -> Params:
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{source}: not valid JSON ({exc})") from None
-        return cls.from_json(data, source)
+        return cls.from_json(jsonio.loads(raw, source), source)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Params:

@@ -144,10 +144,10 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
         low, high = rows["ci_low"].to_numpy(dtype=float), rows["ci_high"].to_numpy(dtype=float)
         color = "tab:blue" if query == "count" else "tab:green"
         ax.barh(positions, estimate, height=0.62, color=color, alpha=0.35, label="released estimate")
-        # the interval of the true total need not contain the point estimate (correction "none": the capped
-        # estimate, biased low, with the interval of the true total): draw the interval around its own middle
-        middle = (low + high) / 2.0
-        ax.errorbar(middle, positions, xerr=np.vstack([middle - low, high - middle]), fmt="none", ecolor="black",
+        # intervals are cut at 0 and an interval of the true total need not hold the capped point estimate
+        # (correction "none"): the bar spans the interval as released, the marker sits at the estimate
+        center = np.clip(estimate, low, high)
+        ax.errorbar(center, positions, xerr=np.vstack([center - low, high - center]), fmt="none", color="black",
                     elinewidth=1.6, capsize=4, capthick=1.6, label="95% interval")
         ax.plot(estimate, positions, "o", color="black", markersize=3)
         half = (high - low) / 2.0
@@ -175,7 +175,8 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
     _title(fig, f"Released estimates of the {n} largest of {total:,} slices (ranked by estimated count)")
     corrected = "bias_corrected" in estimates.columns and bool(estimates["bias_corrected"].any())
     calibrated = "capped_estimate" in estimates.columns and bool(
-        ((estimates["ci_low"] != estimates["estimate"] - 1.96 * estimates["std_error"]).abs() > 1e-9).any())
+        (((estimates["ci_low"] - (estimates["estimate"] - 1.96 * estimates["std_error"])).abs() > 1e-9)
+         & (estimates["ci_low"] > 0)).any())  # (an interval cut at 0 is not a calibrated one)
     if corrected or calibrated:
         what = ("95% interval of the TRUE total: the differential-privacy noise and rounding plus the uncertainty "
                 "of the retention ratios calibrated on the history (conversions dropped by the count limit C and "

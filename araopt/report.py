@@ -71,7 +71,8 @@ def summary_report(
 
 @dataclass(frozen=True)
 class Estimates:
-    """Reconstructed estimates U (Alg. 4) with standard errors and confidence intervals, (m, d+1)."""
+    """Reconstructed estimates U (Alg. 4) with standard errors and confidence intervals, (m, d+1);
+    the intervals never go below 0 (``nonnegative_interval``)."""
 
     estimate: np.ndarray
     std_error: np.ndarray
@@ -129,4 +130,12 @@ def reconstruct(noisy: np.ndarray, params: Params, confidence: float = 0.95) -> 
     se = np.sqrt(estimate_variance(params, est[:, 0]))
     z = float(ndtri(0.5 + confidence / 2.0))  # the standard normal quantile (scipy.special: scipy.stats imports in ~1 s)
     names = ("count",) + params.query_columns
-    return Estimates(est, se, est - z * se, est + z * se, names, confidence)
+    low, high = nonnegative_interval(est - z * se, est + z * se)
+    return Estimates(est, se, low, high, names, confidence)
+
+
+def nonnegative_interval(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An interval of a count or a sum of non-negative values, cut at 0 (NaN stays NaN): the total
+    cannot be negative, so this covers it exactly when the uncut one does. The point estimate is not
+    cut (Alg. 4's is unbiased, also when negative)."""
+    return np.maximum(low, 0.0), np.maximum(high, 0.0)  # (np.maximum keeps NaN)

@@ -17,7 +17,6 @@ columns.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from . import jsonio
 from .conversions import time_as_micros
 from .synthetic import ParquetShardWriter, prepare_output_dir, publish_dir
 
@@ -151,7 +151,7 @@ def split_by_time(source: pa.Table | str | os.PathLike[str], out_dir: str | os.P
             manifest = {"schema": "conversion_log/1", "split": s, "rows": rows[s], **result.as_dict(),
                         "rule": "train: time < cut; test: time >= cut",
                         "files": [os.path.basename(f) for f in w.files]}
-            (tmp[s] / "_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            (tmp[s] / "_manifest.json").write_text(jsonio.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         for s in ("train", "test"):
             publish_dir(tmp[s], out / s)
     finally:

@@ -5,9 +5,10 @@ the bias decomposition eq. (bias-simplified), V_D(q_l)_j - E U_lj = B_lj(C) + A_
 B_lj(C) (value of the conversions Alg. 1 drops) and A_lj(C_l, C) = sum over kept conversions of
 max(0, v - C_l), plus the count of kept conversions and, for the exact objective, the randomized
 rounding variance. Under the L-inf and L1 encodings every contribution has L1 norm floor(Gamma/C),
-so Alg. 1 keeps exactly the conversions of rank < K(C) = Gamma // floor(Gamma/C) within their
-impression (rank = position in (conversion_time, record_keys()) order). Hence everything follows
-from per-(slice, rank) statistics with rank < R = max_{C <= C_max} K(C) (= C_max for C_max <= 255).
+so Alg. 1 keeps exactly the conversions of rank < K(C) = min(Gamma // floor(Gamma/C), 20) within
+their impression (rank = position in (conversion_time, record_keys()) order; 20: Chrome's limit of
+aggregatable reports per source). Hence everything follows from per-(slice, rank) statistics with
+rank < R = max_{C <= C_max} K(C) (= min(C_max, 20) for C_max <= 255).
 
 What is kept (the combiner's state; ``compact`` consolidates it)
   * ``rank_table``: exact count and exact sum of every query per (slice, rank class), rank classes
@@ -64,19 +65,14 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from .bounding import impression_order, ranks_within_impression
+from .bounding import MAX_REPORTS_PER_SOURCE, impression_order, kept_per_impression, ranks_within_impression
 from .conversions import Conversions
 from .encoding import check_values
 from .params import CONTRIBUTION_BUDGET
 
 _COMPACT_ROWS = 1_000_000
-DEFAULT_MAX_COUNT_LIMIT = 20
+DEFAULT_MAX_COUNT_LIMIT = MAX_REPORTS_PER_SOURCE
 """Chrome creates at most 20 aggregatable reports per source."""
-
-
-def kept_per_impression(count_limit: int, contribution_budget: int = CONTRIBUTION_BUDGET) -> int:
-    """K(C) = Gamma // floor(Gamma / C): conversions Alg. 1 keeps per impression (L-inf, L1)."""
-    return contribution_budget // (contribution_budget // int(count_limit))
 
 
 @dataclass(frozen=True)

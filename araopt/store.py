@@ -36,7 +36,6 @@ import errno
 import fcntl
 import functools
 import hashlib
-import json
 import os
 import re
 import time
@@ -46,6 +45,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
+
+from . import jsonio
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from google.cloud import storage
@@ -163,7 +164,7 @@ class LatestPointer:
     def to_json_bytes(self) -> bytes:
         """Serialize deterministically (sorted keys, trailing newline)."""
         body = {name: getattr(self, name) for name in _POINTER_FIELDS}
-        return (json.dumps(body, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        return (jsonio.dumps(body, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
     @classmethod
     def from_json_bytes(cls, data: bytes, uri: str) -> LatestPointer:
@@ -176,8 +177,8 @@ class LatestPointer:
             )
 
         try:
-            body = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            body = jsonio.loads(data, uri)
+        except ValueError as exc:
             raise bad(f"not valid JSON ({_one_line(exc, 80)}), possibly truncated") from None
         if not isinstance(body, dict):
             raise bad("not a JSON object")
@@ -338,8 +339,8 @@ class ParameterStore(abc.ABC):
             raise ValueError(f"payload must be bytes, got {type(payload).__name__}")
         payload = bytes(payload)
         try:
-            json.loads(payload.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            jsonio.loads(payload, "payload")
+        except ValueError as exc:
             raise ValueError(f"payload is not UTF-8 JSON: {_one_line(exc, 120)}") from None
         if validate is not None:
             try:
@@ -435,8 +436,8 @@ class ParameterStore(abc.ABC):
                 f"({len(data)} bytes) has {actual}; the file is corrupt or truncated"
             )
         try:
-            json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            jsonio.loads(data, uri)
+        except ValueError as exc:
             raise StoreError(f"params file {uri} is not valid JSON: {_one_line(exc, 80)}") from None
         match = _VERSION_RE.fullmatch(version)
         assert match is not None
@@ -460,8 +461,8 @@ class ParameterStore(abc.ABC):
             return [], 0
         uri = self._object_uri(LEDGER_INDEX)
         try:
-            body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            body = jsonio.loads(raw, uri)
+        except ValueError as exc:
             raise StoreError(f"corrupt release ledger {uri}: not valid JSON ({_one_line(exc, 80)})") from None
         releases = body.get("releases") if isinstance(body, dict) else None
         if not isinstance(body, dict) or body.get("format") != LEDGER_FORMAT or not isinstance(releases, list):
@@ -542,7 +543,7 @@ class ParameterStore(abc.ABC):
 
 
 def _ledger_bytes(releases: list[dict[str, Any]]) -> bytes:
-    return (json.dumps({"format": LEDGER_FORMAT, "releases": releases}, indent=1, sort_keys=True) + "\n").encode()
+    return (jsonio.dumps({"format": LEDGER_FORMAT, "releases": releases}, indent=1, sort_keys=True) + "\n").encode()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,7 +71,6 @@ Why a plain chunked writer and not a Beam pipeline
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -91,6 +90,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from scipy import optimize
 
+from . import jsonio
 from .files import atomic_write_bytes
 
 # --------------------------------------------------------------------------------------------
@@ -374,11 +374,7 @@ def get_preset(name_or_path: str | os.PathLike[str]) -> SyntheticPreset:
 
 
 def load_preset(path: str | os.PathLike[str]) -> SyntheticPreset:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"preset file {os.fspath(path)!r} is not valid JSON: {e}") from None
+    data = jsonio.load(path, "preset file")
     try:
         return SyntheticPreset.from_dict(data)
     except (TypeError, ValueError) as e:
@@ -395,7 +391,7 @@ def save_preset(preset: SyntheticPreset, path: str | os.PathLike[str], *, fit: M
     if fit is not None:
         data["fit"] = dict(fit)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+    atomic_write_bytes(path, (jsonio.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8"))
 
 
 def expected_sizes(preset: SyntheticPreset, scale: float = 1.0) -> dict[str, float]:
@@ -824,7 +820,7 @@ def write_synthetic(out_dir: str | os.PathLike[str], preset: SyntheticPreset, *,
             manifest = write_split(plan, tmp, partition_by_date=days is not None, chunk_rows=chunk_rows,
                                    max_rows_per_file=max_rows_per_file, compression=compression,
                                    by_conversion_date=by_conversion_date)
-            (tmp / "_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            (tmp / "_manifest.json").write_text(jsonio.dumps(manifest, indent=2) + "\n", encoding="utf-8")
             publish_dir(tmp, out / s)
         finally:
             if tmp.exists():

@@ -20,7 +20,6 @@ input with a one-line ``araopt <cmd>: error: ...`` on stderr and no traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from araopt import avro, outputs
+from araopt import avro, jsonio, outputs
 from araopt.ara import (
     REGISTER_SOURCE,
     REGISTER_TRIGGER,
@@ -65,7 +64,8 @@ def read_conversion_log(pattern: str, params: Params) -> tuple[Conversions, dict
     by reason, rows read."""
     from .history import load_conversions
 
-    conv, counts, _ = load_conversions(pattern, params.slice_columns, params.query_columns)
+    conv, counts, _ = load_conversions(pattern, params.slice_columns, params.query_columns,
+                                       impression_slice_columns=params.impression_slice_columns)
     return conv, dict(counts.rejected_by_reason), counts.rows_read
 
 
@@ -80,7 +80,7 @@ def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
 
 # ---- export-ara ----------------------------------------------------------------------------------
 def run_export_ara(argv: Sequence[str] | None = None) -> int:
-    return options.run_command("export-ara", _with_local_inputs(_export, ("params", "key_map", "conversions")), argv)
+    return options.run_command("export-ara", _with_local_inputs(_export, ("key_map", "conversions")), argv)
 
 
 def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[str, ...]
@@ -101,9 +101,17 @@ def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[
     return run
 
 
+def load_params(ref: str) -> Params:
+    """A parameter file (.json, local or gs://) or a store (its ``latest``, or ``STORE/versions/<v>``),
+    checksum-verified, as ``araopt measure`` takes it."""
+    from .measure import load_params as load
+
+    return load(ref).params
+
+
 def _export(args: argparse.Namespace) -> int:
     prog = "araopt export-ara"
-    params = Params.load(args.params)
+    params = load_params(args.params)
     if args.simulation_seed is not None and args.simulation_seed < 0:
         raise ValueError(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
@@ -137,12 +145,12 @@ def _export(args: argparse.Namespace) -> int:
     # --- every check passed: write ---
     os.makedirs(args.output, exist_ok=True)
     out = lambda name: os.path.join(args.output, name)  # noqa: E731
-    atomic_write(out("key_map.json"), lambda fh: json.dump(key_map_json(params, domain), fh, indent=1), mode="w")
+    atomic_write(out("key_map.json"), lambda fh: fh.write(jsonio.dumps(key_map_json(params, domain), indent=1)), mode="w")
     atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
     source_doc = {"header": REGISTER_SOURCE, "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(),
                   "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
                   "registrations": sources.all_registrations()}
-    atomic_write(out("sources.json"), lambda fh: json.dump(source_doc, fh, indent=1, default=_json_default), mode="w")
+    atomic_write(out("sources.json"), lambda fh: fh.write(jsonio.dumps(source_doc, indent=1)), mode="w")
     avro.write_output_domain(out("output_domain.avro"), domain.buckets())
     if batch is not None:
         def write_lines(fh: Any) -> None:
@@ -160,7 +168,7 @@ def _export(args: argparse.Namespace) -> int:
         "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
         "simulation_seed": args.simulation_seed,
     }
-    atomic_write(out("export.json"), lambda fh: json.dump(summary, fh, indent=1), mode="w")
+    atomic_write(out("export.json"), lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
     for w in ara_warnings(params, domain):
         _warn(prog, w)
     if batch is not None and batch.skipped:
@@ -174,16 +182,10 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _json_default(v: Any) -> Any:
-    if hasattr(v, "item"):
-        return v.item()
-    raise TypeError(f"not JSON serialisable: {v!r}")
-
-
 # ---- reconstruct ---------------------------------------------------------------------------------
 def run_reconstruct(argv: Sequence[str] | None = None) -> int:
     return options.run_command("reconstruct", _with_local_inputs(
-        _reconstruct, ("summary_report", "params", "key_map", "conversions")), argv)
+        _reconstruct, ("summary_report", "key_map", "conversions")), argv)
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
@@ -192,7 +194,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
     if os.path.exists(args.output) and not args.overwrite:
         raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
-    file_params = Params.load(args.params)
+    file_params = load_params(args.params)
     params = file_params if args.epsilon is None else file_params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
     if args.key_map:
         key_map = KeyMap.load(args.key_map)
@@ -236,7 +238,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         _warn(prog, f"{counters.implausible_negative_metrics} metric(s) are more negative than noise at epsilon="
                     f"{params.epsilon:g} makes plausible (wrong epsilon or a corrupt report?)")
     side_summary = f"{os.path.splitext(args.output)[0]}.summary.json"
-    atomic_write(side_summary, lambda fh: json.dump(summary, fh, indent=1), mode="w")
+    atomic_write(side_summary, lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
     print(f"{prog}: {counters.matched:,} of {counters.rows:,} report rows matched {domain.num_keys:,} keys of "
           f"{domain.num_slices:,} slices; estimates with {args.confidence:.0%} intervals written to {args.output} "
           f"(accounting in {side_summary})")

@@ -30,6 +30,7 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``araopt <command> [options]``: exit 0 on success, 2 on an error (one line), 130 on Ctrl-C (one line)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
@@ -44,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if "-h" in rest or "--help" in rest:  # answered from the registry alone
         return options.cli_main(lambda a: (options.build_parser(name).parse_args(a), 0)[1], rest, f"araopt {name}")
-    module = importlib.import_module(spec.module)
+    try:  # importing Beam, scipy and pandas takes seconds: Ctrl-C then is one line too
+        module = importlib.import_module(spec.module)
+    except KeyboardInterrupt:
+        print(f"araopt {name}: interrupted", file=sys.stderr)
+        return 130
     return int(getattr(module, spec.function)(rest) or 0)
 
 

@@ -49,6 +49,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from araopt.conversions import concat_periods
     from araopt.evaluation import METHODS, comparison_table, evaluate_dataset, write_outputs
+    from araopt.progress import Progress
     from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
     from araopt.tuning import resolve_taus
     from transforms.io import check_input
@@ -77,9 +78,11 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     tests = [check_input(p, slices, values) for p in args.test]
     lookback = check_input(args.lookback, slices, values) if args.lookback else None
 
+    progress = Progress(PROG, enabled=not args.no_progress)
     evaluations, translated = [], []
     for i, (name, train, test) in enumerate(zip(names, trains, tests, strict=True)):
         dead_letter = os.path.join(args.output, "dead_letter", f"{name}-train")
+        progress(f"{name}: statistics of the training log (Beam: {len(train.paths)} file(s), {train.rows:,} rows)")
         run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
                                  lookback=lookback, job=f"statistics of {name}", file_suffix=name if i else "")
         if not isinstance(run, StatisticsRun):  # a dry run: the evaluation needs the statistics it did not compute
@@ -87,6 +90,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
             continue
         report_rejections(f"{PROG} ({name}, train)", run.counts, run.dead_letter)
         train_stats = run.statistics
+        progress(f"{name}: reading the test log ({len(test.paths)} file(s), {test.rows:,} rows)")
         test_conv, test_counts, rejected = load_conversions(test, slices, values, args.max_rejected_fraction,
                                                             what="test log")
         # the browser caps over each impression's life: the training log (and its lookback) is the test's lookback
@@ -112,7 +116,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         evaluations.append(evaluate_dataset(
             name, train_stats, test_conv, epsilons, test_stats=test_stats, max_count_limit=args.max_count_limit,
             kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
-            progress=True, taus=taus, train_conversions=train_full, release_period_days=period))
+            progress=not args.no_progress, taus=taus, train_conversions=train_full, release_period_days=period,
+            stages=progress))
     if translated:
         from .runner import dry_run_sentence
 

@@ -80,13 +80,13 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
                        max_rejected_fraction: float = 0.10, num_shards: int | None = None, shuffle: str = "auto",
                        dead_letter: str | None = None, lookback: InputFiles | None = None, job: str = "statistics",
                        file_suffix: str = "") -> StatisticsRun | TranslatedJob:
-    """The Beam statistics pipeline (ReadAndValidate -> GroupByImpression -> the statistics combiner),
+    """The Beam statistics pipeline (ReadAndValidate, grouped by impression -> the statistics combiner),
     run to completion; the result comes back to the driver (on a dry run: the translated job). Refuses
     bad input before any work and a history with too many rejected rows after (``check_rejected_share``).
     ``lookback``: earlier conversions read only to give the history's conversions their lifetime ranks."""
     from araopt.conversions import check_rejected_share
     from transforms.io import InputFiles, auto_num_shards, check_input
-    from transforms.statistics import ComputeStatistics
+    from transforms.statistics import StatisticsFromShards
     from transforms.validate import ReadAndValidate
 
     from .runner import is_local_runner, pipeline_options, worker_writable
@@ -99,10 +99,11 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
         read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
-                                                            dead_letter, one_dead_letter_file=local,
+                                                            dead_letter, num_shards=shards, spill_dir=shuffle_dir,
+                                                            one_dead_letter_file=local,
                                                             lookback_paths=lookback.paths if lookback else ())
         return {"counts": read["counts"],
-                "statistics": read["valid"] | "Statistics" >> ComputeStatistics(spec, shards, shuffle_dir)}
+                "statistics": read["grouped"] | "Statistics" >> StatisticsFromShards(spec)}
 
     values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
     if not isinstance(values, dict):
@@ -122,7 +123,6 @@ def compute_calibration(inputs: InputFiles, params: Params | Sequence[Params], p
 
     from araopt.params import Params
     from transforms.calibration import ComputeCalibration
-    from transforms.group import GroupByImpression
     from transforms.io import auto_num_shards
     from transforms.validate import ReadAndValidate
 
@@ -133,8 +133,10 @@ def compute_calibration(inputs: InputFiles, params: Params | Sequence[Params], p
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
         read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, first.slice_columns, first.query_columns,
+                                                            num_shards=shards, spill_dir=shuffle_dir,
+                                                            impression_slice_columns=first.impression_slice_columns,
                                                             lookback_paths=lookback.paths if lookback else ())
-        grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(shards, shuffle_dir)
+        grouped = read["grouped"]
         chosen = pipeline | "Params" >> beam.Create([candidates])
         return {"calibration": grouped | "Calibration" >> ComputeCalibration(chosen, first.slice_columns,
                                                                              first.query_columns)}
@@ -147,14 +149,23 @@ def compute_calibration(inputs: InputFiles, params: Params | Sequence[Params], p
 
 def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], value_columns: Sequence[str],
                      max_rejected_fraction: float = 0.10, what: str = "conversion log",
+                     impression_slice_columns: Sequence[str] | None = None,
                      ) -> tuple[Conversions, ValidationCounts, pa.Table]:
     """A (small) log in memory: (valid conversions, row accounting, dead-letter rows), the same
-    validation, canonical types and gate as the Beam jobs."""
+    validation, canonical types, impression-slice check (``impression_slice_columns``, default every
+    slice column) and gate as the Beam jobs."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
 
-    from araopt.conversions import Conversions, ValidationCounts, check_rejected_share, validate_batch
+    from araopt.conversions import (
+        IMPRESSION_SLICE_INCONSISTENT,
+        Conversions,
+        ValidationCounts,
+        check_rejected_share,
+        split_impression_slice_conflicts,
+        validate_batch,
+    )
     from transforms.io import InputFiles, check_input, needed_columns
 
     inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, slice_columns, value_columns)
@@ -167,9 +178,14 @@ def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], va
         valid.append(batch.valid)
         rejected.append(batch.rejected)
         counts.append(ValidationCounts.of(table.num_rows, batch))
+    good, inconsistent = split_impression_slice_conflicts(
+        pa.concat_tables(valid), slice_columns if impression_slice_columns is None else impression_slice_columns,
+        slice_columns, value_columns)
+    if inconsistent is not None:
+        rejected.append(inconsistent)
+        counts.append(ValidationCounts.rejected(inconsistent.num_rows, IMPRESSION_SLICE_INCONSISTENT))
     total = ValidationCounts.merge(counts)
     check_rejected_share(total, max_rejected_fraction, what=what)
-    good = pa.concat_tables(valid)
     return Conversions.from_table(good, slice_columns, value_columns), total, pa.concat_tables(rejected)
 
 

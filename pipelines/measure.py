@@ -11,8 +11,9 @@ Outputs (``araopt.outputs``): out/release/ is publishable; out/private/ holds ex
 letter and the debug report and must never be published; out/release/MANIFEST.json is written last.
 
 Data flow: Parquet files -> validate (dead letter) -> shard by hash(impression_id) -> GroupByKey ->
-per shard: sort, encode, cap, per-key sums over the domain -> CombineGlobally (integer) -> noise once
-per domain key -> reconstruct -> Avro / Parquet / CSV / JSON.
+per shard: impression-side slices constant (else dead letter), sort, encode, cap, per-key sums over
+the domain -> CombineGlobally (integer) -> noise once per domain key -> reconstruct -> Avro / Parquet
+/ CSV / JSON.
 """
 from __future__ import annotations
 
@@ -31,14 +32,14 @@ import pandas as pd
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import outputs
+from araopt import jsonio, outputs
 from araopt.aggregate import DEFAULT_MAX_SLICES
 from araopt.conversions import type_family
-from araopt.keys import KeyDomain, check_domain_families, domain_from_rows
+from araopt.keys import DATA, KeyDomain, check_domain_families, domain_from_rows
 from araopt.params import Params, check_epsilon
+from araopt.progress import Progress
 from araopt.rowset import RowSet, RowSetPart
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
-from transforms.group import GroupByImpression
 from transforms.io import InputFiles, check_input
 from transforms.release import WriteRelease
 from transforms.rowset import WriteRowIds
@@ -127,9 +128,9 @@ def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
         return domain_from_rows(rows, params.slice_columns, params.query_columns, baseline,
                                 params.conversion_slice_columns, families, source=path)
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"domain file {path} is not valid JSON ({exc})") from None
+        data = jsonio.loads(raw, f"domain file {path}")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     if isinstance(data, list):
         return domain_from_rows(pd.DataFrame(data), params.slice_columns, params.query_columns, baseline,
                                 params.conversion_slice_columns, families, source=path)
@@ -156,6 +157,11 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
                         "listing slice values), or parameters that carry one (araopt nightly and optimize publish "
                         "the history's domain); deriving it from the data being released is allowed only with "
                         "--simulation-seed")
+    if domain.origin == DATA and args.simulation_seed is None:
+        raise UserError(f"the domain from {origin} was derived from a conversion log (key map origin 'data', e.g. "
+                        f"written by export-ara --conversions): a release over the slices of the data it releases "
+                        f"reveals which slices occur; declare the domain (a .csv/.json list of slices, or the "
+                        f"parameter version's history domain), or pass --simulation-seed")
     max_slices = args.max_slices
     if domain.num_slices > max_slices:
         raise UserError(f"the domain from {origin} has {domain.num_slices:,} slices, more than --max-slices {max_slices:,}")
@@ -175,23 +181,22 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, 
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, params.slice_columns, params.query_columns,
         folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")], passthrough=passthrough,
+        num_shards=num_shards, spill_dir=shuffle_dir, impression_slice_columns=params.impression_slice_columns,
         lookback_paths=lookback.paths if lookback is not None else (), one_dead_letter_file=one_dead_letter_file)
-    valid, counts = read["valid"], read["counts"]
+    grouped, counts = read["grouped"], read["counts"]
     # conversions are exported by day: the earliest file read covers its whole UTC day
     first = _micros((lookback or inputs).first_time)
     coverage_start = None if first is None else first - first % 86_400_000_000
+    released = grouped | "ShardTables" >> beam.Values()
+    if lookback is not None:
+        released = released | "PeriodRows" >> beam.Map(period_rows).with_output_types(pa.Table)
     if row_ids is not None:
-        released = valid if lookback is None else valid | "PeriodRows" >> beam.Map(period_rows).with_output_types(pa.Table)
         _ = released | "ReleasedRowIds" >> WriteRowIds(row_ids)
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])
     else:
-        domain_pc = valid | "DomainFromData" >> DomainFromData(params, max_slices)
-    merged = (
-        valid
-        | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
-        | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed, coverage_start)
-    )
+        domain_pc = released | "DomainFromData" >> DomainFromData(params, max_slices)
+    merged = grouped | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed, coverage_start)
     release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain_pc, simulation_seed, max_rejected_fraction,
                                                       read.get(LOOKBACK_COUNTS))
     release | "WriteRelease" >> WriteRelease(folder.staging, params_sha256, debug_run, simulation_seed is not None)
@@ -282,6 +287,10 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
                        args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices,
                        row_ids=None if ledger is None else folder.path(ROW_IDS), lookback=lookback,
                        one_dead_letter_file=is_local_runner(opts))
+        Progress("araopt measure", enabled=not args.no_progress)(
+            f"the Beam job: validate, group by impression, encode, cap (Alg. 1), sum, noise once per key "
+            f"({len(inputs.paths)} file(s), {inputs.rows:,} rows"
+            + (f", {len(lookback.paths)} lookback file(s)" if lookback else "") + f", {num_shards} shards)")
         translated = run_pipeline(pipeline, opts)
     if translated is not None:  # a dry run: no accounting, no release, nothing recorded in the ledger
         folder.abandon()
@@ -311,7 +320,7 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
 
             def undo():
                 ledger.rollback(recorded)
-        folder.write(outputs.private_file(outputs.RUN_SUMMARY), json.dumps(summary, indent=1).encode())
+        folder.write(outputs.private_file(outputs.RUN_SUMMARY), jsonio.dumps(summary, indent=1).encode())
         return undo
 
     folder.commit(simulation, {"params_sha256": params.checksum(), "epsilon": params.epsilon}, private,

@@ -25,9 +25,11 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from araopt import jsonio
 from araopt import statistics as stats
 from araopt.conversions import ValidationCounts
 from araopt.params import Params, check_epsilon
+from araopt.progress import Progress
 from araopt.statistics import SufficientStatistics
 from araopt.tuning import (
     Guardrails,
@@ -40,7 +42,6 @@ from araopt.tuning import (
     with_calibration,
 )
 from transforms.calibration import ComputeCalibration
-from transforms.group import GroupByImpression
 from transforms.io import auto_num_shards, check_input, match_files
 from transforms.statistics import StatisticsFromShards
 from transforms.validate import ReadAndValidate
@@ -128,7 +129,7 @@ class _CalibrateReportAndPublish(beam.DoFn):
 
 def _write_report(directory: str, report: dict, decision: NightlyDecision, store) -> None:
     with FileSystems.create(FileSystems.join(directory, "report.json")) as fh:
-        fh.write(json.dumps(report, indent=1, default=str).encode())
+        fh.write(jsonio.dumps(report, indent=1, default=str).encode())
     png = nightly_report_png(decision, version_history(store))
     with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
         fh.write(png)
@@ -172,10 +173,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
     num_shards = args.num_shards or auto_num_shards(inputs.rows)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
-        read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values,
+        read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, num_shards=num_shards,
+                                                          spill_dir=shuffle_dir,
                                                           lookback_paths=lookback.paths if lookback else ())
-        counts = read["counts"]
-        grouped = read["valid"] | "GroupByImpression" >> GroupByImpression(num_shards, shuffle_dir)
+        counts, grouped = read["counts"], read["grouped"]
         statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
         decision = statistics | "OptimizeAndGuard" >> beam.Map(_decide, beam.pvalue.AsSingleton(counts), config,
                                                                previous_payload)
@@ -184,6 +185,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
             _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
             beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
+        Progress("araopt nightly", enabled=not args.no_progress)(
+            f"one Beam job: validate, group by impression, statistics, ParameterOptimization (Alg. 5), guardrails, "
+            f"calibration, publish ({len(inputs.paths)} file(s), {inputs.rows:,} rows"
+            + (f", {len(lookback.paths)} lookback file(s)" if lookback else "") + f", {num_shards} shards)")
         translated = run_pipeline(pipeline, opts)
     if translated is not None:  # a dry run: nothing was computed, reported or published
         print(dry_run_sentence("araopt nightly", [translated]))

@@ -39,6 +39,7 @@ run_optimize = run
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.params import check_epsilon
+    from araopt.progress import Progress
     from araopt.statistics import StatisticsSpec
     from araopt.tuning import tune
     from transforms.io import check_input
@@ -59,6 +60,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     inputs = check_input(args.history, slices, values)
     lookback = check_input(args.lookback, slices, values) if args.lookback else None
     dead_letter = os.path.splitext(args.output)[0] + ".rejected"
+    progress = Progress(PROG, enabled=not args.no_progress)
+    progress(f"statistics of the history (Beam: {len(inputs.paths)} file(s), {inputs.rows:,} rows)")
     run = compute_statistics(inputs, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
                              lookback=lookback)
     if not isinstance(run, StatisticsRun):
@@ -69,6 +72,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         print(f"{PROG}: no --lookback: conversions are ranked within the history only, so impressions that "
               f"converted before it look smaller than they are (the loss to the cap is under-estimated)",
               file=sys.stderr)
+    progress(f"ParameterOptimization (Alg. 5) and the baselines, C = 1..{args.max_count_limit}")
     tuning = tune(stats, epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit, kind=args.objective,
                   l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
                   tau_overrides=tau_overrides, rows=run.counts.rows_valid, progress=not args.no_progress,
@@ -80,6 +84,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from .history import compute_calibration
 
+    progress(f"calibration of the candidate parameters on the history (Beam: {inputs.rows:,} rows)")
     candidates = tuple(p for p, _ in tuning.candidates)
     tuning = calibrate(tuning, compute_calibration(inputs, candidates, beam_args, lookback=lookback), period)
     params = tuning.params

@@ -141,7 +141,9 @@ _ALL: Final[tuple[CliOption, ...]] = (
        label="Release ledger", regex=_NON_EMPTY, gcs_only=True),
     _o("params_version", "Version to resolve in a parameter store.", default="latest", metavar="VERSION"),
     _o("max_rejected_fraction", "Fail before releasing or publishing if more than this share of rows is "
-       "invalid (the Aggregation Service's own rule is 10%).", type="float", default=0.10, metavar="F"),
+       "invalid (the Aggregation Service's own rule is 10%). The gate is sharp: exactly this share passes, one "
+       "more invalid row fails the job, so whether a release happens can flip on one row.", type="float",
+       default=0.10, metavar="F"),
     _o("num_shards", "Impression shards of the group-by (default: about 250,000 rows per shard, at least 16).",
        type="positive_int", metavar="N"),
     _o("shuffle", "Group-by-impression shuffle: files (spilled Arrow files; the default locally), memory (a "
@@ -175,7 +177,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
        "released estimates of the true totals, calibrated on the training log).",
        default="optimized_linf,optimized_l1,baseline_q95,baseline_q99,corrected", metavar="M,..."),
     _o("no_gap", "Skip the generalization gap (tuning on the test log).", type="bool"),
-    _o("no_progress", "No progress bar.", type="bool"),
+    _o("no_progress", "No progress on stderr (a line per stage of a long job, and the optimizer's bar on a "
+       "terminal).", type="bool"),
     # ---- synthetic data, split, Criteo --------------------------------------------------------
     _o("preset", f"Preset name ({', '.join(PRESET_NAMES)}) or a preset .json written by fit-synthetic.",
        required=True, metavar="PRESET"),
@@ -265,7 +268,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "araopt measure --input logs/ --params params.json --domain slices.csv --output out/ --debug-run"),
         ("input", "params", "output", "lookback", "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
          "allow_rerelease", "ledger", "params_version", "simulation_seed", "num_shards", "shuffle",
-         "max_rejected_fraction", "overwrite"),
+         "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "optimize": Command(
         "pipelines.optimize", "run", "choose C, clip thresholds and budget fractions on history (Alg. 5)",
@@ -293,7 +296,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          ("lookback", {"help": "Conversions before the training log (Parquet), read only to rank the training "
                                "conversions over their impressions' whole lives; the test log's lookback is the "
                                "training log (and this)."}),
-         "methods", "no_gap", "max_rejected_fraction", "overwrite"),
+         "methods", "no_gap", "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "nightly": Command(
         "pipelines.nightly", "run", "re-optimize on the last N days and publish to a parameter store",
@@ -306,7 +309,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "release_period", "lookback_days", "encoding",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",
-         "tau", "max_rejected_fraction", "num_shards", "shuffle"),
+         "tau", "max_rejected_fraction", "num_shards", "shuffle", "no_progress"),
         beam=True),
     "synth": Command(
         "pipelines.synth", "run_synth", "the paper's synthetic conversion logs (Sec. 5.3)",
@@ -613,12 +616,37 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def parse(command: str, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(known options, the rest for Apache Beam) for Beam jobs; unknown options are an error otherwise."""
+    """(known options, the rest for Apache Beam) for Beam jobs; an argument that is neither an option of
+    the command nor an Apache Beam option is a usage error (exit 2) before anything runs, for every command."""
     parser = build_parser(command)
     if COMMANDS[command].beam:
         args, rest = parser.parse_known_args(list(argv))
+        beam_parser = _beam_parser()
+        unknown = list(beam_parser.parse_known_args(rest)[1])
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)} (neither an option of araopt {command} nor an "
+                         f"Apache Beam option){_did_you_mean(unknown, parser, beam_parser)}")
         return args, rest
     return parser.parse_args(list(argv)), []
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    """The parser Apache Beam builds from every pipeline option (``PipelineOptions.get_all_options``,
+    abbreviations refused): what it does not parse, Beam would discard with a warning."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    parsers: list[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
+    return parsers[0]
+
+
+def _did_you_mean(unknown: Sequence[str], *parsers: argparse.ArgumentParser) -> str:
+    import difflib
+
+    flags = [f for p in parsers for action in p._actions for f in action.option_strings if f.startswith("--")]
+    hints = [f"{u.split('=', 1)[0]} -> {close[0]}" for u in unknown if u.startswith("--")
+             for close in [difflib.get_close_matches(u.split("=", 1)[0], flags, n=1, cutoff=0.8)] if close]
+    return f"; did you mean: {', '.join(hints)}" if hints else ""
 
 
 # ---- running a command ----------------------------------------------------------------------------

@@ -18,7 +18,6 @@ and the new one is created last with ``if_generation_match=0``: a folder without
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -29,7 +28,7 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import outputs
+from araopt import jsonio, outputs
 from araopt.locks import FileLock, GcsLease, LockHeld, describe_owner, split_gs, sweep_unlocked
 
 from .options import UserError
@@ -208,10 +207,10 @@ class RunFolder:
             data = self.read(rel)
             entries.append(outputs.ManifestEntry(rel, outputs.sha256_hex(data), len(data)))
         manifest = outputs.release_manifest([e for e in entries if e.path.startswith(release_prefix)], simulation, public)
-        manifest_bytes = (json.dumps(manifest, indent=1) + "\n").encode()
+        manifest_bytes = (jsonio.dumps(manifest, indent=1) + "\n").encode()
         run_manifest = outputs.run_manifest([e for e in entries if not e.path.startswith(release_prefix)],
                                             outputs.sha256_hex(manifest_bytes), private)
-        self.write(outputs.private_file(outputs.RUN_MANIFEST), (json.dumps(run_manifest, indent=1) + "\n").encode())
+        self.write(outputs.private_file(outputs.RUN_MANIFEST), (jsonio.dumps(run_manifest, indent=1) + "\n").encode())
         self.write(manifest_path, manifest_bytes)
         return manifest
 
@@ -351,7 +350,7 @@ def wait_for_manifest(path: str, timeout: float = 0.0) -> dict[str, Any]:
         for manifest_path in candidates:
             if FileSystems.exists(manifest_path):
                 with FileSystems.open(manifest_path) as fh:
-                    return dict(json.loads(fh.read().decode()))
+                    return dict(jsonio.loads(fh.read(), manifest_path))
         if time.monotonic() >= deadline:
             raise UserError(f"{path} has no {outputs.manifest_file(False)}: the run is incomplete (killed or still running)")
         time.sleep(0.2)

@@ -11,23 +11,35 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from araopt import Params, QueryParams, bound_contributions, encode
-from araopt.bounding import bound_sorted, contribution_norms, impression_order, ranks_within_impression, sort_by_impression
+from araopt.bounding import (
+    bound_sorted,
+    contribution_norms,
+    impression_order,
+    kept_per_impression,
+    ranks_within_impression,
+    sort_by_impression,
+)
 
 GAMMA = 65536
 
 
-def sequential_alg1(impression_ids, times, norms, budget=GAMMA, tie_breaker=None):
-    """Alg. 1 literally: per impression, in time order (ties by tie breaker, then input position),
-    keep a contribution iff it fits the impression's remaining budget."""
+def sequential_alg1(impression_ids, times, norms, budget=GAMMA, tie_breaker=None, max_reports=20):
+    """Alg. 1 literally, as Chrome runs it: per impression, in time order (ties by tie breaker, then
+    input position), a contribution is dropped if the impression already sent ``max_reports``
+    reports, else kept iff it fits the remaining budget; a contribution of norm 0 sends no report."""
     ids, ts = list(np.asarray(impression_ids).tolist()), list(np.asarray(times).tolist())
     ties = [0] * len(ids) if tie_breaker is None else list(np.asarray(tie_breaker).tolist())
     kept = np.zeros(len(ids), dtype=bool)
-    used = {}
+    used, sent = {}, {}
     for i in sorted(range(len(ids)), key=lambda i: (ids[i], ts[i], ties[i], i)):
+        norm = int(norms[i])
+        if norm > 0 and sent.get(ids[i], 0) >= max_reports:
+            continue
         b = used.get(ids[i], 0)
-        if b + int(norms[i]) <= budget:
+        if b + norm <= budget:
             kept[i] = True
-            used[ids[i]] = b + int(norms[i])
+            used[ids[i]] = b + norm
+            sent[ids[i]] = sent.get(ids[i], 0) + (norm > 0)
     return kept
 
 
@@ -101,6 +113,51 @@ def test_bound_sorted_honours_the_budget_with_and_without_equal_norm():
     assert bound_sorted(np.zeros(0), rank, group, 20, equal_norm=0).tolist() == [True] * 4
     assert bound_sorted(np.zeros(0), rank, group, 20, equal_norm=21).tolist() == [False] * 4
     assert bound_sorted(np.array([15, 6, 5, 21]), rank, group, 20).tolist() == [True, False, True, False]
+
+
+# ---- Chrome's limit: at most 20 aggregatable reports per source -----------------------------------
+def test_a_source_keeps_at_most_20_contributions_even_with_budget_left():
+    assert one_impression([100] * 25) == [True] * 20 + [False] * 5  # equal norms
+    assert one_impression([100, 101] * 12 + [100]) == [True] * 20 + [False] * 5  # unequal norms
+    assert one_impression([3276] * 21) == [True] * 20 + [False]  # L-inf C = 20: floor(Gamma/20) fits 20 times only
+    assert one_impression([2621] * 25) == [True] * 20 + [False] * 5  # C = 25 would fit 25: Chrome sends 20
+
+
+def test_the_report_limit_is_checked_before_the_budget_and_dropped_contributions_do_not_count():
+    # 60000 kept, 10000 does not fit (no report), then 19 of the twenty 10s fill the 20 reports
+    assert one_impression([60000, 10000] + [10] * 20) == [True, False] + [True] * 19 + [False]
+    # a 21st contribution that would fit the budget is dropped, a later one too
+    assert one_impression([1] * 22, budget=100) == [True] * 20 + [False, False]
+
+
+def test_contributions_of_norm_zero_send_no_report_and_are_not_counted():
+    assert one_impression([0] * 5 + [1] * 22) == [True] * 25 + [False] * 2
+    assert one_impression([0] * 30) == [True] * 30  # equal-norm path: nothing is sent, nothing is limited
+
+
+def test_the_report_limit_applies_per_impression_on_both_paths():
+    imp = np.repeat([5, 9], 25)
+    t = np.tile(np.arange(25), 2)
+    for norms in (np.full(50, 7), np.tile([7, 8], 25)):
+        kept = bound_contributions(imp, t, norms)
+        assert kept[:25].sum() == 20 and kept[25:].sum() == 20 and kept[:20].all() and kept[25:45].all()
+        assert bound_contributions(imp, t, norms, max_reports=3).reshape(2, 25).sum(axis=1).tolist() == [3, 3]
+    rank, group = np.tile(np.arange(25), 2), np.repeat([0, 1], 25)
+    assert bound_sorted(np.zeros(0), rank, group, equal_norm=7).sum() == 40
+    assert bound_sorted(np.tile([7, 8], 25), rank, group).sum() == 40
+    assert bound_sorted(np.zeros(0), rank, group, equal_norm=7, max_reports=21).sum() == 42
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
+def test_bad_report_limit_refused(bad):
+    with pytest.raises(ValueError, match="max_reports"):
+        bound_contributions(np.zeros(2, int), np.arange(2), np.ones(2, int), max_reports=bad)
+
+
+def test_kept_per_impression_is_the_budget_quotient_capped_at_20_reports():
+    assert [kept_per_impression(c) for c in (1, 2, 3, 20, 21, 25, 300)] == [1, 2, 3, 20, 20, 20, 20]
+    assert kept_per_impression(21, max_reports=25) == 21
+    assert kept_per_impression(7, contribution_budget=20) == 10  # floor(20/7) = 2 fits 10 times
 
 
 # ---- order: time, then tie breaker, then input position ------------------------------------------
@@ -385,6 +442,7 @@ def capping_inputs(draw):
     tie = draw(st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=n, max_size=n).map(
         lambda v: np.array(v, dtype=np.uint64))))
     budget = draw(st.one_of(st.just(GAMMA), st.integers(1, 100)))
+    max_reports = draw(st.sampled_from([20, 1, 2, 3, 7]))
     equal = draw(st.booleans())
     norm_values = st.one_of(st.integers(0, 2 * budget + 2),
                             st.sampled_from([0, budget // 2, budget - 1, budget, budget + 1]))
@@ -392,32 +450,37 @@ def capping_inputs(draw):
         norms = [draw(norm_values)] * n
     else:
         norms = draw(st.lists(norm_values, min_size=n, max_size=n))
-    return np.array(ids, dtype=dtype), times, tie, np.array(norms, dtype=np.int64).reshape(n), max(budget, 1)
+    return (np.array(ids, dtype=dtype), times, tie, np.array(norms, dtype=np.int64).reshape(n), max(budget, 1),
+            max_reports)
 
 
 @given(inputs=capping_inputs())
 def test_vectorized_alg1_equals_a_literal_sequential_loop(inputs):
-    """Every sort path and both bounding paths agree with Alg. 1 run record by record, and every
-    impression's kept contributions have L1 norm <= the budget; the inputs are left unchanged."""
-    ids, times, tie, norms, budget = inputs
+    """Every sort path and both bounding paths agree with Alg. 1 run record by record (with the
+    report limit), every impression's kept contributions have L1 norm <= the budget and at most
+    ``max_reports`` of them are non-empty; the inputs are left unchanged."""
+    ids, times, tie, norms, budget, max_reports = inputs
     copies = [ids.copy(), times.copy(), norms.copy()]
-    kept = bound_contributions(ids, times, norms, contribution_budget=budget, tie_breaker=tie)
-    assert kept.tolist() == sequential_alg1(ids, times, norms, budget, tie).tolist()
+    kept = bound_contributions(ids, times, norms, contribution_budget=budget, tie_breaker=tie, max_reports=max_reports)
+    assert kept.tolist() == sequential_alg1(ids, times, norms, budget, tie, max_reports).tolist()
     totals: dict = {}
+    reports: dict = {}
     for i in np.flatnonzero(kept):
         totals[ids[i]] = totals.get(ids[i], 0) + int(norms[i])
+        reports[ids[i]] = reports.get(ids[i], 0) + (int(norms[i]) > 0)
     assert all(v <= budget for v in totals.values())
+    assert all(v <= max_reports for v in reports.values())
     assert all(np.array_equal(a, b) for a, b in zip(copies, [ids, times, norms], strict=True))
 
 
 @given(inputs=capping_inputs(), k=st.integers(1, 3), seed=st.integers(0, 2**16))
 def test_per_key_rows_are_bounded_by_their_l1_norm(inputs, k, seed):
     """(n, K) rows with entries in [0, budget] are capped exactly like their row sums."""
-    ids, times, tie, norms, budget = inputs
+    ids, times, tie, norms, budget, max_reports = inputs
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, budget + 1, size=(len(ids), k))
-    kept = bound_contributions(ids, times, rows, contribution_budget=budget, tie_breaker=tie)
-    assert kept.tolist() == sequential_alg1(ids, times, rows.sum(axis=1), budget, tie).tolist()
+    kept = bound_contributions(ids, times, rows, contribution_budget=budget, tie_breaker=tie, max_reports=max_reports)
+    assert kept.tolist() == sequential_alg1(ids, times, rows.sum(axis=1), budget, tie, max_reports).tolist()
 
 
 @given(n_imp=st.integers(1, 8), n=st.integers(0, 120), count_limit=st.integers(1, 40),

@@ -339,3 +339,51 @@ def test_values_must_be_numeric_not_strings_bools_or_objects(bad):
 def test_negative_value_message_prints_a_plain_number():
     with pytest.raises(ValueError, match=r"non-negative: -1\.0 at row 0, query 0"):
         encoding_module.check_values(np.array([[-1.0]]), 1)
+
+
+# ---- every finite value is safe ----------------------------------------------------------------------
+ANY_FINITE_VALUES = [0.0, 5e-324, 1e-300, 0.25, 1.0, 3.0, 1e300, 1e308, np.finfo(np.float64).max]
+ANY_CLIP_THRESHOLDS = [1e-300, 1e-10, 0.5, 1.0, 1e300]
+
+
+def extreme_params(encoding, rounding, thresholds, count_limit=3):
+    d = len(thresholds)
+    if encoding == "l1":
+        return Params(count_limit=count_limit, encoding="l1", l1_rounding=rounding, epsilon=1.0, slice_columns=(),
+                      queries=tuple(QueryParams(f"q{i}", t) for i, t in enumerate(thresholds)))
+    share = 0.5 if encoding == "baseline" else 1.0
+    return Params(count_limit=count_limit, encoding=encoding, epsilon=1.0, slice_columns=(),
+                  count_budget_fraction=0.5 if encoding == "baseline" else None,
+                  queries=tuple(QueryParams(f"q{i}", t, share / d) for i, t in enumerate(thresholds)))
+
+
+@given(encoding=st.sampled_from([("linf", "floor"), ("baseline", "floor"), ("l1", "floor"), ("l1", "randomized")]),
+       thresholds=st.lists(st.sampled_from(ANY_CLIP_THRESHOLDS), min_size=1, max_size=3), data=st.data())
+def test_every_encoder_is_safe_for_every_finite_value(encoding, thresholds, data):
+    """Values up to the largest float with clip thresholds far below 1: contributions stay integers in
+    [0, floor(Gamma/C)] with the exact norm (no inf / inf = NaN -> INT64_MIN), and E[w] is finite."""
+    params = extreme_params(*encoding, thresholds)
+    d = len(thresholds)
+    values = np.array(data.draw(st.lists(st.lists(st.sampled_from(ANY_FINITE_VALUES), min_size=d, max_size=d),
+                                         min_size=1, max_size=6)))
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # no overflow or NaN on the way either
+        w = encode(values, params, np.random.default_rng(0))
+    budget = params.per_conversion_budget
+    assert (w >= 0).all() and (w <= budget).all()
+    if encoding[0] == "baseline":
+        assert (w.sum(axis=1) <= budget).all()
+    else:
+        assert (w.sum(axis=1) == budget).all()
+    assert np.isfinite(expected_contribution(values, params)).all()
+
+
+def test_l1_keeps_the_direction_of_a_vector_that_overflows():
+    """(1e308, 1e308) / 0.5 overflows: it is encoded as its direction, like (1, 1); (1e308, 1) like (1, 0)."""
+    for rounding in ("floor", "randomized"):
+        params = extreme_params("l1", rounding, [0.5, 0.5], count_limit=1)
+        u = np.full((1, 1), 0.5)
+        for huge, same_direction in (([1e308, 1e308], [1.0, 1.0]), ([1e308, 1.0], [1.0, 0.0]),
+                                     ([np.finfo(np.float64).max, 0.0], [1.0, 0.0])):
+            got = encode(np.array([huge]), params, uniforms=u)
+            assert got.tolist() == encode(np.array([same_direction]), params, uniforms=u).tolist()
+        assert encode(np.array([[1e308, 1e308]]), params, uniforms=u).tolist()[0][:2] == [32768, 32768]

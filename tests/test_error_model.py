@@ -52,11 +52,22 @@ def test_baseline_decides_with_the_expected_norm():
     assert kept_mask(conv, p).tolist() == [True, True, True, False]
 
 
-@pytest.mark.parametrize("count_limit", [1, 3, 7])
+def test_kept_mask_keeps_at_most_20_conversions_per_impression_as_chrome_does():
+    conv = conversions(np.repeat([1, 2], 30), np.tile(np.arange(30), 2), np.ones(60))
+    for count_limit in (20, 25, 40):  # floor(Gamma / C) fits C times; Chrome sends 20 reports per source
+        assert kept_mask(conv, linf(count_limit)).reshape(2, 30).tolist() == [[True] * 20 + [False] * 10] * 2
+    # baseline: count key floor(0.05 * 65536 / 2) = 1638 and zero values: 40 would fit the budget, 20 are kept
+    p = Params(count_limit=2, encoding="baseline", epsilon=1.0, slice_columns=(), count_budget_fraction=0.05,
+               queries=(QueryParams("q0", 10.0, 0.95),))
+    conv = conversions(np.zeros(30, dtype=np.int64), np.arange(30), np.zeros(30))
+    assert kept_mask(conv, p).tolist() == [True] * 20 + [False] * 10
+
+
+@pytest.mark.parametrize("count_limit", [1, 3, 7, 25])
 def test_kept_mask_equals_the_mechanisms_alg1_for_linf(count_limit):
     rng = np.random.default_rng(count_limit)
     n = 200
-    conv = conversions(rng.integers(0, 20, n), rng.integers(0, 6, n), rng.lognormal(1, 1, n))
+    conv = conversions(rng.integers(0, 20 if count_limit < 20 else 4, n), rng.integers(0, 6, n), rng.lognormal(1, 1, n))
     tie = rng.integers(0, 2**63, n).astype(np.uint64)
     p = linf(count_limit)
     w = encode(conv.values, p, rng)

@@ -29,9 +29,10 @@ def preset_table(name: str, target: int, split: str, seed: int = 7) -> pa.Table:
 
 def small_d2(n: int = 1500, seed: int = 11) -> Conversions:
     rng = np.random.default_rng(seed)
-    frame = pd.DataFrame({"impression_id": rng.integers(0, n // 3, n),
+    imp = rng.integers(0, n // 3, n)
+    frame = pd.DataFrame({"impression_id": imp,
                           "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-                          "s": rng.integers(0, 5, n), "items": rng.poisson(2.0, n).astype(float),
+                          "s": imp * 7 % 5, "items": rng.poisson(2.0, n).astype(float),
                           "price": rng.lognormal(2, 1, n)})
     return Conversions.from_table(frame, ["s"], ["items", "price"])
 

@@ -34,7 +34,7 @@ def test_slice_index_marks_records_outside_the_domain():
 
 def test_key_map_round_trip_and_tamper_detection(tmp_path):
     d = domain()
-    d.save(tmp_path / "k.json", params_sha256="abc")
+    d.save(tmp_path / "k.json", params_sha256="ab" * 32)
     assert KeyDomain.load(tmp_path / "k.json") == d
     text = (tmp_path / "k.json").read_text().replace('"Xmas"', '"Easter"')
     (tmp_path / "k.json").write_text(text)

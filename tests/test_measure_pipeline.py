@@ -33,11 +33,12 @@ SEED = 7
 
 def make_frame(n=4000, seed=0, impressions=700):
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "impression_id": rng.integers(0, impressions, n).astype("int64"),
+    imp = rng.integers(0, impressions, n).astype("int64")
+    return pd.DataFrame({  # slices are impression features: one value per impression
+        "impression_id": imp,
         "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-        "campaign": rng.integers(0, 5, n).astype("int32"),
-        "geo": rng.choice(["NY", "BOS", "SF"], n),
+        "campaign": (imp * 7 % 5).astype("int32"),
+        "geo": np.array(["NY", "BOS", "SF"])[imp * 11 % 3],
         "value": rng.lognormal(2, 1, n),
         "items": rng.poisson(2, n).astype("int64"),
     })
@@ -371,8 +372,8 @@ def test_declared_domain_noises_unseen_keys_and_counts_slices_outside_it(tmp_pat
     frame = make_frame(2000)
     params = make_params()
     declared = {"campaign": np.array([0, 1, 9]), "geo": np.array(["NY", "NY", "LA"])}  # (9, LA) never occurs
-    domain = KeyDomain.from_slice_values(params.slice_columns, declared, params.query_columns)
-    domain.save(tmp_path / "domain.json")
+    domain = KeyDomain.from_slice_values(params.slice_columns, declared, params.query_columns, origin="declared")
+    domain.save(tmp_path / "domain.json", params.checksum())
     code, out = run_measure(tmp_path, frame, params, "dom", extra=["--domain", str(tmp_path / "domain.json")])
     assert code == 0
     buckets, unnoised, noise = read_debug(out)

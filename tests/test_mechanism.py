@@ -58,10 +58,11 @@ def test_every_domain_key_gets_noise_even_without_contribution():
 def test_reconstruction_is_unbiased_for_clipped_kept_truth():
     rng = np.random.default_rng(5)
     n = 3000
+    imp = rng.integers(0, 800, n)
     frame = pd.DataFrame({
-        "impression_id": rng.integers(0, 800, n),
+        "impression_id": imp,
         "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-        "s": rng.integers(0, 4, n), "v": rng.lognormal(2, 1, n), "w": rng.poisson(3, n).astype(float),
+        "s": imp * 7 % 4, "v": rng.lognormal(2, 1, n), "w": rng.poisson(3, n).astype(float),
     })
     conv = Conversions.from_table(frame, ["s"], ["v", "w"])
     params = Params(count_limit=3, encoding="linf", epsilon=32.0, slice_columns=("s",),
@@ -79,10 +80,11 @@ def test_reconstruction_is_unbiased_for_clipped_kept_truth():
 def test_error_model_matches_monte_carlo_rmsre_tau():
     rng = np.random.default_rng(9)
     n = 2000
+    imp = rng.integers(0, 500, n)
     frame = pd.DataFrame({
-        "impression_id": rng.integers(0, 500, n),
+        "impression_id": imp,
         "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-        "s": rng.integers(0, 6, n), "v": rng.lognormal(1, 1, n),
+        "s": imp * 7 % 6, "v": rng.lognormal(1, 1, n),
     })
     conv = Conversions.from_table(frame, ["s"], ["v"])
     params = Params(count_limit=2, encoding="linf", epsilon=4.0, slice_columns=("s",), queries=(QueryParams("v", 8.0, 1.0),))

@@ -107,6 +107,18 @@ def test_estimates_plot_draws_an_interval_that_does_not_hold_the_point_estimate(
     assert lows == pytest.approx(sorted(counts["ci_low"]))
 
 
+def test_estimates_plot_draws_an_interval_cut_at_zero_beside_a_negative_estimate(tmp_path):
+    estimates = _estimates()
+    value = estimates.index[estimates["query"] == "value"][0]  # a value sum whose noisy estimate is below 0
+    estimates.loc[value, ["estimate", "ci_low", "ci_high"]] = [-30.0, 0.0, 40.0]
+    fig = plots.estimates_figure(estimates, ["campaignId", "geography"], top=30)
+    bars = [c for c in fig.axes[1].containers if isinstance(c, ErrorbarContainer)][0]
+    spans = {(round(seg[0][0], 6), round(seg[1][0], 6)) for seg in bars.lines[2][0].get_segments()}
+    assert (0.0, 40.0) in spans  # the interval as released, not [-30, 40]
+    assert "noise and rounding" in fig._supxlabel.get_text()  # a cut interval is not a calibrated one
+    _check_png(plots.estimates_plot(estimates, ["campaignId", "geography"], tmp_path / "e.png"))
+
+
 def test_estimates_plot_refuses_missing_columns():
     with pytest.raises(ValueError, match="lacks columns"):
         plots.estimates_figure(_estimates().drop(columns="ci_low"), ["campaignId", "geography"])

@@ -9,7 +9,14 @@ from scipy import stats
 
 from araopt import Params, QueryParams, encode
 from araopt.noise import discrete_laplace_variance, noise_parameter, sample_discrete_laplace
-from araopt.report import estimate_variance, key_histogram, reconstruct, simulated_noise, summary_report
+from araopt.report import (
+    estimate_variance,
+    key_histogram,
+    nonnegative_interval,
+    reconstruct,
+    simulated_noise,
+    summary_report,
+)
 
 GAMMA = 65536
 
@@ -110,17 +117,28 @@ def test_known_rounding_variance_replaces_the_kept_over_4_bound():
 
 
 @pytest.mark.parametrize("confidence", [0.95, 0.8, 0.5])
-def test_confidence_interval_is_estimate_plus_minus_z_se(confidence):
+def test_confidence_interval_is_estimate_plus_minus_z_se_cut_at_zero(confidence):
     p = make_params("linf")
     est = reconstruct(np.array([[16384, 11469, 4915], [-7, 3, 12]]), p, confidence=confidence)
     z = stats.norm.ppf(0.5 + confidence / 2)
-    np.testing.assert_allclose(est.ci_low, est.estimate - z * est.std_error, rtol=1e-12)
-    np.testing.assert_allclose(est.ci_high, est.estimate + z * est.std_error, rtol=1e-12)
+    np.testing.assert_allclose(est.ci_low, np.maximum(est.estimate - z * est.std_error, 0.0), rtol=1e-12)
+    np.testing.assert_allclose(est.ci_high, np.maximum(est.estimate + z * est.std_error, 0.0), rtol=1e-12)
+    assert (est.estimate[1] - z * est.std_error[1] < 0).all() and (est.ci_low[1] == 0).all()  # the cut is used
     assert (est.std_error > 0).all()
     assert est.confidence == confidence
     assert est.query_names == ("count", "items", "value")
     if confidence == 0.95:
         assert abs(z - 1.959963984540054) < 1e-12
+
+
+def test_intervals_of_counts_and_values_never_go_below_zero_and_the_estimate_is_not_cut():
+    p = make_params("linf")
+    noisy = np.array([[-40000, -3000, -900], [0, 0, 0], [50, -20000, 3]])
+    est = reconstruct(noisy, p)
+    assert (est.ci_low >= 0).all() and (est.ci_high >= 0).all()
+    assert est.estimate[0, 0] < 0 and est.ci_low[0, 0] == 0.0  # the unbiased estimate stays negative
+    low, high = nonnegative_interval(np.array([-1.0, np.nan, 2.0]), np.array([-0.5, np.nan, 3.0]))
+    assert low[0] == 0 and high[0] == 0 and np.isnan(low[1]) and np.isnan(high[1]) and (low[2], high[2]) == (2, 3)
 
 
 def test_reconstruct_refusals():

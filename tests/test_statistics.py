@@ -105,6 +105,23 @@ def test_kept_totals_follow_alg1_with_the_mechanisms_tie_break():
         assert np.allclose(stats.kept_totals(K)[:, 2], np.bincount(sidx[kept], conv.values[kept, 1], dom.num_slices))
 
 
+def test_statistics_follow_alg1_with_chromes_20_reports_per_source():
+    conv = multi_query_conversions(n=3000, impressions=60)  # about 50 conversions per impression
+    spec = StatisticsSpec(("s",), ("items", "price"), max_count_limit=30)
+    assert spec.max_rank == 20
+    stats = compute_statistics_in_memory(conv, spec)
+    dom = KeyDomain.from_slice_values(("s",), conv.slices, ("items", "price"))
+    sidx = dom.slice_index(conv.slices)
+    for C in (20, 25, 30):
+        p = linf(C, (1.0, 1.0), (0.5, 0.5), ("s",), ("items", "price"))
+        kept = kept_mask(conv, p, conv.record_keys())
+        assert kept_per_impression(C) == 20 and kept.sum() == 20 * len(np.unique(conv.impression_id))
+        kept_counts = np.bincount(sidx[kept], minlength=dom.num_slices)
+        assert np.array_equal(stats.kept_totals(kept_per_impression(C))[:, 0], kept_counts)
+        ref = expected_error(conv, sidx, dom.num_slices, p, tie_breaker=conv.record_keys())
+        assert np.array_equal(statistics_breakdown(stats, p).expected[:, 0], ref.expected[:, 0])
+
+
 def test_merging_batches_in_any_order_gives_the_same_statistics_and_pickles():
     conv = preset_conversions("synth-travel", 8000)
     spec = StatisticsSpec(SLICES, ("value",))

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.conversions import CONVERSION_TIME, IMPRESSION_ID, unify_schemas
+from araopt.files import distinct_files
 
 _GLOB_CHARS = "*?["
 
@@ -55,15 +56,18 @@ def is_hidden(path: str, root: str) -> bool:
 
 
 def match_files(pattern: str) -> list[str]:
-    """Non-empty, non-hidden files matching a path or glob (local or gs://); a directory means every
-    ``*.parquet`` below it."""
+    """Non-empty, non-hidden files matching a path or glob (local or gs://), each file once (also when
+    two names lead to it: ``araopt.files.distinct_files``); a directory, or a folder a glob matches
+    (``log/date=2026-09-0*``), means every ``*.parquet`` below it."""
     if _is_directory(pattern):
         patterns = [FileSystems.join(pattern, "**.parquet"), FileSystems.join(pattern, "*.parquet")]
+    elif _is_glob(pattern):  # the files it matches, and the *.parquet below the folders it matches
+        patterns = [pattern, pattern.rstrip("/") + "/**.parquet"]
     else:
         patterns = [pattern]
     root = _root(pattern)
     matched = {m.path: m.size_in_bytes for p in patterns for m in FileSystems.match([p])[0].metadata_list}
-    return sorted(p for p, size in matched.items() if size > 0 and not is_hidden(p, root))
+    return distinct_files(sorted(p for p, size in matched.items() if size > 0 and not is_hidden(p, root)))
 
 
 def read_schema(path: str) -> pa.Schema:
@@ -98,7 +102,7 @@ def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], valu
                 raise ValueError(f"{pattern} is empty (0 bytes): not a Parquet conversion log")
             raise ValueError(f"no input files match {pattern!r} (empty files and names starting with _ or . are skipped)")
     else:
-        paths = list(pattern)
+        paths = distinct_files(pattern)  # a file named twice is read once
         if not paths:
             raise ValueError("no input files")
     schemas = [(p, read_schema(p)) for p in paths]
@@ -138,26 +142,46 @@ class ReadConversionFiles(beam.PTransform):
 
 def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
     """(rows, first and last conversion time as ISO strings or None) from the Parquet footers: one
-    small read per file; the window comes from the row groups' min/max statistics when present."""
+    small read per file; the window comes from the row groups' min/max statistics when present,
+    read as integers (a time beyond Python's year 9999 is a dead-letter row, not a reason to abort)."""
     total = 0
     first = last = None
     for p in paths:
         with FileSystems.open(p) as fh:
-            meta = pq.ParquetFile(fh).metadata
+            parquet = pq.ParquetFile(fh)
+            meta, arrow_schema = parquet.metadata, parquet.schema_arrow
         total += meta.num_rows
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-        if CONVERSION_TIME not in names:
+        if CONVERSION_TIME not in names or CONVERSION_TIME not in arrow_schema.names:
+            continue
+        time_type = arrow_schema.field(CONVERSION_TIME).type
+        if not pa.types.is_timestamp(time_type):
             continue
         column = names.index(CONVERSION_TIME)
         for g in range(meta.num_row_groups):
             st = meta.row_group(g).column(column).statistics
-            if st is not None and st.has_min_max and isinstance(st.min, _dt.datetime) and isinstance(st.max, _dt.datetime):
-                lo, hi = (v if v.tzinfo else v.replace(tzinfo=_dt.UTC) for v in (st.min, st.max))
-                first = lo if first is None else min(first, lo)
-                last = hi if last is None else max(last, hi)
-    first_text, last_text = (None if v is None else (v.isoformat() if hasattr(v, "isoformat") else str(v))
-                             for v in (first, last))
-    return total, first_text, last_text
+            if st is None or not st.has_min_max or not isinstance(st.min_raw, int) or not isinstance(st.max_raw, int):
+                continue
+            lo, hi = (_micros(v, time_type.unit) for v in (st.min_raw, st.max_raw))
+            first = lo if first is None else min(first, lo)
+            last = hi if last is None else max(last, hi)
+    return total, _iso(first), _iso(last)
+
+
+def _micros(value: int, unit: str) -> int:
+    return value // 1000 if unit == "ns" else value * {"s": 1_000_000, "ms": 1_000, "us": 1}[unit]
+
+
+def _iso(micros: int | None) -> str | None:
+    """ISO-8601 of a UTC time in microseconds (numpy's notation outside Python's years 1..9999)."""
+    if micros is None:
+        return None
+    try:
+        return (_dt.datetime(1970, 1, 1, tzinfo=_dt.UTC) + _dt.timedelta(microseconds=micros)).isoformat()
+    except OverflowError:
+        import numpy as np
+
+        return f"{np.datetime64(micros, 'us')}+00:00"
 
 
 def count_rows(paths: Sequence[str]) -> int:

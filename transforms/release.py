@@ -6,7 +6,6 @@ visibility come from ``araopt.outputs``.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import avro, outputs
+from araopt import avro, jsonio, outputs
 from araopt.release import Release, estimates_frame
 
 
@@ -82,18 +81,18 @@ class _WriteSmallFiles(beam.DoFn):
             fh.write(data)
 
     def process(self, release: Release) -> Iterator[str]:
-        self._put(outputs.KEY_MAP_JSON, json.dumps(release.domain.to_json(self._sha), indent=1).encode())
+        self._put(outputs.KEY_MAP_JSON, jsonio.dumps(release.domain.to_json(self._sha), indent=1).encode())
         self._put(outputs.KEY_MAP_CSV, outputs.csv_bytes(release.domain.key_table()))
         frame = estimates_frame(release.estimates, release.domain, release.corrected, release.params.correction)
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
         self._put(outputs.ESTIMATES_PARQUET, buf.getvalue())
         self._put(outputs.ESTIMATES_CSV, outputs.csv_bytes(frame))
-        self._put(outputs.RELEASE_JSON, json.dumps(release_json(release, self._sha), indent=1).encode())
+        self._put(outputs.RELEASE_JSON, jsonio.dumps(release_json(release, self._sha), indent=1).encode())
         private = {**release.accounting.to_json(), "slices": release.domain.num_slices, "keys": release.domain.num_keys,
                    "calibration": calibration_summary(release)}
         with FileSystems.create(FileSystems.join(self._output, outputs.private_file(outputs.ACCOUNTING))) as fh:
-            fh.write(json.dumps(private, indent=1).encode())
+            fh.write(jsonio.dumps(private, indent=1).encode())
         yield "done"
 
 

@@ -1,6 +1,11 @@
 """Read + validate, once for every job: Parquet files -> canonical valid batches, a dead letter with
 reasons, and one merged ``ValidationCounts`` (read / rejected per reason / times floored), with Beam
 counters per reason. The rejected-share gate is ``araopt.conversions.check_rejected_share``.
+
+Jobs that cap per impression also group here (``ReadAndValidate(..., num_shards=S)``): the rows of
+each impression are brought together and those whose impression-side slice values differ from the
+impression's first row go to the same dead letter (``araopt.conversions.impression_slice_conflicts``),
+counted with the rest.
 """
 from __future__ import annotations
 
@@ -14,17 +19,22 @@ from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult
 
 from araopt.conversions import (
+    IMPRESSION_SLICE_INCONSISTENT,
     IN_PERIOD,
     REJECT_REASONS,
     TIMES_FLOORED,
     ValidationCounts,
+    dead_letter_rows,
     dead_letter_schema,
+    impression_slice_conflicts,
     validate_batch,
 )
 
+from .group import GroupByImpression
 from .io import ReadConversionFiles, needed_columns
 
 VALID = "valid"
+GROUPED = "grouped"
 REJECTED = "rejected"
 COUNTS = "counts"
 LOOKBACK_COUNTS = "lookback_counts"
@@ -89,58 +99,133 @@ def period_rows(table: pa.Table) -> pa.Table:
     return table.filter(table.column(IN_PERIOD))
 
 
+LOOKBACK_REJECTED = "lookback_rejected"
+LOOKBACK_CHECK_COUNTS = "lookback_check_counts"
+
+
+class _CheckImpressionSlices(beam.DoFn):
+    """Per shard of complete impressions: rows whose impression-side slice values differ from their
+    impression's first row (in Alg. 1's order, lookback rows included) -> dead letter
+    (``araopt.conversions.impression_slice_conflicts``); a lookback row's to the lookback's."""
+
+    def __init__(self, impression_slice_columns: Sequence[str], slice_columns: Sequence[str],
+                 value_columns: Sequence[str]):
+        self._impression_slice_columns = tuple(impression_slice_columns)
+        self._slice_columns = tuple(slice_columns)
+        self._value_columns = tuple(value_columns)
+
+    def setup(self) -> None:
+        self._rejected = Metrics.counter(NAMESPACE, f"rows_rejected_{IMPRESSION_SLICE_INCONSISTENT}")
+
+    def process(self, item: tuple[int, pa.Table]) -> Iterator[tuple[int, pa.Table] | beam.pvalue.TaggedOutput]:
+        shard, table = item
+        conflicts = impression_slice_conflicts(table, self._impression_slice_columns, self._slice_columns,
+                                               self._value_columns)
+        if not conflicts.any():
+            yield shard, table
+            return
+        self._rejected.inc(int(conflicts.sum()))
+        period = (np.ones(table.num_rows, dtype=bool) if IN_PERIOD not in table.column_names
+                  else np.asarray(table.column(IN_PERIOD).to_numpy(zero_copy_only=False), dtype=bool))
+        for mask, rows_tag, counts_tag in ((conflicts & period, REJECTED, COUNTS),
+                                           (conflicts & ~period, LOOKBACK_REJECTED, LOOKBACK_CHECK_COUNTS)):
+            if mask.any():
+                yield beam.pvalue.TaggedOutput(rows_tag, dead_letter_rows(
+                    table.filter(pa.array(mask)), self._slice_columns, self._value_columns,
+                    IMPRESSION_SLICE_INCONSISTENT))
+                yield beam.pvalue.TaggedOutput(counts_tag, ValidationCounts.rejected(
+                    int(mask.sum()), IMPRESSION_SLICE_INCONSISTENT))
+        kept = table.filter(pa.array(~conflicts))
+        if kept.num_rows:
+            yield shard, kept
+
+
 class ReadAndValidate(beam.PTransform):
     """Explicit Parquet files -> ``{"valid": batches, "counts": singleton ValidationCounts}``, and the
-    dead letter written to ``dead_letter_prefix`` (text columns + reason) if given: one ``.parquet``
-    file, or with ``one_dead_letter_file=False`` ``-SSSSS-of-NNNNN.parquet`` files sharded by the
-    runner (one file means one worker writing every rejected row, after a shuffle to a single key).
+    dead letter written to ``dead_letter_prefix`` (a ``.parquet`` file, text columns + reason) if given.
+
+    With ``num_shards``: ``{"grouped": (shard, table of complete impressions), "counts": ...}`` instead
+    (``GroupByImpression`` with ``spill_dir``), where rows whose ``impression_slice_columns`` (default:
+    every slice column) differ from their impression's first row are rejected like invalid rows.
 
     ``lookback_paths``: files of earlier conversions that consume the per-impression budget of
     ContributionCapping (Alg. 1) but are not measured. They are validated the same way, their valid
-    rows join ``valid`` with ``in_period`` False (the period's rows get True), their accounting is the
-    extra output ``lookback_counts`` and their dead letter ``<dead_letter_prefix>_lookback.parquet``.
+    rows join ``valid`` / ``grouped`` with ``in_period`` False (the period's rows get True), their
+    accounting is the extra output ``lookback_counts`` and their dead letter
+    ``<dead_letter_prefix>_lookback.parquet``.
 
     The outputs are typed by the steps that make them (``pa.Table``, ``ValidationCounts``): Beam
     checks a composite's dict output against a single output type, which fits neither."""
 
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
-                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = (),
+                 dead_letter_prefix: str | None = None, passthrough: Sequence[str] = (), num_shards: int | None = None,
+                 spill_dir: str | None = None, impression_slice_columns: Sequence[str] | None = None,
                  lookback_paths: Sequence[str] = (), one_dead_letter_file: bool = True):
         super().__init__()
-        self._one_file = one_dead_letter_file
         self._paths = list(paths)
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
         self._dead_letter = dead_letter_prefix
         self._passthrough = tuple(passthrough)
+        self._num_shards = num_shards
+        self._spill_dir = spill_dir
+        self._impression_slice_columns = (self._slice_columns if impression_slice_columns is None
+                                          else tuple(impression_slice_columns))
         self._lookback = list(lookback_paths)
+        self._one_file = one_dead_letter_file
 
-    def _read(self, pbegin: beam.pvalue.PBegin, paths: list[str], label: str,
-              dead_letter: str | None) -> tuple[beam.PCollection[pa.Table], beam.PCollection[ValidationCounts]]:
+    def _read(self, pbegin: beam.pvalue.PBegin, paths: list[str], label: str) -> beam.pvalue.DoOutputsTuple:
         columns = needed_columns(self._slice_columns, self._value_columns) + list(self._passthrough)
         batches = pbegin | f"Read{label}" >> ReadConversionFiles(paths, columns)
-        checked = batches | f"Validate{label}" >> ValidateConversions(self._slice_columns, self._value_columns,
-                                                                      self._passthrough)
-        counts = checked[COUNTS] | f"CountRows{label}" >> beam.CombineGlobally(
-            ValidationCounts.merge).with_output_types(ValidationCounts)
+        return batches | f"Validate{label}" >> ValidateConversions(self._slice_columns, self._value_columns,
+                                                                   self._passthrough)
+
+    def _finish(self, counts: list[beam.PCollection[Any]], rejected: list[beam.PCollection[Any]], label: str,
+                dead_letter: str | None) -> beam.PCollection[ValidationCounts]:
         if dead_letter is not None:
-            _ = checked[REJECTED] | f"WriteDeadLetter{label}" >> beam.io.WriteToParquetBatched(
-                dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns),
-                num_shards=1 if self._one_file else 0, shard_name_template="" if self._one_file else None,
-                file_name_suffix=".parquet")
-        return checked[VALID], counts
+            _ = (rejected | f"AllRejected{label}" >> beam.Flatten() | f"WriteDeadLetter{label}"
+                 >> beam.io.WriteToParquetBatched(
+                     dead_letter, schema=dead_letter_schema(self._slice_columns, self._value_columns),
+                     num_shards=1 if self._one_file else 0, shard_name_template="" if self._one_file else None,
+                     file_name_suffix=".parquet"))
+        return (counts | f"AllCounts{label}" >> beam.Flatten()
+                | f"CountRows{label}" >> beam.CombineGlobally(ValidationCounts.merge).with_output_types(ValidationCounts))
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection[Any]]:
-        valid, counts = self._read(pbegin, self._paths, "", self._dead_letter)
-        if not self._lookback:
-            return {VALID: valid, COUNTS: counts}
-        lookback, lookback_counts = self._read(pbegin, self._lookback, "Lookback",
-                                               None if self._dead_letter is None else self._dead_letter + "_lookback")
-        marked = (
-            (valid | "MarkPeriod" >> beam.Map(_mark_period, True).with_output_types(pa.Table),
-             lookback | "MarkLookback" >> beam.Map(_mark_period, False).with_output_types(pa.Table))
-            | "PeriodAndLookback" >> beam.Flatten().with_output_types(pa.Table))
-        return {VALID: marked, COUNTS: counts, LOOKBACK_COUNTS: lookback_counts}
+        checked = self._read(pbegin, self._paths, "")
+        counts, rejected = [checked[COUNTS]], [checked[REJECTED]]
+        valid = checked[VALID]
+        lookback_counts: list[beam.PCollection[Any]] = []
+        lookback_rejected: list[beam.PCollection[Any]] = []
+        if self._lookback:
+            earlier = self._read(pbegin, self._lookback, "Lookback")
+            lookback_counts, lookback_rejected = [earlier[COUNTS]], [earlier[REJECTED]]
+            valid = (
+                (valid | "MarkPeriod" >> beam.Map(_mark_period, True).with_output_types(pa.Table),
+                 earlier[VALID] | "MarkLookback" >> beam.Map(_mark_period, False).with_output_types(pa.Table))
+                | "PeriodAndLookback" >> beam.Flatten().with_output_types(pa.Table))
+        if self._num_shards is None:
+            out: dict[str, beam.PCollection[Any]] = {VALID: valid}
+        else:
+            grouped = (
+                valid
+                | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir)
+                | "CheckImpressionSlices" >> beam.ParDo(_CheckImpressionSlices(
+                    self._impression_slice_columns, self._slice_columns, self._value_columns)).with_outputs(
+                        REJECTED, COUNTS, LOOKBACK_REJECTED, LOOKBACK_CHECK_COUNTS, main=GROUPED)
+            )
+            out = {GROUPED: grouped[GROUPED]}
+            counts.append(grouped[COUNTS])
+            rejected.append(grouped[REJECTED])
+            if self._lookback:
+                lookback_counts.append(grouped[LOOKBACK_CHECK_COUNTS])
+                lookback_rejected.append(grouped[LOOKBACK_REJECTED])
+        out[COUNTS] = self._finish(counts, rejected, "", self._dead_letter)
+        if self._lookback:
+            out[LOOKBACK_COUNTS] = self._finish(
+                lookback_counts, lookback_rejected, "Lookback",
+                None if self._dead_letter is None else self._dead_letter + "_lookback")
+        return out
 
 
 def counter_values(result: PipelineResult) -> dict[str, int]:
