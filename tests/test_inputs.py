@@ -272,7 +272,7 @@ def test_a_glob_that_matches_partition_folders_finds_the_parquet_files_under_the
     assert len(match_files(str(root / "date=*"))) == 3 == len(match_files(str(root / "date=*/")))
     assert relative(match_files(str(root / "date=*" / "*.parquet"))) == [
         "date=2026-09-01/part-0.parquet", "date=2026-09-10/part-0.parquet"]  # a glob of files stays one
-    files, dates = select_window(str(root / "date=2026-09-0*"), "2026-09-02", 7)
+    files, dates, _ = select_window(str(root / "date=2026-09-0*"), "2026-09-02", 7)
     assert dates == ["2026-09-01", "2026-09-02"] and len(files) == 2
 
 
