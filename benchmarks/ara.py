@@ -14,7 +14,7 @@ import timeit
 import numpy as np
 
 from araopt import KeyDomain, Params, QueryParams, encode
-from araopt.ara import SourceEncoder, TriggerEncoder
+from araopt.ara.registrations import SourceEncoder, TriggerEncoder
 
 
 def _params(encoding: str, d: int, conversion_side: bool) -> Params:

@@ -30,11 +30,12 @@ from datetime import date, timedelta
 import numpy as np
 import pyarrow as pa
 
-from araopt import calibration as cb
-from araopt import synthetic, tuning
-from araopt.conversions import Conversions
-from araopt.evaluation import analytic_rmsre, corrected_rmsre, interval_coverage
-from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
+import araopt.calibration as cb
+from araopt.data import synthetic
+from araopt.evaluation.evaluate import analytic_rmsre, corrected_rmsre, interval_coverage
+from araopt.io.conversions import Conversions
+from araopt.optimize import tune as tuning
+from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
 
 SLICES = ("campaignId", "geography", "productCategory")
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -120,8 +121,8 @@ def run(ds: Dataset, draws: int, seed: int, coverage_eps: tuple[float, ...]) -> 
     rows = []
     for eps in EPSILONS:
         t0 = time.perf_counter()
-        paper = tuning.tune(stats, eps, kind="exact", taus=taus).params
-        tuned = tuning.tune(stats, eps, kind=tuning.CORRECTED, taus=taus)
+        paper = tuning.tune(stats, eps, objective="exact", taus=taus).params
+        tuned = tuning.tune(stats, eps, objective=tuning.CORRECTED, taus=taus)
         released = tuning.attach_calibration(tuned.params, cb.calibration_statistics(ds.train, tuned.params, blocks))
         row = {"dataset": ds.name, "epsilon": eps, "C": paper.count_limit, "C_released": released.count_limit,
                "correction": released.correction,

@@ -10,8 +10,8 @@ import time
 import numpy as np
 
 from araopt import Params, QueryParams, bound_contributions, encode, key_histogram, sample_discrete_laplace
-from araopt.noise import noise_parameter
-from araopt.randomness import secure_generator
+from araopt.mechanism.noise import noise_parameter
+from araopt.mechanism.randomness import secure_generator
 
 
 def synthetic_arrays(n: int, seed: int = 0):

@@ -18,7 +18,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from araopt.rowset import RowSet, RowSetPart, conversion_row_ids  # noqa: E402
+from araopt.io.rowset import RowSet, RowSetPart, conversion_row_ids  # noqa: E402
 
 BATCH = 1 << 20
 

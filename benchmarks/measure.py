@@ -34,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from araopt import Params, QueryParams  # noqa: E402
+from araopt.version import ParameterVersion  # noqa: E402
 
 ROWS_PER_FILE = 1_000_000
 CAMPAIGNS = 64
@@ -105,10 +106,10 @@ def shard_working_set(directory: str, num_shards: int) -> tuple[int, float]:
     import glob
     import tracemalloc
 
-    from araopt import aggregate
-    from araopt.conversions import Conversions, validate_table
-    from araopt.keys import KeyDomain
-    from araopt.mechanism import encode_and_bound
+    from araopt.io.conversions import Conversions, validate_table
+    from araopt.mechanism import aggregate
+    from araopt.mechanism.keys import KeyDomain
+    from araopt.mechanism.measure import encode_and_bound
     from transforms.group import shard_of
 
     p = params()
@@ -158,7 +159,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="araopt-bench-")
     py = sys.executable
     try:
-        params(args.log).save(os.path.join(work, "params.json"))
+        ParameterVersion(params(args.log)).save(os.path.join(work, "params.json"))
         os.environ["ARAOPT_LEDGER"] = os.path.join(work, "ledger")
         results = {}
         for kind in kinds:

@@ -15,7 +15,8 @@ import apache_beam as beam
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from araopt import Params, sample_discrete_laplace
-from araopt.noise import noise_parameter
+from araopt.mechanism.noise import noise_parameter
+from araopt.version import ParameterVersion
 from pipelines.runner import make_runner, pipeline_options
 
 
@@ -42,7 +43,7 @@ def encode_and_cap(item, params: Params):
 
 def main() -> None:
     data, params_path = sys.argv[1], sys.argv[2]
-    params = Params.load(params_path)
+    params = ParameterVersion.load(params_path)
     opts = pipeline_options([])
     a = noise_parameter(params.epsilon)
     with beam.Pipeline(runner=make_runner(opts), options=opts) as p:

@@ -19,11 +19,11 @@ import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from araopt import synthetic
-from araopt.conversions import Conversions
-from araopt.evaluation import DEFAULT_EPSILONS, comparison_table, evaluate_dataset, write_outputs
-from araopt.optimizer import optimize, prepare_search, scipy_paper_optimize
-from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.data import synthetic
+from araopt.evaluation.evaluate import DEFAULT_EPSILONS, comparison_table, evaluate_dataset, write_outputs
+from araopt.io.conversions import Conversions
+from araopt.optimize.search import optimize, prepare_search, scipy_paper_optimize
+from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
 
 SLICES = ("campaignId", "geography", "productCategory")
 PRESETS = ("synth-criteo", "synth-real-estate", "synth-travel")
@@ -61,9 +61,10 @@ def timing(n: int) -> None:
         for kind in ("exact", "relaxed"):
             ours = optimize(stats, eps, objective=kind, progress=False)
             ref = scipy_paper_optimize(stats, eps, objective=kind)
+            ours_value, ref_value = ours.predicted_rmsre_tau, ref.predicted_rmsre_tau
             rows.append({"epsilon": eps, "objective": kind, "optimizer_s": ours.seconds, "scipy_s": ref.seconds,
-                         "C": ours.params.count_limit, "rmsre_tau": ours.objective, "scipy_C": ref.params.count_limit,
-                         "scipy_rmsre_tau": ref.objective, "scipy/ours": ref.objective / ours.objective})
+                         "C": ours.params.count_limit, "rmsre_tau": ours_value, "scipy_C": ref.params.count_limit,
+                         "scipy_rmsre_tau": ref_value, "scipy/ours": ref_value / ours_value})
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.6g}"))
 
 
@@ -74,7 +75,7 @@ def paper_workflow(n: int, epsilon: float = 8.0, max_count_limit: int = 20) -> N
     from scipy import optimize as sp_optimize
 
     from araopt import KeyDomain, Params, QueryParams, expected_error, rmsre_tau
-    from araopt.error_model import default_taus
+    from araopt.optimize.error_model import default_taus
 
     print(f"\n== the paper's workflow (scipy on raw records, {n:,} conversions, C = 1..{max_count_limit}, "
           f"eps = {epsilon:g}) vs ours ==")
@@ -123,8 +124,9 @@ def versus_scipy_click_level() -> None:
             for kind in ("exact", "relaxed"):
                 ours = optimize(stats, eps, objective=kind, progress=False, context=ctx)
                 ref = scipy_paper_optimize(stats, eps, objective=kind, context=ctx)
+                ours_value, ref_value = ours.predicted_rmsre_tau, ref.predicted_rmsre_tau
                 rows.append({"d": d, "epsilon": eps, "objective": kind, "C": ours.params.count_limit,
-                             "ours": ours.objective, "scipy": ref.objective, "scipy/ours": ref.objective / ours.objective,
+                             "ours": ours_value, "scipy": ref_value, "scipy/ours": ref_value / ours_value,
                              "ours_s": ours.seconds, "scipy_s": ref.seconds})
     frame = pd.DataFrame(rows)
     print(frame.to_string(index=False, float_format=lambda x: f"{x:.6g}"))

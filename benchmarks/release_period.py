@@ -27,13 +27,14 @@ import time
 import numpy as np
 import pandas as pd
 
-from araopt import calibration as cb
-from araopt import synthetic, tuning
-from araopt.conversions import Conversions
-from araopt.evaluation import _domain, analytic_rmsre, conversions_breakdown, corrected_rmsre, interval_coverage
-from araopt.mechanism import measure
-from araopt.release import estimates_frame
-from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
+import araopt.calibration as cb
+from araopt.data import synthetic
+from araopt.evaluation.evaluate import _domain, analytic_rmsre, conversions_breakdown, corrected_rmsre, interval_coverage
+from araopt.io.conversions import Conversions
+from araopt.mechanism.measure import measure
+from araopt.optimize import tune as tuning
+from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.publication import estimates_frame
 
 SLICES = ("campaignId", "geography", "productCategory")
 DAY_US = 86_400_000_000
@@ -102,7 +103,7 @@ def geometric_log(per_day: int, days: int, seed: int, pareto: bool = False) -> D
 def tuned(stats, train: Conversions, eps: float, period_days: float | None, history_days: float,
           taus) -> tuning.TuningResult:
     """The released method tuned on ``stats``, its calibration fitted on ``train`` (the history)."""
-    res = tuning.tune(stats, eps, kind=tuning.CORRECTED, taus=list(taus), release_period_days=period_days,
+    res = tuning.tune(stats, eps, objective=tuning.CORRECTED, taus=list(taus), release_period_days=period_days,
                       history_days=history_days)
     cals = [cb.calibration_statistics(train, p, cb.day_blocks(train)) for p, _ in res.candidates]
     return tuning.calibrate(res, cals, period_days)
@@ -119,7 +120,7 @@ def run_case(log: DailyLog, test_day: int, train_days: int, epsilons, spec: Stat
     for eps in epsilons:
         on_train = tuned(train_stats, train, eps, period, train_days, taus)
         on_day = tuned(test_stats, train, eps, 1.0, 1.0, taus)  # the day's parameters, the same calibration data
-        paper = tuning.tune(train_stats, eps, kind="exact", taus=list(taus), release_period_days=period,
+        paper = tuning.tune(train_stats, eps, objective="exact", taus=list(taus), release_period_days=period,
                             history_days=train_days)
         result = {
             "released": corrected_rmsre(on_train.params, test, taus).combined,

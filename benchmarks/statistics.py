@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from araopt.statistics import StatisticsSpec
+from araopt.optimize.statistics import StatisticsSpec
 from measure import write_synthetic
 from transforms.statistics import compute_statistics
 

@@ -39,7 +39,7 @@ def child(args: argparse.Namespace) -> None:
     import numpy as np  # noqa: F401  (imports count in the baseline RSS)
     import pyarrow  # noqa: F401
 
-    from araopt import synthetic
+    from araopt.data import synthetic
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     preset = synthetic.PRESETS[args.preset]
@@ -105,7 +105,7 @@ def throughput(args: argparse.Namespace) -> bool:
 def preset_table(seed: int) -> None:
     import numpy as np
 
-    from araopt import synthetic
+    from araopt.data import synthetic
 
     print(f"\n== Presets at scale 1 (k_min=1, k_max=10000, seed {seed}, train split; expectation in brackets) ==")
     header = (f"{'preset':<18} {'slices':>6} {'impressions':>21} {'conversions':>23} {'mean c/imp':>10} "

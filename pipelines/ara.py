@@ -28,8 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from araopt import avro, jsonio, outputs
-from araopt.ara import (
+from araopt.ara.registrations import (
     REGISTER_SOURCE,
     REGISTER_TRIGGER,
     KeyMap,
@@ -43,11 +42,14 @@ from araopt.ara import (
     key_map_json,
     trigger_batch,
 )
-from araopt.conversions import Conversions
-from araopt.files import atomic_write
-from araopt.keys import KeyDomain
-from araopt.mechanism import encode_and_bound
-from araopt.params import Params, check_epsilon
+from araopt.errors import check_epsilon
+from araopt.io import avro, jsonio, outputs
+from araopt.io.conversions import Conversions
+from araopt.io.files import atomic_write
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.measure import encode_and_bound
+from araopt.mechanism.params import Params
+from araopt.version import ParameterVersion
 
 from . import options
 from .options import UserError
@@ -101,17 +103,18 @@ def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[
     return run
 
 
-def load_params(ref: str) -> Params:
+def load_version(ref: str) -> ParameterVersion:
     """A parameter file (.json, local or gs://) or a store (its ``latest``, or ``STORE/versions/<v>``),
     checksum-verified, as ``araopt measure`` takes it."""
     from .measure import load_params as load
 
-    return load(ref).params
+    return load(ref).version
 
 
 def _export(args: argparse.Namespace) -> int:
     prog = "araopt export-ara"
-    params = load_params(args.params)
+    version = load_version(args.params)
+    params = version.params
     if args.simulation_seed is not None and args.simulation_seed < 0:
         raise ValueError(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
@@ -124,9 +127,9 @@ def _export(args: argparse.Namespace) -> int:
     check_ara_limits_for_cardinalities(params, [])  # limits that do not depend on the slices, before reading data
     conv, rejected, rows_read = (read_conversion_log(args.conversions, params) if args.conversions else (None, {}, 0))
     if args.key_map:
-        domain = KeyMap.load(args.key_map).domain_for(params, args.params)
-    elif params.domain is not None:  # the domain the parameter version carries (the training history's slices)
-        domain = params.domain
+        domain = KeyMap.load(args.key_map).domain_for(version, args.params)
+    elif version.domain is not None:  # the domain the parameter version carries (the training history's slices)
+        domain = version.domain
     elif conv is not None:
         domain = domain_from_conversions(params, conv)
         _warn(prog, f"the output domain lists exactly the slices present in {args.conversions}: use it for the "
@@ -135,8 +138,8 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError("export-ara needs the key domain: pass --key-map M, parameters that carry a domain "
                          "(araopt nightly / optimize), or --conversions LOG (its slices)")
     check_ara_limits(params, domain)
-    sources = SourceEncoder(params, domain, destination)
-    triggers = TriggerEncoder(params, domain)
+    sources = SourceEncoder(version, domain, destination)
+    triggers = TriggerEncoder(version, domain)
     batch = None
     if conv is not None:
         contributions, _ = encode_and_bound(conv, params, simulation_seed=args.simulation_seed)
@@ -145,9 +148,9 @@ def _export(args: argparse.Namespace) -> int:
     # --- every check passed: write ---
     os.makedirs(args.output, exist_ok=True)
     out = lambda name: os.path.join(args.output, name)  # noqa: E731
-    atomic_write(out("key_map.json"), lambda fh: fh.write(jsonio.dumps(key_map_json(params, domain), indent=1)), mode="w")
+    atomic_write(out("key_map.json"), lambda fh: fh.write(jsonio.dumps(key_map_json(version, domain), indent=1)), mode="w")
     atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
-    source_doc = {"header": REGISTER_SOURCE, "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(),
+    source_doc = {"header": REGISTER_SOURCE, "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(),
                   "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
                   "registrations": sources.all_registrations()}
     atomic_write(out("sources.json"), lambda fh: fh.write(jsonio.dumps(source_doc, indent=1)), mode="w")
@@ -159,7 +162,7 @@ def _export(args: argparse.Namespace) -> int:
                 fh.write("\n")
         atomic_write(out("triggers.jsonl"), write_lines, mode="w")
     summary = {
-        "params_sha256": params.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
+        "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
         "slices": domain.num_slices, "keys": domain.num_keys, "sources": len(sources),
         "key_bits": domain.total_bits, "keys_per_source": len(sources.key_names),
         "trigger_header": REGISTER_TRIGGER, "conversions_read": rows_read, "conversions_rejected": rejected,
@@ -194,16 +197,17 @@ def _reconstruct(args: argparse.Namespace) -> int:
         raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
     if os.path.exists(args.output) and not args.overwrite:
         raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
-    file_params = load_params(args.params)
-    params = file_params if args.epsilon is None else file_params.with_epsilon(check_epsilon(args.epsilon, "--epsilon"))
+    file_version = load_version(args.params)
+    version = (file_version if args.epsilon is None
+               else file_version.with_epsilon(check_epsilon(args.epsilon, "--epsilon")))
+    params = version.params
     if args.key_map:
         key_map = KeyMap.load(args.key_map)
-        try:  # export-ara records the parameter file as is; measure records it after its --epsilon override
-            domain = key_map.domain_for(file_params, args.params)
-        except ValueError:
-            if params is file_params:
-                raise
-            domain = key_map.domain_for(params, f"{args.params} with --epsilon {args.epsilon:g}")
+        # export-ara records the parameter file as is; measure records it after its --epsilon override
+        if key_map.matches(file_version) or version is file_version:
+            domain = key_map.domain_for(file_version, args.params)
+        else:
+            domain = key_map.domain_for(version, f"{args.params} with --epsilon {args.epsilon:g}")
     elif args.conversions:
         conv, _, _ = read_conversion_log(args.conversions, params)
         domain = domain_from_conversions(params, conv)
@@ -211,7 +215,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
         raise ValueError("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
                          "--conversions LOG to derive the domain from its slices")
     data = avro.read_report(args.summary_report)
-    frame, counters = estimates_from_summary_report(data.buckets, data.metrics, params, domain, args.confidence)
+    frame, counters = estimates_from_summary_report(data.buckets, data.metrics, version, domain, args.confidence)
     if counters.rows and counters.unknown_buckets == counters.rows:
         raise ValueError(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or parameter "
                          f"file? (first: {', '.join(counters.to_json()['unknown_examples'])})")

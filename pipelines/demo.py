@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from araopt import outputs
-from araopt.release import ESTIMATE_COLUMNS
+from araopt.io import outputs
+from araopt.publication import ESTIMATE_COLUMNS
 
 from . import options
 
@@ -175,7 +175,8 @@ def estimates_line(calibration: dict | None) -> str:
 def write_plots(estimates: pd.DataFrame, result_dir: str, plot_dir: str) -> list[str]:
     """estimates.png (largest slices, count and value panels, 95% intervals) and noisy_vs_unnoised.png
     (the debug run's noise per key against the DLap band at the run's epsilon)."""
-    from araopt import avro, plots
+    from araopt.evaluation import plots
+    from araopt.io import avro
 
     os.makedirs(plot_dir, exist_ok=True)
     slice_cols = [c for c in estimates.columns if c != "query" and c not in ESTIMATE_COLUMNS]

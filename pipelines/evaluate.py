@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_epsilons(text: str) -> list[float]:
-    from araopt.params import check_epsilon
+    from araopt.errors import check_epsilon
 
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
@@ -47,11 +47,11 @@ run_evaluate = run
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     import pandas as pd
 
-    from araopt.conversions import concat_periods
-    from araopt.evaluation import METHODS, comparison_table, evaluate_dataset, write_outputs
-    from araopt.progress import Progress
-    from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
-    from araopt.tuning import resolve_taus
+    from araopt.evaluation.evaluate import METHODS, comparison_table, evaluate_dataset, write_outputs
+    from araopt.io.conversions import concat_periods
+    from araopt.io.progress import Progress
+    from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+    from araopt.optimize.tune import resolve_taus
     from transforms.io import check_input
 
     from .history import StatisticsRun, compute_statistics, load_conversions, report_rejections

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
     import pyarrow as pa
 
-    from araopt.conversions import Conversions, ValidationCounts
-    from araopt.params import Params
-    from araopt.statistics import StatisticsSpec, SufficientStatistics
+    from araopt.io.conversions import Conversions, ValidationCounts
+    from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
+    from araopt.version import ParameterVersion
     from transforms.io import InputFiles
 
     from .runner import TranslatedJob
@@ -84,7 +84,7 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
     run to completion; the result comes back to the driver (on a dry run: the translated job). Refuses
     bad input before any work and a history with too many rejected rows after (``check_rejected_share``).
     ``lookback``: earlier conversions read only to give the history's conversions their lifetime ranks."""
-    from araopt.conversions import check_rejected_share
+    from araopt.io.conversions import check_rejected_share
     from transforms.io import InputFiles, auto_num_shards, check_input
     from transforms.statistics import StatisticsFromShards
     from transforms.validate import ReadAndValidate
@@ -113,22 +113,23 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
     return StatisticsRun(values["statistics"], values["counts"], inputs, where)
 
 
-def compute_calibration(inputs: InputFiles, params: Params | Sequence[Params], pipeline_args: Sequence[str] = (),
+def compute_calibration(inputs: InputFiles, versions: ParameterVersion | Sequence[ParameterVersion],
+                        pipeline_args: Sequence[str] = (),
                         num_shards: int | None = None, shuffle: str = "auto", lookback: InputFiles | None = None,
                         job: str = "calibration", file_suffix: str = "") -> Any:
-    """The calibration statistics (``araopt.calibration``) of a history for fixed parameters (one per
-    candidate when ``params`` is a sequence, as a tuple), on Beam (on a dry run: the translated job, a
-    ``TranslatedJob``)."""
+    """The calibration statistics (``araopt.calibration.accumulator``) of a history for fixed parameter
+    versions (one per candidate when ``versions`` is a sequence, as a tuple), on Beam (on a dry run: the
+    translated job, a ``TranslatedJob``)."""
     import apache_beam as beam
 
-    from araopt.params import Params
+    from araopt.version import ParameterVersion
     from transforms.calibration import ComputeCalibration
     from transforms.io import auto_num_shards
     from transforms.validate import ReadAndValidate
 
-    candidates: tuple[Params, ...] = (params,) if isinstance(params, Params) else tuple(params)
-    many = not isinstance(params, Params)
-    first = candidates[0]
+    candidates: tuple[ParameterVersion, ...] = (versions,) if isinstance(versions, ParameterVersion) else tuple(versions)
+    many = not isinstance(versions, ParameterVersion)
+    first = candidates[0].params
     shards = num_shards or auto_num_shards(inputs.rows)
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
@@ -158,7 +159,7 @@ def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], va
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
 
-    from araopt.conversions import (
+    from araopt.io.conversions import (
         IMPRESSION_SLICE_INCONSISTENT,
         Conversions,
         ValidationCounts,

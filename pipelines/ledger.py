@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from araopt.params import utc_now_iso
-from araopt.rowset import RowSet, times_released
-from araopt.store import ParameterStore, StoreConflict, StoreError, open_store
+from araopt.io.files import utc_now_iso
+from araopt.io.rowset import RowSet, times_released
+from araopt.io.store import ParameterStore, StoreConflict, StoreError, open_store
 
 from .options import UserError
 

@@ -32,13 +32,16 @@ import pandas as pd
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import jsonio, outputs
-from araopt.aggregate import DEFAULT_MAX_SLICES
-from araopt.conversions import type_family
-from araopt.keys import DATA, KeyDomain, check_domain_families, domain_from_rows
-from araopt.params import Params, check_epsilon
-from araopt.progress import Progress
-from araopt.rowset import RowSet, RowSetPart
+from araopt.constants import MAX_SLICES
+from araopt.errors import check_epsilon
+from araopt.io import jsonio, outputs
+from araopt.io.conversions import type_family
+from araopt.io.progress import Progress
+from araopt.io.rowset import RowSet, RowSetPart
+from araopt.mechanism.keys import DATA, KeyDomain, check_domain_families, domain_from_rows
+from araopt.mechanism.params import Params
+from araopt.publication import Publication, publish
+from araopt.version import ParameterVersion
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.io import InputFiles, check_input
 from transforms.release import WriteRelease
@@ -70,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass(frozen=True)
 class LoadedParams:
-    params: Params
+    version: ParameterVersion
     source: dict
     store: str | None = None
 
@@ -79,7 +82,7 @@ def load_params(ref: str, version: str = "latest") -> LoadedParams:
     """A parameter file (.json, local or gs://), or a store URI (``STORE`` -> latest, or
     ``STORE/versions/<v>`` or ``STORE/versions/<v>/params.json``) resolved to a checksum-verified
     version (a store's parameters are always read as the store's: its ledger records the release)."""
-    from araopt.store import LATEST, StoreError, open_store, parse_params_ref, resolve_params_ref
+    from araopt.io.store import LATEST, StoreError, open_store, parse_params_ref, resolve_params_ref
 
     if ref.endswith(".json") and parse_params_ref(ref)[1] == LATEST:
         try:
@@ -87,28 +90,29 @@ def load_params(ref: str, version: str = "latest") -> LoadedParams:
                 raw = fh.read()
         except Exception as exc:  # noqa: BLE001 - any IO failure is a user-facing error here
             raise UserError(f"cannot read parameter file {ref}: {exc}") from None
-        params = Params.from_bytes(raw, source=ref)
-        return LoadedParams(params, {"path": ref, "sha256": hashlib.sha256(raw).hexdigest()})
+        return LoadedParams(ParameterVersion.from_bytes(raw, source=ref),
+                            {"path": ref, "sha256": hashlib.sha256(raw).hexdigest()})
     try:
         resolved = open_store(ref).resolve(version) if version != "latest" else resolve_params_ref(ref)
     except StoreError as exc:
         raise UserError(str(exc)) from None
-    params = Params.from_bytes(resolved.payload, source=resolved.uri)
-    return LoadedParams(params, {"path": resolved.uri, **resolved.summary()}, store=resolved.store)
+    loaded = ParameterVersion.from_bytes(resolved.payload, source=resolved.uri)
+    return LoadedParams(loaded, {"path": resolved.uri, **resolved.summary()}, store=resolved.store)
 
 
-def apply_epsilon(loaded: LoadedParams, epsilon: float | None, override: bool) -> tuple[Params, dict]:
+def apply_epsilon(loaded: LoadedParams, epsilon: float | None, override: bool) -> tuple[ParameterVersion, dict]:
     """The release's epsilon: the parameter file's, unless --epsilon differs and --override-epsilon says so."""
-    params = loaded.params
+    version = loaded.version
+    params = version.params
     if epsilon is None:
-        return params, {}
+        return version, {}
     eps = check_epsilon(epsilon, "--epsilon")
     if eps == params.epsilon:
-        return params, {}
+        return version, {}
     if not override:
         raise UserError(f"--epsilon {eps:g} differs from the parameter file's epsilon {params.epsilon:g} "
                         f"({loaded.source.get('path')}); pass --override-epsilon to release at {eps:g} (it is recorded)")
-    return params.with_epsilon(eps), {"epsilon_overridden": {"from": params.epsilon, "to": eps}}
+    return version.with_epsilon(eps), {"epsilon_overridden": {"from": params.epsilon, "to": eps}}
 
 
 def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
@@ -140,12 +144,14 @@ def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
     return domain
 
 
-def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles) -> tuple[KeyDomain | None, str]:
+def resolve_domain(args: argparse.Namespace, version: ParameterVersion, inputs: InputFiles
+                   ) -> tuple[KeyDomain | None, str]:
     """(declared domain or None for the simulation-only data-derived one, where it came from)."""
+    params = version.params
     if args.domain is not None:
         domain, origin = load_domain(args.domain, params, inputs), f"--domain {args.domain}"
-    elif params.domain is not None:
-        domain, origin = params.domain, "the parameter version"
+    elif version.domain is not None:
+        domain, origin = version.domain, "the parameter version"
         check_domain_families(domain, {c: type_family(inputs.schema.field(c).type) for c in params.slice_columns},
                               source="the parameters' domain")
     elif args.simulation_seed is not None:
@@ -168,15 +174,16 @@ def resolve_domain(args: argparse.Namespace, params: Params, inputs: InputFiles)
     return domain, origin
 
 
-def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, folder: RunFolder, params_sha256: str,
+def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: ParameterVersion, folder: RunFolder,
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
                    num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
-                   max_slices: int = DEFAULT_MAX_SLICES, row_ids: str | None = None, lookback: InputFiles | None = None,
+                   max_slices: int = MAX_SLICES, row_ids: str | None = None, lookback: InputFiles | None = None,
                    one_dead_letter_file: bool = True):
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection.
     ``row_ids``: the folder where the released rows' ids go (``transforms.rowset``), for the ledger;
     ``lookback``: earlier conversions that consume each impression's budget (Alg. 1) but are not released
     (nor recorded in the ledger); ``one_dead_letter_file``: False on remote workers (a sharded dead letter)."""
+    params = version.params
     passthrough = tuple(c for c in inputs.optional_columns if lookback is None or c in lookback.optional_columns)
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, params.slice_columns, params.query_columns,
@@ -199,7 +206,8 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, params: Params, 
     merged = grouped | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed, coverage_start)
     release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain_pc, simulation_seed, max_rejected_fraction,
                                                       read.get(LOOKBACK_COUNTS))
-    release | "WriteRelease" >> WriteRelease(folder.staging, params_sha256, debug_run, simulation_seed is not None)
+    published = release | "Publish" >> beam.Map(publish, version).with_output_types(Publication)
+    published | "WriteRelease" >> WriteRelease(folder.staging, version.checksum(), debug_run, simulation_seed is not None)
     return release
 
 
@@ -241,7 +249,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if simulation:
         print(SIMULATION_WARNING, file=sys.stderr)
     loaded = load_params(args.params, args.params_version)
-    params, epsilon_note = apply_epsilon(loaded, args.epsilon, args.override_epsilon)
+    version, epsilon_note = apply_epsilon(loaded, args.epsilon, args.override_epsilon)
+    params = version.params
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
         raise UserError(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
     if args.num_shards is not None and args.num_shards < 1:
@@ -251,10 +260,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
     inputs = check_input(args.input, params.slice_columns, params.query_columns)
     lookback = load_lookback(args.lookback, params, inputs)
-    domain, domain_origin = resolve_domain(args, params, inputs)
+    domain, domain_origin = resolve_domain(args, version, inputs)
     folder = RunFolder.prepare(args.output, args.overwrite)  # the output first, locked for the whole run
     try:  # from here on every failure removes the staging folder (RunFolder.fail / abandon)
-        summary = _measure(args, opts, pipeline, loaded, params, epsilon_note, inputs, domain, domain_origin, folder,
+        summary = _measure(args, opts, pipeline, loaded, version, epsilon_note, inputs, domain, domain_origin, folder,
                            started, simulation, lookback)
     except UserError:  # a refusal (ledger, output): nothing to debug, nothing kept
         folder.abandon()
@@ -273,17 +282,19 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
-def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loaded: LoadedParams, params: Params,
+def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loaded: LoadedParams,
+             version: ParameterVersion,
              epsilon_note: dict, inputs: InputFiles, domain: KeyDomain | None, domain_origin: str, folder: RunFolder,
              started: float, simulation: bool, lookback: InputFiles | None = None) -> dict | None:
     """Run the job into ``folder``'s staging folder and commit it (recording the release in the ledger);
     None after a dry run (translated, nothing else done)."""
+    params = version.params
     ledger = None
     if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
         ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
     num_shards = args.num_shards or auto_shards(inputs)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
-        build_pipeline(pipeline, inputs, params, folder, params.checksum(), domain, args.simulation_seed,
+        build_pipeline(pipeline, inputs, version, folder, domain, args.simulation_seed,
                        args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices,
                        row_ids=None if ledger is None else folder.path(ROW_IDS), lookback=lookback,
                        one_dead_letter_file=is_local_runner(opts))
@@ -301,7 +312,7 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
                    shuffle="files" if shuffle_dir else "memory", lookback_files=len(lookback.paths) if lookback else 0,
                    impression_times_known=bool(set(inputs.optional_columns) & {"impression_time"}))
     folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
-    private = {"params_sha256": params.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
+    private = {"params_sha256": version.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
                "input": input_facts(inputs)}
 
     rows = None if ledger is None else RowSet.merge(RowSetPart.from_arrow_bytes(b) for b in folder.read_all(ROW_IDS))
@@ -310,7 +321,7 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
         """At commit (exclusive): check the released rows against the ledger and record them."""
         undo = None
         if ledger is not None and rows is not None:
-            entry = {"output": folder.target, "params_sha256": params.checksum(), "epsilon": params.epsilon,
+            entry = {"output": folder.target, "params_sha256": version.checksum(), "epsilon": params.epsilon,
                      **epsilon_note}
             recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry)
             summary.update(release_number_of_this_input=recorded.release_number,
@@ -323,7 +334,7 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
         folder.write(outputs.private_file(outputs.RUN_SUMMARY), jsonio.dumps(summary, indent=1).encode())
         return undo
 
-    folder.commit(simulation, {"params_sha256": params.checksum(), "epsilon": params.epsilon}, private,
+    folder.commit(simulation, {"params_sha256": version.checksum(), "epsilon": params.epsilon}, private,
                   before_move=record_release)
     return summary
 

@@ -5,8 +5,8 @@
 
 One Beam pipeline: the window's date partitions (``date=YYYY-MM-DD/...``) -> validate -> group by
 impression -> sufficient statistics (bounded size) -> a single-element step that runs the optimizer
-(Alg. 5) and the baselines and applies the guardrails (``araopt.tuning``) -> the calibration of the
-chosen parameters on the same grouped history (retention ratios, issue 12) -> a single-element step
+(Alg. 5) and the baselines and applies the guardrails (``araopt.nightly``) -> the calibration of the
+chosen parameters on the same grouped history (retention ratios) -> a single-element step
 that attaches it, writes the run report (JSON + PNG) and publishes an immutable version, then moves
 ``latest`` with a compare-and-swap on the pointer read when the job started. Publishing inside the
 pipeline (not after ``wait_until_finish``) is what a Dataflow Flex Template launcher needs; locally it
@@ -25,13 +25,11 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import jsonio
-from araopt import statistics as stats
-from araopt.conversions import ValidationCounts
-from araopt.params import Params, check_epsilon
-from araopt.progress import Progress
-from araopt.statistics import SufficientStatistics
-from araopt.tuning import (
+from araopt.errors import check_epsilon
+from araopt.io import jsonio
+from araopt.io.conversions import ValidationCounts
+from araopt.io.progress import Progress
+from araopt.nightly import (
     Guardrails,
     NightlyConfig,
     NightlyDecision,
@@ -41,6 +39,9 @@ from araopt.tuning import (
     version_history,
     with_calibration,
 )
+from araopt.optimize import statistics as stats
+from araopt.optimize.statistics import SufficientStatistics
+from araopt.version import ParameterVersion
 from transforms.calibration import ComputeCalibration
 from transforms.io import auto_num_shards, check_input, match_files
 from transforms.statistics import StatisticsFromShards
@@ -88,8 +89,8 @@ def select_window(history: str, as_of: str, window_days: int, lookback_days: int
 
 def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
             previous_payload: bytes | None) -> NightlyDecision:
-    """The single-element decision step: ``araopt.tuning.nightly_decision`` (gate, tune, guardrails)."""
-    previous = Params.from_bytes(previous_payload, "previous latest") if previous_payload else None
+    """The single-element decision step: ``araopt.nightly.nightly_decision`` (gate, tune, guardrails)."""
+    previous = ParameterVersion.from_bytes(previous_payload, "previous latest") if previous_payload else None
     return nightly_decision(statistics, counts, config, previous)
 
 
@@ -103,13 +104,13 @@ class _CalibrateReportAndPublish(beam.DoFn):
         self._expected_previous = expected_previous
 
     def setup(self):
-        from araopt.store import open_store
+        from araopt.io.store import open_store
 
         self._store = open_store(self._config.store)
 
     def process(self, decision: NightlyDecision, calibration_statistics, counts: ValidationCounts):
         config = self._config
-        previous = Params.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
+        previous = ParameterVersion.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
         decision = with_calibration(decision, calibration_statistics, previous, config)
         report = nightly_report(decision, config, counts, self._expected_previous)
         report_dir = FileSystems.join(config.store, "reports", f"{config.as_of}-{config.run_id}")
@@ -119,8 +120,8 @@ class _CalibrateReportAndPublish(beam.DoFn):
             _write_report(report_dir, report, decision, self._store)
             raise ValueError("not published: " + "; ".join(decision.problems) + f" (report: {report_dir})")
         else:
-            published = self._store.publish(config.as_of, config.run_id, decision.tuning.params.to_bytes(),
-                                            expected_previous=self._expected_previous, validate=Params.from_bytes)
+            published = self._store.publish(config.as_of, config.run_id, decision.tuning.version.to_bytes(),
+                                            expected_previous=self._expected_previous, validate=ParameterVersion.from_bytes)
             report.update(published=True, version=published.version, version_uri=published.uri,
                           sha256=published.sha256, created=published.created, pointer_moved=published.moved)
         _write_report(report_dir, report, decision, self._store)
@@ -140,7 +141,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from araopt.store import StoreError, open_store
+    from araopt.io.store import StoreError, open_store
 
     started = time.time()
     as_of = resolve_as_of(args.as_of)
@@ -166,7 +167,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config = NightlyConfig(
         store=args.store, as_of=as_of, run_id=args.run_id or uuid.uuid4().hex[:8], epsilon=epsilon,
         slice_columns=slices, window=(window_start, as_of), dates=tuple(dates), encoding=args.encoding,
-        max_count_limit=max_c, kind=args.objective, max_rejected_fraction=args.max_rejected_fraction,
+        max_count_limit=max_c, objective=args.objective, max_rejected_fraction=args.max_rejected_fraction,
         tau_overrides=tau_overrides, release_period_days=args.release_period, lookback_days=args.lookback_days,
         guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor,
                               args.max_count_limit_change))
@@ -180,7 +181,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
         decision = statistics | "OptimizeAndGuard" >> beam.Map(_decide, beam.pvalue.AsSingleton(counts), config,
                                                                previous_payload)
-        candidates = decision | "CandidateParams" >> beam.Map(lambda d: tuple(p for p, _ in d.tuning.candidates))
+        candidates = decision | "CandidateVersions" >> beam.Map(lambda d: tuple(v for v, _ in d.tuning.candidates))
         calibration = grouped | "Calibration" >> ComputeCalibration(candidates, slices, values)
         _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
             _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),

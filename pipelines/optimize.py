@@ -1,7 +1,7 @@
 """`araopt optimize`: choose C, clip thresholds and budget fractions on a conversion history
-(ParameterOptimization, Alg. 5), with the paper's baselines beside them (``araopt.tuning``).
+(ParameterOptimization, Alg. 5), with the paper's baselines beside them (``araopt.optimize.tune``).
 
-Statistics (bounded, mergeable; ``araopt.statistics``) come from the Beam job of
+Statistics (bounded, mergeable; ``araopt.optimize.statistics``) come from the Beam job of
 ``pipelines.history``; the optimizer runs on the driver. The parameter file records the predicted
 training RMSRE_tau of the result and of the baselines, the tau rule, and the history's key domain.
 """
@@ -38,10 +38,10 @@ run_optimize = run
 
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from araopt.params import check_epsilon
-    from araopt.progress import Progress
-    from araopt.statistics import StatisticsSpec
-    from araopt.tuning import tune
+    from araopt.errors import check_epsilon
+    from araopt.io.progress import Progress
+    from araopt.optimize.statistics import StatisticsSpec
+    from araopt.optimize.tune import tune
     from transforms.io import check_input
 
     from .history import StatisticsRun, compute_statistics, report_rejections
@@ -73,35 +73,36 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
               f"converted before it look smaller than they are (the loss to the cap is under-estimated)",
               file=sys.stderr)
     progress(f"ParameterOptimization (Alg. 5) and the baselines, C = 1..{args.max_count_limit}")
-    tuning = tune(stats, epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit, kind=args.objective,
+    tuning = tune(stats, epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit, objective=args.objective,
                   l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
                   tau_overrides=tau_overrides, rows=run.counts.rows_valid, progress=not args.no_progress,
                   release_period_days=period,
                   provenance={"history": args.history, "lookback": args.lookback, "row_accounting": {
                       "rows_read": run.counts.rows_read, "rows_rejected": run.counts.rows_rejected,
                       "rows_rejected_by_reason": dict(run.counts.rejected_by_reason)}})
-    from araopt.tuning import calibrate
+    from araopt.optimize.tune import calibrate
 
     from .history import compute_calibration
 
     progress(f"calibration of the candidate parameters on the history (Beam: {inputs.rows:,} rows)")
-    candidates = tuple(p for p, _ in tuning.candidates)
+    candidates = tuple(v for v, _ in tuning.candidates)
     tuning = calibrate(tuning, compute_calibration(inputs, candidates, beam_args, lookback=lookback), period)
-    params = tuning.params
+    version = tuning.version
+    params = version.params
     result = tuning.optimization
     rows = [{"method": f"optimized {args.encoding}", "C": result.params.count_limit,
              "thresholds": ", ".join(f"{q.clip_threshold:.4g}" for q in result.params.queries),
              "fractions": ", ".join("-" if q.budget_fraction is None else f"{q.budget_fraction:.3f}"
                                     for q in result.params.queries),
-             "train RMSRE_tau": result.objective, "ratio": 1.0}]
+             "train RMSRE_tau": result.predicted_rmsre_tau, "ratio": 1.0}]
     for b in tuning.baselines:
         p = b.params
         rows.append({"method": b.name, "C": p.count_limit,
                      "thresholds": ", ".join(f"{qq.clip_threshold:.4g}" for qq in p.queries),
                      "fractions": (", ".join(f"{qq.budget_fraction:.3f}" for qq in p.queries)
                                    + f" (+count {p.count_budget_fraction:.3f})"),
-                     "train RMSRE_tau": b.rmsre_tau, "ratio": b.rmsre_tau / result.objective})
-    params.save(args.output)
+                     "train RMSRE_tau": b.rmsre_tau, "ratio": b.rmsre_tau / result.predicted_rmsre_tau})
+    version.save(args.output)
     print(f"{stats.num_conversions:,} conversions over {stats.history_days()} day(s), {stats.num_impressions:,} "
           f"impressions, {stats.num_slices:,} slices; epsilon {epsilon:g}, objective {args.objective}, tuned for one "
           f"release of {period:g} day(s); {tuning.tau_rule}")
@@ -109,10 +110,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     best = tuning.best_baseline
     print(f"{PROG}: wrote {args.output}: C = {params.count_limit}, "
           + ", ".join(f"{q.column} clipped at {q.clip_threshold:.4g}" for q in params.queries)
-          + f"; predicted RMSRE_tau of one {period:g}-day release {result.objective:.4g}, "
-            f"{best.rmsre_tau / result.objective:.1f}x better than the best baseline ({best.name}) "
+          + f"; predicted RMSRE_tau of one {period:g}-day release {result.predicted_rmsre_tau:.4g}, "
+            f"{best.rmsre_tau / result.predicted_rmsre_tau:.1f}x better than the best baseline ({best.name}) "
             f"[optimizer {result.seconds:.2f} s]; estimates will be "
-          + ("corrected to the true totals (calibrated on the history)" if params.correction == "ratio" else
+          + ("corrected to the true totals (calibrated on the history)" if version.correction == "ratio" else
              "the capped sums with intervals for the true totals (correcting would add more noise than bias)"))
     return 0
 
@@ -121,14 +122,16 @@ def _dry_run(statistics_job, inputs, spec, epsilon: float, beam_args: list[str],
     """--dry_run: the statistics job is translated, not run, so the optimizer has nothing to work on;
     the calibration job is translated with stand-in parameters (its graph does not depend on their
     values; a real run passes the optimizer's)."""
-    from araopt.params import Params, QueryParams
+    from araopt.mechanism.params import Params, QueryParams
+    from araopt.version import ParameterVersion
 
     from .history import compute_calibration
     from .runner import dry_run_sentence
 
     stand_in = Params(count_limit=1, encoding="linf", epsilon=epsilon, slice_columns=spec.slice_columns,
                       queries=tuple(QueryParams(v, 1.0, 1.0 / len(spec.value_columns)) for v in spec.value_columns))
-    calibration_job = compute_calibration(inputs, stand_in, beam_args, file_suffix="calibration", lookback=lookback)
+    calibration_job = compute_calibration(inputs, ParameterVersion(stand_in), beam_args, file_suffix="calibration",
+                                          lookback=lookback)
     print(dry_run_sentence(PROG, [statistics_job, calibration_job]))
     return 0
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import jsonio, outputs
-from araopt.locks import FileLock, GcsLease, LockHeld, describe_owner, split_gs, sweep_unlocked
+from araopt.io import jsonio, outputs
+from araopt.io.locks import FileLock, GcsLease, LockHeld, describe_owner, split_gs, sweep_unlocked
 
 from .options import UserError
 from .runner import is_remote
@@ -187,7 +187,7 @@ class RunFolder:
         return manifest
 
     def _lease(self) -> GcsLease:
-        from araopt.store import make_gcs_client
+        from araopt.io.store import make_gcs_client
 
         try:
             return GcsLease.acquire(make_gcs_client(), self.target + LOCK_TAG, f"araopt commit of {self.target}")
@@ -302,7 +302,7 @@ class _Gcs:
     """The objects under one gs:// prefix, through the storage client (preconditions, one object at a time)."""
 
     def __init__(self, uri: str) -> None:
-        from araopt.store import make_gcs_client
+        from araopt.io.store import make_gcs_client
 
         self.uri = uri.rstrip("/")
         bucket, prefix = split_gs(self.uri + "/x")

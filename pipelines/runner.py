@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from araopt.locks import LockedDir, sweep_unlocked
+from araopt.io.locks import LockedDir, sweep_unlocked
 
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 

@@ -17,7 +17,7 @@ from . import options
 
 def run_synth(argv: Sequence[str] | None = None) -> int:
     def body(a: argparse.Namespace, _: list[str]) -> int:
-        from araopt import synthetic
+        from araopt.data import synthetic
 
         preset = synthetic.get_preset(a.preset)
         overrides = {k: v for k, v in (("b", a.b), ("lam", a.lam), ("mu", a.mu), ("sigma", a.sigma),
@@ -55,7 +55,7 @@ def run_fit_synthetic(argv: Sequence[str] | None = None) -> int:
     def body(a: argparse.Namespace, _: list[str]) -> int:
         import os
 
-        from araopt import synthetic
+        from araopt.data import synthetic
 
         if os.path.exists(a.output) and not a.overwrite:
             raise ValueError(f"{a.output} already exists; pass --overwrite to replace it")
@@ -82,7 +82,7 @@ def run_fit_synthetic(argv: Sequence[str] | None = None) -> int:
 
 def run_split(argv: Sequence[str] | None = None) -> int:
     def body(a: argparse.Namespace, _: list[str]) -> int:
-        from araopt import split
+        from araopt.data import split
 
         cut = split.parse_cut_time(a.cut_time) if a.cut_time is not None else None
         fraction = None if cut is not None else (0.5 if a.train_fraction is None else a.train_fraction)
@@ -99,7 +99,7 @@ def run_split(argv: Sequence[str] | None = None) -> int:
 
 def run_load_criteo(argv: Sequence[str] | None = None) -> int:
     def body(a: argparse.Namespace, _: list[str]) -> int:
-        from araopt import criteo
+        from araopt.data import criteo
 
         stats = criteo.convert_criteo(a.input, a.output, include_non_converting=a.include_non_converting,
                                       overwrite=a.overwrite)

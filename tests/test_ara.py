@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from araopt import Conversions, KeyDomain, Params, QueryParams, avro, encode, measure
-from araopt.ara import (
+from araopt import Conversions, KeyDomain, Params, QueryParams, encode, measure
+from araopt.ara.registrations import (
     ARA_MAX_VALUE,
     AraLimitError,
     AraRequirements,
@@ -22,7 +22,6 @@ from araopt.ara import (
     browser_contributions,
     check_ara_limits,
     check_ara_limits_for_cardinalities,
-    estimates_frame,
     estimates_from_summary_report,
     implausible_negative_threshold,
     simulate_aggregation_service,
@@ -30,29 +29,16 @@ from araopt.ara import (
     validate_source_registration,
     validate_trigger_registration,
 )
+from araopt.io import avro
+from araopt.publication import estimates_frame
+from araopt.version import ParameterVersion
+from factories import du_penc_frame, du_penc_params, history_version
 from pipelines.ara import run_export_ara, run_reconstruct
 
 SEED = 7
 
 
 # ---- fixtures --------------------------------------------------------------------------------------
-def du_penc_params(**kw):
-    """Sec. 4.1 worked example: C = 2, C_1 = 2 items, C_2 = $30, alpha_1 = alpha_2 = 0.5, slices by campaign."""
-    base = dict(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("campaign",),
-                queries=(QueryParams("items", 2.0, 0.5), QueryParams("value", 30.0, 0.5)))
-    base.update(kw)
-    return Params(**base)
-
-
-def du_penc_frame():
-    return pd.DataFrame({
-        "impression_id": [123, 123, 456, 123, 101, 789, 101],
-        "conversion_time": pd.to_datetime([1, 2, 3, 4, 5, 6, 7], unit="h", utc=True),
-        "campaign": ["Thanksgiving"] * 4 + ["Christmas"] * 3,
-        "city": ["New York", "New York", "Boston", "New York", "Boston", "New York", "Boston"],
-        "items": [3, 1, 1, 2, 2, 3, 1],
-        "value": [21.0, 5, 99, 23, 50, 15, 5],
-    })
 
 
 def du_penc_domain(params):
@@ -198,7 +184,7 @@ def test_trigger_encoder_equals_core_encode(encoding, d, count_limit, data):
 def test_trigger_encoder_equals_core_encode_on_rounding_boundaries(name):
     """Values on the rounding grid (omega at or 1 ulp from an integer) with uniforms 0: any difference
     in floating-point arithmetic between the two encoders changes a rounded value here."""
-    from araopt.encoding import query_scales
+    from araopt.mechanism.encoding import query_scales
 
     rng = np.random.default_rng(11)
     d = 10  # >= 8 exercises numpy's pairwise summation in the L1 norm
@@ -323,7 +309,7 @@ def _simulate_browser_and_service(export_dir, params, seed, tmp_path, debug=Fals
 @pytest.mark.parametrize("name", sorted(ENCODINGS))
 def test_round_trip_export_browser_service_reconstruct_equals_measure(name, tmp_path, capsys):
     params = synthetic_params(name)
-    params.save(tmp_path / "params.json")
+    ParameterVersion(params).save(tmp_path / "params.json")
     frame = synthetic_frame()
     frame.to_parquet(tmp_path / "log.parquet")
     export = tmp_path / "export"
@@ -354,7 +340,7 @@ def test_round_trip_export_browser_service_reconstruct_equals_measure(name, tmp_
 
 def test_round_trip_through_the_debug_report_and_worked_example(tmp_path, capsys):
     params = du_penc_params()
-    params.save(tmp_path / "params.json")
+    ParameterVersion(params).save(tmp_path / "params.json")
     du_penc_frame().to_parquet(tmp_path / "log.parquet")
     export = tmp_path / "export"
     assert run_export_ara(["--params", str(tmp_path / "params.json"), "--out", str(export), "--conversions",
@@ -425,7 +411,7 @@ def test_limits_from_parameters():
 def test_export_refuses_before_writing_anything(tmp_path, capsys):
     many = tuple(QueryParams(f"q{i}", 1.0, 1 / 20) for i in range(20))
     params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=("campaign",), queries=many)
-    params.save(tmp_path / "p.json")
+    ParameterVersion(params).save(tmp_path / "p.json")
     out = tmp_path / "out"
     assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(out), "--conversions", "missing.parquet"]) == 2
     err = capsys.readouterr().err
@@ -436,8 +422,8 @@ def test_export_refuses_before_writing_anything(tmp_path, capsys):
     frame = pd.DataFrame({"impression_id": [1, 2], "conversion_time": pd.to_datetime([1, 2], unit="h", utc=True),
                           **{c: [0, 1] for c in cols}, "v": [1.0, 2.0]})
     frame.to_parquet(tmp_path / "wide.parquet")
-    Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=tuple(cols),
-           queries=(QueryParams("v", 1.0, 1.0),)).save(tmp_path / "wide.json")
+    ParameterVersion(Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=tuple(cols),
+                            queries=(QueryParams("v", 1.0, 1.0),))).save(tmp_path / "wide.json")
     assert run_export_ara(["--params", str(tmp_path / "wide.json"), "--out", str(out), "--conversions",
                            str(tmp_path / "wide.parquet")]) == 2
     assert "key bits: 121 slice bits + 8 query bits = 129 > ARA limit 128 (exceeds by 1)" in capsys.readouterr().err
@@ -445,7 +431,7 @@ def test_export_refuses_before_writing_anything(tmp_path, capsys):
 
 
 def test_export_without_domain_source_and_overwrite_guard(tmp_path, capsys):
-    du_penc_params().save(tmp_path / "p.json")
+    ParameterVersion(du_penc_params()).save(tmp_path / "p.json")
     assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o")]) == 2
     assert "needs the key domain" in capsys.readouterr().err
     du_penc_frame().to_parquet(tmp_path / "log.parquet")
@@ -458,9 +444,9 @@ def test_export_without_domain_source_and_overwrite_guard(tmp_path, capsys):
 
 def test_export_with_a_declared_key_map_counts_conversions_it_cannot_register(tmp_path, capsys):
     params = du_penc_params()
-    params.save(tmp_path / "p.json")
+    ParameterVersion(params).save(tmp_path / "p.json")
     domain = du_penc_domain(params)
-    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(params.checksum())))
+    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(ParameterVersion(params).checksum())))
     frame = du_penc_frame()
     frame.loc[2, "campaign"] = "Easter"  # impression 456's only conversion
     frame.to_parquet(tmp_path / "log.parquet")
@@ -475,9 +461,9 @@ def test_export_with_a_declared_key_map_counts_conversions_it_cannot_register(tm
 # ---- reconstruct: bad input ---------------------------------------------------------------------
 def _small_release(tmp_path):
     params = du_penc_params()
-    params.save(tmp_path / "p.json")
+    ParameterVersion(params).save(tmp_path / "p.json")
     domain = du_penc_domain(params)
-    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(params.checksum())))
+    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(ParameterVersion(params).checksum())))
     metrics = np.arange(1, domain.num_keys + 1, dtype=np.int64) * 1000
     return params, domain, metrics
 
@@ -529,7 +515,7 @@ def test_missing_negative_and_huge_metrics(tmp_path):
 def test_parameter_file_that_does_not_match_the_key_map(tmp_path, capsys):
     params, domain, metrics = _small_release(tmp_path)
     avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), metrics)
-    du_penc_params(count_limit=3).save(tmp_path / "other.json")
+    ParameterVersion(du_penc_params(count_limit=3)).save(tmp_path / "other.json")
     args = ["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km.json"),
             "--out", str(tmp_path / "e.csv")]
     assert run_reconstruct(args + ["--params", str(tmp_path / "other.json")]) == 2
@@ -542,7 +528,7 @@ def test_parameter_file_that_does_not_match_the_key_map(tmp_path, capsys):
                             "--out", str(tmp_path / "e.csv"), "--params", str(tmp_path / "p.json")]) == 2
     assert "key map has no params_sha256" in capsys.readouterr().err
     # the right checksum on a structurally different key map (edited by hand)
-    (tmp_path / "km3.json").write_text(json.dumps(wrong.to_json(params.checksum())))
+    (tmp_path / "km3.json").write_text(json.dumps(wrong.to_json(ParameterVersion(params).checksum())))
     assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km3.json"),
                             "--out", str(tmp_path / "e.csv"), "--params", str(tmp_path / "p.json")]) == 2
     assert "queries ['items'] != ['items', 'value']" in capsys.readouterr().err
@@ -561,7 +547,7 @@ def test_reconstruct_with_the_epsilon_of_the_aggregation_job(tmp_path, capsys):
     a, b = pd.read_csv(tmp_path / "a.csv"), pd.read_csv(tmp_path / "b.csv")
     assert np.array_equal(a["estimate"], b["estimate"]) and (b["std_error"] > a["std_error"]).all()
     # a key map recorded after an epsilon override (as measure --epsilon writes it) needs the same override
-    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(params.with_epsilon(2.0).checksum())))
+    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(ParameterVersion(params.with_epsilon(2.0)).checksum())))
     assert run_reconstruct(base + ["--out", str(tmp_path / "c.csv"), "--epsilon", "2"]) == 0
     assert run_reconstruct(base + ["--out", str(tmp_path / "d.csv")]) == 2
     assert "does not match key map" in capsys.readouterr().err
@@ -653,7 +639,7 @@ def _measure_unnoised(tmp_path, log, params_path, key_map, seed):
     out = tmp_path / "measure"
     assert measure_pipeline.run(["--input", str(log), "--params", str(params_path), "--output", str(out), "--domain",
                                  str(key_map), "--simulation-seed", str(seed), "--debug-run"]) == 0
-    from araopt import outputs
+    from araopt.io import outputs
 
     buckets, unnoised, _, _ = avro.read_debug_report(os.path.join(str(out), outputs.private_file(outputs.DEBUG_REPORT)))
     with open(os.path.join(str(out), outputs.private_file(outputs.RUN_SUMMARY))) as fh:
@@ -690,7 +676,7 @@ CHROME_CASES = {
 def test_chromes_contribution_logic_on_exported_registrations_gives_measures_unnoised_sums(
         name, wicg_contrib, tmp_path, capsys):
     params, make_frame = CHROME_CASES[name]
-    params.save(tmp_path / "params.json")
+    ParameterVersion(params).save(tmp_path / "params.json")
     make_frame().to_parquet(tmp_path / "log.parquet")
     export = tmp_path / "export"
     assert run_export_ara(["--params", str(tmp_path / "params.json"), "--out", str(export), "--conversions",
@@ -710,7 +696,7 @@ def test_chromes_contribution_logic_on_exported_registrations_gives_measures_unn
 def test_an_impression_whose_slice_changes_between_conversions_is_one_source_for_chrome_and_measure(
         wicg_contrib, tmp_path, capsys):
     params = synthetic_params("linf")
-    params.save(tmp_path / "params.json")
+    ParameterVersion(params).save(tmp_path / "params.json")
     frame = synthetic_frame()
     imp = frame["impression_id"].value_counts().index[0]
     rows = frame.index[frame["impression_id"] == imp]
@@ -756,11 +742,11 @@ def test_trigger_encoder_equals_core_encode_for_extreme_finite_values(name):
 
 
 def test_export_and_reconstruct_accept_a_parameter_store_like_measure(tmp_path, capsys):
-    from araopt.store import open_store
+    from araopt.io.store import open_store
 
-    params = du_penc_params().with_domain_of({"campaign": np.array(["Thanksgiving", "Christmas"])})
+    params = history_version(du_penc_params(), {"campaign": np.array(["Thanksgiving", "Christmas"])})
     store = tmp_path / "store8"
-    open_store(str(store)).publish("2026-11-20", "a1", params.to_bytes(), validate=Params.from_bytes)
+    open_store(str(store)).publish("2026-11-20", "a1", params.to_bytes(), validate=ParameterVersion.from_bytes)
     for ref in (str(store), str(store / "versions" / "2026-11-20-a1")):
         export = tmp_path / f"export-{len(ref)}"
         assert run_export_ara(["--params", ref, "--out", str(export)]) == 0

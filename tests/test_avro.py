@@ -5,7 +5,7 @@ import fastavro
 import numpy as np
 import pytest
 
-from araopt import avro
+from araopt.io import avro
 
 
 def _write_raw(path, schema, records):

@@ -10,6 +10,8 @@ import os
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from araopt.version import ParameterVersion
+from factories import make_frame, make_params, write_parts
 from pipelines import measure as measure_pipeline
 from pipelines.options import ONE_LINE_MAX_CHARS, one_line
 from pipelines.runner import (
@@ -20,7 +22,6 @@ from pipelines.runner import (
     pipeline_options,
     worker_writable,
 )
-from test_measure_pipeline import make_frame, make_params, write_parts
 
 DATAFLOW = ["--runner", "DataflowRunner", "--project", "araopt-test", "--region", "us-central1",
             "--temp_location", "gs://bucket/tmp"]
@@ -28,7 +29,7 @@ DATAFLOW = ["--runner", "DataflowRunner", "--project", "araopt-test", "--region"
 
 def measure_args(tmp_path, output, *extra):
     data = write_parts(make_frame(300), tmp_path / "in", 1)
-    make_params().save(tmp_path / "p.json")
+    ParameterVersion(make_params()).save(tmp_path / "p.json")
     domain = tmp_path / "d.csv"
     domain.write_text("campaign,geo\n" + "".join(f"{c},{g}\n" for c in range(5) for g in ("NY", "BOS", "SF")))
     return ["--input", data, "--params", str(tmp_path / "p.json"), "--output", str(output), "--domain", str(domain),

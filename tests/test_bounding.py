@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from araopt import Params, QueryParams, bound_contributions, encode
-from araopt.bounding import (
+from araopt.mechanism.bounding import (
     bound_sorted,
     contribution_norms,
     impression_order,

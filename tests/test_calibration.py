@@ -1,5 +1,4 @@
 """Calibration of retention ratios and the corrected estimates of the true totals (issue 12)."""
-import functools
 import json
 import math
 
@@ -8,19 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from araopt import calibration as cb
-from araopt.conversions import Conversions
-from araopt.error_model import kept_mask
-from araopt.keys import KeyDomain
-from araopt.mechanism import measure
-from araopt.params import Params, QueryParams
-from araopt.report import Estimates
-from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
-
-
-def linf(count_limit: int = 2, clip: float = 10.0, epsilon: float = 8.0, slices=("s",)) -> Params:
-    return Params(count_limit=count_limit, encoding="linf", epsilon=epsilon, slice_columns=slices,
-                  queries=(QueryParams("value", clip, 1.0),))
+import araopt.calibration as cb
+from araopt.io.conversions import Conversions
+from araopt.mechanism.bounding import kept_mask
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.measure import measure
+from araopt.mechanism.params import Params, QueryParams
+from araopt.mechanism.report import Estimates
+from araopt.optimize.corrected import corrected_breakdown, corrected_objective
+from araopt.optimize.search import optimize
+from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory, count_kappa, value_kappa
+from factories import fitted, generate, linf
 
 
 def conversions(imp, time, s, values) -> Conversions:
@@ -28,22 +25,6 @@ def conversions(imp, time, s, values) -> Conversions:
                        np.asarray(values, dtype=np.float64).reshape(-1, 1), ("value",))
 
 
-def generate(rng: np.random.Generator, lams, impressions, id_offset: int = 0, days: int = 7,
-             sigma: float = 1.0) -> tuple[Conversions, np.ndarray]:
-    """Slices s = 0..k-1 with impressions[s] impressions, Poisson(lams[s]) conversions each (>= 1)."""
-    ids, slices, days_of = [], [], []
-    next_id = id_offset
-    for s, (lam, n) in enumerate(zip(lams, impressions, strict=True)):
-        sizes = 1 + rng.poisson(lam - 1.0, n)
-        ids.append(np.repeat(np.arange(next_id, next_id + n), sizes))
-        slices.append(np.full(sizes.sum(), s))
-        days_of.append(np.repeat(rng.integers(0, days, n), sizes))
-        next_id += n
-    imp = np.concatenate(ids)
-    n = len(imp)
-    conv = Conversions(imp, rng.integers(0, 10**12, n), {"s": np.concatenate(slices)},
-                       rng.lognormal(1.0, sigma, (n, 1)), ("value",))
-    return conv, np.concatenate(days_of)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -198,13 +179,6 @@ def test_accumulator_refuses_bad_input():
 # JSON round trip and refusals
 # ------------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=1)
-def fitted() -> tuple[Params, cb.Calibration]:
-    rng = np.random.default_rng(2)
-    conv, days = generate(rng, [3.0, 5.0], [400, 400])
-    params = linf(count_limit=3, clip=4.0)
-    return params, cb.calibrate(conv, params, days)
-
 
 def test_json_round_trip(tmp_path):
     params, cal = fitted()
@@ -328,20 +302,20 @@ def test_count_kappa_matches_the_calibration_and_optimizer_improves_on_the_paper
     # blocks hold whole impressions here, so the statistics' clusters are whole impressions too
     stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("value",), max_count_limit=8, period_days=None))
     cal = cb.calibrate(conv, params, days)
-    k = cb.count_kappa(stats, 3)
+    k = count_kappa(stats, 3)
     assert k == pytest.approx(cal.pooled_kappa[0], rel=0.05)
-    kv = cb.value_kappa(stats, 0, 3, np.array([4.0]))[0]
+    kv = value_kappa(stats, 0, 3, np.array([4.0]))[0]
     assert kv == pytest.approx(cal.pooled_kappa[1], rel=0.25)  # i.i.d. values within impressions
-    bd = cb.corrected_breakdown(stats, params)
+    bd = corrected_breakdown(stats, params)
     np.testing.assert_allclose(bd.ratio[:, 0], cal.ratio[:, 0], rtol=0.02)
     assert np.all(bd.mse >= bd.capped.variance - 1e-9)
     taus = stats.taus()
-    base = cb.corrected_objective(stats, params, taus)
-    res = cb.optimize_corrected(stats, 8.0, max_count_limit=8, taus=taus)
-    assert res.params.encoding == "linf" and res.objective <= base * 1.02
+    base = corrected_objective(stats, params, taus)
+    res = optimize(stats, 8.0, "linf", 8, "corrected", taus=taus, progress=False)
+    assert res.params.encoding == "linf" and res.predicted_rmsre_tau <= base * 1.02
     assert len(res.per_count_limit) == 8
     with pytest.raises(ValueError, match="corrected objective supports"):
-        cb.corrected_breakdown(stats, Params(count_limit=2, encoding="l1", epsilon=1.0, slice_columns=("s",),
+        corrected_breakdown(stats, Params(count_limit=2, encoding="l1", epsilon=1.0, slice_columns=("s",),
                                              queries=(QueryParams("value", 4.0),), l1_rounding="floor"))
 
 

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from araopt.conversions import Conversions, validate_batch
-from araopt.keys import KeyDomain
+from araopt.io.conversions import Conversions, validate_batch
+from araopt.mechanism.keys import KeyDomain
 
 NAMES = np.array(["spring sale", "Xmas", "", "été", "a,b", "0"], dtype=object)
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from araopt.criteo import CRITEO_COLUMNS, CRITEO_LOG_SCHEMA, REASONS, convert_criteo, read_criteo
+from araopt.data.criteo import CRITEO_COLUMNS, CRITEO_LOG_SCHEMA, REASONS, convert_criteo, read_criteo
 
 T0 = 1_596_439_000  # 2020-08-03T07:16:40Z, Unix seconds like click_timestamp
 
@@ -127,7 +127,7 @@ def test_line_numbers_are_exact_across_read_blocks(tmp_path: Path) -> None:
     ids = load.table["impression_id"].to_pylist()
     assert ids == list(range(1, 2501)) + list(range(2502, 3002))
     bad = write(tmp_path / "bad.tsv", good[:2800] + ["1\t2"] + good[2800:])
-    from araopt import criteo
+    from araopt.data import criteo
     with pytest.raises(ValueError, match="line 2801: expected 23"):
         list(criteo.iter_criteo(bad, block_size=4096))  # many small blocks
 

@@ -11,11 +11,11 @@ import os
 
 import pytest
 
+from araopt.version import ParameterVersion
 from dataflow_graph import GROUP_BY_KEY, JobGraph
+from factories import make_frame, make_params, write_history, write_parts
 from gcs_fixtures import start_gcp_storage_emulator
 from pipelines import evaluate, measure, nightly, optimize
-from test_measure_pipeline import make_frame, make_params, write_parts
-from test_nightly import write_history
 
 pytestmark = pytest.mark.slow  # translates five jobs (each builds the sdist of --setup_file): `make test` runs it
 
@@ -33,7 +33,7 @@ def gcs(tmp_path_factory):
         bucket = emulator.client().bucket(emulator.bucket)
         write_parts(make_frame(1500), local / "log", 2)
         write_history(local / "hist", n=400)
-        make_params().save(local / "params.json")
+        ParameterVersion(make_params()).save(local / "params.json")
         for root, _, names in os.walk(local):
             for name in names:
                 path = os.path.join(root, name)

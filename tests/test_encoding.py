@@ -6,15 +6,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from araopt import Params, QueryParams, encode, randomized_round
-from araopt.encoding import expected_contribution
+from araopt.mechanism.encoding import expected_contribution
+from factories import du_penc_params
 
 GAMMA = 65536
-
-
-def du_penc_params():
-    """Sec. 4.1: C = 2, C_1 = 2 items, C_2 = $30, alpha_1 = alpha_2 = 0.5."""
-    return Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("campaign",),
-                  queries=(QueryParams("items", 2.0, 0.5), QueryParams("value", 30.0, 0.5)))
 
 
 def test_paper_worked_example_z1():
@@ -101,8 +96,8 @@ def test_bad_values_are_refused():
 
 
 # ---- issue 13: extreme uniforms, the uniforms= path, chunking, C not dividing Gamma ------------------
-import araopt.encoding as encoding_module  # noqa: E402
-from araopt.encoding import clip_randomized_round, count_scale, query_scale, query_scales, rounding_variance  # noqa: E402
+import araopt.mechanism.encoding as encoding_module  # noqa: E402
+from araopt.mechanism.encoding import clip_randomized_round, count_scale, query_scale, query_scales, rounding_variance  # noqa: E402
 
 LARGEST_BELOW_ONE = np.nextafter(1.0, 0.0)
 ENCODINGS = [("linf", "floor"), ("l1", "floor"), ("l1", "randomized"), ("baseline", "floor")]

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from araopt import Conversions, Params, QueryParams, bound_contributions, encode
-from araopt.error_model import ErrorBreakdown, kept_mask, rmsre_tau
+from araopt.mechanism.bounding import kept_mask
+from araopt.optimize.error_model import ErrorBreakdown, rmsre_tau
 
 
 def conversions(impression_id, conversion_time, values):
@@ -118,7 +119,7 @@ def test_rmsre_tau_accepts_taus_as_a_list():
 
 
 def test_expected_error_refusals():
-    from araopt.error_model import expected_error
+    from araopt.optimize.error_model import expected_error
 
     conv = conversions([1, 2], [0, 0], [1.0, 2.0])
     with pytest.raises(ValueError, match="objective must be one of"):

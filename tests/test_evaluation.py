@@ -5,18 +5,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from araopt import synthetic
-from araopt.conversions import Conversions
-from araopt.evaluation import (
+from araopt.data import synthetic
+from araopt.evaluation.evaluate import (
     analytic_rmsre,
     analytic_rmsre_from_statistics,
     evaluate_dataset,
     monte_carlo_rmsre,
     write_outputs,
 )
-from araopt.optimizer import baseline_params, optimize
-from araopt.params import Params, QueryParams
-from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.io.conversions import Conversions
+from araopt.mechanism.params import Params, QueryParams
+from araopt.optimize.baselines import baseline_params
+from araopt.optimize.search import optimize
+from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.version import ParameterVersion
+from factories import small_d2
 
 SLICES = ("campaignId", "geography", "productCategory")
 
@@ -25,16 +28,6 @@ def preset_table(name: str, target: int, split: str, seed: int = 7) -> pa.Table:
     preset = synthetic.PRESETS[name]
     scale = synthetic.scale_for_target_conversions(preset, target)
     return synthetic.generate_table(preset, seed=seed, split=split, scale=scale)
-
-
-def small_d2(n: int = 1500, seed: int = 11) -> Conversions:
-    rng = np.random.default_rng(seed)
-    imp = rng.integers(0, n // 3, n)
-    frame = pd.DataFrame({"impression_id": imp,
-                          "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-                          "s": imp * 7 % 5, "items": rng.poisson(2.0, n).astype(float),
-                          "price": rng.lognormal(2, 1, n)})
-    return Conversions.from_table(frame, ["s"], ["items", "price"])
 
 
 def test_analytic_rmsre_matches_monte_carlo_within_5_sigma():
@@ -107,7 +100,7 @@ def test_optimize_cli_writes_parameters_with_predictions(tmp_path, capsys):
     rc = run_optimize(["--history", history, "--slices", ",".join(SLICES), "--values", "value", "--epsilon", "8",
                        "--max-count-limit", "12", "--out", str(out), "--no-progress"])
     assert rc == 0
-    params = Params.load(out)
+    params = ParameterVersion.load(out)
     prov = params.provenance.to_json()
     assert params.encoding == "linf" and 1 <= params.count_limit <= 12
     assert prov["predicted_rmsre_tau"] < prov["baseline_rmsre_tau"]

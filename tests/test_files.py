@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from araopt.files import atomic_write, atomic_write_bytes, read_bytes
+from araopt.io.files import atomic_write, atomic_write_bytes, read_bytes
 
 
 def test_new_content_replaces_the_old_and_no_temporary_file_remains(tmp_path):

@@ -7,9 +7,10 @@ import os
 import pandas as pd
 import pytest
 
+from araopt.version import ParameterVersion
+from factories import make_frame, make_params, write_parts
 from pipelines import measure as measure_pipeline
 from pipelines.ara import run_export_ara, run_reconstruct
-from test_measure_pipeline import make_frame, make_params, write_parts
 
 pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not
 
@@ -27,7 +28,7 @@ def test_measure_and_reconstruct_on_gcs(tmp_path, gcp_storage_emulator):
     frame = make_frame(2000)
     params = make_params()
     upload_dir(bucket, write_parts(frame, tmp_path / "log", 2), "log")
-    params.save(tmp_path / "p.json")
+    ParameterVersion(params).save(tmp_path / "p.json")
     bucket.blob("params/p.json").upload_from_filename(str(tmp_path / "p.json"))
     bucket.blob("domain.csv").upload_from_string("campaign,geo\n" + "".join(f"{c},{g}\n" for c in range(5)
                                                                              for g in ("NY", "BOS", "SF")))

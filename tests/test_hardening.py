@@ -15,8 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from araopt import KeyDomain, Params, QueryParams, outputs
-from araopt.store import StoreConflict, open_store
+from araopt import KeyDomain, Params
+from araopt.io import outputs
+from araopt.io.store import StoreConflict, open_store
+from araopt.version import ParameterVersion
+from factories import conversions, domain_csv, error_line, params, read_json, setup, write
 from pipelines import measure as measure_pipeline
 from pipelines import nightly
 
@@ -26,63 +29,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = pd.Timestamp("2026-11-20", tz="UTC")
 
 
-def conversions(n=600, seed=0, slices=("a", "b", "c"), impressions=150, start_id=0):
-    rng = np.random.default_rng(seed)
-    imp = rng.integers(0, impressions, n) + start_id
-    return pd.DataFrame({
-        "impression_id": imp.astype("int64"),
-        "conversion_time": T0 + pd.to_timedelta(rng.integers(0, 86400, n), unit="s"),
-        "s": np.asarray(slices, dtype=object)[imp % len(slices)],
-        "v": rng.lognormal(2, 1, n),
-    })
-
-
-def params(epsilon=8.0, count_limit=2):
-    return Params(count_limit=count_limit, encoding="linf", epsilon=epsilon, slice_columns=("s",),
-                  queries=(QueryParams("v", 20.0, 1.0),))
-
-
-def write(frame, path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
-    return path
-
-
-def domain_csv(tmp_path, values=("a", "b", "c")):
-    path = tmp_path / "domain.csv"
-    path.write_text("s\n" + "".join(f"{v}\n" for v in values))
-    return str(path)
-
-
-def setup(tmp_path, frame=None, p=None):
-    data = tmp_path / "in"
-    write(conversions() if frame is None else frame, str(data / "part-0.parquet"))
-    (p or params()).save(tmp_path / "p.json")
-    return str(data), str(tmp_path / "p.json")
-
-
 def measure(argv, capsys=None):
     code = measure_pipeline.run(argv)
     captured = capsys.readouterr() if capsys is not None else None
     return code, captured
 
 
-def error_line(err, prog="araopt measure"):
-    assert "Traceback" not in err
-    (line,) = [ln for ln in err.splitlines() if ln.startswith(f"{prog}: error:")]
-    return line
-
-
-def read_json(path):
-    with open(path) as fh:
-        return json.load(fh)
-
-
 # ---- 1. a tiny epsilon releases exact sums ---------------------------------------------------------
 @pytest.mark.parametrize("eps", ["1e-18", "1e-13", "65"])
 def test_1_tiny_or_huge_epsilon_is_refused_by_every_entry_point(tmp_path, capsys, eps):
     data, pfile = setup(tmp_path)
-    raw = params().to_json()
+    raw = ParameterVersion(params()).to_json()
     raw["epsilon"] = float(eps)
     (tmp_path / "tiny.json").write_text(json.dumps(raw))
     code, cap = measure(["--input", data, "--params", str(tmp_path / "tiny.json"), "--output", str(tmp_path / "o1"),
@@ -114,7 +71,7 @@ def test_2_one_row_neighbours_give_identical_release_structure(tmp_path):
     base = conversions()
     extra = base.iloc[:1].assign(s="alice@example.com", impression_id=10**9)
     pfile = str(tmp_path / "p.json")
-    params().save(pfile)
+    ParameterVersion(params()).save(pfile)
     dom = domain_csv(tmp_path)
     outs = []
     for name, frame in (("without", base), ("with", pd.concat([base, extra], ignore_index=True))):
@@ -126,7 +83,7 @@ def test_2_one_row_neighbours_give_identical_release_structure(tmp_path):
     for name in (outputs.KEY_MAP_JSON, outputs.KEY_MAP_CSV):
         a, b = (open(os.path.join(o, outputs.release_file(name, False)), "rb").read() for o in outs)
         assert a == b, name
-    from araopt import avro
+    from araopt.io import avro
 
     a, b = (avro.read_output_domain(os.path.join(o, outputs.release_file(outputs.OUTPUT_DOMAIN, False))) for o in outs)
     assert a == b  # (the Avro files differ only in their random sync markers)
@@ -152,7 +109,7 @@ def test_3_int_ids_in_one_file_and_string_ids_in_another_are_refused_naming_both
     write(frame.iloc[:300], str(tmp_path / "in" / "a.parquet"))
     write(frame.iloc[300:].assign(impression_id=lambda f: f["impression_id"].astype(str)),
           str(tmp_path / "in" / "b.parquet"))
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     code, cap = measure(["--input", str(tmp_path / "in"), "--params", str(tmp_path / "p.json"), "--output",
                          str(tmp_path / "o"), "--domain", domain_csv(tmp_path)], capsys)
     line = error_line(cap.err)
@@ -166,12 +123,12 @@ def test_3_int32_and_int64_ids_are_one_impression_capped_once(tmp_path):
     one = pd.DataFrame({"impression_id": [1], "conversion_time": [T0], "s": ["a"], "v": [5.0]})
     write(one.astype({"impression_id": "int32"}), str(tmp_path / "in" / "a.parquet"))
     write(one.assign(conversion_time=T0 + pd.Timedelta(seconds=1)), str(tmp_path / "in" / "b.parquet"))
-    params(count_limit=1).save(tmp_path / "p.json")
+    ParameterVersion(params(count_limit=1)).save(tmp_path / "p.json")
     assert measure_pipeline.run(["--input", str(tmp_path / "in"), "--params", str(tmp_path / "p.json"), "--output",
                                  str(tmp_path / "o"), "--domain", domain_csv(tmp_path), "--debug-run"]) == 0
     s = read_json(tmp_path / "o" / "private" / "run_summary.json")
     assert (s["conversions_kept"], s["conversions_dropped_by_cap"]) == (1, 1)
-    from araopt import avro
+    from araopt.io import avro
 
     _, unnoised, _, _ = avro.read_debug_report(str(tmp_path / "o" / "private" / "debug" / "summary_report.avro"))
     assert unnoised.sum() <= 65536
@@ -336,7 +293,7 @@ def test_11_domains_above_max_slices_are_refused(tmp_path, capsys):
 
 
 def test_11_slices_outside_the_domain_do_not_grow_the_state():
-    from araopt.aggregate import domain_sums
+    from araopt.mechanism.aggregate import domain_sums
 
     idx = np.full(100_000, -1)
     idx[:10] = 0
@@ -355,7 +312,7 @@ def test_12_nanosecond_times_are_floored_and_huge_integers_dead_lettered(tmp_pat
     assert table.schema.field("conversion_time").type == pa.timestamp("ns", tz="UTC")
     os.makedirs(tmp_path / "in")
     pq.write_table(table, str(tmp_path / "in" / "part-0.parquet"))
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     assert measure_pipeline.run(["--input", str(tmp_path / "in"), "--params", str(tmp_path / "p.json"), "--output",
                                  str(tmp_path / "o"), "--domain", domain_csv(tmp_path)]) == 0
     s = read_json(tmp_path / "o" / "private" / "run_summary.json")
@@ -380,7 +337,7 @@ def test_12_slice_typed_int_in_one_file_and_string_in_another_is_refused(tmp_pat
     frame = conversions()
     write(frame.iloc[:300].assign(s=lambda f: f["impression_id"] % 3), str(tmp_path / "in" / "a.parquet"))
     write(frame.iloc[300:], str(tmp_path / "in" / "b.parquet"))
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     code, cap = measure(["--input", str(tmp_path / "in"), "--params", str(tmp_path / "p.json"), "--output",
                          str(tmp_path / "o"), "--domain", domain_csv(tmp_path)], capsys)
     line = error_line(cap.err)
@@ -432,7 +389,7 @@ def test_14_key_map_without_checksum_or_with_a_repeated_slice_is_refused(tmp_pat
 
 # ---- 15. the losing nightly is one line; CSV cells cannot run formulas ----------------------------
 def test_15_losing_nightly_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
-    from araopt import store as store_module
+    from araopt.io import store as store_module
 
     hist = tmp_path / "h" / "date=2026-11-20"
     write(conversions(n=2000), str(hist / "part-0.parquet"))

@@ -13,9 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from araopt import Params, QueryParams, calibration, outputs
-from araopt.conversions import Conversions
-from araopt.release import ESTIMATE_COLUMNS
+import araopt.calibration as calibration
+from araopt import Params, QueryParams
+from araopt.io import outputs
+from araopt.io.conversions import Conversions
+from araopt.publication import ESTIMATE_COLUMNS
+from araopt.version import ParameterVersion
 
 T0 = pd.Timestamp("2026-11-20", tz="UTC")
 
@@ -37,14 +40,14 @@ def params(clip=20.0, count_limit=2):
                   queries=(QueryParams("v", clip, 1.0),))
 
 
-def calibrated(p, frame):
+def calibrated(p, frame) -> ParameterVersion:
     conv = Conversions.from_table(frame, ["s"], ["v"])
-    return dataclasses.replace(p, calibration=calibration.calibrate(conv, p, calibration.history_blocks(conv)))
+    return ParameterVersion(p, calibration=calibration.calibrate(conv, p, calibration.history_blocks(conv)))
 
 
 def test_parameters_carry_a_validated_calibration_and_refuse_a_wrong_one():
     p = calibrated(params(), history())
-    again = Params.from_bytes(p.to_bytes())
+    again = ParameterVersion.from_bytes(p.to_bytes())
     assert again.calibration is not None and again.to_bytes() == p.to_bytes()
     assert 0 < again.calibration.ratio.min() <= again.calibration.ratio.max() <= 1
     doc = json.loads(p.to_bytes())
@@ -54,25 +57,26 @@ def test_parameters_carry_a_validated_calibration_and_refuse_a_wrong_one():
         cells = broken["calibration"][path[0]][path[1]]
         cells[0][0] = bad
         with pytest.raises(ValueError, match=message):
-            Params.from_json(broken)
+            ParameterVersion.from_json(broken)
     other = json.loads(json.dumps(doc))
     other["queries"][0]["clip_threshold"] = 30.0  # the calibration was fitted for clip 20
     with pytest.raises(ValueError, match="calibration does not match"):
-        Params.from_json(other)
+        ParameterVersion.from_json(other)
     with pytest.raises(ValueError, match="calibration does not match"):
-        dataclasses.replace(p, count_limit=3)
+        dataclasses.replace(p, params=dataclasses.replace(p.params, count_limit=3))
 
 
 def test_corrected_estimates_are_unbiased_for_the_true_totals_in_memory():
-    from araopt.mechanism import measure
+    from araopt.mechanism.measure import measure
+    from araopt.publication import publish
 
     train, test = history(seed=1), history(seed=2)
     p = calibrated(params(), train)
     conv = Conversions.from_table(test, ["s"], ["v"])
     truth = conv.values[:, 0]
-    runs = [measure(conv, p, simulation_seed=s).release for s in range(30)]
+    runs = [publish(measure(conv, p.params, simulation_seed=s).release, p) for s in range(30)]
     corrected = np.array([r.corrected.estimate for r in runs]).mean(axis=0)
-    capped = np.array([r.estimates.estimate for r in runs]).mean(axis=0)
+    capped = np.array([r.release.estimates.estimate for r in runs]).mean(axis=0)
     slices = conv.slices["s"]
     true_count = np.array([np.sum(slices == v) for v in runs[0].domain.slice_values()["s"]])
     true_value = np.array([truth[slices == v].sum() for v in runs[0].domain.slice_values()["s"]])
@@ -81,7 +85,7 @@ def test_corrected_estimates_are_unbiased_for_the_true_totals_in_memory():
     se = runs[0].corrected.std_error  # includes the calibration's uncertainty, which averaging runs does not remove
     assert (capped < 0.97 * truth_table).all()  # the cap and the clipping lose a visible share
     assert (np.abs(corrected - truth_table) < 3 * se).all()  # the correction is right within its own error bars
-    assert (np.abs(capped - truth_table) > 3 * runs[0].estimates.std_error).any()  # which Alg. 4's are not
+    assert (np.abs(capped - truth_table) > 3 * runs[0].release.estimates.std_error).any()  # which Alg. 4's are not
 
 
 def write(frame, path):
@@ -100,7 +104,7 @@ def test_optimize_fits_the_calibration_and_measure_releases_true_totals(tmp_path
     write(history(n=3000, seed=4, days=1), str(tmp_path / "day" / "part-0.parquet"))
     assert run_optimize(["--history", str(tmp_path / "hist"), "--slices", "s", "--values", "v", "--epsilon", "8",
                          "--max-count-limit", "6", "--output", str(tmp_path / "p.json"), "--no-progress"]) == 0
-    p = Params.load(tmp_path / "p.json")
+    p = ParameterVersion.load(tmp_path / "p.json")
     assert p.calibration is not None and p.correction in ("ratio", "none")
     assert p.provenance.extra["estimator"]["correction"] == p.correction
     (tmp_path / "dom.csv").write_text("s\na\nb\nc\nnever-seen\n")  # a declared slice the history never had
@@ -132,7 +136,7 @@ def test_parameters_without_calibration_work_and_say_so_once(tmp_path, capsys):
     from pipelines import measure as measure_pipeline
 
     write(history(n=2000, seed=5, days=1), str(tmp_path / "day" / "part-0.parquet"))
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     (tmp_path / "dom.csv").write_text("s\na\nb\nc\n")
     assert measure_pipeline.run(["--input", str(tmp_path / "day"), "--params", str(tmp_path / "p.json"), "--output",
                                  str(tmp_path / "o"), "--domain", str(tmp_path / "dom.csv")]) == 0

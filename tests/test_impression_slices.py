@@ -17,8 +17,9 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from araopt import Conversions, Params, QueryParams, measure, outputs
-from araopt.conversions import (
+from araopt import Conversions, Params, QueryParams, measure
+from araopt.io import outputs
+from araopt.io.conversions import (
     IMPRESSION_SLICE_INCONSISTENT,
     ValidationCounts,
     dead_letter_schema,
@@ -26,6 +27,7 @@ from araopt.conversions import (
     split_impression_slice_conflicts,
     validate_batch,
 )
+from araopt.version import ParameterVersion
 from transforms.validate import COUNTS, GROUPED, ReadAndValidate
 
 SLICES, VALUES = ("campaign", "geo", "device"), ("value",)
@@ -93,7 +95,7 @@ def test_every_slice_type_and_conversions_give_the_same_verdict_as_tables(kind):
 def test_only_the_rows_of_impressions_with_two_values_are_sorted(monkeypatch):
     """The fast pass (a hash pass per column) clears consistent impressions; the exact first-row
     decision (a sort by time and record hash) sees only the rows of impressions that may have two values."""
-    import araopt.conversions as conversions
+    import araopt.io.conversions as conversions
 
     seen = []
     real = conversions.Conversions.from_table
@@ -158,7 +160,7 @@ def test_counts_of_late_rejections_merge_with_validation_counts():
 
 @pytest.mark.slow
 def test_measure_and_the_history_jobs_reject_the_same_rows_and_accounting_closes(tmp_path, capsys):
-    from araopt.statistics import StatisticsSpec
+    from araopt.optimize.statistics import StatisticsSpec
     from pipelines import measure as measure_pipeline
     from pipelines.history import compute_calibration, compute_statistics, load_conversions
 
@@ -167,7 +169,7 @@ def test_measure_and_the_history_jobs_reject_the_same_rows_and_accounting_closes
     df.to_parquet(path)
     params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=SLICES, conversion_slice_columns=("device",),
                     queries=(QueryParams("value", 5.0, 1.0),))
-    params.save(tmp_path / "p.json")
+    ParameterVersion(params).save(tmp_path / "p.json")
     out = tmp_path / "out"
     assert measure_pipeline.run(["--input", str(path), "--params", str(tmp_path / "p.json"), "--output", str(out),
                                  "--simulation-seed", "3", "--max-rejected-fraction", "0.5"]) == 0

@@ -13,19 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from araopt import Params, QueryParams, outputs
-from araopt.conversions import validate_batch
+from araopt import Params, QueryParams
+from araopt.io import outputs
+from araopt.io.conversions import validate_batch
+from araopt.version import ParameterVersion
+from factories import history_version, log, write_log
 from transforms.io import footer_summary
 
 T0 = pd.Timestamp("2026-09-01", tz="UTC")
-
-
-def log(n=400, seed=0, impressions=100):
-    rng = np.random.default_rng(seed)
-    imp = rng.integers(0, impressions, n)
-    return pd.DataFrame({"impression_id": imp.astype("int64"),
-                         "conversion_time": T0 + pd.to_timedelta(rng.integers(0, 86400, n), unit="s"),
-                         "s": np.array(["a", "b", "c"], dtype=object)[imp % 3], "v": rng.lognormal(2, 1, n)})
 
 
 def with_times(frame, micros, unit="us"):
@@ -102,14 +97,15 @@ def test_a_budget_fraction_whose_scale_is_zero_is_refused_with_the_reason():
     with pytest.raises(ValueError, match=r"count_budget_fraction = 1e-05 gives the scale .* = 0"):
         params(encoding="baseline", count_budget_fraction=1e-5, queries=(QueryParams("v", 20.0, 1 - 1e-5),))
     # a larger C needs a larger fraction; the parameter file names itself
-    text = params(queries=two(20 / 65536), count_limit=20).to_bytes().replace(b'"count_limit": 20', b'"count_limit": 21')
+    text = ParameterVersion(params(queries=two(20 / 65536), count_limit=20)).to_bytes()
+    text = text.replace(b'"count_limit": 20', b'"count_limit": 21')
     with pytest.raises(ValueError, match=r"^p.json: queries\['v'\].budget_fraction .* x 65536 / 21\) = 0"):
-        Params.from_bytes(text, "p.json")
+        ParameterVersion.from_bytes(text, "p.json")
 
 
 # ---- the rejected-share gate -------------------------------------------------------------------------
 def test_the_rejected_share_gate_flips_on_one_row_at_the_threshold_and_says_so():
-    from araopt.conversions import ValidationCounts, check_rejected_share
+    from araopt.io.conversions import ValidationCounts, check_rejected_share
     from pipelines.options import build_parser
 
     check_rejected_share(ValidationCounts(1000, 100, {"null_value": 100}))  # exactly 10%: the job goes on
@@ -120,10 +116,6 @@ def test_the_rejected_share_gate_flips_on_one_row_at_the_threshold_and_says_so()
 
 
 # ---- key maps: origin, the parameters' checksum, int64 values -----------------------------------
-def write_log(tmp_path, frame=None, name="log.parquet"):
-    path = tmp_path / name
-    (log() if frame is None else frame).to_parquet(path)
-    return str(path)
 
 
 def test_export_ara_key_maps_record_where_their_slices_come_from(tmp_path, capsys):
@@ -131,10 +123,10 @@ def test_export_ara_key_maps_record_where_their_slices_come_from(tmp_path, capsy
 
     data = write_log(tmp_path)
     p = params()
-    p.save(tmp_path / "p.json")
+    ParameterVersion(p).save(tmp_path / "p.json")
     assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e1"), "--conversions", data]) == 0
     assert json.loads((tmp_path / "e1" / "key_map.json").read_text())["origin"] == "data"
-    p.with_domain_of({"s": np.array(["a", "b", "c"])}).save(tmp_path / "ph.json")
+    history_version(p, {"s": np.array(["a", "b", "c"])}).save(tmp_path / "ph.json")
     assert run_export_ara(["--params", str(tmp_path / "ph.json"), "--out", str(tmp_path / "e2")]) == 0
     assert json.loads((tmp_path / "e2" / "key_map.json").read_text())["origin"] == "history"
     # a key map passed on keeps its origin; the parameters' embedded domain carries none (checksums unchanged)
@@ -149,7 +141,7 @@ def test_measure_refuses_a_data_derived_key_map_outside_simulation(tmp_path, cap
     from pipelines.ara import run_export_ara
 
     data = write_log(tmp_path)
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e"), "--conversions", data]) == 0
     capsys.readouterr()
     args = ["--input", data, "--params", str(tmp_path / "p.json"), "--domain", str(tmp_path / "e" / "key_map.json"),
@@ -161,8 +153,8 @@ def test_measure_refuses_a_data_derived_key_map_outside_simulation(tmp_path, cap
 
 
 def test_key_maps_without_origin_or_parameter_checksum_are_refused():
-    from araopt.ara import KeyMap
-    from araopt.keys import KeyDomain
+    from araopt.ara.registrations import KeyMap
+    from araopt.mechanism.keys import KeyDomain
 
     doc = KeyDomain.from_slice_values(("s",), {"s": np.array(["a"])}, ("v",)).to_json("ab" * 32)
     assert KeyMap.from_json(doc).domain.origin == "data"
@@ -175,12 +167,12 @@ def test_key_maps_without_origin_or_parameter_checksum_are_refused():
 
 
 def test_a_domain_integer_beyond_int64_is_refused_when_the_domain_is_loaded(tmp_path, capsys):
-    from araopt.keys import KeyDomain
+    from araopt.mechanism.keys import KeyDomain
     from pipelines import measure as measure_pipeline
 
     frame = log().assign(s=lambda f: f["impression_id"] % 3)
     data = write_log(tmp_path, frame)
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     (tmp_path / "d.csv").write_text("s\n0\n1\n9223372036854775808\n")
     assert measure_pipeline.run(["--input", data, "--params", str(tmp_path / "p.json"), "--domain",
                                  str(tmp_path / "d.csv"), "--output", str(tmp_path / "out")]) == 2
@@ -196,12 +188,12 @@ def test_measures_key_map_records_the_domains_origin(tmp_path, capsys):
     from pipelines import measure as measure_pipeline
 
     data = write_log(tmp_path)
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     (tmp_path / "d.csv").write_text("s\na\nb\nc\nd\n")
     base = ["--input", data, "--params", str(tmp_path / "p.json")]
     assert measure_pipeline.run(base + ["--domain", str(tmp_path / "d.csv"), "--output", str(tmp_path / "o1")]) == 0
     km = json.loads((tmp_path / "o1" / outputs.release_file(outputs.KEY_MAP_JSON, False)).read_text())
-    assert km["origin"] == "declared" and km["params_sha256"] == params().checksum()
+    assert km["origin"] == "declared" and km["params_sha256"] == ParameterVersion(params()).checksum()
     assert measure_pipeline.run(base + ["--simulation-seed", "1", "--output", str(tmp_path / "o2")]) == 0
     km = json.loads((tmp_path / "o2" / outputs.release_file(outputs.KEY_MAP_JSON, True)).read_text())
     assert km["origin"] == "data"
@@ -213,7 +205,7 @@ def test_measures_key_map_records_the_domains_origin(tmp_path, capsys):
 
 # ---- a file named twice is read once --------------------------------------------------------------
 def test_a_file_named_twice_in_one_input_is_read_once(tmp_path):
-    from araopt.avro import expand_paths
+    from araopt.io.avro import expand_paths
     from transforms.io import check_input, match_files
 
     folder = tmp_path / "log"
@@ -241,7 +233,7 @@ def test_measure_counts_the_rows_of_a_file_named_twice_once(tmp_path, capsys):
     folder.mkdir()
     log().to_parquet(folder / "a.parquet")
     os.symlink(folder / "a.parquet", folder / "copy.parquet")
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     assert measure_pipeline.run(["--input", str(folder), "--params", str(tmp_path / "p.json"), "--output",
                                  str(tmp_path / "out"), "--simulation-seed", "1"]) == 0
     summary = json.loads((tmp_path / "out" / outputs.private_file(outputs.RUN_SUMMARY)).read_text())
@@ -281,7 +273,7 @@ def test_measure_reads_the_partitions_a_glob_names(tmp_path, capsys):
     from pipelines import measure as measure_pipeline
 
     root = partitions(tmp_path)
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     assert measure_pipeline.run(["--input", str(root / "date=2026-09-0*"), "--params", str(tmp_path / "p.json"),
                                  "--output", str(tmp_path / "out"), "--simulation-seed", "1"]) == 0
     summary = json.loads((tmp_path / "out" / outputs.private_file(outputs.RUN_SUMMARY)).read_text())
@@ -347,7 +339,7 @@ def test_ctrl_c_during_start_up_prints_one_line(delay, tmp_path):
     import time
 
     write_log(tmp_path)
-    params().save(tmp_path / "p.json")
+    ParameterVersion(params()).save(tmp_path / "p.json")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "measure", "--input", str(tmp_path / "log.parquet"),
                              "--params", str(tmp_path / "p.json"), "--output", str(tmp_path / "out"),

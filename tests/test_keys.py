@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from araopt import keys
-from araopt.keys import KeyDomain, bucket_from_bytes, bucket_to_bytes
+from araopt.mechanism import keys
+from araopt.mechanism.keys import KeyDomain, bucket_from_bytes, bucket_to_bytes
 
 
 def domain():

@@ -13,12 +13,14 @@ from apache_beam.testing.util import assert_that
 from hypothesis import given
 from hypothesis import strategies as st
 
-from araopt import calibration as cb
-from araopt.conversions import Conversions, concat_periods
-from araopt.keys import KeyDomain
-from araopt.mechanism import encode_and_bound, measure
-from araopt.params import Params, QueryParams
-from araopt.statistics import StatisticsSpec, cluster_table, compute_statistics_in_memory, kept_per_impression
+import araopt.calibration as cb
+from araopt.io.conversions import Conversions, concat_periods
+from araopt.mechanism.bounding import kept_per_impression
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.measure import encode_and_bound, measure
+from araopt.mechanism.params import Params, QueryParams
+from araopt.optimize.statistics import StatisticsSpec, cluster_table, compute_statistics_in_memory
+from araopt.version import ParameterVersion
 from transforms.aggregate import EncodeBoundAndSum
 from transforms.group import GroupByImpression
 from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate
@@ -174,7 +176,7 @@ def test_daily_releases_with_lookback_record_only_the_days_rows_in_the_ledger(tm
     log = multi_day_log(8, impressions=150)
     paths = _write_days(log, tmp_path)
     days = sorted(paths)
-    params("linf", 3).save(str(tmp_path / "params.json"))
+    ParameterVersion(params("linf", 3)).save(str(tmp_path / "params.json"))
     (tmp_path / "slices.csv").write_text("s\n0\n1\n2\n")
 
     def release(day: int) -> int:

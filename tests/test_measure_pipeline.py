@@ -9,15 +9,18 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from araopt import Conversions, KeyDomain, Params, QueryParams, aggregate, avro, measure, outputs
-from araopt.conversions import ValidationCounts
-from araopt.mechanism import encode_and_bound
+from araopt import Conversions, KeyDomain, measure
+from araopt.io import avro, outputs
+from araopt.io.conversions import ValidationCounts
+from araopt.mechanism import aggregate
+from araopt.mechanism.measure import encode_and_bound
+from araopt.version import ParameterVersion
+from factories import make_frame, make_params, write_parts
 from pipelines import measure as measure_pipeline
 from pipelines.run_folder import RunFolder
 from pipelines.runner import make_runner
@@ -31,38 +34,9 @@ from transforms.validate import REJECTED, ValidateConversions
 SEED = 7
 
 
-def make_frame(n=4000, seed=0, impressions=700):
-    rng = np.random.default_rng(seed)
-    imp = rng.integers(0, impressions, n).astype("int64")
-    return pd.DataFrame({  # slices are impression features: one value per impression
-        "impression_id": imp,
-        "conversion_time": pd.to_datetime(rng.integers(0, 10**6, n), unit="s", utc=True),
-        "campaign": (imp * 7 % 5).astype("int32"),
-        "geo": np.array(["NY", "BOS", "SF"])[imp * 11 % 3],
-        "value": rng.lognormal(2, 1, n),
-        "items": rng.poisson(2, n).astype("int64"),
-    })
-
-
-def make_params(encoding="linf"):
-    if encoding == "baseline":
-        return Params(count_limit=3, encoding="baseline", epsilon=4.0, slice_columns=("campaign", "geo"),
-                      queries=(QueryParams("value", 20.0, 0.4), QueryParams("items", 3.0, 0.3)), count_budget_fraction=0.3)
-    return Params(count_limit=3, encoding="linf", epsilon=4.0, slice_columns=("campaign", "geo"),
-                  queries=(QueryParams("value", 20.0, 0.6), QueryParams("items", 3.0, 0.4)))
-
-
-def write_parts(frame, directory, parts):
-    os.makedirs(directory, exist_ok=True)
-    for i in range(parts):
-        pq.write_table(pa.Table.from_pandas(frame.iloc[i::parts], preserve_index=False),
-                       os.path.join(directory, f"part-{i}.parquet"))
-    return str(directory)
-
-
 def run_measure(tmp_path, frame, params, name, parts=3, extra=()):
     data = write_parts(frame, tmp_path / f"in-{name}", parts)
-    params.save(tmp_path / f"{name}.json")
+    ParameterVersion(params).save(tmp_path / f"{name}.json")
     out = tmp_path / f"out-{name}"
     code = measure_pipeline.run(["--input", data, "--params", str(tmp_path / f"{name}.json"), "--output", str(out),
                                  "--simulation-seed", str(SEED), "--debug-run", *extra])
@@ -322,8 +296,9 @@ def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkey
     folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
     opts = PipelineOptions(["--runner", "BundleBasedDirectRunner"])
     with beam.Pipeline(options=opts) as p:
-        measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns), params, folder,
-                                        params.checksum(), data_domain(frame, params), simulation_seed=seed, debug_run=True,
+        measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns),
+                                        ParameterVersion(params), folder, data_domain(frame, params),
+                                        simulation_seed=seed, debug_run=True,
                                         shuffle_dir=str(tmp_path / "spill") if shuffle == "files" else None)
     assert os.path.exists(marker)  # the first attempt did fail
     buckets, unnoised, noise, _ = avro.read_debug_report(folder.path(outputs.private_file(outputs.DEBUG_REPORT)))
@@ -373,7 +348,7 @@ def test_declared_domain_noises_unseen_keys_and_counts_slices_outside_it(tmp_pat
     params = make_params()
     declared = {"campaign": np.array([0, 1, 9]), "geo": np.array(["NY", "NY", "LA"])}  # (9, LA) never occurs
     domain = KeyDomain.from_slice_values(params.slice_columns, declared, params.query_columns, origin="declared")
-    domain.save(tmp_path / "domain.json", params.checksum())
+    domain.save(tmp_path / "domain.json", ParameterVersion(params).checksum())
     code, out = run_measure(tmp_path, frame, params, "dom", extra=["--domain", str(tmp_path / "domain.json")])
     assert code == 0
     buckets, unnoised, noise = read_debug(out)
@@ -412,8 +387,8 @@ def test_spilled_shuffle_ignores_files_of_a_failed_attempt(tmp_path, monkeypatch
     folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
     spill = tmp_path / "spill"
     with beam.Pipeline(options=PipelineOptions(["--runner", "BundleBasedDirectRunner"])) as p:
-        measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns), params, folder,
-                                        params.checksum(), data_domain(frame, params), simulation_seed=SEED,
+        measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns),
+                                        ParameterVersion(params), folder, data_domain(frame, params), simulation_seed=SEED,
                                         debug_run=True, shuffle_dir=str(spill))
     assert marker.exists()
     per_shard = [len(files) for root, _, files in os.walk(spill) if files]

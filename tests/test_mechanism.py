@@ -15,25 +15,9 @@ from araopt import (
     rmsre_tau,
     summary_report,
 )
-from araopt.error_model import kept_mask
-from araopt.noise import discrete_laplace_variance, noise_parameter
-
-
-def du_penc_conversions():
-    frame = pd.DataFrame({
-        "impression_id": [123, 123, 456, 123, 101, 789, 101],
-        "conversion_time": pd.to_datetime([1, 2, 3, 4, 5, 6, 7], unit="h", utc=True),
-        "campaign": ["Thanksgiving"] * 4 + ["Christmas"] * 3,
-        "city": ["New York", "New York", "Boston", "New York", "Boston", "New York", "Boston"],
-        "items": [3, 1, 1, 2, 2, 3, 1],
-        "value": [21.0, 5, 99, 23, 50, 15, 5],
-    })
-    return Conversions.from_table(frame, ["campaign"], ["items", "value"])
-
-
-def du_penc_params(encoding="linf", epsilon=8.0):
-    return Params(count_limit=2, encoding=encoding, epsilon=epsilon, slice_columns=("campaign",),
-                  queries=(QueryParams("items", 2.0, 0.5), QueryParams("value", 30.0, 0.5)))
+from araopt.mechanism.bounding import kept_mask
+from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
+from factories import du_penc_conversions, du_penc_params
 
 
 def test_worked_example_histogram_no_contribution_to_christmas_from_z1():
@@ -140,7 +124,7 @@ def test_mismatched_columns_refused():
 def test_row_validation_reasons_including_unparseable_string_times():
     import pyarrow as pa
 
-    from araopt.conversions import validate_table
+    from araopt.io.conversions import validate_table
 
     table = pa.table({
         "impression_id": pa.array([1, None, 3, 4, 5, 6], pa.int64()),

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from araopt import metrics
-from araopt.error_model import ErrorBreakdown
+from araopt.evaluation import metrics
+from araopt.optimize.error_model import ErrorBreakdown
 
 RNG = np.random.default_rng(21)
 

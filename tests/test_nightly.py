@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from araopt import Params
-from araopt.store import open_store
-from araopt.tuning import Guardrails
+from araopt.io.store import open_store
+from araopt.nightly import Guardrails
+from araopt.version import ParameterVersion
+from factories import nightly_args, write_history
 from pipelines import measure as measure_pipeline
 from pipelines import nightly
 from pipelines.nightly import select_window
@@ -21,28 +20,6 @@ from pipelines.nightly import select_window
 pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not
 
 SLICES = "campaign,geo"
-
-
-def write_history(root, days=("2026-11-20", "2026-11-21", "2026-11-22"), n=3000, seed=0, scale=1.0):
-    rng = np.random.default_rng(seed)
-    for i, day in enumerate(days):
-        imp = rng.integers(0, n // 4, n) + i * 10**6
-        frame = pd.DataFrame({
-            "impression_id": imp.astype("int64"),
-            "conversion_time": pd.Timestamp(day, tz="UTC") + pd.to_timedelta(rng.integers(0, 86400, n), unit="s"),
-            "campaign": (imp % 4).astype("int32"),
-            "geo": (imp % 3).astype("int32"),
-            "value": rng.lognormal(2, 1, n) * scale,
-        })
-        os.makedirs(os.path.join(root, f"date={day}"), exist_ok=True)
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False),
-                       os.path.join(root, f"date={day}", "part-0.parquet"))
-    return str(root)
-
-
-def nightly_args(history, store, as_of="2026-11-22", window=3, epsilon=8, extra=()):
-    return ["--history", history, "--as-of", as_of, "--window-days", str(window), "--store", store,
-            "--slices", SLICES, "--values", "value", "--epsilon", str(epsilon), "--max-count-limit", "8", *extra]
 
 
 def test_window_selection(tmp_path):
@@ -63,7 +40,7 @@ def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys
     assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "r1"])) == 0
     store = open_store(store_uri)
     assert store.list_versions() == ["2026-11-22-r1"]
-    params = Params.from_bytes(store.resolve().payload)
+    params = ParameterVersion.from_bytes(store.resolve().payload)
     assert params.provenance.training_start == "2026-11-20" and params.provenance.training_end == "2026-11-22"
     report = json.loads((tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.json").read_text())
     assert report["published"] and report["predicted_rmsre_tau"] < min(report["baselines"].values())
@@ -109,7 +86,8 @@ def test_guardrail_large_change_needs_flag(tmp_path, capsys):
 
 
 def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch, capsys):
-    from araopt import optimizer, tuning
+    from araopt.optimize import search as optimizer
+    from araopt.optimize import tune as tuning
 
     hist = write_history(tmp_path / "h")
     store_uri = str(tmp_path / "store")
@@ -118,7 +96,7 @@ def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch,
     def worse_than_baseline(statistics, epsilon, *args, **kwargs):
         result = real_optimize(statistics, epsilon, *args, **kwargs)
         base = optimizer.baseline_params(statistics, epsilon, 0.95, 8, taus=result.taus)
-        worse = optimizer.objective(statistics, base, result.taus, "exact") * 1.5
+        worse = optimizer.predicted_rmsre_tau(statistics, base, result.taus, "exact") * 1.5
         return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus,
                             result.seconds)
 
@@ -146,7 +124,7 @@ def test_guardrails_name_the_cause_and_a_new_epsilon_starts_a_new_series():
     import dataclasses
 
     from araopt import QueryParams
-    from araopt.tuning import new_series
+    from araopt.nightly import new_series
 
     def p(c, t, eps=1.0, correction="none"):
         return Params(count_limit=c, encoding="linf", epsilon=eps, slice_columns=("s",),
@@ -166,7 +144,7 @@ def test_guardrails_name_the_cause_and_a_new_epsilon_starts_a_new_series():
 
 
 def test_refused_report_figure_says_not_published():
-    from araopt.plots import nightly_report_figure
+    from araopt.evaluation.plots import nightly_report_figure
 
     table = pd.DataFrame({"C": [1, 2, 3], "rmsre_tau": [0.3, 0.2, 0.25]})
     fig = nightly_report_figure(table, 2, {"baseline_q95": 0.4}, [("count", 5.0)], [], refused=["count limit moves"],
@@ -228,8 +206,8 @@ def test_measure_refuses_corrupt_latest_or_params_naming_the_file(tmp_path, caps
 
 def test_idempotency_ignores_float_noise_but_not_real_changes():
     from araopt import QueryParams
-    from araopt.params import Provenance
-    from araopt.tuning import same_release as _same_release
+    from araopt.nightly import same_release as _same_release
+    from araopt.version import Provenance
 
     def p(threshold, run_id):
         return Params(count_limit=3, encoding="linf", epsilon=1, slice_columns=("s",),

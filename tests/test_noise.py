@@ -4,14 +4,15 @@ import pytest
 from scipy import stats
 
 from araopt import sample_discrete_laplace
-from araopt.noise import (
+from araopt.mechanism.noise import (
     discrete_laplace_cdf,
     discrete_laplace_from_uniforms,
     discrete_laplace_pmf,
     discrete_laplace_variance,
     noise_parameter,
 )
-from araopt.randomness import Simulation, keyed_uniforms, secure_generator
+from araopt.mechanism.randomness import Simulation, keyed_uniforms, secure_generator
+from araopt.version import ParameterVersion
 
 N = 1_000_000
 
@@ -121,7 +122,7 @@ EPS_FLOOR = 2.0**-20
 @pytest.mark.parametrize("eps", [1e-18, 1e-14, 1e-13, 9.5e-7, 0.0, -1e-9, 64.0000001, True])
 def test_epsilon_outside_floor_and_ceiling_is_refused_everywhere(eps):
     from araopt import Params, QueryParams
-    from araopt.params import check_epsilon
+    from araopt.errors import check_epsilon
 
     with pytest.raises(ValueError, match="epsilon"):
         check_epsilon(eps)
@@ -131,11 +132,11 @@ def test_epsilon_outside_floor_and_ceiling_is_refused_everywhere(eps):
         Params(count_limit=1, encoding="linf", epsilon=eps, slice_columns=("s",),
                queries=(QueryParams("v", 1.0, 1.0),))
     if not isinstance(eps, bool):
-        data = Params(count_limit=1, encoding="linf", epsilon=1.0, slice_columns=("s",),
-                      queries=(QueryParams("v", 1.0, 1.0),)).to_json()
+        data = ParameterVersion(Params(count_limit=1, encoding="linf", epsilon=1.0, slice_columns=("s",),
+                                       queries=(QueryParams("v", 1.0, 1.0),))).to_json()
         data["epsilon"] = eps
         with pytest.raises(ValueError, match="epsilon"):
-            Params.from_json(data)
+            ParameterVersion.from_json(data)
 
 
 def test_floor_and_ceiling_themselves_are_accepted_and_rate_is_rounded_down():
@@ -174,7 +175,7 @@ def test_low_bits_of_the_noise_are_uniform_at_the_floor():
 
 
 def test_summary_report_at_the_floor_is_noised_and_refuses_overflowing_sums():
-    from araopt.report import summary_report
+    from araopt.mechanism.report import summary_report
 
     hist = np.full((50, 2), 1_000, dtype=np.int64)
     report = summary_report(hist, EPS_FLOOR)
@@ -197,7 +198,7 @@ def test_exact_sampler_matches_pmf_at_large_rates(a):
 
 
 def test_sampler_shape_and_rate_refusals():
-    from araopt.noise import rate_numerator
+    from araopt.mechanism.noise import rate_numerator
 
     assert sample_discrete_laplace(1.0, (3, 4), np.random.default_rng(1)).shape == (3, 4)
     assert sample_discrete_laplace(1.0, 0, np.random.default_rng(1)).shape == (0,)
@@ -210,7 +211,7 @@ def test_sampler_shape_and_rate_refusals():
 # ---- issue 13: refusals, dtypes and the rounding of the rate ------------------------------------------
 from fractions import Fraction  # noqa: E402
 
-from araopt.noise import add_noise, rate_numerator  # noqa: E402
+from araopt.mechanism.noise import add_noise, rate_numerator  # noqa: E402
 
 
 @pytest.mark.parametrize("a", [float("nan"), float("inf"), float("-inf"), -1.0, 0.0, -2.0**-36, 2.0**-37, 64.5])
@@ -318,7 +319,7 @@ def test_from_uniforms_is_the_difference_of_two_inverted_geometrics():
 
 def test_exact_bernoulli_exp_neg_coins():
     """CKS Alg. 1: P(coin) = exp(-numerator / denominator); 0 -> always 1."""
-    from araopt.noise import _bernoulli_exp_neg
+    from araopt.mechanism.noise import _bernoulli_exp_neg
 
     rng = np.random.default_rng(31)
     n = 200_000
@@ -337,7 +338,7 @@ def test_exact_bernoulli_exp_neg_coins():
 
 def test_geometric_has_the_exact_tail():
     """CKS Alg. 2: P(G >= k) = exp(-k s / 2^52)."""
-    from araopt.noise import _geometric
+    from araopt.mechanism.noise import _geometric
 
     n = 200_000
     for a in (0.7, 2.0**-4):
@@ -402,7 +403,7 @@ def test_every_coin_is_a_uniform_integer_on_0_to_k_times_2_to_the_52():
 def test_geometric_is_exact_beyond_2_to_the_53():
     """X = U + 2^52 V is formed in int64: with s = 1, G = X exactly, so G >= 2^53 keeps its odd values
     (float arithmetic would round every one of them to even)."""
-    from araopt.noise import _geometric
+    from araopt.mechanism.noise import _geometric
 
     g = _geometric(np.random.default_rng(42), 1, 20_000)
     big = g[g >= 2**53]

@@ -3,14 +3,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from araopt import synthetic
-from araopt.conversions import Conversions
-from araopt.encoding import query_scales
-from araopt.error_model import expected_error, rmsre_tau
-from araopt.keys import KeyDomain
-from araopt.optimizer import baseline_params, objective, optimize, prepare_search, scipy_paper_optimize
-from araopt.params import Params, QueryParams
-from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.data import synthetic
+from araopt.io.conversions import Conversions
+from araopt.mechanism.encoding import query_scales
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.params import Params, QueryParams
+from araopt.optimize.baselines import baseline_params
+from araopt.optimize.error_model import expected_error, rmsre_tau
+from araopt.optimize.objective import predicted_rmsre_tau as objective
+from araopt.optimize.search import optimize, prepare_search, scipy_paper_optimize
+from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.optimize.tune import tune
+from araopt.version import ParameterVersion
 
 SLICES = ("campaignId", "geography", "productCategory")
 
@@ -57,10 +61,10 @@ def test_optimizer_objective_equals_brute_force_exact_error_model(kind):
         taus = stats.taus()
         for eps in (1.0, 16.0):
             res = optimize(stats, eps, objective=kind, taus=taus, progress=False)
-            assert res.objective == pytest.approx(exact_rmsre(conv, res.params, taus, kind), rel=1e-3)
+            assert res.predicted_rmsre_tau == pytest.approx(exact_rmsre(conv, res.params, taus, kind), rel=1e-3)
             # the per-C table agrees with re-evaluating its own parameters
-            best = min(r.objective for r in res.per_count_limit)
-            assert res.objective == pytest.approx(best, rel=1e-3)
+            best = min(r.rmsre_tau for r in res.per_count_limit)
+            assert res.predicted_rmsre_tau == pytest.approx(best, rel=1e-3)
 
 
 def brute_force_d1(conv: Conversions, taus: np.ndarray, eps: float, kind: str, C: int, grid: np.ndarray) -> np.ndarray:
@@ -71,8 +75,8 @@ def brute_force_d1(conv: Conversions, taus: np.ndarray, eps: float, kind: str, C
     dom = KeyDomain.from_slice_values(SLICES, conv.slices, ("value",))
     sidx = dom.slice_index(conv.slices)
     m = dom.num_slices
-    from araopt.error_model import kept_mask
-    from araopt.noise import discrete_laplace_variance, noise_parameter
+    from araopt.mechanism.bounding import kept_mask
+    from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
     kept = kept_mask(conv, p, keys)
     order = np.argsort(sidx[kept], kind="stable")
     v = conv.values[kept, 0][order]
@@ -123,8 +127,8 @@ def test_d1_global_optimum_against_a_dense_grid():
         for kind in ("exact", "relaxed"):
             res = optimize(stats, eps, objective=kind, taus=taus, progress=False, context=ctx)
             brute = min(brute_force_d1(conv, taus, eps, kind, C, grid).min() for C in range(1, 21))
-            assert res.objective <= brute * (1 + 1e-4), (eps, kind, res.objective, brute)
-            assert res.objective >= brute * (1 - 2e-2)  # the dense grid comes close to the optimum
+            assert res.predicted_rmsre_tau <= brute * (1 + 1e-4), (eps, kind, res.predicted_rmsre_tau, brute)
+            assert res.predicted_rmsre_tau >= brute * (1 - 2e-2)  # the dense grid comes close to the optimum
 
 
 @pytest.mark.parametrize("make", [one_per_impression, lambda: one_per_impression(d=3, n=3000), several_per_impression,
@@ -140,7 +144,7 @@ def test_never_worse_than_scipy_started_as_in_the_paper(make):
         for kind in ("exact", "relaxed"):
             ours = optimize(stats, eps, max_count_limit=6, objective=kind, taus=taus, progress=False, context=ctx)
             ref = scipy_paper_optimize(stats, eps, max_count_limit=6, objective=kind, taus=taus, context=ctx)
-            assert ours.objective <= ref.objective * (1 + 1e-6), (eps, kind, ours.objective, ref.objective)
+            assert ours.predicted_rmsre_tau <= ref.predicted_rmsre_tau * (1 + 1e-6), (eps, kind)
 
 
 def test_fractions_follow_the_cube_root_rule_and_are_locally_optimal():
@@ -161,7 +165,7 @@ def test_fractions_follow_the_cube_root_rule_and_are_locally_optimal():
         other = Params(count_limit=p.count_limit, encoding="linf", epsilon=2.0, slice_columns=("s",),
                        queries=tuple(QueryParams(q.column, float(x), float(y))
                                      for q, x, y in zip(p.queries, t, a, strict=True)))
-        assert objective(stats, other, taus, "relaxed") >= res.objective * (1 - 1e-9)
+        assert objective(stats, other, taus, "relaxed") >= res.predicted_rmsre_tau * (1 - 1e-9)
 
 
 def test_chosen_count_limit_is_not_one_with_several_conversions_per_impression_and_one_otherwise():
@@ -170,7 +174,7 @@ def test_chosen_count_limit_is_not_one_with_several_conversions_per_impression_a
         res = optimize(stats, eps, progress=False)
         assert res.params.count_limit > 1
         table = res.table()
-        assert table.loc[table["C"] == 1, "rmsre_tau"].item() > res.objective
+        assert table.loc[table["C"] == 1, "rmsre_tau"].item() > res.predicted_rmsre_tau
     click = one_per_impression()
     stats1 = compute_statistics_in_memory(click, StatisticsSpec(("s",), click.value_columns))
     assert optimize(stats1, 4.0, progress=False).params.count_limit == 1
@@ -180,11 +184,12 @@ def test_parameter_file_is_valid_records_taus_and_exact_floors():
     conv = several_per_impression()
     stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), conv.value_columns))
     res = optimize(stats, 4.0, progress=False)
-    p = Params.from_bytes(res.params.to_bytes())
+    p = ParameterVersion.from_bytes(ParameterVersion(res.params).to_bytes()).params
     assert p.count_tau == 5.0 and [q.tau for q in p.queries] == pytest.approx(list(stats.taus()[1:]))
     assert sum(q.budget_fraction for q in p.queries) == pytest.approx(1.0, abs=1e-12)
     assert query_scales(p).sum() == p.per_conversion_budget  # exact objective: all budget units used
-    assert p.provenance.predicted_rmsre_tau == pytest.approx(res.objective)
+    tuned = tune(stats, 4.0, objective="exact")  # the file the optimizer publishes records the prediction
+    assert tuned.version.provenance.predicted_rmsre_tau == pytest.approx(res.predicted_rmsre_tau)
 
 
 def test_l1_optimization_d2_reported_and_consistent():
@@ -194,7 +199,7 @@ def test_l1_optimization_d2_reported_and_consistent():
     taus = stats.taus()
     l1 = optimize(stats, 4.0, encoding="l1", max_count_limit=4, taus=taus, progress=False)
     assert l1.params.encoding == "l1" and all(q.budget_fraction is None for q in l1.params.queries)
-    assert l1.objective == pytest.approx(exact_rmsre(conv, l1.params, taus), rel=1e-6)
+    assert l1.predicted_rmsre_tau == pytest.approx(exact_rmsre(conv, l1.params, taus), rel=1e-6)
     # its thresholds are locally optimal along each axis
     for q in range(2):
         for f in (0.8, 1.25):
@@ -204,14 +209,14 @@ def test_l1_optimization_d2_reported_and_consistent():
                            l1_rounding="randomized",
                            queries=tuple(QueryParams(x.column, float(v))
                                          for x, v in zip(l1.params.queries, t, strict=True)))
-            assert objective(stats, other, taus) >= l1.objective * (1 - 1e-9)
+            assert objective(stats, other, taus) >= l1.predicted_rmsre_tau * (1 - 1e-9)
 
 
 def test_d1_l1_equals_linf():
     stats = compute_statistics_in_memory(preset_conversions("synth-travel", 5000), StatisticsSpec(SLICES, ("value",)))
     a = optimize(stats, 8.0, "linf", progress=False)
     b = optimize(stats, 8.0, "l1", progress=False)
-    assert a.objective == pytest.approx(b.objective, rel=1e-12)
+    assert a.predicted_rmsre_tau == pytest.approx(b.predicted_rmsre_tau, rel=1e-12)
     assert a.params.count_limit == b.params.count_limit
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from araopt import Params, QueryParams
-from araopt.params import Provenance
+from araopt.version import ParameterVersion, Provenance
 
 
 def paper_params(**overrides):
@@ -26,14 +26,14 @@ def test_defaults_and_derived_quantities():
 
 
 def test_round_trip_through_file(tmp_path):
-    p = paper_params(provenance=Provenance(training_start="2026-11-01", training_end="2026-11-07", rows=10,
-                                           created_at="2026-11-08T00:00:00+00:00", predicted_rmsre_tau=0.1,
-                                           baseline_rmsre_tau=0.3))
+    v = ParameterVersion(paper_params(), provenance=Provenance(
+        training_start="2026-11-01", training_end="2026-11-07", rows=10, created_at="2026-11-08T00:00:00+00:00",
+        predicted_rmsre_tau=0.1, baseline_rmsre_tau=0.3))
     path = tmp_path / "params.json"
-    p.save(path)
-    q = Params.load(path)
-    assert q == p
-    assert q.checksum() == p.checksum()
+    v.save(path)
+    q = ParameterVersion.load(path)
+    assert q == v
+    assert q.checksum() == v.checksum()
 
 
 def test_l1_and_baseline_round_trip(tmp_path):
@@ -42,8 +42,8 @@ def test_l1_and_baseline_round_trip(tmp_path):
     base = Params(count_limit=3, encoding="baseline", epsilon=1.0, slice_columns=("s",),
                   queries=(QueryParams("v", 10.0, 0.5),), count_budget_fraction=0.5)
     for p in (l1, base):
-        p.save(tmp_path / "p.json")
-        assert Params.load(tmp_path / "p.json") == p
+        ParameterVersion(p).save(tmp_path / "p.json")
+        assert ParameterVersion.load(tmp_path / "p.json").params == p
 
 
 def _write(tmp_path, data):
@@ -71,10 +71,10 @@ def _write(tmp_path, data):
     ],
 )
 def test_load_refuses_naming_the_field(tmp_path, mutate, field):
-    data = paper_params().to_json()
+    data = ParameterVersion(paper_params()).to_json()
     mutate(data)
     with pytest.raises(ValueError, match=field):
-        Params.load(_write(tmp_path, data))
+        ParameterVersion.load(_write(tmp_path, data))
 
 
 def test_fractions_sum_within_tolerance_accepted_beyond_refused():
@@ -94,9 +94,9 @@ def test_not_json_and_unreadable(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        Params.load(bad)
+        ParameterVersion.load(bad)
     with pytest.raises(ValueError, match="cannot read"):
-        Params.load(tmp_path / "missing.json")
+        ParameterVersion.load(tmp_path / "missing.json")
 
 
 def test_frozen():

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from araopt import evaluation, plots
+from araopt.evaluation import evaluate as evaluation
+from araopt.evaluation import plots
 
 matplotlib = pytest.importorskip("matplotlib")
 from matplotlib.container import ErrorbarContainer  # noqa: E402
@@ -126,7 +127,7 @@ def test_estimates_plot_refuses_missing_columns():
 
 def _debug_report(slices: int = 400, epsilon: float = 8.0, shares: tuple[float, ...] = (0.4, 0.1, 2.0)):
     """Dense key order: slice-major, one key per share (value queries, then bottom or count)."""
-    from araopt.noise import discrete_laplace_variance, noise_parameter
+    from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
 
     rng = np.random.default_rng(5)
     base = rng.pareto(1.2, slices) * 20_000

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from araopt.progress import Progress
+from araopt.io.progress import Progress
 
 
 def test_a_stage_line_names_the_job_and_the_time_since_it_started():
@@ -21,9 +21,9 @@ def test_a_stage_line_names_the_job_and_the_time_since_it_started():
 
 
 def test_evaluate_dataset_reports_every_epsilon_and_step_as_it_starts():
-    from araopt.evaluation import evaluate_dataset
-    from araopt.statistics import StatisticsSpec, compute_statistics_in_memory
-    from test_evaluation import small_d2
+    from araopt.evaluation.evaluate import evaluate_dataset
+    from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+    from factories import small_d2
 
     conv = small_d2()
     stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("items", "price"), max_count_limit=3))
@@ -42,8 +42,8 @@ def test_evaluate_dataset_reports_every_epsilon_and_step_as_it_starts():
 
 @pytest.mark.slow
 def test_evaluate_and_optimize_show_progress_on_stderr_unless_told_not_to(tmp_path, capsys):
+    from factories import log, write_log
     from pipelines import evaluate, optimize
-    from test_inputs import log, write_log
 
     data = write_log(tmp_path, log(600))
     base = ["--train", data, "--test", data, "--slices", "s", "--values", "v", "--epsilons", "1,8",

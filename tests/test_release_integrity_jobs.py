@@ -13,12 +13,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from araopt import outputs
-from araopt.store import open_store
+from araopt.io import outputs
+from araopt.io.store import open_store
+from araopt.version import ParameterVersion
+from factories import conversions, domain_csv, error_line, params, read_json, setup, write
 from pipelines import measure as measure_pipeline
 from pipelines.options import UserError
 from pipelines.run_folder import STAGING_TAG, RunFolder
-from test_hardening import conversions, domain_csv, error_line, params, read_json, setup, write
 
 pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not
 
@@ -139,7 +140,7 @@ def test_the_release_folder_holds_its_manifest_and_no_exact_input_facts(tmp_path
 def test_parameters_named_inside_a_store_record_in_the_stores_ledger(tmp_path, capsys):
     data, _ = setup(tmp_path)
     store = open_store(str(tmp_path / "store"))
-    version = store.publish("2026-11-19", "r1", params().to_bytes()).version
+    version = store.publish("2026-11-19", "r1", ParameterVersion(params()).to_bytes()).version
     dom = domain_csv(tmp_path)
     assert measure_pipeline.run(["--input", data, "--params", f"{store.uri}/versions/{version}/params.json",
                                  "--output", str(tmp_path / "o1"), "--domain", dom]) == 0
@@ -154,7 +155,7 @@ def test_parameters_named_inside_a_store_record_in_the_stores_ledger(tmp_path, c
 
 # ---- gs:// -------------------------------------------------------------------------------------
 def test_a_gcs_lease_admits_one_of_two_racing_takers_and_an_expired_one_is_taken_over(fake_gcs_server):
-    from araopt.locks import GcsLease, LockHeld
+    from araopt.io.locks import GcsLease, LockHeld
 
     client = fake_gcs_server.client()
     for race in range(20):

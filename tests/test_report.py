@@ -8,8 +8,8 @@ import pytest
 from scipy import stats
 
 from araopt import Params, QueryParams, encode
-from araopt.noise import discrete_laplace_variance, noise_parameter, sample_discrete_laplace
-from araopt.report import (
+from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter, sample_discrete_laplace
+from araopt.mechanism.report import (
     estimate_variance,
     key_histogram,
     nonnegative_interval,

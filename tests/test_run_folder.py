@@ -7,17 +7,15 @@ import logging
 import os
 import threading
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from araopt import outputs
-from araopt.store import open_store
+from araopt.io import outputs
+from araopt.io.store import open_store
+from araopt.version import ParameterVersion
+from factories import RACES, conversions_table
 from pipelines.options import UserError
 from pipelines.run_folder import REPLACED_TAG, STAGING_TAG, RunFolder, wait_for_manifest
-
-RACES = 20
 
 
 def commit_run(folder: RunFolder, tag: str) -> None:
@@ -134,23 +132,13 @@ def test_wait_for_manifest_reads_the_release_manifest_and_refuses_an_incomplete_
         wait_for_manifest(str(tmp_path / "out"))
 
 
-def conversions_table(n=2000, seed=0) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    return pa.table({
-        "impression_id": pa.array(rng.integers(0, 500, n), pa.int64()),
-        "conversion_time": pa.array(1_795_132_800_000_000 + rng.integers(0, 10**11, n), pa.timestamp("us", tz="UTC")),
-        "s": pa.array(rng.choice(["a", "b"], n)),
-        "v": pa.array(rng.lognormal(2, 1, n)),
-    })
-
-
 def test_a_run_failing_after_its_output_was_prepared_leaves_no_staging_folder(tmp_path, monkeypatch, capsys):
     from araopt import Params, QueryParams
     from pipelines import measure as measure_pipeline
 
     pq.write_table(conversions_table(50), tmp_path / "in.parquet")
-    Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
-           queries=(QueryParams("v", 20.0, 1.0),)).save(tmp_path / "p.json")
+    ParameterVersion(Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
+                            queries=(QueryParams("v", 20.0, 1.0),))).save(tmp_path / "p.json")
     (tmp_path / "domain.csv").write_text("s\na\nb\n")
 
     def boom(*args, **kwargs):
@@ -171,7 +159,7 @@ def test_a_parameter_file_inside_a_store_is_read_as_the_stores(tmp_path):
     params = Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
                     queries=(QueryParams("v", 20.0, 1.0),))
     store = open_store(str(tmp_path / "store"))
-    version = store.publish("2026-11-20", "r1", params.to_bytes()).version
+    version = store.publish("2026-11-20", "r1", ParameterVersion(params).to_bytes()).version
     for ref in (f"{tmp_path}/store/versions/{version}/params.json", f"{tmp_path}/store/versions/{version}",
                 f"{tmp_path}/store"):
         assert load_params(ref).store == store.uri, ref

@@ -11,8 +11,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from araopt.split import parse_cut_time, quantile_cut, split_by_time, split_table
-from araopt.synthetic import PRESETS, write_synthetic
+from araopt.data.split import parse_cut_time, quantile_cut, split_by_time, split_table
+from araopt.data.synthetic import PRESETS, write_synthetic
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

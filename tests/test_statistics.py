@@ -5,13 +5,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from araopt import synthetic
-from araopt.conversions import Conversions
-from araopt.error_model import default_taus, expected_error, kept_mask, rmsre_tau
-from araopt.keys import KeyDomain
-from araopt.optimizer import objective, statistics_breakdown
-from araopt.params import Params, QueryParams
-from araopt.statistics import (
+from araopt.data import synthetic
+from araopt.io.conversions import Conversions
+from araopt.mechanism.bounding import kept_mask, kept_per_impression
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.params import Params, QueryParams
+from araopt.optimize.error_model import default_taus, expected_error, rmsre_tau
+from araopt.optimize.objective import predicted_rmsre_tau as objective
+from araopt.optimize.objective import statistics_breakdown
+from araopt.optimize.statistics import (
     BucketLayout,
     StatisticsSpec,
     add_conversions,
@@ -19,7 +21,6 @@ from araopt.statistics import (
     create_accumulator,
     extract_output,
     frac_variance,
-    kept_per_impression,
     merge_accumulators,
 )
 

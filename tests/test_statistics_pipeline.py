@@ -9,9 +9,9 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
 from araopt import Conversions
-from araopt import statistics as stats
+from araopt.optimize import statistics as stats
+from factories import make_frame, write_parts
 from pipelines.history import compute_statistics
-from test_measure_pipeline import make_frame, write_parts
 from transforms.statistics import ComputeStatistics
 from transforms.validate import ValidateConversions
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from araopt import store as store_module
-from araopt.store import (
+from araopt.io import store as store_module
+from araopt.io.store import (
     LATEST,
     GcsStore,
     LatestPointer,

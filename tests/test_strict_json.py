@@ -7,7 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from araopt import Params, QueryParams, jsonio
+from araopt import Params, QueryParams
+from araopt.io import jsonio
+from araopt.version import ParameterVersion
 
 
 def strict_loads(text):
@@ -30,13 +32,13 @@ def test_finite_json_is_written_byte_for_byte_as_the_standard_library_writes_it(
 
 
 def test_parameter_files_and_calibrations_are_strict_and_keep_their_checksum():
-    from test_calibration import fitted
+    from factories import fitted
 
     params, cal = fitted()
-    with_calibration = Params(**{**params.__dict__, "calibration": cal})
+    with_calibration = ParameterVersion(params, calibration=cal)
     strict_loads(with_calibration.to_bytes().decode())
     strict_loads(cal.to_bytes().decode())
-    again = Params.from_bytes(with_calibration.to_bytes())
+    again = ParameterVersion.from_bytes(with_calibration.to_bytes())
     assert again.to_bytes() == with_calibration.to_bytes()  # what the checksum is taken of
     assert json.loads(with_calibration.to_bytes()) == json.loads(json.dumps(with_calibration.to_json(), indent=2))
 
@@ -59,24 +61,24 @@ def test_nan_and_infinity_are_not_json(constant):
 
 def params_text():
     p = Params(count_limit=2, encoding="linf", epsilon=0.5, slice_columns=("s",), queries=(QueryParams("v", 20.0, 1.0),))
-    return p.to_bytes().decode()
+    return ParameterVersion(p).to_bytes().decode()
 
 
 def test_duplicate_keys_are_refused_in_parameter_files(tmp_path):
     text = params_text()
-    assert Params.from_bytes(text.encode()).epsilon == 0.5
+    assert ParameterVersion.from_bytes(text.encode()).params.epsilon == 0.5
     doubled = text.replace('"epsilon": 0.5,', '"epsilon": 0.5,\n  "epsilon": 64,')
     (tmp_path / "p.json").write_text(doubled)
     with pytest.raises(ValueError, match="key 'epsilon' appears twice"):
-        Params.load(tmp_path / "p.json")
+        ParameterVersion.load(tmp_path / "p.json")
 
 
 def test_duplicate_keys_are_refused_in_key_maps_calibrations_and_presets(tmp_path):
-    from araopt.ara import KeyMap
-    from araopt.calibration import Calibration
-    from araopt.keys import KeyDomain
-    from araopt.synthetic import load_preset
-    from test_calibration import fitted
+    from araopt.ara.registrations import KeyMap
+    from araopt.calibration.model import Calibration
+    from araopt.data.synthetic import load_preset
+    from araopt.mechanism.keys import KeyDomain
+    from factories import fitted
 
     domain = KeyDomain.from_slice_values(("s",), {"s": np.array(["a", "b"])}, ("v",))
     text = json.dumps(domain.to_json("0" * 64))
@@ -100,9 +102,9 @@ def test_every_json_file_nightly_and_measure_write_is_strict(tmp_path, capsys):
     import glob
     import os
 
+    from factories import nightly_args, write_history
     from pipelines import measure as measure_pipeline
     from pipelines import nightly
-    from test_nightly import nightly_args, write_history
 
     hist = write_history(tmp_path / "h", n=1500)
     store = str(tmp_path / "store")

@@ -18,8 +18,8 @@ import pyarrow.dataset as ds
 import pytest
 from scipy import stats
 
-from araopt import synthetic
-from araopt.synthetic import (
+from araopt.data import synthetic
+from araopt.data.synthetic import (
     CONVERSION_LOG_SCHEMA,
     N_SLICES,
     PRESETS,

@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from araopt.conversions import IMPRESSION_TIME, IMPRESSION_TIME_US, Conversions, validate_batch
-from araopt.split import split_table
+from araopt.data.split import split_table
+from araopt.io.conversions import IMPRESSION_TIME, IMPRESSION_TIME_US, Conversions, validate_batch
 
 NS = 1_700_000_000_123_456_789  # 2023-11-14T22:13:20.123456789Z
 

@@ -48,15 +48,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 MODULES: dict[str, dict] = {
-    "bounding": {"tests": ["tests/test_bounding.py"]},
-    "noise": {"tests": ["tests/test_noise.py"]},
-    "encoding": {"tests": ["tests/test_encoding.py"]},
-    "report": {"tests": ["tests/test_report.py", "tests/test_mechanism.py"]},
-    "error_model": {"tests": ["tests/test_error_model.py", "tests/test_mechanism.py"],
-                    "functions": ["kept_mask", "rmsre_tau"]},
+    "mechanism.bounding": {"tests": ["tests/test_bounding.py"]},
+    "mechanism.noise": {"tests": ["tests/test_noise.py"]},
+    "mechanism.encoding": {"tests": ["tests/test_encoding.py"]},
+    "mechanism.report": {"tests": ["tests/test_report.py", "tests/test_mechanism.py"]},
+    "optimize.error_model": {"tests": ["tests/test_error_model.py", "tests/test_mechanism.py"],
+                             "functions": ["rmsre_tau"]},
 }
-"""Module -> the test files run against its mutants (missing files are skipped) and, optionally,
+"""Module (below araopt/, dotted; its last part alone also names it) -> the test files run against its
+mutants (missing files are skipped) and, optionally,
 the only functions whose bodies are mutated."""
+
+def _source_path(root: Path, module: str) -> Path:
+    return root / "araopt" / (module.replace(".", "/") + ".py")
+
+
+def _module_name(name: str) -> str:
+    """A module of ``MODULES`` by its dotted name or its last part (``bounding``)."""
+    return next((m for m in MODULES if name in (m, m.rsplit(".", 1)[-1])), name)
+
 
 EQUIVALENTS_FILE = REPO / "docs" / "mutation.md"
 """Mutants judged equivalent are listed there as ``- `` <key> `` — reason`` lines."""
@@ -343,7 +353,7 @@ def run_one(root: Path, module: str, source: str | None, tests: list[str], timeo
             os.dup2(fd, 2)
             os.setpgid(0, 0)
             if source is not None:
-                sys.meta_path.insert(0, _MutantFinder(f"araopt.{module}", source, str(root / "araopt" / f"{module}.py")))
+                sys.meta_path.insert(0, _MutantFinder(f"araopt.{module}", source, str(_source_path(root, module))))
             import pytest
 
             plugin = _FastestFirst(dict(durations or {}), record=source is None)
@@ -413,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="only list the mutants")
     ap.add_argument("--match", help="only the mutants whose key contains this text (re-check survivors)")
     args = ap.parse_args(argv)
-    modules = args.modules or list(MODULES)
+    modules = [_module_name(m) for m in args.modules] or list(MODULES)
     unknown = sorted(set(modules) - set(MODULES))
     if unknown:
         ap.error(f"unknown module(s) {unknown}; choose from {list(MODULES)}")
@@ -421,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.list:
         for module in modules:
-            src = (args.root / "araopt" / f"{module}.py").read_text()
+            src = _source_path(args.root, module).read_text()
             for m in enumerate_mutants(module, src, MODULES[module].get("functions")):
                 print(f"{m.line:4d} {m.key}")
         return 0
@@ -443,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         for module in modules:
             cfg = MODULES[module]
             tests = [t for t in cfg["tests"] if (root / t).exists()]
-            source = (root / "araopt" / f"{module}.py").read_text()
+            source = _source_path(root, module).read_text()
             mutants = enumerate_mutants(module, source, cfg.get("functions"))
             if args.match:
                 mutants = [m for m in mutants if args.match in m.key]

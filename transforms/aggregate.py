@@ -6,7 +6,7 @@ derived from the data by ``DomainFromData``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import apache_beam as beam
 import pandas as pd
@@ -14,12 +14,14 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
 
-from araopt import aggregate
-from araopt.conversions import Conversions, ValidationCounts, check_rejected_share, concat_periods, split_periods
-from araopt.keys import KeyDomain
-from araopt.mechanism import encode_and_bound
-from araopt.params import Params
-from araopt.release import Accounting, Release, noisy_release
+from araopt.io.conversions import Conversions, ValidationCounts, check_rejected_share, concat_periods, split_periods
+from araopt.mechanism import aggregate
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.measure import encode_and_bound
+from araopt.mechanism.params import Params
+from araopt.mechanism.release import Accounting, Release, noisy_release
+
+from .combine import CombinerFn
 
 NAMESPACE = "araopt"
 
@@ -76,23 +78,6 @@ def rows_before_coverage(conversions: Conversions, coverage_start_us: int | None
     return int((conversions.period_mask() & (conversions.impression_time < coverage_start_us)).sum())
 
 
-class DomainSumsCombineFn(beam.CombineFn):
-    """Thin wrapper over ``araopt.aggregate.merge`` (integer sums over one domain)."""
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, acc, sums):
-        return sums if acc is None else aggregate.merge([acc, sums])
-
-    def merge_accumulators(self, accs):
-        parts = [a for a in accs if a is not None]
-        return aggregate.merge(parts) if parts else None
-
-    def extract_output(self, acc):
-        return acc
-
-
 @beam.typehints.with_input_types(beam.typehints.Tuple[int, pa.Table])
 @beam.typehints.with_output_types(beam.typehints.Optional[aggregate.DomainSums])
 class EncodeBoundAndSum(beam.PTransform):
@@ -112,7 +97,7 @@ class EncodeBoundAndSum(beam.PTransform):
             shards
             | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed, self._coverage_start),
                                              beam.pvalue.AsSingleton(self._domain))
-            | "SumPerKey" >> beam.CombineGlobally(DomainSumsCombineFn())
+            | "SumPerKey" >> beam.CombineGlobally(CombinerFn(aggregate.DomainSumsCombiner()))
         )
 
 
@@ -162,27 +147,6 @@ class NoisyRelease(beam.PTransform):
         return merged | "AddNoiseOncePerKey" >> beam.ParDo(_AddNoise(self._params, self._seed, self._max_rejected), *side)
 
 
-class _SliceSetCombineFn(beam.CombineFn):
-    def __init__(self, slice_columns: Sequence[str], max_slices: int):
-        self._slice_columns = tuple(slice_columns)
-        self._max_slices = max_slices
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, acc, table: pa.Table):
-        part = aggregate.slice_set({c: table.column(c).to_numpy(zero_copy_only=False) for c in self._slice_columns},
-                                   self._slice_columns, self._max_slices)
-        return part if acc is None else aggregate.merge_slice_sets([acc, part])
-
-    def merge_accumulators(self, accs):
-        parts = [a for a in accs if a is not None]
-        return aggregate.merge_slice_sets(parts) if parts else None
-
-    def extract_output(self, acc):
-        return acc
-
-
 @beam.typehints.with_input_types(pa.Table)
 @beam.typehints.with_output_types(KeyDomain)
 class DomainFromData(beam.PTransform):
@@ -197,11 +161,14 @@ class DomainFromData(beam.PTransform):
         params = self._params
         return (
             batches
-            | "DistinctSlices" >> beam.CombineGlobally(_SliceSetCombineFn(params.slice_columns, self._max_slices))
+            | "SliceColumns" >> beam.Map(lambda table: {c: table.column(c).to_numpy(zero_copy_only=False)
+                                                       for c in params.slice_columns})
+            | "DistinctSlices" >> beam.CombineGlobally(
+                CombinerFn(aggregate.SliceSetCombiner(params.slice_columns, self._max_slices)))
             | "ToDomain" >> beam.Map(lambda s: aggregate.domain_of(
                 s if s is not None else aggregate.slice_set({c: [] for c in params.slice_columns}, params.slice_columns, 1),
                 params.query_columns, params.encoding == "baseline", params.conversion_slice_columns))
         )
 
 
-__all__ = ["DomainFromData", "DomainSumsCombineFn", "EncodeBoundAndSum", "NoisyRelease", "Release", "check_global_windowing"]
+__all__ = ["DomainFromData", "EncodeBoundAndSum", "NoisyRelease", "Release", "check_global_windowing"]

@@ -1,70 +1,48 @@
 """Calibration side pipeline: shards of complete impressions -> ``CalibrationStatistics`` for each of
-the candidate parameters (a singleton side input: a ``Params`` or a tuple of them), with the pure
-combiner of ``araopt.calibration`` wrapped in one thin ``beam.CombineFn``. Blocks are the UTC days
-of the conversions (``araopt.calibration.day_blocks``): a release covers the conversions of its
-days. Lookback rows (``in_period`` False) are capped with the rest and not counted."""
+the candidate parameter versions (a singleton side input: a ``ParameterVersion`` or a tuple of them),
+with the pure combiner of ``araopt.calibration.accumulator`` in the one generic ``CombineFn``
+(``transforms.combine``). Blocks are the UTC days of the conversions (``accumulator.day_blocks``): a
+release covers the conversions of its days. Lookback rows (``in_period`` False) are capped with the
+rest and not counted."""
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
 
-from araopt import calibration
-from araopt.conversions import Conversions
-from araopt.params import Params
+from araopt.calibration.accumulator import CalibrationAccumulator, CandidatesCombiner, accumulate_candidates
+from araopt.io.conversions import Conversions
+from araopt.version import ParameterVersion
+
+from .combine import CombinerFn
 
 
-def _as_tuple(params: Params | Sequence[Params]) -> tuple[Params, ...]:
-    return (params,) if isinstance(params, Params) else tuple(params)
+def _as_tuple(versions: ParameterVersion | Sequence[ParameterVersion]) -> tuple[ParameterVersion, ...]:
+    return (versions,) if isinstance(versions, ParameterVersion) else tuple(versions)
 
 
 class _AddCalibration(beam.DoFn):
-    """Per shard: what ContributionCapping (Alg. 1) keeps of every (impression, slice, day) under each params."""
+    """Per shard: what ContributionCapping (Alg. 1) keeps of every (impression, slice, day) under each candidate."""
 
     def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str]):
         self._slices = tuple(slice_columns)
         self._values = tuple(value_columns)
 
-    def process(self, item: tuple[int, pa.Table], params: Params | Sequence[Params]):
+    def process(self, item: tuple[int, pa.Table], versions: ParameterVersion | Sequence[ParameterVersion]
+                ) -> Iterator[tuple[CalibrationAccumulator, ...]]:
         conv = Conversions.from_table(item[1], self._slices, self._values)
-        blocks = calibration.day_blocks(conv)
-        yield tuple(calibration.add_conversions(calibration.create_accumulator(p, self._slices), conv, blocks)
-                    for p in _as_tuple(params))
-
-
-class CalibrationCombineFn(beam.CombineFn):
-    """Thin wrapper: every method delegates to the pure combiner in ``araopt.calibration`` (one per candidate)."""
-
-    def create_accumulator(self) -> Any:
-        return None
-
-    def add_input(self, acc: Any, part: Any) -> Any:
-        return part if acc is None else tuple(calibration.merge_accumulators([a, b]) for a, b in zip(acc, part,
-                                                                                                    strict=True))
-
-    def merge_accumulators(self, accs: Any) -> Any:
-        parts = [a for a in accs if a is not None]
-        if not parts:
-            return None
-        return tuple(calibration.merge_accumulators(list(group)) for group in zip(*parts, strict=True))
-
-    def compact(self, acc: Any) -> Any:
-        return acc if acc is None else tuple(calibration.compact(a) for a in acc)
-
-    def extract_output(self, acc: Any) -> Any:
-        return None if acc is None else tuple(calibration.extract_output(a) for a in acc)
+        yield accumulate_candidates(conv, [(v.params, v.checksum()) for v in _as_tuple(versions)], self._slices)
 
 
 class ComputeCalibration(beam.PTransform):
     """(shard, table of complete impressions) -> one tuple of ``CalibrationStatistics``, one per candidate
-    of ``params`` (a singleton PCollection of ``Params`` or of a tuple of them: the parameters are often
-    chosen inside the same pipeline)."""
+    of ``versions`` (a singleton PCollection of a ``ParameterVersion`` or of a tuple of them: the
+    candidates are often chosen inside the same pipeline)."""
 
-    def __init__(self, params: beam.PCollection, slice_columns: Sequence[str], value_columns: Sequence[str]):
+    def __init__(self, versions: beam.PCollection, slice_columns: Sequence[str], value_columns: Sequence[str]):
         super().__init__()
-        self._params = params
+        self._versions = versions
         self._slices = tuple(slice_columns)
         self._values = tuple(value_columns)
 
@@ -72,6 +50,6 @@ class ComputeCalibration(beam.PTransform):
         return (
             shards
             | "AddCalibration" >> beam.ParDo(_AddCalibration(self._slices, self._values),
-                                             beam.pvalue.AsSingleton(self._params))
-            | "MergeCalibration" >> beam.CombineGlobally(CalibrationCombineFn())
+                                             beam.pvalue.AsSingleton(self._versions))
+            | "MergeCalibration" >> beam.CombineGlobally(CombinerFn(CandidatesCombiner()))
         )

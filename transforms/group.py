@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.conversions import IMPRESSION_ID
+from araopt.io.conversions import IMPRESSION_ID
 
 
 def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.conversions import CONVERSION_TIME, IMPRESSION_ID, unify_schemas
-from araopt.files import distinct_files
+from araopt.io.conversions import CONVERSION_TIME, IMPRESSION_ID, unify_schemas
+from araopt.io.files import distinct_files
 
 _GLOB_CHARS = "*?["
 

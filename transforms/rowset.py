@@ -14,7 +14,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from araopt.rowset import RowSetPart
+from araopt.io.rowset import RowSetPart
 
 
 class _WriteRowIds(beam.DoFn):

@@ -1,5 +1,5 @@
 """Statistics side pipeline: valid batches -> group by impression -> per-slice sufficient statistics
-(the pure combiner of ``araopt.statistics``, wrapped in one thin ``beam.CombineFn``). The job that
+(the pure combiner of ``araopt.optimize.statistics`` in the one generic ``CombineFn``, ``transforms.combine``). The job that
 runs it is ``pipelines.history.compute_statistics``."""
 from __future__ import annotations
 
@@ -11,34 +11,13 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
-from araopt import statistics as stats
-from araopt.conversions import Conversions
+from araopt.io.conversions import Conversions
+from araopt.optimize import statistics as stats
 
+from .combine import CombinerFn
 from .group import GroupByImpression
 
 DEFAULT_SHARDS = 64
-
-
-class StatisticsCombineFn(beam.CombineFn):
-    """Thin wrapper: every method delegates to the pure combiner in ``araopt.statistics``."""
-
-    def __init__(self, spec: stats.StatisticsSpec):
-        self._spec = spec
-
-    def create_accumulator(self):
-        return stats.create_accumulator(self._spec)
-
-    def add_input(self, acc, conversions: Conversions):
-        return stats.add_conversions(acc, conversions)
-
-    def merge_accumulators(self, accs):
-        return stats.merge_accumulators(list(accs))
-
-    def compact(self, acc):
-        return stats.compact(acc)
-
-    def extract_output(self, acc):
-        return stats.extract_output(acc)
 
 
 def _to_conversions(item: tuple[int, pa.Table], slice_columns: Sequence[str], value_columns: Sequence[str]) -> Conversions:
@@ -77,7 +56,7 @@ class StatisticsFromShards(beam.PTransform):
         return (
             shards
             | "ToConversions" >> beam.Map(_to_conversions, spec.slice_columns, spec.value_columns)
-            | "SufficientStatistics" >> beam.CombineGlobally(StatisticsCombineFn(spec))
+            | "SufficientStatistics" >> beam.CombineGlobally(CombinerFn(stats.StatisticsCombiner(spec)))
         )
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult
 
-from araopt.conversions import (
+from araopt.io.conversions import (
     IMPRESSION_SLICE_INCONSISTENT,
     IN_PERIOD,
     REJECT_REASONS,

@@ -1,0 +1,296 @@
+"""The calibration's accumulator, a pure combiner (``create_accumulator`` / ``add_conversions`` /
+``merge_accumulators`` / ``compact`` / ``extract_output``): per (slice, block) cell 1 + 6 (d+1) sums
+(clusters; per quantity T, X, sum t^2, sum t x, sum x^2, loss clusters): O(slices x blocks x queries),
+whatever the number of conversions (the model: ``calibration.model``)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from araopt.calibration.model import retention_checksum
+from araopt.io.conversions import Conversions
+from araopt.mechanism.bounding import kept_mask
+from araopt.mechanism.encoding import check_values, expected_contribution, query_scales
+from araopt.mechanism.keys import register_slices, slice_sort_key
+from araopt.mechanism.params import Params
+
+_BLOCK_SHIFT = 32
+_MOMENTS = ("T", "X", "Stt", "Stx", "Sxx", "L")
+
+
+def _ncols(num_queries: int) -> int:
+    return 1 + len(_MOMENTS) * (num_queries + 1)
+
+
+def _col(q: int, what: str) -> int:
+    """Column of quantity q (0 = count) in the cell layout: clusters, then per q the sums ``_MOMENTS``."""
+    return 1 + len(_MOMENTS) * q + _MOMENTS.index(what)
+
+
+# ================================================================================================
+# The accumulator (pure combiner: create / add / merge / compact / extract)
+# ================================================================================================
+
+@dataclass
+class CalibrationAccumulator:
+    """Combiner state for fixed ``params``: per (slice, block) cell the sums of the model's clusters.
+
+    Cell values (``_col``): number of clusters; per quantity (count, q_1..q_d): T = sum t_i,
+    X = sum x_i, sum t_i^2, sum t_i x_i, sum x_i^2. Size after ``compact``: <= slices x blocks cells.
+    ``fitted_for``: the checksum of the parameter file being calibrated (recorded in the calibration).
+    """
+
+    params: Params
+    slice_columns: tuple[str, ...]
+    fitted_for: str
+    slice_ids: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    block_ids: dict[Any, int] = field(default_factory=dict)
+    keys: list[np.ndarray] = field(default_factory=list)
+    vals: list[np.ndarray] = field(default_factory=list)
+    num_conversions: int = 0
+
+
+def create_accumulator(params: Params, slice_columns: Sequence[str] | None = None,
+                       fitted_for: str | None = None) -> CalibrationAccumulator:
+    """An empty accumulator for ``params`` (slices: ``params.slice_columns`` unless given); ``fitted_for``:
+    the checksum of the parameter file (``version.ParameterVersion.checksum``) the calibration is for
+    (default: the parameters' retention checksum)."""
+    cols = tuple(params.slice_columns if slice_columns is None else slice_columns)
+    return CalibrationAccumulator(params=params, slice_columns=cols,
+                                  fitted_for=retention_checksum(params) if fitted_for is None else fitted_for)
+
+
+def retained_values(conversions: Conversions, params: Params) -> tuple[np.ndarray, np.ndarray]:
+    """(kept mask, (n, d) expected retained value per record in query units; 0 where not kept).
+
+    Kept: ``error_model.kept_mask`` with the pipeline's tie-break ``Conversions.record_keys()``
+    (L-inf Alg. 3 / L1 Alg. 6: rank < K(C); baseline: expected-norm approximation). Retained value:
+    E[w_l] C_l / scale_l (L-inf: min(v, C_l); L1: the shrunk value), as in ``error_model``.
+    """
+    vals = check_values(conversions.values, params.num_queries)
+    kept = kept_mask(conversions, params, tie_breaker=conversions.record_keys())
+    out = np.zeros_like(vals)
+    if kept.any():
+        thresholds = np.array([q.clip_threshold for q in params.queries], dtype=np.float64)
+        unit = thresholds / query_scales(params)
+        out[kept] = expected_contribution(vals[kept], params) * unit[None, :]
+    return kept, out
+
+
+def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block_ids: Any) -> CalibrationAccumulator:
+    """Add a batch holding ALL conversions of each of its impressions, with a block id per record
+    (lookback rows, ``in_period`` False, are capped with the rest and then left out).
+
+    Block ids are any hashable scalars (a day index, a date string); blocks are ordered by their
+    sorted ids (consecutive blocks = consecutive periods). Returns ``acc``.
+    """
+    params = acc.params
+    if tuple(conversions.value_columns) != params.query_columns:
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+                         f"params expect {params.query_columns}")
+    missing = [c for c in acc.slice_columns if c not in conversions.slices]
+    if missing:
+        raise ValueError(f"conversions lack slice column(s) {missing}")
+    n = len(conversions)
+    blocks = np.asarray(block_ids)
+    if blocks.ndim != 1 or len(blocks) != n:
+        raise ValueError(f"block_ids must be one id per record ({n}), got shape {blocks.shape}")
+    if n == 0:
+        return acc
+    if pd.isna(pd.Series(blocks)).any():
+        raise ValueError("block_ids must not be null / NaN")
+    d = params.num_queries
+    kept, retained = retained_values(conversions, params)  # Alg. 1 over the period and its lookback
+    vals = check_values(conversions.values, d)
+    if conversions.in_period is not None:  # only the period's rows are counted
+        inside = conversions.period_mask()
+        conversions, kept, retained, vals, blocks = (conversions.take(np.flatnonzero(inside)), kept[inside],
+                                                     retained[inside], vals[inside], blocks[inside])
+        n = len(conversions)
+        if n == 0:
+            return acc
+    sid = register_slices([conversions.slices[c] for c in acc.slice_columns], acc.slice_ids, n)
+    bid = register_slices([blocks], acc.block_ids, n, bare=True)
+    imp = pd.factorize(np.asarray(conversions.impression_id), sort=False)[0].astype(np.int64)
+    order = np.lexsort((bid, sid, imp))
+    imp_o, sid_o, bid_o = imp[order], sid[order], bid[order]
+    starts = np.flatnonzero(np.r_[True, (imp_o[1:] != imp_o[:-1]) | (sid_o[1:] != sid_o[:-1]) | (bid_o[1:] != bid_o[:-1])])
+    t = np.column_stack([np.ones(n), vals])[order]
+    x = np.column_stack([kept.astype(np.float64), retained])[order]
+    tc = np.add.reduceat(t, starts, axis=0)
+    xc = np.add.reduceat(x, starts, axis=0)
+    cell = (sid_o[starts] << _BLOCK_SHIFT) | bid_o[starts]
+    cols = [np.ones(len(starts))]
+    for q in range(d + 1):
+        a, b = tc[:, q], xc[:, q]
+        cols += [a, b, a * a, a * b, b * b, (b < a * (1.0 - 1e-12)).astype(np.float64)]
+    k, v = _reduce(cell, np.column_stack(cols))
+    acc.keys.append(k)
+    acc.vals.append(v)
+    acc.num_conversions += n
+    if len(acc.keys) > 8:
+        compact(acc)
+    return acc
+
+
+def _reduce(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    uniq, inv = np.unique(keys, return_inverse=True)
+    inv = inv.reshape(-1)
+    out = np.empty((len(uniq), vals.shape[1]))
+    for c in range(vals.shape[1]):
+        out[:, c] = np.bincount(inv, weights=vals[:, c], minlength=len(uniq))
+    return uniq.astype(np.int64), out
+
+
+def compact(acc: CalibrationAccumulator) -> CalibrationAccumulator:
+    """Sum pending parts with equal (slice, block) keys; returns ``acc`` (size <= slices x blocks)."""
+    if len(acc.keys) > 1:
+        k, v = _reduce(np.concatenate(acc.keys), np.concatenate(acc.vals))
+        acc.keys, acc.vals = [k], [v]
+    return acc
+
+
+def merge_accumulators(accumulators: Sequence[CalibrationAccumulator]) -> CalibrationAccumulator:
+    """Merge accumulators of the same parameters and slice columns (local ids remapped); compacted."""
+    accs = list(accumulators)
+    if not accs:
+        raise ValueError("merge_accumulators needs at least one accumulator")
+    first = accs[0]
+    if any(retention_checksum(a.params) != retention_checksum(first.params) or a.slice_columns != first.slice_columns
+           or a.params.query_columns != first.params.query_columns or a.fitted_for != first.fitted_for for a in accs):
+        raise ValueError("cannot merge calibration accumulators of different parameters or slice columns")
+    out = create_accumulator(first.params, first.slice_columns, first.fitted_for)
+    for a in accs:
+        smap = np.empty(max(1, len(a.slice_ids)), dtype=np.int64)
+        for key, local in a.slice_ids.items():
+            smap[local] = out.slice_ids.setdefault(key, len(out.slice_ids))
+        bmap = np.empty(max(1, len(a.block_ids)), dtype=np.int64)
+        for key, local in a.block_ids.items():
+            bmap[local] = out.block_ids.setdefault(key, len(out.block_ids))
+        for k, v in zip(a.keys, a.vals, strict=True):
+            out.keys.append((smap[k >> _BLOCK_SHIFT] << _BLOCK_SHIFT) | bmap[k & ((1 << _BLOCK_SHIFT) - 1)])
+            out.vals.append(v)
+        out.num_conversions += a.num_conversions
+    return compact(out)
+
+
+@dataclass(frozen=True, eq=False)
+class CalibrationStatistics:
+    """Extracted cell sums, slices and blocks in canonical (sorted) order: ``cells`` (m, B, 1 + 5(d+1))."""
+
+    params: Params
+    slice_columns: tuple[str, ...]
+    slice_keys: tuple[tuple[Any, ...], ...]
+    block_keys: tuple[Any, ...]
+    cells: np.ndarray
+    num_conversions: int
+    fitted_for: str = ""
+
+    @property
+    def num_queries(self) -> int:
+        return self.params.num_queries
+
+    def quantity(self, q: int, what: str) -> np.ndarray:
+        """(m, B) array of T, X, Stt, Stx or Sxx of quantity q (0 = count)."""
+        return self.cells[:, :, _col(q, what)]
+
+    def ratios(self) -> np.ndarray:
+        """Raw (unshrunk) historical ratio per slice and quantity (m, d+1); NaN where T = 0."""
+        T = self.cells[:, :, [_col(q, "T") for q in range(self.num_queries + 1)]].sum(axis=1)
+        X = self.cells[:, :, [_col(q, "X") for q in range(self.num_queries + 1)]].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(T > 0, X / np.where(T > 0, T, 1.0), np.nan)
+
+
+def extract_output(acc: CalibrationAccumulator) -> CalibrationStatistics:
+    """Dense cell sums in canonical order; independent of batching and merge order (up to float sums)."""
+    compact(acc)
+    d = acc.params.num_queries
+    skeys = sorted(acc.slice_ids, key=slice_sort_key)
+    bkeys = sorted(acc.block_ids, key=lambda b: (type(b).__name__, b))
+    smap = np.empty(max(1, len(skeys)), dtype=np.int64)
+    for new, key in enumerate(skeys):
+        smap[acc.slice_ids[key]] = new
+    bmap = np.empty(max(1, len(bkeys)), dtype=np.int64)
+    for new, key in enumerate(bkeys):
+        bmap[acc.block_ids[key]] = new
+    cells = np.zeros((len(skeys), len(bkeys), _ncols(d)))
+    if acc.keys:
+        k, v = acc.keys[0], acc.vals[0]
+        cells[smap[k >> _BLOCK_SHIFT], bmap[k & ((1 << _BLOCK_SHIFT) - 1)]] = v
+    return CalibrationStatistics(acc.params, acc.slice_columns, tuple(skeys), tuple(bkeys), cells, int(acc.num_conversions),
+                                 acc.fitted_for)
+
+
+def calibration_statistics(conversions: Conversions, params: Params, block_ids: Any,
+                           slice_columns: Sequence[str] | None = None,
+                           fitted_for: str | None = None) -> CalibrationStatistics:
+    """Convenience: one batch (all conversions of every impression) -> extracted statistics."""
+    return extract_output(add_conversions(create_accumulator(params, slice_columns, fitted_for), conversions,
+                                          block_ids))
+
+
+IMPRESSION_TIME = "impression_time"
+"""Optional column of the conversion log: when every input file has it, blocks are impression days."""
+HASH_BLOCKS = 7
+"""Without impression times: this many disjoint random parts of the window (by impression id)."""
+
+
+def history_blocks(conversions: Conversions, impression_time_us: np.ndarray | None = None) -> np.ndarray:
+    """Block id per record: the UTC day of its impression (``impression_time_us``, int64 microseconds)
+    when known, else one of ``HASH_BLOCKS`` disjoint random parts of the window by a stable hash of the
+    impression id. Either way an impression stays in one block, and blocks do not depend on how many
+    conversions an impression has (a block by first-conversion day would: impressions with many
+    conversions convert early, which makes the ratio depend on the block)."""
+    if impression_time_us is not None:
+        return np.floor_divide(np.asarray(impression_time_us, dtype=np.int64), 86_400_000_000)
+    ids = np.asarray(conversions.impression_id)
+    ids = ids.astype(np.int64) if ids.dtype.kind in "iu" else ids.astype(object)
+    return (pd.util.hash_array(ids) % np.uint64(HASH_BLOCKS)).astype(np.int64)
+
+
+def day_blocks(conversions: Conversions, times: np.ndarray | None = None) -> np.ndarray:
+    """Block id = UTC day index of ``times`` (default: the conversion times, int64 microseconds)."""
+    t = np.asarray(conversions.conversion_time if times is None else times, dtype=np.int64)
+    return np.floor_divide(t, 86_400_000_000)
+
+
+
+
+def accumulate_candidates(conversions: Conversions, candidates: Sequence[tuple[Params, str]],
+                          slice_columns: Sequence[str]) -> tuple[CalibrationAccumulator, ...]:
+    """One batch (all conversions of each of its impressions; blocks are their UTC days) accumulated
+    for each candidate (parameters, checksum of their parameter version)."""
+    blocks = day_blocks(conversions)
+    return tuple(add_conversions(create_accumulator(params, slice_columns, fitted_for), conversions, blocks)
+                 for params, fitted_for in candidates)
+
+
+class CandidatesCombiner:
+    """The ``araopt.combiner.Combiner`` of the calibration of several candidates at once: its inputs and
+    accumulators are tuples of ``CalibrationAccumulator`` (one per candidate, ``accumulate_candidates``),
+    its output the tuple of their ``CalibrationStatistics``; None before any input."""
+
+    def create(self) -> tuple[CalibrationAccumulator, ...] | None:
+        return None
+
+    def add(self, acc: tuple[CalibrationAccumulator, ...] | None,
+            item: tuple[CalibrationAccumulator, ...]) -> tuple[CalibrationAccumulator, ...]:
+        return item if acc is None else tuple(merge_accumulators([a, b]) for a, b in zip(acc, item, strict=True))
+
+    def merge(self, accs: Sequence[tuple[CalibrationAccumulator, ...] | None]
+              ) -> tuple[CalibrationAccumulator, ...] | None:
+        parts = [a for a in accs if a is not None]
+        if not parts:
+            return None
+        return tuple(merge_accumulators(list(group)) for group in zip(*parts, strict=True))
+
+    def compact(self, acc: tuple[CalibrationAccumulator, ...] | None) -> tuple[CalibrationAccumulator, ...] | None:
+        return None if acc is None else tuple(compact(a) for a in acc)
+
+    def extract(self, acc: tuple[CalibrationAccumulator, ...] | None) -> tuple[CalibrationStatistics, ...] | None:
+        return None if acc is None else tuple(extract_output(a) for a in acc)

@@ -1,0 +1,59 @@
+"""Every number araopt uses more than once, defined once: ARA's and the Aggregation Service's limits,
+and the defaults of the core, which the command line's option registry (``pipelines.options``) refers
+to. Standard library only: ``araopt <command> --help`` reads it without importing numpy.
+"""
+from __future__ import annotations
+
+from typing import Final
+
+# ---- ARA and the Aggregation Service ------------------------------------------------------------
+CONTRIBUTION_BUDGET: Final = 65536
+"""Gamma: the ARA L1 contribution budget per source (impression); also the largest aggregatable value."""
+MAX_CONTRIBUTION_BUDGET: Final = 2**32
+"""Largest Gamma the bounding accepts (tests and studies; ARA's is 2^16): sums stay exact in int64."""
+MAX_REPORTS_PER_SOURCE: Final = 20
+"""Chrome's limit of aggregatable reports per source (the spec leaves it to the user agent)."""
+MAX_KEYS_PER_SOURCE: Final = 20
+MAX_KEY_NAME_LENGTH: Final = 25
+QUERY_BITS: Final = 8
+MAX_BUCKET_BITS: Final = 128
+MIN_EPSILON: Final = 2.0**-20
+"""Floor of epsilon (~9.5e-7): below it the noise sd exceeds 9e10 per key and the exact sampler's rate
+eps / Gamma would keep fewer than 16 bits (``mechanism.noise``). Google's DP library floors at 2^-50."""
+MAX_EPSILON: Final = 64.0
+"""Ceiling of epsilon: the Aggregation Service accepts eps in (0, 64]."""
+MAX_REJECTED_FRACTION: Final = 0.10
+"""Like the Aggregation Service (which fails a job when more than 10% of reports are bad). The gate is
+sharp: with exactly 10% of the rows rejected the job goes on and releases, one more rejected row
+refuses it (nothing is released)."""
+
+# ---- defaults of the core --------------------------------------------------------------------------
+ENCODING: Final = "linf"
+"""HistogramContribution L-inf (Alg. 3)."""
+L1_ROUNDING: Final = "randomized"
+"""Alg. 6's rounding the optimizer writes: unbiased systematic randomized rounding (the paper's is floor)."""
+L1_ROUNDING_OF_A_FILE: Final = "floor"
+"""The rounding of an L1 parameter file that names none: the paper's Alg. 6."""
+OBJECTIVE: Final = "corrected"
+"""What the tuning minimises: the predicted error of the true totals (see ``optimize.search``)."""
+CORRECTION: Final = "ratio"
+"""How estimates use a calibration when a parameter file names no choice."""
+COUNT_TAU: Final = 5.0
+"""RMSRE_tau's threshold of the count query (Sec. 5.1)."""
+TAU_MEDIANS: Final = 5.0
+"""A value query's RMSRE_tau threshold is this many times its median per conversion (Sec. 5.1)."""
+MAX_COUNT_LIMIT: Final = MAX_REPORTS_PER_SOURCE
+"""Largest count limit C the optimizer tries: beyond Chrome's report limit Alg. 1 keeps no more."""
+MAX_SLICES: Final = 100_000
+"""Largest domain (declared or derived) a release accepts: ``--max-slices``."""
+RELEASE_PERIOD_DAYS: Final = 1.0
+LOOKBACK_DAYS: Final = 30
+"""Days of history before a window read for lifetime ranks (Chrome caps a source over up to 30 days)."""
+CONFIDENCE: Final = 0.95
+EPSILONS: Final = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+"""The epsilons of the paper's evaluation (Sec. 5)."""
+BASELINE_QUANTILES: Final = (0.95, 0.99)
+"""The quantiles of the paper's baselines (Sec. 5.1)."""
+MAX_THRESHOLD_CHANGE_FACTOR: Final = 2.0
+MAX_COUNT_LIMIT_CHANGE: Final = 2
+DESTINATION: Final = "https://advertiser.example"

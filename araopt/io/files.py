@@ -1,0 +1,69 @@
+"""Local files: written whole or not at all (temporary sibling, fsync, rename), read with a one-line error."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object], mode: str = "wb") -> str:
+    """Call ``write(fh)`` on a temporary file beside ``path``, fsync it and rename it over ``path``.
+
+    A reader sees the old file or the new one, never a partial one; on failure the temporary file is
+    removed and ``path`` is untouched. ``mode`` is ``"wb"`` or ``"w"`` (UTF-8 text). Returns ``path``."""
+    if mode not in ("wb", "w"):
+        raise ValueError(f"mode must be 'wb' or 'w', got {mode!r}")
+    path = os.fspath(path)
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, mode, encoding=None if mode == "wb" else "utf-8") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> str:
+    """:func:`atomic_write` of ``data``."""
+    return atomic_write(path, lambda fh: fh.write(data))
+
+
+def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
+    """The bytes of a local file; an unreadable one is a ``ValueError`` naming ``what`` and the path."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
+def distinct_files(paths: Iterable[str]) -> list[str]:
+    """``paths`` in order with every file once: a local file named twice (the same spelling, another
+    spelling, a symlink or a hard link: one device and inode) is kept at its first name; remote
+    (``scheme://``) names are compared as they are."""
+    seen: set[Any] = set()
+    out = []
+    for path in paths:
+        key: Any = path
+        if "://" not in path or path.startswith("file://"):
+            try:
+                st = os.stat(path.removeprefix("file://"))
+                key = (st.st_dev, st.st_ino)
+            except OSError:  # unreadable: left to the reader, which says so
+                key = os.path.realpath(path.removeprefix("file://"))
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out
+
+
+def utc_now_iso() -> str:
+    """Now, UTC, to the second, ISO 8601 (when a file or a record was made)."""
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()

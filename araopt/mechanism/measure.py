@@ -1,0 +1,122 @@
+"""The whole ARA mechanism on in-memory records: encode (HistogramContribution, Alg. 3 / Alg. 6) ->
+cap (ContributionCapping, Alg. 1) -> sum over the domain -> the release step (``araopt.release``:
+SummaryReport, Alg. 2, and ReconstructValues, Alg. 4). The Beam pipeline runs the same functions per
+shard (``encode_and_bound``, ``aggregate.domain_sums``) and after its combine (``release.noisy_release``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from araopt.io.conversions import Conversions, impression_slice_conflicts
+from araopt.mechanism.aggregate import domain_sums
+from araopt.mechanism.bounding import bound_contributions
+from araopt.mechanism.encoding import encode
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.params import Params
+from araopt.mechanism.randomness import keyed_uniforms, secure_generator
+from araopt.mechanism.release import Accounting, Release, noisy_release
+from araopt.mechanism.report import Estimates, SummaryReport
+
+
+def rounding_uniforms(record_keys: np.ndarray, num_queries: int, simulation_seed: int | None) -> np.ndarray | None:
+    """Simulation: per-record uniforms from (seed, record content hash), partition-independent."""
+    if simulation_seed is None:
+        return None
+    return np.column_stack([keyed_uniforms(simulation_seed, record_keys, col) for col in range(num_queries)])
+
+
+def encode_and_bound(
+    conversions: Conversions, params: Params, simulation_seed: int | None = None,
+    rng: np.random.Generator | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(contributions (n, d+1), kept mask) for records that hold *all* conversions of their impressions
+    (up to the end of the measured period: lookback rows included, whatever ``in_period`` says)."""
+    keys = conversions.record_keys()
+    uniforms = rounding_uniforms(keys, params.num_queries, simulation_seed)
+    if uniforms is None and rng is None:
+        rng = secure_generator()
+    contributions = encode(conversions.values, params, rng, uniforms=uniforms)
+    kept = bound_contributions(conversions.impression_id, conversions.conversion_time, contributions,
+                               params.contribution_budget, tie_breaker=keys)
+    return contributions, kept
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Everything one ARA release produces in memory: the release and the per-record masks."""
+
+    release: Release
+    histogram: np.ndarray
+    kept: np.ndarray  # per record, lookback rows included (Alg. 1 runs over them too)
+    in_domain: np.ndarray
+
+    @property
+    def domain(self) -> KeyDomain:
+        return self.release.domain
+
+    @property
+    def report(self) -> SummaryReport:
+        return self.release.report
+
+    @property
+    def estimates(self) -> Estimates:
+        return self.release.estimates
+
+    @property
+    def rows(self) -> int:
+        return int(len(self.kept))
+
+    @property
+    def rows_kept(self) -> int:
+        return self.release.accounting.rows_kept
+
+    @property
+    def rows_capped(self) -> int:
+        return self.release.accounting.rows_capped
+
+    @property
+    def rows_outside_domain(self) -> int:
+        return self.release.accounting.rows_outside_domain
+
+
+def measure(
+    conversions: Conversions, params: Params, domain: KeyDomain | None = None, *,
+    simulation_seed: int | None = None, rng: np.random.Generator | None = None,
+    noise_rng: np.random.Generator | None = None,
+) -> Measurement:
+    """Run the mechanism. Without ``simulation_seed`` all randomness is from the secure generator
+    (or the given ``rng`` / ``noise_rng``, for tests). Conversions whose impression-side slice
+    values differ from their impression's first conversion are refused (ValueError).
+
+    ``domain`` may be omitted only in simulation (``simulation_seed``) or with an explicit
+    ``noise_rng``: a real release over a domain derived from the data it releases would reveal
+    which slices occur in it.
+    """
+    if tuple(conversions.value_columns) != params.query_columns:
+        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+                         f"params expect {params.query_columns}")
+    inconsistent = impression_slice_conflicts(conversions, params.impression_slice_columns)
+    if inconsistent.any():
+        raise ValueError(f"{int(inconsistent.sum())} conversion(s) have impression-side slice values "
+                         f"({', '.join(params.impression_slice_columns)}) that differ from their impression's first "
+                         f"conversion (e.g. impression {conversions.impression_id[np.flatnonzero(inconsistent)[0]]!r}): "
+                         f"an impression is one source with one slice; remove them (the jobs dead-letter them)")
+    if domain is None:
+        if simulation_seed is None and noise_rng is None:
+            raise ValueError("a release needs a declared key domain: deriving it from the data being released "
+                             "is allowed only in simulation mode (simulation_seed)")
+        domain = KeyDomain.from_slice_values(params.slice_columns, conversions.slices, params.query_columns,
+                                             baseline=params.encoding == "baseline",
+                                             conversion_slice_columns=params.conversion_slice_columns)
+    contributions, kept = encode_and_bound(conversions, params, simulation_seed, rng)
+    slice_idx = domain.slice_index(conversions.slices)
+    period = conversions.period_mask()
+    sums = domain_sums(slice_idx, contributions, kept, domain.num_slices,
+                       impressions=len(np.unique(conversions.impression_id[period])), in_period=period)
+    accounting = Accounting(rows_read=int(period.sum()), rows_rejected=0, rows_kept=sums.kept, rows_capped=sums.capped,
+                            rows_outside_domain=sums.outside_domain, impressions=sums.impressions,
+                            lookback_rows_read=sums.lookback_rows, lookback_rows_used=sums.lookback_rows)
+    release = noisy_release(sums, params, domain, accounting, simulation_seed=simulation_seed, rng=noise_rng)
+    return Measurement(release, sums.histogram, kept, slice_idx >= 0)

@@ -1,0 +1,157 @@
+"""Expected error of the reconstructed estimates: bias, variance and RMSRE_tau (Sec. 4.3, Def. 3.2).
+
+``exact`` uses Thm. 4.2 with the exact DLap variance 2e^a/(e^a-1)^2, the randomized-rounding
+variance sum f(1-f) of the kept records, and the floors floor(alpha_l Gamma / C), floor(Gamma / C).
+``relaxed`` is the paper's Relaxation 4.5: Var U_l = 2 C^2 C_l^2 / (alpha_l^2 eps^2),
+Var U_0 = 2 (d+1) C^2 / eps^2 (no rounding variance, no floors); the bias is exact in both.
+
+Which records are kept is decided exactly as Alg. 1 does, with Chrome's limit of 20 reports per
+source (``araopt.bounding``): for L-inf and L1 every contribution has norm floor(Gamma/C), so the
+first min(Gamma // floor(Gamma/C), 20) conversions of each impression are kept.
+For the baseline, norms vary with the (random) rounding; we decide with the expected norm rounded
+to the nearest integer, which differs from the realised decision only when an impression's running
+total lands within d units of Gamma (documented approximation, baseline only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import cast
+
+import numpy as np
+
+from araopt.io.conversions import Conversions
+from araopt.mechanism.bounding import kept_mask
+from araopt.mechanism.encoding import expected_contribution, query_scales, rounding_variance
+from araopt.mechanism.params import Params
+from araopt.mechanism.report import estimate_variance
+
+
+class Objective(StrEnum):
+    """The error model the optimizer minimises: exact (Thm. 4.2: exact DLap variance, rounding,
+    floors) or the paper's Relaxation 4.5."""
+
+    EXACT = "exact"
+    RELAXED = "relaxed"
+
+
+OBJECTIVES = tuple(o.value for o in Objective)
+
+
+@dataclass(frozen=True)
+class ErrorBreakdown:
+    """Per slice j and query (count, q_1..q_d): truth V, expectation E[U] and variance Var(U)."""
+
+    truth: np.ndarray
+    expected: np.ndarray
+    variance: np.ndarray
+
+    @property
+    def bias(self) -> np.ndarray:
+        return cast(np.ndarray, self.expected - self.truth)
+
+    @property
+    def mse(self) -> np.ndarray:
+        return cast(np.ndarray, self.bias**2 + self.variance)
+
+
+@dataclass(frozen=True)
+class RmsreTau:
+    """RMSRE_tau per query (count first) and combined over queries (Def. 3.2)."""
+
+    per_query: np.ndarray
+    combined: float
+
+
+def default_taus(values: np.ndarray, count_tau: float = 5.0) -> np.ndarray:
+    """tau = (5, 5 median(q_1), ..., 5 median(q_d)) over training records (Sec. 5.1).
+
+    A query whose median is 0 falls back to 5 x its mean, then to 1, so that tau stays > 0.
+    """
+    vals = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+    taus = [float(count_tau)]
+    for col in range(vals.shape[1]):
+        v = vals[:, col]
+        tau = 5.0 * float(np.median(v)) if v.size else 0.0
+        if tau <= 0:
+            tau = 5.0 * float(v.mean()) if v.size and v.mean() > 0 else 1.0
+        taus.append(tau)
+    return np.array(taus)
+
+
+def _per_slice_sum(slice_index: np.ndarray, weights: np.ndarray, m: int) -> np.ndarray:
+    return np.bincount(slice_index, weights=weights, minlength=m)
+
+
+def expected_error(
+    conversions: Conversions, slice_index: np.ndarray, num_slices: int, params: Params,
+    objective: str = "exact", tie_breaker: np.ndarray | None = None,
+) -> ErrorBreakdown:
+    """Bias/variance of every estimate per slice for ``params`` on this data (truth = unclipped, uncapped),
+    for the period's rows when ``conversions`` carries a lookback (``in_period``); ``slice_index`` is
+    per record, lookback rows included (theirs may be -1)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    slice_index = np.asarray(slice_index, dtype=np.int64)
+    if len(slice_index) != len(conversions):
+        raise ValueError(f"slice_index has {len(slice_index)} entries for {len(conversions)} records")
+    m, d = num_slices, params.num_queries
+    kept = kept_mask(conversions, params, tie_breaker)  # Alg. 1 over the period and its lookback
+    if conversions.in_period is not None:  # only the period's rows are measured
+        inside = conversions.period_mask()
+        conversions, slice_index, kept = conversions.take(np.flatnonzero(inside)), slice_index[inside], kept[inside]
+    if (slice_index < 0).any():
+        raise ValueError("records outside the domain (slice_index < 0) must be removed first")
+    vals = conversions.values
+    truth = np.empty((m, d + 1))
+    truth[:, 0] = _per_slice_sum(slice_index, np.ones(len(slice_index)), m)
+    for col in range(d):
+        truth[:, col + 1] = _per_slice_sum(slice_index, vals[:, col], m)
+    ks, kv = slice_index[kept], vals[kept]
+    thresholds = np.array([q.clip_threshold for q in params.queries])
+
+    unit = thresholds / query_scales(params)
+    mean_w = expected_contribution(kv, params)
+    expected = np.empty((m, d + 1))
+    kept_count = _per_slice_sum(ks, np.ones(len(ks)), m)
+    expected[:, 0] = kept_count
+    for col in range(d):
+        expected[:, col + 1] = _per_slice_sum(ks, mean_w[:, col], m) * unit[col]
+    if objective == "exact":
+        rv = rounding_variance(kv, params)
+        round_var = np.column_stack([_per_slice_sum(ks, rv[:, col], m) for col in range(d)]) if d else np.zeros((m, 0))
+        variance = estimate_variance(params, kept_count, round_var)
+    else:
+        variance = relaxed_variance(params, m)
+    return ErrorBreakdown(truth=truth, expected=expected, variance=variance)
+
+
+def relaxed_variance(params: Params, num_slices: int) -> np.ndarray:
+    """Relaxation 4.5 (m, d+1): 2 C^2 C_l^2/(alpha_l^2 eps^2) and 2 (d+1) C^2/eps^2 (baseline: / alpha_0^2)."""
+    c, eps, d = params.count_limit, params.epsilon, params.num_queries
+    out = np.empty((num_slices, d + 1))
+    for col, (q, alpha) in enumerate(zip(params.queries, params.budget_fractions, strict=True)):
+        out[:, col + 1] = 2.0 * c**2 * q.clip_threshold**2 / (alpha**2 * eps**2)
+    if params.encoding == "baseline":
+        out[:, 0] = 2.0 * c**2 / (params.count_fraction**2 * eps**2)
+    else:
+        out[:, 0] = 2.0 * (d + 1) * c**2 / eps**2
+    return out
+
+
+def rmsre_tau(breakdown: ErrorBreakdown, taus: np.ndarray) -> RmsreTau:
+    """RMSRE_tau per query: sqrt(mean_j E(U - V)^2 / max(tau, V)^2), combined: sqrt(mean of squares)."""
+    taus = np.asarray(taus, dtype=np.float64)
+    if taus.shape != (breakdown.truth.shape[1],) or (taus <= 0).any():
+        raise ValueError(f"taus must be {breakdown.truth.shape[1]} positive numbers (count first), got {taus}")
+    if breakdown.truth.shape[0] == 0:
+        raise ValueError("RMSRE_tau of an empty domain is undefined")
+    denom = np.maximum(taus[None, :], breakdown.truth) ** 2
+    per_query = np.sqrt((breakdown.mse / denom).mean(axis=0))
+    return RmsreTau(per_query=per_query, combined=float(np.sqrt(np.mean(per_query**2))))
+
+
+def params_taus(params: Params) -> np.ndarray | None:
+    """The taus recorded in a parameter file (count first), or None if any is missing."""
+    taus = [params.count_tau] + [q.tau for q in params.queries]
+    return None if any(t is None for t in taus) else np.array(taus, dtype=np.float64)

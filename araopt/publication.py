@@ -1,0 +1,189 @@
+"""What a release publishes, decided once for every way of making one (``measure``'s Beam job, the
+in-memory ``mechanism.measure``, ``reconstruct`` of the Aggregation Service's report):
+
+* the estimates of the TRUE totals when the parameter version carries a calibration
+  (``calibration.correct``, for a measured period of as many history blocks as its size says), and
+  the one long-format table of estimates (``estimates_frame``);
+* what ``release.json`` says about the release (public facts only, no exact counts);
+* the operator-private accounting (exact counts) and the calibration that made the estimates;
+* the Aggregation Service records of the release (``io.avro``'s checked builders) and the debug
+  run's annotation rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from araopt.calibration.correct import CorrectedEstimates, correct, period_blocks_for
+from araopt.calibration.model import Calibration
+from araopt.io import avro
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.params import Params
+from araopt.mechanism.release import Release
+from araopt.mechanism.report import Estimates
+from araopt.version import ParameterVersion
+
+ESTIMATE_COLUMNS = ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error",
+                    "bias_corrected")
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A release as published: Alg. 4's estimates and, with a calibration, those of the true totals
+    (``corrected``) with the version's choice of point estimate (``correction``)."""
+
+    release: Release
+    calibration: Calibration | None = None
+    correction: str = "ratio"
+    corrected: CorrectedEstimates | None = None
+
+    @property
+    def params(self) -> Params:
+        return self.release.params
+
+    @property
+    def domain(self) -> KeyDomain:
+        return self.release.domain
+
+    def frame(self) -> pd.DataFrame:
+        """The estimates table (``estimates_frame``)."""
+        return estimates_frame(self.release.estimates, self.release.domain, self.corrected, self.correction)
+
+
+def publish(release: Release, version: ParameterVersion) -> Publication:
+    """``release`` with the true totals of ``version``'s calibration (if it carries one)."""
+    corrected = (None if version.calibration is None
+                 else true_totals(release.estimates, version.calibration, release.domain, release.params))
+    return Publication(release, version.calibration, version.correction, corrected)
+
+
+def true_totals(estimates: Estimates, calibration: Calibration, domain: KeyDomain,
+                params: Params | None = None) -> CorrectedEstimates:
+    """The calibration's estimates of the true totals (``calibration.correct``). The measured period's
+    length in history blocks is its size over the history's block size. A reconstructed report may
+    miss buckets (NaN estimates): then only the complete slices are corrected, the rest stay NaN."""
+    finite = np.isfinite(estimates.estimate).all(axis=1) & np.isfinite(estimates.std_error).all(axis=1)
+    kept = float(np.clip(estimates.estimate[finite, 0], 0.0, None).sum())
+    period = period_blocks_for(calibration, kept)
+    if finite.all():
+        return correct(estimates, calibration, domain, params, period_blocks=period)
+    part = dataclasses.replace(estimates, **{f: getattr(estimates, f)[finite] for f in
+                                             ("estimate", "std_error", "ci_low", "ci_high")})
+    values = {c: [v for v, keep in zip(vals, finite, strict=True) if keep] for c, vals in domain.slice_values().items()}
+    got = correct(part, calibration, values, params, period_blocks=period)
+    full = {}
+    for f in ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error", "ratio",
+              "ratio_std_error"):
+        arr = np.full(estimates.estimate.shape, np.nan)
+        arr[finite] = getattr(got, f)
+        full[f] = arr
+    fallback = np.zeros(estimates.estimate.shape, dtype=bool)
+    fallback[finite] = got.fallback
+    return CorrectedEstimates(**full, fallback=fallback, fallback_slices=got.fallback_slices,
+                              query_names=got.query_names, confidence=got.confidence, period_blocks=got.period_blocks,
+                              retention_checksum=got.retention_checksum)
+
+
+def estimates_frame(estimates: Estimates, domain: KeyDomain, corrected: CorrectedEstimates | None = None,
+                    correction: str = "ratio") -> pd.DataFrame:
+    """Long table: slice columns, ``query`` (count, q_1..q_d), then ``ESTIMATE_COLUMNS``.
+
+    ``estimate``, ``std_error``, ``ci_low``, ``ci_high`` are about the TRUE total when ``corrected``
+    (``calibration.correct``) is given: the point estimate U / r_hat (``correction`` "ratio",
+    ``bias_corrected`` true) or the capped estimate U ("none": the history showed dividing adds more
+    noise than it removes bias; std_error then includes that known bias), and the calibrated
+    interval either way. Without a calibration they are Alg. 4's, about the capped-and-clipped sum,
+    and equal ``capped_estimate`` / ``capped_std_error`` (``bias_corrected`` false).
+    """
+    m, k = estimates.estimate.shape
+    values = domain.slice_values()
+    frame = pd.DataFrame({c: np.repeat(np.asarray(v, dtype=object), k) for c, v in values.items()})
+    frame["query"] = np.tile(np.asarray(estimates.query_names, dtype=object), m)
+    if corrected is None:
+        point, std, low, high = estimates.estimate, estimates.std_error, estimates.ci_low, estimates.ci_high
+        bias_corrected = False
+    elif correction == "ratio":
+        point, std, low, high = corrected.estimate, corrected.std_error, corrected.ci_low, corrected.ci_high
+        bias_corrected = True
+    else:
+        point, low, high = estimates.estimate, corrected.ci_low, corrected.ci_high
+        std = np.sqrt(corrected.std_error**2 + (corrected.estimate - estimates.estimate) ** 2)
+        bias_corrected = False
+    for name, array in (("estimate", point), ("std_error", std), ("ci_low", low), ("ci_high", high),
+                        ("capped_estimate", estimates.estimate), ("capped_std_error", estimates.std_error)):
+        frame[name] = np.asarray(array, dtype=np.float64).reshape(-1)
+    frame["bias_corrected"] = bias_corrected
+    for c, dictionary in zip(domain.slice_columns, domain.dictionaries, strict=True):
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in dictionary):
+            frame[c] = frame[c].astype("int64")
+        else:
+            frame[c] = frame[c].astype(str)
+    return frame
+
+
+def release_json(publication: Publication, params_sha256: str) -> dict[str, Any]:
+    """What the release says about itself: only public facts (no exact counts)."""
+    release = publication.release
+    simulation = release.simulation_seed is not None
+    return {
+        "simulation": simulation,
+        "differentially_private": not simulation,  # (not the operator-private folder: this file is public)
+        "note": ("SIMULATION: seeded noise, NOT differentially private; never publish" if simulation
+                 else "noised with discrete Laplace noise over the declared domain"),
+        "epsilon": release.params.epsilon,
+        "contribution_budget": release.params.contribution_budget,
+        "encoding": release.params.encoding,
+        "count_limit": release.params.count_limit,
+        "params_sha256": params_sha256,
+        "domain_layout_sha256": release.domain.layout_checksum(),
+        "slices": release.domain.num_slices,
+        "keys": release.domain.num_keys,
+        "estimates_of": ("the true totals (calibrated from history; point estimate: "
+                         + ("capped sum / retention ratio" if publication.correction == "ratio" else "the capped sum")
+                         + ")") if publication.corrected is not None else
+                        "the capped-and-clipped sums (Alg. 4; no calibration)",
+    }
+
+
+def calibration_summary(publication: Publication) -> dict[str, Any] | None:
+    """Which calibration made the estimates of the true totals (None: estimates are Alg. 4's)."""
+    cal, corrected = publication.calibration, publication.corrected
+    if cal is None or corrected is None:
+        return None
+    return {"retention_checksum": cal.retention_checksum, "params_checksum": cal.params_checksum, "method": cal.method,
+            "history_blocks": cal.num_blocks, "period_blocks": corrected.period_blocks,
+            "correction": publication.correction, "fallback_slices": corrected.fallback_slices}
+
+
+def private_accounting(publication: Publication) -> dict[str, Any]:
+    """The operator-private accounting of a release: exact counts (never published)."""
+    release = publication.release
+    return {**release.accounting.to_json(), "slices": release.domain.num_slices, "keys": release.domain.num_keys,
+            "calibration": calibration_summary(publication)}
+
+
+def debug_annotations(unnoised: int) -> list[str]:
+    """The Aggregation Service's debug-run tags of a domain bucket: every bucket is ``in_domain``; one
+    with contributions is also ``in_reports``."""
+    return ["in_domain", "in_reports"] if unnoised > 0 else ["in_domain"]
+
+
+def summary_records(release: Release) -> list[dict[str, Any]]:
+    """``AggregatedFact`` records of the release (buckets with leading zero bytes left out)."""
+    return avro.summary_report_records(release.domain.buckets(), release.report.noisy.ravel().tolist())
+
+
+def domain_records(release: Release) -> list[dict[str, Any]]:
+    """``AggregationBucket`` records of the release's output domain (16-byte buckets)."""
+    return avro.output_domain_records(release.domain.buckets())
+
+
+def debug_records(release: Release) -> list[dict[str, Any]]:
+    """``DebugAggregatedFact`` records of the release: unnoised metric, noise, annotations."""
+    unnoised = release.report.unnoised.ravel().tolist()
+    return avro.debug_report_records(release.domain.buckets(), unnoised, release.report.noise.ravel().tolist(),
+                                     [debug_annotations(u) for u in unnoised])

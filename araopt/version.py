@@ -1,0 +1,218 @@
+"""A parameter version: the parameter FILE that ``optimize`` and ``nightly`` publish and ``measure``,
+``export-ara`` and ``reconstruct`` read. It holds the mechanism's parameters (``mechanism.params``),
+the declared key domain of its releases, the calibration fitted on the training history and how
+estimates use it (``correction``), and where it came from (``Provenance``).
+
+The file is JSON, validated against ``schemas/params.schema.json`` and then semantically; every
+refusal names the field. ``checksum`` is the sha256 of the bytes ``save`` writes: key maps and
+releases record it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, cast
+
+import jsonschema
+
+from araopt.calibration.model import Calibration
+from araopt.constants import CORRECTION, L1_ROUNDING_OF_A_FILE
+from araopt.errors import InvalidParameters
+from araopt.io import jsonio
+from araopt.io.files import atomic_write_bytes, read_bytes
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.params import Params, QueryParams
+
+FORMAT_VERSION = "1.0"
+SUPPORTED_MAJOR_VERSION = 1
+CORRECTIONS = ("ratio", "none")
+"""How estimates use a calibration: ``ratio`` divides by the retention ratio; ``none`` keeps the capped estimate."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a parameter file came from and what error it is predicted to have."""
+
+    training_start: str | None = None
+    training_end: str | None = None
+    rows: int | None = None
+    created_at: str | None = None
+    predicted_rmsre_tau: float | None = None
+    baseline_rmsre_tau: float | None = None
+    objective: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "training_window": {"start": self.training_start, "end": self.training_end},
+            "rows": self.rows,
+            "created_at": self.created_at,
+            "predicted_rmsre_tau": self.predicted_rmsre_tau,
+            "baseline_rmsre_tau": self.baseline_rmsre_tau,
+            "objective": self.objective,
+        }
+        out.update(dict(self.extra))
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Provenance:
+        data = dict(data)
+        window = data.pop("training_window", None) or {}
+        known = {k: data.pop(k, None)
+                 for k in ("rows", "created_at", "predicted_rmsre_tau", "baseline_rmsre_tau", "objective")}
+        return cls(training_start=window.get("start"), training_end=window.get("end"), extra=data, **known)
+
+
+@dataclass(frozen=True)
+class ParameterVersion:
+    """One parameter file: the mechanism's ``params``; the declared key ``domain`` of releases made with
+    them (the slices of the training history) or None; the ``calibration`` fitted on the history for
+    exactly this bounding, which turns estimates of the capped-and-clipped sums into estimates of the
+    true totals, and ``correction``, how the point estimate uses it: ``ratio`` (U / r_hat) or ``none``
+    (the capped estimate, when the history shows that dividing adds more noise than it removes bias;
+    the intervals are for the true totals either way); and ``provenance``."""
+
+    params: Params
+    domain: KeyDomain | None = None
+    calibration: Calibration | None = None
+    correction: str = CORRECTION
+    provenance: Provenance | None = None
+    format_version: str = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        _check_version(self.format_version)
+        if not isinstance(self.params, Params):
+            raise InvalidParameters(f"params must be Params, got {type(self.params).__name__}")
+        if self.domain is not None:
+            self.params.check_domain(self.domain)
+        if self.correction not in CORRECTIONS:
+            raise InvalidParameters(f"correction must be one of {CORRECTIONS}, got {self.correction!r}")
+        if self.calibration is not None:
+            if not isinstance(self.calibration, Calibration):
+                raise InvalidParameters(f"calibration must be a Calibration, got {type(self.calibration).__name__}")
+            self.calibration.check_params(self.params)
+
+    def with_epsilon(self, epsilon: float) -> ParameterVersion:
+        """The same version releasing at another epsilon (a calibration does not depend on it)."""
+        return dataclasses.replace(self, params=self.params.with_epsilon(epsilon))
+
+    # ---- serialisation --------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        p = self.params
+        out: dict[str, Any] = {
+            "format_version": self.format_version,
+            "contribution_budget": p.contribution_budget,
+            "epsilon": p.epsilon,
+            "encoding": p.encoding,
+            "count_limit": p.count_limit,
+            "slice_columns": list(p.slice_columns),
+            "conversion_slice_columns": list(p.conversion_slice_columns),
+            "queries": [
+                {"column": q.column, "clip_threshold": q.clip_threshold, "budget_fraction": q.budget_fraction, "tau": q.tau}
+                for q in p.queries
+            ],
+            "count_budget_fraction": p.count_budget_fraction,
+            "count_tau": p.count_tau,
+            "provenance": self.provenance.to_json() if self.provenance else None,
+        }
+        if self.domain is not None:
+            out["domain"] = {k: v for k, v in self.domain.to_json().items() if k not in ("params_sha256", "origin")}
+        if self.calibration is not None:
+            out["correction"] = self.correction
+            out["calibration"] = self.calibration.to_json()
+        if p.encoding == "l1":
+            out["l1_rounding"] = p.l1_rounding
+        return out
+
+    def to_bytes(self) -> bytes:
+        return (jsonio.dumps(self.to_json(), indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+    def checksum(self) -> str:
+        """sha256 of the canonical serialisation (what ``save`` writes)."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically (temporary file + rename): a reader never sees a partial file."""
+        atomic_write_bytes(path, self.to_bytes())
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "parameter file") -> ParameterVersion:
+        """Validate ``data`` (parsed JSON) against the schema and semantically; refuse with the field name."""
+        if not isinstance(data, dict):
+            raise InvalidParameters(f"{source}: top level must be a JSON object")
+        if "format_version" in data:
+            _check_version(data["format_version"], source)
+        validator = jsonschema.Draft202012Validator(params_json_schema())
+        errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+        if errors:
+            err = errors[0]
+            raise InvalidParameters(f"{source}: field {_json_path(err)}: {err.message}")
+        queries = tuple(
+            QueryParams(
+                column=q["column"], clip_threshold=float(q["clip_threshold"]),
+                budget_fraction=None if q.get("budget_fraction") is None else float(q["budget_fraction"]),
+                tau=None if q.get("tau") is None else float(q["tau"]),
+            )
+            for q in data["queries"]
+        )
+        prov = data.get("provenance")
+        try:
+            params = Params(
+                count_limit=data["count_limit"], encoding=data["encoding"], epsilon=data["epsilon"],
+                slice_columns=tuple(data["slice_columns"]), queries=queries,
+                contribution_budget=data["contribution_budget"],
+                count_budget_fraction=data.get("count_budget_fraction"), count_tau=float(data["count_tau"]),
+                l1_rounding=data.get("l1_rounding", L1_ROUNDING_OF_A_FILE),
+                conversion_slice_columns=tuple(data.get("conversion_slice_columns", ())))
+            calibration = data.get("calibration")
+            return cls(
+                params,
+                domain=None if data.get("domain") is None else KeyDomain.from_json(data["domain"], source="domain",
+                                                                                  embedded=True),
+                calibration=None if calibration is None else Calibration.from_json(calibration, source="calibration"),
+                correction=data.get("correction", CORRECTION),
+                provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
+            )
+        except ValueError as exc:  # every refusal of the parts, said once with the file's name
+            raise InvalidParameters(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, source: str = "parameter file") -> ParameterVersion:
+        return cls.from_json(jsonio.loads(raw, source), source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ParameterVersion:
+        path = os.fspath(path)
+        raw = read_bytes(path, "parameter file")
+        return cls.from_bytes(raw, source=path)
+
+
+def params_json_schema() -> dict[str, Any]:
+    """The JSON Schema of the parameter file (``schemas/params.schema.json``)."""
+    text = resources.files("araopt").joinpath("schemas/params.schema.json").read_text(encoding="utf-8")
+    return cast(dict[str, Any], json.loads(text))
+
+
+def _check_version(version: Any, source: str = "parameter file") -> None:
+    if not isinstance(version, str) or "." not in version:
+        raise InvalidParameters(f"{source}: field format_version must look like 'MAJOR.MINOR', got {version!r}")
+    major = version.split(".", 1)[0]
+    if not major.isdigit() or int(major) != SUPPORTED_MAJOR_VERSION:
+        raise InvalidParameters(f"{source}: field format_version {version!r} has unknown major version "
+                                f"(supported: {SUPPORTED_MAJOR_VERSION}.x)")
+
+
+def _json_path(err: jsonschema.ValidationError) -> str:
+    if err.validator == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else "?"
+        base = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        return f"{base}.{missing}".lstrip(".") or missing
+    if err.validator == "additionalProperties":
+        return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path).lstrip(".") or "(top level)"
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path).lstrip(".") or "(top level)"
+
