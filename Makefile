@@ -20,14 +20,16 @@ demo: venv
 test: venv
 	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
 
-# The fast lane: the core and transform unit tests, without the end-to-end jobs (marked slow).
+# The fast lane: the core and transform unit tests, without the end-to-end jobs (marked slow), on both cores.
 test-fast: venv
-	@$(PY) -m pytest -q -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
+	@$(PY) -m pytest -q -m "not slow" -n 2; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
 
-# Static checks (configuration in pyproject.toml): ruff on the whole tree, mypy on araopt/ (strict), transforms/, pipelines/.
+# Static checks (configuration in pyproject.toml): ruff on the whole tree, mypy on araopt/ (strict), transforms/,
+# pipelines/, and the import contracts of the layers (import-linter).
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 bench: venv
 	$(PY) benchmarks/core.py

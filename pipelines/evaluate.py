@@ -47,7 +47,8 @@ run_evaluate = run
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     import pandas as pd
 
-    from araopt.evaluation.evaluate import METHODS, comparison_table, evaluate_dataset, write_outputs
+    from araopt.evaluation.evaluate import comparison_table, evaluate_dataset, write_outputs
+    from araopt.evaluation.methods import METHODS
     from araopt.io.conversions import concat_periods
     from araopt.io.progress import Progress
     from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory

@@ -164,9 +164,9 @@ def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], va
         Conversions,
         ValidationCounts,
         check_rejected_share,
-        split_impression_slice_conflicts,
         validate_batch,
     )
+    from araopt.mechanism.sources import split_impression_slice_conflicts
     from transforms.io import InputFiles, check_input, needed_columns
 
     inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, slice_columns, value_columns)

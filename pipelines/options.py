@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
 
+from araopt import constants as core  # stdlib only: every default below is the core's
+
 __all__ = [
     "COMMANDS", "OPTIONS", "OPTIONS_BY_JOB", "TEMPLATE_OPTIONS", "CliOption", "Command", "OneLineParser", "UserError",
     "add_options", "build_parser", "cli_main", "command_options", "one_line", "parse_bool", "parse_tau", "resolve_as_of",
@@ -97,19 +99,19 @@ _ALL: Final[tuple[CliOption, ...]] = (
     # ---- privacy and parameters -------------------------------------------------------------------
     _o("epsilon", "Privacy budget epsilon of the Aggregation Service, in [2^-20, 64].", type="float",
        metavar="E", label="Epsilon", regex=_POSITIVE_DECIMAL),
-    _o("encoding", "HistogramContribution version: linf (Alg. 3) or l1 (Alg. 6).", default="linf",
+    _o("encoding", "HistogramContribution version: linf (Alg. 3) or l1 (Alg. 6).", default=core.ENCODING,
        choices=("linf", "l1"), metavar="linf|l1", label="Encoding", regex=r"^(linf|l1)$"),
     _o("objective", "What the optimizer minimises: corrected = the predicted error of the TRUE totals, choosing "
        "between the paper's estimator and the one corrected by retention ratios calibrated on the history; exact = "
        "the paper's estimator (Thm. 4.2 with the exact discrete Laplace variance, rounding and floors); relaxed = "
-       "the paper's Relaxation 4.5.", default="corrected", choices=("corrected", "exact", "relaxed")),
+       "the paper's Relaxation 4.5.", default=core.OBJECTIVE, choices=("corrected", "exact", "relaxed")),
     _o("max_count_limit", "Largest count limit C tried (20: Chrome's limit of aggregatable reports per source).",
-       type="positive_int", default=20, metavar="N", label="Max count limit", regex=_POSITIVE_INT),
+       type="positive_int", default=core.MAX_COUNT_LIMIT, metavar="N", label="Max count limit", regex=_POSITIVE_INT),
     _o("tau", "RMSRE_tau thresholds as NAME=VALUE pairs, e.g. count=5,value=200; every query not named keeps "
        "the default rule: count 5, each value query 5 x its median per conversion in the history (Sec. 5.1).",
        metavar="Q=T,..."),
     _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
-       "(the paper's Alg. 6).", default="randomized", choices=("randomized", "floor")),
+       "(the paper's Alg. 6).", default=core.L1_ROUNDING, choices=("randomized", "floor")),
     _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
        "private and is marked SIMULATION.", type="int", metavar="SEED"),
     _o("override_epsilon", "Allow an --epsilon different from the parameter file's (recorded).", type="bool",
@@ -125,13 +127,14 @@ _ALL: Final[tuple[CliOption, ...]] = (
        metavar="LOG", label="Lookback", regex=_NON_EMPTY, gcs_only=True),
     _o("release_period", "Days of conversions each release covers (tuning and predictions are for one release "
        "of this length: its noise is the same whatever its length, its volume is not).", type="positive_float",
-       default=1.0, metavar="DAYS", label="Release period (days)", regex=_POSITIVE_DECIMAL),
+       default=core.RELEASE_PERIOD_DAYS, metavar="DAYS", label="Release period (days)", regex=_POSITIVE_DECIMAL),
     _o("lookback_days", "Days of partitions before the window read only to rank each impression's conversions "
-       "over its whole life (as the browser caps a source); 0 = none.", type="int", default=30, metavar="N",
+       "over its whole life (as the browser caps a source); 0 = none.", type="int", default=core.LOOKBACK_DAYS,
+       metavar="N",
        label="Lookback (days)", regex=_NON_NEGATIVE_INT),
     _o("debug_run", "Also write the unnoised values and the noise (Aggregation Service debug run) into the "
        "operator-private folder.", type="bool", label="Debug run", regex=_BOOL),
-    _o("max_slices", "Refuse a domain with more slices than this.", type="positive_int", default=100_000,
+    _o("max_slices", "Refuse a domain with more slices than this.", type="positive_int", default=core.MAX_SLICES,
        metavar="N", label="Max slices", regex=_POSITIVE_INT),
     _o("allow_rerelease", "Release conversions the release ledger says were released before (counted and "
        "recorded).",
@@ -143,7 +146,7 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("max_rejected_fraction", "Fail before releasing or publishing if more than this share of rows is "
        "invalid (the Aggregation Service's own rule is 10%). The gate is sharp: exactly this share passes, one "
        "more invalid row fails the job, so whether a release happens can flip on one row.", type="float",
-       default=0.10, metavar="F"),
+       default=core.MAX_REJECTED_FRACTION, metavar="F"),
     _o("num_shards", "Impression shards of the group-by (default: about 250,000 rows per shard, at least 16).",
        type="positive_int", metavar="N"),
     _o("shuffle", "Group-by-impression shuffle: files (spilled Arrow files; the default locally), memory (a "
@@ -160,15 +163,17 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("allow_large_change", "Publish even when the new parameters move more than the change guards allow.",
        type="bool", label="Allow large change", regex=_BOOL),
     _o("max_threshold_change_factor", "Largest allowed factor between a new and the previous clip threshold.",
-       type="positive_float", default=2.0, metavar="F", label="Max threshold change factor",
+       type="positive_float", default=core.MAX_THRESHOLD_CHANGE_FACTOR, metavar="F", label="Max threshold change factor",
        regex=_POSITIVE_DECIMAL),
-    _o("max_count_limit_change", "Largest allowed change of the count limit.", type="int", default=2, metavar="N",
+    _o("max_count_limit_change", "Largest allowed change of the count limit.", type="int",
+       default=core.MAX_COUNT_LIMIT_CHANGE, metavar="N",
        label="Max count limit change", regex=_NON_NEGATIVE_INT),
     # ---- evaluate -------------------------------------------------------------------------------
     _o("train", "Training log (repeat for several datasets).", required=True, metavar="LOG", action="append"),
     _o("test", "Test log (one per --train).", required=True, metavar="LOG", action="append"),
     _o("name", "A name for the result.", metavar="NAME"),
-    _o("epsilons", "Comma-separated epsilons, each in [2^-20, 64].", default="1,2,4,8,16,32,64", metavar="E,..."),
+    _o("epsilons", "Comma-separated epsilons, each in [2^-20, 64].", default=",".join(f"{e:g}" for e in core.EPSILONS),
+       metavar="E,..."),
     _o("monte_carlo", "Mechanism runs per (epsilon, method) for an empirical RMSRE_tau beside the prediction; 0 = off.",
        type="int", default=0, metavar="N"),
     _o("seed", "Random seed (simulations and generators only; never used for privacy noise).", type="int",
@@ -220,10 +225,10 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("key_map", "Key map JSON declaring the output domain (from export-ara or measure).", metavar="FILE"),
     _o("destination", "The advertiser site of the source registrations: an https:// URL (http:// only for "
        "localhost), reduced to its site (scheme + registrable domain) as Chrome does.",
-       default="https://advertiser.example", metavar="URL"),
+       default=core.DESTINATION, metavar="URL"),
     _o("summary_report", "The Aggregation Service's summary report: Avro file(s), a directory or a glob.",
        required=True, metavar="AVRO", nargs="+"),
-    _o("confidence", "Confidence level of the intervals.", type="float", default=0.95, metavar="LEVEL"),
+    _o("confidence", "Confidence level of the intervals.", type="float", default=core.CONFIDENCE, metavar="LEVEL"),
     # ---- demo ------------------------------------------------------------------------------------
     _o("conversions_per_day", "Synthetic conversions per day.", type="positive_int", default=150_000, metavar="N"),
 )

@@ -100,8 +100,13 @@ class JobGraph:
         return found[0]
 
     def combines(self, fn_type: str) -> list[Step]:
-        """The GroupByKey of every CombinePerKey whose CombineFn is ``fn_type`` (one per combine)."""
-        return [s for s in self.find(GROUP_BY_KEY) if s.combine and s.fn_type == fn_type]
+        """The GroupByKey of every CombinePerKey whose CombineFn is ``fn_type`` (one per combine); for the
+        project's one generic ``CombinerFn``, ``fn_type`` names the core combiner it runs."""
+        def kind(s: Step) -> str:
+            inner = getattr(s.fn, "_combiner", None)
+            return type(inner).__name__ if inner is not None else str(s.fn_type)
+
+        return [s for s in self.find(GROUP_BY_KEY) if s.combine and kind(s) == fn_type]
 
     def upstream(self, step: Step, through_side_inputs: bool = False) -> Iterator[Step]:
         """Every step ``step`` reads from, transitively (main inputs only unless asked)."""

@@ -102,9 +102,9 @@ def test_measure_translates_to_dataflow_job_with_one_release_after_the_integer_c
                                    f"{gs}/out", "--domain", f"{gs}/domain.csv", "--debug-run",
                                    *dataflow_flags(gs, job_file)], job_file, capsys)
     graph = check_job(job_file, gs)
-    combine = combine_after_shuffle(graph, "DomainSumsCombineFn")
+    combine = combine_after_shuffle(graph, "DomainSumsCombiner")
     release = graph.one(fn_type="_AddNoise")  # noise once per key: exactly one release step ...
-    (sums,) = graph.combines("DomainSumsCombineFn")
+    (sums,) = graph.combines("DomainSumsCombiner")
     after = graph.path(sums, release, through_side_inputs=True)  # ... fed by the integer combine, nothing grouped after
     assert after and [s.name for s in after if s.urn == GROUP_BY_KEY] == [sums.name]
     written = {p.rsplit("/", 2)[-2] + "/" + p.rsplit("/", 1)[-1] for p in graph.sink_paths()}
@@ -126,9 +126,9 @@ def test_optimize_translates_its_statistics_and_calibration_jobs(gcs, tmp_path, 
     calibration = check_job(tmp_path / "optimize-calibration.json", gs)
     assert [p.rsplit("/", 1)[-1] for p in statistics.sink_paths()] == ["params.rejected"]  # under --temp_location
     report(capsys, f"optimize (statistics job): {statistics.summary()}; {shuffle_text(statistics)}; statistics combine "
-                   f"{combine_after_shuffle(statistics, 'StatisticsCombineFn')}\n"
+                   f"{combine_after_shuffle(statistics, 'StatisticsCombiner')}\n"
                    f"optimize (calibration job): {calibration.summary()}; {shuffle_text(calibration)}; calibration "
-                   f"combine {combine_after_shuffle(calibration, 'CalibrationCombineFn')}\n  {line}")
+                   f"combine {combine_after_shuffle(calibration, 'CandidatesCombiner')}\n  {line}")
 
 
 def test_nightly_finds_gcs_partitions_and_translates_with_one_publish_step(gcs, tmp_path, capsys):
@@ -138,11 +138,11 @@ def test_nightly_finds_gcs_partitions_and_translates_with_one_publish_step(gcs, 
                                    "--store", f"{gs}/store", "--slices", "campaign,geo", "--values", "value",
                                    "--epsilon", "8", *dataflow_flags(gs, job_file)], job_file, capsys)
     graph = check_job(job_file, gs)
-    statistics = combine_after_shuffle(graph, "StatisticsCombineFn")
-    calibration = combine_after_shuffle(graph, "CalibrationCombineFn")
+    statistics = combine_after_shuffle(graph, "StatisticsCombiner")
+    calibration = combine_after_shuffle(graph, "CandidatesCombiner")
     publish = graph.one(fn_type="_CalibrateReportAndPublish")
     upstream = {s.id for s in graph.upstream(publish, through_side_inputs=True)}
-    assert {c.id for c in graph.combines("StatisticsCombineFn") + graph.combines("CalibrationCombineFn")} <= upstream
+    assert {c.id for c in graph.combines("StatisticsCombiner") + graph.combines("CandidatesCombiner")} <= upstream
     assert not [b.name for b in gcs.client().bucket(gcs.bucket).list_blobs() if b.name.startswith("store")]
     report(capsys, f"nightly: {graph.summary()}; {shuffle_text(graph)}; statistics combine {statistics}; calibration "
                    f"combine {calibration}; publish step {publish.name} (the only one, after both combines)\n  {line}")
@@ -157,7 +157,7 @@ def test_evaluate_translates_its_statistics_job(gcs, tmp_path, capsys):
     graph = check_job(job_file, gs)
     assert not (tmp_path / "eval").exists()
     report(capsys, f"evaluate (statistics job): {graph.summary()}; {shuffle_text(graph)}; statistics combine "
-                   f"{combine_after_shuffle(graph, 'StatisticsCombineFn')}\n  {line}")
+                   f"{combine_after_shuffle(graph, 'StatisticsCombiner')}\n  {line}")
 
 
 def test_beam_validation_error_is_one_line_with_its_reason_before_any_work(gcs, tmp_path, capsys):

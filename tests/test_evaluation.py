@@ -102,7 +102,7 @@ def test_optimize_cli_writes_parameters_with_predictions(tmp_path, capsys):
     assert rc == 0
     params = ParameterVersion.load(out)
     prov = params.provenance.to_json()
-    assert params.encoding == "linf" and 1 <= params.count_limit <= 12
+    assert params.params.encoding == "linf" and 1 <= params.params.count_limit <= 12
     assert prov["predicted_rmsre_tau"] < prov["baseline_rmsre_tau"]
     assert set(prov["baselines"]) == {"baseline_q95", "baseline_q99"} and len(prov["per_count_limit"]) == 12
     printed = capsys.readouterr().out

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from araopt import KeyDomain, Params
+from araopt import KeyDomain
 from araopt.io import outputs
 from araopt.io.store import StoreConflict, open_store
 from araopt.version import ParameterVersion
@@ -54,7 +54,8 @@ def test_1_tiny_or_huge_epsilon_is_refused_by_every_entry_point(tmp_path, capsys
                         str(tmp_path / "store"), "--slices", "s", "--values", "v", "--epsilon", eps])
     assert code == 2 and "epsilon" in error_line(capsys.readouterr().err, "araopt nightly")
     with pytest.raises(ValueError, match="epsilon"):  # the store itself refuses such a version
-        open_store(str(tmp_path / "store")).publish("2026-11-20", "x", json.dumps(raw).encode(), validate=Params.from_bytes)
+        open_store(str(tmp_path / "store")).publish("2026-11-20", "x", json.dumps(raw).encode(),
+                                                    validate=ParameterVersion.from_bytes)
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 

@@ -19,14 +19,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from araopt import Conversions, Params, QueryParams, measure
 from araopt.io import outputs
-from araopt.io.conversions import (
-    IMPRESSION_SLICE_INCONSISTENT,
-    ValidationCounts,
-    dead_letter_schema,
-    impression_slice_conflicts,
-    split_impression_slice_conflicts,
-    validate_batch,
-)
+from araopt.io.conversions import IMPRESSION_SLICE_INCONSISTENT, ValidationCounts, dead_letter_schema, validate_batch
+from araopt.mechanism.sources import impression_slice_conflicts, split_impression_slice_conflicts
 from araopt.version import ParameterVersion
 from transforms.validate import COUNTS, GROUPED, ReadAndValidate
 
@@ -189,5 +183,5 @@ def test_measure_and_the_history_jobs_reject_the_same_rows_and_accounting_closes
     # the calibration job of parameters with a conversion-side column checks the impression side only
     from transforms.io import check_input
 
-    cal = compute_calibration(check_input(str(path), SLICES, VALUES), params)
+    cal = compute_calibration(check_input(str(path), SLICES, VALUES), ParameterVersion(params))
     assert cal.num_conversions == 25

@@ -86,18 +86,19 @@ def test_guardrail_large_change_needs_flag(tmp_path, capsys):
 
 
 def test_result_not_better_than_baseline_is_not_published(tmp_path, monkeypatch, capsys):
-    from araopt.optimize import search as optimizer
     from araopt.optimize import tune as tuning
+    from araopt.optimize.baselines import baseline_params
+    from araopt.optimize.objective import predicted_rmsre_tau
+    from araopt.optimize.search import optimize as real_optimize
 
     hist = write_history(tmp_path / "h")
     store_uri = str(tmp_path / "store")
-    real_optimize = optimizer.optimize
 
     def worse_than_baseline(statistics, epsilon, *args, **kwargs):
         result = real_optimize(statistics, epsilon, *args, **kwargs)
-        base = optimizer.baseline_params(statistics, epsilon, 0.95, 8, taus=result.taus)
-        worse = optimizer.predicted_rmsre_tau(statistics, base, result.taus, "exact") * 1.5
-        return type(result)(result.params, worse, result.kind, result.encoding, result.per_count_limit, result.taus,
+        base = baseline_params(statistics, epsilon, 0.95, 8, taus=result.taus)
+        worse = predicted_rmsre_tau(statistics, base, result.taus, "exact") * 1.5
+        return type(result)(result.params, worse, result.objective, result.encoding, result.per_count_limit, result.taus,
                             result.seconds)
 
     monkeypatch.setattr(tuning, "optimize", worse_than_baseline)
@@ -110,7 +111,8 @@ def test_guardrails_unit():
     from araopt import QueryParams
 
     def p(c, t):
-        return Params(count_limit=c, encoding="linf", epsilon=1, slice_columns=("s",), queries=(QueryParams("v", t, 1.0),))
+        return ParameterVersion(Params(count_limit=c, encoding="linf", epsilon=1, slice_columns=("s",),
+                                       queries=(QueryParams("v", t, 1.0),)))
 
     g = Guardrails()
     assert g.check(p(3, 10), 0.1, {"b": 0.2}, p(3, 12)) == []
@@ -127,8 +129,8 @@ def test_guardrails_name_the_cause_and_a_new_epsilon_starts_a_new_series():
     from araopt.nightly import new_series
 
     def p(c, t, eps=1.0, correction="none"):
-        return Params(count_limit=c, encoding="linf", epsilon=eps, slice_columns=("s",),
-                      queries=(QueryParams("v", t, 1.0),), correction=correction)
+        return ParameterVersion(Params(count_limit=c, encoding="linf", epsilon=eps, slice_columns=("s",),
+                                       queries=(QueryParams("v", t, 1.0),)), correction=correction)
 
     g = Guardrails()
     switched = g.check(p(8, 30, correction="ratio"), 0.1, {"b": 0.2}, p(3, 10, correction="none"))
@@ -210,9 +212,9 @@ def test_idempotency_ignores_float_noise_but_not_real_changes():
     from araopt.version import Provenance
 
     def p(threshold, run_id):
-        return Params(count_limit=3, encoding="linf", epsilon=1, slice_columns=("s",),
-                      queries=(QueryParams("v", threshold, 1.0),),
-                      provenance=Provenance(created_at=run_id, extra={"as_of": "2026-11-22", "run_id": run_id}))
+        return ParameterVersion(Params(count_limit=3, encoding="linf", epsilon=1, slice_columns=("s",),
+                                       queries=(QueryParams("v", threshold, 1.0),)),
+                                provenance=Provenance(created_at=run_id, extra={"as_of": "2026-11-22", "run_id": run_id}))
 
     assert _same_release(p(10.0, "a"), p(10.0 * (1 + 1e-13), "b"), "2026-11-22")
     assert not _same_release(p(10.0, "a"), p(10.001, "b"), "2026-11-22")

@@ -26,9 +26,9 @@ from araopt.io.conversions import (
     ValidationCounts,
     dead_letter_rows,
     dead_letter_schema,
-    impression_slice_conflicts,
     validate_batch,
 )
+from araopt.mechanism.sources import impression_slice_conflicts
 
 from .group import GroupByImpression
 from .io import ReadConversionFiles, needed_columns

@@ -37,7 +37,16 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from araopt.constants import CONFIDENCE, MAX_BUCKET_BITS, MAX_REPORTS_PER_SOURCE, QUERY_BITS
+from araopt.constants import (
+    CONFIDENCE,
+    CONTRIBUTION_BUDGET,
+    DESTINATION,
+    MAX_BUCKET_BITS,
+    MAX_KEY_NAME_LENGTH,
+    MAX_KEYS_PER_SOURCE,
+    MAX_REPORTS_PER_SOURCE,
+    QUERY_BITS,
+)
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio
 from araopt.mechanism.bounding import bound_contributions, impression_order
@@ -51,13 +60,14 @@ from araopt.version import ParameterVersion
 
 REGISTER_SOURCE = "Attribution-Reporting-Register-Source"
 REGISTER_TRIGGER = "Attribution-Reporting-Register-Trigger"
-ARA_MAX_KEYS_PER_SOURCE = 20
-ARA_MAX_KEY_NAME_LENGTH = 25
-ARA_MAX_VALUE = 65536
-ARA_CONTRIBUTION_BUDGET = 65536
-ARA_MAX_REPORTS_PER_SOURCE = MAX_REPORTS_PER_SOURCE  # Alg. 1 applies it (araopt.bounding)
+# ARA's limits, by the names the browser side uses for them (defined once in ``araopt.constants``)
+ARA_MAX_KEYS_PER_SOURCE = MAX_KEYS_PER_SOURCE
+ARA_MAX_KEY_NAME_LENGTH = MAX_KEY_NAME_LENGTH
+ARA_MAX_VALUE = CONTRIBUTION_BUDGET  # an aggregatable value is at most the budget: [1, 65536]
+ARA_CONTRIBUTION_BUDGET = CONTRIBUTION_BUDGET
+ARA_MAX_REPORTS_PER_SOURCE = MAX_REPORTS_PER_SOURCE  # Alg. 1 applies it (mechanism.bounding)
 ARA_MAX_KEY_BITS = MAX_BUCKET_BITS
-DEFAULT_DESTINATION = "https://advertiser.example"
+DEFAULT_DESTINATION = DESTINATION
 
 
 def destination_site(url: str) -> str:

@@ -27,9 +27,10 @@ import numpy as np
 import pandas as pd
 
 from araopt.calibration.accumulator import calibration_statistics, day_blocks
-from araopt.constants import BASELINE_QUANTILES
+from araopt.constants import EPSILONS
 from araopt.errors import check_epsilon
 from araopt.evaluation import plots
+from araopt.evaluation.methods import CORRECTED_METHOD, METHODS
 from araopt.io.conversions import Conversions
 from araopt.io.progress import Stages
 from araopt.mechanism.keys import KeyDomain
@@ -37,7 +38,7 @@ from araopt.mechanism.measure import measure
 from araopt.mechanism.params import Params
 from araopt.mechanism.report import Estimates
 from araopt.optimize import tune as tuning
-from araopt.optimize.baselines import baseline_name, baselines
+from araopt.optimize.baselines import baselines
 from araopt.optimize.error_model import (
     ErrorBreakdown,
     Objective,
@@ -52,18 +53,6 @@ from araopt.optimize.search import CORRECTED, SearchContext, optimize, prepare_s
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.publication import publish, true_totals
 from araopt.version import ParameterVersion
-
-DEFAULT_EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-CORRECTED_METHOD = "corrected"
-METHODS = ("optimized_linf", "optimized_l1") + tuple(baseline_name(q) for q in BASELINE_QUANTILES) + (
-    CORRECTED_METHOD,)
-METHOD_LABELS = {
-    CORRECTED_METHOD: "corrected to the true totals (calibrated)",
-    "optimized_linf": "optimized L\u221e (Alg. 3 + 5)",
-    "optimized_l1": "optimized L1 (Alg. 6)",
-    "baseline_q95": "baseline q=0.95",
-    "baseline_q99": "baseline q=0.99",
-}
 
 
 def _domain(params: Params, conversions: Conversions) -> KeyDomain:
@@ -222,7 +211,7 @@ class DatasetEvaluation:
 
 def evaluate_dataset(
     name: str, train_stats: SufficientStatistics, test_conversions: Conversions | None = None,
-    epsilons: Sequence[float] = DEFAULT_EPSILONS, *, test_stats: SufficientStatistics | None = None,
+    epsilons: Sequence[float] = EPSILONS, *, test_stats: SufficientStatistics | None = None,
     max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
     methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
     taus: np.ndarray | Sequence[float] | None = None, train_conversions: Conversions | None = None,

@@ -29,6 +29,10 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pandas as pd
 
+from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.evaluation.methods import METHOD_LABELS, METHODS
+from araopt.mechanism.noise import discrete_laplace_cdf, discrete_laplace_variance, noise_parameter
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -231,8 +235,6 @@ def noise_figure(unnoised: np.ndarray | Sequence[int], noise: np.ndarray | Seque
     sd = a = None
     budget = contribution_budget
     if epsilon is not None:
-        from araopt.constants import CONTRIBUTION_BUDGET
-        from araopt.mechanism.noise import discrete_laplace_cdf, discrete_laplace_variance, noise_parameter
 
         budget = CONTRIBUTION_BUDGET if contribution_budget is None else contribution_budget
         a = noise_parameter(epsilon, budget)
@@ -439,7 +441,6 @@ def _epsilon_axis(ax: Axes, epsilons: pd.Series | np.ndarray) -> None:
 
 def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure:
     """Test RMSRE_tau vs epsilon (log2 axis), one line per method, one panel per dataset (cf. Fig. experiments)."""
-    from araopt.evaluation.evaluate import METHOD_LABELS, METHODS
 
     names = list(dict.fromkeys(results["dataset"]))
     fig = _figure(max(6.4, 5.4 * len(names)), 5.0)
@@ -476,7 +477,6 @@ def rmsre_plot(results: pd.DataFrame, path: str | os.PathLike[str], with_monte_c
 def coverage_figure(results: pd.DataFrame, nominal: float = 0.95) -> Figure:
     """Empirical coverage of each method's nominal 95% intervals of the TRUE test totals vs epsilon, one
     panel per (dataset, query), the nominal level drawn and the [90%, 99%] band shaded (issue 12)."""
-    from araopt.evaluation.evaluate import METHOD_LABELS, METHODS
 
     queries = [c[len("coverage_"):] for c in results.columns if c.startswith("coverage_")]
     if not queries:

@@ -272,7 +272,7 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     return ValidatedBatch(valid, rejected, int((floored & ~bad).sum()))
 
 
-def _equality_codes(column: pa.ChunkedArray | pa.Array | np.ndarray) -> np.ndarray:
+def equality_codes(column: pa.ChunkedArray | pa.Array | np.ndarray) -> np.ndarray:
     """Integers equal exactly where the column's values are equal (ints and bools as they are,
     anything else by dictionary code)."""
     if isinstance(column, np.ndarray):
@@ -284,54 +284,6 @@ def _equality_codes(column: pa.ChunkedArray | pa.Array | np.ndarray) -> np.ndarr
     return _as_numpy(pc.dictionary_encode(column).indices)
 
 
-def impression_slice_conflicts(records: pa.Table | Conversions, impression_slice_columns: Sequence[str],
-                               slice_columns: Sequence[str] = (), value_columns: Sequence[str] = ()) -> np.ndarray:
-    """Mask of the records whose impression-side slice values differ from their impression's first record.
-
-    ``records``: validated rows (a ``validate_batch`` table with its ``slice_columns`` and
-    ``value_columns``, or ``Conversions``) holding every row of each of its impressions. An
-    impression is one ARA source, registered once with its impression features: rows that disagree
-    on them cannot come from a browser and would split the impression over two slices (two
-    budgets). The first row is the first in Alg. 1's order (conversion time, then
-    ``Conversions.record_keys``), so the verdict does not depend on files, batches or shards.
-    Vectorized: a hash pass finds the impressions with more than one value; only their rows are sorted.
-    """
-    table = records if isinstance(records, pa.Table) else None
-    n = len(records) if table is None else table.num_rows
-    conflicts = np.zeros(n, dtype=bool)
-    columns = tuple(impression_slice_columns)
-    if n < 2 or not columns:
-        return conflicts
-
-    def column(c: str) -> pa.ChunkedArray | np.ndarray:
-        return table.column(c) if table is not None else np.asarray(cast(Conversions, records).slices[c])
-
-    impression = pd.factorize(_equality_codes(column(IMPRESSION_ID) if table is not None
-                                              else cast(Conversions, records).impression_id))[0]
-    suspect = np.zeros(int(impression.max()) + 1, dtype=bool)
-    for c in columns:
-        codes = _equality_codes(column(c))
-        some = np.empty(len(suspect), dtype=codes.dtype)
-        some[impression] = codes  # some row's value per impression: every row equals it iff the column is constant
-        suspect[impression[codes != some[impression]]] = True
-    if not suspect.any():
-        return conflicts
-    from araopt.mechanism.bounding import ranks_within_impression, sort_by_impression
-
-    rows = np.flatnonzero(suspect[impression])
-    sub = (Conversions.from_table(table.take(pa.array(rows)), slice_columns, value_columns) if table is not None
-           else cast(Conversions, records).take(rows))
-    order, sorted_impressions = sort_by_impression(sub.impression_id, sub.conversion_time, sub.record_keys())
-    rank, group = ranks_within_impression(sorted_impressions)
-    first_row = order[rank == 0][group]  # for each sorted position: the first row of its impression
-    differs = np.zeros(len(rows), dtype=bool)
-    for c in columns:
-        values = np.asarray(sub.slices[c])
-        differs[order] |= values[order] != values[first_row]
-    conflicts[rows[differs]] = True
-    return conflicts
-
-
 def dead_letter_rows(table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str],
                      reason: str) -> pa.Table:
     """Validated (canonical) rows as dead-letter rows: the contract's columns as text, and ``reason``."""
@@ -340,19 +292,6 @@ def dead_letter_rows(table: pa.Table, slice_columns: Sequence[str], value_column
     columns |= {c: table.column(c) for c in (*slice_columns, *value_columns)}
     return pa.table({c: pc.cast(col, pa.string(), safe=False) for c, col in columns.items()}
                     | {REASON: pa.array([reason] * table.num_rows, type=pa.string())})
-
-
-def split_impression_slice_conflicts(
-    table: pa.Table, impression_slice_columns: Sequence[str], slice_columns: Sequence[str],
-    value_columns: Sequence[str],
-) -> tuple[pa.Table, pa.Table | None]:
-    """(rows kept, dead-letter rows or None) of ``impression_slice_conflicts``."""
-    conflicts = impression_slice_conflicts(table, impression_slice_columns, slice_columns, value_columns)
-    if not conflicts.any():
-        return table, None
-    return (table.filter(pa.array(~conflicts)),
-            dead_letter_rows(table.filter(pa.array(conflicts)), slice_columns, value_columns,
-                             IMPRESSION_SLICE_INCONSISTENT))
 
 
 def dead_letter_schema(slice_columns: Sequence[str], value_columns: Sequence[str]) -> pa.Schema:

@@ -24,6 +24,7 @@ from typing import cast
 
 import numpy as np
 
+from araopt.constants import CONTRIBUTION_BUDGET
 from araopt.mechanism.params import Params
 
 _UNIFORMS_HELP = "uniforms must be an (n, d) float array on [0, 1)"
@@ -63,14 +64,14 @@ def randomized_round(omega: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
 
 def clip_randomized_round(
     values: np.ndarray, count_limit: int, clip_threshold: float, budget_fraction: float,
-    uniforms: np.ndarray, contribution_budget: int = 65536,
+    uniforms: np.ndarray, contribution_budget: int = CONTRIBUTION_BUDGET,
 ) -> np.ndarray:
     """CRR(v; C, C_l, alpha_l) = RR(floor(alpha_l Gamma / C) * clip_{C_l}(v) / C_l) (eq. 1)."""
     scale = query_scale(count_limit, budget_fraction, contribution_budget)
     return randomized_round(scale * (np.minimum(values, clip_threshold) / clip_threshold), uniforms)
 
 
-def query_scale(count_limit: int, budget_fraction: float, contribution_budget: int = 65536) -> int:
+def query_scale(count_limit: int, budget_fraction: float, contribution_budget: int = CONTRIBUTION_BUDGET) -> int:
     """floor(alpha_l Gamma / C): the integer a fully clipped value of query l is encoded as."""
     return int(np.floor(budget_fraction * contribution_budget / count_limit))
 

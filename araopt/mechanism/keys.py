@@ -27,10 +27,12 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from araopt.constants import MAX_BUCKET_BITS as _MAX_BUCKET_BITS
+from araopt.constants import QUERY_BITS as _QUERY_BITS
 from araopt.io import jsonio
 
-QUERY_BITS = 8
-MAX_BUCKET_BITS = 128
+QUERY_BITS = _QUERY_BITS
+MAX_BUCKET_BITS = _MAX_BUCKET_BITS
 BOTTOM_NAME = "bottom"
 COUNT_NAME = "count"
 KEYMAP_FORMAT_VERSION = "1.0"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from araopt.io.conversions import Conversions, impression_slice_conflicts
+from araopt.io.conversions import Conversions
 from araopt.mechanism.aggregate import domain_sums
 from araopt.mechanism.bounding import bound_contributions
 from araopt.mechanism.encoding import encode
@@ -18,6 +18,7 @@ from araopt.mechanism.params import Params
 from araopt.mechanism.randomness import keyed_uniforms, secure_generator
 from araopt.mechanism.release import Accounting, Release, noisy_release
 from araopt.mechanism.report import Estimates, SummaryReport
+from araopt.mechanism.sources import impression_slice_conflicts
 
 
 def rounding_uniforms(record_keys: np.ndarray, num_queries: int, simulation_seed: int | None) -> np.ndarray | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import ndtri
 
+from araopt.constants import CONTRIBUTION_BUDGET
 from araopt.mechanism.aggregate import domain_sums
 from araopt.mechanism.encoding import count_scale, query_scales
 from araopt.mechanism.noise import (
@@ -52,7 +53,7 @@ def simulated_noise(seed: int, key_ids: np.ndarray, a: float) -> np.ndarray:
 
 
 def summary_report(
-    histogram: np.ndarray, epsilon: float, contribution_budget: int = 65536,
+    histogram: np.ndarray, epsilon: float, contribution_budget: int = CONTRIBUTION_BUDGET,
     rng: np.random.Generator | None = None, simulation_seed: int | None = None,
 ) -> SummaryReport:
     """W = sum + DLap(eps / Gamma) on every domain key (Alg. 2), including keys with no contribution.
