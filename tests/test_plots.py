@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from araopt.evaluation import evaluate as evaluation
-from araopt.evaluation import plots
+from araopt.evaluation import methods, plots
 
 matplotlib = pytest.importorskip("matplotlib")
 from matplotlib.container import ErrorbarContainer  # noqa: E402
@@ -205,7 +205,7 @@ def test_nightly_report_png_with_one_version_and_with_none():
 def _evaluation_frames():
     rows, curves = [], []
     for eps in (1.0, 4.0, 16.0):
-        for i, method in enumerate(evaluation.METHODS):
+        for i, method in enumerate(methods.METHODS):
             value = (0.3 + 0.2 * i) / np.sqrt(eps)
             rows.append({"dataset": "synth", "epsilon": eps, "method": method, "test_rmsre_tau": value,
                          "mc_rmsre_tau": value * 1.01, "mc_std_error": value * 0.02, "mc_runs": 5})
@@ -242,7 +242,7 @@ def test_coverage_plot_one_panel_per_dataset_and_query_with_the_nominal_level(tm
     ax = fig.axes[0]
     assert "true total" in ax.get_ylabel() and "\u03b5" in ax.get_xlabel()
     assert any("nominal 95%" in t for t in _legend_texts(ax))
-    corrected = [line for line in ax.get_lines() if line.get_label() == evaluation.METHOD_LABELS["corrected"]]
+    corrected = [line for line in ax.get_lines() if line.get_label() == methods.METHOD_LABELS["corrected"]]
     assert len(corrected) == 1 and np.allclose(corrected[0].get_ydata(), 95.0)  # percent, per epsilon
     _check_png(plots.coverage_plot(results, tmp_path / "coverage.png"))
     with pytest.raises(ValueError, match="coverage"):
