@@ -2,14 +2,21 @@
 file, measure's release (simulation seed) and evaluate's CSV files, each printed as the sha256 of its
 normalised content. Run it on two checkouts and compare the lines:
 
-    .venv/bin/python benchmarks/seeded_outputs.py [--keep DIR]
-    (cd OTHER_CHECKOUT && PYTHONPATH=. /path/to/.venv/bin/python benchmarks/seeded_outputs.py)
+    .venv/bin/python benchmarks/seeded_outputs.py --keep /tmp/after
+    (cd OTHER_CHECKOUT && PYTHONPATH=. /path/to/.venv/bin/python benchmarks/seeded_outputs.py --keep /tmp/before)
+    .venv/bin/python benchmarks/seeded_outputs.py --compare /tmp/before /tmp/after
 
 Only the commands' own command lines are used (``pipelines.cli.main``), so the script runs unchanged on
 any version of the code. Normalised: the fields that say when or how long (``created_at``,
 ``written_at``, ``recorded_at``, ``optimizer_seconds``, ``wall_seconds``) and the temporary folder's
 path. measure runs with optimize's parameter file after that normalisation, so its release is a
 function of the optimizer's output and the seed only.
+
+The jobs are not bit-reproducible even on one checkout: Beam merges the float sums of the statistics
+and calibration combiners in a runner-dependent order (last-digit differences), and Avro files carry
+a random sync marker. ``--compare`` therefore says per file whether the bytes are equal, and else the
+largest relative difference of any number (Avro: whether the records are equal) and any other text
+that differs.
 """
 from __future__ import annotations
 
@@ -44,6 +51,65 @@ def digest(path: str, root: str) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
+def _walk(a: Any, b: Any, where: str, out: dict[str, Any]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                out["other"].append(f"{where}.{k} only in one")
+            else:
+                _walk(a[k], b[k], f"{where}.{k}", out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _walk(x, y, f"{where}[{i}]", out)
+    elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        rel = abs(a - b) / max(abs(a), abs(b), 1e-300) if a != b else 0.0
+        out["max_rel"] = max(out["max_rel"], rel)
+    elif a != b:
+        out["other"].append(f"{where}: {str(a)[:60]!r} != {str(b)[:60]!r}")
+
+
+def compare(before: str, after: str) -> int:
+    """Per output file: identical bytes, or the largest relative difference of its numbers and the rest."""
+    import fastavro
+    import pandas as pd
+
+    for rel in sorted(files_of(before)):
+        a, b = os.path.join(before, rel), os.path.join(after, rel)
+        if not os.path.exists(b):
+            print(f"{rel}: missing after")
+            continue
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            if fa.read() == fb.read():
+                print(f"{rel}: identical bytes")
+                continue
+        out: dict[str, Any] = {"max_rel": 0.0, "other": []}
+        if rel.endswith(".json"):
+            with open(a) as fa, open(b) as fb:
+                _walk(normalise(json.load(fa), before), normalise(json.load(fb), after), "", out)
+        elif rel.endswith(".avro"):
+            with open(a, "rb") as fa, open(b, "rb") as fb:
+                same = list(fastavro.reader(fa)) == list(fastavro.reader(fb))
+            print(f"{rel}: bytes differ (Avro sync marker), records {'equal' if same else 'DIFFER'}")
+            continue
+        else:
+            fa_ = pd.read_csv(a) if rel.endswith(".csv") else pd.read_parquet(a)
+            fb_ = pd.read_csv(b) if rel.endswith(".csv") else pd.read_parquet(b)
+            _walk(fa_.to_dict("list"), fb_.to_dict("list"), "", out)
+        other = "; ".join(out["other"][:4]) + (f" (+{len(out['other']) - 4})" if len(out["other"]) > 4 else "")
+        print(f"{rel}: max relative difference of numbers {out['max_rel']:.1e}" + (f"; differs: {other}" if other else ""))
+    return 0
+
+
+def files_of(root: str) -> list[str]:
+    out = ["params.json"]
+    for folder in ("measure/simulation", "measure/private"):
+        for base, _, names in sorted(os.walk(os.path.join(root, folder))):
+            out += [os.path.relpath(os.path.join(base, n), root) for n in sorted(names)
+                    if n not in ("run_summary.json", "run_manifest.json")]
+    out += [os.path.join("evaluate", n) for n in sorted(os.listdir(os.path.join(root, "evaluate"))) if n.endswith(".csv")]
+    return out
+
+
 def run(argv: list[str]) -> None:
     from pipelines.cli import main
 
@@ -55,7 +121,10 @@ def run(argv: list[str]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", help="write into this folder (kept) instead of a temporary one")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two kept folders")
     args = parser.parse_args()
+    if args.compare:
+        return compare(*args.compare)
     root = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="araopt-seeded-")
     os.makedirs(root, exist_ok=True)
     os.environ["ARAOPT_LEDGER"] = os.path.join(root, "ledger")
@@ -80,14 +149,9 @@ def main() -> int:
     evaluated = os.path.join(root, "evaluate")
     run(["evaluate", "--train", train_days[-1], "--test", test_day, "--slices", SLICES, "--values", "value",
          "--epsilons", "1,8", "--output", evaluated, "--overwrite", "--no-progress", "--monte-carlo", "2"])
-    files = [params]
-    for folder in (os.path.join(measured, "simulation"), os.path.join(measured, "private")):
-        for base, _, names in sorted(os.walk(folder)):
-            files += [os.path.join(base, n) for n in sorted(names) if n not in ("run_summary.json", "run_manifest.json")]
-    files += [os.path.join(evaluated, n) for n in sorted(os.listdir(evaluated)) if n.endswith(".csv")]
     print(f"seeded outputs under {root}", file=sys.stderr)
-    for path in files:
-        print(f"{digest(path, root)}  {os.path.relpath(path, root)}")
+    for rel in files_of(root):
+        print(f"{digest(os.path.join(root, rel), root)}  {rel}")
     return 0
 
 
