@@ -211,7 +211,7 @@ def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: Val
 
 def version_history(store: ParameterStore, limit: int = 60) -> list[tuple[str, int, float | None]]:
     """(version, C, predicted RMSRE_tau) of the last ``limit`` published versions of a parameter store
-    (``araopt.store``); a version that no longer parses is skipped, never fatal for a report."""
+    (``araopt.io.store``); a version that no longer parses is skipped, never fatal for a report."""
     history = []
     for version in store.list_versions()[-limit:]:
         try:

@@ -1,4 +1,4 @@
-"""Honest estimates (issue 12): RMSRE_tau and interval coverage of the TRUE totals, paper vs corrected.
+"""Honest estimates: RMSRE_tau and interval coverage of the TRUE totals, paper vs corrected.
 
 For the three synthetic presets (train: one draw of 7 days, blocks = impression days; test: an
 independent draw of 7 days, measured as one period of P = 7 blocks) and a day-of-week log (synth-
@@ -8,10 +8,10 @@ and with a Saturdays-only calibration), at every epsilon:
 
   * paper    : Alg. 4's estimate U with parameters from the paper-objective optimizer (exact), its
                95 % interval read as an interval of the true total;
-  * released : what the pipeline releases: parameters from objective "corrected" (``araopt.tuning``:
+  * released : what the pipeline releases: parameters from objective "corrected" (``araopt.optimize.tune``:
                the lower predicted error of the true totals between the paper's estimator and
                U / r_hat), the calibration fitted on train as optimize / nightly do, intervals of
-               ``araopt.calibration.correct``.
+               ``araopt.calibration.model.correct``.
 
 Test RMSRE_tau (tau = training taus, Sec. 5.1) is analytic and exact given the fitted calibration
 (``evaluation.corrected_rmsre``). Coverage: share of (slice, draw) pairs whose interval holds the true

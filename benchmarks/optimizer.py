@@ -3,7 +3,7 @@ reference, and the presets table (test RMSRE_tau of optimized L-inf vs both base
 
     python benchmarks/optimizer.py [--conversions 1000000] [--preset-conversions 50000] [--out DIR] [--monte-carlo N]
 
-Data: ``araopt.synthetic`` (Sec. 5.3: 256 slices, power-law impressions per slice, Poisson(10)
+Data: ``araopt.data.synthetic`` (Sec. 5.3: 256 slices, power-law impressions per slice, Poisson(10)
 conversions per impression, log-normal values), scaled to the requested size.
 """
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from araopt.ara.reconstruct import estimates_from_summary_report
 from araopt.ara.registrations import (
     REGISTER_SOURCE,
     REGISTER_TRIGGER,
@@ -38,7 +39,6 @@ from araopt.ara.registrations import (
     check_ara_limits,
     check_ara_limits_for_cardinalities,
     destination_site,
-    estimates_from_summary_report,
     key_map_json,
     trigger_batch,
 )

@@ -117,7 +117,7 @@ def compute_calibration(inputs: InputFiles, versions: ParameterVersion | Sequenc
                         pipeline_args: Sequence[str] = (),
                         num_shards: int | None = None, shuffle: str = "auto", lookback: InputFiles | None = None,
                         job: str = "calibration", file_suffix: str = "") -> Any:
-    """The calibration statistics (``araopt.calibration.accumulator``) of a history for fixed parameter
+    """The calibration statistics (``araopt.calibration.model.accumulator``) of a history for fixed parameter
     versions (one per candidate when ``versions`` is a sequence, as a tuple), on Beam (on a dry run: the
     translated job, a ``TranslatedJob``)."""
     import apache_beam as beam

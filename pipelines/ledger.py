@@ -1,7 +1,7 @@
 """The release ledger: which conversions were released (the Aggregation Service's rule: each report
 goes into one aggregation only; releasing the same conversions again lets averages strip the noise).
 
-Keyed on rows, not files (``araopt.rowset``): a release is the set of conversions it used, whatever
+Keyed on rows, not files (``araopt.io.rowset``): a release is the set of conversions it used, whatever
 files, order, compression, row groups or encodings they came in. At commit, under the run folder's
 lock and before anything is moved into place, :meth:`Ledger.check_and_record` compares the release's
 row set with every earlier release whose time window meets it; conversions released before refuse
@@ -25,7 +25,8 @@ import numpy as np
 
 from araopt.io.files import utc_now_iso
 from araopt.io.rowset import RowSet, times_released
-from araopt.io.store import ParameterStore, StoreConflict, StoreError, open_store
+from araopt.io.store import ParameterStore, StoreConflict, StoreError
+from araopt.io.stores import open_store
 
 from .options import UserError
 

@@ -7,7 +7,7 @@ HistogramContribution, Alg. 3 / Alg. 6; ReconstructValues, Alg. 4), on Apache Be
 
 A release needs a declared key domain (--domain, or the one the parameter version carries); only
 simulation mode (--simulation-seed: seeded noise, NOT private) may derive it from the data.
-Outputs (``araopt.outputs``): out/release/ is publishable; out/private/ holds exact counts, the dead
+Outputs (``araopt.io.outputs``): out/release/ is publishable; out/private/ holds exact counts, the dead
 letter and the debug report and must never be published; out/release/MANIFEST.json is written last.
 
 Data flow: Parquet files -> validate (dead letter) -> shard by hash(impression_id) -> GroupByKey ->
@@ -82,7 +82,8 @@ def load_params(ref: str, version: str = "latest") -> LoadedParams:
     """A parameter file (.json, local or gs://), or a store URI (``STORE`` -> latest, or
     ``STORE/versions/<v>`` or ``STORE/versions/<v>/params.json``) resolved to a checksum-verified
     version (a store's parameters are always read as the store's: its ledger records the release)."""
-    from araopt.io.store import LATEST, StoreError, open_store, parse_params_ref, resolve_params_ref
+    from araopt.io.store import LATEST, StoreError
+    from araopt.io.stores import open_store, parse_params_ref, resolve_params_ref
 
     if ref.endswith(".json") and parse_params_ref(ref)[1] == LATEST:
         try:

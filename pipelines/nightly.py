@@ -104,7 +104,7 @@ class _CalibrateReportAndPublish(beam.DoFn):
         self._expected_previous = expected_previous
 
     def setup(self):
-        from araopt.io.store import open_store
+        from araopt.io.stores import open_store
 
         self._store = open_store(self._config.store)
 
@@ -141,7 +141,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from araopt.io.store import StoreError, open_store
+    from araopt.io.store import StoreError
+    from araopt.io.stores import open_store
 
     started = time.time()
     as_of = resolve_as_of(args.as_of)

@@ -39,7 +39,7 @@ _BOOL: Final = r"^(true|false)$"
 _AS_OF: Final = r"^([0-9]{4}-[0-9]{2}-[0-9]{2}|today|yesterday)$"
 
 PRESET_NAMES: Final = ("synth-criteo", "synth-real-estate", "synth-travel")
-"""The synthetic presets of ``araopt.synthetic.PRESETS`` (a test keeps the two in step)."""
+"""The synthetic presets of ``araopt.data.synthetic.PRESETS`` (a test keeps the two in step)."""
 
 
 @dataclass(frozen=True)

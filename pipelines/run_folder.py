@@ -13,7 +13,7 @@ deleted after), so a reader sees the old run, no run, or the new run, never a mi
 output is resolved: the folder it names is replaced.
 
 On gs:// (no ``flock``, no atomic rename) the commit holds a lease object ``OUT.araopt-lock``
-(create-only, with an expiry: ``araopt.locks.GcsLease``); the old release manifest is deleted first
+(create-only, with an expiry: ``araopt.io.locks.GcsLease``); the old release manifest is deleted first
 and the new one is created last with ``if_generation_match=0``: a folder without it is incomplete.
 """
 from __future__ import annotations
@@ -118,7 +118,7 @@ class RunFolder:
         return cls(target, staging, overwrite, lock)
 
     def path(self, relative: str) -> str:
-        """Where the pipeline writes ``relative`` (a path from ``araopt.outputs``)."""
+        """Where the pipeline writes ``relative`` (a path from ``araopt.io.outputs``)."""
         return FileSystems.join(self.staging, *relative.split("/"))
 
     def write(self, relative: str, data: bytes) -> None:
@@ -187,7 +187,7 @@ class RunFolder:
         return manifest
 
     def _lease(self) -> GcsLease:
-        from araopt.io.store import make_gcs_client
+        from araopt.io.gcs_store import make_gcs_client
 
         try:
             return GcsLease.acquire(make_gcs_client(), self.target + LOCK_TAG, f"araopt commit of {self.target}")
@@ -302,7 +302,7 @@ class _Gcs:
     """The objects under one gs:// prefix, through the storage client (preconditions, one object at a time)."""
 
     def __init__(self, uri: str) -> None:
-        from araopt.io.store import make_gcs_client
+        from araopt.io.gcs_store import make_gcs_client
 
         self.uri = uri.rstrip("/")
         bucket, prefix = split_gs(self.uri + "/x")

@@ -211,7 +211,7 @@ def spill_folder(opts: PipelineOptions, shuffle: str = "auto") -> SpillFolder:
     memory).
 
     A local spill folder is created ``0700`` (raw conversion rows) with a lock held until it is removed
-    (``araopt.locks.LockedDir``); spill folders under the same temp location whose lock nobody holds
+    (``araopt.io.locks.LockedDir``); spill folders under the same temp location whose lock nobody holds
     are killed runs' leftovers and are removed first, whatever host or PID namespace their run was in."""
     if shuffle not in SHUFFLES:
         raise ValueError(f"--shuffle must be one of {SHUFFLES}, got {shuffle!r}")

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from araopt import Conversions, KeyDomain, Params, QueryParams, encode, measure
+from araopt.ara.reconstruct import estimates_from_summary_report, implausible_negative_threshold
 from araopt.ara.registrations import (
     ARA_MAX_VALUE,
     AraLimitError,
@@ -19,16 +20,12 @@ from araopt.ara.registrations import (
     TriggerEncoder,
     aggregation_key_names,
     ara_requirements,
-    browser_contributions,
     check_ara_limits,
     check_ara_limits_for_cardinalities,
-    estimates_from_summary_report,
-    implausible_negative_threshold,
-    simulate_aggregation_service,
-    simulate_browser,
     validate_source_registration,
     validate_trigger_registration,
 )
+from araopt.ara.simulate import browser_contributions, simulate_aggregation_service, simulate_browser
 from araopt.io import avro
 from araopt.publication import estimates_frame
 from araopt.version import ParameterVersion
@@ -742,7 +739,7 @@ def test_trigger_encoder_equals_core_encode_for_extreme_finite_values(name):
 
 
 def test_export_and_reconstruct_accept_a_parameter_store_like_measure(tmp_path, capsys):
-    from araopt.io.store import open_store
+    from araopt.io.stores import open_store
 
     params = history_version(du_penc_params(), {"campaign": np.array(["Thanksgiving", "Christmas"])})
     store = tmp_path / "store8"

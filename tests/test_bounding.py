@@ -192,7 +192,7 @@ def test_time_comes_before_the_tie_breaker_on_the_slow_sort_path(ids):
     assert kept.tolist() == [False, True]
 
 
-# ---- the mutants of issue 13, each as a named example ---------------------------------------------
+# ---- mutants of the bounding, each as a named example -----------------------------------------------
 def test_negative_times_are_ordered_by_time_not_by_magnitude():
     # mutant (t1 + t0) for (t1 - t0) in the packed key: impression 0 got 80,000
     kept = bound_contributions(np.array([0, 0, 1]), np.array([4, -4, -4]), np.array([40000, 40000, 40000]))

@@ -1,4 +1,4 @@
-"""Calibration of retention ratios and the corrected estimates of the true totals (issue 12)."""
+"""Calibration of retention ratios and the corrected estimates of the true totals."""
 import json
 import math
 

@@ -95,7 +95,7 @@ def test_bad_values_are_refused():
         encode(np.array([[1.0, 1.0]]), p)
 
 
-# ---- issue 13: extreme uniforms, the uniforms= path, chunking, C not dividing Gamma ------------------
+# ---- extreme uniforms, the uniforms= path, chunking, C not dividing Gamma -------------------------
 import araopt.mechanism.encoding as encoding_module  # noqa: E402
 from araopt.mechanism.encoding import clip_randomized_round, count_scale, query_scale, query_scales, rounding_variance  # noqa: E402
 
@@ -161,7 +161,7 @@ def test_l1_randomized_uses_one_uniform_per_record_systematically():
         w = encode(vals, p, uniforms=np.array([[u]]))
         assert w.tolist() == [[first, 0, 0, 32768 - first]], u
     # u = (16384, 8192, 8192) exactly: integers are not rounded (in floats, floor(16384 + U) is 16385
-    # for U within 2^-39 of 1; ara.TriggerEncoder computes the same, see the issue-13 report)
+    # for U within 2^-39 of 1; ara.TriggerEncoder clamps it at the budget)
     for u in (0.0, 0.5, 0.9):
         assert encode(np.array([[2.0, 15.0, 3.5]]), p, uniforms=np.array([[u]])).tolist() == [[16384, 8192, 8192, 0]]
 

@@ -1,4 +1,4 @@
-"""Red-team regressions (issue 10): nothing leaves un-noised, the cap holds for every input, outputs are
+"""Red-team regressions: nothing leaves un-noised, the cap holds for every input, outputs are
 whole or absent, and every failure is one line. One test (or group) per numbered finding."""
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import pytest
 
 from araopt import KeyDomain
 from araopt.io import outputs
-from araopt.io.store import StoreConflict, open_store
+from araopt.io.store import StoreConflict
+from araopt.io.stores import open_store
 from araopt.version import ParameterVersion
 from factories import conversions, domain_csv, error_line, params, read_json, setup, write
 from pipelines import measure as measure_pipeline

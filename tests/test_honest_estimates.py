@@ -1,4 +1,4 @@
-"""Honest estimates (issue 12): parameters carry a validated calibration; releases estimate the TRUE
+"""Honest estimates: parameter versions carry a validated calibration; releases estimate the TRUE
 totals (U / r_hat or, where dividing adds more noise than it removes bias, U) with intervals that
 include the calibration's uncertainty; without a calibration everything still works and says so."""
 from __future__ import annotations

@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from araopt.io.conversions import validate_table
 from araopt.io.locks import FileLock, LockedDir, LockHeld, sweep_unlocked
 from araopt.io.rowset import RowSet, RowSetPart, conversion_row_ids, sorted_unique, table_row_ids
-from araopt.io.store import open_store
+from araopt.io.stores import open_store
 from factories import RACES, conversions_table
 from pipelines.ledger import Ledger, ledger_root
 from pipelines.options import UserError

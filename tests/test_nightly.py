@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from araopt import Params
-from araopt.io.store import open_store
+from araopt.io.stores import open_store
 from araopt.nightly import Guardrails
 from araopt.version import ParameterVersion
 from factories import nightly_args, write_history

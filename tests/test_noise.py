@@ -115,7 +115,7 @@ def test_bad_a():
         sample_discrete_laplace(0.0, 3)
 
 
-# ---- issue 10, finding 1: a tiny epsilon must never release exact sums ------------------------------
+# ---- a tiny epsilon must never release exact sums -----------------------------------------------
 EPS_FLOOR = 2.0**-20
 
 
@@ -208,7 +208,7 @@ def test_sampler_shape_and_rate_refusals():
             sample_discrete_laplace(bad, 3, np.random.default_rng(1))
 
 
-# ---- issue 13: refusals, dtypes and the rounding of the rate ------------------------------------------
+# ---- refusals, dtypes and the rounding of the rate ------------------------------------------------
 from fractions import Fraction  # noqa: E402
 
 from araopt.mechanism.noise import add_noise, rate_numerator  # noqa: E402

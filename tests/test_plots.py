@@ -1,4 +1,4 @@
-"""Each plot of ``araopt.plots`` rendered from small synthetic inputs: the PNG is written and decodes,
+"""Each plot of ``araopt.evaluation.plots`` rendered from small synthetic inputs: the PNG is written and decodes,
 and the properties a reader needs are checked on the matplotlib objects (labels, slice names,
 intervals, y = x and the noise band, integer C ticks, labelled baselines, titles inside the figure)."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Long jobs say what they are doing: one line per stage on stderr with the time since the start
-(``araopt.progress``), silenced by --no-progress."""
+(``araopt.io.progress``), silenced by --no-progress."""
 from __future__ import annotations
 
 import io

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from araopt.io import outputs
-from araopt.io.store import open_store
+from araopt.io.stores import open_store
 from araopt.version import ParameterVersion
 from factories import conversions, domain_csv, error_line, params, read_json, setup, write
 from pipelines import measure as measure_pipeline

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from araopt.io import outputs
-from araopt.io.store import open_store
+from araopt.io.stores import open_store
 from araopt.version import ParameterVersion
 from factories import RACES, conversions_table
 from pipelines.options import UserError

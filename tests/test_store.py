@@ -19,19 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from araopt.io import store as store_module
-from araopt.io.store import (
-    LATEST,
-    GcsStore,
-    LatestPointer,
-    LocalStore,
-    ParameterStore,
-    StoreConflict,
-    StoreError,
-    open_store,
-    parse_params_ref,
-    resolve_params_ref,
-)
+from araopt.io import local_store as local_store_module
+from araopt.io.gcs_store import GcsStore
+from araopt.io.local_store import LocalStore
+from araopt.io.store import LATEST, LatestPointer, ParameterStore, StoreConflict, StoreError
+from araopt.io.stores import open_store, parse_params_ref, resolve_params_ref
 from gcs_fixtures import EmulatorHandle, fake_gcs_server, gcp_storage_emulator  # noqa: F401 - fixtures
 
 BASE_AS_OF = "2024-03-01"
@@ -561,7 +553,7 @@ def _crash_in_pointer_replace(root: str) -> None:
     def die(*_args: object, **_kwargs: object) -> None:
         os._exit(3)
 
-    store_module.os.replace = die  # type: ignore[assignment] - this process only
+    local_store_module.os.replace = die  # type: ignore[assignment] - this process only
     LocalStore(root).publish("2024-03-02", "crash", payload("crash"))
     os._exit(0)
 
@@ -600,7 +592,7 @@ def test_local_disk_error_during_pointer_move(
     def no_space(*_args: object, **_kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store_module.os, "replace", no_space)
+    monkeypatch.setattr(local_store_module.os, "replace", no_space)
     with pytest.raises(StoreError, match="No space left") as info:
         store.publish("2024-03-02", "full", payload("full"))
     assert str(Path(backend.uri) / LATEST) in assert_one_line(info.value)

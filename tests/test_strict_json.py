@@ -1,5 +1,5 @@
 """Every JSON file the project writes is strict JSON (no bare NaN / Infinity: null instead), and every
-JSON file it reads refuses a key given twice (``araopt.jsonio``)."""
+JSON file it reads refuses a key given twice (``araopt.io.jsonio``)."""
 from __future__ import annotations
 
 import json

@@ -19,6 +19,7 @@ import pytest
 from scipy import stats
 
 from araopt.data import synthetic
+from araopt.data.fit import fit_log_normal, fit_power_law, fit_synthetic, fit_synthetic_report, fit_zero_truncated_poisson
 from araopt.data.synthetic import (
     CONVERSION_LOG_SCHEMA,
     N_SLICES,
@@ -26,11 +27,6 @@ from araopt.data.synthetic import (
     PowerLaw,
     SyntheticPreset,
     expected_sizes,
-    fit_log_normal,
-    fit_power_law,
-    fit_synthetic,
-    fit_synthetic_report,
-    fit_zero_truncated_poisson,
     generate_table,
     get_preset,
     iter_chunks,

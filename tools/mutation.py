@@ -1,7 +1,7 @@
 """Mutation testing of araopt's privacy-critical core (``make mutation``; not run by CI).
 
 A small AST mutator (see docs/mutation.md). For each module it enumerates mutants with these
-operators (the mutmut 3 families that change behaviour, plus the issue-13 extras):
+operators (the mutmut 3 families that change behaviour, plus dropped assignments and arguments):
 
 * comparison flips ``<``/``<=``, ``>``/``>=``, ``==``/``!=``, ``is``/``is not``, ``in``/``not in``;
 * arithmetic and bit swaps ``+``/``-``, ``*``/``/``, ``//`` -> ``/``, ``%`` -> ``/``, ``**`` -> ``*``,

@@ -1,6 +1,6 @@
 """Encode + cap per shard, a pure integer combine over the declared domain, then the release step
-(noise once per key) in a single-element step. Thin Beam wrappers over ``araopt.aggregate`` and
-``araopt.release``; the domain travels as a singleton side input (declared, or — simulation only —
+(noise once per key) in a single-element step. Thin Beam wrappers over ``araopt.mechanism.aggregate`` and
+``araopt.mechanism.release``; the domain travels as a singleton side input (declared, or — simulation only —
 derived from the data by ``DomainFromData``).
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ class EncodeBoundAndSum(beam.PTransform):
 
 
 class _AddNoise(beam.DoFn):
-    """Runs once, on the single combined element: the release step of ``araopt.release``."""
+    """Runs once, on the single combined element: the release step of ``araopt.mechanism.release``."""
 
     def __init__(self, params: Params, simulation_seed: int | None, max_rejected_fraction: float):
         self._params = params

@@ -1,6 +1,6 @@
 """Calibration side pipeline: shards of complete impressions -> ``CalibrationStatistics`` for each of
 the candidate parameter versions (a singleton side input: a ``ParameterVersion`` or a tuple of them),
-with the pure combiner of ``araopt.calibration.accumulator`` in the one generic ``CombineFn``
+with the pure combiner of ``araopt.calibration.model.accumulator`` in the one generic ``CombineFn``
 (``transforms.combine``). Blocks are the UTC days of the conversions (``accumulator.day_blocks``): a
 release covers the conversions of its days. Lookback rows (``in_period`` False) are capped with the
 rest and not counted."""

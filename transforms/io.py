@@ -57,7 +57,7 @@ def is_hidden(path: str, root: str) -> bool:
 
 def match_files(pattern: str) -> list[str]:
     """Non-empty, non-hidden files matching a path or glob (local or gs://), each file once (also when
-    two names lead to it: ``araopt.files.distinct_files``); a directory, or a folder a glob matches
+    two names lead to it: ``araopt.io.files.distinct_files``); a directory, or a folder a glob matches
     (``log/date=2026-09-0*``), means every ``*.parquet`` below it."""
     if _is_directory(pattern):
         patterns = [FileSystems.join(pattern, "**.parquet"), FileSystems.join(pattern, "*.parquet")]

@@ -1,5 +1,5 @@
 """The conversions a release uses, computed in the job over the rows actually read: per batch,
-vectorised (``araopt.rowset``), written as a side output (one small Arrow file per batch) into a
+vectorised (``araopt.io.rowset``), written as a side output (one small Arrow file per batch) into a
 folder the driver merges into the release's row set for the release-ledger check. Feed it exactly
 the rows being released (any subset of validated rows). A retried bundle writes its batches' ids
 again under new names: the driver's set semantics make that exact.

@@ -1,10 +1,10 @@
 """Read + validate, once for every job: Parquet files -> canonical valid batches, a dead letter with
 reasons, and one merged ``ValidationCounts`` (read / rejected per reason / times floored), with Beam
-counters per reason. The rejected-share gate is ``araopt.conversions.check_rejected_share``.
+counters per reason. The rejected-share gate is ``araopt.io.conversions.check_rejected_share``.
 
 Jobs that cap per impression also group here (``ReadAndValidate(..., num_shards=S)``): the rows of
 each impression are brought together and those whose impression-side slice values differ from the
-impression's first row go to the same dead letter (``araopt.conversions.impression_slice_conflicts``),
+impression's first row go to the same dead letter (``araopt.io.conversions.impression_slice_conflicts``),
 counted with the rest.
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ LOOKBACK_CHECK_COUNTS = "lookback_check_counts"
 class _CheckImpressionSlices(beam.DoFn):
     """Per shard of complete impressions: rows whose impression-side slice values differ from their
     impression's first row (in Alg. 1's order, lookback rows included) -> dead letter
-    (``araopt.conversions.impression_slice_conflicts``); a lookback row's to the lookback's."""
+    (``araopt.io.conversions.impression_slice_conflicts``); a lookback row's to the lookback's."""
 
     def __init__(self, impression_slice_columns: Sequence[str], slice_columns: Sequence[str],
                  value_columns: Sequence[str]):

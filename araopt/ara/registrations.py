@@ -1,7 +1,7 @@
 """ARA registrations for the paper's aggregation keys, ARA limits, and reconstruction from reports.
 
 The paper's keys K = ([d] ∪ {⊥}) × [m] (Sec. 4.1) become ARA registrations as in Fig. 1, with the
-bit layout of :mod:`araopt.keys` (most significant first)::
+bit layout of :mod:`araopt.mechanism.keys` (most significant first)::
 
     [ impression slice fields | conversion slice fields | query code (8 bits) ]
 
@@ -30,15 +30,13 @@ import os
 import random
 import re
 import secrets
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
-import pandas as pd
 
 from araopt.constants import (
-    CONFIDENCE,
     CONTRIBUTION_BUDGET,
     DESTINATION,
     MAX_BUCKET_BITS,
@@ -49,13 +47,10 @@ from araopt.constants import (
 )
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio
-from araopt.mechanism.bounding import bound_contributions, impression_order
+from araopt.mechanism.bounding import impression_order
 from araopt.mechanism.encoding import count_scale, query_scales
 from araopt.mechanism.keys import BOTTOM_NAME, COUNT_NAME, KeyDomain
-from araopt.mechanism.noise import noise_parameter
 from araopt.mechanism.params import Params
-from araopt.mechanism.report import reconstruct, simulated_noise
-from araopt.publication import estimates_frame, true_totals
 from araopt.version import ParameterVersion
 
 REGISTER_SOURCE = "Attribution-Reporting-Register-Source"
@@ -99,10 +94,6 @@ def destination_site(url: str) -> str:
     if registrable is None:
         raise ValueError(f"--destination {url!r}: {host!r} is a public suffix, not a site")
     return f"{scheme}://{registrable}"
-EXACT_FLOAT_LIMIT = 2**53
-"""|metric| above this cannot be exact in float64, nor come from a real report batch (2^53 / 2^16 reports)."""
-IMPLAUSIBLE_TAIL = 1e-12
-"""A negative metric below the (1e-12)-quantile of the noise is flagged as implausible."""
 
 _HEX_PIECE = re.compile(r"^0[xX][0-9A-Fa-f]{1,32}$")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -456,7 +447,7 @@ class TriggerEncoder:
     """Per-conversion trigger registration (Alg. 3 / Alg. 6 / baseline), for ad servers, one record at a time.
 
     Pure Python on floats (no numpy per call). Given the same uniforms it returns exactly what
-    :func:`araopt.encoding.encode` returns for the record, except that the L1-randomized cuts are
+    :func:`araopt.mechanism.encoding.encode` returns for the record, except that the L1-randomized cuts are
     clamped at the budget (the core can overshoot by one when the offset is within ~2^-39 of 1).
     Rounding randomness comes from ``uniforms`` if given, else ``rng`` (a numpy Generator or a
     ``random.Random``), else the OS CSPRNG. Values outside [0, 65536] are never emitted.
@@ -753,158 +744,3 @@ def _check_piece(piece: Any) -> None:
         raise ValueError(f"key piece {piece!r} must be '0x' followed by 1 to 32 hex digits")
 
 
-# ---- browser and Aggregation Service simulation (tests, demos) -----------------------------------
-def browser_contributions(source: Mapping[str, Any], trigger: Mapping[str, Any]) -> list[tuple[int, int]]:
-    """What the browser makes of a (source, trigger) pair: (bucket, value) per key with a value.
-
-    Each source key's piece is OR-ed with the ``key_piece`` of every trigger-data entry listing it in
-    ``source_keys``; values come from ``aggregatable_values`` for keys the source declares.
-    """
-    keys = {name: int(piece, 16) for name, piece in source.get("aggregation_keys", {}).items()}
-    for entry in trigger.get("aggregatable_trigger_data", []):
-        piece = int(entry["key_piece"], 16)
-        for name in entry.get("source_keys", []):
-            if name in keys:
-                keys[name] |= piece
-    return [(keys[name], int(v)) for name, v in trigger.get("aggregatable_values", {}).items() if name in keys and v > 0]
-
-
-@dataclass(frozen=True)
-class BrowserResult:
-    """Aggregatable reports (lists of (bucket, value)) of the triggers that passed Alg. 1 and the report cap."""
-
-    reports: tuple[tuple[tuple[int, int], ...], ...]
-    kept: np.ndarray
-
-
-def simulate_browser(
-    sources: Sequence[Mapping[str, Any]], source_index: Sequence[int], impression_id: np.ndarray,
-    conversion_time: np.ndarray, triggers: Sequence[Mapping[str, Any]],
-    contribution_budget: int = ARA_CONTRIBUTION_BUDGET, max_reports: int = ARA_MAX_REPORTS_PER_SOURCE,
-) -> BrowserResult:
-    """SIMULATION: triggers (in arrival order; ties in time keep that order) against their sources.
-
-    Contributions from :func:`browser_contributions`; a trigger is kept iff its source has sent
-    fewer than ``max_reports`` non-empty reports and its total fits the source's remaining budget
-    (Alg. 1 with Chrome's report limit, :func:`araopt.bounding.bound_contributions`).
-    """
-    contribs = [tuple(browser_contributions(sources[s], t)) for s, t in zip(source_index, triggers, strict=True)]
-    totals = np.array([sum(v for _, v in c) for c in contribs], dtype=np.int64)
-    n = len(contribs)
-    kept = bound_contributions(np.asarray(impression_id), np.asarray(conversion_time), totals, contribution_budget,
-                               tie_breaker=np.arange(n), max_reports=max_reports)
-    return BrowserResult(tuple(c for c, k in zip(contribs, kept, strict=True) if k and c), kept)
-
-
-@dataclass(frozen=True)
-class ServiceResult:
-    """Simulated Aggregation Service output: per output-domain bucket, and buckets seen only in reports."""
-
-    buckets: list[int]
-    noisy: np.ndarray
-    unnoised: np.ndarray
-    noise: np.ndarray
-    in_reports: np.ndarray
-    report_only_buckets: list[int]
-    report_only_sums: np.ndarray
-
-
-def simulate_aggregation_service(
-    reports: Iterable[Iterable[tuple[int, int]]], domain_buckets: Sequence[int], epsilon: float, simulation_seed: int,
-    contribution_budget: int = ARA_CONTRIBUTION_BUDGET, key_ids: Sequence[int] | None = None,
-) -> ServiceResult:
-    """SIMULATION of Alg. 2: per domain bucket, the sum of its contributions + DLap(ε/Γ), noise from
-    :func:`araopt.report.simulated_noise` keyed by the dense key id (default: position in the domain)."""
-    sums: dict[int, int] = {}
-    for report in reports:
-        for bucket, value in report:
-            sums[bucket] = sums.get(bucket, 0) + int(value)
-    domain = [int(b) for b in domain_buckets]
-    in_domain = set(domain)
-    ids = np.arange(len(domain)) if key_ids is None else np.asarray(key_ids, dtype=np.int64)
-    unnoised = np.array([sums.get(b, 0) for b in domain], dtype=np.int64)
-    noise = simulated_noise(simulation_seed, ids, noise_parameter(epsilon, contribution_budget)).astype(np.int64)
-    extra = sorted(b for b in sums if b not in in_domain)
-    return ServiceResult(domain, unnoised + noise, unnoised, noise, np.array([b in sums for b in domain], dtype=bool),
-                         extra, np.array([sums[b] for b in extra], dtype=np.int64))
-
-
-# ---- reconstruction from a summary report (Alg. 4) -----------------------------------------------
-@dataclass(frozen=True)
-class ReconstructCounters:
-    """Accounting of the rows of a summary report: nothing is dropped without being counted here."""
-
-    rows: int
-    matched: int
-    unknown_buckets: int
-    unknown_metric_sum: int
-    missing_buckets: int
-    incomplete_slices: int
-    negative_metrics: int
-    implausible_negative_metrics: int
-    huge_metrics: int
-    unknown: tuple[tuple[int, int], ...] = ()
-    huge: tuple[tuple[int, int], ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("rows", "matched", "unknown_buckets", "unknown_metric_sum", "missing_buckets",
-                                              "incomplete_slices", "negative_metrics", "implausible_negative_metrics",
-                                              "huge_metrics")}
-        out["unknown_examples"] = [f"0x{b:x}" for b, _ in self.unknown[:5]]
-        return out
-
-
-def implausible_negative_threshold(epsilon: float, contribution_budget: int = ARA_CONTRIBUTION_BUDGET,
-                                   tail: float = IMPLAUSIBLE_TAIL) -> int:
-    """k with P[DLap(ε/Γ) <= -k] <= tail: a metric below -k did not come from noise on a sum >= 0."""
-    a = noise_parameter(epsilon, contribution_budget)
-    return int(math.ceil(-math.log(tail) / a))
-
-
-def estimates_from_summary_report(
-    buckets: Sequence[int], metrics: np.ndarray | Sequence[int], version: ParameterVersion | Params, domain: KeyDomain,
-    confidence: float = CONFIDENCE,
-) -> tuple[pd.DataFrame, ReconstructCounters]:
-    """Map report buckets to (slice, query) through the key domain and reconstruct (Alg. 4).
-
-    Buckets absent from the domain are counted (and listed in the counters), never silently
-    dropped; a domain bucket missing from the report, or with a metric beyond ±2^53, makes the
-    affected estimates NaN and is counted; a bucket appearing twice is an error (overlapping files).
-    """
-    if isinstance(version, Params):  # parameters without a calibration: Alg. 4's estimates
-        version = ParameterVersion(version)
-    params = version.params
-    check_domain_matches(params, domain)
-    metrics = np.asarray(metrics, dtype=np.int64).reshape(-1)
-    if len(buckets) != len(metrics):
-        raise ValueError(f"{len(buckets)} buckets but {len(metrics)} metrics")
-    key_of = {b: i for i, b in enumerate(domain.buckets())}
-    num_keys = domain.num_keys
-    ids = np.fromiter((key_of.get(int(b), -1) for b in buckets), dtype=np.int64, count=len(buckets))
-    unknown = ids < 0
-    huge = np.abs(metrics.astype(np.float64)) > EXACT_FLOAT_LIMIT
-    known_ids = ids[~unknown]
-    counts = np.bincount(known_ids, minlength=num_keys)
-    if (counts > 1).any():
-        dup = int(np.flatnonzero(counts > 1)[0])
-        raise ValueError(f"bucket 0x{domain.buckets()[dup]:x} appears {int(counts[dup])} times in the summary report "
-                         f"(overlapping files or a bad report)")
-    use = ~unknown & ~huge
-    W: np.ndarray = np.full(num_keys, np.nan)
-    W[ids[use]] = metrics[use].astype(np.float64)
-    W = W.reshape(domain.num_slices, domain.num_columns)
-    estimates = reconstruct(W, params, confidence)
-    floor = -implausible_negative_threshold(params.epsilon, params.contribution_budget)
-    known = ~unknown
-    unknown_rows = tuple((int(b), int(m)) for b, m, u in zip(buckets, metrics, unknown, strict=True) if u)
-    counters = ReconstructCounters(
-        rows=len(buckets), matched=int(use.sum()), unknown_buckets=int(unknown.sum()),
-        unknown_metric_sum=int(sum(m for _, m in unknown_rows)),
-        missing_buckets=int(num_keys - (counts > 0).sum()), incomplete_slices=int(np.isnan(W).any(axis=1).sum()),
-        negative_metrics=int((known & (metrics < 0)).sum()),
-        implausible_negative_metrics=int((known & ~huge & (metrics < floor)).sum()),
-        huge_metrics=int((known & huge).sum()), unknown=unknown_rows,
-        huge=tuple((int(b), int(m)) for b, m, h in zip(buckets, metrics, known & huge, strict=True) if h),
-    )
-    corrected = None if version.calibration is None else true_totals(estimates, version.calibration, domain, params)
-    return estimates_frame(estimates, domain, corrected, version.correction), counters

@@ -48,8 +48,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from araopt.data.synthetic import ParquetShardWriter, check_replaceable, publish_dir
 from araopt.io import jsonio
+from araopt.io.folders import ParquetShardWriter, check_replaceable, publish_dir
 
 CRITEO_COLUMNS: tuple[str, ...] = (
     "Sale", "SalesAmountInEuro", "time_delay_for_conversion", "click_timestamp", "nb_clicks_1week",

@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from araopt.data.synthetic import ParquetShardWriter, prepare_output_dir, publish_dir
 from araopt.io import jsonio
 from araopt.io.conversions import time_as_micros
+from araopt.io.folders import ParquetShardWriter, prepare_output_dir, publish_dir
 
 
 @dataclass(frozen=True)

@@ -85,13 +85,11 @@ from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from scipy import optimize
 
 from araopt.io import jsonio
 from araopt.io.files import atomic_write_bytes
+from araopt.io.folders import ParquetShardWriter, check_output_dir, prepare_output_dir, publish_dir
 
 # --------------------------------------------------------------------------------------------
 # Features (Table impression-dimensions) and the output schema (schemas/conversion_log.arrow.json)
@@ -138,7 +136,7 @@ def _check_finite(name: str, x: float) -> float:
     return x
 
 
-def _check_int(name: str, x: Any) -> int:
+def check_int(name: str, x: Any) -> int:
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
         if isinstance(x, float) and x.is_integer():
             return int(x)
@@ -180,7 +178,7 @@ class PowerLaw:
         b = _check_finite("b", self.b)
         if b <= 0:
             raise ValueError(f"power-law shape b must be > 0 (Def. 5.1), got {b}")
-        k_min, k_max = _check_int("k_min", self.k_min), _check_int("k_max", self.k_max)
+        k_min, k_max = check_int("k_min", self.k_min), check_int("k_max", self.k_max)
         if k_min < 1:
             raise ValueError(f"k_min must be >= 1, got {k_min}")
         if k_max < k_min:
@@ -308,7 +306,7 @@ class SyntheticPreset:
         sigma = _check_finite("sigma", self.sigma)
         if sigma <= 0:
             raise ValueError(f"log-normal sigma must be > 0 (Def. 5.3), got {sigma}")
-        window = _check_int("attribution_window_days", self.attribution_window_days)
+        window = check_int("attribution_window_days", self.attribution_window_days)
         if window < 1:
             raise ValueError(f"attribution_window_days must be >= 1, got {window}")
         law = PowerLaw(self.b, self.k_min, self.k_max)  # validates b, k_min, k_max
@@ -436,7 +434,7 @@ def _seed_sequence(seed: int, *key: int) -> np.random.SeedSequence:
 
 
 def _check_seed(seed: int) -> int:
-    seed = _check_int("seed", seed)
+    seed = check_int("seed", seed)
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     return seed
@@ -485,7 +483,7 @@ def plan_impressions(preset: SyntheticPreset, *, seed: int, split: str = "train"
     seed = _check_seed(seed)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    days = _check_int("days", days)
+    days = check_int("days", days)
     if days < 1:
         raise ValueError(f"days must be >= 1, got {days}")
     if power_law_method not in ("exact", "clauset"):
@@ -578,7 +576,7 @@ def iter_chunks(plan: ImpressionPlan, chunk_rows: int = 1_000_000) -> Iterator[t
     Blocks of impressions (about 2^19 rows each) are generated whole. Peak memory is about
     max(chunk_rows, 2^19) rows times a small constant, whatever the output size.
     """
-    chunk_rows = _check_int("chunk_rows", chunk_rows)
+    chunk_rows = check_int("chunk_rows", chunk_rows)
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     block_imps = _block_impressions(plan.preset.lam)
@@ -614,87 +612,6 @@ def generate_table(preset: SyntheticPreset, *, seed: int, split: str = "train", 
 # Writer: Parquet shards, bounded memory, optional date partitions, atomic per split
 # --------------------------------------------------------------------------------------------
 
-def check_replaceable(path: str | os.PathLike[str], overwrite: bool) -> None:
-    """Refuse a non-empty ``path`` unless ``overwrite``, and even then unless it is an araopt output.
-
-    An araopt output holds ``_manifest.json``; that rule keeps --overwrite from ever deleting an
-    unrelated directory.
-    """
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"output path {p} exists and is not a directory")
-    if p.is_dir() and any(p.iterdir()):
-        if not overwrite:
-            raise ValueError(f"output directory {p} already holds data; pass --overwrite to replace it")
-        if not (p / "_manifest.json").is_file():
-            raise ValueError(f"refusing to overwrite {p}: not an araopt output directory (no _manifest.json)")
-
-
-def check_output_dir(out_dir: str | os.PathLike[str], subdirs: Sequence[str], overwrite: bool) -> None:
-    """The refusal rules of ``prepare_output_dir`` without touching the file system."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output path {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ValueError(f"output directory {out} already holds data; pass --overwrite to replace it")
-        for sub in subdirs:
-            check_replaceable(out / sub, overwrite=True)
-
-
-def prepare_output_dir(out_dir: str | os.PathLike[str], subdirs: Sequence[str], overwrite: bool) -> Path:
-    """Check ``out_dir`` (``check_output_dir``) and create it.
-
-    With ``overwrite``, the ``subdirs`` (e.g. train/, test/) are replaced only when the new data
-    is complete (``publish_dir``), so a failed run leaves the previous output intact. Other
-    files in ``out_dir`` are never touched.
-    """
-    out = Path(out_dir)
-    check_output_dir(out, subdirs, overwrite)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Move a finished temporary directory into place; an existing ``final`` is swapped out first."""
-    if final.exists():
-        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, trash)
-        os.replace(tmp, final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-
-
-class ParquetShardWriter:
-    """Rolls Parquet files <prefix>-NNNNN.parquet in one directory, one row group per write."""
-
-    def __init__(self, directory: str | os.PathLike[str], schema: pa.Schema, max_rows_per_file: int = 8_000_000,
-                 compression: str = "snappy", prefix: str = "part", use_dictionary: bool | list[str] = True) -> None:
-        self.directory, self.schema = Path(directory), schema
-        self.max_rows, self.compression, self.prefix = max_rows_per_file, compression, prefix
-        self.use_dictionary = use_dictionary
-        self.files: list[str] = []
-        self._writer: pq.ParquetWriter | None = None
-        self._rows_in_file = 0
-
-    def write(self, table: pa.Table) -> None:
-        if self._writer is None or self._rows_in_file >= self.max_rows:
-            self.close()
-            self.directory.mkdir(parents=True, exist_ok=True)
-            path = self.directory / f"{self.prefix}-{len(self.files):05d}.parquet"
-            self._writer = pq.ParquetWriter(path, self.schema, compression=self.compression,
-                                            use_dictionary=self.use_dictionary)
-            self.files.append(str(path))
-            self._rows_in_file = 0
-        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
-        self._rows_in_file += table.num_rows
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
 
 def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, partition_by_date: bool,
                 chunk_rows: int = 1_000_000, max_rows_per_file: int = 8_000_000,
@@ -702,7 +619,7 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
     """Write one split's Parquet shards into a fresh ``directory``; returns the manifest. Date
     partitions are by impression date (each holds whole impressions), or with ``by_conversion_date``
     by conversion date (what a daily export holds: an impression's conversions spread over days)."""
-    max_rows_per_file = _check_int("max_rows_per_file", max_rows_per_file)
+    max_rows_per_file = check_int("max_rows_per_file", max_rows_per_file)
     if max_rows_per_file < 1:
         raise ValueError(f"max_rows_per_file must be >= 1, got {max_rows_per_file}")
     directory = Path(directory)
@@ -833,157 +750,4 @@ def write_synthetic(out_dir: str | os.PathLike[str], preset: SyntheticPreset, *,
 # Fit: maximum-likelihood estimates of (b, lam, mu, sigma) from a conversion log
 # --------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SyntheticFit:
-    """A fitted preset with the data sizes and asymptotic standard errors (Fisher information)."""
 
-    preset: SyntheticPreset
-    n_slices: int
-    n_impressions: int
-    n_conversions: int
-    n_positive_values: int
-    stderr: Mapping[str, float]
-    notes: tuple[str, ...] = ()
-
-    def diagnostics(self) -> dict[str, Any]:
-        return {"n_slices": self.n_slices, "n_impressions": self.n_impressions,
-                "n_conversions": self.n_conversions, "n_positive_values": self.n_positive_values,
-                "stderr": dict(self.stderr), "notes": list(self.notes)}
-
-
-def fit_power_law(counts: np.ndarray, k_min: int | None = None, k_max: int | None = None) -> tuple[PowerLaw, float]:
-    """MLE of b (Def. 5.1) from impressions-per-slice counts; returns (law, standard error of b).
-
-    Without explicit bounds the support is [min(counts), max(counts)], the joint MLE of the
-    bounds for any b > 0, since shrinking the support to the data only raises the likelihood.
-    The log-likelihood -b sum(log x) - n log Z(b) is concave in b, so a bounded scalar search
-    over b in (1e-6, 50) finds the global maximum.
-    """
-    x = np.asarray(counts, dtype=np.int64)
-    if x.size < 2:
-        raise ValueError(f"need at least 2 slices to fit the power law, got {x.size}")
-    lo = int(x.min()) if k_min is None else _check_int("k_min", k_min)
-    hi = int(x.max()) if k_max is None else _check_int("k_max", k_max)
-    if lo < 1 or x.min() < lo or x.max() > hi:
-        raise ValueError(f"counts span [{x.min()}, {x.max()}], outside the support [{lo}, {hi}]")
-    if lo == hi:
-        raise ValueError(f"all {x.size} slices have {lo} impressions: the power-law shape b is not identifiable")
-    mean_log = float(np.mean(np.log(x)))
-
-    def nll(b: float) -> float:
-        return b * mean_log + PowerLaw(b, lo, hi).log_normalizer()
-
-    res = optimize.minimize_scalar(nll, bounds=(1e-6, 50.0), method="bounded",
-                                   options={"xatol": 1e-7, "maxiter": 500})
-    law = PowerLaw(float(res.x), lo, hi)
-    info = law.var_log() * x.size
-    return law, (1.0 / math.sqrt(info) if info > 0 else math.inf)
-
-
-def fit_zero_truncated_poisson(counts: np.ndarray) -> tuple[float, float]:
-    """MLE of lam from per-impression conversion counts that are all >= 1; returns (lam, stderr).
-
-    Impressions without conversions leave no record, so the observed counts follow a
-    zero-truncated Poisson. The MLE solves lam / (1 - exp(-lam)) = mean(counts), which lies in
-    [mean - 1, mean]. If every count is 1 the MLE is the boundary lam = 0, and the notes say so.
-    """
-    n = np.asarray(counts, dtype=np.float64)
-    if n.size == 0:
-        raise ValueError("no impressions to fit lam")
-    if n.min() < 1:
-        raise ValueError("zero-truncated Poisson counts must all be >= 1")
-    m = float(n.mean())
-    if m <= 1.0:
-        return 0.0, 0.0
-
-    def g(lam: float) -> float:
-        return lam / -math.expm1(-lam) - m
-
-    lam = optimize.brentq(g, max(m - 1.0, 1e-12), m, xtol=1e-12, rtol=1e-14)
-    var = m * (1.0 + lam - m)  # variance of the zero-truncated Poisson
-    se = lam / math.sqrt(n.size * var) if var > 0 else math.inf
-    return float(lam), float(se)
-
-
-def fit_log_normal(values: np.ndarray) -> tuple[float, float, int]:
-    """MLE (mu, sigma) of log-normal values (Def. 5.3) over values > 0; returns (mu, sigma, n used)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v) & (v > 0)]
-    if v.size < 2:
-        raise ValueError(f"need at least 2 positive values to fit mu and sigma, got {v.size}")
-    logs = np.log(v)
-    mu = float(logs.mean())
-    sigma = float(np.sqrt(np.mean((logs - mu) ** 2)))  # MLE: divide by n, not n - 1
-    if sigma <= 0:
-        raise ValueError("all positive values are equal: sigma is 0 and the log-normal is degenerate")
-    return mu, sigma, int(v.size)
-
-
-def _read_log(source: pa.Table | str | os.PathLike[str], columns: Sequence[str]) -> pa.Table:
-    if isinstance(source, pa.Table):
-        table = source
-    else:
-        path = os.fspath(source)
-        if not os.path.exists(path):
-            raise ValueError(f"input {path!r} does not exist")
-        dataset = ds.dataset(path, format="parquet")
-        missing = [c for c in columns if c not in dataset.schema.names]
-        if missing:
-            raise ValueError(f"input {path!r} lacks column(s) {missing}; present: {dataset.schema.names}")
-        table = dataset.to_table(columns=list(columns))
-    missing = [c for c in columns if c not in table.column_names]
-    if missing:
-        raise ValueError(f"input lacks column(s) {missing}; present: {table.column_names}")
-    return table.select(list(columns))
-
-
-def fit_synthetic_report(source: pa.Table | str | os.PathLike[str], *, name: str = "fitted",
-                         slice_columns: Sequence[str] = IMPRESSION_FEATURE_NAMES, value_column: str = "value",
-                         impression_column: str = "impression_id", k_min: int | None = None,
-                         k_max: int | None = None, attribution_window_days: int = 30) -> SyntheticFit:
-    """Maximum-likelihood fit of the Sec. 5.3 model to a conversion log (table or Parquet path).
-
-    b: power-law MLE over the number of distinct impressions per slice (``fit_power_law``).
-       Only impressions with at least one conversion are visible, so slice sizes are thinned by
-       (1 - exp(-lam)): under 5e-5 for lam = 10, but b is biased when lam is small.
-    lam: zero-truncated Poisson MLE over conversions per impression (``fit_zero_truncated_poisson``).
-    mu, sigma: log-normal MLE over the values > 0 (zeros, e.g. Criteo non-sales, are left out).
-    Memory: the projected columns are read into memory (about 30 bytes per row).
-    """
-    slice_columns = list(slice_columns)
-    if not slice_columns:
-        raise ValueError("at least one slice column is required")
-    table = _read_log(source, [impression_column, *slice_columns, value_column])
-    if table.num_rows == 0:
-        raise ValueError("the conversion log is empty")
-    for c in table.column_names:
-        if table.column(c).null_count:
-            raise ValueError(f"column {c!r} has {table.column(c).null_count} null(s); the contract requires non-null")
-    per_imp = table.group_by([impression_column, *slice_columns]).aggregate([([], "count_all")])
-    n_impressions = pc.count_distinct(table.column(impression_column)).as_py()
-    if per_imp.num_rows != n_impressions:
-        raise ValueError(f"{per_imp.num_rows - n_impressions} impression(s) appear in more than one slice "
-                         f"of {slice_columns}; each impression must belong to one slice")
-    per_slice = per_imp.group_by(slice_columns).aggregate([([], "count_all")])
-    slice_sizes = per_slice.column("count_all").to_numpy()
-    law, se_b = fit_power_law(slice_sizes, k_min, k_max)
-    lam, se_lam = fit_zero_truncated_poisson(per_imp.column("count_all").to_numpy())
-    values = pc.cast(table.column(value_column), pa.float64()).to_numpy()
-    if np.any(values < 0) or not np.all(np.isfinite(values)):
-        raise ValueError(f"value column {value_column!r} must be finite and >= 0")
-    mu, sigma, n_pos = fit_log_normal(values)
-    notes = []
-    if lam == 0.0:
-        notes.append("every impression has exactly one conversion: lam is not identifiable (MLE at lam = 0)")
-    if n_pos < values.size:
-        notes.append(f"{values.size - n_pos} zero value(s) left out of the log-normal fit")
-    preset = SyntheticPreset(name, b=law.b, lam=lam, mu=mu, sigma=sigma, k_min=law.k_min, k_max=law.k_max,
-                             attribution_window_days=attribution_window_days)
-    stderr = {"b": se_b, "lam": se_lam, "mu": sigma / math.sqrt(n_pos), "sigma": sigma / math.sqrt(2 * n_pos)}
-    return SyntheticFit(preset, int(slice_sizes.size), int(n_impressions), int(table.num_rows), n_pos, stderr,
-                        tuple(notes))
-
-
-def fit_synthetic(source: pa.Table | str | os.PathLike[str], **kwargs: Any) -> SyntheticPreset:
-    """Fit (b, lam, mu, sigma) by maximum likelihood; see ``fit_synthetic_report`` for details."""
-    return fit_synthetic_report(source, **kwargs).preset

@@ -10,7 +10,7 @@
 * ``evaluate_dataset``: the Sec. 5 comparison for one dataset: optimized L-inf, optimized L1 and the
   two baselines (q = 0.95, 0.99) at every epsilon, with the generalization gap (test error of the
   parameters tuned on train minus that of parameters tuned on test) and the per-C curves.
-* ``plot_rmsre`` / ``plot_count_limit``: aliases of ``araopt.plots.rmsre_plot`` / ``count_limit_plot``,
+* ``plot_rmsre`` / ``plot_count_limit``: aliases of ``araopt.evaluation.plots.rmsre_plot`` / ``count_limit_plot``,
   PNGs like the paper's Fig. (experiments) (epsilon on a log axis, one line per method, one panel per
   dataset) and the "why this C" figure.
 
@@ -229,7 +229,7 @@ def evaluate_dataset(
     ``release_period_days``: every method is tuned for one release of that many days (the test
     period's length: the noise of a release is the same whatever its length, its volume is not);
     None: for a release as large as the training log (the paper's setting). ``stages`` hears of every
-    (epsilon, step) as it starts (``araopt.progress``)."""
+    (epsilon, step) as it starts (``araopt.io.progress``)."""
     if test_conversions is None and test_stats is None:
         raise ValueError("evaluate_dataset needs test conversions or test statistics")
     eps_list = [check_epsilon(e) for e in epsilons]
@@ -323,7 +323,7 @@ def comparison_table(results: pd.DataFrame) -> pd.DataFrame:
 # Outputs
 # ------------------------------------------------------------------------------------------------
 
-# The figures live in ``araopt.plots``; these names stay for callers of the evaluation API.
+# The figures live in ``araopt.evaluation.plots``; these names stay for callers of the evaluation API.
 plot_rmsre = plots.rmsre_plot
 plot_count_limit = plots.count_limit_plot
 

@@ -476,7 +476,7 @@ def rmsre_plot(results: pd.DataFrame, path: str | os.PathLike[str], with_monte_c
 
 def coverage_figure(results: pd.DataFrame, nominal: float = 0.95) -> Figure:
     """Empirical coverage of each method's nominal 95% intervals of the TRUE test totals vs epsilon, one
-    panel per (dataset, query), the nominal level drawn and the [90%, 99%] band shaded (issue 12)."""
+    panel per (dataset, query), the nominal level drawn and the [90%, 99%] band shaded."""
 
     queries = [c[len("coverage_"):] for c in results.columns if c.startswith("coverage_")]
     if not queries:

@@ -1,5 +1,5 @@
 """The whole ARA mechanism on in-memory records: encode (HistogramContribution, Alg. 3 / Alg. 6) ->
-cap (ContributionCapping, Alg. 1) -> sum over the domain -> the release step (``araopt.release``:
+cap (ContributionCapping, Alg. 1) -> sum over the domain -> the release step (``araopt.mechanism.release``:
 SummaryReport, Alg. 2, and ReconstructValues, Alg. 4). The Beam pipeline runs the same functions per
 shard (``encode_and_bound``, ``aggregate.domain_sums``) and after its combine (``release.noisy_release``).
 """

@@ -6,7 +6,7 @@ variance sum f(1-f) of the kept records, and the floors floor(alpha_l Gamma / C)
 Var U_0 = 2 (d+1) C^2 / eps^2 (no rounding variance, no floors); the bias is exact in both.
 
 Which records are kept is decided exactly as Alg. 1 does, with Chrome's limit of 20 reports per
-source (``araopt.bounding``): for L-inf and L1 every contribution has norm floor(Gamma/C), so the
+source (``araopt.mechanism.bounding``): for L-inf and L1 every contribution has norm floor(Gamma/C), so the
 first min(Gamma // floor(Gamma/C), 20) conversions of each impression are kept.
 For the baseline, norms vary with the (random) rounding; we decide with the expected norm rounded
 to the nearest integer, which differs from the realised decision only when an impression's running

@@ -31,7 +31,7 @@ What is kept (the combiner's state; ``compact`` consolidates it)
   * ``cluster_sizes``: histogram of the measured period's clusters, one per (impression, release
     period cell of ``period_days`` UTC days; the whole window when None), by (conversions in the
     cluster, lifetime rank of its first conversion): Alg. 1 keeps clip(K(C) - first rank, 0, size) of
-    them, exactly. The calibration's ratio sampling factor kappa (``araopt.calibration``) needs it.
+    them, exactly. The calibration's ratio sampling factor kappa (``araopt.calibration.model``) needs it.
   * ``day_counts``: conversions per UTC day, and the first and last conversion time: how many days
     of history the statistics hold (``history_days``), so that a release of another length can be
     modelled (``scaled``).
@@ -251,7 +251,7 @@ def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> Sta
     """Add a batch that holds ALL conversions of each of its impressions; returns ``acc``.
 
     Ranks are computed within impression by (conversion_time, record_keys()) with Alg. 1's order
-    (``araopt.bounding``), exactly as the mechanism does, over the period's rows and their lookback;
+    (``araopt.mechanism.bounding``), exactly as the mechanism does, over the period's rows and their lookback;
     only the period's rows are then counted.
     """
     spec = acc.spec

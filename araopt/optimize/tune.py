@@ -2,7 +2,7 @@
 as one typed result whose chosen parameters are a parameter version (``araopt.version``) carrying the
 history's key domain and provenance; and ``calibrate``, which attaches the history's calibration and
 chooses between the candidates by replaying their releases on the history's days. ``pipelines``,
-``araopt.nightly`` and ``araopt.evaluation`` call these; none of them decides anything on its own.
+``araopt.nightly`` and ``araopt.evaluation.evaluate`` call these; none of them decides anything on its own.
 """
 from __future__ import annotations
 
