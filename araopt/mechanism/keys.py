@@ -89,10 +89,6 @@ def register_slices(columns: Sequence[Any], registry: dict[Any, int], n: int, ba
     return cast(np.ndarray, local[inverse.reshape(-1)])
 
 
-def _to_python(values: Sequence[Any]) -> list[Any]:
-    return [slice_value(v) for v in values]
-
-
 @dataclass(frozen=True, eq=False)
 class KeyDomain:
     """The declared output domain: slices (as dictionary indices) x (value queries + bottom)."""
@@ -151,7 +147,7 @@ class KeyDomain:
         """Domain of the distinct slices present in ``columns`` (dict of equal-length arrays); ``origin``:
         where those values come from (``ORIGINS``; by default the data the domain is used on)."""
         frame = pd.DataFrame({c: np.asarray(columns[c]) for c in slice_columns}).drop_duplicates()
-        dictionaries = tuple(tuple(_to_python(sorted(frame[c].unique().tolist()))) for c in slice_columns)
+        dictionaries = tuple(slice_key(sorted(frame[c].unique().tolist())) for c in slice_columns)
         domain = cls(tuple(slice_columns), dictionaries, np.zeros((0, len(slice_columns))), tuple(query_names),
                      baseline, tuple(conversion_slice_columns), origin)
         idx, valid = domain.dictionary_indices({c: frame[c].to_numpy() for c in slice_columns})
