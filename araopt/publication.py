@@ -21,6 +21,7 @@ import pandas as pd
 from araopt.calibration.correct import CorrectedEstimates, correct, period_blocks_for
 from araopt.calibration.model import Calibration
 from araopt.io import avro
+from araopt.mechanism.exploration import EXPLORATION_BIT
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
 from araopt.mechanism.release import Release
@@ -138,10 +139,13 @@ def release_json(publication: Publication, params_sha256: str) -> dict[str, Any]
         "contribution_budget": release.params.contribution_budget,
         "encoding": release.params.encoding,
         "count_limit": release.params.count_limit,
+        "queries": [{"column": q.column, "clip_threshold": q.clip_threshold, "budget_fraction": q.budget_fraction}
+                    for q in release.params.queries],
+        "exploration": None if release.params.exploration is None else release.params.exploration.to_json(),
         "params_sha256": params_sha256,
         "domain_layout_sha256": release.domain.layout_checksum(),
         "slices": release.domain.num_slices,
-        "keys": release.domain.num_keys,
+        "keys": release.domain.num_keys + (0 if release.exploration is None else release.exploration.estimate.size),
         "estimates_of": ("the true totals (calibrated from history; point estimate: "
                          + ("capped sum / retention ratio" if publication.correction == "ratio" else "the capped sum")
                          + ")") if publication.corrected is not None else
@@ -172,18 +176,48 @@ def debug_annotations(unnoised: int) -> list[str]:
     return ["in_domain", "in_reports"] if unnoised > 0 else ["in_domain"]
 
 
+def release_buckets(release: Release) -> list[int]:
+    """The 128-bit bucket of every key of the release, in the histogram's order: the domain's keys,
+    then each exploration arm's keys (the top bit set: main keys must fit below it)."""
+    buckets = release.domain.buckets()
+    exploration = release.params.exploration
+    if exploration is None:
+        return buckets
+    if release.domain.total_bits > EXPLORATION_BIT:
+        raise ValueError(f"the domain's keys take {release.domain.total_bits} bits: with exploration arms they must "
+                         f"fit in {EXPLORATION_BIT} (the top bit marks an arm's keys)")
+    return buckets + [exploration.bucket(a, release.domain.query_code(col))
+                      for a in range(exploration.num_arms) for col in range(release.domain.num_columns)]
+
+
 def summary_records(release: Release) -> list[dict[str, Any]]:
     """``AggregatedFact`` records of the release (buckets with leading zero bytes left out)."""
-    return avro.summary_report_records(release.domain.buckets(), release.report.noisy.ravel().tolist())
+    return avro.summary_report_records(release_buckets(release), release.report.noisy.ravel().tolist())
 
 
 def domain_records(release: Release) -> list[dict[str, Any]]:
     """``AggregationBucket`` records of the release's output domain (16-byte buckets)."""
-    return avro.output_domain_records(release.domain.buckets())
+    return avro.output_domain_records(release_buckets(release))
 
 
 def debug_records(release: Release) -> list[dict[str, Any]]:
     """``DebugAggregatedFact`` records of the release: unnoised metric, noise, annotations."""
     unnoised = release.report.unnoised.ravel().tolist()
-    return avro.debug_report_records(release.domain.buckets(), unnoised, release.report.noise.ravel().tolist(),
+    return avro.debug_report_records(release_buckets(release), unnoised, release.report.noise.ravel().tolist(),
                                      [debug_annotations(u) for u in unnoised])
+
+
+def exploration_frame(release: Release) -> pd.DataFrame | None:
+    """The exploration arms' estimates (Alg. 4 at each arm's count limit; public, noised): ``arm``,
+    ``count_limit``, ``share``, ``query`` and the estimate with its error bars; None without arms."""
+    exploration, estimates = release.params.exploration, release.exploration
+    if exploration is None or estimates is None:
+        return None
+    k, q = estimates.estimate.shape
+    return pd.DataFrame({
+        "arm": np.repeat(np.arange(k), q),
+        "count_limit": np.repeat([a.count_limit for a in exploration.arms], q),
+        "share": np.repeat([a.share for a in exploration.arms], q),
+        "query": np.tile(np.asarray(estimates.query_names, dtype=object), k),
+        **{f: getattr(estimates, f).reshape(-1) for f in ("estimate", "std_error", "ci_low", "ci_high")},
+    })

@@ -25,6 +25,7 @@ from araopt.constants import CORRECTION, L1_ROUNDING_OF_A_FILE
 from araopt.errors import InvalidParameters
 from araopt.io import jsonio
 from araopt.io.files import atomic_write_bytes, read_bytes
+from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params, QueryParams
 
@@ -127,6 +128,8 @@ class ParameterVersion:
             out["calibration"] = self.calibration.to_json()
         if p.encoding == "l1":
             out["l1_rounding"] = p.l1_rounding
+        if p.exploration is not None:
+            out["exploration"] = p.exploration.to_json()
         return out
 
     def to_bytes(self) -> bytes:
@@ -168,7 +171,8 @@ class ParameterVersion:
                 contribution_budget=data["contribution_budget"],
                 count_budget_fraction=data.get("count_budget_fraction"), count_tau=float(data["count_tau"]),
                 l1_rounding=data.get("l1_rounding", L1_ROUNDING_OF_A_FILE),
-                conversion_slice_columns=tuple(data.get("conversion_slice_columns", ())))
+                conversion_slice_columns=tuple(data.get("conversion_slice_columns", ())),
+                exploration=None if data.get("exploration") is None else Exploration.from_json(data["exploration"]))
             calibration = data.get("calibration")
             return cls(
                 params,

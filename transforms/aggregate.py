@@ -17,9 +17,9 @@ from apache_beam.transforms import trigger, window
 from araopt.io.conversions import Conversions, ValidationCounts, check_rejected_share, concat_periods, split_periods
 from araopt.mechanism import aggregate
 from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.measure import encode_and_bound
+from araopt.mechanism.measure import encode_and_bound, histogram_rows
 from araopt.mechanism.params import Params
-from araopt.mechanism.release import Accounting, Release, noisy_release
+from araopt.mechanism.release import Accounting, Release, histogram_height, noisy_release
 
 from .combine import CombinerFn
 
@@ -59,7 +59,8 @@ class _EncodeAndBound(beam.DoFn):
             conv = concat_periods(*split_periods(conv))
         contributions, kept = encode_and_bound(conv, params, self._seed)
         period = conv.period_mask()
-        sums = aggregate.domain_sums(domain.slice_index(conv.slices), contributions, kept, domain.num_slices,
+        sums = aggregate.domain_sums(histogram_rows(conv, params, domain), contributions, kept,
+                                     histogram_height(params, domain),
                                      impressions=len(pd.unique(conv.impression_id[period])), in_period=period,
                                      rows_before_lookback=rows_before_coverage(conv, self._coverage_start))
         if conv.in_period is not None:
@@ -113,7 +114,7 @@ class _AddNoise(beam.DoFn):
                 lookback_counts: ValidationCounts | None = None) -> Iterator[Release]:
         check_rejected_share(counts, self._max_rejected)
         if sums is None:  # every valid row was in shards that produced nothing: cannot happen with rows > 0
-            sums = aggregate.empty(domain.num_slices, domain.num_columns)
+            sums = aggregate.empty(histogram_height(self._params, domain), domain.num_columns)
         lookback = lookback_counts or ValidationCounts()
         accounting = Accounting(counts.rows_read, counts.rows_rejected, sums.kept, sums.capped, sums.outside_domain,
                                 sums.impressions, counts.rejected_by_reason, counts.times_floored,

@@ -19,6 +19,7 @@ from araopt.publication import (
     Publication,
     debug_records,
     domain_records,
+    exploration_frame,
     private_accounting,
     release_json,
     summary_records,
@@ -46,6 +47,12 @@ class _WriteSmallFiles(beam.DoFn):
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
         self._put(outputs.ESTIMATES_PARQUET, buf.getvalue())
         self._put(outputs.ESTIMATES_CSV, outputs.csv_bytes(frame))
+        arms = exploration_frame(publication.release)
+        if arms is not None:
+            buf = io.BytesIO()
+            pq.write_table(pa.Table.from_pandas(arms, preserve_index=False), buf)
+            self._put(outputs.EXPLORATION_PARQUET, buf.getvalue())
+            self._put(outputs.EXPLORATION_CSV, outputs.csv_bytes(arms))
         self._put(outputs.RELEASE_JSON, jsonio.dumps(release_json(publication, self._sha), indent=1).encode())
         private = private_accounting(publication)
         with FileSystems.create(FileSystems.join(self._output, outputs.private_file(outputs.ACCOUNTING))) as fh:

@@ -264,14 +264,23 @@ def kept_mask(conversions: Conversions, params: Params, tie_breaker: np.ndarray 
     """Which records Alg. 1 keeps under ``params``, deterministically (the error model's and the
     calibration's kept set): L-inf and L1 contributions all have norm floor(Gamma/C); a baseline
     record's norm is decided by its expected norm rounded to the nearest integer, which differs from
-    the realised decision only when an impression's running total lands within d units of Gamma."""
+    the realised decision only when an impression's running total lands within d units of Gamma.
+    With exploration arms, a record of an arm costs floor(Gamma / C_a) and is not kept in the main
+    keys (its arm's keys report it)."""
     order = impression_order(conversions.impression_id, conversions.conversion_time, tie_breaker)
     rank, group = ranks_within_impression(conversions.impression_id[order])
+    arm = None if params.exploration is None else params.exploration.assign(conversions.impression_id)[order]
     if params.encoding == "baseline":
         norms = np.rint(expected_contribution(conversions.values[order], params).sum(axis=1) + count_scale(params))
-    else:
+    elif arm is None:
         norms = np.full(len(order), params.per_conversion_budget)
+    else:
+        per_arm = np.array([params.for_arm(a).per_conversion_budget for a in range(params.exploration.num_arms)]
+                           + [params.per_conversion_budget], dtype=np.int64)
+        norms = per_arm[arm]  # index -1: the main configuration's
     kept_sorted = bound_sorted(norms.astype(np.int64), rank, group, params.contribution_budget)
+    if arm is not None:
+        kept_sorted &= arm < 0
     kept = np.empty(len(order), dtype=bool)
     kept[order] = kept_sorted
     return kept

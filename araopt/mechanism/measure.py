@@ -16,7 +16,8 @@ from araopt.mechanism.encoding import encode
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
 from araopt.mechanism.randomness import keyed_uniforms, secure_generator
-from araopt.mechanism.release import Accounting, Release, noisy_release
+from araopt.mechanism.release import Accounting, Release, histogram_height, noisy_release
+from araopt.mechanism.exploration import exploration_rows
 from araopt.mechanism.report import Estimates, SummaryReport
 from araopt.mechanism.sources import impression_slice_conflicts
 
@@ -38,10 +39,28 @@ def encode_and_bound(
     uniforms = rounding_uniforms(keys, params.num_queries, simulation_seed)
     if uniforms is None and rng is None:
         rng = secure_generator()
-    contributions = encode(conversions.values, params, rng, uniforms=uniforms)
+    if params.exploration is None:
+        contributions = encode(conversions.values, params, rng, uniforms=uniforms)
+    else:  # every arm's conversions are encoded at the arm's count limit (Alg. 3 / 6 at C_a)
+        arm = params.exploration.assign(conversions.impression_id)
+        contributions = np.zeros((len(conversions), params.num_queries + 1), dtype=np.int64)
+        for index in range(-1, params.exploration.num_arms):
+            rows = np.flatnonzero(arm == index)
+            if len(rows):
+                contributions[rows] = encode(conversions.values[rows], params if index < 0 else params.for_arm(index),
+                                             rng, uniforms=None if uniforms is None else uniforms[rows])
     kept = bound_contributions(conversions.impression_id, conversions.conversion_time, contributions,
                                params.contribution_budget, tie_breaker=keys)
     return contributions, kept
+
+
+def histogram_rows(conversions: Conversions, params: Params, domain: KeyDomain) -> np.ndarray:
+    """The histogram row of every record: its domain slice (-1 outside the domain) or, for an
+    exploration arm's record, the arm's pooled row ``num_slices + arm``."""
+    slice_index = domain.slice_index(conversions.slices)
+    if params.exploration is None:
+        return slice_index
+    return exploration_rows(params.exploration.assign(conversions.impression_id), domain.num_slices, slice_index)
 
 
 @dataclass(frozen=True)
@@ -112,12 +131,12 @@ def measure(
                                              baseline=params.encoding == "baseline",
                                              conversion_slice_columns=params.conversion_slice_columns)
     contributions, kept = encode_and_bound(conversions, params, simulation_seed, rng)
-    slice_idx = domain.slice_index(conversions.slices)
+    slice_idx = histogram_rows(conversions, params, domain)
     period = conversions.period_mask()
-    sums = domain_sums(slice_idx, contributions, kept, domain.num_slices,
+    sums = domain_sums(slice_idx, contributions, kept, histogram_height(params, domain),
                        impressions=len(np.unique(conversions.impression_id[period])), in_period=period)
     accounting = Accounting(rows_read=int(period.sum()), rows_rejected=0, rows_kept=sums.kept, rows_capped=sums.capped,
                             rows_outside_domain=sums.outside_domain, impressions=sums.impressions,
                             lookback_rows_read=sums.lookback_rows, lookback_rows_used=sums.lookback_rows)
     release = noisy_release(sums, params, domain, accounting, simulation_seed=simulation_seed, rng=noise_rng)
-    return Measurement(release, sums.histogram, kept, slice_idx >= 0)
+    return Measurement(release, sums.histogram, kept, (slice_idx >= 0) & (slice_idx < domain.num_slices))

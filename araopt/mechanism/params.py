@@ -24,6 +24,7 @@ from araopt.errors import (
     check_epsilon,
     is_positive_finite,
 )
+from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import HISTORY, KeyDomain
 
 
@@ -97,6 +98,7 @@ class Params:
     count_tau: float = COUNT_TAU
     l1_rounding: str = L1_ROUNDING_OF_A_FILE
     conversion_slice_columns: tuple[str, ...] = ()
+    exploration: Exploration | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slice_columns", tuple(self.slice_columns))
@@ -133,6 +135,21 @@ class Params:
             raise InvalidParameters(f"conversion_slice_columns {sorted(unknown)} are not in slice_columns")
         self._check_fractions()
         self._check_scales()
+        if self.exploration is not None:
+            self._check_exploration(self.exploration)
+
+    def _check_exploration(self, exploration: Exploration) -> None:
+        """Arms re-use the encoding at other count limits (L-inf, L1): each must be valid parameters."""
+        if not isinstance(exploration, Exploration):
+            raise InvalidParameters(f"exploration must be an Exploration, got {type(exploration).__name__}")
+        if self.encoding == "baseline":
+            raise InvalidParameters("exploration arms need encoding 'linf' or 'l1' (every conversion of an arm costs "
+                                    "floor(Gamma / C_a)); the baseline's norms vary")
+        for index, arm in enumerate(exploration.arms):
+            try:
+                self.for_arm(index)
+            except InvalidParameters as exc:
+                raise InvalidParameters(f"exploration arm {index} (C = {arm.count_limit}): {exc}") from None
 
     def check_domain(self, domain: KeyDomain, source: str = "domain") -> None:
         """Refuse a key domain that is not laid out for these slices, queries and encoding."""
@@ -223,3 +240,9 @@ class Params:
 
     def with_epsilon(self, epsilon: float) -> Params:
         return dataclasses.replace(self, epsilon=epsilon)
+
+    def for_arm(self, arm: int) -> Params:
+        """The parameters exploration arm ``arm`` encodes with: these at the arm's count limit."""
+        if self.exploration is None:
+            raise InvalidParameters("these parameters have no exploration arms")
+        return dataclasses.replace(self, count_limit=self.exploration.arms[arm].count_limit, exploration=None)

@@ -65,22 +65,36 @@ class Release:
 
     params: Params
     domain: KeyDomain
-    report: SummaryReport
-    estimates: Estimates
+    report: SummaryReport  # rows: the domain's slices, then the exploration arms' pooled rows
+    estimates: Estimates  # the domain's slices (of the main impressions when there are exploration arms)
     accounting: Accounting
     simulation_seed: int | None = None
+    exploration: Estimates | None = None  # one row per exploration arm: Alg. 4 at the arm's count limit
+
+
+def histogram_height(params: Params, domain: KeyDomain) -> int:
+    """Rows of a release's histogram: the domain's slices and one pooled row per exploration arm."""
+    return domain.num_slices + (params.exploration.num_arms if params.exploration is not None else 0)
 
 
 def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accounting: Accounting, *,
                   simulation_seed: int | None = None, rng: np.random.Generator | None = None) -> Release:
-    """Noise once per domain key (Alg. 2, secure generator unless ``rng`` or ``simulation_seed``),
-    including keys without contributions, then reconstruct (Alg. 4)."""
-    if sums.histogram.shape != (domain.num_slices, domain.num_columns):
-        raise ValueError(f"sums have shape {sums.histogram.shape}, the domain needs "
-                         f"({domain.num_slices}, {domain.num_columns})")
+    """Noise once per key (Alg. 2, secure generator unless ``rng`` or ``simulation_seed``), including
+    keys without contributions and the exploration arms' keys, then reconstruct (Alg. 4, each arm at
+    its own count limit)."""
+    height = histogram_height(params, domain)
+    if sums.histogram.shape != (height, domain.num_columns):
+        raise ValueError(f"sums have shape {sums.histogram.shape}, the domain needs ({height}, {domain.num_columns})")
     if not accounting.closes:
         raise ValueError(f"row accounting does not close: {accounting.to_json()}")
     report = summary_report(sums.histogram, params.epsilon, params.contribution_budget, rng=rng,
                             simulation_seed=simulation_seed)
-    estimates = reconstruct(report.noisy, params)
-    return Release(params, domain, report, estimates, accounting, simulation_seed)
+    m = domain.num_slices
+    estimates = reconstruct(report.noisy[:m], params)
+    exploration = None
+    if params.exploration is not None:
+        arms = [reconstruct(report.noisy[m + a:m + a + 1], params.for_arm(a)) for a in range(params.exploration.num_arms)]
+        exploration = Estimates(*(np.vstack([getattr(e, f) for e in arms]) for f in ("estimate", "std_error", "ci_low",
+                                                                                      "ci_high")),
+                                query_names=estimates.query_names, confidence=estimates.confidence)
+    return Release(params, domain, report, estimates, accounting, simulation_seed, exploration)
