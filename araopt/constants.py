@@ -50,6 +50,12 @@ RELEASE_PERIOD_DAYS: Final = 1.0
 LOOKBACK_DAYS: Final = 30
 """Days of history before a window read for lifetime ranks (Chrome caps a source over up to 30 days)."""
 CONFIDENCE: Final = 0.95
+EXPLORATION_COUNT_LIMITS: Final = (1, 2, 3, 5, 8, 12, 20)
+"""The count limits of the privacy-safe mode's exploration arms (from C = 1 to Chrome's 20 reports)."""
+EXPLORATION_ARM_SHARE: Final = 0.003
+"""Share of the impressions in each exploration arm (seven arms: 2.1% in all)."""
+PRIVATE_WINDOW_DAYS: Final = 9
+"""Past releases (days) the privacy-safe tuner learns from; the replay's raw window for the fully informed one."""
 EPSILONS: Final = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 """The epsilons of the paper's evaluation (Sec. 5)."""
 BASELINE_QUANTILES: Final = (0.95, 0.99)

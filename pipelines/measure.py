@@ -118,29 +118,37 @@ def apply_epsilon(loaded: LoadedParams, epsilon: float | None, override: bool) -
 
 def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
     """--domain: a key map JSON (with its layout checksum) or a .csv / .json list of slice values."""
+    domain = read_domain(path, params.slice_columns, params.query_columns, inputs, params.encoding == "baseline",
+                         params.conversion_slice_columns)
+    params.check_domain(domain, source=f"domain {path}")
+    return domain
+
+
+def read_domain(path: str, slice_columns: Sequence[str], query_columns: Sequence[str], inputs: InputFiles,
+                baseline: bool = False, conversion_slice_columns: Sequence[str] = ()) -> KeyDomain:
+    """A declared domain file: a key map JSON or a .csv / .json list of slice values, whose slice values
+    have the types of the input's columns."""
     try:
         with FileSystems.open(path) as fh:
             raw = fh.read()
     except Exception as exc:  # noqa: BLE001
         raise UserError(f"cannot read domain file {path}: {exc}") from None
-    families = {c: type_family(inputs.schema.field(c).type) for c in params.slice_columns}
-    baseline = params.encoding == "baseline"
+    families = {c: type_family(inputs.schema.field(c).type) for c in slice_columns}
     if path.endswith(".csv"):
         try:
             rows = pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False, na_values=[""])
         except Exception as exc:  # noqa: BLE001 - a parser error is bad input
             raise UserError(f"domain file {path} is not a readable CSV: {str(exc).splitlines()[0]}") from None
-        return domain_from_rows(rows, params.slice_columns, params.query_columns, baseline,
-                                params.conversion_slice_columns, families, source=path)
+        return domain_from_rows(rows, slice_columns, query_columns, baseline, conversion_slice_columns, families,
+                                source=path)
     try:
         data = jsonio.loads(raw, f"domain file {path}")
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if isinstance(data, list):
-        return domain_from_rows(pd.DataFrame(data), params.slice_columns, params.query_columns, baseline,
-                                params.conversion_slice_columns, families, source=path)
+        return domain_from_rows(pd.DataFrame(data), slice_columns, query_columns, baseline,
+                                conversion_slice_columns, families, source=path)
     domain = KeyDomain.from_json(data, source=path)
-    params.check_domain(domain, source=f"domain {path}")
     check_domain_families(domain, families, source=path)
     return domain
 

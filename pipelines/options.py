@@ -184,6 +184,11 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("no_gap", "Skip the generalization gap (tuning on the test log).", type="bool"),
     _o("no_progress", "No progress on stderr (a line per stage of a long job, and the optimizer's bar on a "
        "terminal).", type="bool"),
+    # ---- replay -------------------------------------------------------------------------------
+    _o("replay_days", "Replay the last N days of the log (default: every day with --window-days days before it).",
+       type="positive_int", metavar="N"),
+    _o("exploration_share", "Share of impressions in each of the privacy-safe mode's seven exploration arms "
+       "(C = 1, 2, 3, 5, 8, 12, 20).", type="positive_float", default=core.EXPLORATION_ARM_SHARE, metavar="F"),
     # ---- synthetic data, split, Criteo --------------------------------------------------------
     _o("preset", f"Preset name ({', '.join(PRESET_NAMES)}) or a preset .json written by fit-synthetic.",
        required=True, metavar="PRESET"),
@@ -388,6 +393,22 @@ COMMANDS: Final[Mapping[str, Command]] = {
          ("conversions", {"help": "Without --key-map: the key domain of this log's slices."}), "output",
          "confidence", ("epsilon", {"help": "Epsilon of the Aggregation Service job, if it differs from the "
                                             "parameter file's."}), "overwrite")),
+    "replay": Command(
+        "pipelines.replay", "run", "backtest: each tuning method's daily releases on a joined log, scored",
+        "For each day of a joined daily log, in order, measure the day (simulation: seeded noise) with the "
+        "parameters each method chose from what it could see before the day, and score the released estimates "
+        "against the day's true totals (RMSRE_tau): private_safe (privacy-safe tuning on its own previous releases "
+        "and first-party conversions only; day 1 a cold start), fully_informed (the nightly tuning on the raw "
+        "window), baseline_q95, baseline_q99. Writes replay.csv, summary.json and replay.png: operator-private.",
+        ("araopt replay --history logs/ --slices campaignId,geography --values value --epsilon 8 --output replay/",),
+        ("history", "slices", "values", ("epsilon", {"required": True}), "output",
+         ("window_days", {"required": False, "default": core.PRIVATE_WINDOW_DAYS,
+                          "help": "Days of raw history the fully informed tuner sees (and past releases the "
+                                  "privacy-safe tuner learns from) before each replayed day."}),
+         "lookback_days", "replay_days", "exploration_share",
+         ("domain", {"help": "The declared domain (key map JSON or .csv/.json list of slice values); default: "
+                             "every slice of the log."}),
+         "seed", "max_count_limit", "max_rejected_fraction", "no_progress", "overwrite")),
     "demo": Command(
         "pipelines.demo", "run", "the README's main job: synthetic history -> nightly -> measure",
         "Generate days of synthetic conversions, run the nightly re-optimization on all but the last day into a "

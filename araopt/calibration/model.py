@@ -112,7 +112,8 @@ _COUNT = "count"
 
 
 def retention_checksum(params: Params) -> str:
-    """sha256 of what decides the retention ratios: encoding, C, Gamma, C_l, alpha_l, l1_rounding.
+    """sha256 of what decides the retention ratios: encoding, C, Gamma, C_l, alpha_l, l1_rounding and
+    the exploration arms (their impressions are not in the main keys).
 
     Epsilon, taus and provenance do not change what Alg. 1 keeps or how values are clipped, so a
     calibration stays valid for the same bounding at another epsilon.
@@ -124,6 +125,8 @@ def retention_checksum(params: Params) -> str:
         "l1_rounding": params.l1_rounding if params.encoding == "l1" else None,
         "queries": [[q.column, float(q.clip_threshold), q.budget_fraction] for q in params.queries],
     }
+    if params.exploration is not None:  # the arms' impressions are not in the main keys
+        data["exploration"] = params.exploration.to_json()
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from araopt.constants import EXPLORATION_ARM_SHARE, EXPLORATION_COUNT_LIMITS
 from araopt.errors import InvalidParameters, check_count_limit, is_positive_finite
 from araopt.mechanism.randomness import mix64
 
@@ -123,7 +124,7 @@ def exploration_rows(arm: np.ndarray, num_slices: int, slice_index: np.ndarray) 
     return np.where(a >= 0, num_slices + a, np.asarray(slice_index, dtype=np.int64))
 
 
-def default_exploration(count_limits: Sequence[int] = (1, 2, 3, 5, 8, 12, 20), share: float = 0.003,
+def default_exploration(count_limits: Sequence[int] = EXPLORATION_COUNT_LIMITS, share: float = EXPLORATION_ARM_SHARE,
                         salt: int = 0x5EED) -> Exploration:
-    """Seven arms of 0.3% of the impressions each (2.1% in all), from C = 1 to Chrome's 20 reports."""
+    """Seven arms of ``share`` of the impressions each (0.3%: 2.1% in all), from C = 1 to Chrome's 20 reports."""
     return Exploration(tuple(ExplorationArm(c, share) for c in count_limits), salt)

@@ -13,11 +13,11 @@ from araopt.io.conversions import Conversions
 from araopt.mechanism.aggregate import domain_sums
 from araopt.mechanism.bounding import bound_contributions
 from araopt.mechanism.encoding import encode
+from araopt.mechanism.exploration import exploration_rows
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
 from araopt.mechanism.randomness import keyed_uniforms, secure_generator
 from araopt.mechanism.release import Accounting, Release, histogram_height, noisy_release
-from araopt.mechanism.exploration import exploration_rows
 from araopt.mechanism.report import Estimates, SummaryReport
 from araopt.mechanism.sources import impression_slice_conflicts
 

@@ -1,0 +1,245 @@
+"""Replay: what each tuning method would have released, day by day, on a joined daily log.
+
+For every replayed day, in order, each method measures the day (the mechanism in simulation mode:
+Alg. 3 / 6, Alg. 1 with the impressions' earlier conversions as lookback, Alg. 2, Alg. 4) with the
+parameters it chose from what it was allowed to see before that day, and its released estimates are
+scored against the day's true totals over the declared domain (RMSRE_tau, Def. 3.2, with taus fixed
+for the whole replay from first-party values before its first day):
+
+- ``private_safe``: privacy-safe tuning (``optimize.private``) on its own previous releases and the
+  advertiser's first-party conversions; day 1 is the cold start.
+- ``fully_informed``: the nightly tuning on the raw joined history of the ``window_days`` before the
+  day (Alg. 5 for a one-day release, calibrated and backtested on the window).
+- ``baseline_q95``, ``baseline_q99``: the Sec. 5.1 baselines on the same raw window.
+
+The replay reads the joined log (it needs the truth): it is an operator-private backtest, never a
+release, and its noise is seeded (simulation).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from araopt.calibration import calibration_statistics, day_blocks
+from araopt.constants import MAX_COUNT_LIMIT
+from araopt.io.conversions import Conversions
+from araopt.mechanism.exploration import Exploration, default_exploration
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.measure import measure
+from araopt.mechanism.params import Params
+from araopt.optimize.private import (
+    DAY_US,
+    FirstParty,
+    ReleaseRecord,
+    cold_start,
+    first_party_taus,
+    private_tune,
+)
+from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.optimize.tune import CORRECTED, TuningResult, calibrate, tune
+from araopt.publication import publish
+from araopt.version import ParameterVersion
+
+PRIVATE_SAFE = "private_safe"
+FULLY_INFORMED = "fully_informed"
+BASELINE_Q95 = "baseline_q95"
+BASELINE_Q99 = "baseline_q99"
+METHODS = (PRIVATE_SAFE, FULLY_INFORMED, BASELINE_Q95, BASELINE_Q99)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """What to replay: ``epsilon`` per release, the raw window the fully informed tuner sees, the
+    lookback of Alg. 1 (an impression's earlier conversions), the privacy-safe mode's arms, and the
+    simulation seed of the mechanism's noise and rounding."""
+
+    epsilon: float
+    window_days: int = 9
+    lookback_days: int = 30
+    days: int | None = None
+    exploration: Exploration = field(default_factory=default_exploration)
+    max_count_limit: int = MAX_COUNT_LIMIT
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.window_days < 1 or self.lookback_days < 0 or (self.days is not None and self.days < 1):
+            raise ValueError(f"replay needs window_days >= 1, lookback_days >= 0 and days >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class DailyLog:
+    """A joined conversion log cut into UTC conversion days (days since the epoch)."""
+
+    conversions: Conversions
+    day: np.ndarray
+
+    @classmethod
+    def of(cls, conversions: Conversions) -> DailyLog:
+        return cls(dataclasses.replace(conversions, in_period=None),
+                   np.floor_divide(conversions.conversion_time, DAY_US).astype(np.int64))
+
+    @property
+    def days(self) -> np.ndarray:
+        return np.unique(self.day)
+
+    def window(self, first: int, last: int, lookback_days: int) -> Conversions:
+        """Days [first, last] as the period; the ``lookback_days`` before them as lookback rows of the
+        period's impressions (the only earlier rows that change a period row's rank in Alg. 1)."""
+        period = (self.day >= first) & (self.day <= last)
+        before = (self.day >= first - lookback_days) & (self.day < first)
+        before &= np.isin(self.conversions.impression_id, np.unique(self.conversions.impression_id[period]))
+        rows = np.flatnonzero(period | before)
+        return dataclasses.replace(self.conversions.take(rows), in_period=period[rows])
+
+    def first_party(self, first: int, last: int | None = None) -> FirstParty:
+        """What the advertiser knows of days [first, last] without the impression join: its conversions'
+        values (their count and sums)."""
+        last = first if last is None else last
+        rows = (self.day >= first) & (self.day <= last)
+        return FirstParty.of(str(np.datetime64(int(last), "D")), self.conversions.values[rows])
+
+
+def true_totals(conversions: Conversions, domain: KeyDomain) -> np.ndarray:
+    """Count and value sums of the period's conversions per declared slice (m, d + 1)."""
+    period = conversions.period_mask()
+    index = domain.slice_index({c: np.asarray(v)[period] for c, v in conversions.slices.items()})
+    inside = index >= 0
+    columns = [np.bincount(index[inside], minlength=domain.num_slices).astype(np.float64)]
+    values = conversions.values[period][inside]
+    columns += [np.bincount(index[inside], weights=values[:, j], minlength=domain.num_slices)
+                for j in range(values.shape[1])]
+    return np.column_stack(columns)
+
+
+def rmsre_tau(estimate: np.ndarray, truth: np.ndarray, taus: np.ndarray) -> np.ndarray:
+    """RMSRE_tau of one release per query (Def. 3.2 over the declared slices)."""
+    return np.asarray(np.sqrt(np.mean(((estimate - truth) / np.maximum(taus[None, :], truth)) ** 2, axis=0)))
+
+
+@dataclass(frozen=True)
+class _Released:
+    estimate: np.ndarray
+    low: np.ndarray | None
+    high: np.ndarray | None
+
+
+def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDomain, seed: int
+              ) -> tuple[_Released, Any]:
+    """The day's published estimates (of the true totals when the version is calibrated) and the release."""
+    release = measure(conversions, version.params, domain, simulation_seed=seed).release
+    publication = publish(release, version)
+    frame = publication.frame()
+    shape = release.estimates.estimate.shape
+    point = frame["estimate"].to_numpy().reshape(shape)
+    if publication.corrected is None:
+        return _Released(point, None, None), release
+    return _Released(point, frame["ci_low"].to_numpy().reshape(shape),
+                     frame["ci_high"].to_numpy().reshape(shape)), release
+
+
+def _fully_informed(log: DailyLog, day: int, config: ReplayConfig, spec: StatisticsSpec, taus: np.ndarray
+                    ) -> TuningResult:
+    train = log.window(day - config.window_days, day - 1, config.lookback_days)
+    statistics = compute_statistics_in_memory(train, spec)
+    result = tune(statistics, config.epsilon, objective=CORRECTED, taus=list(taus), release_period_days=1.0,
+                  history_days=config.window_days, max_count_limit=config.max_count_limit,
+                  slice_columns=spec.slice_columns)
+    blocks = day_blocks(train)
+    return calibrate(result, [calibration_statistics(train, version.params, blocks, fitted_for=version.checksum())
+                              for version, _ in result.candidates], 1.0)
+
+
+def _row(day: int, method: str, version: ParameterVersion | Params, released: _Released, truth: np.ndarray,
+         taus: np.ndarray, query_names: Sequence[str]) -> dict[str, Any]:
+    params = version.params if isinstance(version, ParameterVersion) else version
+    per_query = rmsre_tau(released.estimate, truth, taus)
+    row: dict[str, Any] = {"day": str(np.datetime64(int(day), "D")), "method": method,
+                           "rmsre_tau": float(per_query.mean()), "count_limit": params.count_limit,
+                           "encoding": params.encoding,
+                           "exploration_share": 0.0 if params.exploration is None else params.exploration.total_share}
+    for name, value in zip(query_names, per_query, strict=True):
+        row[f"rmsre_tau_{name}"] = float(value)
+    for query in params.queries:
+        row[f"clip_{query.column}"] = query.clip_threshold
+    row["calibrated"] = released.low is not None
+    for j, name in enumerate(query_names):
+        row[f"coverage_{name}"] = (float(np.mean((released.low[:, j] <= truth[:, j]) & (truth[:, j] <= released.high[:, j])))
+                                   if released.low is not None and released.high is not None else float("nan"))
+    if isinstance(version, ParameterVersion) and version.provenance is not None:
+        row["predicted_rmsre_tau"] = version.provenance.predicted_rmsre_tau
+    return row
+
+
+def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
+           progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """One row per (replayed day, method) with RMSRE_tau (combined and per query), the parameters used,
+    the share of impressions spent on exploration and the coverage of the released intervals of the
+    true totals. Replayed days: the last ``config.days`` days of the log (default every day with
+    ``window_days`` days before it)."""
+    log = DailyLog.of(conversions)
+    all_days = log.days
+    if len(all_days) == 0:
+        raise ValueError("the log has no conversions to replay")
+    first_day = int(all_days[0])
+    candidates = [int(d) for d in all_days if d - config.window_days >= first_day]
+    if config.days is not None:
+        candidates = candidates[-config.days:]
+    if not candidates:
+        raise ValueError(f"the log spans {int(all_days[-1]) - first_day + 1} day(s): replaying needs more than "
+                         f"--window-days={config.window_days} days of history before the first replayed day")
+    before = log.first_party(candidates[0] - config.window_days, candidates[0] - 1)
+    if len(before.values) == 0:
+        raise ValueError("no conversions before the first replayed day to fix the taus and the cold start")
+    taus = np.asarray(first_party_taus(before.values), dtype=np.float64)
+    spec = StatisticsSpec(domain.slice_columns, tuple(conversions.value_columns), max_count_limit=config.max_count_limit)
+    baseline_domain = dataclasses.replace(domain, baseline=True)
+    query_names = ("count", *conversions.value_columns)
+    records: list[ReleaseRecord] = []
+    rows: list[dict[str, Any]] = []
+    for number, day in enumerate(candidates):
+        test = log.window(day, day, config.lookback_days)
+        truth = true_totals(test, domain)
+        seed = config.seed * 1_000_003 + day
+        if records:
+            private = private_tune(records, config.epsilon, domain, conversions.value_columns,
+                                   window=config.window_days, max_count_limit=config.max_count_limit,
+                                   exploration=config.exploration, taus=taus).version
+        else:
+            private = cold_start(before, config.epsilon, domain, conversions.value_columns, config.exploration)
+        released, release = _released(test, private, domain, seed)
+        records.append(ReleaseRecord.of(release, log.first_party(day)))
+        rows.append(_row(day, PRIVATE_SAFE, private, released, truth, taus, query_names))
+
+        informed = _fully_informed(log, day, config, spec, taus)
+        released, _ = _released(test, informed.version, domain, seed)
+        rows.append(_row(day, FULLY_INFORMED, informed.version, released, truth, taus, query_names))
+        for baseline in informed.baselines:
+            released, _ = _released(test, ParameterVersion(baseline.params, domain=baseline_domain), baseline_domain, seed)
+            rows.append(_row(day, baseline.name, baseline.params, released, truth, taus, query_names))
+        if progress is not None:
+            got = {r["method"]: r["rmsre_tau"] for r in rows if r["day"] == rows[-1]["day"]}
+            progress(f"day {number + 1}/{len(candidates)} {rows[-1]['day']}: "
+                     + ", ".join(f"{m} {v:.4f}" for m, v in got.items()))
+    return pd.DataFrame(rows)
+
+
+def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
+    """Over the last ``last`` replayed days: the median of private_safe / fully_informed RMSRE_tau, the
+    share of days private_safe is below both baselines, and private_safe's mean interval coverage."""
+    wide = frame.pivot(index="day", columns="method", values="rmsre_tau").sort_index().tail(last)
+    out = {"days": float(len(wide))}
+    if PRIVATE_SAFE in wide and FULLY_INFORMED in wide:
+        out["median_private_over_full"] = float((wide[PRIVATE_SAFE] / wide[FULLY_INFORMED]).median())
+    baselines = [m for m in (BASELINE_Q95, BASELINE_Q99) if m in wide]
+    if PRIVATE_SAFE in wide and baselines:
+        out["private_below_baselines"] = float((wide[PRIVATE_SAFE] < wide[baselines].min(axis=1)).mean())
+        out["median_private_over_best_baseline"] = float((wide[PRIVATE_SAFE] / wide[baselines].min(axis=1)).median())
+    private = frame[(frame["method"] == PRIVATE_SAFE) & frame["day"].isin(wide.index)]
+    for column in [c for c in frame.columns if c.startswith("coverage_")]:
+        out[f"private_{column}"] = float(private[column].mean())
+    return out

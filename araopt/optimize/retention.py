@@ -1,0 +1,86 @@
+"""The retention curve: what share of a period's conversions ContributionCapping (Alg. 1) keeps at
+each count limit, learnt from noisy releases (privacy-safe tuning).
+
+Under the L-inf and L1 encodings every conversion costs floor(Gamma / C) of its impression's budget,
+so Alg. 1 keeps an impression's first K(C) conversions over its life. In a steady state the share of
+a day's conversions kept is r(K) = E[min(n, K)] / E[n], n an impression's conversions. Such a curve
+is non-decreasing and concave with r(0) = 0 and r -> 1, and every such curve is a mixture
+    r(K) = sum_j t_j min(j + 1, K),   t_j >= 0,   sum_j t_j (j + 1) = 1,
+t_j proportional to the share of impressions with j + 1 conversions. It is fitted to noisy points
+(K, r_hat, variance) by non-negative least squares with a penalty on the second differences of t
+(smooth size distributions); its uncertainty at a K by a parametric bootstrap of the points.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+MAX_SIZE = 256
+"""Impression sizes the mixture spans (conversions per impression beyond it count as this many)."""
+SMOOTHNESS = 100.0
+"""Weight of the second-difference penalty, relative to a typical point's weight."""
+
+
+@dataclass(frozen=True)
+class RetentionCurve:
+    """Mixture weights t_j (size j + 1) and the points they were fitted to."""
+
+    weights: np.ndarray
+    points: tuple[tuple[int, float, float], ...] = ()
+
+    def ratio(self, kept_ranks: int | Sequence[int] | np.ndarray) -> np.ndarray:
+        """r(K) for every K of ``kept_ranks``."""
+        k = np.atleast_1d(np.asarray(kept_ranks, dtype=np.float64))
+        sizes = np.arange(1, len(self.weights) + 1, dtype=np.float64)
+        return np.asarray(np.minimum(sizes[None, :], k[:, None]) @ self.weights, dtype=np.float64)
+
+    def size_distribution(self) -> np.ndarray:
+        """P(n = j + 1) over impressions with at least one conversion."""
+        total = float(self.weights.sum())
+        if total <= 0:
+            raise ValueError("the retention curve has no mass")
+        return np.asarray(self.weights / total, dtype=np.float64)
+
+    def mean_size(self) -> float:
+        p = self.size_distribution()
+        return float(p @ np.arange(1, len(p) + 1))
+
+
+def fit_retention_curve(points: Sequence[tuple[int, float, float]], smoothness: float = SMOOTHNESS,
+                        max_size: int = MAX_SIZE) -> RetentionCurve:
+    """The mixture closest to the points (kept ranks K, ratio, variance of the ratio), weighted by
+    their precision, r(infinity) = 1 held almost exactly."""
+    if not points:
+        raise ValueError("no points to fit a retention curve to")
+    if any(int(k) < 1 or not np.isfinite(r) or not np.isfinite(v) or v < 0 for k, r, v in points):
+        raise ValueError(f"retention points must be (K >= 1, finite ratio, finite variance >= 0), got {list(points)}")
+    sizes = np.arange(1, max_size + 1, dtype=np.float64)
+    k = np.array([p[0] for p in points], dtype=np.float64)
+    r = np.array([p[1] for p in points], dtype=np.float64)
+    w = 1.0 / np.sqrt(np.maximum(np.array([p[2] for p in points], dtype=np.float64), 1e-10))
+    scale = float(np.median(w))
+    rows = [np.minimum(sizes[None, :], k[:, None]) * w[:, None], sizes[None, :] * scale * 1e3]
+    target = [r * w, np.array([scale * 1e3])]
+    if smoothness > 0:
+        d2 = np.zeros((max_size - 2, max_size))
+        idx = np.arange(max_size - 2)
+        d2[idx, idx], d2[idx, idx + 1], d2[idx, idx + 2] = 1.0, -2.0, 1.0
+        rows.append(np.sqrt(smoothness) * scale * d2)
+        target.append(np.zeros(max_size - 2))
+    t, _ = nnls(np.vstack(rows), np.concatenate(target), maxiter=50 * max_size)
+    return RetentionCurve(t, tuple((int(a), float(b), float(c)) for a, b, c in points))
+
+
+def ratio_variance(curve: RetentionCurve, kept_ranks: Sequence[int], reps: int = 30, seed: int = 0,
+                   smoothness: float = SMOOTHNESS) -> np.ndarray:
+    """Variance of the fitted r(K) at ``kept_ranks`` when the points move by their own noise
+    (parametric bootstrap; seeded: this is model uncertainty, not privacy noise)."""
+    rng = np.random.default_rng(seed)
+    fits = []
+    for _ in range(reps):
+        moved = [(k, float(r + rng.normal(0.0, np.sqrt(v))), v) for k, r, v in curve.points]
+        fits.append(fit_retention_curve(moved, smoothness).ratio(np.asarray(kept_ranks)))
+    return np.asarray(np.var(np.array(fits), axis=0), dtype=np.float64)
