@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.calibration.correct import CorrectedEstimates, correct, period_blocks_for
-from araopt.calibration.model import Calibration
+from araopt.calibration.model import Calibration, retention_checksum
 from araopt.io import avro
 from araopt.mechanism.exploration import EXPLORATION_BIT
 from araopt.mechanism.keys import KeyDomain
@@ -142,6 +142,7 @@ def release_json(publication: Publication, params_sha256: str) -> dict[str, Any]
         "queries": [{"column": q.column, "clip_threshold": q.clip_threshold, "budget_fraction": q.budget_fraction}
                     for q in release.params.queries],
         "exploration": None if release.params.exploration is None else release.params.exploration.to_json(),
+        "retention_checksum": retention_checksum(release.params),
         "params_sha256": params_sha256,
         "domain_layout_sha256": release.domain.layout_checksum(),
         "slices": release.domain.num_slices,

@@ -124,16 +124,16 @@ def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
     return domain
 
 
-def read_domain(path: str, slice_columns: Sequence[str], query_columns: Sequence[str], inputs: InputFiles,
+def read_domain(path: str, slice_columns: Sequence[str], query_columns: Sequence[str], inputs: InputFiles | None,
                 baseline: bool = False, conversion_slice_columns: Sequence[str] = ()) -> KeyDomain:
     """A declared domain file: a key map JSON or a .csv / .json list of slice values, whose slice values
-    have the types of the input's columns."""
+    have the types of the input's columns (without ``inputs``: a list's values are strings)."""
     try:
         with FileSystems.open(path) as fh:
             raw = fh.read()
     except Exception as exc:  # noqa: BLE001
         raise UserError(f"cannot read domain file {path}: {exc}") from None
-    families = {c: type_family(inputs.schema.field(c).type) for c in slice_columns}
+    families = {} if inputs is None else {c: type_family(inputs.schema.field(c).type) for c in slice_columns}
     if path.endswith(".csv"):
         try:
             rows = pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False, na_values=[""])
@@ -146,11 +146,22 @@ def read_domain(path: str, slice_columns: Sequence[str], query_columns: Sequence
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if isinstance(data, list):
-        return domain_from_rows(pd.DataFrame(data), slice_columns, query_columns, baseline,
-                                conversion_slice_columns, families, source=path)
+        rows = pd.DataFrame(data)
+        if inputs is None:  # no input to type the values by: a JSON list types them itself
+            families = {c: _json_family(rows[c].tolist()) for c in slice_columns if c in rows.columns}
+        return domain_from_rows(rows, slice_columns, query_columns, baseline, conversion_slice_columns, families,
+                                source=path)
     domain = KeyDomain.from_json(data, source=path)
     check_domain_families(domain, families, source=path)
     return domain
+
+
+def _json_family(values: list[Any]) -> str:
+    if values and all(isinstance(v, bool) for v in values):
+        return "boolean"
+    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return "integer"
+    return "string"
 
 
 def resolve_domain(args: argparse.Namespace, version: ParameterVersion, inputs: InputFiles

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from . import options
@@ -45,6 +46,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from transforms.io import check_input
 
     from .history import StatisticsRun, compute_statistics, report_rejections
+    from .private import check_mode
 
     if args.epsilon is None:
         raise UserError("--epsilon is required")
@@ -54,6 +56,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     tau_overrides = parse_tau(args.tau)
     if os.path.exists(args.output) and not args.overwrite:
         raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
+    if check_mode(args):
+        return _run_private(args, epsilon, slices, values)
     period = args.release_period
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit,  # validates column overlap
                           period_days=max(1, round(period)))
@@ -115,6 +119,28 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
             f"[optimizer {result.seconds:.2f} s]; estimates will be "
           + ("corrected to the true totals (calibrated on the history)" if version.correction == "ratio" else
              "the capped sums with intervals for the true totals (correcting would add more noise than bias)"))
+    return 0
+
+
+def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ...], values: tuple[str, ...]) -> int:
+    """--private: the parameter version from past releases, first-party conversions and the declared domain."""
+    from .private import describe, load_declared_domain, read_first_party, release_folders, tune_privately
+
+    domain = load_declared_domain(args.domain, slices, values)
+    as_of = args.as_of
+    if as_of is None:
+        found = release_folders(args.releases, "0000-00-00", "9999-99-99")
+        if found:
+            as_of = found[-1][0]
+        else:  # the cold start: the last first-party day
+            days = read_first_party(args.first_party, values, domain).day
+            if len(days) == 0:
+                raise UserError(f"--first-party {args.first_party}: no valid conversion")
+            as_of = str(np.datetime64(int(days.max()), "D"))
+    tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, options.resolve_as_of(as_of),
+                            args.window_days, args.max_count_limit)
+    tuning.version.save(args.output)
+    print(f"{PROG}: wrote {args.output}: {describe(tuning)}")
     return 0
 
 

@@ -184,6 +184,16 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("no_gap", "Skip the generalization gap (tuning on the test log).", type="bool"),
     _o("no_progress", "No progress on stderr (a line per stage of a long job, and the optimizer's bar on a "
        "terminal).", type="bool"),
+    # ---- privacy-safe tuning ----------------------------------------------------------------
+    _o("private", "Privacy-safe tuning: learn only from past DP releases (--releases), the advertiser's first-party "
+       "conversions without the impression join (--first-party) and the declared domain (--domain); a joined log "
+       "(--history) is refused.", type="bool", label="Privacy-safe tuning", regex=_BOOL),
+    _o("releases", "With --private: a folder of past releases, RELEASES/date=YYYY-MM-DD/ each a measure output "
+       "(only its release/ folder is read, its manifest checked; simulations are refused).", metavar="ROOT",
+       label="Past releases", regex=_NON_EMPTY, gcs_only=True),
+    _o("first_party", "With --private: the advertiser's conversions (Parquet: conversion_time, the value columns, "
+       "conversion-side slices; impression_id or an impression-side slice makes it a joined log and is refused).",
+       metavar="LOG", label="First-party conversions", regex=_NON_EMPTY, gcs_only=True),
     # ---- replay -------------------------------------------------------------------------------
     _o("replay_days", "Replay the last N days of the log (default: every day with --window-days days before it).",
        type="positive_int", metavar="N"),
@@ -287,9 +297,19 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "training RMSRE_tau of the result and of the baselines, and the history's key domain.",
         ("araopt optimize --history logs/ --slices campaignId,geography --values value --epsilon 8 "
          "--output params.json",),
-        ("history", "slices", "values", ("epsilon", {"required": True}), "output", "release_period",
+        (("history", {"required": False, "help": "Conversion history (Parquet, joined: impression_id and every "
+                                                 "slice): a file, directory or glob, local or gs://. Required "
+                                                 "unless --private."}),
+         "slices", "values", ("epsilon", {"required": True}), "output", "release_period",
          ("lookback", {"help": "Earlier conversions (Parquet) read only to rank each history conversion within its "
                                "impression's whole life (as the browser caps a source); not part of the history."}),
+         "private", "releases", "first_party",
+         ("domain", {"help": "With --private: the declared domain (a key map JSON, e.g. a release's key_map.json, "
+                             "or a .csv/.json list of slice values)."}),
+         ("as_of", {"required": False, "help": "With --private: tune for the release after this day from the "
+                                              "releases up to it (default: the latest release found)."}),
+         ("window_days", {"required": False, "default": core.PRIVATE_WINDOW_DAYS,
+                          "help": "With --private: days of past releases learnt from."}),
          "encoding", "max_count_limit", "objective", "tau",
          "l1_rounding", "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
@@ -315,7 +335,12 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "of 'latest'. Re-running an as-of date on the same history publishes nothing.",
         ("araopt nightly --history logs/ --as-of yesterday --window-days 7 --store store/ --slices "
          "campaignId,geography --values value --epsilon 8",),
-        ("history", "as_of", "window_days", "store", "slices", "values", ("epsilon", {"required": True}),
+        (("history", {"required": False, "help": "Conversion history (Parquet, joined), its date=YYYY-MM-DD/ "
+                                                 "partitions read. Required unless --private."}),
+         "as_of", "window_days", "store", "slices", "values", ("epsilon", {"required": True}),
+         "private", "releases", "first_party",
+         ("domain", {"help": "With --private: the declared domain (key map JSON or .csv/.json list of slice "
+                             "values)."}),
          "release_period", "lookback_days", "encoding",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",

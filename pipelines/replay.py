@@ -55,7 +55,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     conversions, counts, _ = load_conversions(inputs, slices, values, args.max_rejected_fraction, what="history")
     report_rejections(PROG, counts)
     if args.domain is not None:
-        domain = read_domain(args.domain, slices, ("count", *values), inputs)
+        domain = read_domain(args.domain, slices, values, inputs)
     else:
         domain = KeyDomain.from_slice_values(slices, conversions.slices, values).with_origin(DECLARED)
         print(f"{PROG}: no --domain: the declared domain is taken to be every slice of the log "

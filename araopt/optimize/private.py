@@ -50,7 +50,7 @@ from araopt.optimize.error_model import default_taus
 from araopt.optimize.retention import RetentionCurve, fit_retention_curve, ratio_variance
 from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
 from araopt.optimize.tune import CORRECTED, TuningResult, calibrate, tune
-from araopt.version import ParameterVersion
+from araopt.version import ParameterVersion, Provenance
 
 DAY_US = 86_400_000_000
 COLD_START_COUNT_LIMIT = 5
@@ -72,17 +72,21 @@ class FirstParty:
 
     @classmethod
     def of(cls, day: str, values: np.ndarray) -> FirstParty:
-        v = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+        v = np.asarray(values, dtype=np.float64)
+        v = v[:, None] if v.ndim == 1 else v
         return cls(day, np.concatenate([[float(len(v))], v.sum(axis=0)]), v)
 
 
 @dataclass(frozen=True)
 class ReleaseRecord:
-    """One past release as the privacy-safe tuner sees it: its public parameters, the noised capped
-    estimates of the main keys per domain slice and of the exploration arms (Alg. 4, with their
-    variances), and the advertiser's first-party facts of its period."""
+    """One past release as the privacy-safe tuner sees it: the public facts of its parameters (count
+    limit, exploration arms, retention checksum), the noised capped estimates of the main keys per
+    domain slice and of the exploration arms (Alg. 4, with their variances), and the advertiser's
+    first-party facts of its period."""
 
-    params: Params
+    count_limit: int
+    exploration: Exploration | None
+    retention: str
     slice_keys: tuple[tuple[Any, ...], ...]
     main: np.ndarray
     main_variance: np.ndarray
@@ -99,13 +103,10 @@ class ReleaseRecord:
         keys = tuple(slice_key([values[c][i] for c in release.domain.slice_columns])
                      for i in range(release.domain.num_slices))
         arms = release.exploration
-        return cls(release.params, keys, release.estimates.estimate, release.estimates.std_error**2,
+        return cls(release.params.count_limit, release.params.exploration, retention_checksum(release.params), keys,
+                   release.estimates.estimate, release.estimates.std_error**2,
                    np.zeros((0, d1)) if arms is None else arms.estimate,
                    np.zeros((0, d1)) if arms is None else arms.std_error**2, first_party)
-
-    @property
-    def retention(self) -> str:
-        return retention_checksum(self.params)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float,
     raw: dict[int, list[tuple[float, float]]] = {}
     for r in records:
         total = float(r.first_party.totals[0])
-        exploration = r.params.exploration
+        exploration = r.exploration
         main_share = 1.0 if exploration is None else exploration.main_share
         if exploration is not None:
             for arm, est, var in zip(exploration.arms, r.arms[:, 0], r.arms_variance[:, 0], strict=True):
@@ -137,7 +138,7 @@ def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float,
                     raw.setdefault(kept_per_impression(arm.count_limit), []).append(point)
         n = main_share * total
         if n >= 1:
-            raw.setdefault(kept_per_impression(r.params.count_limit), []).append(
+            raw.setdefault(kept_per_impression(r.count_limit), []).append(
                 (float(r.main[:, 0].sum()) / n, float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n))
     points = []
     for k, values in sorted(raw.items()):
@@ -155,8 +156,8 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain) -> PrivateModel:
     keys = [slice_key([values[c][i] for c in domain.slice_columns]) for i in range(domain.num_slices)]
     totals = {k: np.zeros(domain.num_columns) for k in keys}
     for r in records:
-        share = 1.0 if r.params.exploration is None else r.params.exploration.main_share
-        ratio = max(float(curve.ratio(kept_per_impression(r.params.count_limit))[0]) * share, MIN_RATIO)
+        share = 1.0 if r.exploration is None else r.exploration.main_share
+        ratio = max(float(curve.ratio(kept_per_impression(r.count_limit))[0]) * share, MIN_RATIO)
         for key, row in zip(r.slice_keys, r.main, strict=True):
             if key in totals:
                 totals[key] = totals[key] + np.maximum(row, 0.0) / ratio / len(records)
@@ -218,7 +219,9 @@ def cold_start(first_party: FirstParty, epsilon: float, domain: KeyDomain, value
                                   for i, c in enumerate(value_columns)),
                     count_tau=COUNT_TAU, conversion_slice_columns=domain.conversion_slice_columns,
                     exploration=exploration if exploration is not None else default_exploration())
-    return ParameterVersion(params, domain=domain)
+    return ParameterVersion(params, domain=domain, provenance=Provenance(extra={
+        "tuning": "cold start: no release yet; clips from first-party values only",
+        "exploration_share": params.exploration.total_share if params.exploration is not None else 0.0}))
 
 
 def inputs_seed(records: Sequence[ReleaseRecord]) -> int:
@@ -236,7 +239,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
                  spread_days: int = SPREAD_DAYS) -> TuningResult:
     """The parameter version for the next release from the last ``window`` records only."""
     recent = list(records)[-window:]
-    plan = exploration if exploration is not None else (recent[-1].params.exploration or default_exploration())
+    plan = exploration if exploration is not None else (recent[-1].exploration or default_exploration())
     model = learn(recent, domain)
     pseudo = pseudo_history(model, domain.slice_columns, value_columns, inputs_seed(recent), spread_days)
     stats = compute_statistics_in_memory(pseudo, StatisticsSpec(domain.slice_columns, tuple(value_columns),
@@ -251,7 +254,11 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     def explored(version: ParameterVersion) -> ParameterVersion:
         params = dataclasses.replace(version.params, exploration=plan,
                                      conversion_slice_columns=domain.conversion_slice_columns)
-        return dataclasses.replace(version, params=params, domain=domain)
+        provenance = version.provenance
+        if provenance is not None:  # no clock readings: the same inputs give the same file
+            provenance = dataclasses.replace(provenance, created_at=None, extra={
+                k: v for k, v in provenance.extra.items() if k != "optimizer_seconds"})
+        return dataclasses.replace(version, params=params, domain=domain, provenance=provenance)
 
     result = dataclasses.replace(result, version=explored(result.version),
                                  alternatives=tuple((explored(v), o) for v, o in result.alternatives))

@@ -1,0 +1,171 @@
+"""Privacy-safe tuning in the core: the retention curve learnt from noisy arm releases, the tuner as a
+function of releases and first-party values only, and the replay that scores it against the truth."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from araopt.io.conversions import Conversions
+from araopt.mechanism.bounding import kept_per_impression
+from araopt.mechanism.exploration import default_exploration
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.measure import measure
+from araopt.optimize.private import (
+    FirstParty,
+    ReleaseRecord,
+    cold_start,
+    learn,
+    private_tune,
+    retention_points,
+)
+from araopt.optimize.retention import fit_retention_curve
+from araopt.evaluation.replay import (
+    BASELINE_Q95,
+    BASELINE_Q99,
+    FULLY_INFORMED,
+    PRIVATE_SAFE,
+    ReplayConfig,
+    replay,
+    rmsre_tau,
+    summary,
+    true_totals,
+)
+
+DAY_US = 86_400_000_000
+
+
+def steady_log(days: int, per_day_impressions: int, seed: int, mean_size: float = 3.0) -> Conversions:
+    """Impressions every day from 10 days before day 0 (day 20,000 since the epoch), Geometric conversions
+    per impression spread over 10 days (every impression converting on day 0 or later is whole: a
+    steady state), two slices, values LogNormal; conversions up to the last day."""
+    rng = np.random.default_rng(seed)
+    ids, times, slices, next_id = [], [], [], 0
+    for day in range(-10, days):
+        sizes = rng.geometric(1.0 / mean_size, per_day_impressions)
+        start = day * DAY_US + rng.integers(0, DAY_US, per_day_impressions)
+        rep = np.repeat(np.arange(per_day_impressions), sizes)
+        ids.append(next_id + rep)
+        times.append(start[rep] + rng.integers(0, 10 * DAY_US, len(rep)))
+        slices.append(np.repeat(rng.integers(0, 2, per_day_impressions), sizes))
+        next_id += per_day_impressions
+    t = np.concatenate(times) + 20_000 * DAY_US
+    keep = t < (20_000 + days) * DAY_US
+    n = int(keep.sum())
+    return Conversions(np.concatenate(ids)[keep].astype(np.int64), t[keep], {"s": np.concatenate(slices)[keep]},
+                       rng.lognormal(2.0, 0.7, (n, 1)), ("value",))
+
+
+def true_retention(conv: Conversions, kept_ranks: int) -> float:
+    """Share of the conversions from day 0 on within the first K of their impression's life."""
+    order = np.lexsort((conv.conversion_time, conv.impression_id))
+    ids = conv.impression_id[order]
+    starts = np.r_[0, np.flatnonzero(ids[1:] != ids[:-1]) + 1]
+    rank = np.arange(len(ids)) - np.repeat(starts, np.diff(np.r_[starts, len(ids)]))
+    measured = conv.conversion_time[order] >= 20_000 * DAY_US
+    return float((rank[measured] < kept_ranks).mean())
+
+
+def test_the_retention_curve_is_recovered_from_exact_points_of_a_known_size_law():
+    p = 0.3  # P(n = j) geometric: r(K) = E[min(n, K)] / E[n] = 1 - (1 - p)^K
+    points = [(k, 1 - (1 - p) ** k, 1e-6) for k in (1, 2, 3, 5, 8, 12, 20)]
+    curve = fit_retention_curve(points)
+    for k in (1, 2, 4, 6, 10, 16, 20):  # (the smoothness penalty rounds the law's sharp start: < 2 points)
+        assert abs(curve.ratio(k)[0] - (1 - (1 - p) ** k)) < 0.02
+    assert abs(curve.mean_size() - 1 / p) < 0.4
+    with pytest.raises(ValueError, match="retention points"):
+        fit_retention_curve([(0, 0.5, 0.01)])
+
+
+def test_the_arms_of_noisy_releases_teach_the_retention_of_every_count_limit():
+    """Measured releases of one week with arms of 2% each, epsilon 8: the learnt curve is within a
+    few points of the true share Alg. 1 keeps at each count limit over the week."""
+    days, domain = 7, KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    conv = steady_log(days, 6000, seed=3)
+    version = cold_start(FirstParty.of("d", conv.values), 8.0, domain, ("value",),
+                         exploration=default_exploration(share=0.02))
+    day_index = np.floor_divide(conv.conversion_time, DAY_US)
+    records = []
+    for day in range(20_000, 20_000 + days):
+        period = day_index == day
+        measured = dataclasses.replace(conv, in_period=period)
+        release = measure(measured, version.params, domain, simulation_seed=day).release
+        records.append(ReleaseRecord.of(release, FirstParty.of(str(day), conv.values[period])))
+    model = learn(records, domain)
+    for count_limit in (1, 2, 3, 5, 8):
+        k = kept_per_impression(count_limit)
+        assert abs(model.curve.ratio(k)[0] - true_retention(conv, k)) < 0.03, count_limit
+    # points: one per arm's K and the main configuration's (C = 5, also an arm's K: pooled)
+    assert [k for k, _, _ in retention_points(records)] == [1, 2, 3, 5, 8, 12, 20]
+
+
+def _records(seed: int = 5, scale: float = 1.0) -> tuple[list[ReleaseRecord], KeyDomain]:
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    conv = steady_log(4, 800, seed)
+    conv = dataclasses.replace(conv, values=conv.values * scale)
+    version = cold_start(FirstParty.of("d", conv.values), 8.0, domain, ("value",))
+    day_index = np.floor_divide(conv.conversion_time, DAY_US)
+    records = []
+    for day in range(20_000, 20_004):
+        period = day_index == day
+        release = measure(dataclasses.replace(conv, in_period=period), version.params, domain,
+                          simulation_seed=day).release
+        records.append(ReleaseRecord.of(release, FirstParty.of(str(day), conv.values[period])))
+    return records, domain
+
+
+def test_the_tuner_is_a_deterministic_function_of_releases_and_first_party_values():
+    records, domain = _records()
+    first = private_tune(records, 8.0, domain, ("value",)).version
+    again = private_tune(list(records), 8.0, domain, ("value",)).version
+    assert first.to_bytes() == again.to_bytes()
+    assert first.params.exploration == default_exploration() and first.calibration is not None
+    # first-party values set the clips: ten times the values, ten times the threshold (same releases)
+    scaled = [dataclasses.replace(r, first_party=FirstParty.of(r.first_party.day, r.first_party.values * 10))
+              for r in records]
+    other = private_tune(scaled, 8.0, domain, ("value",)).version
+    ratio = other.params.queries[0].clip_threshold / first.params.queries[0].clip_threshold
+    assert 5 < ratio < 20
+    # releases set the count limit's evidence: other noised numbers, another digest, another pseudo-history
+    moved = [dataclasses.replace(r, main=r.main * 1.01) for r in records]
+    assert private_tune(moved, 8.0, domain, ("value",)).version.to_bytes() != first.to_bytes()
+
+
+def test_the_cold_start_clips_at_the_first_party_95th_percentile_with_the_arms_on():
+    values = np.arange(1, 1001, dtype=np.float64).reshape(-1, 1)
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    version = cold_start(FirstParty.of("d", values), 4.0, domain, ("value",))
+    assert version.params.count_limit == 5 and version.params.encoding == "linf"
+    assert version.params.queries[0].clip_threshold == pytest.approx(np.quantile(values, 0.95))
+    assert version.params.exploration is not None and version.domain == domain
+    with pytest.raises(ValueError, match="first-party"):
+        cold_start(FirstParty.of("d", np.zeros((0, 1))), 4.0, domain, ("value",))
+
+
+def test_rmsre_tau_and_true_totals_follow_the_definition():
+    truth = np.array([[10.0, 100.0], [2.0, 1.0]])
+    estimate = np.array([[12.0, 90.0], [2.0, 3.0]])
+    taus = np.array([5.0, 10.0])
+    expected = np.sqrt([((2 / 10) ** 2 + 0) / 2, ((10 / 100) ** 2 + (2 / 10) ** 2) / 2])
+    np.testing.assert_allclose(rmsre_tau(estimate, truth, taus), expected)
+    conv = Conversions(np.arange(5), np.arange(5), {"s": np.array([0, 1, 1, 2, 0])},
+                       np.array([[1.0], [2.0], [3.0], [4.0], [5.0]]), ("value",),
+                       in_period=np.array([True, True, True, True, False]))
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.array([0, 1])}, ("value",))
+    np.testing.assert_allclose(true_totals(conv, domain), [[1, 1], [2, 5]])  # slice 2 is outside the domain
+
+
+def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start():
+    conv = steady_log(9, 600, seed=9)
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    frame = replay(conv, domain, ReplayConfig(8.0, window_days=3, lookback_days=10, days=3))
+    assert sorted(frame["method"].unique()) == sorted([PRIVATE_SAFE, FULLY_INFORMED, BASELINE_Q95, BASELINE_Q99])
+    assert frame["day"].nunique() == 3 and len(frame) == 12
+    assert np.isfinite(frame["rmsre_tau"]).all() and (frame["rmsre_tau"] > 0).all()
+    private = frame[frame["method"] == PRIVATE_SAFE].sort_values("day")
+    assert list(private["calibrated"]) == [False, True, True]  # day 1 is the cold start
+    np.testing.assert_allclose(private["exploration_share"], 0.021)
+    assert (frame.loc[frame["method"] != PRIVATE_SAFE, "exploration_share"] == 0).all()
+    found = summary(frame)
+    assert found["days"] == 3 and 0 <= found["private_below_baselines"] <= 1
+    with pytest.raises(ValueError, match="window-days"):
+        replay(conv, domain, ReplayConfig(8.0, window_days=30))

@@ -1,0 +1,160 @@
+"""Privacy-safe tuning from the command line: `optimize --private` reads past releases, first-party
+conversions and the declared domain only, refuses a joined log, and is a deterministic function of
+those inputs (two raw histories that differ in one impression give byte-identical versions)."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from araopt.version import ParameterVersion
+from pipelines.measure import run as measure
+from pipelines.optimize import run as optimize
+
+pytestmark = pytest.mark.slow  # whole jobs: measure (Beam) and optimize, four days
+
+DAY_US = 86_400_000_000
+FIRST_DAY = np.datetime64("2026-11-01", "D").astype(np.int64)
+SLICES = "campaignId,geography"
+
+
+def joined_log(days: int, seed: int = 0, per_day_impressions: int = 400) -> pd.DataFrame:
+    """A joined log: impressions of every day, Poisson conversions spread over the next 5 days."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    next_id = 0
+    for day in range(-5, days):
+        n = per_day_impressions
+        sizes = rng.poisson(2.0, n) + 1
+        imp = np.repeat(np.arange(next_id, next_id + n), sizes)
+        start = (FIRST_DAY + day) * DAY_US + rng.integers(0, DAY_US, n)
+        t = np.repeat(start, sizes) + rng.integers(0, 5 * DAY_US, len(imp))
+        campaign = np.repeat(rng.integers(0, 4, n), sizes)
+        frames.append(pd.DataFrame({"impression_id": imp, "conversion_time": pd.to_datetime(t, unit="us", utc=True),
+                                    "campaignId": campaign, "geography": np.repeat(rng.integers(0, 2, n), sizes),
+                                    "value": np.round(rng.lognormal(3.0, 0.8, len(imp)), 2)}))
+        next_id += n
+    log = pd.concat(frames, ignore_index=True)
+    day = day_of(log)
+    return log[(day >= 0) & (day < days)].reset_index(drop=True)
+
+
+def day_of(frame: pd.DataFrame) -> pd.Series:
+    return (frame["conversion_time"] - pd.Timestamp("1970-01-01", tz="UTC")) // pd.Timedelta(days=1) - FIRST_DAY
+
+
+def date(day: int) -> str:
+    return str(np.datetime64(int(FIRST_DAY + day), "D"))
+
+
+def write_inputs(root: Path, log: pd.DataFrame) -> tuple[Path, Path, Path]:
+    """First-party partitions (no impression join), the joined daily partitions, the declared domain."""
+    first_party, joined = root / "first_party", root / "joined"
+    for day, part in log.groupby(day_of(log)):
+        for folder, columns in ((first_party, ["conversion_time", "value"]), (joined, list(log.columns))):
+            (folder / f"date={date(day)}").mkdir(parents=True, exist_ok=True)
+            part[columns].to_parquet(folder / f"date={date(day)}" / "part-0.parquet", index=False)
+    domain = root / "campaigns.json"
+    domain.write_text(json.dumps([{"campaignId": c, "geography": g} for c in range(4) for g in range(2)]))
+    return first_party, joined, domain
+
+
+def private_args(root: Path, first_party: Path, domain: Path, output: Path, *extra: str) -> list[str]:
+    return ["--private", "--releases", str(root / "releases"), "--first-party", str(first_party), "--domain",
+            str(domain), "--slices", SLICES, "--values", "value", "--epsilon", "8", "--output", str(output),
+            "--no-progress", *extra]
+
+
+def release_day(root: Path, joined: Path, params: Path, day: int) -> None:
+    """measure the day with its lookback (the days before), secure noise, into releases/date=.../."""
+    lookback = [str(joined / f"date={date(d)}") for d in range(max(0, day - 5), day)]
+    args = ["--input", str(joined / f"date={date(day)}"), "--params", str(params), "--output",
+            str(root / "releases" / f"date={date(day)}"), "--allow-rerelease", "--ledger", str(root / "ledger"),
+            "--no-progress"]
+    for path in lookback:
+        args += ["--lookback", path]
+    assert measure(args) == 0
+
+
+@pytest.fixture(scope="module")
+def daily(tmp_path_factory):
+    """Four days: the cold start on day 0's first-party values, then each day released with the
+    parameters learnt from the releases before it."""
+    root = tmp_path_factory.mktemp("private")
+    log = joined_log(4)
+    first_party, joined, domain = write_inputs(root, log)
+    versions = []
+    for day in range(1, 4):
+        params = root / f"params-{day}.json"
+        assert optimize(private_args(root, first_party, domain, params, "--as-of", date(day - 1))) == 0
+        versions.append(ParameterVersion.load(str(params)))
+        release_day(root, joined, params, day)
+    return root, first_party, joined, domain, versions
+
+
+def test_the_first_version_is_the_cold_start_then_the_releases_teach(daily):
+    root, first_party, _, domain, versions = daily
+    cold, learnt = versions[0], versions[-1]
+    assert "cold start" in cold.provenance.extra["tuning"]
+    assert cold.params.exploration is not None and learnt.params.exploration is not None
+    assert learnt.provenance.extra["release_dates"] == [date(1), date(2)]
+    assert learnt.calibration is not None  # estimates of the true totals from the releases' own ratio
+    assert learnt.domain.num_slices == 8  # the declared domain, never the data's
+
+
+def test_the_version_is_a_function_of_releases_first_party_and_domain_only(daily, tmp_path):
+    """Two raw joined histories that differ in one impression, with identical releases and first-party
+    inputs: byte-identical parameter versions."""
+    root, first_party, joined, domain, _ = daily
+    outputs = []
+    for name, drop in (("a", False), ("b", True)):
+        workspace = tmp_path / name
+        shutil.copytree(root / "releases", workspace / "releases")
+        raw = pd.read_parquet(joined)
+        if drop:  # the neighbour: one impression fewer in the raw history
+            raw = raw[raw["impression_id"] != raw["impression_id"].iloc[0]]
+        (workspace / "raw").mkdir()
+        raw.to_parquet(workspace / "raw" / "history.parquet")
+        out = workspace / "params.json"
+        assert optimize(private_args(workspace, first_party, domain, out, "--as-of", date(3))) == 0
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
+    again = tmp_path / "again.json"
+    assert optimize(private_args(root, first_party, domain, again, "--as-of", date(3))) == 0
+    assert again.read_bytes() == outputs[0]
+
+
+def test_private_mode_refuses_a_joined_log(daily, tmp_path, capsys):
+    root, first_party, joined, domain, _ = daily
+    out = tmp_path / "p.json"
+    assert optimize(private_args(root, first_party, domain, out) + ["--history", str(joined)]) == 2
+    assert "drop --history" in capsys.readouterr().err
+    assert optimize(private_args(root, joined, domain, out)) == 2  # impression_id in the "first-party" log
+    err = capsys.readouterr().err
+    assert "joined" in err and "impression_id" in err and err.count("\n") == 1
+    assert optimize(["--releases", str(root / "releases"), "--slices", SLICES, "--values", "value", "--epsilon",
+                     "8", "--output", str(out), "--history", str(joined)]) == 2
+    assert "add --private" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_private_mode_refuses_a_simulated_or_tampered_release(daily, tmp_path, capsys):
+    root, first_party, joined, domain, versions = daily
+    workspace = tmp_path / "w"
+    shutil.copytree(root / "releases", workspace / "releases")
+    estimates = workspace / "releases" / f"date={date(2)}" / "release" / "estimates.csv"
+    estimates.write_text(estimates.read_text().replace(",", ", ", 1))
+    out = tmp_path / "p.json"
+    assert optimize(private_args(workspace, first_party, domain, out, "--as-of", date(3))) == 2
+    assert "sha256" in capsys.readouterr().err
+    shutil.rmtree(workspace / "releases" / f"date={date(2)}")
+    params = root / "params-2.json"
+    args = ["--input", str(joined / f"date={date(2)}"), "--params", str(params), "--output",
+            str(workspace / "releases" / f"date={date(2)}"), "--simulation-seed", "1", "--no-progress",
+            "--ledger", str(tmp_path / "ledger")]
+    assert measure(args) == 0
+    # a simulation's folder is simulation/, not release/: it is not a release at all
+    assert optimize(private_args(workspace, first_party, domain, out, "--as-of", date(3))) == 0
+    assert ParameterVersion.load(str(out)).provenance.extra["release_dates"] == [date(1), date(3)]
