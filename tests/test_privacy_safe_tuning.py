@@ -5,6 +5,17 @@ import dataclasses
 import numpy as np
 import pytest
 
+from araopt.evaluation.replay import (
+    BASELINE_Q95,
+    BASELINE_Q99,
+    FULLY_INFORMED,
+    PRIVATE_SAFE,
+    ReplayConfig,
+    replay,
+    rmsre_tau,
+    summary,
+    true_totals,
+)
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.exploration import default_exploration
@@ -19,17 +30,6 @@ from araopt.optimize.private import (
     retention_points,
 )
 from araopt.optimize.retention import fit_retention_curve
-from araopt.evaluation.replay import (
-    BASELINE_Q95,
-    BASELINE_Q99,
-    FULLY_INFORMED,
-    PRIVATE_SAFE,
-    ReplayConfig,
-    replay,
-    rmsre_tau,
-    summary,
-    true_totals,
-)
 
 DAY_US = 86_400_000_000
 

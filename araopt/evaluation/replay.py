@@ -40,8 +40,9 @@ from araopt.optimize.private import (
     first_party_taus,
     private_tune,
 )
+from araopt.optimize.search import CORRECTED
 from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
-from araopt.optimize.tune import CORRECTED, TuningResult, calibrate, tune
+from araopt.optimize.tune import TuningResult, calibrate, tune
 from araopt.publication import publish
 from araopt.version import ParameterVersion
 
@@ -109,7 +110,7 @@ def true_totals(conversions: Conversions, domain: KeyDomain) -> np.ndarray:
     period = conversions.period_mask()
     index = domain.slice_index({c: np.asarray(v)[period] for c, v in conversions.slices.items()})
     inside = index >= 0
-    columns = [np.bincount(index[inside], minlength=domain.num_slices).astype(np.float64)]
+    columns: list[np.ndarray] = [np.bincount(index[inside], minlength=domain.num_slices).astype(np.float64)]
     values = conversions.values[period][inside]
     columns += [np.bincount(index[inside], weights=values[:, j], minlength=domain.num_slices)
                 for j in range(values.shape[1])]
@@ -208,7 +209,7 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
         if records:
             private = private_tune(records, config.epsilon, domain, conversions.value_columns,
                                    window=config.window_days, max_count_limit=config.max_count_limit,
-                                   exploration=config.exploration, taus=taus).version
+                                   exploration=config.exploration, taus=taus.tolist()).version
         else:
             private = cold_start(before, config.epsilon, domain, conversions.value_columns, config.exploration)
         released, release = _released(test, private, domain, seed)

@@ -275,6 +275,7 @@ def kept_mask(conversions: Conversions, params: Params, tie_breaker: np.ndarray 
     elif arm is None:
         norms = np.full(len(order), params.per_conversion_budget)
     else:
+        assert params.exploration is not None  # (arm is set only with arms)
         per_arm = np.array([params.for_arm(a).per_conversion_budget for a in range(params.exploration.num_arms)]
                            + [params.per_conversion_budget], dtype=np.int64)
         norms = per_arm[arm]  # index -1: the main configuration's

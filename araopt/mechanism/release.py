@@ -94,7 +94,9 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
     exploration = None
     if params.exploration is not None:
         arms = [reconstruct(report.noisy[m + a:m + a + 1], params.for_arm(a)) for a in range(params.exploration.num_arms)]
-        exploration = Estimates(*(np.vstack([getattr(e, f) for e in arms]) for f in ("estimate", "std_error", "ci_low",
-                                                                                      "ci_high")),
+        def stacked(name: str) -> np.ndarray:
+            return np.vstack([getattr(e, name) for e in arms])
+
+        exploration = Estimates(stacked("estimate"), stacked("std_error"), stacked("ci_low"), stacked("ci_high"),
                                 query_names=estimates.query_names, confidence=estimates.confidence)
     return Release(params, domain, report, estimates, accounting, simulation_seed, exploration)

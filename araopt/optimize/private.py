@@ -48,8 +48,9 @@ from araopt.mechanism.params import Params, QueryParams
 from araopt.mechanism.release import Release
 from araopt.optimize.error_model import default_taus
 from araopt.optimize.retention import RetentionCurve, fit_retention_curve, ratio_variance
+from araopt.optimize.search import CORRECTED
 from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
-from araopt.optimize.tune import CORRECTED, TuningResult, calibrate, tune
+from araopt.optimize.tune import TuningResult, calibrate, tune
 from araopt.version import ParameterVersion, Provenance
 
 DAY_US = 86_400_000_000
@@ -175,7 +176,9 @@ def pseudo_history(model: PrivateModel, slice_columns: Sequence[str], value_colu
     sizes = model.curve.size_distribution()
     mean_size = model.curve.mean_size()
     days = model.days
-    ids, times, slices = [], [], {c: [] for c in slice_columns}
+    ids: list[np.ndarray] = []
+    times: list[np.ndarray] = []
+    slices: dict[str, list[np.ndarray]] = {c: [] for c in slice_columns}
     next_id = 0
     for key, total in model.slice_totals.items():
         impressions = int(rng.poisson(float(total[0]) * (days + spread_days) / mean_size))
