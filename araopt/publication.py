@@ -178,17 +178,22 @@ def debug_annotations(unnoised: int) -> list[str]:
 
 
 def release_buckets(release: Release) -> list[int]:
-    """The 128-bit bucket of every key of the release, in the histogram's order: the domain's keys,
-    then each exploration arm's keys (the top bit set: main keys must fit below it)."""
-    buckets = release.domain.buckets()
-    exploration = release.params.exploration
+    """The 128-bit bucket of every key of the release, in the histogram's order (``histogram_buckets``)."""
+    return histogram_buckets(release.params, release.domain)
+
+
+def histogram_buckets(params: Params, domain: KeyDomain) -> list[int]:
+    """The domain's keys, then each exploration arm's keys (the top bit set: main keys must fit below it):
+    the output domain of a release with ``params``."""
+    buckets = domain.buckets()
+    exploration = params.exploration
     if exploration is None:
         return buckets
-    if release.domain.total_bits > EXPLORATION_BIT:
-        raise ValueError(f"the domain's keys take {release.domain.total_bits} bits: with exploration arms they must "
+    if domain.total_bits > EXPLORATION_BIT:
+        raise ValueError(f"the domain's keys take {domain.total_bits} bits: with exploration arms they must "
                          f"fit in {EXPLORATION_BIT} (the top bit marks an arm's keys)")
-    return buckets + [exploration.bucket(a, release.domain.query_code(col))
-                      for a in range(exploration.num_arms) for col in range(release.domain.num_columns)]
+    return buckets + [exploration.bucket(a, domain.query_code(col))
+                      for a in range(exploration.num_arms) for col in range(domain.num_columns)]
 
 
 def summary_records(release: Release) -> list[dict[str, Any]]:

@@ -23,17 +23,20 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from araopt.ara import exploration as arms
 from araopt.ara.reconstruct import estimates_from_summary_report
 from araopt.ara.registrations import (
     REGISTER_SOURCE,
     REGISTER_TRIGGER,
     KeyMap,
     SourceEncoder,
+    TriggerBatch,
     TriggerEncoder,
     ara_warnings,
     check_ara_limits,
@@ -46,9 +49,13 @@ from araopt.errors import check_epsilon
 from araopt.io import avro, jsonio, outputs
 from araopt.io.conversions import Conversions
 from araopt.io.files import atomic_write
+from araopt.mechanism.encoding import encode
+from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.measure import encode_and_bound
+from araopt.mechanism.measure import encode_and_bound, rounding_uniforms
 from araopt.mechanism.params import Params
+from araopt.mechanism.randomness import secure_generator
+from araopt.publication import histogram_buckets
 from araopt.version import ParameterVersion
 
 from . import options
@@ -141,23 +148,36 @@ def _export(args: argparse.Namespace) -> int:
     sources = SourceEncoder(version, domain, destination)
     triggers = TriggerEncoder(version, domain)
     batch = None
-    if conv is not None:
+    exploration = params.exploration
+    if conv is not None and exploration is None:
         contributions, _ = encode_and_bound(conv, params, simulation_seed=args.simulation_seed)
         batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices, contributions, conv.record_keys(),
                               sources, triggers)
+    elif conv is not None:  # every configuration's encoding of every conversion: the browser picks by the arm
+        encodings = configuration_encodings(conv, params, args.simulation_seed)
+        batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices,
+                              encodings.reshape(len(conv), -1), conv.record_keys(), sources, triggers)
     # --- every check passed: write ---
     os.makedirs(args.output, exist_ok=True)
     out = lambda name: os.path.join(args.output, name)  # noqa: E731
     atomic_write(out("key_map.json"), lambda fh: fh.write(jsonio.dumps(key_map_json(version, domain), indent=1)), mode="w")
     atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
+    registrations = (sources.all_registrations() if exploration is None
+                     else arms.source_registrations(sources, exploration))
     source_doc = {"header": REGISTER_SOURCE, "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(),
                   "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
-                  "registrations": sources.all_registrations()}
+                  "registrations": registrations}
+    if exploration is not None:
+        source_doc["exploration"] = {**exploration.to_json(), "filter_data_key": arms.ARM_FILTER,
+                                     "rule": "an impression of arm a (Exploration.assign: a keyed hash of its id) "
+                                             "registers source n + a; a main impression its slice's source"}
     atomic_write(out("sources.json"), lambda fh: fh.write(jsonio.dumps(source_doc, indent=1)), mode="w")
-    avro.write_output_domain(out("output_domain.avro"), domain.buckets())
+    avro.write_output_domain(out("output_domain.avro"), histogram_buckets(params, domain))
     if batch is not None:
+        lines = batch.lines(triggers) if exploration is None else exploring_lines(batch, triggers, exploration, len(sources))
+
         def write_lines(fh: Any) -> None:
-            for line in batch.lines(triggers):
+            for line in lines:
                 fh.write(line)
                 fh.write("\n")
         atomic_write(out("triggers.jsonl"), write_lines, mode="w")
@@ -183,6 +203,32 @@ def _export(args: argparse.Namespace) -> int:
           f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files}, "
           f"export.json under {args.output}")
     return 0
+
+
+def configuration_encodings(conv: Conversions, params: Params, simulation_seed: int | None) -> np.ndarray:
+    """(n, k + 1, d + 1): every conversion encoded for the main configuration and for each of the k
+    arms (Alg. 3 / 6 at C, then at each C_a), with the same rounding uniforms a measure of the record
+    uses (in simulation: the record's keyed uniforms; else one secure draw per record)."""
+    assert params.exploration is not None
+    uniforms = rounding_uniforms(conv.record_keys(), params.num_queries, simulation_seed)
+    if uniforms is None:
+        uniforms = secure_generator().random((len(conv), params.num_queries))
+    configurations = [params] + [params.for_arm(a) for a in range(params.exploration.num_arms)]
+    return np.stack([encode(conv.values, p, None, uniforms=uniforms) for p in configurations], axis=1)
+
+
+def exploring_lines(batch: TriggerBatch, triggers: TriggerEncoder, exploration: Exploration, num_sources: int
+                    ) -> Iterator[str]:
+    """triggers.jsonl with arms: each conversion's source is its impression's arm source, or its slice's."""
+    arm = exploration.assign(batch.impression_id)
+    source_index = np.where(arm >= 0, num_sources + arm, batch.source_index)
+    shape = (exploration.num_arms + 1, triggers.params.num_queries + 1)
+    for i, (imp, t) in enumerate(zip(batch.impression_id.tolist(), batch.conversion_time.tolist(), strict=True)):
+        registration = arms.trigger_registration(triggers, exploration,
+                                                 batch.contributions[i].reshape(shape).tolist(),
+                                                 batch.pieces[batch.piece_index[i]])
+        yield jsonio.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": int(source_index[i]),
+                            "arm": arms.arm_label(int(arm[i])), "registration": registration}, separators=(",", ":"))
 
 
 # ---- reconstruct ---------------------------------------------------------------------------------

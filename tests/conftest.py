@@ -17,6 +17,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 import pytest  # noqa: E402
 
+from chrome import wicg_contrib  # noqa: E402,F401  (Chrome's ARA logic, built with node)
 from gcs_fixtures import fake_gcs_server, gcp_storage_emulator  # noqa: E402,F401  (GCS API emulators)
 
 

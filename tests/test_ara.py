@@ -29,6 +29,7 @@ from araopt.ara.simulate import browser_contributions, simulate_aggregation_serv
 from araopt.io import avro
 from araopt.publication import estimates_frame
 from araopt.version import ParameterVersion
+from chrome import chrome_sums, measure_unnoised
 from factories import du_penc_frame, du_penc_params, history_version
 from pipelines.ara import run_export_ara, run_reconstruct
 
@@ -582,68 +583,6 @@ def test_browser_report_cap_and_budget():
 
 
 # ---- Chrome's own contribution logic (the WICG TypeScript) ---------------------------------------
-WICG_BUILD = os.environ.get("ARAOPT_WICG_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "peers",
-                                                                "wicg", "build.sh"))
-
-
-@pytest.fixture(scope="session")
-def wicg_contrib():
-    """``contrib.js``: Chrome's "create aggregatable contributions", report limit and budget (WICG
-    attribution-reporting-api, ts/), built here with node and npm (a minute the first time; cached
-    in ``~/.cache/araopt/wicg``). Skipped, saying why, when node, npm or the peer source is missing."""
-    import shutil
-    import subprocess
-
-    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
-    if missing or not os.path.exists(WICG_BUILD):
-        pytest.skip(f"Chrome's WICG logic cannot be built here: missing {missing or WICG_BUILD}")
-    dest = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "araopt", "wicg")
-    done = subprocess.run(["bash", WICG_BUILD, dest], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return os.path.join(dest, "contrib.js")
-
-
-def _chrome_sums(contrib_js, export_dir, tmp_path):
-    """export-ara's registrations through Chrome's logic: {bucket: unnoised sum} and the source of each impression."""
-    import subprocess
-
-    with open(os.path.join(export_dir, "sources.json")) as fh:
-        sources = [r["registration"] for r in json.load(fh)["registrations"]]
-    by_impression: dict = {}
-    with open(os.path.join(export_dir, "triggers.jsonl")) as fh:  # browser arrival order
-        for line in fh:
-            t = json.loads(line)
-            by_impression.setdefault(t["impression_id"], []).append(t)
-    source_of = {imp: {t["source_index"] for t in ts} for imp, ts in by_impression.items()}
-    t0 = min(t["conversion_time_us"] for ts in by_impression.values() for t in ts) // 1_000_000 - 1
-    events = tmp_path / "events.jsonl"
-    with open(events, "w") as fh:
-        for imp, ts in by_impression.items():
-            fh.write(json.dumps({"impression": imp, "source_json": sources[ts[0]["source_index"]], "source_time": t0,
-                                 "triggers": [{"trigger_json": t["registration"],
-                                               "trigger_time": t["conversion_time_us"] // 1_000_000} for t in ts]}) + "\n")
-    done = subprocess.run(["node", contrib_js, str(events)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout)
-    assert out["stats"]["errors"] == 0 and out["max_reports"] == 20
-    return {int(k, 16): v for k, v in out["sums"].items()}, source_of, out["stats"]
-
-
-def _measure_unnoised(tmp_path, log, params_path, key_map, seed):
-    """`araopt measure` (the Beam job, simulation) over the export's key map: {bucket: unnoised sum}, run summary."""
-    from pipelines import measure as measure_pipeline
-
-    out = tmp_path / "measure"
-    assert measure_pipeline.run(["--input", str(log), "--params", str(params_path), "--output", str(out), "--domain",
-                                 str(key_map), "--simulation-seed", str(seed), "--debug-run"]) == 0
-    from araopt.io import outputs
-
-    buckets, unnoised, _, _ = avro.read_debug_report(os.path.join(str(out), outputs.private_file(outputs.DEBUG_REPORT)))
-    with open(os.path.join(str(out), outputs.private_file(outputs.RUN_SUMMARY))) as fh:
-        summary = json.load(fh)
-    return {b: int(u) for b, u in zip(buckets, unnoised, strict=True) if u}, summary
-
-
 def many_conversions_frame(seed=4):
     """Impressions with 25-30 conversions of small values: more than 20 fit the baseline's budget."""
     rng = np.random.default_rng(seed)
@@ -678,8 +617,8 @@ def test_chromes_contribution_logic_on_exported_registrations_gives_measures_unn
     export = tmp_path / "export"
     assert run_export_ara(["--params", str(tmp_path / "params.json"), "--out", str(export), "--conversions",
                            str(tmp_path / "log.parquet"), "--simulation-seed", str(SEED)]) == 0
-    chrome, source_of, stats = _chrome_sums(wicg_contrib, export, tmp_path)
-    ours, summary = _measure_unnoised(tmp_path, tmp_path / "log.parquet", tmp_path / "params.json",
+    chrome, source_of, stats = chrome_sums(wicg_contrib, export, tmp_path)
+    ours, summary = measure_unnoised(tmp_path, tmp_path / "log.parquet", tmp_path / "params.json",
                                       export / "key_map.json", SEED)
     assert chrome == ours
     assert stats["kept"] == summary["conversions_kept"] and summary["conversions_dropped_by_cap"] > 0
@@ -706,9 +645,9 @@ def test_an_impression_whose_slice_changes_between_conversions_is_one_source_for
                            str(tmp_path / "log.parquet"), "--simulation-seed", str(SEED)]) == 0
     assert json.loads((export / "export.json").read_text())["conversions_rejected"] == {
         "impression_slice_inconsistent": 2}
-    chrome, source_of, _ = _chrome_sums(wicg_contrib, export, tmp_path)
+    chrome, source_of, _ = chrome_sums(wicg_contrib, export, tmp_path)
     assert all(len(s) == 1 for s in source_of.values())  # a browser registers an impression once
-    ours, summary = _measure_unnoised(tmp_path, tmp_path / "log.parquet", tmp_path / "params.json",
+    ours, summary = measure_unnoised(tmp_path, tmp_path / "log.parquet", tmp_path / "params.json",
                                       export / "key_map.json", SEED)
     assert chrome == ours
     assert summary["rows_rejected_by_reason"] == {"impression_slice_inconsistent": 2} and summary["accounting_closes"]

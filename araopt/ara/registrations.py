@@ -722,8 +722,18 @@ def validate_trigger_registration(reg: Mapping[str, Any]) -> None:
         for name in names:
             _check_name(name)
     values = reg.get("aggregatable_values", {})
+    if isinstance(values, list):  # filtered value sets (exploration arms): each is checked as a whole trigger's
+        for entry in values:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("values"), Mapping):
+                raise ValueError("trigger registration: each aggregatable_values entry needs a 'values' object")
+            _check_values(entry["values"])
+        return
     if not isinstance(values, Mapping):
-        raise ValueError("trigger registration: aggregatable_values must be an object")
+        raise ValueError("trigger registration: aggregatable_values must be an object or a list")
+    _check_values(values)
+
+
+def _check_values(values: Mapping[str, Any]) -> None:
     for name, v in values.items():
         _check_name(name)
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= ARA_MAX_VALUE:
