@@ -15,6 +15,7 @@ runs in the same process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -36,6 +37,7 @@ from araopt.nightly import (
     nightly_decision,
     nightly_report,
     nightly_report_png,
+    same_release,
     version_history,
     with_calibration,
 )
@@ -49,6 +51,7 @@ from transforms.validate import ReadAndValidate
 
 from . import options
 from .options import UserError, parse_tau, resolve_as_of, split_columns
+from .private import check_mode
 from .runner import dry_run_sentence, make_runner, pipeline_options, run_pipeline, spill_folder
 
 DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
@@ -152,6 +155,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     max_c = args.max_count_limit
+    if check_mode(args):
+        return _run_private(args, as_of, epsilon, slices, values, started)
     tau_overrides = tuple(parse_tau(args.tau).items())
     opts = pipeline_options(beam_args)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
@@ -199,6 +204,60 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     with FileSystems.open(report_path) as fh:
         report = json.loads(fh.read().decode())
     print_report(report, time.time() - started, report_path)
+    return 0
+
+
+def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: tuple[str, ...],
+                 values: tuple[str, ...], started: float) -> int:
+    """--private: the version for the day after ``as_of`` from the window's releases and first-party
+    conversions (``pipelines.private``), guarded and published like any nightly version. No Beam job:
+    the inputs are a few noised tables and the advertiser's conversion values."""
+    from araopt.io.store import StoreError
+    from araopt.io.stores import open_store
+
+    from .private import describe, load_declared_domain, tune_privately
+
+    try:
+        store = open_store(args.store)
+        pointer = store.read_latest_pointer()
+        previous = ParameterVersion.from_bytes(store.resolve("latest").payload, "previous latest") if pointer else None
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    domain = load_declared_domain(args.domain, slices, values)
+    run_id = args.run_id or uuid.uuid4().hex[:8]
+    tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, as_of, args.window_days,
+                            args.max_count_limit)
+    version = tuning.version
+    provenance = version.provenance
+    assert provenance is not None  # (tune_privately records what it learnt from)
+    version = dataclasses.replace(version, provenance=dataclasses.replace(
+        provenance, extra={**provenance.extra, "as_of": as_of, "run_id": run_id}))
+    guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
+    baselines = {name: float(b["rmsre_tau"]) for name, b in provenance.extra.get("baselines", {}).items()}
+    predicted = provenance.predicted_rmsre_tau
+    if previous is not None and same_release(previous, version, as_of):
+        print(f"araopt nightly --private {as_of}: already published as {pointer.version if pointer else '?'} "
+              f"(idempotent re-run)")
+        return 0
+    problems = (guardrails.check(version, predicted, baselines, previous) if predicted is not None and baselines
+                else [])  # the cold start has no prediction to guard (no release yet)
+    report = {"as_of": as_of, "run_id": run_id, "mode": "privacy-safe", "window_days": args.window_days,
+              "release_dates": list(tuning.dates), "cold_start": tuning.cold_start,
+              "first_party_rows_read": tuning.first_party.rows_read,
+              "first_party_rows_rejected": tuning.first_party.rejected, "epsilon": epsilon,
+              "predicted_rmsre_tau": predicted, "baselines": baselines, "params": version.to_json(),
+              "previous_version": pointer.version if pointer else None, "problems": problems, "published": False}
+    report_dir = FileSystems.join(args.store, "reports", f"{as_of}-{run_id}")
+    if not problems:
+        published = store.publish(as_of, run_id, version.to_bytes(), expected_previous=pointer.version if pointer else None,
+                                  validate=ParameterVersion.from_bytes)
+        report.update(published=True, version=published.version, version_uri=published.uri, sha256=published.sha256)
+    with FileSystems.create(FileSystems.join(report_dir, "report.json")) as fh:
+        fh.write(jsonio.dumps(report, indent=1, default=str).encode())
+    if problems:
+        raise UserError("not published: " + "; ".join(problems) + f" (report: {report_dir})")
+    print(f"araopt nightly --private {as_of}: published {report['version']} in {time.time() - started:.1f} s; "
+          f"{describe(tuning)}")
     return 0
 
 

@@ -169,3 +169,41 @@ def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start(
     assert found["days"] == 3 and 0 <= found["private_below_baselines"] <= 1
     with pytest.raises(ValueError, match="window-days"):
         replay(conv, domain, ReplayConfig(8.0, window_days=30))
+
+
+@pytest.mark.slow
+def test_the_replay_command_writes_its_table_summary_and_plot_whole_and_labelled(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from pipelines.replay import run
+
+    conv = steady_log(7, 400, seed=2)
+    frame = pd.DataFrame({"impression_id": conv.impression_id,
+                          "conversion_time": pd.to_datetime(conv.conversion_time, unit="us", utc=True),
+                          "s": conv.slices["s"], "value": conv.values[:, 0]})
+    day = conv.conversion_time // DAY_US
+    for d in np.unique(day):
+        folder = tmp_path / "log" / f"date={np.datetime64(int(d), 'D')}"
+        folder.mkdir(parents=True)
+        frame[day == d].to_parquet(folder / "part-0.parquet", index=False)
+    out = tmp_path / "replay"
+    argv = ["--history", str(tmp_path / "log"), "--slices", "s", "--values", "value", "--epsilon", "8",
+            "--output", str(out), "--window-days", "3", "--lookback-days", "10", "--replay-days", "2", "--no-progress"]
+    assert run(argv) == 0
+    table = pd.read_csv(out / "replay.csv")
+    assert table["day"].nunique() == 2 and set(table["method"]) == {PRIVATE_SAFE, FULLY_INFORMED, BASELINE_Q95,
+                                                                    BASELINE_Q99}
+    summary_json = json.loads((out / "summary.json").read_text())
+    assert summary_json["label"].startswith("OPERATOR-PRIVATE") and summary_json["days"] == 2
+    assert (out / "replay.png").read_bytes()[:4] == b"\x89PNG"
+    assert "OPERATOR-PRIVATE" in capsys.readouterr().out
+    assert run(argv) == 2  # an existing replay is replaced only with --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert run(argv + ["--overwrite", "--window-days", "30"]) == 2  # a log too short: one line, nothing replaced
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("araopt replay: error:") and "window-days" in last and "Traceback" not in err
+    assert pd.read_csv(out / "replay.csv").equals(table)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".replay")]

@@ -158,3 +158,21 @@ def test_private_mode_refuses_a_simulated_or_tampered_release(daily, tmp_path, c
     # a simulation's folder is simulation/, not release/: it is not a release at all
     assert optimize(private_args(workspace, first_party, domain, out, "--as-of", date(3))) == 0
     assert ParameterVersion.load(str(out)).provenance.extra["release_dates"] == [date(1), date(3)]
+
+
+def test_nightly_private_publishes_to_the_store_and_a_rerun_is_idempotent(daily, tmp_path, capsys):
+    from pipelines.nightly import run as nightly
+
+    root, first_party, joined, domain, _ = daily
+    store = tmp_path / "store"
+    args = ["--private", "--releases", str(root / "releases"), "--first-party", str(first_party), "--domain",
+            str(domain), "--store", str(store), "--as-of", date(3), "--window-days", "9", "--slices", SLICES,
+            "--values", "value", "--epsilon", "8", "--no-progress", "--run-id", "r1"]
+    assert nightly(args) == 0
+    assert "published" in capsys.readouterr().out
+    latest = ParameterVersion.from_bytes((store / "versions").glob("*/params.json").__next__().read_bytes())
+    assert latest.provenance.extra["release_dates"] == [date(1), date(2), date(3)]
+    assert nightly(args[:-1] + ["r2"]) == 0
+    assert "idempotent" in capsys.readouterr().out
+    assert nightly(args + ["--history", str(joined)]) == 2
+    assert "drop --history" in capsys.readouterr().err
