@@ -1,7 +1,9 @@
 """The inputs of privacy-safe tuning (``araopt optimize --private``, ``araopt nightly --private``) and the
 tuning itself (``araopt.optimize.private``): past releases, first-party conversions, the declared domain.
 
-    RELEASES/date=YYYY-MM-DD/release/   measure's publishable folder of that day's release (secure noise)
+    RELEASES/date=YYYY-MM-DD/release/   measure's publishable folder of that day's release (secure noise), or
+    RELEASES/date=YYYY-MM-DD/summary_report*.avro + params.json   an Aggregation Service job's report and
+                                        the parameter version its registrations were exported from
     FIRST_PARTY/...                     Parquet: conversion_time, the value columns, conversion-side slices;
                                         never impression_id nor an impression-side slice (a joined log)
 
@@ -104,7 +106,11 @@ def _read(path: str, what: str) -> bytes:
 
 
 def read_release(folder: str, domain: KeyDomain, first_party: FirstParty) -> ReleaseRecord:
-    """One release folder (``folder``/release/) as the privacy-safe tuner sees it."""
+    """One release folder as the privacy-safe tuner sees it: araopt's (``folder``/release/) or an
+    Aggregation Service job's (``folder``/summary_report*.avro with the ``params.json`` its
+    registrations were exported from)."""
+    if FileSystems.match([FileSystems.join(folder, "summary_report*.avro")])[0].metadata_list:
+        return read_aggregation_service_release(folder, domain, first_party)
     release_dir = FileSystems.join(folder, outputs.RELEASE_DIR)
     manifest = json.loads(_read(FileSystems.join(release_dir, outputs.MANIFEST), "release manifest"))
     listed = {entry["path"]: entry for entry in manifest.get("files", [])}
@@ -148,6 +154,42 @@ def read_release(folder: str, domain: KeyDomain, first_party: FirstParty) -> Rel
                          domain_keys(domain), main, main_variance, arms, arms_variance, first_party)
 
 
+def read_aggregation_service_release(folder: str, domain: KeyDomain, first_party: FirstParty) -> ReleaseRecord:
+    """An Aggregation Service summary report (Avro, noised by the service) over the declared domain and
+    the exploration arms' keys, read with the parameter version its registrations came from: Alg. 4
+    per main key at C, per arm key at the arm's C_a. A bucket outside the layout is refused; a missing
+    bucket counts as 0 (the service leaves out no domain bucket when given the output domain)."""
+    from araopt.calibration import retention_checksum
+    from araopt.io import avro
+    from araopt.mechanism.report import reconstruct
+    from araopt.publication import histogram_buckets
+
+    version = ParameterVersion.from_bytes(_read(FileSystems.join(folder, "params.json"), "parameter file"),
+                                          f"{folder}/params.json")
+    params = version.params
+    buckets, metrics = avro.read_summary_report(FileSystems.join(folder, "summary_report*.avro"))
+    layout = histogram_buckets(params, domain)
+    index = {b: i for i, b in enumerate(layout)}
+    unknown = [b for b in buckets if b not in index]
+    if unknown:
+        raise UserError(f"{folder}: {len(unknown)} bucket(s) of the summary report are not in the declared domain "
+                        f"and arms (e.g. 0x{unknown[0]:x})")
+    noisy = np.zeros(len(layout))
+    noisy[[index[b] for b in buckets]] = metrics
+    width, m = domain.num_columns, domain.num_slices
+    noisy = noisy.reshape(-1, width)
+    main = reconstruct(noisy[:m], params)
+    exploration = params.exploration
+    arms = np.zeros((0, width))
+    arms_variance = np.zeros((0, width))
+    if exploration is not None:
+        arm_estimates = [reconstruct(noisy[m + a:m + a + 1], params.for_arm(a)) for a in range(exploration.num_arms)]
+        arms = np.vstack([e.estimate for e in arm_estimates])
+        arms_variance = np.vstack([e.std_error for e in arm_estimates]) ** 2
+    return ReleaseRecord(params.count_limit, exploration, retention_checksum(params), domain_keys(domain),
+                         main.estimate, main.std_error**2, arms, arms_variance, first_party)
+
+
 def domain_keys(domain: KeyDomain) -> tuple[tuple, ...]:
     values = domain.slice_values()
     return tuple(tuple(values[c][i] for c in domain.slice_columns) for i in range(domain.num_slices))
@@ -156,13 +198,19 @@ def domain_keys(domain: KeyDomain) -> tuple[tuple, ...]:
 def release_folders(root: str, first: str, last: str) -> list[tuple[str, str]]:
     """(date, folder) of every ``root``/date=YYYY-MM-DD/ with first <= date <= last that holds a
     release manifest, by date."""
-    pattern = FileSystems.join(root, "date=*", outputs.RELEASE_DIR, outputs.MANIFEST)
-    found = []
-    for match in FileSystems.match([pattern])[0].metadata_list:
-        folder = match.path.rsplit("/", 2)[0]
-        m = DATE_FOLDER.search(folder)
-        if m and first <= m.group(1) <= last:
-            found.append((m.group(1), folder))
+    patterns = [(FileSystems.join(root, "date=*", outputs.RELEASE_DIR, outputs.MANIFEST), 2),
+                (FileSystems.join(root, "date=*", "summary_report*.avro"), 1)]
+    found = set()
+    for pattern, depth in patterns:
+        for match in FileSystems.match([pattern])[0].metadata_list:
+            folder = match.path.rsplit("/", depth)[0]
+            m = DATE_FOLDER.search(folder)
+            if m and first <= m.group(1) <= last:
+                found.add((m.group(1), folder))
+    dates = [d for d, _ in found]
+    twice = sorted({d for d in dates if dates.count(d) > 1})
+    if twice:
+        raise UserError(f"{root}: more than one release for {twice}")
     return sorted(found)
 
 

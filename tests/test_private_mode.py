@@ -176,3 +176,20 @@ def test_nightly_private_publishes_to_the_store_and_a_rerun_is_idempotent(daily,
     assert "idempotent" in capsys.readouterr().out
     assert nightly(args + ["--history", str(joined)]) == 2
     assert "drop --history" in capsys.readouterr().err
+
+
+def test_aggregation_service_reports_teach_the_same_as_araopts_release_folders(daily, tmp_path):
+    """The same noised numbers as the Aggregation Service's Avro summary report with the parameter
+    version the registrations came from: the same parameter version, byte for byte."""
+    root, first_party, _, domain, _ = daily
+    workspace = tmp_path / "service"
+    for day in (1, 2, 3):
+        folder = workspace / "releases" / f"date={date(day)}"
+        folder.mkdir(parents=True)
+        shutil.copy(root / "releases" / f"date={date(day)}" / "release" / "summary_report.avro", folder)
+        shutil.copy(root / f"params-{day}.json", folder / "params.json")
+    ours, theirs = tmp_path / "ours.json", tmp_path / "theirs.json"
+    assert optimize(private_args(root, first_party, domain, ours, "--as-of", date(3))) == 0
+    assert optimize(private_args(workspace, first_party, domain, theirs, "--as-of", date(3))) == 0
+    assert ParameterVersion.load(str(theirs)).provenance.extra["release_dates"] == [date(1), date(2), date(3)]
+    assert theirs.read_bytes() == ours.read_bytes()
