@@ -18,13 +18,18 @@ For each held-out day D (``--weeks`` consecutive weeks: every weekday ``--weeks`
   * test = day D with its 30-day lookback (what ``araopt measure --lookback`` reads), released
     ``--draws`` times (simulation seeds) with the day's date known (``measure``: the partition's date).
 
-Printed per weekday of D, epsilon and log variant (with and without ``impression_time``): coverage of
-the released 95% intervals of the TRUE totals (count and each value query, over slices x draws x
-weeks x seeds), the root-mean-square z of the point estimate ((estimate - truth) / std_error), and
-the test RMSRE_tau (analytic, given the day) of the released estimates beside the paper's (Alg. 4
-with the paper-objective parameters) and Alg. 4 with the released parameters.
+Printed per weekday of D, epsilon, log variant (with and without ``impression_time``) and model
+(``marginal``: the release's days unknown, the period is any day -- what the calibration did before
+day types; ``calendar``: the day's date given, as ``measure`` reads it from a ``date=`` partition):
+coverage of the released 95% intervals of the TRUE totals (count and each value query, over slices x
+draws x weeks x seeds), the root-mean-square z of the point estimate ((estimate - truth) / std_error),
+and the test RMSRE_tau (analytic, given the day) of the released estimates beside the paper's (Alg. 4
+with the paper-objective parameters) and Alg. 4 with the released parameters. The calibration's
+blocks are conversion days (what ``nightly`` / ``optimize`` accumulate) whether or not the log carries
+``impression_time``, so both variants go through the same calibration; the variant shows it.
 
-Run: .venv/bin/python benchmarks/calendar_coverage.py [--per-day 20000] [--weeks 2] [--seeds 1 2] [--draws 10]
+Run: .venv/bin/python benchmarks/calendar_coverage.py [--quick] [--per-day 20000] [--weeks 2] [--seeds 1 2]
+     [--draws 10] [--epsilons 1 8 64] [--variants with without]
 """
 from __future__ import annotations
 
