@@ -164,9 +164,10 @@ def _export(args: argparse.Namespace) -> int:
     atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
     registrations = (sources.all_registrations() if exploration is None
                      else arms.source_registrations(sources, exploration))
-    source_doc = {"header": REGISTER_SOURCE, "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(),
-                  "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
-                  "registrations": registrations}
+    source_doc: dict[str, Any] = {
+        "header": REGISTER_SOURCE, "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(),
+        "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
+        "registrations": registrations}
     if exploration is not None:
         source_doc["exploration"] = {**exploration.to_json(), "filter_data_key": arms.ARM_FILTER,
                                      "rule": "an impression of arm a (Exploration.assign: a keyed hash of its id) "

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from . import options
-from .options import UserError, parse_tau, split_columns
+from .options import UserError, parse_special_days_option, parse_tau, split_columns
 
 PROG = "araopt optimize"
 
@@ -54,6 +54,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     tau_overrides = parse_tau(args.tau)
+    special_days = parse_special_days_option(args.special_days)
     if os.path.exists(args.output) and not args.overwrite:
         raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
     if check_mode(args):
@@ -90,7 +91,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     progress(f"calibration of the candidate parameters on the history (Beam: {inputs.rows:,} rows)")
     candidates = tuple(v for v, _ in tuning.candidates)
-    tuning = calibrate(tuning, compute_calibration(inputs, candidates, beam_args, lookback=lookback), period)
+    tuning = calibrate(tuning, compute_calibration(inputs, candidates, beam_args, lookback=lookback), period,
+                       special_days)
     version = tuning.version
     params = version.params
     result = tuning.optimization

@@ -110,6 +110,10 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("tau", "RMSRE_tau thresholds as NAME=VALUE pairs, e.g. count=5,value=200; every query not named keeps "
        "the default rule: count 5, each value query 5 x its median per conversion in the history (Sec. 5.1).",
        metavar="Q=T,..."),
+    _o("special_days", "Declared special days (holidays, sales) as YYYY-MM-DD,...: the calibration gives them "
+       "their own effect on the retention ratios (beside the day-of-week effects) and a release of such a day "
+       "uses it; recorded in the parameter version.", metavar="DATES", label="Special days",
+       regex=r"^([0-9]{4}-[0-9]{2}-[0-9]{2})?(,[0-9]{4}-[0-9]{2}-[0-9]{2})*$"),
     _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
        "(the paper's Alg. 6).", default=core.L1_ROUNDING, choices=("randomized", "floor")),
     _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
@@ -310,7 +314,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                               "releases up to it (default: the latest release found)."}),
          ("window_days", {"required": False, "default": core.PRIVATE_WINDOW_DAYS,
                           "help": "With --private: days of past releases learnt from."}),
-         "encoding", "max_count_limit", "objective", "tau",
+         "encoding", "max_count_limit", "objective", "tau", "special_days",
          "l1_rounding", "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "evaluate": Command(
@@ -344,7 +348,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "release_period", "lookback_days", "encoding",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",
-         "tau", "max_rejected_fraction", "num_shards", "shuffle", "no_progress"),
+         "tau", "special_days", "max_rejected_fraction", "num_shards", "shuffle", "no_progress"),
         beam=True),
     "synth": Command(
         "pipelines.synth", "run_synth", "the paper's synthetic conversion logs (Sec. 5.3)",
@@ -573,6 +577,16 @@ def parse_tau(text: str | None) -> dict[str, float]:
         if not sep or not name.strip():
             raise ValueError(f"--tau expects NAME=VALUE pairs such as count=5,value=200, got {part!r}")
     return out
+
+
+def parse_special_days_option(text: str | None) -> tuple[str, ...]:
+    """``--special-days 2026-11-27,2026-12-24`` -> sorted unique ISO dates (a bad date: one-line error)."""
+    from araopt.calibration.calendar import parse_special_days
+
+    try:
+        return parse_special_days(text)
+    except ValueError as exc:
+        raise UserError(f"--special-days: {exc}") from None
 
 
 # ---- parsers ---------------------------------------------------------------------------------------

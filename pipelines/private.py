@@ -174,10 +174,10 @@ def read_aggregation_service_release(folder: str, domain: KeyDomain, first_party
     if unknown:
         raise UserError(f"{folder}: {len(unknown)} bucket(s) of the summary report are not in the declared domain "
                         f"and arms (e.g. 0x{unknown[0]:x})")
-    noisy = np.zeros(len(layout))
-    noisy[[index[b] for b in buckets]] = metrics
+    flat = np.zeros(len(layout))
+    flat[[index[b] for b in buckets]] = metrics
     width, m = domain.num_columns, domain.num_slices
-    noisy = noisy.reshape(-1, width)
+    noisy = flat.reshape(-1, width)
     main = reconstruct(noisy[:m], params)
     exploration = params.exploration
     arms = np.zeros((0, width))
