@@ -161,7 +161,10 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain) -> PrivateModel:
         ratio = max(float(curve.ratio(kept_per_impression(r.count_limit))[0]) * share, MIN_RATIO)
         for key, row in zip(r.slice_keys, r.main, strict=True):
             if key in totals:
-                totals[key] = totals[key] + np.maximum(row, 0.0) / ratio / len(records)
+                totals[key] = totals[key] + row / ratio / len(records)
+    # the noise averages out over the days first: cutting each day's estimate at 0 would inflate
+    # every small slice by its noise (and small slices weigh most in RMSRE_tau)
+    totals = {k: np.maximum(v, 0.0) for k, v in totals.items()}
     pool = np.concatenate([r.first_party.values for r in records])
     return PrivateModel(curve, totals, pool, len(records))
 
@@ -170,8 +173,9 @@ def pseudo_history(model: PrivateModel, slice_columns: Sequence[str], value_colu
                    spread_days: int = SPREAD_DAYS) -> Conversions:
     """A conversion log drawn from the model: per slice Poisson impressions started over the model's
     days and the ``spread_days`` before them, sizes from the retention curve, conversions uniform over
-    ``spread_days`` after the impression, values from the first-party conversions. ``in_period``
-    marks the model's days (earlier conversions only give lifetime ranks)."""
+    ``spread_days`` after the impression, values from the first-party conversions, cut at the end of
+    the model's days. ``in_period`` marks the model's days (earlier conversions only give lifetime
+    ranks)."""
     rng = np.random.default_rng(seed)
     sizes = model.curve.size_distribution()
     mean_size = model.curve.mean_size()
@@ -199,7 +203,9 @@ def pseudo_history(model: PrivateModel, slice_columns: Sequence[str], value_colu
     vals = model.values[rng.integers(0, len(model.values), len(imp))]
     conv = Conversions(imp, t, {c: np.concatenate(v) for c, v in slices.items()}, vals.reshape(len(imp), -1),
                        tuple(value_columns))
-    return dataclasses.replace(conv, in_period=(t >= 0) & (t < days * DAY_US))
+    # a history ends with its last day: conversions after it are not in it (as in a real window)
+    conv = conv.take(np.flatnonzero(t < days * DAY_US))
+    return dataclasses.replace(conv, in_period=conv.conversion_time >= 0)
 
 
 def first_party_taus(values: np.ndarray) -> list[float]:
