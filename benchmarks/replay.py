@@ -64,7 +64,7 @@ def one(name: str, epsilon: float, args: argparse.Namespace, root: Path) -> dict
     start = time.time()
     argv = ["--history", str(root / name), "--slices", ",".join(SLICES), "--values", "value", "--epsilon",
             str(epsilon), "--output", str(out), "--window-days", str(WINDOW_DAYS), "--replay-days", str(args.days),
-            "--no-progress"]
+            "--no-progress", "--overwrite"]
     if run(argv) != 0:
         raise SystemExit(f"replay failed on {name} at epsilon {epsilon}")
     summary = json.loads((out / "summary.json").read_text())
