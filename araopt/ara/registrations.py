@@ -48,7 +48,7 @@ from araopt.constants import (
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio
 from araopt.mechanism.bounding import impression_order
-from araopt.mechanism.encoding import count_scale, query_scales
+from araopt.mechanism.encoding import EncoderTable, count_scale, query_scales
 from araopt.mechanism.keys import BOTTOM_NAME, COUNT_NAME, KeyDomain
 from araopt.mechanism.params import Params
 from araopt.version import ParameterVersion
@@ -446,11 +446,12 @@ def _secure_uniforms(k: int) -> list[float]:
 class TriggerEncoder:
     """Per-conversion trigger registration (Alg. 3 / Alg. 6 / baseline), for ad servers, one record at a time.
 
-    Pure Python on floats (no numpy per call). Given the same uniforms it returns exactly what
-    :func:`araopt.mechanism.encoding.encode` returns for the record, except that the L1-randomized cuts are
-    clamped at the budget (the core can overshoot by one when the offset is within ~2^-39 of 1).
-    Rounding randomness comes from ``uniforms`` if given, else ``rng`` (a numpy Generator or a
-    ``random.Random``), else the OS CSPRNG. Values outside [0, 65536] are never emitted.
+    Pure Python on floats (no numpy per call), from the same :class:`~araopt.mechanism.encoding.EncoderTable`
+    as :func:`araopt.mechanism.encoding.encode`, in the same order of floating-point operations: given the
+    same uniforms it returns exactly what ``encode`` returns for the record (tested against it over
+    encodings, C, Gamma, clip thresholds, fractions and every finite value). Rounding randomness comes from
+    ``uniforms`` if given, else ``rng`` (a numpy Generator or a ``random.Random``), else the OS CSPRNG.
+    Values outside [0, 65536] are never emitted.
     """
 
     def __init__(self, version: ParameterVersion | Params,
@@ -463,14 +464,10 @@ class TriggerEncoder:
         self.key_names = aggregation_key_names(params)
         self.columns = conversion_slice_columns(params)
         d = params.num_queries
-        self._d = d
-        self._thresholds = tuple(float(q.clip_threshold) for q in params.queries)
-        self._encoding = params.encoding
-        self._budget = params.per_conversion_budget
-        self._gamma_over_c = params.contribution_budget / params.count_limit
-        self._rounding = params.l1_rounding
-        self._scales = tuple(float(s) for s in query_scales(params))  # as encode: min(v / C_l, 1) * scale
-        self._count = count_scale(params) if params.encoding == "baseline" else None
+        table = EncoderTable.of(params)
+        self.table = table
+        self._thresholds = table.clip_thresholds
+        self._scales = tuple(float(s) for s in table.query_scales)  # as encode: min(v, C_l) / C_l * scale
         self._codes = tuple(domain.query_code(c) for c in range(d + 1))
         self._lookup = tuple({_py(v): i for i, v in enumerate(domain.dictionaries[domain.slice_columns.index(c)])}
                              for c in self.columns)
@@ -482,9 +479,7 @@ class TriggerEncoder:
     @property
     def num_uniforms(self) -> int:
         """Uniforms one record consumes: d (L-inf, baseline), 1 (L1 randomized), 0 (L1 floor)."""
-        if self._encoding == "l1":
-            return 1 if self._rounding == "randomized" else 0
-        return self._d
+        return self.table.uniforms_per_record
 
     def pieces_for_indices(self, combo: tuple[int, ...]) -> tuple[str | None, ...]:
         """Key pieces per encoder column for conversion-side dictionary indices (None where 0)."""
@@ -530,14 +525,15 @@ class TriggerEncoder:
         vals = self._values(values)
         u = self._uniforms(rng, uniforms)
         t = self._thresholds
-        if self._encoding != "l1":
+        table = self.table
+        if table.encoding != "l1":
             w = []
             # not strict: a caller may pass more uniforms than the d this encoding consumes
             for v, ti, scale, ui in zip(vals, t, self._scales, u, strict=False):
                 omega = min(v, ti) / ti * scale  # clipped first; exactly the scale when clipped (Lemma 4.1)
                 low = math.floor(omega)
                 w.append(low + (1 if ui < omega - low else 0))
-            w.append(self._budget - sum(w) if self._count is None else self._count)
+            w.append(table.budget - sum(w) if table.count_scale is None else table.count_scale)
             return tuple(w)
         scaled = [v / ti for v, ti in zip(vals, t, strict=True)]
         norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
@@ -549,23 +545,23 @@ class TriggerEncoder:
             scaled = [s / total for s in scaled]
             norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
         shrink = 1.0 / max(1.0, norm)
-        if self._rounding == "floor":
-            factor = shrink * self._gamma_over_c
+        if table.l1_rounding == "floor":
+            factor = shrink * table.l1_floor_scale
             w = [math.floor(s * factor) for s in scaled]
         else:
-            factor = shrink * self._budget
+            factor = shrink * table.budget
             offset = u[0]
-            budget = float(self._budget)
+            budget = float(table.budget)
             prev = math.floor(offset)
             acc = 0.0
             w = []
             for s in scaled:
                 acc += s * factor
                 # clamped: in floats budget + offset rounds up to budget + 1 when offset > 1 - 2^-39 or so
-                cut = min(math.floor(min(acc, budget) + offset), self._budget)
+                cut = min(math.floor(min(acc, budget) + offset), table.budget)
                 w.append(cut - prev)
                 prev = cut
-        w.append(self._budget - sum(w))
+        w.append(table.budget - sum(w))
         return tuple(w)
 
     def pieces(self, conversion_slice_values: Mapping[str, Any] | None = None) -> tuple[str | None, ...]:
