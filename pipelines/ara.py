@@ -46,13 +46,13 @@ from araopt.errors import check_epsilon
 from araopt.io import avro, jsonio, outputs
 from araopt.io.conversions import Conversions
 from araopt.io.files import atomic_write
+from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_output_file, check_target
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.measure import encode_and_bound
 from araopt.mechanism.params import Params
 from araopt.version import ParameterVersion
 
 from . import options
-from .options import UserError
 from .runner import localize
 
 
@@ -119,8 +119,7 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
         raise ValueError("--simulation-seed only applies to triggers, which need --conversions")
-    if os.path.exists(os.path.join(args.output, "key_map.json")) and not args.overwrite:
-        raise ValueError(f"{args.output} already holds an export (key_map.json); pass --overwrite to replace it")
+    check_target(args.output, args.overwrite, EXPORT_FOLDER)  # before any work; again at commit
     destination = destination_site(args.destination)
     if destination != args.destination.rstrip("/"):
         _warn(prog, f"--destination {args.destination} is registered as its site {destination} (as Chrome does)")
@@ -145,43 +144,48 @@ def _export(args: argparse.Namespace) -> int:
         contributions, _ = encode_and_bound(conv, params, simulation_seed=args.simulation_seed)
         batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices, contributions, conv.record_keys(),
                               sources, triggers)
-    # --- every check passed: write ---
-    os.makedirs(args.output, exist_ok=True)
-    out = lambda name: os.path.join(args.output, name)  # noqa: E731
-    atomic_write(out("key_map.json"), lambda fh: fh.write(jsonio.dumps(key_map_json(version, domain), indent=1)), mode="w")
-    atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
-    source_doc = {"header": REGISTER_SOURCE, "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(),
-                  "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
-                  "registrations": sources.all_registrations()}
-    atomic_write(out("sources.json"), lambda fh: fh.write(jsonio.dumps(source_doc, indent=1)), mode="w")
-    avro.write_output_domain(out("output_domain.avro"), domain.buckets())
-    if batch is not None:
-        def write_lines(fh: Any) -> None:
-            for line in batch.lines(triggers):
-                fh.write(line)
-                fh.write("\n")
-        atomic_write(out("triggers.jsonl"), write_lines, mode="w")
-    summary = {
-        "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
-        "slices": domain.num_slices, "keys": domain.num_keys, "sources": len(sources),
-        "key_bits": domain.total_bits, "keys_per_source": len(sources.key_names),
-        "trigger_header": REGISTER_TRIGGER, "conversions_read": rows_read, "conversions_rejected": rejected,
-        "triggers": len(batch) if batch is not None else 0,
-        "triggers_skipped": dict(batch.skipped) if batch is not None else {},
-        "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
-        "simulation_seed": args.simulation_seed,
-    }
-    atomic_write(out("export.json"), lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
+    # --- every check passed: write, whole or not at all ---
+    with OutputFolder.prepare(args.output, args.overwrite, prog, EXPORT_FOLDER) as folder:
+        out = lambda name: os.path.join(folder.staging, name)  # noqa: E731
+        with open(out("key_map.json"), "w", encoding="utf-8") as fh:
+            fh.write(jsonio.dumps(key_map_json(version, domain), indent=1))
+        with open(out("key_map.csv"), "wb") as fh:
+            fh.write(outputs.csv_bytes(domain.key_table()))
+        source_doc = {"header": REGISTER_SOURCE, "params_sha256": version.checksum(),
+                      "layout_sha256": domain.layout_checksum(), "impression_slice_columns": list(sources.columns),
+                      "key_names": list(sources.key_names), "registrations": sources.all_registrations()}
+        with open(out("sources.json"), "w", encoding="utf-8") as fh:
+            fh.write(jsonio.dumps(source_doc, indent=1))
+        avro.write_output_domain(out("output_domain.avro"), domain.buckets())
+        if batch is not None:
+            with open(out("triggers.jsonl"), "w", encoding="utf-8") as fh:
+                for line in batch.lines(triggers):
+                    fh.write(line)
+                    fh.write("\n")
+        summary = {
+            "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
+            "slices": domain.num_slices, "keys": domain.num_keys, "sources": len(sources),
+            "key_bits": domain.total_bits, "keys_per_source": len(sources.key_names),
+            "trigger_header": REGISTER_TRIGGER, "conversions_read": rows_read, "conversions_rejected": rejected,
+            "triggers": len(batch) if batch is not None else 0,
+            "triggers_skipped": dict(batch.skipped) if batch is not None else {},
+            "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
+            "simulation_seed": args.simulation_seed,
+        }
+        with open(out("export.json"), "w", encoding="utf-8") as fh:
+            fh.write(jsonio.dumps(summary, indent=1))
+        folder.commit({"command": "export-ara", "params_sha256": version.checksum()})
     for w in ara_warnings(params, domain):
         _warn(prog, w)
     if batch is not None and batch.skipped:
         _warn(prog, f"conversions without a trigger (slice values outside the key map): {dict(batch.skipped)}")
     if rejected:
         _warn(prog, f"invalid conversion rows skipped: {rejected}")
-    files = "key_map.json/.csv, sources.json, output_domain.avro" + (", triggers.jsonl" if batch is not None else "")
+    files = ("key_map.json/.csv, sources.json, output_domain.avro" + (", triggers.jsonl" if batch is not None else "")
+             + ", export.json, _manifest.json")
     print(f"{prog}: {len(sources)} source registrations, {domain.num_keys} buckets ({domain.num_slices} slices x "
-          f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files}, "
-          f"export.json under {args.output}")
+          f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files} "
+          f"under {args.output}")
     return 0
 
 
@@ -195,8 +199,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     prog = "araopt reconstruct"
     if not (math.isfinite(args.confidence) and 0.0 < args.confidence < 1.0):
         raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
-    if os.path.exists(args.output) and not args.overwrite:
-        raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
+    check_output_file(args.output, args.overwrite)
     file_version = load_version(args.params)
     version = (file_version if args.epsilon is None
                else file_version.with_epsilon(check_epsilon(args.epsilon, "--epsilon")))

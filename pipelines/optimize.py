@@ -39,6 +39,7 @@ run_optimize = run
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.errors import check_epsilon
+    from araopt.io.folders import check_output_file
     from araopt.io.progress import Progress
     from araopt.optimize.statistics import StatisticsSpec
     from araopt.optimize.tune import tune
@@ -52,8 +53,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     tau_overrides = parse_tau(args.tau)
-    if os.path.exists(args.output) and not args.overwrite:
-        raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
+    check_output_file(args.output, args.overwrite)  # before any work; again before the file is written
     period = args.release_period
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit,  # validates column overlap
                           period_days=max(1, round(period)))
@@ -102,7 +102,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                      "fractions": (", ".join(f"{qq.budget_fraction:.3f}" for qq in p.queries)
                                    + f" (+count {p.count_budget_fraction:.3f})"),
                      "train RMSRE_tau": b.rmsre_tau, "ratio": b.rmsre_tau / result.predicted_rmsre_tau})
-    version.save(args.output)
+    check_output_file(args.output, args.overwrite)
+    version.save(args.output)  # whole or absent (a temporary file renamed over it)
     print(f"{stats.num_conversions:,} conversions over {stats.history_days()} day(s), {stats.num_impressions:,} "
           f"impressions, {stats.num_slices:,} slices; epsilon {epsilon:g}, objective {args.objective}, tuned for one "
           f"release of {period:g} day(s); {tuning.tau_rule}")

@@ -18,7 +18,7 @@ from . import options
 def run_synth(argv: Sequence[str] | None = None) -> int:
     def body(a: argparse.Namespace, _: list[str]) -> int:
         from araopt.data import synthetic
-        from araopt.io.folders import check_output_dir
+        from araopt.io.folders import check_parent_folder
 
         preset = synthetic.get_preset(a.preset)
         overrides = {k: v for k, v in (("b", a.b), ("lam", a.lam), ("mu", a.mu), ("sigma", a.sigma),
@@ -33,7 +33,7 @@ def run_synth(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"expected {expected['conversions']:.3g} conversions per split exceeds "
                              f"--max-conversions {a.max_conversions:.3g}; lower --scale")
         splits = synthetic.SPLITS if a.split == "both" else (a.split,)
-        check_output_dir(a.output, splits, a.overwrite)
+        check_parent_folder(a.output, splits, a.overwrite)
         print(f"{preset.name}: scale {scale:.6g} -> support [{expected['k_min']}, {expected['k_max']}], "
               f"expected {expected['impressions']:,.0f} impressions and {expected['conversions']:,.0f} "
               f"conversions per split", file=sys.stderr)
@@ -54,13 +54,11 @@ def run_synth(argv: Sequence[str] | None = None) -> int:
 
 def run_fit_synthetic(argv: Sequence[str] | None = None) -> int:
     def body(a: argparse.Namespace, _: list[str]) -> int:
-        import os
-
         from araopt.data import synthetic
         from araopt.data.fit import fit_synthetic_report
+        from araopt.io.folders import check_output_file
 
-        if os.path.exists(a.output) and not a.overwrite:
-            raise ValueError(f"{a.output} already exists; pass --overwrite to replace it")
+        check_output_file(a.output, a.overwrite)
         values = options.split_columns(a.values, "--values")
         if len(values) != 1:
             raise ValueError(f"fit-synthetic models one value column, got --values {a.values!r}")

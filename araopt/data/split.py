@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -29,9 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from araopt.io import jsonio
 from araopt.io.conversions import time_as_micros
-from araopt.io.folders import ParquetShardWriter, prepare_output_dir, publish_dir
+from araopt.io.folders import OutputFolder, ParquetShardWriter, check_parent_folder
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ def parse_cut_time(text: str) -> datetime:
     except ValueError:
         raise ValueError(f"cut time {text!r} is not an ISO-8601 date/time (e.g. 2024-01-15T00:00:00Z)") from None
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+SPLITS = ("train", "test")
 
 
 def _dataset(source: pa.Table | str | os.PathLike[str]) -> ds.Dataset:
@@ -125,11 +128,12 @@ def split_by_time(source: pa.Table | str | os.PathLike[str], out_dir: str | os.P
         raise ValueError(f"input has no column {time_column!r}; present: {dataset.schema.names}")
     if cut_time is None:
         cut_time = quantile_cut(source, cast(float, train_fraction), time_column)  # (exactly one given: checked above)
-    out = prepare_output_dir(out_dir, ("train", "test"), overwrite)
-    tmp = {s: out / f".{s}.tmp-{os.getpid()}" for s in ("train", "test")}
-    writers = {s: ParquetShardWriter(tmp[s], dataset.schema, max_rows_per_file) for s in tmp}
+    check_parent_folder(out_dir, SPLITS, overwrite)
     rows = {"train": 0, "test": 0}
-    try:
+    with ExitStack() as stack:
+        folders = {s: stack.enter_context(OutputFolder.prepare(Path(out_dir) / s, overwrite, "araopt split"))
+                   for s in SPLITS}
+        writers = {s: ParquetShardWriter(folders[s].staging, dataset.schema, max_rows_per_file) for s in SPLITS}
         try:
             for batch in dataset.to_batches(batch_size=batch_rows):
                 if batch.num_rows == 0:
@@ -144,18 +148,13 @@ def split_by_time(source: pa.Table | str | os.PathLike[str], out_dir: str | os.P
             for w in writers.values():
                 w.close()
         result = SplitResult(cut_time, time_column, rows["train"], rows["test"])
+        manifests = {}
         for s, w in writers.items():
             if not w.files:  # an empty side still gets the schema
                 w.write(dataset.schema.empty_table())
                 w.close()
-            manifest = {"schema": "conversion_log/1", "split": s, "rows": rows[s], **result.as_dict(),
-                        "rule": "train: time < cut; test: time >= cut",
-                        "files": [os.path.basename(f) for f in w.files]}
-            (tmp[s] / "_manifest.json").write_text(jsonio.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        for s in ("train", "test"):
-            publish_dir(tmp[s], out / s)
-    finally:
-        for t in tmp.values():
-            if t.exists():
-                shutil.rmtree(t, ignore_errors=True)
+            manifests[s] = {"schema": "conversion_log/1", "split": s, "rows": rows[s], **result.as_dict(),
+                            "rule": "train: time < cut; test: time >= cut"}
+        for s in SPLITS:
+            folders[s].commit(manifests[s])
     return result

@@ -73,9 +73,9 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
@@ -89,7 +89,7 @@ import pyarrow.parquet as pq
 
 from araopt.io import jsonio
 from araopt.io.files import atomic_write_bytes
-from araopt.io.folders import ParquetShardWriter, check_output_dir, prepare_output_dir, publish_dir
+from araopt.io.folders import OutputFolder, ParquetShardWriter, check_output_file, check_parent_folder
 
 # --------------------------------------------------------------------------------------------
 # Features (Table impression-dimensions) and the output schema (schemas/conversion_log.arrow.json)
@@ -383,8 +383,7 @@ def save_preset(preset: SyntheticPreset, path: str | os.PathLike[str], *, fit: M
                 overwrite: bool = False) -> None:
     """Write a preset JSON (``fit`` diagnostics are stored alongside and ignored on load)."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise ValueError(f"{path} already exists; pass --overwrite to replace it")
+    check_output_file(path, overwrite)
     data = preset.to_dict()
     if fit is not None:
         data["fit"] = dict(fit)
@@ -718,31 +717,25 @@ def write_synthetic(out_dir: str | os.PathLike[str], preset: SyntheticPreset, *,
     ``days=None`` writes flat ``part-*.parquet`` files (impressions on ``start_date``);
     ``days=N`` writes ``date=YYYY-MM-DD/part-*.parquet`` for N days of impressions, partitioned by
     impression date or, with ``by_conversion_date``, by conversion date. Each split is written to a
-    hidden temporary directory and renamed into place when complete; ``_manifest.json`` records
-    parameters and sizes (underscore files are ignored by Arrow/pandas dataset readers).
+    staging folder and all are moved into place when every one is complete (``araopt.io.folders``: a
+    split folder is whole or absent); its ``_manifest.json`` records parameters, sizes and every file's
+    sha256 (underscore files are ignored by Arrow/pandas dataset readers).
     """
     splits = tuple(splits)
     if not splits or any(s not in SPLITS for s in splits) or len(set(splits)) != len(splits):
         raise ValueError(f"splits must be distinct values from {SPLITS}, got {splits}")
-    check_output_dir(out_dir, splits, overwrite)
+    check_parent_folder(out_dir, splits, overwrite)
     plans = {s: plan_impressions(preset, seed=seed, split=s, scale=scale, days=1 if days is None else days,
                                  start_date=start_date, power_law_method=power_law_method) for s in splits}
-    out = prepare_output_dir(out_dir, splits, overwrite)
     manifests: dict[str, dict[str, Any]] = {}
-    for s, plan in plans.items():
-        tmp = out / f".{s}.tmp-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
-            manifest = write_split(plan, tmp, partition_by_date=days is not None, chunk_rows=chunk_rows,
-                                   max_rows_per_file=max_rows_per_file, compression=compression,
-                                   by_conversion_date=by_conversion_date)
-            (tmp / "_manifest.json").write_text(jsonio.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-            publish_dir(tmp, out / s)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        manifests[s] = manifest
+    with ExitStack() as stack:
+        folders = {s: stack.enter_context(OutputFolder.prepare(Path(out_dir) / s, overwrite, "araopt synth"))
+                   for s in splits}
+        staged = {s: write_split(plan, folders[s].staging, partition_by_date=days is not None, chunk_rows=chunk_rows,
+                                 max_rows_per_file=max_rows_per_file, compression=compression,
+                                 by_conversion_date=by_conversion_date) for s, plan in plans.items()}
+        for s, manifest in staged.items():
+            manifests[s] = folders[s].commit(manifest)
     return manifests
 
 
