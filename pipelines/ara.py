@@ -42,7 +42,7 @@ from araopt.ara.registrations import (
     key_map_json,
     trigger_batch,
 )
-from araopt.errors import check_epsilon
+from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.io import avro, jsonio, outputs
 from araopt.io.conversions import Conversions
 from araopt.io.files import atomic_write
@@ -116,9 +116,9 @@ def _export(args: argparse.Namespace) -> int:
     version = load_version(args.params)
     params = version.params
     if args.simulation_seed is not None and args.simulation_seed < 0:
-        raise ValueError(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
+        raise InvalidParameters(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
-        raise ValueError("--simulation-seed only applies to triggers, which need --conversions")
+        raise InvalidParameters("--simulation-seed only applies to triggers, which need --conversions")
     check_target(args.output, args.overwrite, EXPORT_FOLDER)  # before any work; again at commit
     destination = destination_site(args.destination)
     if destination != args.destination.rstrip("/"):
@@ -134,8 +134,8 @@ def _export(args: argparse.Namespace) -> int:
         _warn(prog, f"the output domain lists exactly the slices present in {args.conversions}: use it for the "
                     f"Aggregation Service only if that log is history, never the data being released")
     else:
-        raise ValueError("export-ara needs the key domain: pass --key-map M, parameters that carry a domain "
-                         "(araopt nightly / optimize), or --conversions LOG (its slices)")
+        raise InvalidParameters("export-ara needs the key domain: pass --key-map M, parameters that carry a domain "
+                                "(araopt nightly / optimize), or --conversions LOG (its slices)")
     check_ara_limits(params, domain)
     sources = SourceEncoder(version, domain, destination)
     triggers = TriggerEncoder(version, domain)
@@ -198,7 +198,7 @@ def run_reconstruct(argv: Sequence[str] | None = None) -> int:
 def _reconstruct(args: argparse.Namespace) -> int:
     prog = "araopt reconstruct"
     if not (math.isfinite(args.confidence) and 0.0 < args.confidence < 1.0):
-        raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
+        raise InvalidParameters(f"--confidence must lie in (0, 1), got {args.confidence}")
     check_output_file(args.output, args.overwrite)
     file_version = load_version(args.params)
     version = (file_version if args.epsilon is None
@@ -215,13 +215,13 @@ def _reconstruct(args: argparse.Namespace) -> int:
         conv, _, _ = read_conversion_log(args.conversions, params)
         domain = domain_from_conversions(params, conv)
     else:
-        raise ValueError("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
-                         "--conversions LOG to derive the domain from its slices")
+        raise InvalidParameters("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
+                                "--conversions LOG to derive the domain from its slices")
     data = avro.read_report(args.summary_report)
     frame, counters = estimates_from_summary_report(data.buckets, data.metrics, version, domain, args.confidence)
     if counters.rows and counters.unknown_buckets == counters.rows:
-        raise ValueError(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or parameter "
-                         f"file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
+        raise InvalidInput(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or "
+                           f"parameter file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
     atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary: dict[str, Any] = {"report_kind": data.kind, "files": len(data.paths), **counters.to_json(),
                                "slices": domain.num_slices, "estimates": args.output}

@@ -18,6 +18,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from araopt.errors import InvalidParameters
+
 from . import options
 from .options import parse_tau, split_columns
 
@@ -33,7 +35,7 @@ def parse_epsilons(text: str) -> list[float]:
 
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
-        raise ValueError("--epsilons must list at least one value")
+        raise InvalidParameters("--epsilons must list at least one value")
     return [check_epsilon(p, "--epsilons") for p in parts]
 
 
@@ -60,18 +62,18 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     epsilons = parse_epsilons(args.epsilons)
     if args.monte_carlo < 0 or args.monte_carlo == 1:
-        raise ValueError(f"--monte-carlo must be 0 (off) or >= 2, got {args.monte_carlo}")
+        raise InvalidParameters(f"--monte-carlo must be 0 (off) or >= 2, got {args.monte_carlo}")
     if len(args.train) != len(args.test):
-        raise ValueError(f"give one --test per --train ({len(args.train)} vs {len(args.test)})")
+        raise InvalidParameters(f"give one --test per --train ({len(args.train)} vs {len(args.test)})")
     names = args.name or [f"dataset{i + 1}" for i in range(len(args.train))]
     if len(names) != len(args.train):
-        raise ValueError(f"give one --name per --train ({len(names)} vs {len(args.train)})")
+        raise InvalidParameters(f"give one --name per --train ({len(names)} vs {len(args.train)})")
     check_target(args.output, args.overwrite, EVALUATION_FOLDER)  # before any work; again at commit
     tau_overrides = parse_tau(args.tau)
     methods = split_columns(args.methods, "--methods")
     unknown = set(methods) - set(METHODS)
     if unknown:
-        raise ValueError(f"unknown --methods {sorted(unknown)}; known: {', '.join(METHODS)}")
+        raise InvalidParameters(f"unknown --methods {sorted(unknown)}; known: {', '.join(METHODS)}")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit)

@@ -11,6 +11,8 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 
+from araopt.errors import InvalidParameters
+
 from . import options
 
 # ---------------------------------------------------------------------------------------------- synth
@@ -30,8 +32,8 @@ def run_synth(argv: Sequence[str] | None = None) -> int:
                  if a.target_conversions is not None else (a.scale or 1.0))
         expected = synthetic.expected_sizes(preset, scale)
         if expected["conversions"] > a.max_conversions:
-            raise ValueError(f"expected {expected['conversions']:.3g} conversions per split exceeds "
-                             f"--max-conversions {a.max_conversions:.3g}; lower --scale")
+            raise InvalidParameters(f"expected {expected['conversions']:.3g} conversions per split exceeds "
+                                    f"--max-conversions {a.max_conversions:.3g}; lower --scale")
         splits = synthetic.SPLITS if a.split == "both" else (a.split,)
         check_parent_folder(a.output, splits, a.overwrite)
         print(f"{preset.name}: scale {scale:.6g} -> support [{expected['k_min']}, {expected['k_max']}], "
@@ -61,7 +63,7 @@ def run_fit_synthetic(argv: Sequence[str] | None = None) -> int:
         check_output_file(a.output, a.overwrite)
         values = options.split_columns(a.values, "--values")
         if len(values) != 1:
-            raise ValueError(f"fit-synthetic models one value column, got --values {a.values!r}")
+            raise InvalidParameters(f"fit-synthetic models one value column, got --values {a.values!r}")
         fit = fit_synthetic_report(
             a.input, name=a.name, slice_columns=list(options.split_columns(a.slices, "--slices")),
             value_column=values[0], impression_column=a.impression_column, k_min=a.k_min, k_max=a.k_max,

@@ -204,7 +204,7 @@ class AraRequirements:
         return out
 
 
-class AraLimitError(ValueError):
+class AraLimitError(InvalidParameters):
     """A configuration that cannot be expressed in ARA; ``violations`` lists every exceeded limit."""
 
     def __init__(self, violations: Sequence[str]) -> None:

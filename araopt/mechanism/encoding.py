@@ -26,6 +26,7 @@ from typing import cast
 import numpy as np
 
 from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.mechanism.params import Params
 
 _UNIFORMS_HELP = "uniforms must be an (n, d) float array on [0, 1)"
@@ -40,16 +41,17 @@ def check_values(values: np.ndarray, num_queries: int | None = None) -> np.ndarr
     if arr.ndim == 1:
         arr = arr.reshape(-1, 1)
     if arr.ndim != 2:
-        raise ValueError(f"values must be a 1-D or 2-D array, got shape {np.shape(values)}")
+        raise InvalidInput(f"values must be a 1-D or 2-D array, got shape {np.shape(values)}")
     if num_queries is not None and arr.shape[1] != num_queries:
-        raise ValueError(f"values has {arr.shape[1]} columns but the parameters define {num_queries} queries")
+        raise InvalidInput(f"values has {arr.shape[1]} columns but the parameters define {num_queries} queries")
     if arr.size:
         if not np.isfinite(arr).all():
             bad = np.argwhere(~np.isfinite(arr))[0]
-            raise ValueError(f"values must be finite: NaN or infinity at row {bad[0]}, query {bad[1]}")
+            raise InvalidInput(f"values must be finite: NaN or infinity at row {bad[0]}, query {bad[1]}")
         if (arr < 0).any():
             bad = np.argwhere(arr < 0)[0]
-            raise ValueError(f"values must be non-negative: {float(arr[bad[0], bad[1]])!r} at row {bad[0]}, query {bad[1]}")
+            raise InvalidInput(f"values must be non-negative: {float(arr[bad[0], bad[1]])!r} at row {bad[0]}, "
+                               f"query {bad[1]}")
     return arr
 
 
@@ -87,7 +89,7 @@ def query_scales(params: Params) -> np.ndarray:
     )
     total = int(scales.sum()) + (count_scale(params) if params.encoding == "baseline" else 0)
     if total > params.per_conversion_budget:  # Lemma 4.1; only reachable through the 1e-9 tolerance
-        raise ValueError(
+        raise InvalidParameters(
             f"budget fractions over-allocate: the per-query scales sum to {total} > floor(Gamma/C) = "
             f"{params.per_conversion_budget}; lower a budget_fraction"
         )
@@ -142,12 +144,12 @@ def _uniforms(n: int, d: int, rng: np.random.Generator | None, uniforms: np.ndar
         if u.ndim == 1:
             u = u.reshape(-1, 1)
         if u.ndim != 2 or u.shape[0] != n or u.shape[1] < d:
-            raise ValueError(f"{_UNIFORMS_HELP}: got shape {u.shape}, need ({n}, {d})")
+            raise InvalidParameters(f"{_UNIFORMS_HELP}: got shape {u.shape}, need ({n}, {d})")
         if u.size and not ((u >= 0.0) & (u < 1.0)).all():  # NaN fails both: floor(NaN) -> int64 garbage
-            raise ValueError(f"{_UNIFORMS_HELP}: got a value outside [0, 1) or NaN")
+            raise InvalidParameters(f"{_UNIFORMS_HELP}: got a value outside [0, 1) or NaN")
         return u
     if rng is None:
-        raise ValueError("encode needs either rng (a numpy Generator) or uniforms")
+        raise InvalidParameters("encode needs either rng (a numpy Generator) or uniforms")
     return rng.random((n, d))
 
 
@@ -167,7 +169,7 @@ def encode(
     if uniforms is not None:
         uniforms = _uniforms(n, 1 if params.encoding == "l1" else d, None, uniforms)
     elif rng is None:
-        raise ValueError("encode needs either rng (a numpy Generator) or uniforms")
+        raise InvalidParameters("encode needs either rng (a numpy Generator) or uniforms")
     out = np.empty((n, d + 1), dtype=np.int64)
     width = 1 if params.encoding == "l1" else d
     table = EncoderTable.of(params)

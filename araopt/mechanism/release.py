@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from araopt.errors import InvalidInput
 from araopt.mechanism.aggregate import DomainSums
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
@@ -76,10 +77,10 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
     """Noise once per domain key (Alg. 2, secure generator unless ``rng`` or ``simulation_seed``),
     including keys without contributions, then reconstruct (Alg. 4)."""
     if sums.histogram.shape != (domain.num_slices, domain.num_columns):
-        raise ValueError(f"sums have shape {sums.histogram.shape}, the domain needs "
-                         f"({domain.num_slices}, {domain.num_columns})")
+        raise InvalidInput(f"sums have shape {sums.histogram.shape}, the domain needs "
+                           f"({domain.num_slices}, {domain.num_columns})")
     if not accounting.closes:
-        raise ValueError(f"row accounting does not close: {accounting.to_json()}")
+        raise InvalidInput(f"row accounting does not close: {accounting.to_json()}")
     report = summary_report(sums.histogram, params.epsilon, params.contribution_budget, rng=rng,
                             simulation_seed=simulation_seed)
     estimates = reconstruct(report.noisy, params)
