@@ -381,6 +381,7 @@ def test_writer_refuses_an_output_directory_that_holds_data(tmp_path: Path) -> N
 
 # ------------------------------------------------------------------ fit (maximum likelihood)
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_fit_recovers_generating_parameters_from_one_million_conversions(name: str) -> None:
     """Stated tolerance: every estimate within 5 asymptotic standard errors (Fisher information), and
