@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
+from araopt.errors import AraoptError, InvalidInput, InvalidParameters, PrivacyRefusal
 
 IMPRESSION_ID = "impression_id"
 CONVERSION_TIME = "conversion_time"
@@ -525,17 +525,32 @@ sharp: with exactly 10% of the rows rejected the job goes on and releases, one m
 refuses it (nothing is released); ``--max-rejected-fraction`` sets another share."""
 
 
+def rejected_share_refusal(counts: ValidationCounts, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
+                           what: str = "input") -> AraoptError | None:
+    """Why an input is refused (not raised): no valid row, or more than ``max_rejected_fraction`` of rows
+    rejected (exactly that share passes: whether a release happens flips on one row at the threshold);
+    None if it is not."""
+    if not 0.0 <= max_rejected_fraction <= 1.0:
+        return InvalidParameters(f"max_rejected_fraction must lie in [0, 1], got {max_rejected_fraction!r}")
+    if counts.rows_read == 0:
+        return InvalidInput(f"the {what} holds no conversion rows")
+    if counts.rows_valid == 0:
+        return InvalidInput(f"the {what} holds no valid conversion rows (all {counts.rows_read:,} rejected: "
+                            f"{dict(counts.rejected_by_reason)}; see the dead letter)")
+    if counts.rows_rejected > max_rejected_fraction * counts.rows_read:
+        return PrivacyRefusal(
+            f"{counts.rows_rejected:,} of {counts.rows_read:,} {what} rows ({counts.rows_rejected / counts.rows_read:.1%}) "
+            f"failed validation, above the {max_rejected_fraction:.0%} threshold: refusing to go on "
+            f"({dict(counts.rejected_by_reason)}; see the dead letter)")
+    return None
+
+
 def check_rejected_share(counts: ValidationCounts, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
                          what: str = "input") -> None:
-    """Refuse an input with no valid row, or with more than ``max_rejected_fraction`` of rows rejected
-    (exactly that share passes: whether a release happens flips on one row at the threshold)."""
-    if not 0.0 <= max_rejected_fraction <= 1.0:
-        raise InvalidParameters(f"max_rejected_fraction must lie in [0, 1], got {max_rejected_fraction!r}")
-    if counts.rows_read == 0:
-        raise InvalidInput(f"the {what} holds no conversion rows")
-    if counts.rows_valid == 0:
-        raise InvalidInput(f"the {what} holds no valid conversion rows (all {counts.rows_read:,} rejected: "
-                           f"{dict(counts.rejected_by_reason)}; see the dead letter)")
+    """Raise :func:`rejected_share_refusal`'s refusal, if any."""
+    refusal = rejected_share_refusal(counts, max_rejected_fraction, what)
+    if refusal is not None:
+        raise refusal
     if counts.rows_rejected > max_rejected_fraction * counts.rows_read:
         raise PrivacyRefusal(
             f"{counts.rows_rejected:,} of {counts.rows_read:,} {what} rows ({counts.rows_rejected / counts.rows_read:.1%}) "
