@@ -134,6 +134,7 @@ class NightlyConfig:
     tau_overrides: tuple[tuple[str, float], ...] = ()
     release_period_days: float = 1.0
     lookback_days: int = 0
+    special_days: tuple[str, ...] = ()  # declared special days (ISO dates): their own calendar effect
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def with_calibration(decision: NightlyDecision, calibration_statistics: Sequence
     the candidates replayed on the window's days), guarded again (the replay may prefer the other
     candidate); a re-run of the same as-of date on the same history is recognised with the
     calibration included."""
-    tuning = calibrate(decision.tuning, calibration_statistics, config.release_period_days)
+    tuning = calibrate(decision.tuning, calibration_statistics, config.release_period_days, config.special_days)
     idempotent = previous is not None and same_release(previous, tuning.version, config.as_of)
     if idempotent:
         return NightlyDecision(tuning, (), True)

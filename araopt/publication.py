@@ -12,12 +12,14 @@ in-memory ``mechanism.measure``, ``reconstruct`` of the Aggregation Service's re
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from araopt.calibration.calendar import Calendar
 from araopt.calibration.correct import CorrectedEstimates, correct, period_blocks_for
 from araopt.calibration.model import Calibration
 from araopt.io import avro
@@ -54,27 +56,32 @@ class Publication:
         return estimates_frame(self.release.estimates, self.release.domain, self.corrected, self.correction)
 
 
-def publish(release: Release, version: ParameterVersion) -> Publication:
-    """``release`` with the true totals of ``version``'s calibration (if it carries one)."""
+def publish(release: Release, version: ParameterVersion, period_days: Sequence[Any] | None = None) -> Publication:
+    """``release`` with the true totals of ``version``'s calibration (if it carries one); ``period_days``:
+    the dates the release covers (declared by how the input was cut, e.g. its ``date=`` partitions),
+    for the calendar's day-type effects (None: the period is any day)."""
     corrected = (None if version.calibration is None
-                 else true_totals(release.estimates, version.calibration, release.domain, release.params))
+                 else true_totals(release.estimates, version.calibration, release.domain, release.params,
+                                  calendar=version.calendar, period_days=period_days))
     return Publication(release, version.calibration, version.correction, corrected)
 
 
 def true_totals(estimates: Estimates, calibration: Calibration, domain: KeyDomain,
-                params: Params | None = None) -> CorrectedEstimates:
+                params: Params | None = None, calendar: Calendar | None = None,
+                period_days: Sequence[Any] | None = None) -> CorrectedEstimates:
     """The calibration's estimates of the true totals (``calibration.correct``). The measured period's
     length in history blocks is its size over the history's block size. A reconstructed report may
     miss buckets (NaN estimates): then only the complete slices are corrected, the rest stay NaN."""
     finite = np.isfinite(estimates.estimate).all(axis=1) & np.isfinite(estimates.std_error).all(axis=1)
     kept = float(np.clip(estimates.estimate[finite, 0], 0.0, None).sum())
-    period = period_blocks_for(calibration, kept)
+    period = period_blocks_for(calibration, kept) if period_days is None else max(1, len(set(period_days)))
     if finite.all():
-        return correct(estimates, calibration, domain, params, period_blocks=period)
+        return correct(estimates, calibration, domain, params, period_blocks=period, calendar=calendar,
+                       period_days=period_days)
     part = dataclasses.replace(estimates, **{f: getattr(estimates, f)[finite] for f in
                                              ("estimate", "std_error", "ci_low", "ci_high")})
     values = {c: [v for v, keep in zip(vals, finite, strict=True) if keep] for c, vals in domain.slice_values().items()}
-    got = correct(part, calibration, values, params, period_blocks=period)
+    got = correct(part, calibration, values, params, period_blocks=period, calendar=calendar, period_days=period_days)
     full = {}
     for f in ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error", "ratio",
               "ratio_std_error"):
@@ -85,7 +92,8 @@ def true_totals(estimates: Estimates, calibration: Calibration, domain: KeyDomai
     fallback[finite] = got.fallback
     return CorrectedEstimates(**full, fallback=fallback, fallback_slices=got.fallback_slices,
                               query_names=got.query_names, confidence=got.confidence, period_blocks=got.period_blocks,
-                              retention_checksum=got.retention_checksum)
+                              retention_checksum=got.retention_checksum, calendar_note=got.calendar_note,
+                              calendar_applied=got.calendar_applied)
 
 
 def estimates_frame(estimates: Estimates, domain: KeyDomain, corrected: CorrectedEstimates | None = None,
@@ -156,7 +164,8 @@ def calibration_summary(publication: Publication) -> dict[str, Any] | None:
         return None
     return {"retention_checksum": cal.retention_checksum, "params_checksum": cal.params_checksum, "method": cal.method,
             "history_blocks": cal.num_blocks, "period_blocks": corrected.period_blocks,
-            "correction": publication.correction, "fallback_slices": corrected.fallback_slices}
+            "correction": publication.correction, "fallback_slices": corrected.fallback_slices,
+            "calendar_applied": corrected.calendar_applied, "calendar_note": corrected.calendar_note}
 
 
 def private_accounting(publication: Publication) -> dict[str, Any]:

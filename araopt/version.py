@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import jsonschema
 
+from araopt.calibration.calendar import Calendar
 from araopt.calibration.model import Calibration
 from araopt.constants import CORRECTION, L1_ROUNDING_OF_A_FILE
 from araopt.errors import InvalidParameters
@@ -75,7 +76,9 @@ class ParameterVersion:
     exactly this bounding, which turns estimates of the capped-and-clipped sums into estimates of the
     true totals, and ``correction``, how the point estimate uses it: ``ratio`` (U / r_hat) or ``none``
     (the capped estimate, when the history shows that dividing adds more noise than it removes bias;
-    the intervals are for the true totals either way); and ``provenance``."""
+    the intervals are for the true totals either way); the ``calendar``: day-of-week and declared
+    special-day effects on the calibration's ratios (``calibration.calendar``; it records the special
+    days); and ``provenance``."""
 
     params: Params
     domain: KeyDomain | None = None
@@ -83,6 +86,7 @@ class ParameterVersion:
     correction: str = CORRECTION
     provenance: Provenance | None = None
     format_version: str = FORMAT_VERSION
+    calendar: Calendar | None = None
 
     def __post_init__(self) -> None:
         _check_version(self.format_version)
@@ -96,6 +100,13 @@ class ParameterVersion:
             if not isinstance(self.calibration, Calibration):
                 raise InvalidParameters(f"calibration must be a Calibration, got {type(self.calibration).__name__}")
             self.calibration.check_params(self.params)
+        if self.calendar is not None:
+            if not isinstance(self.calendar, Calendar) or self.calibration is None:
+                raise InvalidParameters("a calendar needs the calibration it was fitted with")
+            try:
+                self.calendar.check_calibration(self.calibration)
+            except ValueError as exc:
+                raise InvalidParameters(str(exc)) from None
 
     def with_epsilon(self, epsilon: float) -> ParameterVersion:
         """The same version releasing at another epsilon (a calibration does not depend on it)."""
@@ -125,6 +136,8 @@ class ParameterVersion:
         if self.calibration is not None:
             out["correction"] = self.correction
             out["calibration"] = self.calibration.to_json()
+            if self.calendar is not None:
+                out["calendar"] = self.calendar.to_json()
         if p.encoding == "l1":
             out["l1_rounding"] = p.l1_rounding
         return out
@@ -176,6 +189,7 @@ class ParameterVersion:
                                                                                   embedded=True),
                 calibration=None if calibration is None else Calibration.from_json(calibration, source="calibration"),
                 correction=data.get("correction", CORRECTION),
+                calendar=None if data.get("calendar") is None else Calendar.from_json(data["calendar"]),
                 provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
             )
         except ValueError as exc:  # every refusal of the parts, said once with the file's name

@@ -36,6 +36,7 @@ from araopt.evaluation.evaluate import analytic_rmsre, corrected_rmsre, interval
 from araopt.io.conversions import Conversions
 from araopt.optimize import tune as tuning
 from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.version import ParameterVersion
 
 SLICES = ("campaignId", "geography", "productCategory")
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -121,12 +122,13 @@ def run(ds: Dataset, draws: int, seed: int, coverage_eps: tuple[float, ...]) -> 
     rows = []
     for eps in EPSILONS:
         t0 = time.perf_counter()
-        paper = tuning.tune(stats, eps, objective="exact", taus=taus).params
+        paper = ParameterVersion(tuning.tune(stats, eps, objective="exact", taus=taus).params)
         tuned = tuning.tune(stats, eps, objective=tuning.CORRECTED, taus=taus)
-        released = tuning.attach_calibration(tuned.params, cb.calibration_statistics(ds.train, tuned.params, blocks))
-        row = {"dataset": ds.name, "epsilon": eps, "C": paper.count_limit, "C_released": released.count_limit,
-               "correction": released.correction,
-               "paper": analytic_rmsre(paper, ds.test, taus).combined,
+        released = tuning.attach_calibration(tuned.version,
+                                             cb.calibration_statistics(ds.train, tuned.params, blocks))
+        row = {"dataset": ds.name, "epsilon": eps, "C": paper.params.count_limit,
+               "C_released": released.params.count_limit, "correction": released.correction,
+               "paper": analytic_rmsre(paper.params, ds.test, taus).combined,
                "released": corrected_rmsre(released, ds.test, taus).combined}
         if eps in coverage_eps:
             row["cov_paper"] = interval_coverage(paper, ds.test, draws, seed).released

@@ -34,7 +34,7 @@ from araopt.io.conversions import Conversions
 from araopt.mechanism.measure import measure
 from araopt.optimize import tune as tuning
 from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
-from araopt.publication import estimates_frame
+from araopt.publication import publish
 
 SLICES = ("campaignId", "geography", "productCategory")
 DAY_US = 86_400_000_000
@@ -105,7 +105,8 @@ def tuned(stats, train: Conversions, eps: float, period_days: float | None, hist
     """The released method tuned on ``stats``, its calibration fitted on ``train`` (the history)."""
     res = tuning.tune(stats, eps, objective=tuning.CORRECTED, taus=list(taus), release_period_days=period_days,
                       history_days=history_days)
-    cals = [cb.calibration_statistics(train, p, cb.day_blocks(train)) for p, _ in res.candidates]
+    cals = [cb.calibration_statistics(train, v.params, cb.day_blocks(train), fitted_for=v.checksum())
+            for v, _ in res.candidates]
     return tuning.calibrate(res, cals, period_days)
 
 
@@ -123,17 +124,17 @@ def run_case(log: DailyLog, test_day: int, train_days: int, epsilons, spec: Stat
         paper = tuning.tune(train_stats, eps, objective="exact", taus=list(taus), release_period_days=period,
                             history_days=train_days)
         result = {
-            "released": corrected_rmsre(on_train.params, test, taus).combined,
+            "released": corrected_rmsre(on_train.version, test, taus).combined,
             "optimized_linf": analytic_rmsre(paper.params, test, taus).combined,
-            "tuned_on_day": corrected_rmsre(on_day.params, test, taus).combined,
+            "tuned_on_day": corrected_rmsre(on_day.version, test, taus).combined,
         }
         for b in on_train.baselines:
             result[b.name] = analytic_rmsre(b.params, test, taus).combined
-        assert on_train.params.provenance is not None
-        model = on_train.params.provenance.extra.get("model_predicted_rmsre_tau", on_train.predicted_rmsre_tau)
+        assert on_train.version.provenance is not None
+        model = on_train.version.provenance.extra.get("model_predicted_rmsre_tau", on_train.predicted_rmsre_tau)
         rows.append({"dataset": log.name, "train_days": train_days, "test_day": test_day, "epsilon": eps,
                      "predicted": on_train.predicted_rmsre_tau, "model": model, "C": on_train.params.count_limit,
-                     "correction": on_train.params.correction, **result})
+                     "correction": on_train.version.correction, **result})
     return rows
 
 
@@ -150,15 +151,15 @@ def nightly_case(log: DailyLog, first_test_day: int, days: int, train_days: int,
         stats = compute_statistics_in_memory(train, spec)
         taus = stats.taus()
         res = tuned(stats, train, eps, 1.0, train_days, taus)
-        expected = corrected_rmsre(res.params, test, taus).combined
-        cov = interval_coverage(res.params, test, coverage_runs, seed=seed + test_day)
+        expected = corrected_rmsre(res.version, test, taus).combined
+        cov = interval_coverage(res.version, test, coverage_runs, seed=seed + test_day)
         truth = conversions_breakdown(res.params, test).truth
         release = measure(test, res.params, _domain(res.params, test), simulation_seed=seed + test_day).release
-        frame = estimates_frame(release.estimates, release.domain, release.corrected, res.params.correction)
+        frame = publish(release, res.version).frame()
         est = frame["estimate"].to_numpy().reshape(truth.shape)
         once = float(np.sqrt(np.mean(((est - truth) / np.maximum(taus[None, :], truth)) ** 2, axis=0).mean()))
         rows.append({"dataset": log.name, "epsilon": eps, "test_day": test_day, "C": res.params.count_limit,
-                     "correction": res.params.correction, "predicted": res.predicted_rmsre_tau,
+                     "correction": res.version.correction, "predicted": res.predicted_rmsre_tau,
                      "realised_expected": expected, "realised_one_release": once,
                      **{f"coverage_{q}": float(c) for q, c in zip(("count", "value"), cov.released, strict=True)}})
     return rows

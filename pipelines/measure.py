@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import io
 import json
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -207,9 +208,23 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramet
     merged = grouped | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed, coverage_start)
     release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain_pc, simulation_seed, max_rejected_fraction,
                                                       read.get(LOOKBACK_COUNTS))
-    published = release | "Publish" >> beam.Map(publish, version).with_output_types(Publication)
+    published = release | "Publish" >> beam.Map(publish, version, partition_days(inputs.paths)).with_output_types(
+        Publication)
     published | "WriteRelease" >> WriteRelease(folder.staging, version.checksum(), debug_run, simulation_seed is not None)
     return release
+
+
+_PARTITION_DAY = re.compile(r"(?:^|/)date=(\d{4}-\d{2}-\d{2})(?:/|$)")
+
+
+def partition_days(paths: Sequence[str]) -> tuple[str, ...] | None:
+    """The days a release covers, from its input's ``date=YYYY-MM-DD/`` partition folders: how the
+    operator cut the input, not what the rows say (the calibration's day-of-week effects then apply).
+    None unless every input file lies in such a partition."""
+    days = [_PARTITION_DAY.search(p.replace("\\", "/")) for p in paths]
+    if not days or any(d is None for d in days):
+        return None
+    return tuple(sorted({d.group(1) for d in days if d is not None}))
 
 
 def _micros(iso: str | None) -> int | None:
@@ -407,6 +422,8 @@ def print_summary(summary: dict, output: str, simulation: bool) -> None:
         print(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the calibration's "
               f"uncertainty for a period of {calibration['period_blocks']} history block(s))"
               + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)" if unseen else ""))
+        if calibration.get("calendar_note"):
+            print(f"  NOTE: {calibration['calendar_note']}")
 
 
 def print_lookback_note(summary: dict) -> None:

@@ -48,7 +48,7 @@ from transforms.statistics import StatisticsFromShards
 from transforms.validate import ReadAndValidate
 
 from . import options
-from .options import UserError, parse_tau, resolve_as_of, split_columns
+from .options import UserError, parse_special_days_option, parse_tau, resolve_as_of, split_columns
 from .runner import dry_run_sentence, make_runner, pipeline_options, run_pipeline, spill_folder
 
 DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
@@ -170,6 +170,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         slice_columns=slices, window=(window_start, as_of), dates=tuple(dates), encoding=args.encoding,
         max_count_limit=max_c, objective=args.objective, max_rejected_fraction=args.max_rejected_fraction,
         tau_overrides=tau_overrides, release_period_days=args.release_period, lookback_days=args.lookback_days,
+        special_days=parse_special_days_option(args.special_days),
         guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor,
                               args.max_count_limit_change))
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from . import options
-from .options import UserError, parse_tau, split_columns
+from .options import UserError, parse_special_days_option, parse_tau, split_columns
 
 if TYPE_CHECKING:  # typing only: keep `araopt optimize --help` fast
     from araopt.io.conversions import ValidationCounts
@@ -62,6 +62,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     tau_overrides = parse_tau(args.tau)
+    special_days = parse_special_days_option(args.special_days)
     check_output_file(args.output, args.overwrite)  # before any work; again before the file is written
     period = args.release_period
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit,  # validates column overlap
@@ -91,7 +92,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
               file=sys.stderr)
     progress("backtest of the candidates: their releases replayed on the history's days (the estimator and the "
              "predicted error)")
-    tuning = calibrate(run.chosen, run.calibration, period)
+    tuning = calibrate(run.chosen, run.calibration, period, special_days)
     version = tuning.version
     params = version.params
     result = tuning.optimization

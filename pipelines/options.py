@@ -111,6 +111,10 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("tau", "RMSRE_tau thresholds as NAME=VALUE pairs, e.g. count=5,value=200; every query not named keeps "
        "the default rule: count 5, each value query 5 x its median per conversion in the history (Sec. 5.1).",
        metavar="Q=T,..."),
+    _o("special_days", "Declared special days (holidays, sales) as YYYY-MM-DD,...: the calibration gives them "
+       "their own effect on the retention ratios (beside the day-of-week effects) and a release of such a day "
+       "uses it; recorded in the parameter version.", metavar="DATES", label="Special days",
+       regex=r"^([0-9]{4}-[0-9]{2}-[0-9]{2})?(,[0-9]{4}-[0-9]{2}-[0-9]{2})*$"),
     _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
        "(the paper's Alg. 6).", default=core.L1_ROUNDING, choices=("randomized", "floor")),
     _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
@@ -286,7 +290,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
         ("history", "slices", "values", ("epsilon", {"required": True}), "output", "release_period",
          ("lookback", {"help": "Earlier conversions (Parquet) read only to rank each history conversion within its "
                                "impression's whole life (as the browser caps a source); not part of the history."}),
-         "encoding", "max_count_limit", "objective", "tau",
+         "encoding", "max_count_limit", "objective", "tau", "special_days",
          "l1_rounding", "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "evaluate": Command(
@@ -315,7 +319,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "release_period", "lookback_days", "encoding",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",
-         "tau", "max_rejected_fraction", "num_shards", "shuffle", "no_progress"),
+         "tau", "special_days", "max_rejected_fraction", "num_shards", "shuffle", "no_progress"),
         beam=True),
     "synth": Command(
         "pipelines.synth", "run_synth", "the paper's synthetic conversion logs (Sec. 5.3)",
@@ -523,6 +527,16 @@ def parse_tau(text: str | None) -> dict[str, float]:
         if not sep or not name.strip():
             raise InvalidParameters(f"--tau expects NAME=VALUE pairs such as count=5,value=200, got {part!r}")
     return out
+
+
+def parse_special_days_option(text: str | None) -> tuple[str, ...]:
+    """``--special-days 2026-11-27,2026-12-24`` -> sorted unique ISO dates (a bad date: one-line error)."""
+    from araopt.calibration.calendar import parse_special_days
+
+    try:
+        return parse_special_days(text)
+    except ValueError as exc:
+        raise UserError(f"--special-days: {exc}") from None
 
 
 # ---- parsers ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from araopt.calibration.accumulator import (
     retained_values,
 )
 from araopt.calibration.backtest import Backtest, backtest
+from araopt.calibration.calendar import Calendar, CalendarAdjustment, fit_calendar, parse_special_days
 from araopt.calibration.correct import CorrectedEstimates, convolved_loss_quantiles, correct, period_blocks_for
 from araopt.calibration.fit import calibrate, fit_calibration, shrink
 from araopt.calibration.model import (
@@ -29,9 +30,10 @@ from araopt.calibration.model import (
 )
 
 __all__ = [
-    "CALIBRATION_FORMAT", "KAPPA_PSEUDO_CONVERSIONS", "METHOD", "MIN_RATIO", "Backtest", "Calibration",
-    "CalibrationAccumulator", "CalibrationStatistics", "CandidatesCombiner", "CorrectedEstimates",
-    "accumulate_candidates", "add_conversions", "backtest", "calibrate", "calibration_statistics", "compact",
-    "convolved_loss_quantiles", "correct", "create_accumulator", "day_blocks", "extract_output", "fit_calibration",
-    "history_blocks", "merge_accumulators", "period_blocks_for", "retained_values", "retention_checksum", "shrink",
+    "Backtest", "CALIBRATION_FORMAT", "Calendar", "CalendarAdjustment", "Calibration", "CalibrationAccumulator",
+    "CalibrationStatistics", "CandidatesCombiner", "CorrectedEstimates", "KAPPA_PSEUDO_CONVERSIONS", "METHOD",
+    "MIN_RATIO", "accumulate_candidates", "add_conversions", "backtest", "calibrate", "calibration_statistics",
+    "compact", "convolved_loss_quantiles", "correct", "create_accumulator", "day_blocks", "extract_output",
+    "fit_calendar", "fit_calibration", "history_blocks", "merge_accumulators", "parse_special_days",
+    "period_blocks_for", "retained_values", "retention_checksum", "shrink",
 ]

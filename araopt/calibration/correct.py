@@ -11,6 +11,7 @@ import pandas as pd
 from scipy import special as sp_special
 from scipy import stats as sp_stats
 
+from araopt.calibration.calendar import Calendar
 from araopt.calibration.model import MIN_RATIO, Calibration
 from araopt.mechanism.keys import KeyDomain, slice_value
 from araopt.mechanism.params import Params
@@ -45,6 +46,8 @@ class CorrectedEstimates:
     confidence: float
     period_blocks: int
     retention_checksum: str
+    calendar_note: str | None = None  # the calibration cannot support the period's days (console, once)
+    calendar_applied: bool = False    # the period's day-type effects shifted the ratios
 
     def to_frame(self, slice_values: Mapping[str, Sequence[Any]] | None = None) -> pd.DataFrame:
         """Long format: one row per slice and query with estimate, std_error, ci_*, capped_*, ratio."""
@@ -74,13 +77,17 @@ def _slice_rows(slices: KeyDomain | Mapping[str, Sequence[Any]], columns: tuple[
 
 
 def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | Mapping[str, Sequence[Any]],
-            params: Params | None = None, period_blocks: int = 1, confidence: float | None = None) -> CorrectedEstimates:
+            params: Params | None = None, period_blocks: int = 1, confidence: float | None = None,
+            calendar: Calendar | None = None, period_days: Sequence[Any] | None = None) -> CorrectedEstimates:
     """T_hat = U / r_hat per slice and query, with the delta-method standard error (module docstring).
 
     ``slices``: the domain of the estimates (``KeyDomain``) or its slice values per column, in row
     order. ``params`` (recommended) is checked against the calibration's checksum. ``period_blocks``:
     how many calibration blocks the measured period spans. Slices the calibration never saw use the
     pooled ratio with the wider unseen variance; they are counted in ``fallback_slices``.
+    ``calendar`` and ``period_days`` (the measured period's dates, known from how it was cut, never
+    from its rows): the period's day-type effects shift the ratios and their variance replaces the
+    marginal period variance (``calibration.calendar``); without them the period is any P blocks.
     """
     if params is not None:
         calibration.check_params(params)
@@ -107,9 +114,16 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     kappa = np.where(seen[:, None], calibration.kappa[safe], calibration.pooled_kappa[None, :])
     fallback = ~seen[:, None] | ~np.where(seen[:, None], calibration.observed[safe], False)
     loss_rate = np.where(seen[:, None], calibration.loss_rate[safe], calibration.pooled_loss_rate[None, :])
+    period_var = calibration.period(period_blocks)
+    note, applied = None, False
+    if calendar is not None and period_days is not None:
+        calendar.check_calibration(calibration)
+        adjustment = calendar.adjustment(period_days, calibration)
+        ratio = ratio + adjustment.shift[None, :]
+        period_var, note, applied = adjustment.variance, adjustment.note(), adjustment.effects_applied
     ratio = np.clip(ratio, MIN_RATIO, 1.0)
     n_hat = np.maximum(U[:, 0] / ratio[:, 0], 1.0)
-    var_other = (var_long + calibration.period(period_blocks)[None, :]
+    var_other = (var_long + period_var[None, :]
                  + calibration.interaction_variance[None, :] / period_blocks)
     var_sampling = kappa / n_hat[:, None]
     est = U / ratio
@@ -138,6 +152,7 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
         capped_std_error=se.copy(), ratio=ratio, ratio_std_error=np.sqrt(var_other + var_sampling), fallback=fallback,
         fallback_slices=int(fallback.any(axis=1).sum()), query_names=calibration.query_names, confidence=conf,
         period_blocks=int(period_blocks), retention_checksum=calibration.retention_checksum,
+        calendar_note=note, calendar_applied=applied,
     )
 
 

@@ -22,6 +22,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -133,10 +134,12 @@ def monte_carlo_rmsre(params: Params, conversions: Conversions, runs: int, seed:
     return MonteCarloResult(analytic, empirical, se_sq / (2.0 * max(empirical, 1e-300)), runs)
 
 
-def corrected_rmsre(version: ParameterVersion, conversions: Conversions, taus: np.ndarray | None = None) -> RmsreTau:
+def corrected_rmsre(version: ParameterVersion, conversions: Conversions, taus: np.ndarray | None = None,
+                    period_days: Sequence[Any] | None = None) -> RmsreTau:
     """Expected RMSRE_tau of the estimates ``araopt measure`` releases for ``version`` (with its
     calibration: U / r_hat, or U when ``correction`` is none) on test records; the ratio r_hat is fixed
-    by the calibration, so E = X / r_hat and Var = Var(U) / r_hat^2 exactly."""
+    by the calibration (and the calendar, for a release of ``period_days``), so E = X / r_hat and
+    Var = Var(U) / r_hat^2 exactly."""
     params = version.params
     t = _metric_taus(params, conversions, taus)
     model = conversions_breakdown(params, conversions)
@@ -145,7 +148,8 @@ def corrected_rmsre(version: ParameterVersion, conversions: Conversions, taus: n
     domain = _domain(params, conversions)
     stub = Estimates(model.expected, np.sqrt(model.variance), model.expected, model.expected,
                      ("count",) + params.query_columns, 0.95)
-    ratio = true_totals(stub, version.calibration, domain, params).ratio
+    ratio = true_totals(stub, version.calibration, domain, params, calendar=version.calendar,
+                        period_days=period_days).ratio
     return rmsre_tau(ErrorBreakdown(model.truth, model.expected / ratio, model.variance / ratio**2), t)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from araopt.calibration.accumulator import CalibrationStatistics
 from araopt.calibration.backtest import backtest
+from araopt.calibration.calendar import fit_calendar
 from araopt.calibration.fit import fit_calibration
 from araopt.calibration.model import retention_checksum
 from araopt.constants import L1_ROUNDING, MAX_COUNT_LIMIT, OBJECTIVE
@@ -197,24 +198,28 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
     return TuningResult(finish(result, choice), result, base, tau_rule, alternatives)
 
 
-def attach_calibration(version: ParameterVersion, calibration_statistics: CalibrationStatistics | None
-                       ) -> ParameterVersion:
-    """``version`` carrying the calibration fitted on the history for exactly its bounding."""
+def attach_calibration(version: ParameterVersion, calibration_statistics: CalibrationStatistics | None,
+                       special_days: Sequence[str] = ()) -> ParameterVersion:
+    """``version`` carrying the calibration fitted on the history for exactly its bounding, and the
+    history's day-of-week and ``special_days`` effects on it (``calibration.calendar``; blocks are days)."""
     if calibration_statistics is None:
         return version
-    return dataclasses.replace(version, calibration=fit_calibration(calibration_statistics))
+    calibration = fit_calibration(calibration_statistics)
+    return dataclasses.replace(version, calibration=calibration,
+                               calendar=fit_calendar(calibration_statistics, calibration, special_days))
 
 
 def calibrate(result: TuningResult,
               calibration_statistics: CalibrationStatistics | Sequence[CalibrationStatistics] | None,
-              release_period_days: float | None = None) -> TuningResult:
+              release_period_days: float | None = None, special_days: Sequence[str] = ()) -> TuningResult:
     """The tuning result with the history's calibration attached and, when the history holds at least
     ``MIN_BACKTEST_BLOCKS`` windows of one release period (calibration blocks are UTC days), the
     parameters and estimator chosen and the error predicted by replaying releases of that period on
     the history's own days (``calibration.backtest``, each day's correction learnt without it): the
     model's prediction assumes a period's truth, loss and volume vary independently; the replay does
     not. ``calibration_statistics``: one per ``result.candidates`` (or one for the chosen version),
-    each accumulated with ``fitted_for`` its version's checksum."""
+    each accumulated with ``fitted_for`` its version's checksum; ``special_days``: the operator's declared
+    special days (ISO dates), modelled as their own day type."""
     if calibration_statistics is None:
         return result
     stats_list: list[CalibrationStatistics] = (
@@ -225,7 +230,7 @@ def calibrate(result: TuningResult,
     candidates = result.candidates[:len(stats_list)]
     scored: list[tuple[float, ParameterVersion, OptimizationResult]] = []
     for (version, search), cal_stats in zip(candidates, stats_list, strict=True):
-        version = attach_calibration(version, cal_stats)
+        version = attach_calibration(version, cal_stats, special_days)
         blocks = cal_stats.cells.shape[1]
         period = int(round(release_period_days)) if release_period_days is not None else blocks
         if not (1 <= period and blocks - period + 1 >= MIN_BACKTEST_BLOCKS) or version.params.encoding == "baseline":
