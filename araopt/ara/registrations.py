@@ -75,15 +75,15 @@ def destination_site(url: str) -> str:
     parsed = urlsplit(str(url).strip())
     scheme, host = parsed.scheme.lower(), (parsed.hostname or "").lower().rstrip(".")
     if scheme not in ("https", "http") or not host:
-        raise ValueError(f"--destination must be an http(s) URL with a host, got {url!r}")
+        raise InvalidParameters(f"--destination must be an http(s) URL with a host, got {url!r}")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
         ip = None
     local = host == "localhost" or host.endswith(".localhost") or (ip is not None and ip.is_loopback)
     if scheme == "http" and not local:
-        raise ValueError(f"--destination {url!r}: Chrome refuses it (URL must use HTTP/HTTPS and be potentially "
-                         f"trustworthy): use https://")
+        raise InvalidParameters(f"--destination {url!r}: Chrome refuses it (URL must use HTTP/HTTPS and be potentially "
+                                f"trustworthy): use https://")
     if ip is not None:
         return f"{scheme}://{host if ip.version == 4 else '[' + host + ']'}"
     if local:
@@ -92,7 +92,7 @@ def destination_site(url: str) -> str:
 
     registrable = PublicSuffixList().privatesuffix(host)
     if registrable is None:
-        raise ValueError(f"--destination {url!r}: {host!r} is a public suffix, not a site")
+        raise InvalidParameters(f"--destination {url!r}: {host!r} is a public suffix, not a site")
     return f"{scheme}://{registrable}"
 
 _HEX_PIECE = re.compile(r"^0[xX][0-9A-Fa-f]{1,32}$")
@@ -124,7 +124,7 @@ def aggregation_key_names(params: Params) -> tuple[str, ...]:
 def key_piece_hex(piece: int) -> str:
     """ARA key-piece string: ``0x`` + 1..32 lower-case hex digits (no padding)."""
     if not 0 <= piece < 2**ARA_MAX_KEY_BITS:
-        raise ValueError(f"key piece {piece} does not fit in {ARA_MAX_KEY_BITS} bits")
+        raise InvalidParameters(f"key piece {piece} does not fit in {ARA_MAX_KEY_BITS} bits")
     return f"0x{piece:x}"
 
 
@@ -273,7 +273,7 @@ def check_domain_matches(params: Params, domain: KeyDomain) -> None:
         problems.append(f"conversion slice columns {sorted(domain.conversion_slice_columns)} != "
                         f"{sorted(params.conversion_slice_columns)}")
     if problems:
-        raise ValueError("key map does not match the parameter file: " + "; ".join(problems))
+        raise InvalidInput("key map does not match the parameter file: " + "; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -379,10 +379,10 @@ class SourceEncoder:
         try:
             key = tuple(impression_slice[c] for c in self.columns)
         except KeyError as exc:
-            raise ValueError(f"impression slice value for column {exc.args[0]!r} is missing") from None
+            raise InvalidInput(f"impression slice value for column {exc.args[0]!r} is missing") from None
         i = self._index.get(tuple(_py(v) for v in key))
         if i is None:  # (key may have the wrong length here: show what pairs up)
-            raise ValueError(f"impression slice {dict(zip(self.columns, key, strict=False))} is not in the key domain")
+            raise InvalidInput(f"impression slice {dict(zip(self.columns, key, strict=False))} is not in the key domain")
         return i
 
     def row_index(self, dictionary_indices: Sequence[int]) -> int:
@@ -396,7 +396,7 @@ class SourceEncoder:
         if extra:
             clash = set(extra) & set(out)
             if clash:
-                raise ValueError(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
+                raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
             out.update(extra)
         return out
 
@@ -493,7 +493,7 @@ class TriggerEncoder:
         if uniforms is not None:
             u = [float(x) for x in uniforms]
             if len(u) < k or any(not 0.0 <= x < 1.0 for x in u[:k]):
-                raise ValueError(f"need {k} uniforms on [0, 1), got {uniforms!r}")
+                raise InvalidParameters(f"need {k} uniforms on [0, 1), got {uniforms!r}")
             return u
         if k == 0:
             return []
@@ -503,7 +503,7 @@ class TriggerEncoder:
             return cast(list[float], rng.random(k).tolist())
         if isinstance(rng, random.Random):
             return [rng.random() for _ in range(k)]
-        raise ValueError(f"rng must be a numpy Generator or random.Random, got {type(rng).__name__}")
+        raise InvalidParameters(f"rng must be a numpy Generator or random.Random, got {type(rng).__name__}")
 
     def _values(self, values: Mapping[str, float]) -> list[float]:
         out = []
@@ -511,11 +511,11 @@ class TriggerEncoder:
             try:
                 v = float(values[q])
             except KeyError:
-                raise ValueError(f"value of query {q!r} is missing") from None
+                raise InvalidInput(f"value of query {q!r} is missing") from None
             except (TypeError, ValueError):
-                raise ValueError(f"value of query {q!r} must be a number, got {values[q]!r}") from None
+                raise InvalidInput(f"value of query {q!r} must be a number, got {values[q]!r}") from None
             if not math.isfinite(v) or v < 0:
-                raise ValueError(f"value of query {q!r} must be finite and >= 0, got {values[q]!r}")
+                raise InvalidInput(f"value of query {q!r} must be finite and >= 0, got {values[q]!r}")
             out.append(v)
         return out
 
@@ -572,10 +572,10 @@ class TriggerEncoder:
         combo = []
         for c, lookup in zip(self.columns, self._lookup, strict=True):
             if c not in sv:
-                raise ValueError(f"conversion slice value for column {c!r} is missing")
+                raise InvalidInput(f"conversion slice value for column {c!r} is missing")
             i = lookup.get(_py(sv[c]))
             if i is None:
-                raise ValueError(f"conversion slice value {sv[c]!r} of column {c!r} is not in the key domain")
+                raise InvalidInput(f"conversion slice value {sv[c]!r} of column {c!r} is not in the key domain")
             combo.append(i)
         key = tuple(combo)
         found = self._pieces.get(key)
@@ -588,7 +588,8 @@ class TriggerEncoder:
         values: dict[str, int] = {}
         for name, piece, w in zip(self.key_names, pieces, contribution, strict=True):
             if not 0 <= w <= ARA_MAX_VALUE:  # never emit JSON ARA would reject (an encoder bug, Lemma 4.1)
-                raise ValueError(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: {tuple(contribution)}")
+                raise InvalidInput(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: "
+                                   f"{tuple(contribution)}")
             if w:
                 values[name] = int(w)
                 if piece is not None:
@@ -597,7 +598,7 @@ class TriggerEncoder:
         if extra:
             clash = set(extra) & set(out)
             if clash:
-                raise ValueError(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
+                raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
             out.update(extra)
         return out
 
@@ -697,12 +698,12 @@ def _unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def validate_source_registration(reg: Mapping[str, Any]) -> None:
     """Check the aggregation part of a source registration against ARA's header rules (ValueError)."""
     if "destination" not in reg:
-        raise ValueError("source registration: 'destination' is required")
+        raise InvalidInput("source registration: 'destination' is required")
     keys = reg.get("aggregation_keys", {})
     if not isinstance(keys, Mapping):
-        raise ValueError("source registration: aggregation_keys must be an object")
+        raise InvalidInput("source registration: aggregation_keys must be an object")
     if len(keys) > ARA_MAX_KEYS_PER_SOURCE:
-        raise ValueError(f"source registration: {len(keys)} aggregation keys > {ARA_MAX_KEYS_PER_SOURCE}")
+        raise InvalidInput(f"source registration: {len(keys)} aggregation keys > {ARA_MAX_KEYS_PER_SOURCE}")
     for name, piece in keys.items():
         _check_name(name)
         _check_piece(piece)
@@ -714,29 +715,29 @@ def validate_trigger_registration(reg: Mapping[str, Any]) -> None:
         _check_piece(entry.get("key_piece"))
         names = entry.get("source_keys", [])
         if not isinstance(names, list):
-            raise ValueError("trigger registration: source_keys must be a list")
+            raise InvalidInput("trigger registration: source_keys must be a list")
         for name in names:
             _check_name(name)
     values = reg.get("aggregatable_values", {})
     if not isinstance(values, Mapping):
-        raise ValueError("trigger registration: aggregatable_values must be an object")
+        raise InvalidInput("trigger registration: aggregatable_values must be an object")
     for name, v in values.items():
         _check_name(name)
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= ARA_MAX_VALUE:
-            raise ValueError(f"trigger registration: aggregatable value {name!r} = {v!r} is not an integer "
-                             f"in [1, {ARA_MAX_VALUE}]")
+            raise InvalidInput(f"trigger registration: aggregatable value {name!r} = {v!r} is not an integer "
+                               f"in [1, {ARA_MAX_VALUE}]")
     total = sum(values.values())
     if total > ARA_CONTRIBUTION_BUDGET:
-        raise ValueError(f"trigger registration: values total {total} > {ARA_CONTRIBUTION_BUDGET}")
+        raise InvalidInput(f"trigger registration: values total {total} > {ARA_CONTRIBUTION_BUDGET}")
 
 
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or len(name) > ARA_MAX_KEY_NAME_LENGTH:
-        raise ValueError(f"aggregation key name {name!r} must be a string of at most {ARA_MAX_KEY_NAME_LENGTH} characters")
+        raise InvalidInput(f"aggregation key name {name!r} must be a string of at most {ARA_MAX_KEY_NAME_LENGTH} characters")
 
 
 def _check_piece(piece: Any) -> None:
     if not isinstance(piece, str) or not _HEX_PIECE.match(piece):
-        raise ValueError(f"key piece {piece!r} must be '0x' followed by 1 to 32 hex digits")
+        raise InvalidInput(f"key piece {piece!r} must be '0x' followed by 1 to 32 hex digits")
 
 

@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from araopt.errors import InvalidInput
 from araopt.io.folders import OutputFolder, ParquetShardWriter
 
 CRITEO_COLUMNS: tuple[str, ...] = (
@@ -141,7 +142,7 @@ def _open(path: str, block_size: int, bad_rows: list[tuple[int | None, int, int]
 def _raise_bad_row(path: str, bad_rows: list[tuple[int | None, int, int]]) -> None:
     number, actual, expected = bad_rows[0]
     where = f"line {number}" if number is not None else "a line"
-    raise ValueError(f"{path}: {where}: expected {expected} tab-separated columns, found {actual}")
+    raise InvalidInput(f"{path}: {where}: expected {expected} tab-separated columns, found {actual}")
 
 
 def _arrow_error(path: str, e: pa.ArrowInvalid) -> ValueError:
@@ -231,7 +232,7 @@ def iter_criteo(path: str | os.PathLike[str], *, include_non_converting: bool = 
     """Stream (log rows, dead letters, dropped non-converting count) per parsed block."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise ValueError(f"Criteo file {path!r} does not exist")
+        raise InvalidInput(f"Criteo file {path!r} does not exist")
     bad_rows: list[tuple[int | None, int, int]] = []
     first_line = 1
     try:
@@ -269,7 +270,7 @@ def _check_empty_lines(path: str, batch: pa.RecordBatch, first_line: int) -> Non
         empty &= col.is_null().to_numpy(zero_copy_only=False)
     if empty.any():
         n = first_line + int(np.argmax(empty))
-        raise ValueError(f"{path}: line {n}: expected {len(CRITEO_COLUMNS)} tab-separated columns, found 1 (empty line)")
+        raise InvalidInput(f"{path}: line {n}: expected {len(CRITEO_COLUMNS)} tab-separated columns, found 1 (empty line)")
 
 
 def _account(stats: CriteoStats, table: pa.Table, dead: pa.Table, dropped: int) -> None:
