@@ -20,9 +20,10 @@ demo: venv
 test: venv
 	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
 
-# The fast lane: the core and transform unit tests, without the end-to-end jobs (marked slow), on both cores.
+# The fast lane: the core and transform unit tests on both cores, without the end-to-end jobs (marked slow), the
+# Monte-Carlo, distribution and brute-force checks (statistical) and the plots (rendering); `make test` runs them all.
 test-fast: venv
-	@$(PY) -m pytest -q -m "not slow" -n 2; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
+	@$(PY) -m pytest -q -m "not slow and not statistical and not rendering" -n 2; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc
 
 # Static checks (configuration in pyproject.toml): ruff on the whole tree, mypy on araopt/ (strict), transforms/,
 # pipelines/, and the import contracts of the layers (import-linter).

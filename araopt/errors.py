@@ -1,11 +1,13 @@
 """araopt's refusals and the checks shared by every layer. Every refusal is a ``ValueError`` (so a
-caller that catches ``ValueError`` still catches it) of one of four kinds, and names what it refuses:
+caller that catches ``ValueError`` still catches it) of one of five kinds, and names what it refuses:
 
 * ``InvalidParameters``: a parameter file, a parameter or an option out of its range;
 * ``InvalidInput``: data that breaks its contract (a conversion log, a key map, a report);
 * ``PrivacyRefusal``: something that would weaken a release's guarantee (a domain derived from the
   data it releases, conversions released before, too many rejected rows);
-* ``Unsupported``: a valid combination the code does not model.
+* ``Unsupported``: a valid combination the code does not model;
+* ``OutputRefused``: an output that must not be written: an existing result without ``--overwrite``,
+  something araopt did not write, a folder another run is writing.
 """
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ class PrivacyRefusal(AraoptError):
 
 class Unsupported(AraoptError):
     """A valid combination that is not modelled."""
+
+
+class OutputRefused(AraoptError):
+    """An output that would replace a result without ``--overwrite``, or something araopt did not write."""
 
 
 def is_positive_finite(x: Any) -> bool:

@@ -45,10 +45,11 @@ from araopt.ara.registrations import (
     key_map_json,
     trigger_batch,
 )
-from araopt.errors import check_epsilon
+from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.io import avro, jsonio, outputs
 from araopt.io.conversions import Conversions
 from araopt.io.files import atomic_write
+from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_output_file, check_target
 from araopt.mechanism.encoding import encode
 from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import KeyDomain
@@ -59,7 +60,6 @@ from araopt.publication import histogram_buckets
 from araopt.version import ParameterVersion
 
 from . import options
-from .options import UserError
 from .runner import localize
 
 
@@ -123,11 +123,10 @@ def _export(args: argparse.Namespace) -> int:
     version = load_version(args.params)
     params = version.params
     if args.simulation_seed is not None and args.simulation_seed < 0:
-        raise ValueError(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
+        raise InvalidParameters(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
-        raise ValueError("--simulation-seed only applies to triggers, which need --conversions")
-    if os.path.exists(os.path.join(args.output, "key_map.json")) and not args.overwrite:
-        raise ValueError(f"{args.output} already holds an export (key_map.json); pass --overwrite to replace it")
+        raise InvalidParameters("--simulation-seed only applies to triggers, which need --conversions")
+    check_target(args.output, args.overwrite, EXPORT_FOLDER)  # before any work; again at commit
     destination = destination_site(args.destination)
     if destination != args.destination.rstrip("/"):
         _warn(prog, f"--destination {args.destination} is registered as its site {destination} (as Chrome does)")
@@ -142,8 +141,8 @@ def _export(args: argparse.Namespace) -> int:
         _warn(prog, f"the output domain lists exactly the slices present in {args.conversions}: use it for the "
                     f"Aggregation Service only if that log is history, never the data being released")
     else:
-        raise ValueError("export-ara needs the key domain: pass --key-map M, parameters that carry a domain "
-                         "(araopt nightly / optimize), or --conversions LOG (its slices)")
+        raise InvalidParameters("export-ara needs the key domain: pass --key-map M, parameters that carry a domain "
+                                "(araopt nightly / optimize), or --conversions LOG (its slices)")
     check_ara_limits(params, domain)
     sources = SourceEncoder(version, domain, destination)
     triggers = TriggerEncoder(version, domain)
@@ -157,52 +156,57 @@ def _export(args: argparse.Namespace) -> int:
         encodings = configuration_encodings(conv, params, args.simulation_seed)
         batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices,
                               encodings.reshape(len(conv), -1), conv.record_keys(), sources, triggers)
-    # --- every check passed: write ---
-    os.makedirs(args.output, exist_ok=True)
-    out = lambda name: os.path.join(args.output, name)  # noqa: E731
-    atomic_write(out("key_map.json"), lambda fh: fh.write(jsonio.dumps(key_map_json(version, domain), indent=1)), mode="w")
-    atomic_write(out("key_map.csv"), lambda fh: fh.write(outputs.csv_bytes(domain.key_table())), mode="wb")
-    registrations = (sources.all_registrations() if exploration is None
-                     else arms.source_registrations(sources, exploration))
-    source_doc: dict[str, Any] = {
-        "header": REGISTER_SOURCE, "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(),
-        "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
-        "registrations": registrations}
-    if exploration is not None:
-        source_doc["exploration"] = {**exploration.to_json(), "filter_data_key": arms.ARM_FILTER,
-                                     "rule": "an impression of arm a (Exploration.assign: a keyed hash of its id) "
-                                             "registers source n + a; a main impression its slice's source"}
-    atomic_write(out("sources.json"), lambda fh: fh.write(jsonio.dumps(source_doc, indent=1)), mode="w")
-    avro.write_output_domain(out("output_domain.avro"), histogram_buckets(params, domain))
-    if batch is not None:
-        lines = batch.lines(triggers) if exploration is None else exploring_lines(batch, triggers, exploration, len(sources))
-
-        def write_lines(fh: Any) -> None:
-            for line in lines:
-                fh.write(line)
-                fh.write("\n")
-        atomic_write(out("triggers.jsonl"), write_lines, mode="w")
-    summary = {
-        "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
-        "slices": domain.num_slices, "keys": domain.num_keys, "sources": len(sources),
-        "key_bits": domain.total_bits, "keys_per_source": len(sources.key_names),
-        "trigger_header": REGISTER_TRIGGER, "conversions_read": rows_read, "conversions_rejected": rejected,
-        "triggers": len(batch) if batch is not None else 0,
-        "triggers_skipped": dict(batch.skipped) if batch is not None else {},
-        "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
-        "simulation_seed": args.simulation_seed,
-    }
-    atomic_write(out("export.json"), lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
+    # --- every check passed: write, whole or not at all ---
+    with OutputFolder.prepare(args.output, args.overwrite, prog, EXPORT_FOLDER) as folder:
+        out = lambda name: os.path.join(folder.staging, name)  # noqa: E731
+        with open(out("key_map.json"), "w", encoding="utf-8") as fh:
+            fh.write(jsonio.dumps(key_map_json(version, domain), indent=1))
+        with open(out("key_map.csv"), "wb") as fh:
+            fh.write(outputs.csv_bytes(domain.key_table()))
+        registrations = (sources.all_registrations() if exploration is None
+                         else arms.source_registrations(sources, exploration))
+        source_doc: dict[str, Any] = {
+            "header": REGISTER_SOURCE, "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(),
+            "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
+            "registrations": registrations}
+        if exploration is not None:
+            source_doc["exploration"] = {**exploration.to_json(), "filter_data_key": arms.ARM_FILTER,
+                                         "rule": "an impression of arm a (Exploration.assign: a keyed hash of its id) "
+                                                 "registers source n + a; a main impression its slice's source"}
+        with open(out("sources.json"), "w", encoding="utf-8") as fh:
+            fh.write(jsonio.dumps(source_doc, indent=1))
+        avro.write_output_domain(out("output_domain.avro"), histogram_buckets(params, domain))
+        if batch is not None:
+            lines = (batch.lines(triggers) if exploration is None
+                     else exploring_lines(batch, triggers, exploration, len(sources)))
+            with open(out("triggers.jsonl"), "w", encoding="utf-8") as fh:
+                for line in lines:
+                    fh.write(line)
+                    fh.write("\n")
+        summary = {
+            "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
+            "slices": domain.num_slices, "keys": domain.num_keys, "sources": len(sources),
+            "key_bits": domain.total_bits, "keys_per_source": len(sources.key_names),
+            "trigger_header": REGISTER_TRIGGER, "conversions_read": rows_read, "conversions_rejected": rejected,
+            "triggers": len(batch) if batch is not None else 0,
+            "triggers_skipped": dict(batch.skipped) if batch is not None else {},
+            "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
+            "simulation_seed": args.simulation_seed,
+        }
+        with open(out("export.json"), "w", encoding="utf-8") as fh:
+            fh.write(jsonio.dumps(summary, indent=1))
+        folder.commit({"command": "export-ara", "params_sha256": version.checksum()})
     for w in ara_warnings(params, domain):
         _warn(prog, w)
     if batch is not None and batch.skipped:
         _warn(prog, f"conversions without a trigger (slice values outside the key map): {dict(batch.skipped)}")
     if rejected:
         _warn(prog, f"invalid conversion rows skipped: {rejected}")
-    files = "key_map.json/.csv, sources.json, output_domain.avro" + (", triggers.jsonl" if batch is not None else "")
+    files = ("key_map.json/.csv, sources.json, output_domain.avro" + (", triggers.jsonl" if batch is not None else "")
+             + ", export.json, _manifest.json")
     print(f"{prog}: {len(sources)} source registrations, {domain.num_keys} buckets ({domain.num_slices} slices x "
-          f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files}, "
-          f"export.json under {args.output}")
+          f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files} "
+          f"under {args.output}")
     return 0
 
 
@@ -241,9 +245,8 @@ def run_reconstruct(argv: Sequence[str] | None = None) -> int:
 def _reconstruct(args: argparse.Namespace) -> int:
     prog = "araopt reconstruct"
     if not (math.isfinite(args.confidence) and 0.0 < args.confidence < 1.0):
-        raise ValueError(f"--confidence must lie in (0, 1), got {args.confidence}")
-    if os.path.exists(args.output) and not args.overwrite:
-        raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
+        raise InvalidParameters(f"--confidence must lie in (0, 1), got {args.confidence}")
+    check_output_file(args.output, args.overwrite)
     file_version = load_version(args.params)
     version = (file_version if args.epsilon is None
                else file_version.with_epsilon(check_epsilon(args.epsilon, "--epsilon")))
@@ -259,13 +262,13 @@ def _reconstruct(args: argparse.Namespace) -> int:
         conv, _, _ = read_conversion_log(args.conversions, params)
         domain = domain_from_conversions(params, conv)
     else:
-        raise ValueError("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
-                         "--conversions LOG to derive the domain from its slices")
+        raise InvalidParameters("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
+                                "--conversions LOG to derive the domain from its slices")
     data = avro.read_report(args.summary_report)
     frame, counters = estimates_from_summary_report(data.buckets, data.metrics, version, domain, args.confidence)
     if counters.rows and counters.unknown_buckets == counters.rows:
-        raise ValueError(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or parameter "
-                         f"file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
+        raise InvalidInput(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or "
+                           f"parameter file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
     atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary: dict[str, Any] = {"report_kind": data.kind, "files": len(data.paths), **counters.to_json(),
                                "slices": domain.num_slices, "estimates": args.output}

@@ -18,8 +18,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from araopt.errors import InvalidParameters
+
 from . import options
-from .options import UserError, parse_tau, split_columns
+from .options import parse_tau, split_columns
 
 PROG = "araopt evaluate"
 
@@ -33,7 +35,7 @@ def parse_epsilons(text: str) -> list[float]:
 
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
-        raise ValueError("--epsilons must list at least one value")
+        raise InvalidParameters("--epsilons must list at least one value")
     return [check_epsilon(p, "--epsilons") for p in parts]
 
 
@@ -50,6 +52,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.evaluation.evaluate import comparison_table, evaluate_dataset, write_outputs
     from araopt.evaluation.methods import METHODS
     from araopt.io.conversions import concat_periods
+    from araopt.io.folders import EVALUATION_FOLDER, OutputFolder, check_target
     from araopt.io.progress import Progress
     from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
     from araopt.optimize.tune import resolve_taus
@@ -59,19 +62,18 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     epsilons = parse_epsilons(args.epsilons)
     if args.monte_carlo < 0 or args.monte_carlo == 1:
-        raise ValueError(f"--monte-carlo must be 0 (off) or >= 2, got {args.monte_carlo}")
+        raise InvalidParameters(f"--monte-carlo must be 0 (off) or >= 2, got {args.monte_carlo}")
     if len(args.train) != len(args.test):
-        raise ValueError(f"give one --test per --train ({len(args.train)} vs {len(args.test)})")
+        raise InvalidParameters(f"give one --test per --train ({len(args.train)} vs {len(args.test)})")
     names = args.name or [f"dataset{i + 1}" for i in range(len(args.train))]
     if len(names) != len(args.train):
-        raise ValueError(f"give one --name per --train ({len(names)} vs {len(args.train)})")
-    if os.path.isdir(args.output) and os.listdir(args.output) and not args.overwrite:
-        raise UserError(f"{args.output} already holds results; pass --overwrite to replace them")
+        raise InvalidParameters(f"give one --name per --train ({len(names)} vs {len(args.train)})")
+    check_target(args.output, args.overwrite, EVALUATION_FOLDER)  # before any work; again at commit
     tau_overrides = parse_tau(args.tau)
     methods = split_columns(args.methods, "--methods")
     unknown = set(methods) - set(METHODS)
     if unknown:
-        raise ValueError(f"unknown --methods {sorted(unknown)}; known: {', '.join(METHODS)}")
+        raise InvalidParameters(f"unknown --methods {sorted(unknown)}; known: {', '.join(METHODS)}")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     spec = StatisticsSpec(slices, values, max_count_limit=args.max_count_limit)
@@ -79,62 +81,66 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     tests = [check_input(p, slices, values) for p in args.test]
     lookback = check_input(args.lookback, slices, values) if args.lookback else None
 
-    progress = Progress(PROG, enabled=not args.no_progress)
-    evaluations, translated = [], []
-    for i, (name, train, test) in enumerate(zip(names, trains, tests, strict=True)):
-        dead_letter = os.path.join(args.output, "dead_letter", f"{name}-train")
-        progress(f"{name}: statistics of the training log (Beam: {len(train.paths)} file(s), {train.rows:,} rows)")
-        run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
-                                 lookback=lookback, job=f"statistics of {name}", file_suffix=name if i else "")
-        if not isinstance(run, StatisticsRun):  # a dry run: the evaluation needs the statistics it did not compute
-            translated.append(run)
-            continue
-        report_rejections(f"{PROG} ({name}, train)", run.counts, run.dead_letter)
-        train_stats = run.statistics
-        progress(f"{name}: reading the test log ({len(test.paths)} file(s), {test.rows:,} rows)")
-        test_conv, test_counts, rejected = load_conversions(test, slices, values, args.max_rejected_fraction,
-                                                            what="test log")
-        # the browser caps over each impression's life: the training log (and its lookback) is the test's lookback
-        train_conv, _, _ = load_conversions(train, slices, values, args.max_rejected_fraction, what="training log")
-        earlier = train_conv if lookback is None else concat_periods(
-            train_conv, load_conversions(lookback, slices, values, args.max_rejected_fraction, what="lookback")[0])
-        train_full = earlier
-        test_conv = concat_periods(test_conv, earlier)
-        if rejected.num_rows:
-            import pyarrow.parquet as pq
+    folder = OutputFolder.prepare(args.output, args.overwrite, PROG, EVALUATION_FOLDER)
+    with folder:  # whole or absent: written into a staging folder, moved into place at the end
+        progress = Progress(PROG, enabled=not args.no_progress)
+        evaluations, translated = [], []
+        for i, (name, train, test) in enumerate(zip(names, trains, tests, strict=True)):
+            dead_letter = os.path.join(folder.staging, "dead_letter", f"{name}-train")
+            progress(f"{name}: statistics of the training log (Beam: {len(train.paths)} file(s), {train.rows:,} rows)")
+            run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
+                                     lookback=lookback, job=f"statistics of {name}", file_suffix=name if i else "")
+            if not isinstance(run, StatisticsRun):  # a dry run: the evaluation needs the statistics it did not compute
+                translated.append(run)
+                continue
+            report_rejections(f"{PROG} ({name}, train)", run.counts,
+                              folder.final_path(run.dead_letter) if run.dead_letter else None)
+            train_stats = run.statistics
+            progress(f"{name}: reading the test log ({len(test.paths)} file(s), {test.rows:,} rows)")
+            test_conv, test_counts, rejected = load_conversions(test, slices, values, args.max_rejected_fraction,
+                                                                what="test log")
+            # the browser caps over each impression's life: the training log (and its lookback) is the test's lookback
+            train_conv, _, _ = load_conversions(train, slices, values, args.max_rejected_fraction, what="training log")
+            earlier = train_conv if lookback is None else concat_periods(
+                train_conv, load_conversions(lookback, slices, values, args.max_rejected_fraction, what="lookback")[0])
+            train_full = earlier
+            test_conv = concat_periods(test_conv, earlier)
+            if rejected.num_rows:
+                import pyarrow.parquet as pq
 
-            os.makedirs(os.path.join(args.output, "dead_letter"), exist_ok=True)
-            pq.write_table(rejected, os.path.join(args.output, "dead_letter", f"{name}-test.parquet"))
-        report_rejections(f"{PROG} ({name}, test)", test_counts,
-                          os.path.join(args.output, "dead_letter", f"{name}-test.parquet"))
-        test_stats = compute_statistics_in_memory(test_conv, spec)
-        period = float(test_stats.history_days())
-        taus, tau_rule = resolve_taus(train_stats, tau_overrides)
-        print(f"{name}: {tau_rule}", file=sys.stderr)
-        print(f"{name}: {train_stats.num_conversions} training conversions over {train_stats.history_days()} day(s), "
-              f"{test_stats.num_conversions} test conversions over {period:g} day(s): every method is tuned for one "
-              f"release of {period:g} day(s)", file=sys.stderr)
-        evaluations.append(evaluate_dataset(
-            name, train_stats, test_conv, epsilons, test_stats=test_stats, max_count_limit=args.max_count_limit,
-            kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
-            progress=not args.no_progress, taus=taus, train_conversions=train_full, release_period_days=period,
-            stages=progress))
-    if translated:
-        from .runner import dry_run_sentence
+                os.makedirs(os.path.join(folder.staging, "dead_letter"), exist_ok=True)
+                pq.write_table(rejected, os.path.join(folder.staging, "dead_letter", f"{name}-test.parquet"))
+            report_rejections(f"{PROG} ({name}, test)", test_counts,
+                              os.path.join(args.output, "dead_letter", f"{name}-test.parquet"))
+            test_stats = compute_statistics_in_memory(test_conv, spec)
+            period = float(test_stats.history_days())
+            taus, tau_rule = resolve_taus(train_stats, tau_overrides)
+            print(f"{name}: {tau_rule}", file=sys.stderr)
+            print(f"{name}: {train_stats.num_conversions} training conversions over {train_stats.history_days()} day(s), "
+                  f"{test_stats.num_conversions} test conversions over {period:g} day(s): every method is tuned for one "
+                  f"release of {period:g} day(s)", file=sys.stderr)
+            evaluations.append(evaluate_dataset(
+                name, train_stats, test_conv, epsilons, test_stats=test_stats, max_count_limit=args.max_count_limit,
+                kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
+                progress=not args.no_progress, taus=taus, train_conversions=train_full, release_period_days=period,
+                stages=progress))
+        if translated:
+            from .runner import dry_run_sentence
 
-        print(dry_run_sentence(PROG, translated))
-        return 0
-    paths = write_outputs(evaluations, args.output)
-    results = pd.concat([e.results for e in evaluations], ignore_index=True)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
-        print(comparison_table(results).to_string(index=False))
-        if args.monte_carlo:
-            cols = ["dataset", "epsilon", "method", "test_rmsre_tau", "mc_rmsre_tau", "mc_std_error", "mc_z"]
-            cols += [c for c in results.columns if c.startswith("coverage_")]  # of the TRUE totals, nominal 95%
-            print(results[[c for c in cols if c in results.columns]].to_string(index=False))
-        gaps = pd.concat([e.gaps for e in evaluations], ignore_index=True)
-        if not gaps.empty:
-            print(gaps.to_string(index=False))
+            print(dry_run_sentence(PROG, translated))
+            return 0
+        paths = write_outputs(evaluations, folder.staging)
+        folder.commit({"command": "evaluate", "datasets": list(names), "epsilons": epsilons, "methods": list(methods)})
+        results = pd.concat([e.results for e in evaluations], ignore_index=True)
+        with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
+            print(comparison_table(results).to_string(index=False))
+            if args.monte_carlo:
+                cols = ["dataset", "epsilon", "method", "test_rmsre_tau", "mc_rmsre_tau", "mc_std_error", "mc_z"]
+                cols += [c for c in results.columns if c.startswith("coverage_")]  # of the TRUE totals, nominal 95%
+                print(results[[c for c in cols if c in results.columns]].to_string(index=False))
+            gaps = pd.concat([e.gaps for e in evaluations], ignore_index=True)
+            if not gaps.empty:
+                print(gaps.to_string(index=False))
     best = results.loc[results.groupby(["dataset", "epsilon"])["test_rmsre_tau"].idxmin(), "method"]
     leader = "corrected" if "corrected" in set(results["method"]) else "optimized_linf"
     wins = int((best == leader).sum())

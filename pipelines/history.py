@@ -1,7 +1,8 @@
-"""Reading conversion logs for the driver-side jobs (optimize, evaluate, export-ara, reconstruct):
-the statistics side pipeline on Beam (``compute_statistics``), and small logs into memory
-(``load_conversions``). Both validate every row the same way as ``araopt measure`` (dead letter with
-a reason, the rejected-share gate) and print the rejected rows by reason in one line.
+"""Reading conversion logs for the driver-side jobs (optimize, evaluate, export-ara, reconstruct): a
+history's statistics, tuning and calibration in one Beam job (``compute_tuned_history``), its statistics
+alone (``compute_statistics``), and small logs into memory (``load_conversions``). All validate every row
+the same way as ``araopt measure`` (dead letter with a reason, the rejected-share gate) and print the
+rejected rows by reason in one line.
 """
 from __future__ import annotations
 
@@ -113,39 +114,81 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
     return StatisticsRun(values["statistics"], values["counts"], inputs, where)
 
 
-def compute_calibration(inputs: InputFiles, versions: ParameterVersion | Sequence[ParameterVersion],
-                        pipeline_args: Sequence[str] = (),
-                        num_shards: int | None = None, shuffle: str = "auto", lookback: InputFiles | None = None,
-                        job: str = "calibration", file_suffix: str = "") -> Any:
-    """The calibration statistics (``araopt.calibration.model.accumulator``) of a history for fixed parameter
-    versions (one per candidate when ``versions`` is a sequence, as a tuple), on Beam (on a dry run: the
-    translated job, a ``TranslatedJob``)."""
+@dataclass(frozen=True)
+class TunedHistoryRun:
+    """A history's statistics and row accounting, what ``choose`` made of them, and the calibration of
+    the candidate parameter versions it chose: from one read and one shuffle of the history."""
+
+    statistics: SufficientStatistics
+    counts: ValidationCounts
+    inputs: InputFiles
+    chosen: Any
+    """``choose``'s result; None when the history was refused (too many rejected rows)."""
+    calibration: Any
+    """One ``CalibrationStatistics`` per candidate version, in ``choose``'s order."""
+    dead_letter: str | None = None
+
+
+def _gate_and_choose(statistics: SufficientStatistics, counts: ValidationCounts,
+                     choose: Callable[[SufficientStatistics, ValidationCounts], tuple[Any, tuple[ParameterVersion, ...]]],
+                     max_rejected_fraction: float) -> tuple[Any, tuple[ParameterVersion, ...]]:
+    """``choose`` on a history that passes the rejected-share gate; nothing (and no candidate to
+    calibrate) on one that does not: the driver refuses it after the job, in one line."""
+    from araopt.io.conversions import rejected_share_refusal
+
+    if rejected_share_refusal(counts, max_rejected_fraction, what="history") is not None:
+        return None, ()
+    return choose(statistics, counts)
+
+
+def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
+                          choose: Callable[[SufficientStatistics, ValidationCounts],
+                                           tuple[Any, tuple[ParameterVersion, ...]]],
+                          pipeline_args: Sequence[str] = (), max_rejected_fraction: float = 0.10,
+                          num_shards: int | None = None, shuffle: str = "auto", dead_letter: str | None = None,
+                          lookback: InputFiles | None = None, job: str = "history",
+                          file_suffix: str = "") -> TunedHistoryRun | TranslatedJob:
+    """One Beam job over a history, as ``nightly``'s: read and validate, group by impression once, the
+    statistics; ``choose(statistics, counts)`` (a picklable callable, run once in the job) returns its
+    result and the candidate parameter versions, calibrated on the same grouped shards. The result comes
+    back to the driver (on a dry run: the translated job); a history with too many rejected rows is
+    refused after the job (``check_rejected_share``) without being tuned."""
     import apache_beam as beam
 
-    from araopt.version import ParameterVersion
+    from araopt.io.conversions import check_rejected_share
     from transforms.calibration import ComputeCalibration
     from transforms.io import auto_num_shards
+    from transforms.statistics import StatisticsFromShards
     from transforms.validate import ReadAndValidate
 
-    candidates: tuple[ParameterVersion, ...] = (versions,) if isinstance(versions, ParameterVersion) else tuple(versions)
-    many = not isinstance(versions, ParameterVersion)
-    first = candidates[0].params
+    from .runner import is_local_runner, pipeline_options, worker_writable
+
     shards = num_shards or auto_num_shards(inputs.rows)
+    opts = pipeline_options(list(pipeline_args))
+    local = is_local_runner(opts)
+    dead_letter = worker_writable(opts, dead_letter) if dead_letter else None
 
     def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
-        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, first.slice_columns, first.query_columns,
-                                                            num_shards=shards, spill_dir=shuffle_dir,
-                                                            impression_slice_columns=first.impression_slice_columns,
+        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
+                                                            dead_letter, num_shards=shards, spill_dir=shuffle_dir,
+                                                            one_dead_letter_file=local,
                                                             lookback_paths=lookback.paths if lookback else ())
-        grouped = read["grouped"]
-        chosen = pipeline | "Params" >> beam.Create([candidates])
-        return {"calibration": grouped | "Calibration" >> ComputeCalibration(chosen, first.slice_columns,
-                                                                             first.query_columns)}
+        grouped, counts = read["grouped"], read["counts"]
+        statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
+        decision = statistics | "Choose" >> beam.Map(_gate_and_choose, beam.pvalue.AsSingleton(counts), choose,
+                                                     max_rejected_fraction)
+        candidates = decision | "Candidates" >> beam.Map(lambda d: d[1])
+        calibration = grouped | "Calibration" >> ComputeCalibration(candidates, spec.slice_columns, spec.value_columns)
+        return {"counts": counts, "statistics": statistics, "chosen": decision | "Chosen" >> beam.Map(lambda d: d[0]),
+                "calibration": calibration}
 
     values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
     if not isinstance(values, dict):
         return values
-    return values["calibration"] if many else values["calibration"][0]
+    check_rejected_share(values["counts"], max_rejected_fraction, what="history")
+    where = None if dead_letter is None else dead_letter + (".parquet" if local else "-*.parquet")
+    return TunedHistoryRun(values["statistics"], values["counts"], inputs, values["chosen"], values["calibration"],
+                           where)
 
 
 def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], value_columns: Sequence[str],

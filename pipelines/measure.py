@@ -34,7 +34,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.constants import MAX_SLICES
-from araopt.errors import check_epsilon
+from araopt.errors import PrivacyRefusal, check_epsilon
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import type_family
 from araopt.io.progress import Progress
@@ -180,15 +180,15 @@ def resolve_domain(args: argparse.Namespace, version: ParameterVersion, inputs: 
               "simulation mode; a real release needs --domain)", file=sys.stderr)
         return None, "derived from the data (simulation only)"
     else:
-        raise UserError("a release needs a declared key domain: pass --domain (a key map, or a .csv/.json file "
-                        "listing slice values), or parameters that carry one (araopt nightly and optimize publish "
-                        "the history's domain); deriving it from the data being released is allowed only with "
-                        "--simulation-seed")
+        raise PrivacyRefusal("a release needs a declared key domain: pass --domain (a key map, or a .csv/.json file "
+                             "listing slice values), or parameters that carry one (araopt nightly and optimize publish "
+                             "the history's domain); deriving it from the data being released is allowed only with "
+                             "--simulation-seed")
     if domain.origin == DATA and args.simulation_seed is None:
-        raise UserError(f"the domain from {origin} was derived from a conversion log (key map origin 'data', e.g. "
-                        f"written by export-ara --conversions): a release over the slices of the data it releases "
-                        f"reveals which slices occur; declare the domain (a .csv/.json list of slices, or the "
-                        f"parameter version's history domain), or pass --simulation-seed")
+        raise PrivacyRefusal(f"the domain from {origin} was derived from a conversion log (key map origin 'data', e.g. "
+                             f"written by export-ara --conversions): a release over the slices of the data it releases "
+                             f"reveals which slices occur; declare the domain (a .csv/.json list of slices, or the "
+                             f"parameter version's history domain), or pass --simulation-seed")
     max_slices = args.max_slices
     if domain.num_slices > max_slices:
         raise UserError(f"the domain from {origin} has {domain.num_slices:,} slices, more than --max-slices {max_slices:,}")

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.errors import check_epsilon
+from araopt.errors import InvalidInput, check_epsilon
 from araopt.io import jsonio
 from araopt.io.conversions import ValidationCounts
 from araopt.io.progress import Progress
@@ -121,7 +121,7 @@ class _CalibrateReportAndPublish(beam.DoFn):
             report.update(version=self._expected_previous)
         elif decision.problems:
             _write_report(report_dir, report, decision, self._store)
-            raise ValueError("not published: " + "; ".join(decision.problems) + f" (report: {report_dir})")
+            raise InvalidInput("not published: " + "; ".join(decision.problems) + f" (report: {report_dir})")
         else:
             published = self._store.publish(config.as_of, config.run_id, decision.tuning.version.to_bytes(),
                                             expected_previous=self._expected_previous, validate=ParameterVersion.from_bytes)

@@ -8,15 +8,23 @@ training RMSRE_tau of the result and of the baselines, the tau rule, and the his
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from . import options
 from .options import UserError, parse_special_days_option, parse_tau, split_columns
+
+if TYPE_CHECKING:  # typing only: keep `araopt optimize --help` fast
+    from araopt.io.conversions import ValidationCounts
+    from araopt.optimize.statistics import SufficientStatistics
+    from araopt.optimize.tune import TuningResult
+    from araopt.version import ParameterVersion
 
 PROG = "araopt optimize"
 
@@ -40,13 +48,15 @@ run_optimize = run
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.errors import check_epsilon
+    from araopt.io.folders import check_output_file
     from araopt.io.progress import Progress
     from araopt.optimize.statistics import StatisticsSpec
-    from araopt.optimize.tune import tune
+    from araopt.optimize.tune import calibrate
     from transforms.io import check_input
 
-    from .history import StatisticsRun, compute_statistics, report_rejections
+    from .history import TunedHistoryRun, compute_tuned_history, report_rejections
     from .private import check_mode
+    from .runner import dry_run_sentence
 
     if args.epsilon is None:
         raise UserError("--epsilon is required")
@@ -55,8 +65,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     values = split_columns(args.values, "--values")
     tau_overrides = parse_tau(args.tau)
     special_days = parse_special_days_option(args.special_days)
-    if os.path.exists(args.output) and not args.overwrite:
-        raise UserError(f"{args.output} already exists; pass --overwrite to replace it")
+    check_output_file(args.output, args.overwrite)  # before any work; again before the file is written
     if check_mode(args):
         return _run_private(args, epsilon, slices, values)
     period = args.release_period
@@ -66,33 +75,28 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     lookback = check_input(args.lookback, slices, values) if args.lookback else None
     dead_letter = os.path.splitext(args.output)[0] + ".rejected"
     progress = Progress(PROG, enabled=not args.no_progress)
-    progress(f"statistics of the history (Beam: {len(inputs.paths)} file(s), {inputs.rows:,} rows)")
-    run = compute_statistics(inputs, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
-                             lookback=lookback)
-    if not isinstance(run, StatisticsRun):
-        return _dry_run(run, inputs, spec, epsilon, beam_args, lookback)
+    progress(f"one Beam job ({len(inputs.paths)} file(s), {inputs.rows:,} rows): statistics of the history, "
+             f"ParameterOptimization (Alg. 5) and the baselines for C = 1..{args.max_count_limit}, calibration of "
+             f"the candidates")
+    choose = functools.partial(
+        _tune_on_history, epsilon=epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit,
+        objective=args.objective, l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
+        tau_overrides=tau_overrides, progress=not args.no_progress, release_period_days=period,
+        provenance={"history": args.history, "lookback": args.lookback})
+    run = compute_tuned_history(inputs, spec, choose, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
+                                lookback=lookback)
+    if not isinstance(run, TunedHistoryRun):  # --dry_run: the job is translated, not run
+        print(dry_run_sentence(PROG, [run]))
+        return 0
     report_rejections(PROG, run.counts, run.dead_letter)
     stats = run.statistics
     if not lookback:
         print(f"{PROG}: no --lookback: conversions are ranked within the history only, so impressions that "
               f"converted before it look smaller than they are (the loss to the cap is under-estimated)",
               file=sys.stderr)
-    progress(f"ParameterOptimization (Alg. 5) and the baselines, C = 1..{args.max_count_limit}")
-    tuning = tune(stats, epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit, objective=args.objective,
-                  l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
-                  tau_overrides=tau_overrides, rows=run.counts.rows_valid, progress=not args.no_progress,
-                  release_period_days=period,
-                  provenance={"history": args.history, "lookback": args.lookback, "row_accounting": {
-                      "rows_read": run.counts.rows_read, "rows_rejected": run.counts.rows_rejected,
-                      "rows_rejected_by_reason": dict(run.counts.rejected_by_reason)}})
-    from araopt.optimize.tune import calibrate
-
-    from .history import compute_calibration
-
-    progress(f"calibration of the candidate parameters on the history (Beam: {inputs.rows:,} rows)")
-    candidates = tuple(v for v, _ in tuning.candidates)
-    tuning = calibrate(tuning, compute_calibration(inputs, candidates, beam_args, lookback=lookback), period,
-                       special_days)
+    progress("backtest of the candidates: their releases replayed on the history's days (the estimator and the "
+             "predicted error)")
+    tuning = calibrate(run.chosen, run.calibration, period, special_days)
     version = tuning.version
     params = version.params
     result = tuning.optimization
@@ -108,7 +112,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                      "fractions": (", ".join(f"{qq.budget_fraction:.3f}" for qq in p.queries)
                                    + f" (+count {p.count_budget_fraction:.3f})"),
                      "train RMSRE_tau": b.rmsre_tau, "ratio": b.rmsre_tau / result.predicted_rmsre_tau})
-    version.save(args.output)
+    check_output_file(args.output, args.overwrite)
+    version.save(args.output)  # whole or absent (a temporary file renamed over it)
     print(f"{stats.num_conversions:,} conversions over {stats.history_days()} day(s), {stats.num_impressions:,} "
           f"impressions, {stats.num_slices:,} slices; epsilon {epsilon:g}, objective {args.objective}, tuned for one "
           f"release of {period:g} day(s); {tuning.tau_rule}")
@@ -126,6 +131,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ...], values: tuple[str, ...]) -> int:
     """--private: the parameter version from past releases, first-party conversions and the declared domain."""
+    from araopt.io.folders import check_output_file
+
     from .private import describe, load_declared_domain, read_first_party, release_folders, tune_privately
 
     domain = load_declared_domain(args.domain, slices, values)
@@ -141,27 +148,22 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
             as_of = str(np.datetime64(int(days.max()), "D"))
     tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, options.resolve_as_of(as_of),
                             args.window_days, args.max_count_limit)
-    tuning.version.save(args.output)
+    check_output_file(args.output, args.overwrite)
+    tuning.version.save(args.output)  # whole or absent (a temporary file renamed over it)
     print(f"{PROG}: wrote {args.output}: {describe(tuning)}")
     return 0
 
 
-def _dry_run(statistics_job, inputs, spec, epsilon: float, beam_args: list[str], lookback=None) -> int:
-    """--dry_run: the statistics job is translated, not run, so the optimizer has nothing to work on;
-    the calibration job is translated with stand-in parameters (its graph does not depend on their
-    values; a real run passes the optimizer's)."""
-    from araopt.mechanism.params import Params, QueryParams
-    from araopt.version import ParameterVersion
+def _tune_on_history(statistics: SufficientStatistics, counts: ValidationCounts, *, provenance: dict[str, Any],
+                     **options: Any) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
+    """In the job, once: ``tune`` on the history's statistics (the row accounting into the parameter
+    file's provenance) and the candidate versions whose calibration the same job computes."""
+    from araopt.optimize.tune import tune
 
-    from .history import compute_calibration
-    from .runner import dry_run_sentence
-
-    stand_in = Params(count_limit=1, encoding="linf", epsilon=epsilon, slice_columns=spec.slice_columns,
-                      queries=tuple(QueryParams(v, 1.0, 1.0 / len(spec.value_columns)) for v in spec.value_columns))
-    calibration_job = compute_calibration(inputs, ParameterVersion(stand_in), beam_args, file_suffix="calibration",
-                                          lookback=lookback)
-    print(dry_run_sentence(PROG, [statistics_job, calibration_job]))
-    return 0
+    tuning = tune(statistics, rows=counts.rows_valid, provenance={**provenance, "row_accounting": {
+        "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected,
+        "rows_rejected_by_reason": dict(counts.rejected_by_reason)}}, **options)
+    return tuning, tuple(v for v, _ in tuning.candidates)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
 
 from araopt import constants as core  # stdlib only: every default below is the core's
+from araopt.errors import AraoptError, InvalidParameters
 
 __all__ = [
     "COMMANDS", "OPTIONS", "OPTIONS_BY_JOB", "TEMPLATE_OPTIONS", "CliOption", "Command", "OneLineParser", "UserError",
@@ -559,9 +560,9 @@ def split_columns(text: str, what: str) -> tuple[str, ...]:
     """Comma-separated column names; refuses an empty --values list and repeated names."""
     cols = tuple(c.strip() for c in text.split(",") if c.strip())
     if not cols and what == "--values":
-        raise ValueError(f"{what} must name at least one column")
+        raise InvalidParameters(f"{what} must name at least one column")
     if len(set(cols)) != len(cols):
-        raise ValueError(f"{what} lists a column twice: {text!r}")
+        raise InvalidParameters(f"{what} lists a column twice: {text!r}")
     return cols
 
 
@@ -575,7 +576,7 @@ def parse_tau(text: str | None) -> dict[str, float]:
         except ValueError:
             sep = ""
         if not sep or not name.strip():
-            raise ValueError(f"--tau expects NAME=VALUE pairs such as count=5,value=200, got {part!r}")
+            raise InvalidParameters(f"--tau expects NAME=VALUE pairs such as count=5,value=200, got {part!r}")
     return out
 
 
@@ -590,7 +591,7 @@ def parse_special_days_option(text: str | None) -> tuple[str, ...]:
 
 
 # ---- parsers ---------------------------------------------------------------------------------------
-class UserError(Exception):
+class UserError(AraoptError):
     """Bad input from the user: printed as one line, exit status 2."""
 
 

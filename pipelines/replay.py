@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+from araopt.io.folders import MANIFEST, FolderKind
 
 from . import options
 from .options import split_columns
 
 PROG = "araopt replay"
+REPLAY_FOLDER = FolderKind("replay folder", "a replay", (MANIFEST, "replay.csv"))
 LABEL = ("OPERATOR-PRIVATE: a backtest on the raw joined log (simulated, seeded releases scored against exact "
          "truths); never publish")
 
@@ -33,7 +35,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.evaluation.plots import replay_plot
     from araopt.evaluation.replay import ReplayConfig, replay, summary
-    from araopt.io.folders import check_replaceable, publish_dir
+    from araopt.io.folders import OutputFolder, check_target
     from araopt.io.progress import Progress
     from araopt.mechanism.exploration import default_exploration
     from araopt.mechanism.keys import DECLARED, KeyDomain
@@ -47,8 +49,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config = ReplayConfig(args.epsilon, window_days=args.window_days, lookback_days=args.lookback_days,
                           days=args.replay_days, exploration=default_exploration(share=args.exploration_share),
                           max_count_limit=args.max_count_limit, seed=args.seed)
-    out = Path(args.output)
-    check_replaceable(out, args.overwrite)  # an existing replay is replaced whole, never anything else
+    check_target(os.path.realpath(args.output), args.overwrite, REPLAY_FOLDER)  # before any work; again at commit
     inputs = check_input(args.history, slices, values)
     progress = Progress(PROG, enabled=not args.no_progress)
     progress(f"reading the joined log ({len(inputs.paths)} file(s), {inputs.rows:,} rows) into memory")
@@ -62,17 +63,13 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
               f"({domain.num_slices} slices; in production it is the ad server's campaign list)", file=sys.stderr)
     frame = replay(conversions, domain, config, progress=progress)
     found = summary(frame)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:  # written whole under a temporary name, then renamed into place
-        frame.to_csv(staging / "replay.csv", index=False)
-        (staging / "summary.json").write_text(json.dumps({"label": LABEL, "epsilon": args.epsilon, **found}, indent=2))
-        replay_plot(frame, staging / "replay.png", f"\u03b5 = {args.epsilon:g}")
-        (staging / "_manifest.json").write_text(json.dumps({"command": "replay", "label": LABEL,
-                                                             "files": ["replay.csv", "summary.json", "replay.png"]}))
-        publish_dir(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with OutputFolder.prepare(args.output, args.overwrite, PROG, REPLAY_FOLDER) as folder:  # whole or not at all
+        frame.to_csv(folder.staging / "replay.csv", index=False)
+        (folder.staging / "summary.json").write_text(json.dumps({"label": LABEL, "epsilon": args.epsilon, **found},
+                                                                indent=2))
+        replay_plot(frame, folder.staging / "replay.png", f"\u03b5 = {args.epsilon:g}")
+        folder.commit({"command": "replay", "label": LABEL})
+    out = Path(args.output)
     print(f"{PROG}: {len(frame['day'].unique())} day(s) replayed -> {out / 'replay.csv'} ({LABEL})")
     for key, value in found.items():
         print(f"  {key}: {value:.4g}")

@@ -1,5 +1,7 @@
 """A run's output folder is whole or absent, and only one run commits it: staged, sealed with
-manifests, then moved into place under an exclusive lock with the overwrite rule checked again.
+manifests, then moved into place under an exclusive lock with the overwrite rule checked again. The
+contract, lock, overwrite rule, sweep and move are those of every output folder (``araopt.io.folders``);
+a run folder adds its two manifests, the failed run's private files and Cloud Storage.
 
 Locally the run takes an exclusive ``flock`` on ``.<name>.araopt-lock`` beside the target for its
 whole life (:meth:`RunFolder.prepare`), so a second run into the same ``--output`` fails at once in
@@ -28,50 +30,44 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from araopt.errors import OutputRefused
 from araopt.io import jsonio, outputs
-from araopt.io.locks import FileLock, GcsLease, LockHeld, describe_owner, split_gs, sweep_unlocked
+from araopt.io.folders import (
+    LOCK_TAG,
+    REPLACED_TAG,
+    STAGING_TAG,
+    FolderKind,
+    check_target,
+    lock_target,
+    move_into_place,
+    new_staging,
+    overwrite_rule,
+    remove_local,
+    sweep_leftovers,
+)
+from araopt.io.locks import FileLock, GcsLease, LockHeld, describe_owner, split_gs
 
 from .options import UserError
 from .runner import is_remote
 
-STAGING_TAG = ".araopt-staging-"
-REPLACED_TAG = ".araopt-replaced-"
+__all__ = ["FAILED_TAG", "REPLACED_TAG", "ROW_IDS", "RUN_FOLDER", "STAGING_TAG", "RunFolder", "wait_for_manifest"]
 FAILED_TAG = ".araopt-failed-"
-LOCK_TAG = ".araopt-lock"
+RUN_FOLDER = FolderKind("run folder", "a run", outputs.RUN_MARKERS)
+"""The overwrite rule's markers of a run folder: a release or simulation manifest, or the run summary."""
 WORK_DIR = ".araopt-work"
 """Inside the staging folder: files the job leaves for the driver (the released rows' ids); never committed."""
 ROW_IDS = f"{WORK_DIR}/row_ids"
 _LOG = logging.getLogger(__name__)
 
 
-def looks_like_run(path: str) -> bool:
-    if path.startswith("gs://"):
-        names = set(_Gcs(path).names())
-        return any(marker in names for marker in outputs.RUN_MARKERS)
-    return any(FileSystems.exists(FileSystems.join(path, *name.split("/"))) for name in outputs.RUN_MARKERS)
-
-
-def _is_empty(target: str) -> bool:
-    if target.startswith("gs://"):
-        return not _Gcs(target).names()
-    return not os.path.exists(target) or (os.path.isdir(target) and not os.listdir(target))
-
-
 def _check_target(target: str, overwrite: bool, at_commit: bool = False) -> None:
-    """Refuse a target that is not an araopt run folder, and an existing run without ``overwrite``."""
-    if _is_empty(target):
+    """The overwrite rule of every output folder (``araopt.io.folders``), locally or on gs://."""
+    if not target.startswith("gs://"):
+        check_target(target, overwrite, RUN_FOLDER, at_commit)
         return
-    late = " (it appeared while this run was running; nothing was released)" if at_commit else ""
-    if not looks_like_run(target):
-        raise UserError(f"{target} exists and is not an araopt run folder (no {outputs.manifest_file(False)}): "
-                        f"refusing to write into or replace it; choose a new --output{late}")
-    if not overwrite:
-        raise UserError(f"{target} already holds a run; pass --overwrite to replace it (the whole run){late}")
-
-
-def _lock_path(target: str) -> str:
-    parent, name = os.path.split(target)
-    return os.path.join(parent, f".{name}{LOCK_TAG}")
+    names = set(_Gcs(target).names())
+    overwrite_rule(target, not names, any(marker in names for marker in RUN_FOLDER.markers), overwrite, RUN_FOLDER,
+                   at_commit)
 
 
 @dataclass(frozen=True)
@@ -95,21 +91,14 @@ class RunFolder:
             if not target.startswith("gs://"):
                 raise UserError(f"--output {target}: a run folder is a local path or gs://BUCKET/PATH")
             _check_target(target, overwrite)
-            return cls(target, f"{target}{STAGING_TAG}{uuid.uuid4().hex[:12]}", overwrite)
+            return cls(target, new_staging(target), overwrite)
         target = os.path.realpath(os.path.abspath(target))  # a symlinked output is the folder it names
-        parent, name = os.path.split(target)
-        os.makedirs(parent, exist_ok=True)
-        try:
-            lock = FileLock.acquire(_lock_path(target), f"{what} into {target}")
-        except LockHeld as held:
-            raise UserError(f"{target} is being written by another run: {describe_owner(held.owner)}; "
-                            f"wait for it to finish or choose another --output") from None
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        lock = lock_target(target, what)
         try:
             _check_target(target, overwrite)
-            for tag in (STAGING_TAG, REPLACED_TAG):  # nobody else holds the lock: these are dead runs' leftovers
-                for path in sweep_unlocked(parent, name + tag):
-                    _LOG.warning("removed the leftover of a killed run: %s", path)
-            staging = f"{target}{STAGING_TAG}{uuid.uuid4().hex[:12]}"
+            sweep_leftovers(target)  # nobody else holds the lock: these are dead runs' leftovers
+            staging = new_staging(target)
             os.makedirs(staging)
             os.makedirs(os.path.join(staging, outputs.PRIVATE_DIR), mode=0o700)
         except BaseException:
@@ -175,7 +164,7 @@ class RunFolder:
                 if is_remote(self.target):
                     self._move_remote(simulation)
                 else:
-                    self._move_local()
+                    move_into_place(self.staging, self.target)
             except BaseException:
                 if undo is not None:
                     undo()
@@ -192,7 +181,7 @@ class RunFolder:
         try:
             return GcsLease.acquire(make_gcs_client(), self.target + LOCK_TAG, f"araopt commit of {self.target}")
         except LockHeld as held:
-            raise UserError(f"{self.target} is being committed by another run: {describe_owner(held.owner)}; "
+            raise OutputRefused(f"{self.target} is being committed by another run: {describe_owner(held.owner)}; "
                             f"nothing was released") from None
 
     def _seal(self, simulation: bool, public: dict[str, Any], private: dict[str, Any]) -> dict[str, Any]:
@@ -219,16 +208,7 @@ class RunFolder:
             gcs = _Gcs(self.staging)
             gcs.delete([n for n in gcs.names() if n.startswith(WORK_DIR + "/")])
         else:
-            _remove_local(os.path.join(self.staging, WORK_DIR))
-
-    def _move_local(self) -> None:
-        replaced = None
-        if os.path.lexists(self.target):
-            replaced = f"{self.target}{REPLACED_TAG}{uuid.uuid4().hex[:12]}"
-            os.rename(self.target, replaced)
-        os.rename(self.staging, self.target)
-        if replaced and not _remove_local(replaced):
-            _LOG.warning("could not remove the replaced run %s (the next run into %s removes it)", replaced, self.target)
+            remove_local(os.path.join(self.staging, WORK_DIR))
 
     def _move_remote(self, simulation: bool) -> None:
         """Old manifests first (the old run now reads as incomplete), old files, new files, and the new
@@ -243,7 +223,7 @@ class RunFolder:
         for name in names:
             staging.copy(name, target, name)
         if not target.create(manifest, staging.read(manifest)):
-            raise UserError(f"{self.target}/{manifest} was created by another run during this commit; nothing was "
+            raise OutputRefused(f"{self.target}/{manifest} was created by another run during this commit; nothing was "
                             f"released by this run")
         staging.delete(staging.names())
 
@@ -256,7 +236,7 @@ class RunFolder:
                 return None
             for name in os.listdir(self.staging):
                 if name != outputs.PRIVATE_DIR:
-                    _remove_local(os.path.join(self.staging, name))
+                    remove_local(os.path.join(self.staging, name))
             private = os.path.join(self.staging, outputs.PRIVATE_DIR)
             if not any(files for _, _, files in os.walk(private)):
                 self.abandon()
@@ -274,7 +254,7 @@ class RunFolder:
                 gcs = _Gcs(self.staging)
                 gcs.delete(gcs.names())
             else:
-                _remove_local(self.staging)
+                remove_local(self.staging)
         except Exception:  # noqa: BLE001 - cleanup must not hide the run's own error
             _LOG.warning("could not remove the staging folder %s", self.staging)
         finally:
@@ -283,19 +263,6 @@ class RunFolder:
     def _release(self) -> None:
         if self.lock is not None:
             self.lock.release()
-
-
-def _remove_local(path: str) -> bool:
-    """Remove a local folder or file if present; True if it is gone."""
-    import shutil
-
-    if not os.path.lexists(path):
-        return True
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        os.unlink(path)
-    return not os.path.lexists(path)
 
 
 class _Gcs:

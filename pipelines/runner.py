@@ -18,6 +18,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
+from araopt.errors import InvalidParameters
 from araopt.io.locks import LockedDir, sweep_unlocked
 
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
@@ -31,8 +32,8 @@ def pipeline_options(beam_args: Sequence[str]) -> PipelineOptions:
     opts = PipelineOptions(list(beam_args))
     opts.view_as(SetupOptions).save_main_session = False
     if is_dry_run(opts) and is_local_runner(opts):
-        raise ValueError("--dry_run translates a job for a remote runner without running it: it needs --runner "
-                         "DataflowRunner (the local runner would run the job)")
+        raise InvalidParameters("--dry_run translates a job for a remote runner without running it: it needs --runner "
+                                "DataflowRunner (the local runner would run the job)")
     direct = opts.view_as(DirectOptions)
     if opts.view_as(StandardOptions).runner in LOCAL_RUNNERS and "--direct_running_mode" not in " ".join(beam_args):
         direct.direct_running_mode = "in_memory"
@@ -49,8 +50,8 @@ def is_local_runner(opts: PipelineOptions) -> bool:
 def check_workers_can_write(opts: PipelineOptions, path: str, flag: str) -> None:
     """Refuse a local ``path`` that a remote runner's workers would write (it would land on their disks)."""
     if not is_local_runner(opts) and not is_remote(path):
-        raise ValueError(f"{flag} {path} is a local path, but the workers of {runner_name(opts)} write it: "
-                         f"give a gs:// location")
+        raise InvalidParameters(f"{flag} {path} is a local path, but the workers of {runner_name(opts)} write it: "
+                                f"give a gs:// location")
 
 
 def worker_writable(opts: PipelineOptions, path: str) -> str:
@@ -65,7 +66,7 @@ def worker_writable(opts: PipelineOptions, path: str) -> str:
 
     temp = opts.view_as(GoogleCloudOptions).temp_location
     if not temp:
-        raise ValueError(f"{runner_name(opts)} workers cannot write the local path {path}: pass --temp_location gs://...")
+        raise InvalidParameters(f"{runner_name(opts)} workers cannot write the local path {path}: pass --temp_location gs://...")
     return FileSystems.join(temp, f"araopt-dead-letter-{uuid.uuid4().hex[:12]}", os.path.basename(path))
 
 
@@ -89,7 +90,7 @@ def is_dry_run(opts: PipelineOptions) -> bool:
     the job, run nothing."""
     value = opts.view_as(TestOptions).dry_run
     if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", ""):
-        raise ValueError(f"--dry_run {value}: Beam reads any value as true; leave --dry_run out for a real run")
+        raise InvalidParameters(f"--dry_run {value}: Beam reads any value as true; leave --dry_run out for a real run")
     return bool(value)
 
 
@@ -140,7 +141,7 @@ def write_translated_job(result: Any, opts: PipelineOptions, name: str = "job", 
 
     translated = getattr(result, "job", None)
     if translated is None or not hasattr(translated, "proto_pipeline"):
-        raise ValueError(f"--dry_run: the runner {runner_name(opts)} returned no translated job")
+        raise InvalidParameters(f"--dry_run: the runner {runner_name(opts)} returned no translated job")
     proto = translated.proto_pipeline
     options = translated.options
     overrides = options.view_as(WorkerOptions).sdk_harness_container_image_overrides or ()
@@ -214,7 +215,7 @@ def spill_folder(opts: PipelineOptions, shuffle: str = "auto") -> SpillFolder:
     (``araopt.io.locks.LockedDir``); spill folders under the same temp location whose lock nobody holds
     are killed runs' leftovers and are removed first, whatever host or PID namespace their run was in."""
     if shuffle not in SHUFFLES:
-        raise ValueError(f"--shuffle must be one of {SHUFFLES}, got {shuffle!r}")
+        raise InvalidParameters(f"--shuffle must be one of {SHUFFLES}, got {shuffle!r}")
     if shuffle == "memory" or (shuffle == "auto" and not is_local_runner(opts)):
         return SpillFolder(None)
     import tempfile

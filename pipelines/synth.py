@@ -11,6 +11,8 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 
+from araopt.errors import InvalidParameters
+
 from . import options
 
 # ---------------------------------------------------------------------------------------------- synth
@@ -18,7 +20,7 @@ from . import options
 def run_synth(argv: Sequence[str] | None = None) -> int:
     def body(a: argparse.Namespace, _: list[str]) -> int:
         from araopt.data import synthetic
-        from araopt.io.folders import check_output_dir
+        from araopt.io.folders import check_parent_folder
 
         preset = synthetic.get_preset(a.preset)
         overrides = {k: v for k, v in (("b", a.b), ("lam", a.lam), ("mu", a.mu), ("sigma", a.sigma),
@@ -30,10 +32,10 @@ def run_synth(argv: Sequence[str] | None = None) -> int:
                  if a.target_conversions is not None else (a.scale or 1.0))
         expected = synthetic.expected_sizes(preset, scale)
         if expected["conversions"] > a.max_conversions:
-            raise ValueError(f"expected {expected['conversions']:.3g} conversions per split exceeds "
-                             f"--max-conversions {a.max_conversions:.3g}; lower --scale")
+            raise InvalidParameters(f"expected {expected['conversions']:.3g} conversions per split exceeds "
+                                    f"--max-conversions {a.max_conversions:.3g}; lower --scale")
         splits = synthetic.SPLITS if a.split == "both" else (a.split,)
-        check_output_dir(a.output, splits, a.overwrite)
+        check_parent_folder(a.output, splits, a.overwrite)
         print(f"{preset.name}: scale {scale:.6g} -> support [{expected['k_min']}, {expected['k_max']}], "
               f"expected {expected['impressions']:,.0f} impressions and {expected['conversions']:,.0f} "
               f"conversions per split", file=sys.stderr)
@@ -54,16 +56,14 @@ def run_synth(argv: Sequence[str] | None = None) -> int:
 
 def run_fit_synthetic(argv: Sequence[str] | None = None) -> int:
     def body(a: argparse.Namespace, _: list[str]) -> int:
-        import os
-
         from araopt.data import synthetic
         from araopt.data.fit import fit_synthetic_report
+        from araopt.io.folders import check_output_file
 
-        if os.path.exists(a.output) and not a.overwrite:
-            raise ValueError(f"{a.output} already exists; pass --overwrite to replace it")
+        check_output_file(a.output, a.overwrite)
         values = options.split_columns(a.values, "--values")
         if len(values) != 1:
-            raise ValueError(f"fit-synthetic models one value column, got --values {a.values!r}")
+            raise InvalidParameters(f"fit-synthetic models one value column, got --values {a.values!r}")
         fit = fit_synthetic_report(
             a.input, name=a.name, slice_columns=list(options.split_columns(a.slices, "--slices")),
             value_column=values[0], impression_column=a.impression_column, k_min=a.k_min, k_max=a.k_max,

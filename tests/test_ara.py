@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from araopt import Conversions, KeyDomain, Params, QueryParams, encode, measure
 from araopt.ara.reconstruct import estimates_from_summary_report, implausible_negative_threshold
 from araopt.ara.registrations import (
-    ARA_MAX_VALUE,
     AraLimitError,
     AraRequirements,
     KeyMap,
@@ -142,40 +141,6 @@ def test_core_l1_randomized_never_exceeds_the_budget():
                     queries=(QueryParams("a", 1.0), QueryParams("b", 1.0)))
     out = encode(np.array([[5.0, 0.0]]), params, uniforms=np.array([[1.0 - 2.0**-53]]))
     assert (out >= 0).all() and out[0, :2].sum() <= params.per_conversion_budget
-
-
-@given(
-    encoding=st.sampled_from(sorted(ENCODINGS)),
-    d=st.integers(1, 19),
-    count_limit=st.integers(1, 20),
-    data=st.data(),
-)
-def test_trigger_encoder_equals_core_encode(encoding, d, count_limit, data):
-    spec = ENCODINGS[encoding]
-    thresholds = data.draw(st.lists(st.floats(0.01, 1e4), min_size=d, max_size=d))
-    if spec["encoding"] == "l1":
-        queries = tuple(QueryParams(f"q{i}", t) for i, t in enumerate(thresholds))
-        extra = {"l1_rounding": spec.get("l1_rounding", "floor")}
-    else:
-        share = 0.8 if spec["encoding"] == "baseline" else 1.0
-        queries = tuple(QueryParams(f"q{i}", t, share / d) for i, t in enumerate(thresholds))
-        extra = {"count_budget_fraction": 0.2} if spec["encoding"] == "baseline" else {}
-    try:
-        params = Params(count_limit=count_limit, encoding=spec["encoding"], epsilon=1.0, slice_columns=("s",),
-                        queries=queries, **extra)
-    except ValueError:  # fractions that do not sum to 1 within the tolerance after division
-        return
-    values = data.draw(st.lists(st.floats(0, 1e5, allow_nan=False), min_size=d, max_size=d))
-    uniforms = data.draw(st.lists(st.floats(0, 1, exclude_max=True), min_size=d, max_size=d))
-    domain = KeyDomain.from_slice_values(("s",), {"s": np.array([0])}, params.query_columns,
-                                         baseline=spec["encoding"] == "baseline")
-    enc = TriggerEncoder(params, domain)
-    got = enc.contributions({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms)
-    want = encode(np.array([values]), params, uniforms=np.array([uniforms]))
-    assert_same_or_core_bug(np.array([got]), want, params)
-    reg = enc.registration({f"q{i}": v for i, v in enumerate(values)}, uniforms=uniforms)
-    validate_trigger_registration(reg)
-    assert all(1 <= v <= ARA_MAX_VALUE for v in reg["aggregatable_values"].values())
 
 
 @pytest.mark.parametrize("name", sorted(ENCODINGS))

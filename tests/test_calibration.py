@@ -261,6 +261,7 @@ def test_interval_never_narrower_than_the_noise_part(u, se, seen, period):
     np.testing.assert_array_equal(ce.capped_estimate, U)
 
 
+@pytest.mark.statistical
 def test_corrected_estimate_is_unbiased_for_the_true_total_monte_carlo():
     rng = np.random.default_rng(11)
     lams = [4.0, 6.0, 3.0]
@@ -319,6 +320,7 @@ def test_count_kappa_matches_the_calibration_and_optimizer_improves_on_the_paper
                                              queries=(QueryParams("value", 4.0),), l1_rounding="floor"))
 
 
+@pytest.mark.statistical
 def test_convolved_loss_quantiles_match_monte_carlo():
     rng = np.random.default_rng(0)
     cases = [(1.5, 3.75, 0.39, 0.3), (0.2, 1.0, 0.9, 0.05), (10.0, 4.0, 0.0, 0.1), (5.0, 50.0, 0.0, 0.0),

@@ -161,14 +161,15 @@ def test_convert_writes_log_dead_letters_and_manifest(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="line 2"):  # a failed overwrite keeps the previous output
         convert_criteo(write(tmp_path / "bad.tsv", [ROWS[0], "1\t2"]), out, overwrite=True)
     assert ds.dataset(out, format="parquet").count_rows() == 3
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # nothing staged is left; the lock file stays beside the output (araopt.io.locks.FileLock)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".criteo.araopt-lock", "bad.tsv", "c.tsv", "criteo"]
 
 
 def test_convert_publishes_nothing_for_a_malformed_file(tmp_path: Path) -> None:
     out = tmp_path / "criteo"
     with pytest.raises(ValueError, match="line 2"):
         convert_criteo(write(tmp_path / "c.tsv", [ROWS[0], "x\ty"]), out)
-    assert not out.exists() and not list(tmp_path.glob(".criteo*"))
+    assert not out.exists() and [p.name for p in tmp_path.glob("*criteo*")] == [".criteo.araopt-lock"]
     with pytest.raises(ValueError, match="does not exist"):
         read_criteo(tmp_path / "missing.tsv")
 

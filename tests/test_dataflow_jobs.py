@@ -115,20 +115,26 @@ def test_measure_translates_to_dataflow_job_with_one_release_after_the_integer_c
                    f"{release.name} (_AddNoise, the only one, after the combine)\n  {line}")
 
 
-def test_optimize_translates_its_statistics_and_calibration_jobs(gcs, tmp_path, capsys):
+def test_optimize_translates_to_one_job_with_one_read_and_one_shuffle(gcs, tmp_path, capsys):
+    """Statistics, the optimization and the candidates' calibration from one read and one shuffle of the
+    history (as nightly): both combines are fed by the one impression shuffle, the choice in between."""
     gs = f"gs://{gcs.bucket}"
     job_file = tmp_path / "optimize.json"
     line = translate(optimize.run, ["--history", f"{gs}/log", "--slices", "campaign,geo", "--values", "value,items",
                                     "--epsilon", "4", "--output", str(tmp_path / "params.json"),
                                     *dataflow_flags(gs, job_file)], job_file, capsys)
     assert not (tmp_path / "params.json").exists()  # the optimizer had nothing to run on
-    statistics = check_job(job_file, gs)
-    calibration = check_job(tmp_path / "optimize-calibration.json", gs)
-    assert [p.rsplit("/", 1)[-1] for p in statistics.sink_paths()] == ["params.rejected"]  # under --temp_location
-    report(capsys, f"optimize (statistics job): {statistics.summary()}; {shuffle_text(statistics)}; statistics combine "
-                   f"{combine_after_shuffle(statistics, 'StatisticsCombiner')}\n"
-                   f"optimize (calibration job): {calibration.summary()}; {shuffle_text(calibration)}; calibration "
-                   f"combine {combine_after_shuffle(calibration, 'CandidatesCombiner')}\n  {line}")
+    assert not (tmp_path / "optimize-calibration.json").exists()  # no second job
+    graph = check_job(job_file, gs)
+    assert len(graph.row_data_groupings()) == 1  # one shuffle of the history's rows
+    assert [p.rsplit("/", 1)[-1] for p in graph.sink_paths()] == ["params.rejected"]  # under --temp_location
+    statistics = combine_after_shuffle(graph, "StatisticsCombiner")
+    calibration = combine_after_shuffle(graph, "CandidatesCombiner")
+    (stats_combine,) = graph.combines("StatisticsCombiner")
+    (cal_combine,) = graph.combines("CandidatesCombiner")
+    assert stats_combine.id in {s.id for s in graph.upstream(cal_combine, through_side_inputs=True)}  # chosen on them
+    report(capsys, f"optimize (one job): {graph.summary()}; {shuffle_text(graph)}; statistics combine {statistics}; "
+                   f"calibration combine {calibration} (its candidates chosen on the statistics)\n  {line}")
 
 
 def test_nightly_finds_gcs_partitions_and_translates_with_one_publish_step(gcs, tmp_path, capsys):

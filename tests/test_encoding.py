@@ -65,6 +65,7 @@ def test_contributions_nonnegative_and_norm(values, count_limit, thresholds, enc
         assert (w.sum(axis=1) == GAMMA // count_limit).all()
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("encoding", ["linf", "l1r", "baseline"])
 def test_rounding_is_unbiased(encoding):
     rng = np.random.default_rng(7)

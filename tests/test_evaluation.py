@@ -30,6 +30,7 @@ def preset_table(name: str, target: int, split: str, seed: int = 7) -> pa.Table:
     return synthetic.generate_table(preset, seed=seed, split=split, scale=scale)
 
 
+@pytest.mark.statistical
 def test_analytic_rmsre_matches_monte_carlo_within_5_sigma():
     conv = small_d2()
     stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("items", "price"), max_count_limit=5,

@@ -172,17 +172,16 @@ def test_5_overwrite_without_debug_run_removes_the_previous_debug_report(tmp_pat
 
 
 def test_7_a_failure_while_committing_keeps_the_previous_run_whole(tmp_path, monkeypatch):
-    from pipelines.run_folder import RunFolder
 
     data, pfile = setup(tmp_path)
     base = ["--input", data, "--params", pfile, "--output", str(tmp_path / "o"), "--domain", domain_csv(tmp_path)]
     assert measure_pipeline.run(base) == 0
     before = {p: open(tmp_path / "o" / p, "rb").read() for p in ("release/MANIFEST.json", "release/estimates.csv")}
 
-    def boom(self):
+    def boom(staging, target):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(RunFolder, "_move_local", boom)
+    monkeypatch.setattr("pipelines.run_folder.move_into_place", boom)
     assert measure_pipeline.run(base + ["--overwrite", "--allow-rerelease"]) == 2
     assert {p: open(tmp_path / "o" / p, "rb").read() for p in before} == before
     assert not [n for n in os.listdir(tmp_path) if ".araopt-staging-" in n]

@@ -66,6 +66,7 @@ def test_parameters_carry_a_validated_calibration_and_refuse_a_wrong_one():
         dataclasses.replace(p, params=dataclasses.replace(p.params, count_limit=3))
 
 
+@pytest.mark.statistical
 def test_corrected_estimates_are_unbiased_for_the_true_totals_in_memory():
     from araopt.mechanism.measure import measure
     from araopt.publication import publish

@@ -5,6 +5,7 @@ are counted, in ``measure``, the history jobs and the in-memory loaders alike; t
 refuses them."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -152,11 +153,16 @@ def test_counts_of_late_rejections_merge_with_validation_counts():
     assert ValidationCounts.rejected(0, IMPRESSION_SLICE_INCONSISTENT).rejected_by_reason == {}
 
 
+def choose_fixed(version, statistics, counts):
+    """A history job's choice: always ``version`` (picklable: a module-level function)."""
+    return "fixed", (version,)
+
+
 @pytest.mark.slow
 def test_measure_and_the_history_jobs_reject_the_same_rows_and_accounting_closes(tmp_path, capsys):
     from araopt.optimize.statistics import StatisticsSpec
     from pipelines import measure as measure_pipeline
-    from pipelines.history import compute_calibration, compute_statistics, load_conversions
+    from pipelines.history import compute_statistics, compute_tuned_history, load_conversions
 
     df = pd.concat([frame().assign(impression_id=frame()["impression_id"] + 10 * k) for k in range(5)])
     path = tmp_path / "log.parquet"
@@ -180,8 +186,11 @@ def test_measure_and_the_history_jobs_reject_the_same_rows_and_accounting_closes
     conv, counts, rejected = load_conversions(str(path), SLICES, VALUES, 0.5, impression_slice_columns=("campaign", "geo"))
     assert len(conv) == 25 and counts.rejected_by_reason == {IMPRESSION_SLICE_INCONSISTENT: 10}
     assert rejected.num_rows == 10
-    # the calibration job of parameters with a conversion-side column checks the impression side only
+    # the one job of optimize (statistics, choice, calibration of the candidates): the same rows rejected
     from transforms.io import check_input
 
-    cal = compute_calibration(check_input(str(path), SLICES, VALUES), ParameterVersion(params))
-    assert cal.num_conversions == 25
+    tuned = compute_tuned_history(check_input(str(path), SLICES, VALUES), StatisticsSpec(SLICES, VALUES),
+                                  functools.partial(choose_fixed, ParameterVersion(params)), max_rejected_fraction=0.6)
+    assert tuned.counts.rejected_by_reason == {IMPRESSION_SLICE_INCONSISTENT: 20} and tuned.chosen == "fixed"
+    (cal,) = tuned.calibration
+    assert cal.num_conversions == 15 == tuned.statistics.num_conversions

@@ -39,6 +39,7 @@ def test_every_domain_key_gets_noise_even_without_contribution():
     assert np.array_equal(rep.noisy, rep.unnoised + rep.noise)
 
 
+@pytest.mark.statistical
 def test_reconstruction_is_unbiased_for_clipped_kept_truth():
     rng = np.random.default_rng(5)
     n = 3000
@@ -61,6 +62,7 @@ def test_reconstruction_is_unbiased_for_clipped_kept_truth():
     assert np.allclose(runs.var(axis=0), model.variance, rtol=0.35)
 
 
+@pytest.mark.statistical
 def test_error_model_matches_monte_carlo_rmsre_tau():
     rng = np.random.default_rng(9)
     n = 2000

@@ -28,6 +28,7 @@ def test_pmf_sums_to_one_and_variance_formula():
     assert abs(discrete_laplace_variance(a) / (2 / a**2) - 1) < 1e-6
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("epsilon", [0.01, 1.0, 64.0])
 def test_mean_and_variance_at_production_scales(epsilon):
     a = noise_parameter(epsilon)
@@ -38,6 +39,7 @@ def test_mean_and_variance_at_production_scales(epsilon):
     assert abs(x.var() / var - 1) < 5 * np.sqrt(5 / N)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("a", [noise_parameter(1.0), 0.05, 1.0])
 def test_chi_square_on_exact_quantile_bins(a):
     x = sample_discrete_laplace(a, N, np.random.default_rng(12))
@@ -55,6 +57,7 @@ def test_chi_square_on_exact_quantile_bins(a):
     assert p > 1e-4, (chi2, p)
 
 
+@pytest.mark.statistical
 def test_point_pmf_at_a_equal_one_where_a_k0_bug_would_show():
     a = 1.0
     x = sample_discrete_laplace(a, N, np.random.default_rng(13))
@@ -64,6 +67,7 @@ def test_point_pmf_at_a_equal_one_where_a_k0_bug_would_show():
         assert abs(emp - p) < 5 * np.sqrt(p * (1 - p) / N), (k, emp, p)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("a", [1.0, noise_parameter(10.0)])
 def test_tails(a):
     x = sample_discrete_laplace(a, N, np.random.default_rng(14))
@@ -150,6 +154,7 @@ def test_floor_and_ceiling_themselves_are_accepted_and_rate_is_rounded_down():
         assert a * 2**52 == int(a * 2**52)  # exactly the rational the integer sampler draws
 
 
+@pytest.mark.statistical
 def test_sampler_at_the_floor_matches_variance_and_exact_quantile_bins():
     a = noise_parameter(EPS_FLOOR)
     x = sample_discrete_laplace(a, N, np.random.default_rng(21))
@@ -166,6 +171,7 @@ def test_sampler_at_the_floor_matches_variance_and_exact_quantile_bins():
     assert p > 1e-4, (chi2, p)
 
 
+@pytest.mark.statistical
 def test_low_bits_of_the_noise_are_uniform_at_the_floor():
     """The float sampler's failure: at eps = 1e-13 every draw was even. Exact integers leak no low bits."""
     x = sample_discrete_laplace(noise_parameter(EPS_FLOOR), 200_000, np.random.default_rng(22))
@@ -188,6 +194,7 @@ def test_summary_report_at_the_floor_is_noised_and_refuses_overflowing_sums():
         summary_report(np.array([[1.5, 0.0]]), 1.0)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("a", [0.7, 64.0])
 def test_exact_sampler_matches_pmf_at_large_rates(a):
     x = sample_discrete_laplace(a, N, np.random.default_rng(23))

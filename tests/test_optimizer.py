@@ -54,6 +54,7 @@ def exact_rmsre(conv: Conversions, params: Params, taus: np.ndarray, kind: str =
     return rmsre_tau(expected_error(conv, sidx, dom.num_slices, params, kind, tie_breaker=conv.record_keys()), taus).combined
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("kind", ["exact", "relaxed"])
 def test_optimizer_objective_equals_brute_force_exact_error_model(kind):
     for conv, slices in [(preset_conversions("synth-travel"), SLICES), (several_per_impression(), ("s",))]:

@@ -71,6 +71,7 @@ def test_module_imports_no_matplotlib_or_beam_at_import_time():
     assert "apache_beam" not in open(plots.__file__).read()
 
 
+@pytest.mark.rendering
 def test_estimates_plot_count_and_value_panels_with_named_slices_and_intervals(tmp_path):
     estimates = _estimates()
     fig = plots.estimates_figure(estimates, ["campaignId", "geography"], top=8)
@@ -94,6 +95,7 @@ def test_estimates_plot_count_and_value_panels_with_named_slices_and_intervals(t
     _check_png(path)
 
 
+@pytest.mark.rendering
 def test_estimates_plot_draws_an_interval_that_does_not_hold_the_point_estimate():
     # correction "none": the released point is the capped estimate (biased low), the interval is the
     # true total's and may lie wholly above it
@@ -108,6 +110,7 @@ def test_estimates_plot_draws_an_interval_that_does_not_hold_the_point_estimate(
     assert lows == pytest.approx(sorted(counts["ci_low"]))
 
 
+@pytest.mark.rendering
 def test_estimates_plot_draws_an_interval_cut_at_zero_beside_a_negative_estimate(tmp_path):
     estimates = _estimates()
     value = estimates.index[estimates["query"] == "value"][0]  # a value sum whose noisy estimate is below 0
@@ -120,6 +123,7 @@ def test_estimates_plot_draws_an_interval_cut_at_zero_beside_a_negative_estimate
     _check_png(plots.estimates_plot(estimates, ["campaignId", "geography"], tmp_path / "e.png"))
 
 
+@pytest.mark.rendering
 def test_estimates_plot_refuses_missing_columns():
     with pytest.raises(ValueError, match="lacks columns"):
         plots.estimates_figure(_estimates().drop(columns="ci_low"), ["campaignId", "geography"])
@@ -137,6 +141,7 @@ def _debug_report(slices: int = 400, epsilon: float = 8.0, shares: tuple[float, 
     return unnoised, noise
 
 
+@pytest.mark.rendering
 def test_noise_plot_residuals_with_band_and_y_equals_x_per_key_kind(tmp_path):
     unnoised, noise = _debug_report()
     fig = plots.noise_figure(unnoised, noise, ("revenue", "items", "bottom"), epsilon=8.0, contribution_budget=65536)
@@ -154,6 +159,7 @@ def test_noise_plot_residuals_with_band_and_y_equals_x_per_key_kind(tmp_path):
     _check_png(plots.noise_plot(unnoised, noise, ("revenue", "items", "bottom"), tmp_path / "noise.png", epsilon=8.0))
 
 
+@pytest.mark.rendering
 def test_noise_plot_subsamples_points_and_works_without_epsilon():
     unnoised, noise = _debug_report(slices=2_000, shares=(3.0, 1.0))
     fig = plots.noise_figure(unnoised, noise, ("value", "count"), max_points=1_000)
@@ -173,6 +179,7 @@ def _nightly_inputs(versions: int):
     return per_count_limit, 16, {"baseline_q95": 0.1, "baseline_q99": 0.05}, {"count": 5.0, "value": 328.8}, history
 
 
+@pytest.mark.rendering
 def test_nightly_report_integer_c_baselines_tau_and_history():
     per_count_limit, chosen, baselines, taus, history = _nightly_inputs(4)
     fig = plots.nightly_report_figure(per_count_limit, chosen, baselines, taus, history)
@@ -194,6 +201,7 @@ def test_nightly_report_integer_c_baselines_tau_and_history():
     _inside_figure(fig)
 
 
+@pytest.mark.rendering
 def test_nightly_report_png_with_one_version_and_with_none():
     per_count_limit, chosen, baselines, taus, history = _nightly_inputs(1)
     fig = plots.nightly_report_figure(per_count_limit, chosen, baselines, taus, history)
@@ -215,6 +223,7 @@ def _evaluation_frames():
     return pd.DataFrame(rows), pd.DataFrame(curves)
 
 
+@pytest.mark.rendering
 def test_rmsre_and_count_limit_plots_titles_fit_and_aliases_remain(tmp_path):
     results, curves = _evaluation_frames()
     fig = plots.count_limit_figure(curves)
@@ -232,6 +241,7 @@ def test_rmsre_and_count_limit_plots_titles_fit_and_aliases_remain(tmp_path):
     _check_png(plots.count_limit_plot(curves, tmp_path / "count_limit.png"))
 
 
+@pytest.mark.rendering
 def test_coverage_plot_one_panel_per_dataset_and_query_with_the_nominal_level(tmp_path):
     results, _ = _evaluation_frames()
     results["coverage_count"] = np.where(results["method"] == "corrected", 0.95, 0.6)

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from araopt.errors import OutputRefused
 from araopt.io import outputs
 from araopt.io.stores import open_store
 from araopt.version import ParameterVersion
 from factories import conversions, domain_csv, error_line, params, read_json, setup, write
 from pipelines import measure as measure_pipeline
-from pipelines.options import UserError
 from pipelines.run_folder import STAGING_TAG, RunFolder
 
 pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not
@@ -201,7 +201,7 @@ def test_two_runs_committing_one_gcs_output_commit_exactly_once(fake_gcs_server)
             try:
                 folder.commit(False, {})
                 won.append(tag)
-            except UserError as exc:
+            except OutputRefused as exc:
                 folder.abandon()
                 lost.append(str(exc))
 

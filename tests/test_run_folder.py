@@ -10,6 +10,7 @@ import threading
 import pyarrow.parquet as pq
 import pytest
 
+from araopt.errors import OutputRefused
 from araopt.io import outputs
 from araopt.io.stores import open_store
 from araopt.version import ParameterVersion
@@ -48,7 +49,7 @@ def test_two_runs_racing_into_one_output_commit_exactly_once(tmp_path, race):
                     started.wait()
             commit_run(folder, tag)
             won.append(tag)
-        except UserError as exc:
+        except OutputRefused as exc:
             if folder is not None:
                 folder.abandon()
             lost.append(str(exc))
@@ -71,7 +72,7 @@ def test_the_overwrite_rule_is_checked_again_at_commit(tmp_path):
     (target / "release" / "MANIFEST.json").write_text("{}")
     folder.write(outputs.release_file(outputs.RELEASE_JSON, False), b"{}")
     recorded = []
-    with pytest.raises(UserError, match="already holds a run.*appeared while this run was running"):
+    with pytest.raises(OutputRefused, match="already holds a run.*appeared while this run was running"):
         folder.commit(False, {}, before_move=lambda: recorded.append(1))
     folder.abandon()
     assert recorded == []  # refused before the commit step (the ledger) ran
@@ -83,10 +84,10 @@ def test_a_failed_commit_step_is_undone(tmp_path, monkeypatch):
     folder.write(outputs.release_file(outputs.RELEASE_JSON, False), b"{}")
     undone = []
 
-    def boom(self):
+    def boom(staging, target):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(RunFolder, "_move_local", boom)
+    monkeypatch.setattr("pipelines.run_folder.move_into_place", boom)
     with pytest.raises(OSError):
         folder.commit(False, {}, before_move=lambda: lambda: undone.append(1))
     folder.abandon()
@@ -110,7 +111,7 @@ def test_leftovers_of_killed_runs_are_swept_by_the_next_run_only(tmp_path):
     dead = tmp_path / f"out{STAGING_TAG}0123abcd"  # a killed run's staging folder (its lock died with it)
     dead.mkdir()
     live = RunFolder.prepare(target, overwrite=False)  # holds the output's lock: its staging folder is alive
-    with pytest.raises(UserError, match="being written by another run"):
+    with pytest.raises(OutputRefused, match="being written by another run"):
         RunFolder.prepare(target, overwrite=False)
     assert os.path.isdir(live.staging) and not dead.exists()
     live.abandon()

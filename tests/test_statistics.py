@@ -58,6 +58,7 @@ def linf(C: int, thresholds, fractions, slices=SLICES, columns=("value",), eps: 
                                 for c, t, a in zip(columns, thresholds, fractions, strict=True)))
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("preset", ["synth-criteo", "synth-real-estate", "synth-travel"])
 def test_objective_from_statistics_within_0_1_percent_of_exact_error_model(preset):
     conv = preset_conversions(preset)

@@ -14,6 +14,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
 
+from araopt.errors import Unsupported
 from araopt.io.conversions import Conversions, ValidationCounts, check_rejected_share, concat_periods, split_periods
 from araopt.mechanism import aggregate
 from araopt.mechanism.keys import KeyDomain
@@ -30,9 +31,9 @@ def check_global_windowing(pcoll: beam.PCollection) -> None:
     """Refuse windowing/triggers that could fire a key more than once (each firing = fresh noise)."""
     strategy = pcoll.windowing
     if not isinstance(strategy.windowfn, window.GlobalWindows):
-        raise ValueError(f"noisy aggregation requires the global window, got {strategy.windowfn!r}")
+        raise Unsupported(f"noisy aggregation requires the global window, got {strategy.windowfn!r}")
     if not isinstance(strategy.triggerfn, trigger.DefaultTrigger):
-        raise ValueError(f"noisy aggregation requires the default trigger (one firing), got {strategy.triggerfn!r}")
+        raise Unsupported(f"noisy aggregation requires the default trigger (one firing), got {strategy.triggerfn!r}")
 
 
 class _EncodeAndBound(beam.DoFn):

@@ -23,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
+from araopt.errors import InvalidParameters
 from araopt.io.conversions import IMPRESSION_ID
 
 
@@ -100,7 +101,7 @@ class GroupByImpression(beam.PTransform):
     def __init__(self, num_shards: int, spill_dir: str | None = None):
         super().__init__()
         if num_shards < 1:
-            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+            raise InvalidParameters(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = num_shards
         self._spill_dir = spill_dir
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from araopt.errors import InvalidInput
 from araopt.io.conversions import CONVERSION_TIME, IMPRESSION_ID, unify_schemas
 from araopt.io.files import distinct_files
 
@@ -76,7 +77,7 @@ def read_schema(path: str) -> pa.Schema:
         with FileSystems.open(path) as fh:
             return pq.read_schema(fh)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise ValueError(f"not a Parquet file: {path} ({str(exc).splitlines()[0]})") from None
+        raise InvalidInput(f"not a Parquet file: {path} ({str(exc).splitlines()[0]})") from None
 
 
 @dataclass(frozen=True)
@@ -99,19 +100,19 @@ def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], valu
         paths = match_files(pattern)
         if not paths:
             if not _is_glob(pattern) and FileSystems.exists(pattern) and not _is_directory(pattern):
-                raise ValueError(f"{pattern} is empty (0 bytes): not a Parquet conversion log")
-            raise ValueError(f"no input files match {pattern!r} (empty files and names starting with _ or . are skipped)")
+                raise InvalidInput(f"{pattern} is empty (0 bytes): not a Parquet conversion log")
+            raise InvalidInput(f"no input files match {pattern!r} (empty files and names starting with _ or . are skipped)")
     else:
         paths = distinct_files(pattern)  # a file named twice is read once
         if not paths:
-            raise ValueError("no input files")
+            raise InvalidInput("no input files")
     schemas = [(p, read_schema(p)) for p in paths]
     schema = unify_schemas(schemas, slice_columns, value_columns)
     optional = tuple(c for c in OPTIONAL_TIME_COLUMNS
                      if all(c in sch.names and pa.types.is_timestamp(sch.field(c).type) for _, sch in schemas))
     rows, first, last = footer_summary(paths)
     if rows == 0:
-        raise ValueError(f"the input holds no conversion rows ({len(paths)} file(s), 0 rows)")
+        raise InvalidInput(f"the input holds no conversion rows ({len(paths)} file(s), 0 rows)")
     return InputFiles(tuple(paths), schema, rows, first, last, optional)
 
 

@@ -15,6 +15,7 @@ from araopt.ara.registrations import ARA_CONTRIBUTION_BUDGET, check_domain_match
 from araopt.constants import (
     CONFIDENCE,
 )
+from araopt.errors import InvalidInput
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.noise import noise_parameter
 from araopt.mechanism.params import Params
@@ -78,7 +79,7 @@ def estimates_from_summary_report(
     check_domain_matches(params, domain)
     metrics = np.asarray(metrics, dtype=np.int64).reshape(-1)
     if len(buckets) != len(metrics):
-        raise ValueError(f"{len(buckets)} buckets but {len(metrics)} metrics")
+        raise InvalidInput(f"{len(buckets)} buckets but {len(metrics)} metrics")
     key_of = {b: i for i, b in enumerate(domain.buckets())}
     num_keys = domain.num_keys
     ids = np.fromiter((key_of.get(int(b), -1) for b in buckets), dtype=np.int64, count=len(buckets))
@@ -88,8 +89,8 @@ def estimates_from_summary_report(
     counts = np.bincount(known_ids, minlength=num_keys)
     if (counts > 1).any():
         dup = int(np.flatnonzero(counts > 1)[0])
-        raise ValueError(f"bucket 0x{domain.buckets()[dup]:x} appears {int(counts[dup])} times in the summary report "
-                         f"(overlapping files or a bad report)")
+        raise InvalidInput(f"bucket 0x{domain.buckets()[dup]:x} appears {int(counts[dup])} times in the summary report "
+                           f"(overlapping files or a bad report)")
     use = ~unknown & ~huge
     W: np.ndarray = np.full(num_keys, np.nan)
     W[ids[use]] = metrics[use].astype(np.float64)

@@ -48,7 +48,7 @@ from araopt.constants import (
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio
 from araopt.mechanism.bounding import impression_order
-from araopt.mechanism.encoding import count_scale, query_scales
+from araopt.mechanism.encoding import EncoderTable, count_scale, query_scales
 from araopt.mechanism.keys import BOTTOM_NAME, COUNT_NAME, KeyDomain
 from araopt.mechanism.params import Params
 from araopt.version import ParameterVersion
@@ -75,15 +75,15 @@ def destination_site(url: str) -> str:
     parsed = urlsplit(str(url).strip())
     scheme, host = parsed.scheme.lower(), (parsed.hostname or "").lower().rstrip(".")
     if scheme not in ("https", "http") or not host:
-        raise ValueError(f"--destination must be an http(s) URL with a host, got {url!r}")
+        raise InvalidParameters(f"--destination must be an http(s) URL with a host, got {url!r}")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
         ip = None
     local = host == "localhost" or host.endswith(".localhost") or (ip is not None and ip.is_loopback)
     if scheme == "http" and not local:
-        raise ValueError(f"--destination {url!r}: Chrome refuses it (URL must use HTTP/HTTPS and be potentially "
-                         f"trustworthy): use https://")
+        raise InvalidParameters(f"--destination {url!r}: Chrome refuses it (URL must use HTTP/HTTPS and be potentially "
+                                f"trustworthy): use https://")
     if ip is not None:
         return f"{scheme}://{host if ip.version == 4 else '[' + host + ']'}"
     if local:
@@ -92,7 +92,7 @@ def destination_site(url: str) -> str:
 
     registrable = PublicSuffixList().privatesuffix(host)
     if registrable is None:
-        raise ValueError(f"--destination {url!r}: {host!r} is a public suffix, not a site")
+        raise InvalidParameters(f"--destination {url!r}: {host!r} is a public suffix, not a site")
     return f"{scheme}://{registrable}"
 
 _HEX_PIECE = re.compile(r"^0[xX][0-9A-Fa-f]{1,32}$")
@@ -124,7 +124,7 @@ def aggregation_key_names(params: Params) -> tuple[str, ...]:
 def key_piece_hex(piece: int) -> str:
     """ARA key-piece string: ``0x`` + 1..32 lower-case hex digits (no padding)."""
     if not 0 <= piece < 2**ARA_MAX_KEY_BITS:
-        raise ValueError(f"key piece {piece} does not fit in {ARA_MAX_KEY_BITS} bits")
+        raise InvalidParameters(f"key piece {piece} does not fit in {ARA_MAX_KEY_BITS} bits")
     return f"0x{piece:x}"
 
 
@@ -204,7 +204,7 @@ class AraRequirements:
         return out
 
 
-class AraLimitError(ValueError):
+class AraLimitError(InvalidParameters):
     """A configuration that cannot be expressed in ARA; ``violations`` lists every exceeded limit."""
 
     def __init__(self, violations: Sequence[str]) -> None:
@@ -273,7 +273,7 @@ def check_domain_matches(params: Params, domain: KeyDomain) -> None:
         problems.append(f"conversion slice columns {sorted(domain.conversion_slice_columns)} != "
                         f"{sorted(params.conversion_slice_columns)}")
     if problems:
-        raise ValueError("key map does not match the parameter file: " + "; ".join(problems))
+        raise InvalidInput("key map does not match the parameter file: " + "; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -379,10 +379,10 @@ class SourceEncoder:
         try:
             key = tuple(impression_slice[c] for c in self.columns)
         except KeyError as exc:
-            raise ValueError(f"impression slice value for column {exc.args[0]!r} is missing") from None
+            raise InvalidInput(f"impression slice value for column {exc.args[0]!r} is missing") from None
         i = self._index.get(tuple(_py(v) for v in key))
         if i is None:  # (key may have the wrong length here: show what pairs up)
-            raise ValueError(f"impression slice {dict(zip(self.columns, key, strict=False))} is not in the key domain")
+            raise InvalidInput(f"impression slice {dict(zip(self.columns, key, strict=False))} is not in the key domain")
         return i
 
     def row_index(self, dictionary_indices: Sequence[int]) -> int:
@@ -396,7 +396,7 @@ class SourceEncoder:
         if extra:
             clash = set(extra) & set(out)
             if clash:
-                raise ValueError(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
+                raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
             out.update(extra)
         return out
 
@@ -446,11 +446,12 @@ def _secure_uniforms(k: int) -> list[float]:
 class TriggerEncoder:
     """Per-conversion trigger registration (Alg. 3 / Alg. 6 / baseline), for ad servers, one record at a time.
 
-    Pure Python on floats (no numpy per call). Given the same uniforms it returns exactly what
-    :func:`araopt.mechanism.encoding.encode` returns for the record, except that the L1-randomized cuts are
-    clamped at the budget (the core can overshoot by one when the offset is within ~2^-39 of 1).
-    Rounding randomness comes from ``uniforms`` if given, else ``rng`` (a numpy Generator or a
-    ``random.Random``), else the OS CSPRNG. Values outside [0, 65536] are never emitted.
+    Pure Python on floats (no numpy per call), from the same :class:`~araopt.mechanism.encoding.EncoderTable`
+    as :func:`araopt.mechanism.encoding.encode`, in the same order of floating-point operations: given the
+    same uniforms it returns exactly what ``encode`` returns for the record (tested against it over
+    encodings, C, Gamma, clip thresholds, fractions and every finite value). Rounding randomness comes from
+    ``uniforms`` if given, else ``rng`` (a numpy Generator or a ``random.Random``), else the OS CSPRNG.
+    Values outside [0, 65536] are never emitted.
     """
 
     def __init__(self, version: ParameterVersion | Params,
@@ -463,14 +464,10 @@ class TriggerEncoder:
         self.key_names = aggregation_key_names(params)
         self.columns = conversion_slice_columns(params)
         d = params.num_queries
-        self._d = d
-        self._thresholds = tuple(float(q.clip_threshold) for q in params.queries)
-        self._encoding = params.encoding
-        self._budget = params.per_conversion_budget
-        self._gamma_over_c = params.contribution_budget / params.count_limit
-        self._rounding = params.l1_rounding
-        self._scales = tuple(float(s) for s in query_scales(params))  # as encode: min(v / C_l, 1) * scale
-        self._count = count_scale(params) if params.encoding == "baseline" else None
+        table = EncoderTable.of(params)
+        self.table = table
+        self._thresholds = table.clip_thresholds
+        self._scales = tuple(float(s) for s in table.query_scales)  # as encode: min(v, C_l) / C_l * scale
         self._codes = tuple(domain.query_code(c) for c in range(d + 1))
         self._lookup = tuple({_py(v): i for i, v in enumerate(domain.dictionaries[domain.slice_columns.index(c)])}
                              for c in self.columns)
@@ -482,9 +479,7 @@ class TriggerEncoder:
     @property
     def num_uniforms(self) -> int:
         """Uniforms one record consumes: d (L-inf, baseline), 1 (L1 randomized), 0 (L1 floor)."""
-        if self._encoding == "l1":
-            return 1 if self._rounding == "randomized" else 0
-        return self._d
+        return self.table.uniforms_per_record
 
     def pieces_for_indices(self, combo: tuple[int, ...]) -> tuple[str | None, ...]:
         """Key pieces per encoder column for conversion-side dictionary indices (None where 0)."""
@@ -498,7 +493,7 @@ class TriggerEncoder:
         if uniforms is not None:
             u = [float(x) for x in uniforms]
             if len(u) < k or any(not 0.0 <= x < 1.0 for x in u[:k]):
-                raise ValueError(f"need {k} uniforms on [0, 1), got {uniforms!r}")
+                raise InvalidParameters(f"need {k} uniforms on [0, 1), got {uniforms!r}")
             return u
         if k == 0:
             return []
@@ -508,7 +503,7 @@ class TriggerEncoder:
             return cast(list[float], rng.random(k).tolist())
         if isinstance(rng, random.Random):
             return [rng.random() for _ in range(k)]
-        raise ValueError(f"rng must be a numpy Generator or random.Random, got {type(rng).__name__}")
+        raise InvalidParameters(f"rng must be a numpy Generator or random.Random, got {type(rng).__name__}")
 
     def _values(self, values: Mapping[str, float]) -> list[float]:
         out = []
@@ -516,11 +511,11 @@ class TriggerEncoder:
             try:
                 v = float(values[q])
             except KeyError:
-                raise ValueError(f"value of query {q!r} is missing") from None
+                raise InvalidInput(f"value of query {q!r} is missing") from None
             except (TypeError, ValueError):
-                raise ValueError(f"value of query {q!r} must be a number, got {values[q]!r}") from None
+                raise InvalidInput(f"value of query {q!r} must be a number, got {values[q]!r}") from None
             if not math.isfinite(v) or v < 0:
-                raise ValueError(f"value of query {q!r} must be finite and >= 0, got {values[q]!r}")
+                raise InvalidInput(f"value of query {q!r} must be finite and >= 0, got {values[q]!r}")
             out.append(v)
         return out
 
@@ -530,14 +525,15 @@ class TriggerEncoder:
         vals = self._values(values)
         u = self._uniforms(rng, uniforms)
         t = self._thresholds
-        if self._encoding != "l1":
+        table = self.table
+        if table.encoding != "l1":
             w = []
             # not strict: a caller may pass more uniforms than the d this encoding consumes
             for v, ti, scale, ui in zip(vals, t, self._scales, u, strict=False):
                 omega = min(v, ti) / ti * scale  # clipped first; exactly the scale when clipped (Lemma 4.1)
                 low = math.floor(omega)
                 w.append(low + (1 if ui < omega - low else 0))
-            w.append(self._budget - sum(w) if self._count is None else self._count)
+            w.append(table.budget - sum(w) if table.count_scale is None else table.count_scale)
             return tuple(w)
         scaled = [v / ti for v, ti in zip(vals, t, strict=True)]
         norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
@@ -549,23 +545,23 @@ class TriggerEncoder:
             scaled = [s / total for s in scaled]
             norm = _pairwise_sum(scaled) if len(scaled) <= 128 else float(np.sum(scaled))
         shrink = 1.0 / max(1.0, norm)
-        if self._rounding == "floor":
-            factor = shrink * self._gamma_over_c
+        if table.l1_rounding == "floor":
+            factor = shrink * table.l1_floor_scale
             w = [math.floor(s * factor) for s in scaled]
         else:
-            factor = shrink * self._budget
+            factor = shrink * table.budget
             offset = u[0]
-            budget = float(self._budget)
+            budget = float(table.budget)
             prev = math.floor(offset)
             acc = 0.0
             w = []
             for s in scaled:
                 acc += s * factor
                 # clamped: in floats budget + offset rounds up to budget + 1 when offset > 1 - 2^-39 or so
-                cut = min(math.floor(min(acc, budget) + offset), self._budget)
+                cut = min(math.floor(min(acc, budget) + offset), table.budget)
                 w.append(cut - prev)
                 prev = cut
-        w.append(self._budget - sum(w))
+        w.append(table.budget - sum(w))
         return tuple(w)
 
     def pieces(self, conversion_slice_values: Mapping[str, Any] | None = None) -> tuple[str | None, ...]:
@@ -576,10 +572,10 @@ class TriggerEncoder:
         combo = []
         for c, lookup in zip(self.columns, self._lookup, strict=True):
             if c not in sv:
-                raise ValueError(f"conversion slice value for column {c!r} is missing")
+                raise InvalidInput(f"conversion slice value for column {c!r} is missing")
             i = lookup.get(_py(sv[c]))
             if i is None:
-                raise ValueError(f"conversion slice value {sv[c]!r} of column {c!r} is not in the key domain")
+                raise InvalidInput(f"conversion slice value {sv[c]!r} of column {c!r} is not in the key domain")
             combo.append(i)
         key = tuple(combo)
         found = self._pieces.get(key)
@@ -592,7 +588,8 @@ class TriggerEncoder:
         values: dict[str, int] = {}
         for name, piece, w in zip(self.key_names, pieces, contribution, strict=True):
             if not 0 <= w <= ARA_MAX_VALUE:  # never emit JSON ARA would reject (an encoder bug, Lemma 4.1)
-                raise ValueError(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: {tuple(contribution)}")
+                raise InvalidInput(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: "
+                                   f"{tuple(contribution)}")
             if w:
                 values[name] = int(w)
                 if piece is not None:
@@ -601,7 +598,7 @@ class TriggerEncoder:
         if extra:
             clash = set(extra) & set(out)
             if clash:
-                raise ValueError(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
+                raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
             out.update(extra)
         return out
 
@@ -701,12 +698,12 @@ def _unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def validate_source_registration(reg: Mapping[str, Any]) -> None:
     """Check the aggregation part of a source registration against ARA's header rules (ValueError)."""
     if "destination" not in reg:
-        raise ValueError("source registration: 'destination' is required")
+        raise InvalidInput("source registration: 'destination' is required")
     keys = reg.get("aggregation_keys", {})
     if not isinstance(keys, Mapping):
-        raise ValueError("source registration: aggregation_keys must be an object")
+        raise InvalidInput("source registration: aggregation_keys must be an object")
     if len(keys) > ARA_MAX_KEYS_PER_SOURCE:
-        raise ValueError(f"source registration: {len(keys)} aggregation keys > {ARA_MAX_KEYS_PER_SOURCE}")
+        raise InvalidInput(f"source registration: {len(keys)} aggregation keys > {ARA_MAX_KEYS_PER_SOURCE}")
     for name, piece in keys.items():
         _check_name(name)
         _check_piece(piece)
@@ -718,18 +715,18 @@ def validate_trigger_registration(reg: Mapping[str, Any]) -> None:
         _check_piece(entry.get("key_piece"))
         names = entry.get("source_keys", [])
         if not isinstance(names, list):
-            raise ValueError("trigger registration: source_keys must be a list")
+            raise InvalidInput("trigger registration: source_keys must be a list")
         for name in names:
             _check_name(name)
     values = reg.get("aggregatable_values", {})
     if isinstance(values, list):  # filtered value sets (exploration arms): each is checked as a whole trigger's
         for entry in values:
             if not isinstance(entry, Mapping) or not isinstance(entry.get("values"), Mapping):
-                raise ValueError("trigger registration: each aggregatable_values entry needs a 'values' object")
+                raise InvalidInput("trigger registration: each aggregatable_values entry needs a 'values' object")
             _check_values(entry["values"])
         return
     if not isinstance(values, Mapping):
-        raise ValueError("trigger registration: aggregatable_values must be an object or a list")
+        raise InvalidInput("trigger registration: aggregatable_values must be an object or a list")
     _check_values(values)
 
 
@@ -737,20 +734,20 @@ def _check_values(values: Mapping[str, Any]) -> None:
     for name, v in values.items():
         _check_name(name)
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= ARA_MAX_VALUE:
-            raise ValueError(f"trigger registration: aggregatable value {name!r} = {v!r} is not an integer "
-                             f"in [1, {ARA_MAX_VALUE}]")
+            raise InvalidInput(f"trigger registration: aggregatable value {name!r} = {v!r} is not an integer "
+                               f"in [1, {ARA_MAX_VALUE}]")
     total = sum(values.values())
     if total > ARA_CONTRIBUTION_BUDGET:
-        raise ValueError(f"trigger registration: values total {total} > {ARA_CONTRIBUTION_BUDGET}")
+        raise InvalidInput(f"trigger registration: values total {total} > {ARA_CONTRIBUTION_BUDGET}")
 
 
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or len(name) > ARA_MAX_KEY_NAME_LENGTH:
-        raise ValueError(f"aggregation key name {name!r} must be a string of at most {ARA_MAX_KEY_NAME_LENGTH} characters")
+        raise InvalidInput(f"aggregation key name {name!r} must be a string of at most {ARA_MAX_KEY_NAME_LENGTH} characters")
 
 
 def _check_piece(piece: Any) -> None:
     if not isinstance(piece, str) or not _HEX_PIECE.match(piece):
-        raise ValueError(f"key piece {piece!r} must be '0x' followed by 1 to 32 hex digits")
+        raise InvalidInput(f"key piece {piece!r} must be '0x' followed by 1 to 32 hex digits")
 
 

@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -48,8 +46,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from araopt.io import jsonio
-from araopt.io.folders import ParquetShardWriter, check_replaceable, publish_dir
+from araopt.errors import InvalidInput
+from araopt.io.folders import OutputFolder, ParquetShardWriter
 
 CRITEO_COLUMNS: tuple[str, ...] = (
     "Sale", "SalesAmountInEuro", "time_delay_for_conversion", "click_timestamp", "nb_clicks_1week",
@@ -144,7 +142,7 @@ def _open(path: str, block_size: int, bad_rows: list[tuple[int | None, int, int]
 def _raise_bad_row(path: str, bad_rows: list[tuple[int | None, int, int]]) -> None:
     number, actual, expected = bad_rows[0]
     where = f"line {number}" if number is not None else "a line"
-    raise ValueError(f"{path}: {where}: expected {expected} tab-separated columns, found {actual}")
+    raise InvalidInput(f"{path}: {where}: expected {expected} tab-separated columns, found {actual}")
 
 
 def _arrow_error(path: str, e: pa.ArrowInvalid) -> ValueError:
@@ -234,7 +232,7 @@ def iter_criteo(path: str | os.PathLike[str], *, include_non_converting: bool = 
     """Stream (log rows, dead letters, dropped non-converting count) per parsed block."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise ValueError(f"Criteo file {path!r} does not exist")
+        raise InvalidInput(f"Criteo file {path!r} does not exist")
     bad_rows: list[tuple[int | None, int, int]] = []
     first_line = 1
     try:
@@ -272,7 +270,7 @@ def _check_empty_lines(path: str, batch: pa.RecordBatch, first_line: int) -> Non
         empty &= col.is_null().to_numpy(zero_copy_only=False)
     if empty.any():
         n = first_line + int(np.argmax(empty))
-        raise ValueError(f"{path}: line {n}: expected {len(CRITEO_COLUMNS)} tab-separated columns, found 1 (empty line)")
+        raise InvalidInput(f"{path}: line {n}: expected {len(CRITEO_COLUMNS)} tab-separated columns, found 1 (empty line)")
 
 
 def _account(stats: CriteoStats, table: pa.Table, dead: pa.Table, dropped: int) -> None:
@@ -304,19 +302,14 @@ def convert_criteo(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]
                    max_rows_per_file: int = 8_000_000, block_size: int = 1 << 24) -> CriteoStats:
     """Stream a Criteo file into ``out_dir``: part-*.parquet, _dead_letters.parquet, _manifest.json.
 
-    The directory is written under a temporary name and renamed into place only on success. A
-    non-empty ``out_dir`` is refused unless ``overwrite`` is set, and then only if it is an araopt
-    output (it holds ``_manifest.json``).
+    The folder is staged and moved into place only on success (``araopt.io.folders``: whole or absent);
+    a non-empty ``out_dir`` is refused unless ``overwrite`` is set, and then only if araopt wrote it (it
+    holds ``_manifest.json``).
     """
-    out = Path(out_dir)
-    check_replaceable(out, overwrite)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    stats = CriteoStats()
-    writer = ParquetShardWriter(tmp, CRITEO_LOG_SCHEMA, max_rows_per_file)
-    dead_writer = ParquetShardWriter(tmp, DEAD_LETTER_SCHEMA, 1 << 62, prefix="_dead_letters")
-    try:
+    with OutputFolder.prepare(out_dir, overwrite, "araopt load-criteo") as folder:
+        stats = CriteoStats()
+        writer = ParquetShardWriter(folder.staging, CRITEO_LOG_SCHEMA, max_rows_per_file)
+        dead_writer = ParquetShardWriter(folder.staging, DEAD_LETTER_SCHEMA, 1 << 62, prefix="_dead_letters")
         try:
             for table, dead, dropped in iter_criteo(path, include_non_converting=include_non_converting,
                                                     block_size=block_size):
@@ -331,13 +324,7 @@ def convert_criteo(path: str | os.PathLike[str], out_dir: str | os.PathLike[str]
         if not writer.files:
             writer.write(CRITEO_LOG_SCHEMA.empty_table())
             writer.close()
-        manifest = {"schema": "conversion_log/1", "source": "criteo-sponsored-search", "input": os.fspath(path),
-                    "include_non_converting": include_non_converting, **stats.as_dict(),
-                    "files": [os.path.basename(f) for f in writer.files + dead_writer.files]}
-        (tmp / "_manifest.json").write_text(jsonio.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        publish_dir(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        folder.commit({"schema": "conversion_log/1", "source": "criteo-sponsored-search", "input": os.fspath(path),
+                       "include_non_converting": include_non_converting, **stats.as_dict()})
     return stats
 

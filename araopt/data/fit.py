@@ -17,6 +17,7 @@ import pyarrow.dataset as ds
 from scipy import optimize
 
 from araopt.data.synthetic import IMPRESSION_FEATURE_NAMES, PowerLaw, SyntheticPreset, check_int
+from araopt.errors import InvalidInput, InvalidParameters
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,13 @@ def fit_power_law(counts: np.ndarray, k_min: int | None = None, k_max: int | Non
     """
     x = np.asarray(counts, dtype=np.int64)
     if x.size < 2:
-        raise ValueError(f"need at least 2 slices to fit the power law, got {x.size}")
+        raise InvalidInput(f"need at least 2 slices to fit the power law, got {x.size}")
     lo = int(x.min()) if k_min is None else check_int("k_min", k_min)
     hi = int(x.max()) if k_max is None else check_int("k_max", k_max)
     if lo < 1 or x.min() < lo or x.max() > hi:
-        raise ValueError(f"counts span [{x.min()}, {x.max()}], outside the support [{lo}, {hi}]")
+        raise InvalidInput(f"counts span [{x.min()}, {x.max()}], outside the support [{lo}, {hi}]")
     if lo == hi:
-        raise ValueError(f"all {x.size} slices have {lo} impressions: the power-law shape b is not identifiable")
+        raise InvalidInput(f"all {x.size} slices have {lo} impressions: the power-law shape b is not identifiable")
     mean_log = float(np.mean(np.log(x)))
 
     def nll(b: float) -> float:
@@ -75,9 +76,9 @@ def fit_zero_truncated_poisson(counts: np.ndarray) -> tuple[float, float]:
     """
     n = np.asarray(counts, dtype=np.float64)
     if n.size == 0:
-        raise ValueError("no impressions to fit lam")
+        raise InvalidInput("no impressions to fit lam")
     if n.min() < 1:
-        raise ValueError("zero-truncated Poisson counts must all be >= 1")
+        raise InvalidInput("zero-truncated Poisson counts must all be >= 1")
     m = float(n.mean())
     if m <= 1.0:
         return 0.0, 0.0
@@ -96,12 +97,12 @@ def fit_log_normal(values: np.ndarray) -> tuple[float, float, int]:
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v) & (v > 0)]
     if v.size < 2:
-        raise ValueError(f"need at least 2 positive values to fit mu and sigma, got {v.size}")
+        raise InvalidInput(f"need at least 2 positive values to fit mu and sigma, got {v.size}")
     logs = np.log(v)
     mu = float(logs.mean())
     sigma = float(np.sqrt(np.mean((logs - mu) ** 2)))  # MLE: divide by n, not n - 1
     if sigma <= 0:
-        raise ValueError("all positive values are equal: sigma is 0 and the log-normal is degenerate")
+        raise InvalidInput("all positive values are equal: sigma is 0 and the log-normal is degenerate")
     return mu, sigma, int(v.size)
 
 
@@ -111,15 +112,15 @@ def _read_log(source: pa.Table | str | os.PathLike[str], columns: Sequence[str])
     else:
         path = os.fspath(source)
         if not os.path.exists(path):
-            raise ValueError(f"input {path!r} does not exist")
+            raise InvalidInput(f"input {path!r} does not exist")
         dataset = ds.dataset(path, format="parquet")
         missing = [c for c in columns if c not in dataset.schema.names]
         if missing:
-            raise ValueError(f"input {path!r} lacks column(s) {missing}; present: {dataset.schema.names}")
+            raise InvalidInput(f"input {path!r} lacks column(s) {missing}; present: {dataset.schema.names}")
         table = dataset.to_table(columns=list(columns))
     missing = [c for c in columns if c not in table.column_names]
     if missing:
-        raise ValueError(f"input lacks column(s) {missing}; present: {table.column_names}")
+        raise InvalidInput(f"input lacks column(s) {missing}; present: {table.column_names}")
     return table.select(list(columns))
 
 
@@ -138,25 +139,25 @@ def fit_synthetic_report(source: pa.Table | str | os.PathLike[str], *, name: str
     """
     slice_columns = list(slice_columns)
     if not slice_columns:
-        raise ValueError("at least one slice column is required")
+        raise InvalidParameters("at least one slice column is required")
     table = _read_log(source, [impression_column, *slice_columns, value_column])
     if table.num_rows == 0:
-        raise ValueError("the conversion log is empty")
+        raise InvalidInput("the conversion log is empty")
     for c in table.column_names:
         if table.column(c).null_count:
-            raise ValueError(f"column {c!r} has {table.column(c).null_count} null(s); the contract requires non-null")
+            raise InvalidInput(f"column {c!r} has {table.column(c).null_count} null(s); the contract requires non-null")
     per_imp = table.group_by([impression_column, *slice_columns]).aggregate([([], "count_all")])
     n_impressions = pc.count_distinct(table.column(impression_column)).as_py()
     if per_imp.num_rows != n_impressions:
-        raise ValueError(f"{per_imp.num_rows - n_impressions} impression(s) appear in more than one slice "
-                         f"of {slice_columns}; each impression must belong to one slice")
+        raise InvalidInput(f"{per_imp.num_rows - n_impressions} impression(s) appear in more than one slice "
+                           f"of {slice_columns}; each impression must belong to one slice")
     per_slice = per_imp.group_by(slice_columns).aggregate([([], "count_all")])
     slice_sizes = per_slice.column("count_all").to_numpy()
     law, se_b = fit_power_law(slice_sizes, k_min, k_max)
     lam, se_lam = fit_zero_truncated_poisson(per_imp.column("count_all").to_numpy())
     values = pc.cast(table.column(value_column), pa.float64()).to_numpy()
     if np.any(values < 0) or not np.all(np.isfinite(values)):
-        raise ValueError(f"value column {value_column!r} must be finite and >= 0")
+        raise InvalidInput(f"value column {value_column!r} must be finite and >= 0")
     mu, sigma, n_pos = fit_log_normal(values)
     notes = []
     if lam == 0.0:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -29,9 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from araopt.io import jsonio
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import time_as_micros
-from araopt.io.folders import ParquetShardWriter, prepare_output_dir, publish_dir
+from araopt.io.folders import OutputFolder, ParquetShardWriter, check_parent_folder
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,11 @@ def parse_cut_time(text: str) -> datetime:
     try:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"cut time {text!r} is not an ISO-8601 date/time (e.g. 2024-01-15T00:00:00Z)") from None
+        raise InvalidInput(f"cut time {text!r} is not an ISO-8601 date/time (e.g. 2024-01-15T00:00:00Z)") from None
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+SPLITS = ("train", "test")
 
 
 def _dataset(source: pa.Table | str | os.PathLike[str]) -> ds.Dataset:
@@ -60,18 +64,18 @@ def _dataset(source: pa.Table | str | os.PathLike[str]) -> ds.Dataset:
         return ds.dataset(source)
     path = os.fspath(source)
     if not os.path.exists(path):
-        raise ValueError(f"input {path!r} does not exist")
+        raise InvalidInput(f"input {path!r} does not exist")
     return ds.dataset(path, format="parquet")
 
 
 def _micros(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
     if not pa.types.is_timestamp(column.type):
-        raise ValueError(f"time column {name!r} must be a timestamp, got {column.type}")
+        raise InvalidInput(f"time column {name!r} must be a timestamp, got {column.type}")
     if column.null_count:
-        raise ValueError(f"time column {name!r} has {column.null_count} null(s)")
+        raise InvalidInput(f"time column {name!r} has {column.null_count} null(s)")
     micros, ok, _ = time_as_micros(column)  # by the column's own unit (pandas writes ns), floored to the microsecond
     if not ok.all():
-        raise ValueError(f"time column {name!r} has {int((~ok).sum())} value(s) out of the int64 microsecond range")
+        raise InvalidInput(f"time column {name!r} has {int((~ok).sum())} value(s) out of the int64 microsecond range")
     return micros
 
 
@@ -80,13 +84,13 @@ def quantile_cut(source: pa.Table | str | os.PathLike[str], train_fraction: floa
     """The cut time s_k, k = round(train_fraction * n), over the sorted times (module docstring)."""
     q = float(train_fraction)
     if not (0.0 < q < 1.0) or math.isnan(q):
-        raise ValueError(f"train fraction must be strictly between 0 and 1, got {train_fraction}")
+        raise InvalidParameters(f"train fraction must be strictly between 0 and 1, got {train_fraction}")
     dataset = _dataset(source)
     if time_column not in dataset.schema.names:
-        raise ValueError(f"input has no column {time_column!r}; present: {dataset.schema.names}")
+        raise InvalidInput(f"input has no column {time_column!r}; present: {dataset.schema.names}")
     times = _micros(dataset.to_table(columns=[time_column]).column(time_column), time_column)
     if times.size < 2:
-        raise ValueError(f"need at least 2 rows to split, got {times.size}")
+        raise InvalidInput(f"need at least 2 rows to split, got {times.size}")
     k = min(times.size - 1, max(0, round(q * times.size)))
     cut_us = int(np.partition(times, k)[k])
     return datetime.fromtimestamp(cut_us // 1_000_000, tz=UTC).replace(microsecond=cut_us % 1_000_000)
@@ -95,7 +99,7 @@ def quantile_cut(source: pa.Table | str | os.PathLike[str], train_fraction: floa
 def split_table(table: pa.Table, cut_time: datetime, time_column: str = "conversion_time") -> tuple[pa.Table, pa.Table]:
     """In-memory split: (rows with time < cut, rows with time >= cut)."""
     if time_column not in table.column_names:
-        raise ValueError(f"input has no column {time_column!r}; present: {table.column_names}")
+        raise InvalidInput(f"input has no column {time_column!r}; present: {table.column_names}")
     early = _early_mask(table.column(time_column), cut_time, time_column)
     return table.filter(early), table.filter(pc.invert(early))
 
@@ -119,17 +123,18 @@ def split_by_time(source: pa.Table | str | os.PathLike[str], out_dir: str | os.P
                   batch_rows: int = 1_000_000, max_rows_per_file: int = 8_000_000) -> SplitResult:
     """Write <out_dir>/train (time < cut) and <out_dir>/test (time >= cut); exactly one cut rule."""
     if (train_fraction is None) == (cut_time is None):
-        raise ValueError("give exactly one of a train fraction or a cut time")
+        raise InvalidParameters("give exactly one of a train fraction or a cut time")
     dataset = _dataset(source)
     if time_column not in dataset.schema.names:
-        raise ValueError(f"input has no column {time_column!r}; present: {dataset.schema.names}")
+        raise InvalidInput(f"input has no column {time_column!r}; present: {dataset.schema.names}")
     if cut_time is None:
         cut_time = quantile_cut(source, cast(float, train_fraction), time_column)  # (exactly one given: checked above)
-    out = prepare_output_dir(out_dir, ("train", "test"), overwrite)
-    tmp = {s: out / f".{s}.tmp-{os.getpid()}" for s in ("train", "test")}
-    writers = {s: ParquetShardWriter(tmp[s], dataset.schema, max_rows_per_file) for s in tmp}
+    check_parent_folder(out_dir, SPLITS, overwrite)
     rows = {"train": 0, "test": 0}
-    try:
+    with ExitStack() as stack:
+        folders = {s: stack.enter_context(OutputFolder.prepare(Path(out_dir) / s, overwrite, "araopt split"))
+                   for s in SPLITS}
+        writers = {s: ParquetShardWriter(folders[s].staging, dataset.schema, max_rows_per_file) for s in SPLITS}
         try:
             for batch in dataset.to_batches(batch_size=batch_rows):
                 if batch.num_rows == 0:
@@ -144,18 +149,13 @@ def split_by_time(source: pa.Table | str | os.PathLike[str], out_dir: str | os.P
             for w in writers.values():
                 w.close()
         result = SplitResult(cut_time, time_column, rows["train"], rows["test"])
+        manifests = {}
         for s, w in writers.items():
             if not w.files:  # an empty side still gets the schema
                 w.write(dataset.schema.empty_table())
                 w.close()
-            manifest = {"schema": "conversion_log/1", "split": s, "rows": rows[s], **result.as_dict(),
-                        "rule": "train: time < cut; test: time >= cut",
-                        "files": [os.path.basename(f) for f in w.files]}
-            (tmp[s] / "_manifest.json").write_text(jsonio.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        for s in ("train", "test"):
-            publish_dir(tmp[s], out / s)
-    finally:
-        for t in tmp.values():
-            if t.exists():
-                shutil.rmtree(t, ignore_errors=True)
+            manifests[s] = {"schema": "conversion_log/1", "split": s, "rows": rows[s], **result.as_dict(),
+                            "rule": "train: time < cut; test: time >= cut"}
+        for s in SPLITS:
+            folders[s].commit(manifests[s])
     return result

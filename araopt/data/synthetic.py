@@ -73,9 +73,9 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
@@ -87,9 +87,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from araopt.errors import InvalidInput, InvalidParameters, Unsupported
 from araopt.io import jsonio
 from araopt.io.files import atomic_write_bytes
-from araopt.io.folders import ParquetShardWriter, check_output_dir, prepare_output_dir, publish_dir
+from araopt.io.folders import OutputFolder, ParquetShardWriter, check_output_file, check_parent_folder
 
 # --------------------------------------------------------------------------------------------
 # Features (Table impression-dimensions) and the output schema (schemas/conversion_log.arrow.json)
@@ -130,9 +131,9 @@ def _check_finite(name: str, x: float) -> float:
     try:
         x = float(x)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {x!r}") from None
+        raise InvalidParameters(f"{name} must be a number, got {x!r}") from None
     if not math.isfinite(x):
-        raise ValueError(f"{name} must be finite, got {x}")
+        raise InvalidParameters(f"{name} must be finite, got {x}")
     return x
 
 
@@ -140,7 +141,7 @@ def check_int(name: str, x: Any) -> int:
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
         if isinstance(x, float) and x.is_integer():
             return int(x)
-        raise ValueError(f"{name} must be an integer, got {x!r}")
+        raise InvalidParameters(f"{name} must be an integer, got {x!r}")
     return int(x)
 
 
@@ -177,12 +178,12 @@ class PowerLaw:
     def __post_init__(self) -> None:
         b = _check_finite("b", self.b)
         if b <= 0:
-            raise ValueError(f"power-law shape b must be > 0 (Def. 5.1), got {b}")
+            raise InvalidParameters(f"power-law shape b must be > 0 (Def. 5.1), got {b}")
         k_min, k_max = check_int("k_min", self.k_min), check_int("k_max", self.k_max)
         if k_min < 1:
-            raise ValueError(f"k_min must be >= 1, got {k_min}")
+            raise InvalidParameters(f"k_min must be >= 1, got {k_min}")
         if k_max < k_min:
-            raise ValueError(f"k_max must be >= k_min, got k_min={k_min}, k_max={k_max}")
+            raise InvalidParameters(f"k_max must be >= k_min, got k_min={k_min}, k_max={k_max}")
         object.__setattr__(self, "b", b)
         object.__setattr__(self, "k_min", k_min)
         object.__setattr__(self, "k_max", k_max)
@@ -242,7 +243,7 @@ class PowerLaw:
             return self.ppf_exact(u)
         if method == "clauset":
             return self.ppf_clauset(u)
-        raise ValueError(f"unknown power-law sampler {method!r}; expected 'exact' or 'clauset'")
+        raise InvalidParameters(f"unknown power-law sampler {method!r}; expected 'exact' or 'clauset'")
 
     def ppf_exact(self, u: np.ndarray) -> np.ndarray:
         """Def. 5.1 quantile function at u in [0, 1) (exact on the head, see module docstring)."""
@@ -298,17 +299,17 @@ class SyntheticPreset:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"preset name must be a non-empty string, got {self.name!r}")
+            raise InvalidParameters(f"preset name must be a non-empty string, got {self.name!r}")
         lam = _check_finite("lam", self.lam)
         if lam < 0:
-            raise ValueError(f"Poisson rate lam must be >= 0 (Def. 5.2), got {lam}")
+            raise InvalidParameters(f"Poisson rate lam must be >= 0 (Def. 5.2), got {lam}")
         mu = _check_finite("mu", self.mu)
         sigma = _check_finite("sigma", self.sigma)
         if sigma <= 0:
-            raise ValueError(f"log-normal sigma must be > 0 (Def. 5.3), got {sigma}")
+            raise InvalidParameters(f"log-normal sigma must be > 0 (Def. 5.3), got {sigma}")
         window = check_int("attribution_window_days", self.attribution_window_days)
         if window < 1:
-            raise ValueError(f"attribution_window_days must be >= 1, got {window}")
+            raise InvalidParameters(f"attribution_window_days must be >= 1, got {window}")
         law = PowerLaw(self.b, self.k_min, self.k_max)  # validates b, k_min, k_max
         for name, value in (("b", law.b), ("k_min", law.k_min), ("k_max", law.k_max), ("lam", lam),
                             ("mu", mu), ("sigma", sigma), ("attribution_window_days", window)):
@@ -322,7 +323,7 @@ class SyntheticPreset:
         """The preset with its power-law support multiplied by ``scale`` (module docstring)."""
         s = _check_finite("scale", scale)
         if s <= 0:
-            raise ValueError(f"scale must be > 0, got {s}")
+            raise InvalidParameters(f"scale must be > 0, got {s}")
         if s == 1.0:
             return self
         k_min = max(1, math.floor(self.k_min * s + 0.5))
@@ -336,17 +337,17 @@ class SyntheticPreset:
     def from_dict(cls, data: Mapping[str, Any]) -> SyntheticPreset:
         """Inverse of ``to_dict``; unknown keys are an error (catches typos like "lambda")."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"a preset must be a JSON object, got {type(data).__name__}")
+            raise InvalidInput(f"a preset must be a JSON object, got {type(data).__name__}")
         allowed = {f for f in cls.__dataclass_fields__} | {"format", "fit"}
         unknown = sorted(set(data) - allowed)
         if unknown:
-            raise ValueError(f"unknown preset key(s) {unknown}; allowed: {sorted(allowed)}")
+            raise InvalidInput(f"unknown preset key(s) {unknown}; allowed: {sorted(allowed)}")
         fmt = data.get("format", PRESET_FORMAT)
         if fmt != PRESET_FORMAT:
-            raise ValueError(f"unsupported preset format {fmt!r}; expected {PRESET_FORMAT!r}")
+            raise Unsupported(f"unsupported preset format {fmt!r}; expected {PRESET_FORMAT!r}")
         missing = [k for k in ("name", "b", "lam", "mu", "sigma") if k not in data]
         if missing:
-            raise ValueError(f"preset is missing key(s) {missing}")
+            raise InvalidInput(f"preset is missing key(s) {missing}")
         return cls(**{k: v for k, v in data.items() if k not in ("format", "fit")})
 
 
@@ -366,9 +367,9 @@ def get_preset(name_or_path: str | os.PathLike[str]) -> SyntheticPreset:
         return PRESETS[key]
     if key.endswith(".json") or os.sep in key:
         if not os.path.isfile(key):
-            raise ValueError(f"preset file {key!r} does not exist")
+            raise InvalidInput(f"preset file {key!r} does not exist")
         return load_preset(key)
-    raise ValueError(f"unknown preset {key!r}; known presets: {', '.join(PRESETS)} (or a preset .json file)")
+    raise InvalidParameters(f"unknown preset {key!r}; known presets: {', '.join(PRESETS)} (or a preset .json file)")
 
 
 def load_preset(path: str | os.PathLike[str]) -> SyntheticPreset:
@@ -376,15 +377,14 @@ def load_preset(path: str | os.PathLike[str]) -> SyntheticPreset:
     try:
         return SyntheticPreset.from_dict(data)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"preset file {os.fspath(path)!r}: {e}") from None
+        raise InvalidInput(f"preset file {os.fspath(path)!r}: {e}") from None
 
 
 def save_preset(preset: SyntheticPreset, path: str | os.PathLike[str], *, fit: Mapping[str, Any] | None = None,
                 overwrite: bool = False) -> None:
     """Write a preset JSON (``fit`` diagnostics are stored alongside and ignored on load)."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise ValueError(f"{path} already exists; pass --overwrite to replace it")
+    check_output_file(path, overwrite)
     data = preset.to_dict()
     if fit is not None:
         data["fit"] = dict(fit)
@@ -404,9 +404,9 @@ def scale_for_target_conversions(preset: SyntheticPreset, target: float) -> floa
     """Smallest scale (to 0.1 %) whose expected conversions per split reach ``target``."""
     target = _check_finite("target conversions", target)
     if target <= 0:
-        raise ValueError(f"target conversions must be > 0, got {target}")
+        raise InvalidParameters(f"target conversions must be > 0, got {target}")
     if preset.lam == 0:
-        raise ValueError("lam = 0 generates no conversions; no scale reaches a conversion target")
+        raise InvalidParameters("lam = 0 generates no conversions; no scale reaches a conversion target")
     lo = 0.5 / max(preset.k_max, 1)  # support collapses to [1, 1]
     minimum = expected_sizes(preset, lo)["conversions"]
     if target <= minimum:
@@ -415,7 +415,7 @@ def scale_for_target_conversions(preset: SyntheticPreset, target: float) -> floa
     while expected_sizes(preset, hi)["conversions"] < target:
         hi *= 4.0
         if hi > 1e12:
-            raise ValueError(f"target {target:g} conversions is out of reach for preset {preset.name!r}")
+            raise InvalidParameters(f"target {target:g} conversions is out of reach for preset {preset.name!r}")
     while hi / lo > 1.001:
         mid = math.sqrt(lo * hi)
         if expected_sizes(preset, mid)["conversions"] >= target:
@@ -436,7 +436,7 @@ def _seed_sequence(seed: int, *key: int) -> np.random.SeedSequence:
 def _check_seed(seed: int) -> int:
     seed = check_int("seed", seed)
     if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+        raise InvalidParameters(f"seed must be >= 0, got {seed}")
     return seed
 
 
@@ -482,12 +482,12 @@ def plan_impressions(preset: SyntheticPreset, *, seed: int, split: str = "train"
     """Step 1: one power-law draw per slice, split uniformly over ``days`` by a multinomial."""
     seed = _check_seed(seed)
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise InvalidParameters(f"split must be one of {SPLITS}, got {split!r}")
     days = check_int("days", days)
     if days < 1:
-        raise ValueError(f"days must be >= 1, got {days}")
+        raise InvalidParameters(f"days must be >= 1, got {days}")
     if power_law_method not in ("exact", "clauset"):
-        raise ValueError(f"unknown power-law sampler {power_law_method!r}; expected 'exact' or 'clauset'")
+        raise InvalidParameters(f"unknown power-law sampler {power_law_method!r}; expected 'exact' or 'clauset'")
     eff = preset.scaled(scale)
     rng = np.random.default_rng(_seed_sequence(seed, SPLITS.index(split), 0))
     per_slice = eff.power_law.sample(rng, N_SLICES, method=power_law_method)
@@ -578,7 +578,7 @@ def iter_chunks(plan: ImpressionPlan, chunk_rows: int = 1_000_000) -> Iterator[t
     """
     chunk_rows = check_int("chunk_rows", chunk_rows)
     if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        raise InvalidParameters(f"chunk_rows must be >= 1, got {chunk_rows}")
     block_imps = _block_impressions(plan.preset.lam)
     id_base = SPLIT_ID_OFFSET[plan.split]
     for d in range(plan.days):
@@ -621,7 +621,7 @@ def write_split(plan: ImpressionPlan, directory: str | os.PathLike[str], *, part
     by conversion date (what a daily export holds: an impression's conversions spread over days)."""
     max_rows_per_file = check_int("max_rows_per_file", max_rows_per_file)
     if max_rows_per_file < 1:
-        raise ValueError(f"max_rows_per_file must be >= 1, got {max_rows_per_file}")
+        raise InvalidParameters(f"max_rows_per_file must be >= 1, got {max_rows_per_file}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     flat = ParquetShardWriter(directory, CONVERSION_LOG_SCHEMA, max_rows_per_file, compression,
@@ -718,31 +718,25 @@ def write_synthetic(out_dir: str | os.PathLike[str], preset: SyntheticPreset, *,
     ``days=None`` writes flat ``part-*.parquet`` files (impressions on ``start_date``);
     ``days=N`` writes ``date=YYYY-MM-DD/part-*.parquet`` for N days of impressions, partitioned by
     impression date or, with ``by_conversion_date``, by conversion date. Each split is written to a
-    hidden temporary directory and renamed into place when complete; ``_manifest.json`` records
-    parameters and sizes (underscore files are ignored by Arrow/pandas dataset readers).
+    staging folder and all are moved into place when every one is complete (``araopt.io.folders``: a
+    split folder is whole or absent); its ``_manifest.json`` records parameters, sizes and every file's
+    sha256 (underscore files are ignored by Arrow/pandas dataset readers).
     """
     splits = tuple(splits)
     if not splits or any(s not in SPLITS for s in splits) or len(set(splits)) != len(splits):
-        raise ValueError(f"splits must be distinct values from {SPLITS}, got {splits}")
-    check_output_dir(out_dir, splits, overwrite)
+        raise InvalidParameters(f"splits must be distinct values from {SPLITS}, got {splits}")
+    check_parent_folder(out_dir, splits, overwrite)
     plans = {s: plan_impressions(preset, seed=seed, split=s, scale=scale, days=1 if days is None else days,
                                  start_date=start_date, power_law_method=power_law_method) for s in splits}
-    out = prepare_output_dir(out_dir, splits, overwrite)
     manifests: dict[str, dict[str, Any]] = {}
-    for s, plan in plans.items():
-        tmp = out / f".{s}.tmp-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
-            manifest = write_split(plan, tmp, partition_by_date=days is not None, chunk_rows=chunk_rows,
-                                   max_rows_per_file=max_rows_per_file, compression=compression,
-                                   by_conversion_date=by_conversion_date)
-            (tmp / "_manifest.json").write_text(jsonio.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-            publish_dir(tmp, out / s)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        manifests[s] = manifest
+    with ExitStack() as stack:
+        folders = {s: stack.enter_context(OutputFolder.prepare(Path(out_dir) / s, overwrite, "araopt synth"))
+                   for s in splits}
+        staged = {s: write_split(plan, folders[s].staging, partition_by_date=days is not None, chunk_rows=chunk_rows,
+                                 max_rows_per_file=max_rows_per_file, compression=compression,
+                                 by_conversion_date=by_conversion_date) for s, plan in plans.items()}
+        for s, manifest in staged.items():
+            manifests[s] = folders[s].commit(manifest)
     return manifests
 
 

@@ -29,7 +29,7 @@ import pandas as pd
 
 from araopt.calibration.accumulator import calibration_statistics, day_blocks
 from araopt.constants import EPSILONS
-from araopt.errors import check_epsilon
+from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.evaluation import plots
 from araopt.evaluation.methods import CORRECTED_METHOD, METHODS
 from araopt.io.conversions import Conversions
@@ -72,15 +72,15 @@ def _metric_taus(params: Params, conversions: Conversions | None, taus: np.ndarr
     if recorded is not None:
         return recorded
     if conversions is None:
-        raise ValueError("taus are needed: the parameter file records none")
+        raise InvalidParameters("taus are needed: the parameter file records none")
     return default_taus(conversions.values, params.count_tau)
 
 
 def conversions_breakdown(params: Params, conversions: Conversions, kind: str = "exact") -> ErrorBreakdown:
     """Exact bias / variance per slice of ``params`` on records (slices: those present in the data)."""
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
-                         f"params expect {params.query_columns}")
+        raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
+                           f"params expect {params.query_columns}")
     domain = _domain(params, conversions)
     sidx = domain.slice_index(conversions.slices)
     return expected_error(conversions, sidx, domain.num_slices, params, kind, tie_breaker=conversions.record_keys())
@@ -117,7 +117,7 @@ def monte_carlo_rmsre(params: Params, conversions: Conversions, runs: int, seed:
                       taus: np.ndarray | None = None) -> MonteCarloResult:
     """Run ``measure`` with simulation seeds seed, seed+1, ... and compare with ``analytic_rmsre``."""
     if runs < 2:
-        raise ValueError(f"Monte-Carlo needs at least 2 runs, got {runs}")
+        raise InvalidParameters(f"Monte-Carlo needs at least 2 runs, got {runs}")
     t = _metric_taus(params, conversions, taus)
     domain = _domain(params, conversions)
     sidx = domain.slice_index(conversions.slices)
@@ -168,7 +168,7 @@ def interval_coverage(version: ParameterVersion, conversions: Conversions, runs:
     """Run ``measure`` ``runs`` times (simulation seeds) and count how often each interval holds the truth
     (the intervals the release publishes: of the true totals with a calibration, else Alg. 4's)."""
     if runs < 1:
-        raise ValueError(f"coverage needs at least 1 run, got {runs}")
+        raise InvalidParameters(f"coverage needs at least 1 run, got {runs}")
     params = version.params
     domain = _domain(params, conversions)
     truth = conversions_breakdown(params, conversions).truth.reshape(-1)
@@ -235,11 +235,11 @@ def evaluate_dataset(
     None: for a release as large as the training log (the paper's setting). ``stages`` hears of every
     (epsilon, step) as it starts (``araopt.io.progress``)."""
     if test_conversions is None and test_stats is None:
-        raise ValueError("evaluate_dataset needs test conversions or test statistics")
+        raise InvalidParameters("evaluate_dataset needs test conversions or test statistics")
     eps_list = [check_epsilon(e) for e in epsilons]
     unknown = set(methods) - set(METHODS)
     if unknown:
-        raise ValueError(f"unknown methods {sorted(unknown)}; known: {METHODS}")
+        raise InvalidParameters(f"unknown methods {sorted(unknown)}; known: {METHODS}")
     kind = Objective.EXACT.value if kind == CORRECTED else kind  # the paper's estimators' objective
     taus = train_stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
     history = train_stats

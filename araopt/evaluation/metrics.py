@@ -9,6 +9,7 @@ from typing import cast
 
 import numpy as np
 
+from araopt.errors import InvalidInput
 from araopt.optimize.error_model import ErrorBreakdown
 
 
@@ -16,7 +17,7 @@ def _as_samples(samples: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.
     s = np.asarray(samples, dtype=np.float64)
     t = np.asarray(truth, dtype=np.float64)
     if s.ndim != 2 or s.shape[1] != t.shape[0]:
-        raise ValueError(f"samples must be (runs, m) with m = len(truth) = {t.shape[0]}, got {s.shape}")
+        raise InvalidInput(f"samples must be (runs, m) with m = len(truth) = {t.shape[0]}, got {s.shape}")
     return s, t
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.errors import InvalidInput
 from araopt.evaluation.methods import METHOD_LABELS, METHODS
 from araopt.mechanism.noise import discrete_laplace_cdf, discrete_laplace_variance, noise_parameter
 
@@ -127,9 +128,9 @@ def estimates_figure(estimates: pd.DataFrame, slice_columns: Sequence[str], top:
     columns = list(slice_columns)
     missing = [c for c in (*columns, *ESTIMATE_COLUMNS) if c not in estimates.columns]
     if missing:
-        raise ValueError(f"estimates table lacks columns {missing}")
+        raise InvalidInput(f"estimates table lacks columns {missing}")
     if estimates.duplicated([*columns, "query"]).any():
-        raise ValueError("estimates table has more than one row for a (slice, query)")
+        raise InvalidInput("estimates table has more than one row for a (slice, query)")
     names = list(dict.fromkeys(estimates["query"].astype(str)))
     queries = ["count"] + [q for q in names if q != "count"] if "count" in names else names
     ranking = estimates[estimates["query"] == queries[0]]
@@ -225,11 +226,11 @@ def noise_figure(unnoised: np.ndarray | Sequence[int], noise: np.ndarray | Seque
     unnoised = np.asarray(unnoised, dtype=np.float64).reshape(-1)
     noise = np.asarray(noise, dtype=np.float64).reshape(-1)
     if unnoised.shape != noise.shape:
-        raise ValueError(f"unnoised has {unnoised.size} keys but noise has {noise.size}")
+        raise InvalidInput(f"unnoised has {unnoised.size} keys but noise has {noise.size}")
     kinds_count = max(1, len(column_names))
     n = unnoised.size
     if n == 0 or n % kinds_count:
-        raise ValueError(f"{n} keys are not a whole number of slices of {kinds_count} keys ({list(column_names)})")
+        raise InvalidInput(f"{n} keys are not a whole number of slices of {kinds_count} keys ({list(column_names)})")
     kind = np.arange(n) % kinds_count
     noisy = unnoised + noise
     sd = a = None
@@ -480,7 +481,7 @@ def coverage_figure(results: pd.DataFrame, nominal: float = 0.95) -> Figure:
 
     queries = [c[len("coverage_"):] for c in results.columns if c.startswith("coverage_")]
     if not queries:
-        raise ValueError("results have no coverage_<query> columns (run the evaluation with Monte-Carlo runs)")
+        raise InvalidInput("results have no coverage_<query> columns (run the evaluation with Monte-Carlo runs)")
     names = list(dict.fromkeys(results["dataset"]))
     panels = [(name, query) for name in names for query in queries]
     fig = _figure(max(6.4, 4.6 * len(panels)), 4.8)

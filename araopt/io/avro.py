@@ -29,6 +29,7 @@ from typing import Any, cast
 import fastavro
 import numpy as np
 
+from araopt.errors import InvalidInput
 from araopt.io.files import atomic_write, distinct_files
 
 SUMMARY = "AggregatedFact"
@@ -46,7 +47,7 @@ PathsOrGlob = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 def load_schema(name: str) -> dict[str, Any]:
     """The raw JSON schema (dict) of record ``name`` (AggregatedFact, DebugAggregatedFact, AggregationBucket)."""
     if name not in SCHEMA_FILES:
-        raise ValueError(f"unknown Aggregation Service record {name!r}; known: {sorted(SCHEMA_FILES)}")
+        raise InvalidInput(f"unknown Aggregation Service record {name!r}; known: {sorted(SCHEMA_FILES)}")
     text = resources.files("araopt").joinpath("schemas", SCHEMA_FILES[name]).read_text(encoding="utf-8")
     return cast(dict[str, Any], json.loads(text))
 
@@ -54,7 +55,7 @@ def load_schema(name: str) -> dict[str, Any]:
 def schema_path(name: str) -> str:
     """Filesystem path of the ``.avsc`` file (for tools that want a path, e.g. Beam)."""
     if name not in SCHEMA_FILES:
-        raise ValueError(f"unknown Aggregation Service record {name!r}; known: {sorted(SCHEMA_FILES)}")
+        raise InvalidInput(f"unknown Aggregation Service record {name!r}; known: {sorted(SCHEMA_FILES)}")
     return str(resources.files("araopt").joinpath("schemas", SCHEMA_FILES[name]))
 
 
@@ -115,9 +116,9 @@ def file_kind(path: str | os.PathLike[str], allowed: Iterable[str] = (SUMMARY, D
         with open(path, "rb") as fh:
             schema = fastavro.reader(fh).writer_schema
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
+        raise InvalidInput(f"{path}: cannot read ({exc.strerror})") from None
     except Exception as exc:  # noqa: BLE001 - fastavro raises ValueError / SchemaParseException / others on garbage
-        raise ValueError(f"{path}: not an Avro data file ({exc})") from None
+        raise InvalidInput(f"{path}: not an Avro data file ({exc})") from None
     return _check_schema(path, schema, allowed)
 
 
@@ -127,7 +128,7 @@ def _check_schema(path: str, schema: Any, allowed: tuple[str, ...]) -> str:
         if sig == _EXPECTED[name]:
             return name
     want = " or ".join(_describe(load_schema(n)) for n in allowed)
-    raise ValueError(f"{path}: Avro schema {_describe(schema)} is not the Aggregation Service's {want}")
+    raise InvalidInput(f"{path}: Avro schema {_describe(schema)} is not the Aggregation Service's {want}")
 
 
 # ---- buckets ----------------------------------------------------------------------------------
@@ -145,29 +146,29 @@ def bucket_to_16_bytes(bucket: int) -> bytes:
 def bucket_from_avro_bytes(raw: bytes) -> int:
     """Any big-endian form with leading zero bytes dropped, kept, or a 0x00 sign byte; at most 128 bits."""
     if not isinstance(raw, (bytes, bytearray)):
-        raise ValueError(f"bucket must be bytes, got {type(raw).__name__}")
+        raise InvalidInput(f"bucket must be bytes, got {type(raw).__name__}")
     stripped = bytes(raw).lstrip(b"\x00")
     if len(stripped) > BUCKET_BYTES:
-        raise ValueError(f"bucket 0x{stripped.hex()} has {len(stripped)} significant bytes; "
-                         f"ARA buckets are at most 16 (128 bits)")
+        raise InvalidInput(f"bucket 0x{stripped.hex()} has {len(stripped)} significant bytes; "
+                           f"ARA buckets are at most 16 (128 bits)")
     return int.from_bytes(stripped, "big")
 
 
 def _check_bucket(bucket: Any) -> int:
     if isinstance(bucket, (bool, np.bool_)) or not isinstance(bucket, (int, np.integer)):
-        raise ValueError(f"bucket must be an integer, got {bucket!r}")
+        raise InvalidInput(f"bucket must be an integer, got {bucket!r}")
     b = int(bucket)
     if not 0 <= b < 2**128:
-        raise ValueError(f"bucket {b} is outside [0, 2^128)")
+        raise InvalidInput(f"bucket {b} is outside [0, 2^128)")
     return b
 
 
 def _check_long(value: Any, what: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{what} must be an integer (Avro long), got {value!r}")
+        raise InvalidInput(f"{what} must be an integer (Avro long), got {value!r}")
     v = int(value)
     if not _LONG_MIN <= v <= _LONG_MAX:
-        raise ValueError(f"{what} {v} does not fit in an Avro long")
+        raise InvalidInput(f"{what} {v} does not fit in an Avro long")
     return v
 
 
@@ -181,19 +182,19 @@ def expand_paths(paths_or_glob: PathsOrGlob) -> list[str]:
         if any(ch in p for ch in "*?["):
             matches = sorted(m for m in _glob.glob(p) if os.path.isfile(m))
             if not matches:
-                raise ValueError(f"no file matches {p!r}")
+                raise InvalidInput(f"no file matches {p!r}")
             out.extend(matches)
         elif os.path.isdir(p):
             matches = sorted(_glob.glob(os.path.join(p, "*.avro")))
             if not matches:
-                raise ValueError(f"directory {p!r} holds no *.avro file")
+                raise InvalidInput(f"directory {p!r} holds no *.avro file")
             out.extend(matches)
         elif os.path.isfile(p):
             out.append(p)
         else:
-            raise ValueError(f"no such file: {p!r}")
+            raise InvalidInput(f"no such file: {p!r}")
     if not out:
-        raise ValueError("no input file given")
+        raise InvalidInput("no input file given")
     return distinct_files(out)
 
 
@@ -202,12 +203,12 @@ def _records(path: str, allowed: tuple[str, ...]) -> tuple[str, Iterator[dict[st
     try:
         fh = open(path, "rb")
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
+        raise InvalidInput(f"{path}: cannot read ({exc.strerror})") from None
     try:
         reader = fastavro.reader(fh)
     except Exception as exc:  # noqa: BLE001 - as above: any fastavro failure on the header means not Avro
         fh.close()
-        raise ValueError(f"{path}: not an Avro data file ({exc})") from None
+        raise InvalidInput(f"{path}: not an Avro data file ({exc})") from None
     try:
         kind = _check_schema(path, reader.writer_schema, allowed)
     except ValueError:
@@ -220,7 +221,7 @@ def _iterate(path: str, reader: Any, fh: Any) -> Iterator[dict[str, Any]]:
     try:
         yield from reader
     except Exception as exc:  # noqa: BLE001 - any fastavro failure mid-file is corrupt data, named by path
-        raise ValueError(f"{path}: corrupt Avro data ({exc})") from None
+        raise InvalidInput(f"{path}: corrupt Avro data ({exc})") from None
     finally:
         fh.close()
 
@@ -259,14 +260,14 @@ def read_report(paths_or_glob: PathsOrGlob, allowed: Sequence[str] = (SUMMARY, D
         kind, rows = _records(path, allowed_t)
         kinds[path] = kind
         if len(set(kinds.values())) > 1:
-            raise ValueError(f"{path}: is a {kind} file but {paths[0]} is a {kinds[paths[0]]} file; "
-                             f"do not mix summary and debug reports")
+            raise InvalidInput(f"{path}: is a {kind} file but {paths[0]} is a {kinds[paths[0]]} file; "
+                               f"do not mix summary and debug reports")
         for r, row in enumerate(rows):
             where = f"{path}: row {r}"
             try:
                 buckets.append(bucket_from_avro_bytes(row["bucket"]))
             except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
+                raise InvalidInput(f"{where}: {exc}") from None
             if kind == SUMMARY:
                 metrics.append(row["metric"])
             else:
@@ -291,7 +292,7 @@ def _as_int64(values: list[int], paths: list[str], files: list[int], what: str) 
         return np.asarray(values, dtype=np.int64)
     except OverflowError:  # only a debug sum unnoised + noise can leave int64
         bad = next(i for i, v in enumerate(values) if not _LONG_MIN <= v <= _LONG_MAX)
-        raise ValueError(f"{paths[files[bad]]}: {what} {values[bad]} does not fit in a 64-bit integer") from None
+        raise InvalidInput(f"{paths[files[bad]]}: {what} {values[bad]} does not fit in a 64-bit integer") from None
 
 
 def read_summary_report(paths_or_glob: PathsOrGlob) -> tuple[list[int], np.ndarray]:
@@ -316,7 +317,7 @@ def read_output_domain(paths_or_glob: PathsOrGlob) -> list[int]:
             try:
                 out.append(bucket_from_avro_bytes(row["bucket"]))
             except ValueError as exc:
-                raise ValueError(f"{path}: row {r}: {exc}") from None
+                raise InvalidInput(f"{path}: row {r}: {exc}") from None
     return out
 
 
@@ -328,7 +329,7 @@ def _write(path: str | os.PathLike[str], name: str, records: Iterable[dict[str, 
 
 def _aligned(what: str, n: int, other: Sequence[Any] | np.ndarray) -> None:
     if len(other) != n:
-        raise ValueError(f"{what} has {len(other)} entries but there are {n} buckets")
+        raise InvalidInput(f"{what} has {len(other)} entries but there are {n} buckets")
 
 
 def summary_report_records(buckets: Sequence[int], metrics: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
@@ -350,7 +351,7 @@ def debug_report_records(buckets: Sequence[int], unnoised: Sequence[int] | np.nd
         tags = list(a)
         unknown = [t for t in tags if t not in ANNOTATIONS]
         if unknown:
-            raise ValueError(f"annotations {unknown} are not among {ANNOTATIONS}")
+            raise InvalidInput(f"annotations {unknown} are not among {ANNOTATIONS}")
         rows.append({"bucket": bucket_to_min_bytes(b), "unnoised_metric": _check_long(u, "unnoised_metric"),
                      "noise": _check_long(z, "noise"), "annotations": tags})
     return rows
@@ -363,7 +364,7 @@ def output_domain_records(buckets: Sequence[int]) -> list[dict[str, Any]]:
     for b in buckets:
         v = _check_bucket(b)
         if v in seen:
-            raise ValueError(f"output domain lists bucket 0x{v:032x} twice")
+            raise InvalidInput(f"output domain lists bucket 0x{v:032x} twice")
         seen.add(v)
         rows.append({"bucket": bucket_to_16_bytes(v)})
     return rows

@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from araopt.errors import AraoptError, InvalidInput, InvalidParameters, PrivacyRefusal
+
 IMPRESSION_ID = "impression_id"
 CONVERSION_TIME = "conversion_time"
 IMPRESSION_TIME = "impression_time"
@@ -90,21 +92,21 @@ def check_schema(schema: pa.Schema, slice_columns: Sequence[str], value_columns:
     names = set(schema.names)
     missing = [c for c in (IMPRESSION_ID, CONVERSION_TIME, *slice_columns, *value_columns) if c not in names]
     if missing:
-        raise ValueError(f"{source}: missing required column(s) {missing}; present: {sorted(names)}")
+        raise InvalidInput(f"{source}: missing required column(s) {missing}; present: {sorted(names)}")
     id_type = schema.field(IMPRESSION_ID).type
     if type_family(id_type) not in ("integer", "string"):
-        raise ValueError(f"{source}: column {IMPRESSION_ID!r} must be int64 or string, got {id_type}")
+        raise InvalidInput(f"{source}: column {IMPRESSION_ID!r} must be int64 or string, got {id_type}")
     time_type = schema.field(CONVERSION_TIME).type
     if type_family(time_type) not in ("timestamp", "string"):
-        raise ValueError(f"{source}: column {CONVERSION_TIME!r} must be a timestamp (or ISO-8601 string), got {time_type}")
+        raise InvalidInput(f"{source}: column {CONVERSION_TIME!r} must be a timestamp (or ISO-8601 string), got {time_type}")
     for c in value_columns:
         t = schema.field(c).type
         if type_family(t) not in ("integer", "floating", "decimal"):
-            raise ValueError(f"{source}: value column {c!r} must be numeric, got {t}")
+            raise InvalidInput(f"{source}: value column {c!r} must be numeric, got {t}")
     for c in slice_columns:
         t = schema.field(c).type
         if type_family(t) not in ("integer", "string", "boolean"):
-            raise ValueError(f"{source}: slice column {c!r} must be integer, string or boolean, got {t}")
+            raise InvalidInput(f"{source}: slice column {c!r} must be integer, string or boolean, got {t}")
 
 
 def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]], slice_columns: Sequence[str],
@@ -116,7 +118,7 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]], slice_columns: Seque
     budget) or two slices: refused up front, naming a file of each kind.
     """
     if not schemas:
-        raise ValueError("no input files")
+        raise InvalidInput("no input files")
     for source, schema in schemas:
         check_schema(schema, slice_columns, value_columns, source=source)
     fields = []
@@ -128,8 +130,8 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]], slice_columns: Seque
         strict = column == IMPRESSION_ID or column in slice_columns
         if strict and len(seen) > 1:
             kinds = "; ".join(f"{t} in {src}" for src, t in seen.values())
-            raise ValueError(f"column {column!r} has different types across the input files ({kinds}): "
-                             f"ids and slice values must have one type in every file (cast them to one type)")
+            raise InvalidInput(f"column {column!r} has different types across the input files ({kinds}): "
+                               f"ids and slice values must have one type in every file (cast them to one type)")
         fields.append(pa.field(column, canonical_type(next(iter(seen.values()))[1], column in value_columns)))
     return pa.schema(fields)
 
@@ -222,7 +224,7 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
         # by its own unit (pandas writes ns), like conversion_time; a missing impression time is a defect
         imp_column = table.column(IMPRESSION_TIME)
         if type_family(imp_column.type) not in ("timestamp", "string"):
-            raise ValueError(f"column {IMPRESSION_TIME!r} must be a timestamp, got {imp_column.type}")
+            raise InvalidInput(f"column {IMPRESSION_TIME!r} must be a timestamp, got {imp_column.type}")
         imp_micros, imp_ok, imp_floored = time_as_micros(imp_column)
         flag(~imp_ok | _as_numpy(imp_column.is_null()), "bad_impression_time")
         floored = floored | imp_floored
@@ -336,9 +338,9 @@ class Conversions:
             lengths["impression_time"] = len(self.impression_time)
         bad = {k: v for k, v in lengths.items() if v != n}
         if bad:
-            raise ValueError(f"mismatched array lengths: impression_id has {n}, {bad}")
+            raise InvalidInput(f"mismatched array lengths: impression_id has {n}, {bad}")
         if self.in_period is not None and np.asarray(self.in_period).dtype != np.bool_:
-            raise ValueError(f"in_period must be a boolean array, got dtype {np.asarray(self.in_period).dtype}")
+            raise InvalidInput(f"in_period must be a boolean array, got dtype {np.asarray(self.in_period).dtype}")
 
     def __len__(self) -> int:
         return len(self.impression_id)
@@ -373,7 +375,7 @@ class Conversions:
             good, rejected = validate_table(table, slice_columns, value_columns, passthrough)
             if rejected.num_rows:
                 reasons = pd.Series(rejected.column(REASON).to_pylist()).value_counts().to_dict()
-                raise ValueError(f"{rejected.num_rows} invalid conversion rows: {reasons}")
+                raise InvalidInput(f"{rejected.num_rows} invalid conversion rows: {reasons}")
             table = good
         values = np.column_stack([pc.cast(table.column(c), pa.float64()).to_numpy(zero_copy_only=False)
                                   for c in value_columns]) if value_columns else np.zeros((table.num_rows, 0))
@@ -450,7 +452,7 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
     """The rows of a measured period and of its lookback in one batch, ``in_period`` set; lookback rows
     of impressions without a conversion in the period are left out (they cannot change its ranks)."""
     if period.value_columns != lookback.value_columns or set(period.slices) != set(lookback.slices):
-        raise ValueError("the period and its lookback must carry the same slice and value columns")
+        raise InvalidInput("the period and its lookback must carry the same slice and value columns")
     lookback = lookback.take(np.flatnonzero(np.isin(_normalise(lookback.impression_id),
                                                     _normalise(period.impression_id))))
     both_times = period.impression_time is not None and lookback.impression_time is not None
@@ -523,19 +525,34 @@ sharp: with exactly 10% of the rows rejected the job goes on and releases, one m
 refuses it (nothing is released); ``--max-rejected-fraction`` sets another share."""
 
 
+def rejected_share_refusal(counts: ValidationCounts, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
+                           what: str = "input") -> AraoptError | None:
+    """Why an input is refused (not raised): no valid row, or more than ``max_rejected_fraction`` of rows
+    rejected (exactly that share passes: whether a release happens flips on one row at the threshold);
+    None if it is not."""
+    if not 0.0 <= max_rejected_fraction <= 1.0:
+        return InvalidParameters(f"max_rejected_fraction must lie in [0, 1], got {max_rejected_fraction!r}")
+    if counts.rows_read == 0:
+        return InvalidInput(f"the {what} holds no conversion rows")
+    if counts.rows_valid == 0:
+        return InvalidInput(f"the {what} holds no valid conversion rows (all {counts.rows_read:,} rejected: "
+                            f"{dict(counts.rejected_by_reason)}; see the dead letter)")
+    if counts.rows_rejected > max_rejected_fraction * counts.rows_read:
+        return PrivacyRefusal(
+            f"{counts.rows_rejected:,} of {counts.rows_read:,} {what} rows ({counts.rows_rejected / counts.rows_read:.1%}) "
+            f"failed validation, above the {max_rejected_fraction:.0%} threshold: refusing to go on "
+            f"({dict(counts.rejected_by_reason)}; see the dead letter)")
+    return None
+
+
 def check_rejected_share(counts: ValidationCounts, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
                          what: str = "input") -> None:
-    """Refuse an input with no valid row, or with more than ``max_rejected_fraction`` of rows rejected
-    (exactly that share passes: whether a release happens flips on one row at the threshold)."""
-    if not 0.0 <= max_rejected_fraction <= 1.0:
-        raise ValueError(f"max_rejected_fraction must lie in [0, 1], got {max_rejected_fraction!r}")
-    if counts.rows_read == 0:
-        raise ValueError(f"the {what} holds no conversion rows")
-    if counts.rows_valid == 0:
-        raise ValueError(f"the {what} holds no valid conversion rows (all {counts.rows_read:,} rejected: "
-                         f"{dict(counts.rejected_by_reason)}; see the dead letter)")
+    """Raise :func:`rejected_share_refusal`'s refusal, if any."""
+    refusal = rejected_share_refusal(counts, max_rejected_fraction, what)
+    if refusal is not None:
+        raise refusal
     if counts.rows_rejected > max_rejected_fraction * counts.rows_read:
-        raise ValueError(
+        raise PrivacyRefusal(
             f"{counts.rows_rejected:,} of {counts.rows_read:,} {what} rows ({counts.rows_rejected / counts.rows_read:.1%}) "
             f"failed validation, above the {max_rejected_fraction:.0%} threshold: refusing to go on "
             f"({dict(counts.rejected_by_reason)}; see the dead letter)")

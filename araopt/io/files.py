@@ -6,6 +6,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
+from araopt.errors import InvalidInput, InvalidParameters
+
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object], mode: str = "wb") -> str:
     """Call ``write(fh)`` on a temporary file beside ``path``, fsync it and rename it over ``path``.
@@ -13,7 +15,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object
     A reader sees the old file or the new one, never a partial one; on failure the temporary file is
     removed and ``path`` is untouched. ``mode`` is ``"wb"`` or ``"w"`` (UTF-8 text). Returns ``path``."""
     if mode not in ("wb", "w"):
-        raise ValueError(f"mode must be 'wb' or 'w', got {mode!r}")
+        raise InvalidParameters(f"mode must be 'wb' or 'w', got {mode!r}")
     path = os.fspath(path)
     head, name = os.path.split(path)
     tmp = os.path.join(head, f".{name}.tmp-{os.getpid()}")
@@ -41,7 +43,7 @@ def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
         with open(path, "rb") as fh:
             return fh.read()
     except OSError as exc:
-        raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None
+        raise InvalidInput(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
 def distinct_files(paths: Iterable[str]) -> list[str]:

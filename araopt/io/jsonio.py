@@ -14,10 +14,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from araopt.errors import InvalidInput
 from araopt.io.files import read_bytes
 
 
-class DuplicateKeyError(ValueError):
+class DuplicateKeyError(InvalidInput):
     """A JSON object names the same key twice."""
 
 
@@ -31,7 +32,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    raise InvalidInput(f"{name} is not JSON")
 
 
 def loads(raw: bytes | str, source: str) -> Any:
@@ -40,11 +41,11 @@ def loads(raw: bytes | str, source: str) -> Any:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{source}: not valid JSON (not UTF-8: {exc.reason})") from None
+        raise InvalidInput(f"{source}: not valid JSON (not UTF-8: {exc.reason})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{source}: not valid JSON ({exc})") from None
+        raise InvalidInput(f"{source}: not valid JSON ({exc})") from None
     except ValueError as exc:  # a duplicate key or a NaN / Infinity constant
-        raise ValueError(f"{source}: not valid JSON ({exc})") from None
+        raise InvalidInput(f"{source}: not valid JSON ({exc})") from None
 
 
 def load(path: str | os.PathLike[str], what: str) -> Any:

@@ -25,6 +25,8 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from araopt.errors import InvalidParameters
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from google.cloud import storage
 
@@ -242,10 +244,10 @@ DEFAULT_LEASE_SECONDS: Final = 900.0
 def split_gs(uri: str) -> tuple[str, str]:
     """``gs://bucket/key`` -> (bucket, key)."""
     if not uri.startswith("gs://"):
-        raise ValueError(f"not a gs:// URI: {uri!r}")
+        raise InvalidParameters(f"not a gs:// URI: {uri!r}")
     bucket, _, key = uri[len("gs://"):].partition("/")
     if not bucket or not key:
-        raise ValueError(f"a gs:// object URI needs a bucket and a name: {uri!r}")
+        raise InvalidParameters(f"a gs:// object URI needs a bucket and a name: {uri!r}")
     return bucket, key
 
 

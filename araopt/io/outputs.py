@@ -22,6 +22,8 @@ from typing import Any
 
 import pandas as pd
 
+from araopt.errors import InvalidInput
+
 RELEASE_DIR = "release"
 SIMULATION_DIR = "simulation"
 SIMULATION_PREFIX = "SIMULATION-"
@@ -96,7 +98,7 @@ def release_manifest(entries: Sequence[ManifestEntry], simulation: bool, extra: 
     folder = release_dir(simulation) + "/"
     outside = [e.path for e in entries if not e.path.startswith(folder)]
     if outside:
-        raise ValueError(f"not release files: {outside}")
+        raise InvalidInput(f"not release files: {outside}")
     return {
         "format": MANIFEST_FORMAT,
         "complete": True,

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from araopt.errors import InvalidInput
 from araopt.io.conversions import IMPRESSION_ID
 
 TIME_US: Final = "conversion_time_us"
@@ -103,7 +104,7 @@ def conversion_row_ids(impression_id: np.ndarray | pa.Array | pa.ChunkedArray,
         conversion_time_us = conversion_time_us.to_numpy(zero_copy_only=False)
     times = np.ascontiguousarray(conversion_time_us, dtype=np.int64).view(np.uint64)
     if len(times) != len(words):
-        raise ValueError(f"{len(words)} ids but {len(times)} times")
+        raise InvalidInput(f"{len(words)} ids but {len(times)} times")
     out = np.empty(len(words), dtype=np.uint64)
     tmp = np.empty(min(_CHUNK, len(words)), dtype=np.uint64)
     for start in range(0, len(words), _CHUNK):
@@ -218,10 +219,10 @@ class RowSet:
             table = pq.read_table(io.BytesIO(data))
             ids = table.column(ROW_ID).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
         except (pa.ArrowException, KeyError) as exc:
-            raise ValueError(f"{source} is not a row set: {str(exc).splitlines()[0]}") from None
+            raise InvalidInput(f"{source} is not a row set: {str(exc).splitlines()[0]}") from None
         meta = table.schema.metadata or {}
         if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
-            raise ValueError(f"{source} is not sorted and distinct")
+            raise InvalidInput(f"{source} is not sorted and distinct")
         return cls(ids, _bound(meta, b"first_time_us"), _bound(meta, b"last_time_us"))
 
 

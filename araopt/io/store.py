@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio
 
 __all__ = [
@@ -101,13 +102,13 @@ def _sha256(data: bytes) -> str:
 def version_name(as_of: str, run_id: str) -> str:
     """Return the version name ``<as_of>-<run_id>`` after validating both parts."""
     if not isinstance(as_of, str) or not _AS_OF_RE.fullmatch(as_of):
-        raise ValueError(f"as_of must be YYYY-MM-DD, got {as_of!r}")
+        raise InvalidParameters(f"as_of must be YYYY-MM-DD, got {as_of!r}")
     try:
         _dt.date.fromisoformat(as_of)
     except ValueError:
-        raise ValueError(f"as_of is not a calendar date: {as_of!r}") from None
+        raise InvalidParameters(f"as_of is not a calendar date: {as_of!r}") from None
     if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
-        raise ValueError(
+        raise InvalidParameters(
             f"run_id must be 1-128 characters of [A-Za-z0-9._-] starting with a letter or digit, got {run_id!r}"
         )
     return f"{as_of}-{run_id}"
@@ -319,17 +320,17 @@ class ParameterStore(abc.ABC):
         """
         version = version_name(as_of, run_id)
         if not isinstance(payload, bytes | bytearray):
-            raise ValueError(f"payload must be bytes, got {type(payload).__name__}")
+            raise InvalidInput(f"payload must be bytes, got {type(payload).__name__}")
         payload = bytes(payload)
         try:
             jsonio.loads(payload, "payload")
         except ValueError as exc:
-            raise ValueError(f"payload is not UTF-8 JSON: {one_line(exc, 120)}") from None
+            raise InvalidInput(f"payload is not UTF-8 JSON: {one_line(exc, 120)}") from None
         if validate is not None:
             try:
                 validate(payload)
             except Exception as exc:  # noqa: BLE001 - any refusal of the validator means: do not publish
-                raise ValueError(f"refusing to publish {version}: {one_line(exc, 200)}") from None
+                raise InvalidInput(f"refusing to publish {version}: {one_line(exc, 200)}") from None
         sha = _sha256(payload)
         pointer_uri = self._object_uri(LATEST)
         params_key = _params_key(version)

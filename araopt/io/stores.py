@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from araopt.errors import InvalidParameters, Unsupported
 from araopt.io.gcs_store import GcsStore, make_gcs_client
 from araopt.io.local_store import LocalStore
 from araopt.io.store import (
@@ -34,7 +35,7 @@ def open_store(
     :class:`StoreError`. Both happen before any data is touched.
     """
     if not isinstance(uri, str) or not uri.strip():
-        raise ValueError("store URI is empty")
+        raise InvalidParameters("store URI is empty")
     match = SCHEME_RE.match(uri)
     if match is None:
         return LocalStore(uri)
@@ -42,18 +43,18 @@ def open_store(
     parsed = urllib.parse.urlparse(uri)
     if scheme == "file":
         if parsed.netloc not in ("", "localhost"):
-            raise ValueError(f"file:// store URI must name a local path (file:///abs/path), got {uri!r}")
+            raise InvalidParameters(f"file:// store URI must name a local path (file:///abs/path), got {uri!r}")
         path = urllib.parse.unquote(parsed.path)
         if not path:
-            raise ValueError(f"file:// store URI has no path: {uri!r}")
+            raise InvalidParameters(f"file:// store URI has no path: {uri!r}")
         return LocalStore(path)
     if scheme == "gs":
         bucket = parsed.netloc
         if not BUCKET_RE.fullmatch(bucket):
-            raise ValueError(f"invalid bucket name {bucket!r} in store URI {uri!r} (expected gs://BUCKET/PREFIX)")
+            raise InvalidParameters(f"invalid bucket name {bucket!r} in store URI {uri!r} (expected gs://BUCKET/PREFIX)")
         client = gcs_client if gcs_client is not None else make_gcs_client()
         return GcsStore(bucket, parsed.path, client=client, timeout=gcs_timeout, retry_deadline=gcs_retry_deadline)
-    raise ValueError(
+    raise Unsupported(
         f"unknown store scheme {scheme!r} in {uri!r}: use a local path, file:///PATH or gs://BUCKET/PREFIX"
     )
 

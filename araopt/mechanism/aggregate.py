@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from araopt.errors import InvalidInput
 from araopt.mechanism.keys import KeyDomain
 
 DEFAULT_MAX_SLICES = 100_000
@@ -65,12 +66,12 @@ def domain_sums(slice_index: np.ndarray, contributions: np.ndarray, kept: np.nda
     kept = np.asarray(kept, dtype=bool)
     period = np.ones(len(kept), dtype=bool) if in_period is None else np.asarray(in_period, dtype=bool)
     if contributions.ndim != 2 or not (len(slice_index) == len(kept) == len(period) == contributions.shape[0]):
-        raise ValueError(f"contributions {contributions.shape}, slice_index {slice_index.shape}, kept "
-                         f"{kept.shape} and in_period {period.shape} do not align")
+        raise InvalidInput(f"contributions {contributions.shape}, slice_index {slice_index.shape}, kept "
+                           f"{kept.shape} and in_period {period.shape} do not align")
     if contributions.size and contributions.dtype.kind not in "iu":
-        raise ValueError(f"contributions must be integers, got dtype {contributions.dtype}")
+        raise InvalidInput(f"contributions must be integers, got dtype {contributions.dtype}")
     if slice_index.size and (slice_index.min() < -1 or slice_index.max() >= num_slices):
-        raise ValueError(f"slice_index outside [-1, {num_slices})")
+        raise InvalidInput(f"slice_index outside [-1, {num_slices})")
     inside = slice_index >= 0
     use = kept & inside & period
     # rows not used are added to an extra last row that is dropped (cheaper than selecting the used rows)
@@ -89,10 +90,10 @@ def merge(parts: Iterable[DomainSums]) -> DomainSums:
     """Add up sums over the same domain (associative and commutative; integer exact)."""
     parts = [p for p in parts if p is not None]
     if not parts:
-        raise ValueError("merge needs at least one DomainSums")
+        raise InvalidInput("merge needs at least one DomainSums")
     shapes = {p.histogram.shape for p in parts}
     if len(shapes) != 1:
-        raise ValueError(f"cannot merge sums over different domains: shapes {sorted(shapes)}")
+        raise InvalidInput(f"cannot merge sums over different domains: shapes {sorted(shapes)}")
     hist = parts[0].histogram.copy()
     for p in parts[1:]:
         hist += p.histogram
@@ -128,7 +129,7 @@ def slice_set(slices: Mapping[str, np.ndarray | Sequence[Any]], slice_columns: S
 def merge_slice_sets(parts: Iterable[SliceSet]) -> SliceSet:
     parts = [p for p in parts if p is not None]
     if not parts:
-        raise ValueError("merge needs at least one SliceSet")
+        raise InvalidInput("merge needs at least one SliceSet")
     frames = [p.frame for p in parts if len(p.frame)]
     frame = pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True) if frames else parts[0].frame
     return SliceSet(parts[0].slice_columns, frame, min(p.max_slices for p in parts))

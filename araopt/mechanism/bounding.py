@@ -17,7 +17,7 @@ from typing import cast
 import numpy as np
 
 from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE
-from araopt.errors import InvalidParameters, check_contribution_budget
+from araopt.errors import InvalidInput, InvalidParameters, check_contribution_budget
 from araopt.io.conversions import Conversions
 from araopt.mechanism.encoding import count_scale, expected_contribution
 from araopt.mechanism.params import Params
@@ -48,21 +48,21 @@ def contribution_norms(contributions: np.ndarray, contribution_budget: int = CON
     budget = check_contribution_budget(contribution_budget)
     contrib = np.asarray(contributions)
     if contrib.ndim not in (1, 2):
-        raise ValueError(f"contributions must be an (n, K) array of per-key values or (n,) L1 norms, "
-                         f"got shape {contrib.shape}")
+        raise InvalidInput(f"contributions must be an (n, K) array of per-key values or (n,) L1 norms, "
+                           f"got shape {contrib.shape}")
     if contrib.size and contrib.dtype.kind not in "iu":
-        raise ValueError(f"contributions must be integers (ARA aggregatable values), got dtype {contrib.dtype}")
+        raise InvalidInput(f"contributions must be integers (ARA aggregatable values), got dtype {contrib.dtype}")
     if contrib.dtype.kind in "iu" and contrib.dtype.itemsize < 8:  # small ints: compare with Gamma in int64
         contrib = contrib.astype(np.int64)
     if contrib.ndim == 2:
         if contrib.size and (contrib.min() < 0 or contrib.max() > budget):
             row, key = np.argwhere((contrib < 0) | (contrib > budget))[0]
-            raise ValueError(
+            raise InvalidInput(
                 f"every contribution entry must be an integer in [0, Gamma = {budget}] (a browser refuses "
                 f"aggregatable values outside [1, 65536]): got {int(contrib[row, key])} at row {row}, key {key}")
         return cast(np.ndarray, contrib.sum(axis=1, dtype=np.int64))
     if contrib.size and contrib.min() < 0:
-        raise ValueError(f"contribution L1 norms must be non-negative integers, got {int(contrib.min())}")
+        raise InvalidInput(f"contribution L1 norms must be non-negative integers, got {int(contrib.min())}")
     return cast(np.ndarray, np.minimum(contrib, budget + 1).astype(np.int64))  # uint64 above 2^63 never wraps to negative
 
 
@@ -85,14 +85,14 @@ def sort_by_impression(
     """
     n = len(impression_ids)
     if len(conversion_times) != n or (tie_breaker is not None and len(tie_breaker) != n):
-        raise ValueError(
+        raise InvalidInput(
             f"impression_ids, conversion_times and tie_breaker must have equal lengths, got "
             f"{n}, {len(conversion_times)}, {None if tie_breaker is None else len(tie_breaker)}"
         )
     imp = np.asarray(impression_ids)
     times = np.asarray(conversion_times)
     if imp.ndim != 1 or times.ndim != 1 or (tie_breaker is not None and np.ndim(tie_breaker) != 1):
-        raise ValueError("impression_ids, conversion_times and tie_breaker must be 1-D arrays")
+        raise InvalidInput("impression_ids, conversion_times and tie_breaker must be 1-D arrays")
     _check_orderable(imp, "impression_ids")
     _check_orderable(times, "conversion_times")
     if tie_breaker is not None:
@@ -138,9 +138,9 @@ def _check_orderable(arr: np.ndarray, name: str) -> None:
     """Refuse NaN ids (each NaN would be an impression of its own, with a budget of its own), NaN /
     infinite float times and NaT: they are not instants and have no place in Alg. 1's time order."""
     if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
-        raise ValueError(f"{name} must be finite: NaN or infinity at position {int(np.flatnonzero(~np.isfinite(arr))[0])}")
+        raise InvalidInput(f"{name} must be finite: NaN or infinity at position {int(np.flatnonzero(~np.isfinite(arr))[0])}")
     if arr.dtype.kind in "mM" and np.isnat(arr).any():
-        raise ValueError(f"{name} must not hold NaT (position {int(np.flatnonzero(np.isnat(arr))[0])})")
+        raise InvalidInput(f"{name} must not hold NaT (position {int(np.flatnonzero(np.isnat(arr))[0])})")
 
 
 def _time_offsets(times: np.ndarray, t0: int) -> np.ndarray:
@@ -197,15 +197,15 @@ def bound_sorted(
     rank, group = np.asarray(rank), np.asarray(group)
     n = len(rank)
     if len(group) != n:
-        raise ValueError(f"rank and group must have equal lengths, got {n} and {len(group)}")
+        raise InvalidInput(f"rank and group must have equal lengths, got {n} and {len(group)}")
     if equal_norm is None:
         if np.shape(norms) != (n,):
-            raise ValueError(f"norms must be {n} L1 norms (one per record), got shape {np.shape(norms)}")
+            raise InvalidInput(f"norms must be {n} L1 norms (one per record), got shape {np.shape(norms)}")
         norms = contribution_norms(norms, budget)
         if n and (norms == norms[0]).all():
             equal_norm = int(norms[0])
     elif isinstance(equal_norm, (bool, np.bool_)) or not isinstance(equal_norm, (int, np.integer)) or equal_norm < 0:
-        raise ValueError(f"equal_norm must be a non-negative integer, got {equal_norm!r}")
+        raise InvalidParameters(f"equal_norm must be a non-negative integer, got {equal_norm!r}")
     kept = np.zeros(n, dtype=bool)
     if n == 0:
         return kept
@@ -244,9 +244,9 @@ def bound_contributions(
     n = len(impression_ids)
     contrib = np.asarray(contributions)
     if contrib.ndim == 0:
-        raise ValueError("contributions must be an (n, K) or (n,) array, got a scalar")
+        raise InvalidInput("contributions must be an (n, K) or (n,) array, got a scalar")
     if contrib.shape[0] != n:
-        raise ValueError(f"contributions has {contrib.shape[0]} rows but there are {n} impression ids")
+        raise InvalidInput(f"contributions has {contrib.shape[0]} rows but there are {n} impression ids")
     norms = contribution_norms(contrib, contribution_budget)
     order, sorted_impressions = sort_by_impression(impression_ids, conversion_times, tie_breaker)
     rank, group = ranks_within_impression(sorted_impressions)

@@ -20,11 +20,13 @@ Encodings
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 
 from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.mechanism.params import Params
 
 _UNIFORMS_HELP = "uniforms must be an (n, d) float array on [0, 1)"
@@ -39,16 +41,17 @@ def check_values(values: np.ndarray, num_queries: int | None = None) -> np.ndarr
     if arr.ndim == 1:
         arr = arr.reshape(-1, 1)
     if arr.ndim != 2:
-        raise ValueError(f"values must be a 1-D or 2-D array, got shape {np.shape(values)}")
+        raise InvalidInput(f"values must be a 1-D or 2-D array, got shape {np.shape(values)}")
     if num_queries is not None and arr.shape[1] != num_queries:
-        raise ValueError(f"values has {arr.shape[1]} columns but the parameters define {num_queries} queries")
+        raise InvalidInput(f"values has {arr.shape[1]} columns but the parameters define {num_queries} queries")
     if arr.size:
         if not np.isfinite(arr).all():
             bad = np.argwhere(~np.isfinite(arr))[0]
-            raise ValueError(f"values must be finite: NaN or infinity at row {bad[0]}, query {bad[1]}")
+            raise InvalidInput(f"values must be finite: NaN or infinity at row {bad[0]}, query {bad[1]}")
         if (arr < 0).any():
             bad = np.argwhere(arr < 0)[0]
-            raise ValueError(f"values must be non-negative: {float(arr[bad[0], bad[1]])!r} at row {bad[0]}, query {bad[1]}")
+            raise InvalidInput(f"values must be non-negative: {float(arr[bad[0], bad[1]])!r} at row {bad[0]}, "
+                               f"query {bad[1]}")
     return arr
 
 
@@ -86,7 +89,7 @@ def query_scales(params: Params) -> np.ndarray:
     )
     total = int(scales.sum()) + (count_scale(params) if params.encoding == "baseline" else 0)
     if total > params.per_conversion_budget:  # Lemma 4.1; only reachable through the 1e-9 tolerance
-        raise ValueError(
+        raise InvalidParameters(
             f"budget fractions over-allocate: the per-query scales sum to {total} > floor(Gamma/C) = "
             f"{params.per_conversion_budget}; lower a budget_fraction"
         )
@@ -100,18 +103,53 @@ def count_scale(params: Params) -> int:
     return params.per_conversion_budget
 
 
+@dataclass(frozen=True)
+class EncoderTable:
+    """The per-record constants of Alg. 3 / Alg. 6 / the baseline for one parameter set, computed once.
+
+    The numpy encoder (:func:`encode`, over batches) and the ad-server encoder
+    (``araopt.ara.registrations.TriggerEncoder``, one record at a time) both read them from here.
+    """
+
+    encoding: str
+    l1_rounding: str
+    clip_thresholds: tuple[float, ...]
+    query_scales: tuple[int, ...]
+    """Per value query: floor(alpha_l Gamma / C) (L-inf, baseline); floor(Gamma / C) (L1)."""
+    budget: int
+    """floor(Gamma / C): the L1 norm of an L-inf / L1 contribution (Lemma 4.1), the S of randomized L1."""
+    l1_floor_scale: float
+    """Gamma / C: the S of Alg. 6 with the paper's floor rounding (not floored)."""
+    count_scale: int | None
+    """The baseline's count key floor(alpha_0 Gamma / C); None when the last key is the bottom key."""
+
+    @classmethod
+    def of(cls, params: Params) -> EncoderTable:
+        return cls(params.encoding, params.l1_rounding, tuple(float(q.clip_threshold) for q in params.queries),
+                   tuple(int(s) for s in query_scales(params)), params.per_conversion_budget,
+                   params.contribution_budget / params.count_limit,
+                   count_scale(params) if params.encoding == "baseline" else None)
+
+    @property
+    def uniforms_per_record(self) -> int:
+        """Uniforms one record's rounding needs: d (L-inf, baseline), 1 (L1 randomized), 0 (L1 floor)."""
+        if self.encoding == "l1":
+            return 1 if self.l1_rounding == "randomized" else 0
+        return len(self.clip_thresholds)
+
+
 def _uniforms(n: int, d: int, rng: np.random.Generator | None, uniforms: np.ndarray | None) -> np.ndarray:
     if uniforms is not None:
         u = np.asarray(uniforms, dtype=np.float64)
         if u.ndim == 1:
             u = u.reshape(-1, 1)
         if u.ndim != 2 or u.shape[0] != n or u.shape[1] < d:
-            raise ValueError(f"{_UNIFORMS_HELP}: got shape {u.shape}, need ({n}, {d})")
+            raise InvalidParameters(f"{_UNIFORMS_HELP}: got shape {u.shape}, need ({n}, {d})")
         if u.size and not ((u >= 0.0) & (u < 1.0)).all():  # NaN fails both: floor(NaN) -> int64 garbage
-            raise ValueError(f"{_UNIFORMS_HELP}: got a value outside [0, 1) or NaN")
+            raise InvalidParameters(f"{_UNIFORMS_HELP}: got a value outside [0, 1) or NaN")
         return u
     if rng is None:
-        raise ValueError("encode needs either rng (a numpy Generator) or uniforms")
+        raise InvalidParameters("encode needs either rng (a numpy Generator) or uniforms")
     return rng.random((n, d))
 
 
@@ -131,25 +169,26 @@ def encode(
     if uniforms is not None:
         uniforms = _uniforms(n, 1 if params.encoding == "l1" else d, None, uniforms)
     elif rng is None:
-        raise ValueError("encode needs either rng (a numpy Generator) or uniforms")
+        raise InvalidParameters("encode needs either rng (a numpy Generator) or uniforms")
     out = np.empty((n, d + 1), dtype=np.int64)
     width = 1 if params.encoding == "l1" else d
+    table = EncoderTable.of(params)
     for start in range(0, n, _CHUNK_ROWS):
         stop = min(n, start + _CHUNK_ROWS)
         if uniforms is not None:
             u = uniforms[start:stop]
         else:  # rng is a Generator here (refused above otherwise)
             u = cast(np.random.Generator, rng).random((stop - start, width))
-        _encode_chunk(vals[start:stop], params, u, out[start:stop])
+        _encode_chunk(vals[start:stop], table, u, out[start:stop])
     return out
 
 
-def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarray) -> None:
+def _encode_chunk(vals: np.ndarray, table: EncoderTable, u: np.ndarray, out: np.ndarray) -> None:
     d = vals.shape[1]
-    thresholds = np.array([q.clip_threshold for q in params.queries], dtype=np.float64)
-    budget = params.per_conversion_budget
-    if params.encoding in ("linf", "baseline"):
-        scales = query_scales(params).astype(np.float64)
+    thresholds = np.array(table.clip_thresholds, dtype=np.float64)
+    budget = table.budget
+    if table.encoding in ("linf", "baseline"):
+        scales = np.array(table.query_scales, dtype=np.float64)
         for col in range(d):  # loop over queries (d <= 20), vectorized over records
             # min(v, C_l) / C_l * scale: clipped before it is scaled (no overflow for any finite v),
             # exactly ``scale`` when clipped, never above it (Lemma 4.1)
@@ -157,18 +196,18 @@ def _encode_chunk(vals: np.ndarray, params: Params, u: np.ndarray, out: np.ndarr
             omega /= thresholds[col]
             omega *= scales[col]
             out[:, col] = randomized_round(omega, u[:, col])
-        if params.encoding == "linf":
+        if table.count_scale is None:
             out[:, d] = budget
             for col in range(d):
                 out[:, d] -= out[:, col]
         else:
-            out[:, d] = count_scale(params)
+            out[:, d] = table.count_scale
         return
     # L1 (Alg. 6)
     scaled, norm = l1_scaled(vals, thresholds)
     shrink = 1.0 / np.maximum(1.0, norm)
-    if params.l1_rounding == "floor":
-        u_real = scaled * (shrink * (params.contribution_budget / params.count_limit))[:, None]
+    if table.l1_rounding == "floor":
+        u_real = scaled * (shrink * table.l1_floor_scale)[:, None]
         out[:, :d] = np.floor(u_real).astype(np.int64)
     else:
         u_real = scaled * (shrink * budget)[:, None]

@@ -29,6 +29,7 @@ import pandas as pd
 
 from araopt.constants import MAX_BUCKET_BITS as _MAX_BUCKET_BITS
 from araopt.constants import QUERY_BITS as _QUERY_BITS
+from araopt.errors import InvalidInput, Unsupported
 from araopt.io import jsonio
 
 QUERY_BITS = _QUERY_BITS
@@ -105,31 +106,31 @@ class KeyDomain:
         slices = np.asarray(self.slices, dtype=np.int64).reshape(-1, len(self.slice_columns))
         object.__setattr__(self, "slices", slices)
         if self.origin not in ORIGINS:
-            raise ValueError(f"origin must be one of {ORIGINS}, got {self.origin!r}")
+            raise InvalidInput(f"origin must be one of {ORIGINS}, got {self.origin!r}")
         if len(self.dictionaries) != len(self.slice_columns):
-            raise ValueError("one dictionary per slice column is required")
+            raise InvalidInput("one dictionary per slice column is required")
         for c, d in zip(self.slice_columns, self.dictionaries, strict=True):
             big = [v for v in d if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
                    and not _INT64[0] <= int(v) <= _INT64[1]]
             if big:
-                raise ValueError(f"slice column {c!r}: value {int(big[0])} does not fit int64 (integer slice values "
-                                 f"are int64 in every input)")
+                raise InvalidInput(f"slice column {c!r}: value {int(big[0])} does not fit int64 (integer slice values "
+                                   f"are int64 in every input)")
         if len(self.query_names) + 1 >= 2**QUERY_BITS:
-            raise ValueError(f"at most {2**QUERY_BITS - 2} value queries fit in the {QUERY_BITS}-bit query code")
+            raise InvalidInput(f"at most {2**QUERY_BITS - 2} value queries fit in the {QUERY_BITS}-bit query code")
         if self.total_bits > MAX_BUCKET_BITS:
-            raise ValueError(
+            raise InvalidInput(
                 f"key bits do not fit: slice columns need {self.total_bits - QUERY_BITS} bits + {QUERY_BITS} query bits = "
                 f"{self.total_bits} > {MAX_BUCKET_BITS} (exceeds by {self.total_bits - MAX_BUCKET_BITS})"
             )
         for j, (c, d) in enumerate(zip(self.slice_columns, self.dictionaries, strict=True)):
             if len(set(d)) != len(d):
-                raise ValueError(f"dictionary of slice column {c!r} has duplicate values")
+                raise InvalidInput(f"dictionary of slice column {c!r} has duplicate values")
             if slices.size and (slices[:, j].min() < 0 or slices[:, j].max() >= len(d)):
-                raise ValueError(f"slices: an index of column {c!r} is outside its dictionary of {len(d)} values")
+                raise InvalidInput(f"slices: an index of column {c!r} is outside its dictionary of {len(d)} values")
         if slices.shape[0] > 1:
             codes = self._mixed_radix(slices)
             if not (np.diff(codes) > 0).all():
-                raise ValueError("slices must be unique and sorted (a slice listed twice would get two buckets)")
+                raise InvalidInput("slices must be unique and sorted (a slice listed twice would get two buckets)")
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, KeyDomain) and self.layout_checksum() == other.layout_checksum()
@@ -240,7 +241,7 @@ class KeyDomain:
     def _mixed_radix(self, idx: np.ndarray) -> np.ndarray:
         sizes = [max(1, len(d)) for d in self.dictionaries]
         if math.prod(sizes) >= 2**62:
-            raise ValueError("slice space too large for dense indexing (product of dictionary sizes >= 2^62)")
+            raise Unsupported("slice space too large for dense indexing (product of dictionary sizes >= 2^62)")
         code = np.zeros(idx.shape[0], dtype=np.int64)
         for j, size in enumerate(sizes):
             code = code * size + np.clip(idx[:, j], 0, None)
@@ -310,7 +311,7 @@ class KeyDomain:
         it was written for are required) or the domain a parameter version carries (``embedded``:
         the history's, origin ``history``); the layout checksum is always checked."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"{source}: a key map is a JSON object")
+            raise InvalidInput(f"{source}: a key map is a JSON object")
         origin = HISTORY if embedded else str(data.get("origin"))
         try:
             cols = tuple(data["slice_columns"])
@@ -319,23 +320,23 @@ class KeyDomain:
                          tuple(data["queries"]), data.get("bottom_name") == COUNT_NAME,
                          tuple(data.get("conversion_slice_columns", ())), origin)
         except (KeyError, TypeError, OverflowError) as exc:
-            raise ValueError(f"{source}: malformed key map ({exc!r})") from None
+            raise InvalidInput(f"{source}: malformed key map ({exc!r})") from None
         except ValueError as exc:
             if origin not in ORIGINS:
-                raise ValueError(f"{source}: key map has no valid origin ({data.get('origin')!r}, one of {ORIGINS} "
-                                 f"expected; key maps written before origins were recorded must be written "
-                                 f"again)") from None
-            raise ValueError(f"{source}: {exc}") from None
+                raise InvalidInput(f"{source}: key map has no valid origin ({data.get('origin')!r}, one of {ORIGINS} "
+                                   f"expected; key maps written before origins were recorded must be written "
+                                   f"again)") from None
+            raise InvalidInput(f"{source}: {exc}") from None
         recorded = data.get("layout_sha256")
         if not isinstance(recorded, str) or not recorded:
-            raise ValueError(f"{source}: key map has no layout_sha256: its integrity cannot be checked "
-                             f"(to declare a domain by hand, list slice values in a .csv or .json file instead)")
+            raise InvalidInput(f"{source}: key map has no layout_sha256: its integrity cannot be checked "
+                               f"(to declare a domain by hand, list slice values in a .csv or .json file instead)")
         if recorded != domain.layout_checksum():
-            raise ValueError(f"{source}: layout checksum mismatch (file edited or corrupt)")
+            raise InvalidInput(f"{source}: layout checksum mismatch (file edited or corrupt)")
         sha = data.get("params_sha256")
         if not embedded and not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _SHA256_HEX):
-            raise ValueError(f"{source}: key map has no params_sha256 (the checksum of the parameter file it was "
-                             f"written for): it cannot be checked against the parameters")
+            raise InvalidInput(f"{source}: key map has no params_sha256 (the checksum of the parameter file it was "
+                               f"written for): it cannot be checked against the parameters")
         return domain
 
     def save(self, path: str | os.PathLike[str], params_sha256: str) -> None:
@@ -356,7 +357,7 @@ def bucket_to_bytes(bucket: int) -> bytes:
 def bucket_from_bytes(raw: bytes) -> int:
     """Big-endian bytes, possibly with leading zero bytes dropped (summary report Avro)."""
     if len(raw) > 16:
-        raise ValueError(f"bucket has {len(raw)} bytes; ARA buckets are at most 16 (128 bits)")
+        raise InvalidInput(f"bucket has {len(raw)} bytes; ARA buckets are at most 16 (128 bits)")
     return int.from_bytes(raw, "big")
 
 
@@ -368,17 +369,17 @@ def _coerce(value: Any, family: str, column: str, source: str) -> Any:
         if isinstance(value, bool) or not (isinstance(value, int)
                                            or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
                                            or (isinstance(value, float) and value.is_integer())):
-            raise ValueError(f"{source}: slice column {column!r} holds integers in the input, "
-                             f"but the domain lists {value!r}")
+            raise InvalidInput(f"{source}: slice column {column!r} holds integers in the input, "
+                               f"but the domain lists {value!r}")
         return int(value)
     if family == "boolean":
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
-        raise ValueError(f"{source}: slice column {column!r} holds booleans in the input, but the domain lists {value!r}")
+        raise InvalidInput(f"{source}: slice column {column!r} holds booleans in the input, but the domain lists {value!r}")
     if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise ValueError(f"{source}: slice column {column!r} holds strings in the input, but the domain lists {value!r}")
+        raise InvalidInput(f"{source}: slice column {column!r} holds strings in the input, but the domain lists {value!r}")
     return str(value)
 
 
@@ -389,17 +390,17 @@ def domain_from_rows(rows: pd.DataFrame, slice_columns: Sequence[str], query_nam
     column), with values coerced to the input's type family (``families``: column -> integer/string/boolean)."""
     missing = [c for c in slice_columns if c not in rows.columns]
     if missing:
-        raise ValueError(f"{source}: missing slice column(s) {missing}; it has {list(rows.columns)}")
+        raise InvalidInput(f"{source}: missing slice column(s) {missing}; it has {list(rows.columns)}")
     if len(rows) == 0:
-        raise ValueError(f"{source}: lists no slices")
+        raise InvalidInput(f"{source}: lists no slices")
     cols = {}
     for c in slice_columns:
         if rows[c].isna().any():
-            raise ValueError(f"{source}: slice column {c!r} has an empty value")
+            raise InvalidInput(f"{source}: slice column {c!r} has an empty value")
         cols[c] = np.asarray([_coerce(v, families.get(c, "string"), c, source) for v in rows[c].tolist()], dtype=object)
     duplicated = pd.DataFrame(cols).duplicated()
     if duplicated.any():
-        raise ValueError(f"{source}: slice {pd.DataFrame(cols)[duplicated].iloc[0].to_dict()} is listed twice")
+        raise InvalidInput(f"{source}: slice {pd.DataFrame(cols)[duplicated].iloc[0].to_dict()} is listed twice")
     return KeyDomain.from_slice_values(slice_columns, cols, query_names, baseline, conversion_slice_columns, DECLARED)
 
 
@@ -412,5 +413,5 @@ def check_domain_families(domain: KeyDomain, families: Mapping[str, str], source
         for value in dictionary:
             if (_coerce(value, family, column, source) != value
                     or type(_coerce(value, family, column, source)) is not type(value)):
-                raise ValueError(f"{source}: slice column {column!r} holds {family} values in the input, but the "
-                                 f"domain lists {value!r} ({type(value).__name__})")
+                raise InvalidInput(f"{source}: slice column {column!r} holds {family} values in the input, but the "
+                                   f"domain lists {value!r} ({type(value).__name__})")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.io.conversions import Conversions
 from araopt.mechanism.aggregate import domain_sums
 from araopt.mechanism.bounding import bound_contributions
@@ -115,18 +116,18 @@ def measure(
     which slices occur in it.
     """
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
-                         f"params expect {params.query_columns}")
+        raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
+                           f"params expect {params.query_columns}")
     inconsistent = impression_slice_conflicts(conversions, params.impression_slice_columns)
     if inconsistent.any():
-        raise ValueError(f"{int(inconsistent.sum())} conversion(s) have impression-side slice values "
-                         f"({', '.join(params.impression_slice_columns)}) that differ from their impression's first "
-                         f"conversion (e.g. impression {conversions.impression_id[np.flatnonzero(inconsistent)[0]]!r}): "
-                         f"an impression is one source with one slice; remove them (the jobs dead-letter them)")
+        raise InvalidInput(f"{int(inconsistent.sum())} conversion(s) have impression-side slice values "
+                           f"({', '.join(params.impression_slice_columns)}) that differ from their impression's first "
+                           f"conversion (e.g. impression {conversions.impression_id[np.flatnonzero(inconsistent)[0]]!r}): "
+                           f"an impression is one source with one slice; remove them (the jobs dead-letter them)")
     if domain is None:
         if simulation_seed is None and noise_rng is None:
-            raise ValueError("a release needs a declared key domain: deriving it from the data being released "
-                             "is allowed only in simulation mode (simulation_seed)")
+            raise PrivacyRefusal("a release needs a declared key domain: deriving it from the data being released "
+                                 "is allowed only in simulation mode (simulation_seed)")
         domain = KeyDomain.from_slice_values(params.slice_columns, conversions.slices, params.query_columns,
                                              baseline=params.encoding == "baseline",
                                              conversion_slice_columns=params.conversion_slice_columns)

@@ -25,7 +25,7 @@ from typing import cast
 import numpy as np
 
 from araopt.constants import CONTRIBUTION_BUDGET
-from araopt.errors import check_epsilon
+from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.mechanism.randomness import secure_generator
 
 RATE_BITS = 52
@@ -44,7 +44,7 @@ def noise_parameter(epsilon: float, contribution_budget: int = CONTRIBUTION_BUDG
     eps = check_epsilon(epsilon)
     if (isinstance(contribution_budget, bool) or not isinstance(contribution_budget, (int, np.integer))
             or contribution_budget < 1):
-        raise ValueError(f"contribution_budget must be a positive integer, got {contribution_budget!r}")
+        raise InvalidParameters(f"contribution_budget must be a positive integer, got {contribution_budget!r}")
     numerator = (Fraction(eps) * _DENOMINATOR) // int(contribution_budget)
     return _check_a(numerator / _DENOMINATOR)
 
@@ -54,7 +54,7 @@ def _check_a(a: float) -> float:
         raise TypeError(f"discrete Laplace parameter a must be a real number, got {type(a).__name__} {a!r}")
     a = float(a)
     if not (np.isfinite(a) and MIN_NOISE_PARAMETER <= a <= MAX_NOISE_PARAMETER):
-        raise ValueError(
+        raise InvalidParameters(
             f"discrete Laplace parameter a must be a finite number in [2^-36, {MAX_NOISE_PARAMETER:g}] "
             f"(eps in [2^-20, 64] at Gamma = 65536), got {a!r}")
     return a
@@ -152,14 +152,14 @@ def add_noise(histogram: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """histogram + noise in int64, refusing sums whose magnitude could leave int64 (|sum| > 2^62)."""
     hist = np.asarray(histogram)
     if hist.size and hist.dtype.kind not in "iu":
-        raise ValueError(f"the histogram must hold integers, got dtype {hist.dtype}")
+        raise InvalidInput(f"the histogram must hold integers, got dtype {hist.dtype}")
     # bounds compared on min and max (np.abs(INT64_MIN) is INT64_MIN, negative), as Python integers
     if hist.size and max(abs(int(hist.min())), abs(int(hist.max()))) > MAX_ABS_SUM:
-        raise ValueError(f"a key's sum exceeds 2^62 in magnitude ({max(abs(int(hist.min())), abs(int(hist.max())))}): "
-                         f"refusing to add noise that could overflow int64")
+        raise InvalidInput(f"a key's sum exceeds 2^62 in magnitude ({max(abs(int(hist.min())), abs(int(hist.max())))}): "
+                           f"refusing to add noise that could overflow int64")
     noise = np.asarray(noise)
     if noise.size and noise.dtype.kind not in "iu":
-        raise ValueError(f"the noise must hold integers, got dtype {noise.dtype}")
+        raise InvalidInput(f"the noise must hold integers, got dtype {noise.dtype}")
     if noise.size and max(abs(int(noise.min())), abs(int(noise.max()))) > MAX_ABS_SUM:
         raise OverflowError("noise magnitude exceeds 2^62")
     return hist.astype(np.int64) + noise.astype(np.int64)

@@ -20,6 +20,8 @@ from typing import cast
 import numpy as np
 from randomgen import AESCounter
 
+from araopt.errors import InvalidParameters
+
 _LOG = logging.getLogger(__name__)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -41,7 +43,7 @@ class Simulation:
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"simulation seed must be a non-negative integer, got {self.seed!r}")
+            raise InvalidParameters(f"simulation seed must be a non-negative integer, got {self.seed!r}")
 
     def generator(self, stream: int = 0) -> np.random.Generator:
         _LOG.warning("SIMULATION MODE: seeded randomness (seed=%d); output is not differentially private", self.seed)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from araopt.errors import InvalidInput
 from araopt.mechanism.aggregate import DomainSums
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
@@ -84,9 +85,9 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
     its own count limit)."""
     height = histogram_height(params, domain)
     if sums.histogram.shape != (height, domain.num_columns):
-        raise ValueError(f"sums have shape {sums.histogram.shape}, the domain needs ({height}, {domain.num_columns})")
+        raise InvalidInput(f"sums have shape {sums.histogram.shape}, the domain needs ({height}, {domain.num_columns})")
     if not accounting.closes:
-        raise ValueError(f"row accounting does not close: {accounting.to_json()}")
+        raise InvalidInput(f"row accounting does not close: {accounting.to_json()}")
     report = summary_report(sums.histogram, params.epsilon, params.contribution_budget, rng=rng,
                             simulation_seed=simulation_seed)
     m = domain.num_slices

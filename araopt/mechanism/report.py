@@ -12,6 +12,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.mechanism.aggregate import domain_sums
 from araopt.mechanism.encoding import count_scale, query_scales
 from araopt.mechanism.noise import (
@@ -32,7 +33,7 @@ def key_histogram(slice_index: np.ndarray, contributions: np.ndarray, num_slices
     """
     slice_index = np.asarray(slice_index, dtype=np.int64)
     if slice_index.size and slice_index.min() < 0:
-        raise ValueError("slice_index outside [0, num_slices): filter records outside the domain first")
+        raise InvalidInput("slice_index outside [0, num_slices): filter records outside the domain first")
     kept = np.ones(slice_index.shape[0], dtype=bool)
     return domain_sums(slice_index, contributions, kept, num_slices).histogram
 
@@ -118,9 +119,9 @@ def reconstruct(noisy: np.ndarray, params: Params, confidence: float = 0.95) -> 
     W = np.asarray(noisy, dtype=np.float64)
     d = params.num_queries
     if W.ndim != 2 or W.shape[1] != d + 1:
-        raise ValueError(f"summary report must be (m, {d + 1}) for {d} queries, got {W.shape}")
+        raise InvalidInput(f"summary report must be (m, {d + 1}) for {d} queries, got {W.shape}")
     if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+        raise InvalidParameters(f"confidence must lie in (0, 1), got {confidence!r}")
     thresholds = np.array([q.clip_threshold for q in params.queries])
     est = np.empty_like(W)
     est[:, 1:] = W[:, :d] * (thresholds / query_scales(params))[None, :]

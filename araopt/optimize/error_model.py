@@ -20,6 +20,7 @@ from typing import cast
 
 import numpy as np
 
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_mask
 from araopt.mechanism.encoding import expected_contribution, query_scales, rounding_variance
@@ -91,17 +92,17 @@ def expected_error(
     for the period's rows when ``conversions`` carries a lookback (``in_period``); ``slice_index`` is
     per record, lookback rows included (theirs may be -1)."""
     if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        raise InvalidParameters(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     slice_index = np.asarray(slice_index, dtype=np.int64)
     if len(slice_index) != len(conversions):
-        raise ValueError(f"slice_index has {len(slice_index)} entries for {len(conversions)} records")
+        raise InvalidInput(f"slice_index has {len(slice_index)} entries for {len(conversions)} records")
     m, d = num_slices, params.num_queries
     kept = kept_mask(conversions, params, tie_breaker)  # Alg. 1 over the period and its lookback
     if conversions.in_period is not None:  # only the period's rows are measured
         inside = conversions.period_mask()
         conversions, slice_index, kept = conversions.take(np.flatnonzero(inside)), slice_index[inside], kept[inside]
     if (slice_index < 0).any():
-        raise ValueError("records outside the domain (slice_index < 0) must be removed first")
+        raise InvalidInput("records outside the domain (slice_index < 0) must be removed first")
     vals = conversions.values
     truth = np.empty((m, d + 1))
     truth[:, 0] = _per_slice_sum(slice_index, np.ones(len(slice_index)), m)
@@ -143,9 +144,9 @@ def rmsre_tau(breakdown: ErrorBreakdown, taus: np.ndarray) -> RmsreTau:
     """RMSRE_tau per query: sqrt(mean_j E(U - V)^2 / max(tau, V)^2), combined: sqrt(mean of squares)."""
     taus = np.asarray(taus, dtype=np.float64)
     if taus.shape != (breakdown.truth.shape[1],) or (taus <= 0).any():
-        raise ValueError(f"taus must be {breakdown.truth.shape[1]} positive numbers (count first), got {taus}")
+        raise InvalidParameters(f"taus must be {breakdown.truth.shape[1]} positive numbers (count first), got {taus}")
     if breakdown.truth.shape[0] == 0:
-        raise ValueError("RMSRE_tau of an empty domain is undefined")
+        raise InvalidInput("RMSRE_tau of an empty domain is undefined")
     denom = np.maximum(taus[None, :], breakdown.truth) ** 2
     per_query = np.sqrt((breakdown.mse / denom).mean(axis=0))
     return RmsreTau(per_query=per_query, combined=float(np.sqrt(np.mean(per_query**2))))

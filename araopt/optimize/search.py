@@ -358,7 +358,7 @@ def _integer_fractions(k: np.ndarray, count_limit: int, gamma: int) -> np.ndarra
     d = len(k)
     units = gamma // count_limit
     if units < d:
-        raise ValueError(f"count limit {count_limit} leaves {units} budget units for {d} queries")
+        raise InvalidParameters(f"count limit {count_limit} leaves {units} budget units for {d} queries")
     r = np.cbrt(np.maximum(k, 1e-300))
     s = np.maximum(1, np.floor(r / r.sum() * units)).astype(np.int64)
     while s.sum() > units:

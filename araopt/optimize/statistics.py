@@ -65,6 +65,7 @@ from typing import Any, cast
 import numpy as np
 
 from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import impression_order, kept_per_impression, ranks_within_impression
 from araopt.mechanism.encoding import check_values
@@ -85,12 +86,13 @@ class BucketLayout:
 
     def __post_init__(self) -> None:
         if not (0 < self.min_value < self.max_value and math.isfinite(self.max_value)):
-            raise ValueError(f"bucket layout needs 0 < min_value < max_value < inf, got {self.min_value}, {self.max_value}")
+            raise InvalidParameters(f"bucket layout needs 0 < min_value < max_value < inf, got {self.min_value}, "
+                                    f"{self.max_value}")
         octaves = math.log2(self.max_value / self.min_value)
         if abs(octaves - round(octaves)) > 1e-9:
-            raise ValueError("max_value / min_value must be a power of two")
+            raise InvalidParameters("max_value / min_value must be a power of two")
         if int(self.buckets_per_octave) < 1:
-            raise ValueError("buckets_per_octave must be >= 1")
+            raise InvalidParameters("buckets_per_octave must be >= 1")
 
     @property
     def num_log_buckets(self) -> int:
@@ -139,21 +141,22 @@ class StatisticsSpec:
         object.__setattr__(self, "slice_columns", tuple(self.slice_columns))
         object.__setattr__(self, "value_columns", tuple(self.value_columns))
         if not self.value_columns:
-            raise ValueError("at least one value column is required")
+            raise InvalidParameters("at least one value column is required")
         if len(set(self.slice_columns) | set(self.value_columns)) != len(self.slice_columns) + len(self.value_columns):
-            raise ValueError(f"slice and value columns must be distinct, got {self.slice_columns}, {self.value_columns}")
+            raise InvalidParameters(f"slice and value columns must be distinct, got {self.slice_columns}, "
+                                    f"{self.value_columns}")
         if isinstance(self.max_count_limit, bool) or not isinstance(self.max_count_limit, int) or self.max_count_limit < 1:
-            raise ValueError(f"max count limit C_max must be an integer >= 1, got {self.max_count_limit!r}")
+            raise InvalidParameters(f"max count limit C_max must be an integer >= 1, got {self.max_count_limit!r}")
         if self.max_count_limit > self.contribution_budget:
-            raise ValueError(f"max count limit must be <= {self.contribution_budget}")
+            raise InvalidParameters(f"max count limit must be <= {self.contribution_budget}")
         sample_size = self.sample_size
         if sample_size is None:  # samples are only needed for L1 with d >= 2
             sample_size = 128 if len(self.value_columns) >= 2 else 0
             object.__setattr__(self, "sample_size", sample_size)
         if int(sample_size) < 0 or int(self.max_impression_size) < 1:
-            raise ValueError("sample_size must be >= 0 and max_impression_size >= 1")
+            raise InvalidParameters("sample_size must be >= 0 and max_impression_size >= 1")
         if self.period_days is not None and (isinstance(self.period_days, bool) or int(self.period_days) < 1):
-            raise ValueError(f"period_days must be None or an integer >= 1, got {self.period_days!r}")
+            raise InvalidParameters(f"period_days must be None or an integer >= 1, got {self.period_days!r}")
 
     @property
     def num_queries(self) -> int:
@@ -257,9 +260,9 @@ def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> Sta
     spec = acc.spec
     missing = [c for c in spec.slice_columns if c not in conversions.slices]
     if missing:
-        raise ValueError(f"conversions lack slice column(s) {missing}")
+        raise InvalidInput(f"conversions lack slice column(s) {missing}")
     if tuple(conversions.value_columns) != spec.value_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, spec expects {spec.value_columns}")
+        raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, spec expects {spec.value_columns}")
     n = len(conversions)
     if n == 0:
         return acc
@@ -373,10 +376,10 @@ def merge_accumulators(accumulators: Sequence[StatisticsAccumulator]) -> Statist
     """Merge accumulators of the same spec (slice ids are remapped); the result is compacted."""
     accs = list(accumulators)
     if not accs:
-        raise ValueError("merge_accumulators needs at least one accumulator")
+        raise InvalidInput("merge_accumulators needs at least one accumulator")
     spec = accs[0].spec
     if any(a.spec != spec for a in accs):
-        raise ValueError("cannot merge statistics of different specs")
+        raise InvalidInput("cannot merge statistics of different specs")
     out = create_accumulator(spec)
     d, R, B = spec.num_queries, spec.max_rank, spec.layout.num_buckets
     for a in accs:
@@ -488,7 +491,7 @@ class SufficientStatistics:
         depend on its volume: tuning on the scaled statistics tunes for a release of that volume."""
         f = float(factor)
         if not (math.isfinite(f) and f > 0):
-            raise ValueError(f"the scale factor must be a finite number > 0, got {factor!r}")
+            raise InvalidParameters(f"the scale factor must be a finite number > 0, got {factor!r}")
         cs = self.cluster_sizes.copy()
         if len(cs):
             cs[:, 2] *= f
@@ -504,7 +507,7 @@ class SufficientStatistics:
         and clipping is then a random quantity whose sampling variance the error model adds."""
         hist = float(self.history_days() if history_days is None else history_days)
         if not (math.isfinite(float(days)) and float(days) > 0 and hist > 0):
-            raise ValueError(f"release period and history must be > 0 days, got {days!r} and {hist!r}")
+            raise InvalidParameters(f"release period and history must be > 0 days, got {days!r} and {hist!r}")
         return dataclasses.replace(self.scaled(min(1.0, float(days) / hist)), future_period=True)
 
     # ---- exact totals ------------------------------------------------------------------------------
@@ -518,7 +521,7 @@ class SufficientStatistics:
     def kept_totals(self, kept_ranks: int) -> np.ndarray:
         """Count and sums of the conversions with rank < kept_ranks (<= R), (m, d+1)."""
         if kept_ranks > self.max_rank:
-            raise ValueError(f"statistics cover ranks < {self.max_rank}; {kept_ranks} requested (raise C_max)")
+            raise InvalidParameters(f"statistics cover ranks < {self.max_rank}; {kept_ranks} requested (raise C_max)")
         out = np.empty((self.num_slices, self.num_queries + 1))
         out[:, 0] = self.rank_counts[:, :kept_ranks].sum(axis=1)
         out[:, 1:] = self.rank_sums[:, :kept_ranks].sum(axis=1)
@@ -533,7 +536,7 @@ class SufficientStatistics:
         counts = self.global_count[query]
         total = counts.sum()
         if total <= 0:
-            raise ValueError("no conversions in the statistics")
+            raise InvalidInput("no conversions in the statistics")
         b = int(np.searchsorted(np.cumsum(counts), q * total, side="left"))
         b = min(b, len(counts) - 1)
         return float(self.global_sum[query, b] / counts[b])
@@ -558,7 +561,7 @@ class SufficientStatistics:
         """Smallest s with P(conversions per impression <= s) >= q (the overflow bin counts as H+1)."""
         cum = np.cumsum(self.impression_sizes)
         if cum[-1] <= 0:
-            raise ValueError("no impressions in the statistics")
+            raise InvalidInput("no impressions in the statistics")
         return int(np.searchsorted(cum, q * cum[-1], side="left"))
 
 
