@@ -30,7 +30,9 @@ from factories import du_penc_frame, du_penc_params, log, setup
 
 
 def _tree(path: Path) -> dict[str, bytes]:
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    """Every data file under ``path`` with its bytes (lock files are bookkeeping: a run rewrites its owner record)."""
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".araopt-lock" not in p.name}
 
 
 def _staged(parent: Path) -> list[str]:

@@ -206,4 +206,4 @@ def test_the_replay_command_writes_its_table_summary_and_plot_whole_and_labelled
     last = err.strip().splitlines()[-1]
     assert last.startswith("araopt replay: error:") and "window-days" in last and "Traceback" not in err
     assert pd.read_csv(out / "replay.csv").equals(table)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".replay")]
+    assert not [p for p in tmp_path.iterdir() if ".araopt-staging-" in p.name or ".araopt-replaced-" in p.name]
