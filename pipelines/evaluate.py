@@ -2,10 +2,12 @@
 
     araopt evaluate --train 'train/*.parquet' --test 'test/*.parquet' [--name synth-travel] \
         [--train ... --test ... --name ...]  --slices a,b --values v \
-        --epsilons 1,2,4,8,16,32,64 --out DIR [--monte-carlo N] [--max-count-limit 20] [Beam options]
+        --epsilons 1,2,4,8,16,32,64 --out DIR [--monte-carlo N] [--max-count-limit 20]
 
-Parameters are optimized on the training statistics (Beam, ``transforms.statistics``); the test
-error is the exact analytic expectation (``error_model``) on the test records, read into memory.
+In memory, each log read once: the exact error model needs the test records, the calibration and the
+test's lookback need the training records, so the training statistics are computed from the same read
+(``compute_statistics_in_memory``, the combiner the Beam jobs run per shard). Parameters are optimized
+on the training statistics; the test error is the exact analytic expectation (``error_model``).
 With --monte-carlo N the real mechanism runs N times per (epsilon, method) and the empirical
 RMSRE_tau is reported beside the prediction. Also reported: the generalization gap (test error of
 parameters tuned on train minus tuned on test). Writes rmsre.csv, comparison.csv,
@@ -46,19 +48,19 @@ def run(argv: Sequence[str] | None = None) -> int:
 run_evaluate = run
 
 
-def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
+def _run(args: argparse.Namespace, _: list[str]) -> int:
     import pandas as pd
 
     from araopt.evaluation.evaluate import comparison_table, evaluate_dataset, write_outputs
     from araopt.evaluation.methods import METHODS
-    from araopt.io.conversions import concat_periods
+    from araopt.io.conversions import Conversions, concat_periods
     from araopt.io.folders import EVALUATION_FOLDER, OutputFolder, check_target
     from araopt.io.progress import Progress
     from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
     from araopt.optimize.tune import resolve_taus
-    from transforms.io import check_input
+    from transforms.io import InputFiles, check_input
 
-    from .history import StatisticsRun, compute_statistics, load_conversions, report_rejections
+    from .history import load_conversions, report_rejections
 
     epsilons = parse_epsilons(args.epsilons)
     if args.monte_carlo < 0 or args.monte_carlo == 1:
@@ -84,34 +86,35 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     folder = OutputFolder.prepare(args.output, args.overwrite, PROG, EVALUATION_FOLDER)
     with folder:  # whole or absent: written into a staging folder, moved into place at the end
         progress = Progress(PROG, enabled=not args.no_progress)
-        evaluations, translated = [], []
-        for i, (name, train, test) in enumerate(zip(names, trains, tests, strict=True)):
-            dead_letter = os.path.join(folder.staging, "dead_letter", f"{name}-train")
-            progress(f"{name}: statistics of the training log (Beam: {len(train.paths)} file(s), {train.rows:,} rows)")
-            run = compute_statistics(train, spec, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
-                                     lookback=lookback, job=f"statistics of {name}", file_suffix=name if i else "")
-            if not isinstance(run, StatisticsRun):  # a dry run: the evaluation needs the statistics it did not compute
-                translated.append(run)
-                continue
-            report_rejections(f"{PROG} ({name}, train)", run.counts,
-                              folder.final_path(run.dead_letter) if run.dead_letter else None)
-            train_stats = run.statistics
-            progress(f"{name}: reading the test log ({len(test.paths)} file(s), {test.rows:,} rows)")
-            test_conv, test_counts, rejected = load_conversions(test, slices, values, args.max_rejected_fraction,
-                                                                what="test log")
-            # the browser caps over each impression's life: the training log (and its lookback) is the test's lookback
-            train_conv, _, _ = load_conversions(train, slices, values, args.max_rejected_fraction, what="training log")
-            earlier = train_conv if lookback is None else concat_periods(
-                train_conv, load_conversions(lookback, slices, values, args.max_rejected_fraction, what="lookback")[0])
-            train_full = earlier
-            test_conv = concat_periods(test_conv, earlier)
-            if rejected.num_rows:
+
+        def read(inputs: InputFiles, what: str, dead_letter: str | None) -> Conversions:
+            """One read of a log into memory (the same validation and gate as the jobs), its rejected rows
+            to the evaluation's dead letter."""
+            conversions, counts, rejected = load_conversions(inputs, slices, values, args.max_rejected_fraction,
+                                                             what=what)
+            path = None
+            if rejected.num_rows and dead_letter is not None:
                 import pyarrow.parquet as pq
 
                 os.makedirs(os.path.join(folder.staging, "dead_letter"), exist_ok=True)
-                pq.write_table(rejected, os.path.join(folder.staging, "dead_letter", f"{name}-test.parquet"))
-            report_rejections(f"{PROG} ({name}, test)", test_counts,
-                              os.path.join(args.output, "dead_letter", f"{name}-test.parquet"))
+                pq.write_table(rejected, os.path.join(folder.staging, "dead_letter", dead_letter))
+                path = os.path.join(args.output, "dead_letter", dead_letter)
+            report_rejections(f"{PROG} ({what})", counts, path)
+            return conversions
+
+        earliest = read(lookback, "lookback", "lookback.parquet") if lookback is not None else None
+        evaluations = []
+        for name, train, test in zip(names, trains, tests, strict=True):
+            # each log is read once: the training log gives the statistics (ranks over each impression's
+            # life, with the lookback), the calibration and, as the browser caps over an impression's life,
+            # the test's lookback
+            progress(f"{name}: reading the training log ({len(train.paths)} file(s), {train.rows:,} rows)")
+            train_conv = read(train, f"{name}, training log", f"{name}-train.parquet")
+            train_full = train_conv if earliest is None else concat_periods(train_conv, earliest)
+            progress(f"{name}: statistics of the training log")
+            train_stats = compute_statistics_in_memory(train_full, spec)
+            progress(f"{name}: reading the test log ({len(test.paths)} file(s), {test.rows:,} rows)")
+            test_conv = concat_periods(read(test, f"{name}, test log", f"{name}-test.parquet"), train_full)
             test_stats = compute_statistics_in_memory(test_conv, spec)
             period = float(test_stats.history_days())
             taus, tau_rule = resolve_taus(train_stats, tau_overrides)
@@ -124,11 +127,6 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                 kind=args.objective, monte_carlo=args.monte_carlo, seed=args.seed, methods=methods, gap=not args.no_gap,
                 progress=not args.no_progress, taus=taus, train_conversions=train_full, release_period_days=period,
                 stages=progress))
-        if translated:
-            from .runner import dry_run_sentence
-
-            print(dry_run_sentence(PROG, translated))
-            return 0
         paths = write_outputs(evaluations, folder.staging)
         folder.commit({"command": "evaluate", "datasets": list(names), "epsilons": epsilons, "methods": list(methods)})
         results = pd.concat([e.results for e in evaluations], ignore_index=True)

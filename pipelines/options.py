@@ -322,7 +322,8 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "pipelines.evaluate", "run", "test RMSRE_tau of optimized parameters vs the baselines, with plots",
         "Optimize on each training log, evaluate on its test log (exact expected RMSRE_tau; with --monte-carlo "
         "also the real mechanism), per epsilon and method; the generalization gap. Writes rmsre.csv, "
-        "comparison.csv, generalization_gap.csv, count_limit.csv, rmsre.png and count_limit.png.",
+        "comparison.csv, generalization_gap.csv, count_limit.csv, rmsre.png and count_limit.png. In memory: each "
+        "log is read once (the exact error model needs the records).",
         ("araopt evaluate --train data/train --test data/test --name synth-criteo --slices "
          "campaignId,geography,productCategory --values value --output eval/",),
         ("train", "test", ("name", {"help": "Dataset name (one per --train; default dataset1, ...).",
@@ -331,8 +332,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          ("lookback", {"help": "Conversions before the training log (Parquet), read only to rank the training "
                                "conversions over their impressions' whole lives; the test log's lookback is the "
                                "training log (and this)."}),
-         "methods", "no_gap", "max_rejected_fraction", "no_progress", "overwrite"),
-        beam=True),
+         "methods", "no_gap", "max_rejected_fraction", "no_progress", "overwrite")),
     "nightly": Command(
         "pipelines.nightly", "run", "re-optimize on the last N days and publish to a parameter store",
         "One Beam job: the window's date partitions -> validate -> statistics -> optimizer and baselines, "

@@ -15,7 +15,7 @@ from araopt.version import ParameterVersion
 from dataflow_graph import GROUP_BY_KEY, JobGraph
 from factories import make_frame, make_params, write_history, write_parts
 from gcs_fixtures import start_gcp_storage_emulator
-from pipelines import evaluate, measure, nightly, optimize
+from pipelines import measure, nightly, optimize
 
 pytestmark = pytest.mark.slow  # translates five jobs (each builds the sdist of --setup_file): `make test` runs it
 
@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
-    """The GCS emulator with the inputs on gs://: a log (measure, optimize, evaluate), date partitions
+    """The GCS emulator with the inputs on gs://: a log (measure, optimize), date partitions
     (nightly), a parameter file and a declared domain; STORAGE_EMULATOR_HOST set for the module."""
     local = tmp_path_factory.mktemp("inputs")
     with start_gcp_storage_emulator() as emulator, pytest.MonkeyPatch.context() as mp:
@@ -153,17 +153,6 @@ def test_nightly_finds_gcs_partitions_and_translates_with_one_publish_step(gcs, 
     report(capsys, f"nightly: {graph.summary()}; {shuffle_text(graph)}; statistics combine {statistics}; calibration "
                    f"combine {calibration}; publish step {publish.name} (the only one, after both combines)\n  {line}")
 
-
-def test_evaluate_translates_its_statistics_job(gcs, tmp_path, capsys):
-    gs = f"gs://{gcs.bucket}"
-    job_file = tmp_path / "evaluate.json"
-    line = translate(evaluate.run, ["--train", f"{gs}/hist/date=2026-11-20", "--test", f"{gs}/hist/date=2026-11-21",
-                                    "--slices", "campaign,geo", "--values", "value", "--epsilons", "4",
-                                    "--output", str(tmp_path / "eval"), *dataflow_flags(gs, job_file)], job_file, capsys)
-    graph = check_job(job_file, gs)
-    assert not (tmp_path / "eval").exists()
-    report(capsys, f"evaluate (statistics job): {graph.summary()}; {shuffle_text(graph)}; statistics combine "
-                   f"{combine_after_shuffle(graph, 'StatisticsCombiner')}\n  {line}")
 
 
 def test_beam_validation_error_is_one_line_with_its_reason_before_any_work(gcs, tmp_path, capsys):

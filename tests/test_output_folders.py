@@ -241,18 +241,17 @@ def test_export_ara_interrupted_mid_write_leaves_the_previous_export_whole(tmp_p
 
 
 def test_evaluate_interrupted_mid_write_leaves_no_folder(tmp_path, monkeypatch, capsys):
-    """The training statistics' dead letter is staged, then the job fails: no evaluation folder."""
-    import pipelines.history as history
+    """Part of the results is staged, then the run fails: no evaluation folder."""
+    import araopt.evaluation.evaluate as evaluation
     from pipelines.evaluate import run_evaluate
 
     data, _ = setup(tmp_path)
 
-    def statistics_then_fail(inputs, spec, beam_args, max_rejected_fraction, dead_letter=None, **kw):
-        os.makedirs(dead_letter)
-        Path(dead_letter, "rejected.parquet").write_bytes(b"staged")
-        raise OSError("worker lost (injected)")
+    def write_then_fail(evaluations, out_dir):
+        Path(out_dir, "rmsre.csv").write_text("staged")
+        raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(history, "compute_statistics", statistics_then_fail)
+    monkeypatch.setattr(evaluation, "write_outputs", write_then_fail)
     out = tmp_path / "eval"
     argv = ["--train", data, "--test", data, "--slices", "s", "--values", "v", "--epsilons", "8", "--out", str(out),
             "--no-progress"]
