@@ -22,6 +22,7 @@ import pandas as pd
 from araopt.calibration.calendar import Calendar
 from araopt.calibration.correct import CorrectedEstimates, correct, period_blocks_for
 from araopt.calibration.model import Calibration, retention_checksum
+from araopt.errors import InvalidParameters
 from araopt.io import avro
 from araopt.mechanism.exploration import EXPLORATION_BIT
 from araopt.mechanism.keys import KeyDomain
@@ -199,7 +200,7 @@ def histogram_buckets(params: Params, domain: KeyDomain) -> list[int]:
     if exploration is None:
         return buckets
     if domain.total_bits > EXPLORATION_BIT:
-        raise ValueError(f"the domain's keys take {domain.total_bits} bits: with exploration arms they must "
+        raise InvalidParameters(f"the domain's keys take {domain.total_bits} bits: with exploration arms they must "
                          f"fit in {EXPLORATION_BIT} (the top bit marks an arm's keys)")
     return buckets + [exploration.bucket(a, domain.query_code(col))
                       for a in range(exploration.num_arms) for col in range(domain.num_columns)]

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from araopt.ara.registrations import ARA_MAX_VALUE, SourceEncoder, TriggerEncoder, key_piece_hex
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.mechanism.exploration import EXPLORATION_BIT, Exploration
 
 ARM_FILTER = "araopt_arm"
@@ -56,7 +57,7 @@ def _values(names: Sequence[str], contribution: Sequence[int]) -> dict[str, int]
     values = {}
     for name, w in zip(names, contribution, strict=True):
         if not 0 <= w <= ARA_MAX_VALUE:  # never emit JSON ARA would reject (an encoder bug, Lemma 4.1)
-            raise ValueError(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: {tuple(contribution)}")
+            raise InvalidInput(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: {tuple(contribution)}")
         if w:
             values[name] = int(w)
     return values
@@ -67,7 +68,7 @@ def trigger_registration(triggers: TriggerEncoder, exploration: Exploration, con
     """The trigger of one conversion: ``contributions`` holds its encoding for the main configuration
     then for each arm (HistogramContribution at C, then at every C_a), ``pieces`` its main key pieces."""
     if len(contributions) != exploration.num_arms + 1:
-        raise ValueError(f"need {exploration.num_arms + 1} encodings (main, then each arm), got {len(contributions)}")
+        raise InvalidParameters(f"need {exploration.num_arms + 1} encodings (main, then each arm), got {len(contributions)}")
     names = triggers.key_names
     arm_labels = [arm_label(a) for a in range(exploration.num_arms)]
     arm_pieces = query_pieces(triggers)
@@ -85,6 +86,6 @@ def trigger_registration(triggers: TriggerEncoder, exploration: Exploration, con
     if extra:
         clash = set(extra) & set(out)
         if clash:
-            raise ValueError(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
+            raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
         out.update(extra)
     return out

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.calibration.model import retention_checksum
+from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_mask
 from araopt.mechanism.encoding import check_values, expected_contribution, query_scales
@@ -90,19 +91,19 @@ def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block
     """
     params = acc.params
     if tuple(conversions.value_columns) != params.query_columns:
-        raise ValueError(f"conversions carry value columns {conversions.value_columns}, "
+        raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
                          f"params expect {params.query_columns}")
     missing = [c for c in acc.slice_columns if c not in conversions.slices]
     if missing:
-        raise ValueError(f"conversions lack slice column(s) {missing}")
+        raise InvalidInput(f"conversions lack slice column(s) {missing}")
     n = len(conversions)
     blocks = np.asarray(block_ids)
     if blocks.ndim != 1 or len(blocks) != n:
-        raise ValueError(f"block_ids must be one id per record ({n}), got shape {blocks.shape}")
+        raise InvalidInput(f"block_ids must be one id per record ({n}), got shape {blocks.shape}")
     if n == 0:
         return acc
     if pd.isna(pd.Series(blocks)).any():
-        raise ValueError("block_ids must not be null / NaN")
+        raise InvalidInput("block_ids must not be null / NaN")
     d = params.num_queries
     kept, retained = retained_values(conversions, params)  # Alg. 1 over the period and its lookback
     vals = check_values(conversions.values, d)
@@ -158,11 +159,11 @@ def merge_accumulators(accumulators: Sequence[CalibrationAccumulator]) -> Calibr
     """Merge accumulators of the same parameters and slice columns (local ids remapped); compacted."""
     accs = list(accumulators)
     if not accs:
-        raise ValueError("merge_accumulators needs at least one accumulator")
+        raise InvalidInput("merge_accumulators needs at least one accumulator")
     first = accs[0]
     if any(retention_checksum(a.params) != retention_checksum(first.params) or a.slice_columns != first.slice_columns
            or a.params.query_columns != first.params.query_columns or a.fitted_for != first.fitted_for for a in accs):
-        raise ValueError("cannot merge calibration accumulators of different parameters or slice columns")
+        raise InvalidInput("cannot merge calibration accumulators of different parameters or slice columns")
     out = create_accumulator(first.params, first.slice_columns, first.fitted_for)
     for a in accs:
         smap = np.empty(max(1, len(a.slice_ids)), dtype=np.int64)

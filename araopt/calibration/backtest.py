@@ -10,6 +10,7 @@ import numpy as np
 
 from araopt.calibration.accumulator import CalibrationStatistics
 from araopt.calibration.model import MIN_RATIO, Calibration
+from araopt.errors import InvalidParameters
 from araopt.mechanism.params import Params
 from araopt.mechanism.report import estimate_variance
 
@@ -54,15 +55,15 @@ def backtest(stats: CalibrationStatistics, params: Params, calibration: Calibrat
     make well when the window's volume, its loss and its truth vary together (heavy-tailed values,
     weekday cycles): every window is a real sample of a release."""
     if correction not in ("ratio", "none"):
-        raise ValueError(f"correction must be 'ratio' or 'none', got {correction!r}")
+        raise InvalidParameters(f"correction must be 'ratio' or 'none', got {correction!r}")
     P = int(period_blocks)
     B = stats.cells.shape[1]
     if P < 1 or P > B:
-        raise ValueError(f"period_blocks must lie in [1, {B}] (blocks in the history), got {period_blocks!r}")
+        raise InvalidParameters(f"period_blocks must lie in [1, {B}] (blocks in the history), got {period_blocks!r}")
     t = np.asarray(taus, dtype=np.float64)
     d = params.num_queries
     if t.shape != (d + 1,):
-        raise ValueError(f"taus must be {d + 1} numbers (count first), got {t}")
+        raise InvalidParameters(f"taus must be {d + 1} numbers (count first), got {t}")
     index = calibration.index()
     slice_rows = np.array([index.get(k, -1) for k in stats.slice_keys], dtype=np.int64)
     present = slice_rows >= 0

@@ -48,6 +48,7 @@ import numpy as np
 
 from araopt.calibration.accumulator import CalibrationStatistics, _col
 from araopt.calibration.model import _Z95_ONE_SIDED, Calibration
+from araopt.errors import InvalidInput, InvalidParameters
 
 CALENDAR_FORMAT = "araopt.calendar/1"
 DAY_TYPES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun", "special")
@@ -62,17 +63,17 @@ _EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (Monday = 0)
 def epoch_day(day: date | str | int | np.integer) -> int:
     """Days since 1970-01-01 of a date, an ISO date string or an epoch day (an int is taken as is)."""
     if isinstance(day, (bool, np.bool_)):
-        raise ValueError(f"not a date: {day!r}")
+        raise InvalidInput(f"not a date: {day!r}")
     if isinstance(day, (int, np.integer)):
         return int(day)
     if isinstance(day, str):
         try:
             day = date.fromisoformat(day.strip())
         except ValueError:
-            raise ValueError(f"not an ISO date (YYYY-MM-DD): {day!r}") from None
+            raise InvalidInput(f"not an ISO date (YYYY-MM-DD): {day!r}") from None
     if isinstance(day, date):
         return (day - _EPOCH).days
-    raise ValueError(f"not a date: {day!r}")
+    raise InvalidInput(f"not a date: {day!r}")
 
 
 def iso_day(day: int) -> str:
@@ -148,7 +149,7 @@ class Calendar:
 
     def check_calibration(self, calibration: Calibration) -> None:
         if calibration.retention_checksum != self.retention_checksum or calibration.query_names != self.query_names:
-            raise ValueError("the calendar was fitted for another calibration (retention checksum or queries differ)")
+            raise InvalidInput("the calendar was fitted for another calibration (retention checksum or queries differ)")
 
     def special(self) -> tuple[int, ...]:
         return tuple(epoch_day(s) for s in self.special_days)
@@ -158,7 +159,7 @@ class Calendar:
         epoch days), in place of ``calibration.period(P)`` (module docstring)."""
         days = np.unique(np.array([epoch_day(d) for d in period_days], dtype=np.int64))
         if len(days) == 0:
-            raise ValueError("a measured period needs at least one day")
+            raise InvalidParameters("a measured period needs at least one day")
         types = day_types(days, self.special())
         seen = self.blocks[types] > 0
         d1 = len(self.query_names)
@@ -197,11 +198,11 @@ class Calendar:
     @classmethod
     def from_json(cls, data: Any, source: str = "calendar") -> Calendar:
         if not isinstance(data, Mapping):
-            raise ValueError(f"{source}: must be a JSON object")
+            raise InvalidInput(f"{source}: must be a JSON object")
         if data.get("format") != CALENDAR_FORMAT:
-            raise ValueError(f"{source}: unsupported format {data.get('format')!r}; expected {CALENDAR_FORMAT!r}")
+            raise InvalidInput(f"{source}: unsupported format {data.get('format')!r}; expected {CALENDAR_FORMAT!r}")
         if list(data.get("day_types", DAY_TYPES)) != list(DAY_TYPES):
-            raise ValueError(f"{source}: day types must be {list(DAY_TYPES)}")
+            raise InvalidInput(f"{source}: day types must be {list(DAY_TYPES)}")
         try:
             def f(name: str) -> np.ndarray:
                 return np.asarray(data[name], dtype=np.float64)
@@ -214,9 +215,9 @@ class Calendar:
                        between_variance=f("between_variance"), day_variance=f("day_variance"),
                        unseen_variance=f("unseen_variance"), format=data["format"])
         except KeyError as exc:
-            raise ValueError(f"{source}: missing field {exc.args[0]!r}") from None
+            raise InvalidInput(f"{source}: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: {exc}") from None
+            raise InvalidInput(f"{source}: {exc}") from None
 
     def checksum(self) -> str:
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode("utf-8")).hexdigest()
@@ -225,21 +226,21 @@ class Calendar:
 def _validate(cal: Calendar) -> None:
     K, d1 = len(DAY_TYPES), len(cal.query_names)
     if not cal.query_names or cal.query_names[0] != "count":
-        raise ValueError(f"calendar query_names must start with 'count', got {cal.query_names!r}")
+        raise InvalidInput(f"calendar query_names must start with 'count', got {cal.query_names!r}")
     for name, shape in (("blocks", (K,)), ("volume", (K,)), ("effect", (K, d1)), ("effect_variance", (K, d1)),
                         ("raw_effect", (K, d1)), ("mean_effect", (d1,)), ("between_variance", (d1,)),
                         ("day_variance", (d1,)), ("unseen_variance", (d1,))):
         a = np.asarray(getattr(cal, name))
         if a.shape != shape:
-            raise ValueError(f"calendar field {name} has shape {a.shape}, expected {shape}")
+            raise InvalidInput(f"calendar field {name} has shape {a.shape}, expected {shape}")
         if not np.isfinite(a).all():
-            raise ValueError(f"calendar field {name} must be finite")
+            raise InvalidInput(f"calendar field {name} must be finite")
     for name in ("blocks", "volume", "effect_variance", "between_variance", "day_variance", "unseen_variance"):
         if (np.asarray(getattr(cal, name)) < 0).any():
-            raise ValueError(f"calendar field {name} must be >= 0")
+            raise InvalidInput(f"calendar field {name} must be >= 0")
     for name in ("effect", "raw_effect", "mean_effect"):
         if (np.abs(np.asarray(getattr(cal, name))) > 1).any():
-            raise ValueError(f"calendar field {name}: a ratio shift lies in [-1, 1]")
+            raise InvalidInput(f"calendar field {name}: a ratio shift lies in [-1, 1]")
     epoch_day(cal.first_day), epoch_day(cal.last_day)
 
 

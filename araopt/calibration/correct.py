@@ -13,6 +13,7 @@ from scipy import stats as sp_stats
 
 from araopt.calibration.calendar import Calendar
 from araopt.calibration.model import MIN_RATIO, Calibration
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.mechanism.keys import KeyDomain, slice_value
 from araopt.mechanism.params import Params
 from araopt.mechanism.report import Estimates, nonnegative_interval
@@ -67,10 +68,10 @@ def _slice_rows(slices: KeyDomain | Mapping[str, Sequence[Any]], columns: tuple[
     values = slices.slice_values() if isinstance(slices, KeyDomain) else slices
     missing = [c for c in columns if c not in values]
     if missing:
-        raise ValueError(f"slice values lack the calibration's slice column(s) {missing}")
+        raise InvalidInput(f"slice values lack the calibration's slice column(s) {missing}")
     cols = [list(values[c]) for c in columns]
     if any(len(c) != m for c in cols):
-        raise ValueError(f"slice values must give one value per estimate row ({m})")
+        raise InvalidInput(f"slice values must give one value per estimate row ({m})")
     if not columns:
         return [()] * m
     return [tuple(slice_value(v) for v in row) for row in zip(*cols, strict=True)]
@@ -94,15 +95,15 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     U = np.asarray(estimates.estimate, dtype=np.float64)
     se = np.asarray(estimates.std_error, dtype=np.float64)
     if U.ndim != 2 or U.shape[1] != len(calibration.query_names):
-        raise ValueError(f"estimates have shape {U.shape}; the calibration has {len(calibration.query_names)} queries")
+        raise InvalidInput(f"estimates have shape {U.shape}; the calibration has {len(calibration.query_names)} queries")
     if tuple(estimates.query_names) != calibration.query_names:
-        raise ValueError(f"estimates' queries {estimates.query_names} differ from the calibration's "
+        raise InvalidInput(f"estimates' queries {estimates.query_names} differ from the calibration's "
                          f"{calibration.query_names}")
     if not (np.isfinite(U).all() and np.isfinite(se).all() and (se >= 0).all()):
-        raise ValueError("estimates and standard errors must be finite (standard errors >= 0)")
+        raise InvalidInput("estimates and standard errors must be finite (standard errors >= 0)")
     conf = estimates.confidence if confidence is None else float(confidence)
     if not 0.0 < conf < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+        raise InvalidParameters(f"confidence must lie in (0, 1), got {confidence!r}")
     m = U.shape[0]
     rows = _slice_rows(slices, calibration.slice_columns, m)
     index = calibration.index()

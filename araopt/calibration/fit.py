@@ -18,6 +18,7 @@ from araopt.calibration.model import (
     Calibration,
     retention_checksum,
 )
+from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
 from araopt.mechanism.keys import slice_value
 from araopt.mechanism.params import Params
@@ -80,14 +81,14 @@ def fit_calibration(stats: CalibrationStatistics, blocks: Sequence[Any] | None =
         idx = [i for i, b in enumerate(bkeys) if b in set(wanted)]
         missing = set(wanted) - {bkeys[i] for i in idx}
         if missing:
-            raise ValueError(f"blocks {sorted(map(str, missing))} are not in the calibration statistics")
+            raise InvalidInput(f"blocks {sorted(map(str, missing))} are not in the calibration statistics")
         cells, bkeys = cells[:, idx], tuple(bkeys[i] for i in idx)
     present = cells[:, :, _col(0, "T")].sum(axis=1) > 0
     cells = cells[present]
     slice_keys = tuple(k for k, p in zip(stats.slice_keys, present, strict=True) if p)
     m, B = cells.shape[0], cells.shape[1]
     if m == 0 or B == 0:
-        raise ValueError("no conversions in the calibration history")
+        raise InvalidInput("no conversions in the calibration history")
     d = stats.num_queries
     N_jb = cells[:, :, _col(0, "T")]
     N_j = N_jb.sum(axis=1)

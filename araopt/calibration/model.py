@@ -92,6 +92,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio
 from araopt.io.files import atomic_write_bytes, read_bytes
 from araopt.mechanism.keys import slice_key
@@ -189,17 +190,17 @@ class Calibration:
         """Refuse (ValueError) parameters whose bounding differs from the fitted one (checksum)."""
         got = retention_checksum(params)
         if got != self.retention_checksum:
-            raise ValueError(
+            raise InvalidInput(
                 f"calibration does not match the parameters: retention checksum {self.retention_checksum[:12]}... "
                 f"(fitted for params {self.params_checksum[:12]}...) != {got[:12]}... of these parameters "
                 "(C, C_l, alpha_l or encoding differ): refit the calibration for these parameters")
         if ("count",) + params.query_columns != self.query_names:
-            raise ValueError(f"calibration queries {self.query_names} differ from the parameters' {params.query_columns}")
+            raise InvalidInput(f"calibration queries {self.query_names} differ from the parameters' {params.query_columns}")
 
     def period(self, period_blocks: int) -> np.ndarray:
         """V_period(P) (d+1) for a measured period of P >= 1 consecutive blocks."""
         if isinstance(period_blocks, bool) or not isinstance(period_blocks, (int, np.integer)) or period_blocks < 1:
-            raise ValueError(f"period_blocks must be an integer >= 1, got {period_blocks!r}")
+            raise InvalidParameters(f"period_blocks must be an integer >= 1, got {period_blocks!r}")
         P = int(period_blocks)
         if P <= self.period_variance.shape[0]:
             return cast(np.ndarray, self.period_variance[P - 1])
@@ -235,11 +236,11 @@ class Calibration:
     def from_json(cls, data: Any, params: Params | None = None, source: str = "calibration") -> Calibration:
         """Validate and build; with ``params``, also refuse a checksum mismatch. Every refusal is a ValueError."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"{source}: top level must be a JSON object")
+            raise InvalidInput(f"{source}: top level must be a JSON object")
         if data.get("format") != CALIBRATION_FORMAT:
-            raise ValueError(f"{source}: unsupported format {data.get('format')!r}; expected {CALIBRATION_FORMAT!r}")
+            raise InvalidInput(f"{source}: unsupported format {data.get('format')!r}; expected {CALIBRATION_FORMAT!r}")
         if data.get("method") != METHOD:
-            raise ValueError(f"{source}: unknown method {data.get('method')!r}; expected {METHOD!r}")
+            raise InvalidInput(f"{source}: unknown method {data.get('method')!r}; expected {METHOD!r}")
         try:
             pooled, slices = data["pooled"], data["slices"]
             num_slices = len(slices["keys"])
@@ -272,9 +273,9 @@ class Calibration:
                 method=data["method"], format=data["format"],
             )
         except KeyError as exc:
-            raise ValueError(f"{source}: missing field {exc.args[0]!r}") from None
+            raise InvalidInput(f"{source}: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: {exc}") from None
+            raise InvalidInput(f"{source}: {exc}") from None
         if params is not None:
             cal.check_params(params)
         return cal
@@ -296,7 +297,7 @@ class Calibration:
 
 
 def _bad_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> np.ndarray:
-    raise ValueError(f"field {name} has shape {got}, expected {want}")
+    raise InvalidInput(f"field {name} has shape {got}, expected {want}")
 
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -306,18 +307,18 @@ def _validate(cal: Calibration) -> None:
     for name in ("params_checksum", "retention_checksum"):
         v = getattr(cal, name)
         if not isinstance(v, str) or not _HEX64.match(v):
-            raise ValueError(f"calibration field {name} must be a sha256 hex digest, got {v!r}")
+            raise InvalidInput(f"calibration field {name} must be a sha256 hex digest, got {v!r}")
     if cal.method != METHOD or cal.format != CALIBRATION_FORMAT:
-        raise ValueError(f"unknown calibration method/format {cal.method!r}/{cal.format!r}")
+        raise InvalidInput(f"unknown calibration method/format {cal.method!r}/{cal.format!r}")
     if not cal.query_names or cal.query_names[0] != _COUNT:
-        raise ValueError(f"calibration query_names must start with 'count', got {cal.query_names!r}")
+        raise InvalidInput(f"calibration query_names must start with 'count', got {cal.query_names!r}")
     if isinstance(cal.num_blocks, bool) or not isinstance(cal.num_blocks, (int, np.integer)) or cal.num_blocks < 1:
-        raise ValueError(f"calibration num_blocks must be an integer >= 1, got {cal.num_blocks!r}")
+        raise InvalidInput(f"calibration num_blocks must be an integer >= 1, got {cal.num_blocks!r}")
     m, d1 = len(cal.slice_keys), len(cal.query_names)
     if len(set(cal.slice_keys)) != m:
-        raise ValueError("calibration slice keys must be unique")
+        raise InvalidInput("calibration slice keys must be unique")
     if any(len(k) != len(cal.slice_columns) for k in cal.slice_keys):
-        raise ValueError(f"every calibration slice key must have {len(cal.slice_columns)} values (the slice columns)")
+        raise InvalidInput(f"every calibration slice key must have {len(cal.slice_columns)} values (the slice columns)")
     for name, shape in (("ratio", (m, d1)), ("variance", (m, d1)), ("kappa", (m, d1)), ("loss_rate", (m, d1)),
                         ("observed", (m, d1)), ("pooled_loss_rate", (d1,)),
                         ("conversions", (m,)), ("slice_blocks", (m,)), ("pooled_ratio", (d1,)),
@@ -325,25 +326,25 @@ def _validate(cal: Calibration) -> None:
                         ("interaction_variance", (d1,)), ("pooled_kappa", (d1,))):
         a = np.asarray(getattr(cal, name))
         if a.shape != shape:
-            raise ValueError(f"calibration field {name} has shape {a.shape}, expected {shape}")
+            raise InvalidInput(f"calibration field {name} has shape {a.shape}, expected {shape}")
     pv = np.asarray(cal.period_variance)
     if pv.ndim != 2 or pv.shape[1] != d1 or pv.shape[0] < 1:
-        raise ValueError(f"calibration field period_variance must be (blocks, {d1}), got {pv.shape}")
+        raise InvalidInput(f"calibration field period_variance must be (blocks, {d1}), got {pv.shape}")
     for name in ("ratio", "pooled_ratio"):
         a = np.asarray(getattr(cal, name), dtype=np.float64)
         if not np.isfinite(a).all() or (a <= 0).any() or (a > 1).any():
-            raise ValueError(f"calibration field {name}: retention ratios must lie in (0, 1], got "
+            raise InvalidInput(f"calibration field {name}: retention ratios must lie in (0, 1], got "
                              f"{a[~(np.isfinite(a) & (a > 0) & (a <= 1))][:3].tolist()}")
     for name in ("variance", "kappa", "pooled_variance", "unseen_variance", "between_slice_variance",
                  "interaction_variance", "pooled_kappa", "period_variance", "conversions", "slice_blocks"):
         a = np.asarray(getattr(cal, name), dtype=np.float64)
         if not np.isfinite(a).all() or (a < 0).any():
-            raise ValueError(f"calibration field {name}: must be finite and >= 0 (no NaN, no negative variance), got "
+            raise InvalidInput(f"calibration field {name}: must be finite and >= 0 (no NaN, no negative variance), got "
                              f"{a[~(np.isfinite(a) & (a >= 0))][:3].tolist()}")
     for name in ("loss_rate", "pooled_loss_rate"):
         a = np.asarray(getattr(cal, name), dtype=np.float64)
         if not (np.isfinite(a).all() and (a >= 0).all() and (a <= 1).all()):
-            raise ValueError(f"calibration field {name}: loss events per conversion must lie in [0, 1]")
+            raise InvalidInput(f"calibration field {name}: loss events per conversion must lie in [0, 1]")
     if (np.asarray(cal.unseen_variance) < np.asarray(cal.pooled_variance)).any():
-        raise ValueError("calibration field unseen_variance must be >= pooled_variance")
+        raise InvalidInput("calibration field unseen_variance must be >= pooled_variance")
 

@@ -27,6 +27,7 @@ import pandas as pd
 
 from araopt.calibration import calibration_statistics, day_blocks
 from araopt.constants import MAX_COUNT_LIMIT
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain
@@ -69,7 +70,7 @@ class ReplayConfig:
 
     def __post_init__(self) -> None:
         if self.window_days < 1 or self.lookback_days < 0 or (self.days is not None and self.days < 1):
-            raise ValueError(f"replay needs window_days >= 1, lookback_days >= 0 and days >= 1, got {self}")
+            raise InvalidParameters(f"replay needs window_days >= 1, lookback_days >= 0 and days >= 1, got {self}")
 
 
 @dataclass(frozen=True)
@@ -185,17 +186,17 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
     log = DailyLog.of(conversions)
     all_days = log.days
     if len(all_days) == 0:
-        raise ValueError("the log has no conversions to replay")
+        raise InvalidInput("the log has no conversions to replay")
     first_day = int(all_days[0])
     candidates = [int(d) for d in all_days if d - config.window_days >= first_day]
     if config.days is not None:
         candidates = candidates[-config.days:]
     if not candidates:
-        raise ValueError(f"the log spans {int(all_days[-1]) - first_day + 1} day(s): replaying needs more than "
+        raise InvalidInput(f"the log spans {int(all_days[-1]) - first_day + 1} day(s): replaying needs more than "
                          f"--window-days={config.window_days} days of history before the first replayed day")
     before = log.first_party(candidates[0] - config.window_days, candidates[0] - 1)
     if len(before.values) == 0:
-        raise ValueError("no conversions before the first replayed day to fix the taus and the cold start")
+        raise InvalidInput("no conversions before the first replayed day to fix the taus and the cold start")
     taus = np.asarray(first_party_taus(before.values), dtype=np.float64)
     spec = StatisticsSpec(domain.slice_columns, tuple(conversions.value_columns), max_count_limit=config.max_count_limit)
     baseline_domain = dataclasses.replace(domain, baseline=True)

@@ -40,6 +40,7 @@ import numpy as np
 
 from araopt.calibration import MIN_RATIO, calibration_statistics, day_blocks, retention_checksum
 from araopt.constants import COUNT_TAU, MAX_COUNT_LIMIT, PRIVATE_WINDOW_DAYS
+from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.exploration import Exploration, default_exploration
@@ -151,7 +152,7 @@ def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float,
 def learn(records: Sequence[ReleaseRecord], domain: KeyDomain) -> PrivateModel:
     """The model of the module docstring from ``records`` (all of the same slices and queries)."""
     if not records:
-        raise ValueError("privacy-safe tuning needs at least one past release")
+        raise InvalidInput("privacy-safe tuning needs at least one past release")
     curve = fit_retention_curve(retention_points(records))
     values = domain.slice_values()
     keys = [slice_key([values[c][i] for c in domain.slice_columns]) for i in range(domain.num_slices)]
@@ -197,7 +198,7 @@ def pseudo_history(model: PrivateModel, slice_columns: Sequence[str], value_colu
         for column, value in zip(slice_columns, key, strict=True):
             slices[column].append(np.full(rows, value, dtype=object if isinstance(value, str) else None))
     if not ids:
-        raise ValueError("the releases show no conversions in any declared slice")
+        raise InvalidInput("the releases show no conversions in any declared slice")
     imp = np.concatenate(ids).astype(np.int64)
     t = np.concatenate(times).astype(np.int64)
     vals = model.values[rng.integers(0, len(model.values), len(imp))]
@@ -219,7 +220,7 @@ def cold_start(first_party: FirstParty, epsilon: float, domain: KeyDomain, value
     taus by the paper's rule on the first-party values, the arms on."""
     values = first_party.values
     if len(values) == 0:
-        raise ValueError("the cold start needs first-party conversions to set the clip thresholds")
+        raise InvalidInput("the cold start needs first-party conversions to set the clip thresholds")
     q95 = np.quantile(values, 0.95, axis=0)
     taus = first_party_taus(values)
     d = len(value_columns)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from araopt.errors import InvalidInput
+
 MAX_SIZE = 256
 """Impression sizes the mixture spans (conversions per impression beyond it count as this many)."""
 SMOOTHNESS = 100.0
@@ -41,7 +43,7 @@ class RetentionCurve:
         """P(n = j + 1) over impressions with at least one conversion."""
         total = float(self.weights.sum())
         if total <= 0:
-            raise ValueError("the retention curve has no mass")
+            raise InvalidInput("the retention curve has no mass")
         return np.asarray(self.weights / total, dtype=np.float64)
 
     def mean_size(self) -> float:
@@ -54,9 +56,9 @@ def fit_retention_curve(points: Sequence[tuple[int, float, float]], smoothness: 
     """The mixture closest to the points (kept ranks K, ratio, variance of the ratio), weighted by
     their precision, r(infinity) = 1 held almost exactly."""
     if not points:
-        raise ValueError("no points to fit a retention curve to")
+        raise InvalidInput("no points to fit a retention curve to")
     if any(int(k) < 1 or not np.isfinite(r) or not np.isfinite(v) or v < 0 for k, r, v in points):
-        raise ValueError(f"retention points must be (K >= 1, finite ratio, finite variance >= 0), got {list(points)}")
+        raise InvalidInput(f"retention points must be (K >= 1, finite ratio, finite variance >= 0), got {list(points)}")
     sizes = np.arange(1, max_size + 1, dtype=np.float64)
     k = np.array([p[0] for p in points], dtype=np.float64)
     r = np.array([p[1] for p in points], dtype=np.float64)
