@@ -17,8 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from araopt.ara.registrations import ARA_MAX_VALUE, SourceEncoder, TriggerEncoder, key_piece_hex
-from araopt.errors import InvalidInput, InvalidParameters
+from araopt.ara.registrations import (
+    SourceEncoder,
+    TriggerEncoder,
+    aggregatable_values,
+    key_piece_hex,
+    with_extra,
+)
+from araopt.errors import InvalidParameters
 from araopt.mechanism.exploration import EXPLORATION_BIT, Exploration
 
 ARM_FILTER = "araopt_arm"
@@ -53,16 +59,6 @@ def query_pieces(triggers: TriggerEncoder) -> tuple[str | None, ...]:
     return tuple(key_piece_hex(code) if code else None for code in codes)
 
 
-def _values(names: Sequence[str], contribution: Sequence[int]) -> dict[str, int]:
-    values = {}
-    for name, w in zip(names, contribution, strict=True):
-        if not 0 <= w <= ARA_MAX_VALUE:  # never emit JSON ARA would reject (an encoder bug, Lemma 4.1)
-            raise InvalidInput(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: {tuple(contribution)}")
-        if w:
-            values[name] = int(w)
-    return values
-
-
 def trigger_registration(triggers: TriggerEncoder, exploration: Exploration, contributions: Sequence[Sequence[int]],
                          pieces: Sequence[str | None], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The trigger of one conversion: ``contributions`` holds its encoding for the main configuration
@@ -80,12 +76,6 @@ def trigger_registration(triggers: TriggerEncoder, exploration: Exploration, con
                  for n, p in zip(names, pieces, strict=True) if p is not None]
         data += [{"key_piece": p, "source_keys": [n], "filters": {ARM_FILTER: arm_labels}}
                  for n, p in zip(names, arm_pieces, strict=True) if p is not None]
-    values = [{"values": _values(names, contribution), "filters": {ARM_FILTER: [arm_label(a - 1)]}}
+    values = [{"values": aggregatable_values(names, contribution), "filters": {ARM_FILTER: [arm_label(a - 1)]}}
               for a, contribution in enumerate(contributions)]
-    out: dict[str, Any] = {"aggregatable_trigger_data": data, "aggregatable_values": values}
-    if extra:
-        clash = set(extra) & set(out)
-        if clash:
-            raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
-        out.update(extra)
-    return out
+    return with_extra({"aggregatable_trigger_data": data, "aggregatable_values": values}, extra)

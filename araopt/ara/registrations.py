@@ -337,6 +337,29 @@ def _field_offset(domain: KeyDomain, column: str) -> int:
     return domain.field_offsets[domain.slice_columns.index(column)]
 
 
+def aggregatable_values(names: Sequence[str], contribution: Sequence[int]) -> dict[str, int]:
+    """A trigger's ``aggregatable_values`` for one encoded contribution: keys whose value is 0 left out
+    (ARA wants [1, 65536]); a value outside [0, 65536] is refused (an encoder bug, Lemma 4.1), never emitted."""
+    values: dict[str, int] = {}
+    for name, w in zip(names, contribution, strict=True):
+        if not 0 <= w <= ARA_MAX_VALUE:
+            raise InvalidInput(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: "
+                               f"{tuple(contribution)}")
+        if w:
+            values[name] = int(w)
+    return values
+
+
+def with_extra(registration: dict[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``registration`` with the caller's other header fields, which may not overwrite its aggregation part."""
+    if extra:
+        clash = set(extra) & set(registration)
+        if clash:
+            raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
+        registration.update(extra)
+    return registration
+
+
 # ---- sources -------------------------------------------------------------------------------------
 def _py(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
@@ -391,14 +414,8 @@ class SourceEncoder:
 
     def registration_at(self, i: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         piece = key_piece_hex(self.pieces[i])
-        out: dict[str, Any] = {"destination": self.destination,
-                               "aggregation_keys": {name: piece for name in self.key_names}}
-        if extra:
-            clash = set(extra) & set(out)
-            if clash:
-                raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
-            out.update(extra)
-        return out
+        return with_extra({"destination": self.destination,
+                           "aggregation_keys": {name: piece for name in self.key_names}}, extra)
 
     def registration(self, impression_slice: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """``Attribution-Reporting-Register-Source`` JSON for an impression; ``extra`` adds other fields."""
@@ -584,23 +601,10 @@ class TriggerEncoder:
     def registration_from(self, contribution: Sequence[int], pieces: Sequence[str | None],
                           extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Trigger JSON from an encoded contribution and its key pieces (keys with value 0 left out)."""
-        trigger_data = []
-        values: dict[str, int] = {}
-        for name, piece, w in zip(self.key_names, pieces, contribution, strict=True):
-            if not 0 <= w <= ARA_MAX_VALUE:  # never emit JSON ARA would reject (an encoder bug, Lemma 4.1)
-                raise InvalidInput(f"encoded value {w} of key {name!r} is outside [0, {ARA_MAX_VALUE}]: "
-                                   f"{tuple(contribution)}")
-            if w:
-                values[name] = int(w)
-                if piece is not None:
-                    trigger_data.append({"key_piece": piece, "source_keys": [name]})
-        out: dict[str, Any] = {"aggregatable_trigger_data": trigger_data, "aggregatable_values": values}
-        if extra:
-            clash = set(extra) & set(out)
-            if clash:
-                raise InvalidInput(f"extra fields {sorted(clash)} would overwrite the aggregation registration")
-            out.update(extra)
-        return out
+        values = aggregatable_values(self.key_names, contribution)
+        trigger_data = [{"key_piece": piece, "source_keys": [name]}
+                        for name, piece in zip(self.key_names, pieces, strict=True) if name in values and piece is not None]
+        return with_extra({"aggregatable_trigger_data": trigger_data, "aggregatable_values": values}, extra)
 
     def registration(self, values: Mapping[str, float], conversion_slice_values: Mapping[str, Any] | None = None, *,
                      rng: Any = None, uniforms: Sequence[float] | None = None,
