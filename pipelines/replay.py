@@ -24,6 +24,7 @@ from .options import split_columns
 
 PROG = "araopt replay"
 REPLAY_FOLDER = FolderKind("replay folder", "a replay", (MANIFEST, "replay.csv"))
+DEAD_LETTER = "dead_letter/rejected.parquet"
 LABEL = ("OPERATOR-PRIVATE: a backtest on the raw joined log (simulated, seeded releases scored against exact "
          "truths); never publish")
 
@@ -33,6 +34,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    import pyarrow.parquet as pq
+
     from araopt.evaluation.plots import replay_plot
     from araopt.evaluation.replay import ReplayConfig, replay, summary
     from araopt.io.folders import OutputFolder, check_target
@@ -53,8 +56,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     inputs = check_input(args.history, slices, values)
     progress = Progress(PROG, enabled=not args.no_progress)
     progress(f"reading the joined log ({len(inputs.paths)} file(s), {inputs.rows:,} rows) into memory")
-    conversions, counts, _ = load_conversions(inputs, slices, values, args.max_rejected_fraction, what="history")
-    report_rejections(PROG, counts)
+    conversions, counts, rejected = load_conversions(inputs, slices, values, args.max_rejected_fraction,
+                                                     what="history")
     if args.domain is not None:
         domain = read_domain(args.domain, slices, values, inputs)
     else:
@@ -68,8 +71,13 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         (folder.staging / "summary.json").write_text(json.dumps({"label": LABEL, "epsilon": args.epsilon, **found},
                                                                 indent=2))
         replay_plot(frame, folder.staging / "replay.png", f"\u03b5 = {args.epsilon:g}")
-        folder.commit({"command": "replay", "label": LABEL})
+        if rejected.num_rows:  # the rows the replay could not read, with their reasons
+            (folder.staging / "dead_letter").mkdir()
+            pq.write_table(rejected, folder.staging / DEAD_LETTER)
+        folder.commit({"command": "replay", "label": LABEL, "rows_read": counts.rows_read,
+                       "rows_rejected": counts.rows_rejected})
     out = Path(args.output)
+    report_rejections(PROG, counts, str(out / DEAD_LETTER) if rejected.num_rows else None)
     print(f"{PROG}: {len(frame['day'].unique())} day(s) replayed -> {out / 'replay.csv'} ({LABEL})")
     for key, value in found.items():
         print(f"  {key}: {value:.4g}")

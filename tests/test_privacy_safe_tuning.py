@@ -183,6 +183,7 @@ def test_the_replay_command_writes_its_table_summary_and_plot_whole_and_labelled
     frame = pd.DataFrame({"impression_id": conv.impression_id,
                           "conversion_time": pd.to_datetime(conv.conversion_time, unit="us", utc=True),
                           "s": conv.slices["s"], "value": conv.values[:, 0]})
+    frame.loc[0, "value"] = float("nan")  # a bad row: dead-lettered with its reason, not dropped
     day = conv.conversion_time // DAY_US
     for d in np.unique(day):
         folder = tmp_path / "log" / f"date={np.datetime64(int(d), 'D')}"
@@ -199,6 +200,7 @@ def test_the_replay_command_writes_its_table_summary_and_plot_whole_and_labelled
     assert summary_json["label"].startswith("OPERATOR-PRIVATE") and summary_json["days"] == 2
     assert (out / "replay.png").read_bytes()[:4] == b"\x89PNG"
     assert "OPERATOR-PRIVATE" in capsys.readouterr().out
+    assert len(pd.read_parquet(out / "dead_letter" / "rejected.parquet")) == 1
     assert run(argv) == 2  # an existing replay is replaced only with --overwrite
     assert "--overwrite" in capsys.readouterr().err
     assert run(argv + ["--overwrite", "--window-days", "30"]) == 2  # a log too short: one line, nothing replaced
