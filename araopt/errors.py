@@ -12,9 +12,30 @@ caller that catches ``ValueError`` still catches it) of one of five kinds, and n
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
 from araopt.constants import CONTRIBUTION_BUDGET, MAX_CONTRIBUTION_BUDGET, MAX_EPSILON, MIN_EPSILON
+
+ONE_LINE_MAX_CHARS: Final = 2000
+_TRACEBACK: Final = "Traceback (most recent call last)"
+
+
+def one_line(error: object, limit: int = ONE_LINE_MAX_CHARS) -> str:
+    """An error (an exception or its text) as the one line a user sees: every line of its message joined
+    (Beam's "Pipeline has validations errors:" has its reason on the next lines); of a traceback embedded
+    in the message (a worker's error, relayed) only the exception it ends with, without the frames
+    (``--traceback`` shows them); at most ``limit`` characters. An exception without a message is its
+    type's name."""
+    lines = str(error).splitlines()
+    marks = [i for i, line in enumerate(lines) if _TRACEBACK in line]
+    if marks:
+        frames = [i for i in range(marks[-1] + 1, len(lines)) if lines[i][:1].isspace()]
+        exception = lines[(frames[-1] if frames else marks[-1]) + 1:]  # what the traceback ends with
+        lines = lines[:marks[0]] + [lines[marks[0]].split(_TRACEBACK, 1)[0]] + exception
+    joined = " ".join(" ".join(line.split()) for line in lines if line.strip())
+    if not joined and isinstance(error, BaseException):
+        return type(error).__name__
+    return joined if len(joined) <= limit else joined[:limit - 1] + "…"
 
 
 class AraoptError(ValueError):

@@ -5,11 +5,12 @@ picture. ``pipelines/nightly.py`` runs them in its single-element steps; they de
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from araopt.calibration.accumulator import CalibrationStatistics
+from araopt.calibration.calendar import UNSEEN_LOSS_FACTOR
 from araopt.constants import (
     ENCODING,
     MAX_COUNT_LIMIT,
@@ -43,7 +44,8 @@ class Guardrails:
         problems = []
         best_baseline = min(baseline_values.values())
         if not predicted < best_baseline:
-            problems.append(f"predicted RMSRE_tau {predicted:.4g} does not beat the best baseline {best_baseline:.4g}")
+            problems.append(f"the error model's RMSRE_tau {predicted:.4g} does not beat the best baseline "
+                            f"{best_baseline:.4g} (both from the error model)")
         if previous is None or self.allow_large_change or new_series(previous, new):
             return problems
         cause = _change_cause(previous, new)
@@ -67,11 +69,20 @@ def new_series(previous: ParameterVersion, new: ParameterVersion) -> str:
     if (old.slice_columns, old.query_columns, old.encoding) != (now.slice_columns, now.query_columns, now.encoding):
         return (f"slices/queries/encoding changed from {list(old.slice_columns)}/{list(old.query_columns)}/"
                 f"{old.encoding} to {list(now.slice_columns)}/{list(now.query_columns)}/{now.encoding}")
+    if is_cold_start(previous) and not is_cold_start(new):
+        return ("the previous version is the cold start (clips from first-party values only, no release yet): the "
+                "first version learnt from releases is not judged against its clips")
     old_period = previous.provenance.extra.get("release_period_days") if previous.provenance else None
     new_period = new.provenance.extra.get("release_period_days") if new.provenance else None
     if old_period is not None and new_period is not None and old_period != new_period:
         return f"release period changed {old_period:g} -> {new_period:g} days"
     return ""
+
+
+def is_cold_start(version: ParameterVersion) -> bool:
+    """Whether ``version`` is privacy-safe tuning's cold start (no release to learn from yet)."""
+    extra = version.provenance.extra if version.provenance is not None else {}
+    return extra.get("cold_start") is True or str(extra.get("tuning", "")).startswith("cold start")
 
 
 def _change_cause(previous: ParameterVersion, new: ParameterVersion) -> str:
@@ -135,6 +146,7 @@ class NightlyConfig:
     release_period_days: float = 1.0
     lookback_days: int = 0
     special_days: tuple[str, ...] = ()  # declared special days (ISO dates): their own calendar effect
+    special_day_loss_factor: float = UNSEEN_LOSS_FACTOR  # the odds band of a special day the history cannot support
 
 
 @dataclass(frozen=True)
@@ -175,13 +187,25 @@ def with_calibration(decision: NightlyDecision, calibration_statistics: Sequence
     the candidates replayed on the window's days), guarded again (the replay may prefer the other
     candidate); a re-run of the same as-of date on the same history is recognised with the
     calibration included."""
-    tuning = calibrate(decision.tuning, calibration_statistics, config.release_period_days, config.special_days)
+    tuning = calibrate(decision.tuning, calibration_statistics, config.release_period_days, config.special_days,
+                       config.special_day_loss_factor)
     idempotent = previous is not None and same_release(previous, tuning.version, config.as_of)
     if idempotent:
         return NightlyDecision(tuning, (), True)
     return NightlyDecision(tuning, tuple(config.guardrails.check(tuning.version, _model_prediction(tuning),
                                                                  tuning.baseline_values(), previous)), False,
                            new_series(previous, tuning.version) if previous is not None else "")
+
+
+def predicted_error(tuning: TuningResult) -> tuple[float, str]:
+    """THE predicted RMSRE_tau of the chosen version and how it was made: what the version's provenance
+    records (replayed on the window's days when the history allows a backtest, else the error model).
+    The console, the run report, its picture and the demo all show this one number."""
+    prov = tuning.version.provenance
+    value = prov.predicted_rmsre_tau if prov is not None and prov.predicted_rmsre_tau is not None \
+        else tuning.predicted_rmsre_tau
+    how = ("replayed on the window's days" if prov is not None and "backtest" in prov.extra else "error model")
+    return float(value), how
 
 
 def _model_prediction(tuning: TuningResult) -> float:
@@ -191,36 +215,136 @@ def _model_prediction(tuning: TuningResult) -> float:
     return float(value) if value is not None else tuning.predicted_rmsre_tau
 
 
+REPORT_MODES = ("joined history", "privacy-safe")
+"""The two kinds of nightly run: tuning on a joined history, privacy-safe tuning on past releases."""
+
+
+def run_report(mode: str, as_of: str, run_id: str, epsilon: float, version: ParameterVersion,
+               predicted: float | None, baselines: Mapping[str, float], previous_version: str | None,
+               problems: Sequence[str], idempotent: bool, series: str, **facts: Any) -> dict[str, Any]:
+    """The one schema of a nightly run report (JSON), whichever the input: the decision (guardrails'
+    problems, a re-run recognised, a new series), the chosen parameters and their predicted RMSRE_tau
+    against the baselines, then the ``facts`` of the mode's input (the window's rows, or the releases
+    and first-party conversions learnt from). ``publish_version`` adds what was published."""
+    if mode not in REPORT_MODES:
+        raise ValueError(f"unknown nightly mode {mode!r}")
+    return {"as_of": as_of, "run_id": run_id, "mode": mode, "epsilon": epsilon, **facts,
+            "predicted_rmsre_tau": predicted, "baselines": dict(baselines), "params": version.to_json(),
+            "previous_version": previous_version, "published": False, "idempotent": idempotent,
+            "problems": list(problems), "new_series": series}
+
+
 def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: ValidationCounts,
                    previous_version: str | None) -> dict[str, Any]:
-    """The run report (JSON): what was decided, with the numbers behind it."""
+    """The run report (JSON) of tuning on a joined history: what was decided, with the numbers behind it."""
     tuning = decision.tuning
-    return {
-        "as_of": config.as_of, "run_id": config.run_id, "window": list(config.window), "history_dates": list(config.dates),
-        "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected, "epsilon": config.epsilon,
-        "objective": str(config.objective), "taus": list(tuning.taus), "tau_rule": tuning.tau_rule,
-        "release_period_days": config.release_period_days, "lookback_days": config.lookback_days,
-        "predicted_rmsre_tau": tuning.predicted_rmsre_tau, "model_predicted_rmsre_tau": _model_prediction(tuning),
-        "prediction": ("replayed on the window's days" if tuning.version.provenance is not None
-                       and "backtest" in tuning.version.provenance.extra else "error model"),
-        "baselines": tuning.baseline_values(), "optimizer_seconds": tuning.optimization.seconds,
-        "per_count_limit": tuning.optimization.table().to_dict(orient="records"), "params": tuning.version.to_json(),
-        "previous_version": previous_version, "published": False, "idempotent": decision.idempotent,
-        "problems": list(decision.problems), "new_series": decision.series,
-    }
+    predicted, how = predicted_error(tuning)
+    return run_report(
+        "joined history", config.as_of, config.run_id, config.epsilon, tuning.version, predicted,
+        tuning.baseline_values(), previous_version, decision.problems, decision.idempotent, decision.series,
+        window=list(config.window), history_dates=list(config.dates), rows_read=counts.rows_read,
+        rows_rejected=counts.rows_rejected, objective=str(config.objective), taus=list(tuning.taus),
+        tau_rule=tuning.tau_rule, release_period_days=config.release_period_days, lookback_days=config.lookback_days,
+        model_predicted_rmsre_tau=_model_prediction(tuning), prediction=how,
+        optimizer_seconds=tuning.optimization.seconds,
+        per_count_limit=tuning.optimization.table().to_dict(orient="records"))
+
+
+@dataclass(frozen=True)
+class PrivateDecision:
+    """The privacy-safe run's decision on a version it learnt (``optimize.private``): why not to publish
+    it (if anything), whether it repeats the previous release, whether it starts a new series."""
+
+    version: ParameterVersion
+    problems: tuple[str, ...]
+    idempotent: bool
+    series: str = ""
+
+    @property
+    def publish(self) -> bool:
+        return not self.idempotent and not self.problems
+
+    @property
+    def predicted(self) -> float | None:
+        provenance = self.version.provenance
+        return None if provenance is None else provenance.predicted_rmsre_tau
+
+    @property
+    def baselines(self) -> dict[str, float]:
+        provenance = self.version.provenance
+        recorded = provenance.extra.get("baselines", {}) if provenance is not None else {}
+        return {str(name): float(b["rmsre_tau"]) for name, b in recorded.items()}
+
+
+def private_decision(version: ParameterVersion, previous: ParameterVersion | None, as_of: str,
+                     guardrails: Guardrails) -> PrivateDecision:
+    """Recognise a re-run, then apply the guardrails to a privacy-safe version as to a tuned one (its
+    prediction against the baselines its provenance records); the cold start has no prediction to
+    guard (no release yet)."""
+    if previous is not None and same_release(previous, version, as_of):
+        return PrivateDecision(version, (), True)
+    return PrivateDecision(version, private_problems(version, previous, guardrails), False,
+                           new_series(previous, version) if previous is not None else "")
+
+
+def private_problems(version: ParameterVersion, previous: ParameterVersion | None,
+                     guardrails: Guardrails) -> tuple[str, ...]:
+    """The guardrails on a privacy-safe version (``nightly --private`` against the latest published
+    version, ``optimize --private`` against the last release's parameters): its recorded prediction
+    against its recorded baselines; none for the cold start (no release yet, no prediction)."""
+    unguarded = PrivateDecision(version, (), False)
+    predicted, baselines = unguarded.predicted, unguarded.baselines
+    if predicted is None or not baselines:
+        return ()
+    return tuple(guardrails.check(version, predicted, baselines, previous))
+
+
+def private_report(decision: PrivateDecision, as_of: str, run_id: str, epsilon: float, previous_version: str | None,
+                   **inputs: Any) -> dict[str, Any]:
+    """The run report (JSON, :func:`run_report`'s schema) of privacy-safe tuning; ``inputs``: what it
+    learnt from (window, release dates, cold start, first-party rows read, refused, after the as-of date)."""
+    return run_report("privacy-safe", as_of, run_id, epsilon, decision.version, decision.predicted,
+                      decision.baselines, previous_version, decision.problems, decision.idempotent, decision.series,
+                      **inputs)
+
+
+def publish_version(store: ParameterStore, version: ParameterVersion, report: dict[str, Any], as_of: str,
+                    run_id: str, expected_previous: str | None) -> dict[str, Any]:
+    """Publish ``version`` (the decision said so) and record in ``report`` what was published."""
+    published = store.publish(as_of, run_id, version.to_bytes(), expected_previous=expected_previous,
+                              validate=ParameterVersion.from_bytes)
+    report.update(published=True, version=published.version, version_uri=published.uri, sha256=published.sha256,
+                  created=published.created, pointer_moved=published.moved)
+    return report
+
+
+def _published_versions(store: ParameterStore, limit: int) -> Iterator[tuple[str, ParameterVersion]]:
+    """The last ``limit`` published versions of a parameter store (``araopt.io.store``), oldest first;
+    a version that no longer parses is skipped, never fatal for a report."""
+    for version in store.list_versions()[-limit:]:
+        try:
+            yield version, ParameterVersion.from_bytes(store.resolve(version).payload, version)
+        except Exception:  # noqa: BLE001 - a bad old version must not break the report
+            continue
 
 
 def version_history(store: ParameterStore, limit: int = 60) -> list[tuple[str, int, float | None]]:
-    """(version, C, predicted RMSRE_tau) of the last ``limit`` published versions of a parameter store
-    (``araopt.io.store``); a version that no longer parses is skipped, never fatal for a report."""
-    history = []
-    for version in store.list_versions()[-limit:]:
-        try:
-            p = ParameterVersion.from_bytes(store.resolve(version).payload, version)
-        except Exception:  # noqa: BLE001 - a bad old version must not break the report
-            continue
-        history.append((version, p.params.count_limit, p.provenance.predicted_rmsre_tau if p.provenance else None))
-    return history
+    """(version, C, predicted RMSRE_tau) of the last ``limit`` published versions of a parameter store."""
+    return [(version, p.params.count_limit, p.provenance.predicted_rmsre_tau if p.provenance else None)
+            for version, p in _published_versions(store, limit)]
+
+
+def version_table(store: ParameterStore, limit: int = 60) -> list[dict[str, Any]]:
+    """The last ``limit`` published versions of a parameter store, oldest first, as table rows: version,
+    epsilon, C, each query's clip threshold and the predicted RMSRE_tau of one release."""
+    rows = []
+    for version, p in _published_versions(store, limit):
+        row: dict[str, Any] = {"version": version, "epsilon": p.params.epsilon, "C": p.params.count_limit}
+        row.update({f"clip {q.column}": q.clip_threshold for q in p.params.queries})
+        row["predicted RMSRE_tau"] = p.provenance.predicted_rmsre_tau if p.provenance else None
+        row["calibrated"] = p.calibration is not None
+        rows.append(row)
+    return rows
 
 
 def nightly_report_png(decision: NightlyDecision, history: Sequence[tuple[str, int, float | None]]) -> bytes:
@@ -230,4 +354,28 @@ def nightly_report_png(decision: NightlyDecision, history: Sequence[tuple[str, i
     period = tuning.version.provenance.extra.get("release_period_days") if tuning.version.provenance else None
     return render_nightly_report(tuning.optimization.table(), tuning.params.count_limit, tuning.baseline_values(),
                   list(zip(names, tuning.taus, strict=True)), history, decision.problems,
-                  float(period) if period is not None else None)
+                  float(period) if period is not None else None, predicted_error(tuning))
+
+
+def version_report_png(version: ParameterVersion, problems: Sequence[str],
+                       history: Sequence[tuple[str, int, float | None]]) -> bytes | None:
+    """The run report's picture from what a tuned version records in its provenance (the per-C table, the
+    baselines and tau): for runs that keep no ``TuningResult``, as the privacy-safe one. None for a
+    version without them (the cold start's defaults were not optimized)."""
+    import pandas as pd
+
+    extra = version.provenance.extra if version.provenance is not None else {}
+    table = extra.get("per_count_limit")
+    taus = extra.get("taus")
+    if not table or not taus:
+        return None
+    baselines = {str(name): float(b["rmsre_tau"]) if isinstance(b, Mapping) else float(b)
+                 for name, b in (extra.get("baselines") or {}).items()}
+    names = ("count",) + version.params.query_columns
+    period = extra.get("release_period_days")
+    predicted = version.provenance.predicted_rmsre_tau if version.provenance is not None else None
+    how = "replayed on the window's days" if "backtest" in extra else "error model"
+    return render_nightly_report(pd.DataFrame(list(table)), version.params.count_limit, baselines,
+                                 list(zip(names, taus, strict=True)), history, problems,
+                                 float(period) if period is not None else None,
+                                 (float(predicted), how) if predicted is not None else None)

@@ -177,8 +177,9 @@ def calibration_summary(publication: Publication) -> dict[str, Any] | None:
 def private_accounting(publication: Publication) -> dict[str, Any]:
     """The operator-private accounting of a release: exact counts (never published)."""
     release = publication.release
-    return {**release.accounting.to_json(), "slices": release.domain.num_slices, "keys": release.domain.num_keys,
-            "calibration": calibration_summary(publication)}
+    return {**release.accounting.to_json(), "slices": release.domain.num_slices,
+            "keys": int(release.report.noisy.size),  # every noised key: the domain's and the exploration arms'
+            "domain_keys": release.domain.num_keys, "calibration": calibration_summary(publication)}
 
 
 def debug_annotations(unnoised: int) -> list[str]:

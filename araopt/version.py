@@ -27,8 +27,8 @@ from araopt.errors import InvalidParameters
 from araopt.io import jsonio
 from araopt.io.files import atomic_write_bytes, read_bytes
 from araopt.mechanism.exploration import Exploration
-from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.params import Params, QueryParams
+from araopt.mechanism.keys import HISTORY, KeyDomain
+from araopt.mechanism.params import Encoding, Params, QueryParams
 
 FORMAT_VERSION = "1.0"
 SUPPORTED_MAJOR_VERSION = 1
@@ -133,13 +133,16 @@ class ParameterVersion:
             "provenance": self.provenance.to_json() if self.provenance else None,
         }
         if self.domain is not None:
-            out["domain"] = {k: v for k, v in self.domain.to_json().items() if k not in ("params_sha256", "origin")}
+            # the origin is kept (a release over a data-derived domain is refused outside simulation);
+            # ``history``, the default, is left out: files of joined tuning keep their bytes and checksums
+            out["domain"] = {k: v for k, v in self.domain.to_json().items()
+                             if k != "params_sha256" and not (k == "origin" and v == HISTORY)}
         if self.calibration is not None:
             out["correction"] = self.correction
             out["calibration"] = self.calibration.to_json()
             if self.calendar is not None:
                 out["calendar"] = self.calendar.to_json()
-        if p.encoding == "l1":
+        if p.encoding == Encoding.L1:
             out["l1_rounding"] = p.l1_rounding
         if p.exploration is not None:
             out["exploration"] = p.exploration.to_json()

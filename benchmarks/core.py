@@ -27,6 +27,7 @@ def synthetic_arrays(n: int, seed: int = 0):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=10_000_000)
+    parser.add_argument("--samples", type=int, default=10_000_000, help="discrete Laplace samples per sampler timing")
     args = parser.parse_args()
     n = args.records
     imp, times, sidx, values = synthetic_arrays(n)
@@ -48,7 +49,7 @@ def main() -> None:
     print(f"encode+bound+sum:  {total:6.2f} s   = {n / total / 1e6:.2f} M conversions/s (target >= 3)")
 
     a = noise_parameter(8.0)
-    m = 10_000_000
+    m = args.samples
     for label, gen in [("secure (AES-CTR, default)", None), ("numpy PCG64 (simulation)", np.random.default_rng(2))]:
         g = gen if gen is not None else secure_generator()
         t0 = time.perf_counter()

@@ -1,7 +1,13 @@
 """The release ledger's size and speed: bytes per released conversion of a row set, and the time to
-compute row ids, merge a release's set and check it against earlier releases.
+compute row ids, merge a release's set and check it against earlier releases; the canonical id hash
+and the coarse identity per id type (ids per second); and, with ``--coincidences DIR``, how often the
+coarse identity (impression id, second modulo 15 minutes) of different conversions coincides on
+realistic daily logs (the false-positive side of the lossy re-export refusal).
 
     .venv/bin/python benchmarks/ledger.py [--sizes 1000000,10000000] [--releases 10]
+    .venv/bin/araopt synth --preset synth-criteo --target-conversions 1000000 --seed 1 --days 21 \
+        --partition-by conversion-date --split test --output /tmp/daily
+    .venv/bin/python benchmarks/ledger.py --coincidences /tmp/daily/test
 
 Conversions as in benchmarks/measure.py (~10 per impression, times over 30 days, int64 ids).
 """
@@ -14,41 +20,116 @@ import tempfile
 import time
 
 import numpy as np
+import pyarrow as pa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from araopt.io.rowset import RowSet, RowSetPart, conversion_row_ids  # noqa: E402
+from araopt.io.rowset import (  # noqa: E402
+    COARSE_MARGIN_US,
+    LOSSY_OVERLAP_SHARE,
+    RowSet,
+    RowSetPart,
+    coarse_row_ids,
+    conversion_row_ids,
+)
 
 BATCH = 1 << 20
 
 
-def release(n: int, seed: int) -> tuple[RowSet, float, float]:
-    """(row set of n synthetic conversions, seconds to hash them in batches, seconds to merge)."""
+def release(n: int, seed: int) -> tuple[RowSet, RowSet, float, float]:
+    """(row set and coarse row set of n synthetic conversions, CPU seconds to hash them in batches,
+    CPU seconds to merge)."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, max(1, n // 10), n) + seed * n
     times = rng.integers(1_700_000_000_000_000, 1_702_592_000_000_000, n)
-    start = time.perf_counter()
-    parts = [RowSetPart(conversion_row_ids(ids[i:i + BATCH], times[i:i + BATCH]), int(times[i:i + BATCH].min()),
-                        int(times[i:i + BATCH].max())) for i in range(0, n, BATCH)]
-    hashed = time.perf_counter() - start
-    start = time.perf_counter()
-    rows = RowSet.merge(parts)
-    return rows, hashed, time.perf_counter() - start
+    start = time.process_time()
+    parts = [RowSetPart.of_table(pa.table({"impression_id": ids[i:i + BATCH], "conversion_time_us": times[i:i + BATCH]}))
+             for i in range(0, n, BATCH)]
+    hashed = time.process_time() - start
+    start = time.process_time()
+    rows, coarse = RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts)
+    return rows, coarse, hashed, time.process_time() - start
+
+
+def id_speed(n: int) -> None:
+    """Ids per second (CPU time) of the exact and the coarse identity, per id type."""
+
+    rng = np.random.default_rng(5)
+    ints = rng.integers(0, max(1, n // 10), n)
+    times = rng.integers(1_700_000_000_000_000, 1_702_592_000_000_000, n)
+    kinds = {"int64": ints, "decimal strings": pa.array(ints.astype(str)),
+             "zero-padded strings": pa.array(np.char.zfill(ints.astype(str), 12)),
+             "other strings": pa.array(np.char.add("imp-", ints.astype(str)))}
+    for name, ids in kinds.items():
+        for what, fn in (("exact", conversion_row_ids), ("coarse", coarse_row_ids)):
+            start = time.process_time()
+            for i in range(0, n, BATCH):
+                fn(ids[i:i + BATCH], times[i:i + BATCH])
+            took = time.process_time() - start
+            print(f"{n:>11,} {name:<20} {what:<6} ids: {took:5.2f} s CPU ({n / took / 1e6:5.1f}M ids/s)")
+
+
+def coincidences(folder: str) -> None:
+    """Per day of a date-partitioned daily log: the share of its conversions whose coarse identity
+    matches a conversion of (a) the releases whose windows come within 26 h of it (what the ledger
+    compares), (b) the earlier days' conversions within 26 h before its first one (what the --lookback
+    check compares), (c) every earlier day (for scale: why the lookback check is limited to 26 h), and
+    the exact matches (none expected)."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    days = []
+    for path in sorted(glob.glob(os.path.join(folder, "date=*"))):
+        table = pq.read_table(path, columns=["impression_id", "conversion_time"])
+        us = table.column("conversion_time").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy()
+        ids = table.column("impression_id")
+        coarse_ids = coarse_row_ids(ids, us)
+        days.append((os.path.basename(path), RowSet.merge([RowSetPart(conversion_row_ids(ids, us), None, None)]),
+                     RowSet.merge([RowSetPart(coarse_ids, int(np.min(us)), int(np.max(us)))]), coarse_ids, us))
+    print(f"{'day':<16}{'conversions':>12}{'ledger':>10}{'lookback 26 h':>15}{'all earlier':>13}{'exact':>7}")
+    shares = []
+    for k, (name, exact, coarse, _, us) in enumerate(days):
+        if k == 0 or len(us) < 1000:
+            continue
+        near = [c.ids for _, _, c, _, _ in days[:k] if coarse.may_meet(c.first_time_us, c.last_time_us,
+                                                                       COARSE_MARGIN_US)]
+        ledger = np.count_nonzero(sum(coarse.contained_in(ids).astype(np.int64) for ids in near)) / len(coarse)
+        since = coarse.first_time_us - COARSE_MARGIN_US
+        recent = np.unique(np.concatenate([c[t >= since] for _, _, _, c, t in days[:k]]))
+        lookback = np.count_nonzero(coarse.contained_in(recent)) / len(coarse)
+        every = np.unique(np.concatenate([c.ids for _, _, c, _, _ in days[:k]]))
+        all_earlier = np.count_nonzero(coarse.contained_in(every)) / len(coarse)
+        exact_hits = sum(int(np.count_nonzero(exact.contained_in(e.ids))) for _, e, _, _, _ in days[:k])
+        shares.append((ledger, lookback, all_earlier))
+        print(f"{name:<16}{len(us):>12,}{ledger:>10.3%}{lookback:>15.3%}{all_earlier:>13.3%}{exact_hits:>7}")
+    arr = np.array(shares)
+    print(f"max over {len(arr)} days: ledger {arr[:, 0].max():.3%}, lookback within 26 h {arr[:, 1].max():.3%}, "
+          f"all earlier days {arr[:, 2].max():.3%} (refusal above {LOSSY_OVERLAP_SHARE:.0%})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000000,10000000")
     parser.add_argument("--releases", type=int, default=10, help="earlier releases to check a new one against")
+    parser.add_argument("--id-speed", type=int, default=0, metavar="N", help="only: ids per second over N ids per type")
+    parser.add_argument("--coincidences", metavar="DIR", help="only: coarse coincidences over DIR/date=*/ daily logs")
     args = parser.parse_args()
+    if args.id_speed:
+        id_speed(args.id_speed)
+        return
+    if args.coincidences:
+        coincidences(args.coincidences)
+        return
     for n in (int(s) for s in args.sizes.split(",")):
-        rows, hashed, merged = release(n, seed=0)
+        rows, _, hashed, merged = release(n, seed=0)
         data = rows.to_parquet_bytes()
         start = time.perf_counter()
         RowSet.from_parquet_bytes(data)
         read = time.perf_counter() - start
-        print(f"{n:>11,} conversions: row ids {hashed:5.2f} s ({n / hashed / 1e6:5.1f}M/s), merge {merged:5.2f} s, "
+        print(f"{n:>11,} conversions: exact + coarse ids {hashed:5.2f} s CPU ({n / hashed / 1e6:5.1f}M/s), "
+              f"merge {merged:5.2f} s, "
               f"row set {len(data):>11,} bytes = {len(data) / len(rows):.2f} bytes per conversion "
               f"({len(data) * 1e6 / len(rows) / 2**20:.2f} MiB per 10^6; read back {read:.2f} s)")
     n = int(args.sizes.split(",")[0])
@@ -58,17 +139,19 @@ def main() -> None:
 
         ledger = Ledger.open(root, allow_rerelease=True)
         for k in range(args.releases):
-            rows, _, _ = release(n, seed=k + 1)
-            ledger.check_and_record(rows, rows.to_parquet_bytes(), {})
+            rows, coarse, _, _ = release(n, seed=k + 1)
+            ledger.check_and_record(rows, rows.to_parquet_bytes(), {}, coarse=coarse)
         ledger_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(root) for f in fs)
-        rows, _, _ = release(n, seed=1)  # a re-release of the first one; every window meets every other
-        start = time.perf_counter()
-        recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), {})
-        took = time.perf_counter() - start
+        rows, coarse, _, _ = release(n, seed=1)  # a re-release of the first one; every window meets every other
+        start = time.process_time()
+        recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), {}, coarse=coarse)
+        took = time.process_time() - start
     print(f"ledger of {args.releases} releases of {n:,} conversions: {ledger_bytes:,} bytes on disk = "
           f"{ledger_bytes / (args.releases * n):.2f} bytes per released conversion (index included)")
-    print(f"check + record of {n:,} conversions against those {args.releases} releases: {took:.2f} s "
-          f"(overlap found: {recorded.rows_released_before:,})")
+    print(f"check + record (exact and coarse) of {n:,} conversions against those {args.releases} releases: "
+          f"{took:.2f} s CPU (overlap found: {recorded.rows_released_before:,} exact, "
+          f"{recorded.entry['coarse_rows_released_before']:,} coarse)")
+
 
 if __name__ == "__main__":
     main()

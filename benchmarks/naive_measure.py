@@ -1,5 +1,8 @@
 """The naive per-element design of the same measurement, for comparison only (benchmarks/measure.py).
 
+    python benchmarks/naive_measure.py DATA_DIR PARAMS_JSON   (as benchmarks/measure.py runs it)
+    python benchmarks/naive_measure.py --quick [--rows 1000]  (its own tiny log and parameters; CI)
+
 Rows as Python dicts -> key by impression_id -> GroupByKey -> per impression: sort by time, encode
 each conversion in Python (CRR, eq. 1), Alg. 1 -> (key, value) pairs -> CombinePerKey(sum) -> noise.
 """
@@ -9,6 +12,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 
 import apache_beam as beam
 
@@ -41,9 +45,8 @@ def encode_and_cap(item, params: Params):
         yield (slice_key, "bottom"), budget - total
 
 
-def main() -> None:
-    data, params_path = sys.argv[1], sys.argv[2]
-    params = ParameterVersion.load(params_path)
+def run(data: str, params_path: str) -> None:
+    params = ParameterVersion.load(params_path).params
     opts = pipeline_options([])
     a = noise_parameter(params.epsilon)
     with beam.Pipeline(runner=make_runner(opts), options=opts) as p:
@@ -57,6 +60,27 @@ def main() -> None:
             | beam.CombinePerKey(sum)
             | "Noise" >> beam.Map(lambda kv: (kv[0], kv[1] + int(sample_discrete_laplace(a, 1)[0])))
         )
+
+
+def quick(rows: int) -> None:
+    """The same pipeline over a tiny synthetic log and measure.py's parameters, written to a temporary folder."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from measure import params, write_synthetic
+
+    with tempfile.TemporaryDirectory(prefix="araopt-naive-") as work:
+        data, params_path = os.path.join(work, "data"), os.path.join(work, "params.json")
+        write_synthetic(data, rows)
+        ParameterVersion(params()).save(params_path)
+        run(data, params_path)
+    print(f"naive per-element pipeline: {rows:,} conversions measured")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--quick"]:
+        rows = int(sys.argv[sys.argv.index("--rows") + 1]) if "--rows" in sys.argv else 1000
+        quick(rows)
+    else:
+        run(sys.argv[1], sys.argv[2])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 reference, and the presets table (test RMSRE_tau of optimized L-inf vs both baselines, with ratios).
 
     python benchmarks/optimizer.py [--conversions 1000000] [--preset-conversions 50000] [--out DIR] [--monte-carlo N]
+    python benchmarks/optimizer.py --quick   (every section on a few thousand conversions, scipy at eps = 8 only; CI)
 
 Data: ``araopt.data.synthetic`` (Sec. 5.3: 256 slices, power-law impressions per slice, Poisson(10)
 conversions per impression, log-normal values), scaled to the requested size.
@@ -47,7 +48,7 @@ def click_level(n: int, d: int, seed: int = 4) -> Conversions:
     return Conversions.from_table(frame, ["s"], [f"v{q}" for q in range(d)])
 
 
-def timing(n: int) -> None:
+def timing(n: int, epsilons: tuple[float, ...] = (1.0, 8.0, 64.0)) -> None:
     print(f"== optimizer time, statistics of {n:,} synthetic conversions (synth-travel model), C = 1..20 ==")
     t = time.perf_counter()
     conv = preset_conversions("synth-travel", n, "train")
@@ -58,7 +59,7 @@ def timing(n: int) -> None:
     print(f"generated {len(conv):,} conversions in {t_gen:.2f} s; statistics in {t_stats:.2f} s "
           f"({len(conv) / t_stats:,.0f} conversions/s, core combiner); size {stats.size_in_numbers():,} numbers")
     rows = []
-    for eps in (1.0, 8.0, 64.0):
+    for eps in epsilons:
         for kind in ("exact", "relaxed"):
             ours = optimize(stats, eps, objective=kind, progress=False)
             ref = scipy_paper_optimize(stats, eps, objective=kind)
@@ -114,14 +115,14 @@ def paper_workflow(n: int, epsilon: float = 8.0, max_count_limit: int = 20) -> N
     print(f"speed-up {paper_s / ours_s:.0f}x; objective ratio paper/ours {best[0] / ours_raw:.4f}")
 
 
-def versus_scipy_click_level() -> None:
+def versus_scipy_click_level(n: int = 50_000, epsilons: tuple[float, ...] = EPSILONS) -> None:
     print("\n== one conversion per impression: ours vs scipy.optimize.minimize from the paper's start (same objective) ==")
     rows = []
     for d in (1, 3):
-        conv = click_level(50_000, d)
+        conv = click_level(n, d)
         stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), conv.value_columns))
         ctx = prepare_search(stats)
-        for eps in EPSILONS:
+        for eps in epsilons:
             for kind in ("exact", "relaxed"):
                 ours = optimize(stats, eps, objective=kind, progress=False, context=ctx)
                 ref = scipy_paper_optimize(stats, eps, objective=kind, context=ctx)
@@ -170,12 +171,21 @@ def main() -> int:
     parser.add_argument("--monte-carlo", type=int, default=0)
     parser.add_argument("--paper-workflow-conversions", type=int, default=200_000,
                         help="size for the scipy-on-raw-records comparison (0 = skip)")
+    parser.add_argument("--click-conversions", type=int, default=50_000,
+                        help="size of each one-conversion-per-impression log compared with scipy")
     parser.add_argument("--out", default=None, help="directory for CSV/PNG (default: a temporary directory)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds: 2,000 conversions per section, 1,000 per scipy log, scipy at eps = 8 only")
     args = parser.parse_args()
-    timing(args.conversions)
+    scipy_epsilons: dict[str, tuple[float, ...]] = {}
+    if args.quick:
+        args.conversions, args.preset_conversions, args.paper_workflow_conversions = 2_000, 2_000, 1_000
+        args.click_conversions = 1_000
+        scipy_epsilons = {"epsilons": (8.0,)}
+    timing(args.conversions, **scipy_epsilons)
     if args.paper_workflow_conversions:
         paper_workflow(args.paper_workflow_conversions)
-    versus_scipy_click_level()
+    versus_scipy_click_level(args.click_conversions, **scipy_epsilons)
     presets_table(args.preset_conversions, args.out or tempfile.mkdtemp(prefix="araopt-bench-"), args.monte_carlo)
     return 0
 

@@ -30,6 +30,7 @@ import pandas as pd
 import araopt.calibration as cb
 from araopt.data import synthetic
 from araopt.evaluation.evaluate import _domain, analytic_rmsre, conversions_breakdown, corrected_rmsre, interval_coverage
+from araopt.evaluation.metrics import realised_rmsre_tau
 from araopt.io.conversions import Conversions
 from araopt.mechanism.measure import measure
 from araopt.optimize import tune as tuning
@@ -157,7 +158,7 @@ def nightly_case(log: DailyLog, first_test_day: int, days: int, train_days: int,
         release = measure(test, res.params, _domain(res.params, test), simulation_seed=seed + test_day).release
         frame = publish(release, res.version).frame()
         est = frame["estimate"].to_numpy().reshape(truth.shape)
-        once = float(np.sqrt(np.mean(((est - truth) / np.maximum(taus[None, :], truth)) ** 2, axis=0).mean()))
+        once = realised_rmsre_tau(est, truth, taus).combined
         rows.append({"dataset": log.name, "epsilon": eps, "test_day": test_day, "C": res.params.count_limit,
                      "correction": res.version.correction, "predicted": res.predicted_rmsre_tau,
                      "realised_expected": expected, "realised_one_release": once,

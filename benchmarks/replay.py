@@ -5,11 +5,16 @@
 Four joined daily logs, written as date=YYYY-MM-DD/ partitions by conversion date: the three synthetic
 presets in daily form (Poisson(10) conversions per impression, uniform delays over 30 days) and a log
 with Geometric(mean 4) conversions per impression, exponential delays and a weekday cycle
-(``release_period.geometric_log``). Each has 30 days of warm-up (impressions of every age), the
+(``release_period.geometric_log``), and four retail-like logs whose slices differ (``hetero_log``:
+10 campaigns x 4 geographies of Zipf sizes, conversions per impression Geometric with a mean per
+campaign from 1 to 30, value medians several-fold apart per slice, a few huge Pareto orders; one
+with the largest slices converting least, one with a weekday cycle, one with a second value
+column). Each has 30 days of warm-up (impressions of every age), the
 window and the replayed days; conversions after the last replayed day are cut (a log ends today).
 `araopt replay` runs on each at each epsilon; printed per (log, epsilon): the median over the last
-14 replayed days of private_safe / fully_informed RMSRE_tau, the share of those days private_safe is
-below both baselines, and its intervals' coverage of the true totals.
+14 replayed days of private_safe / fully_informed and / cold_start RMSRE_tau (Def. 3.2), the share of
+those days private_safe is below both baselines, its intervals' coverage of the true totals (count,
+every value) and the mean of its realised / published predicted RMSRE_tau.
 """
 from __future__ import annotations
 
@@ -30,27 +35,95 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from araopt.data import synthetic
-from release_period import DAY_US, SLICES, daily_log, geometric_log
+from araopt.io.conversions import Conversions
+from release_period import DAY_US, SLICES, DailyLog, daily_log, geometric_log
 
 WARMUP_DAYS = 30
 WINDOW_DAYS = 9
 LOGS = ("synth-criteo", "synth-real-estate", "synth-travel", "geometric")
+HETERO_SLICES = ("campaignId", "geography")
+HETERO = {
+    # name: (slice-size Zipf exponent, per-campaign mean conversions per impression, spread of the slices'
+    # value medians (log sd), Pareto tail index of the huge orders, share of huge orders, big slices
+    # convert more (+1) / less (-1), weekday cycle, value columns)
+    "hetero-retail": (1.3, (1.1, 1.3, 1.6, 2.0, 3.0, 4.0, 6.0, 9.0, 14.0, 20.0), 0.8, 1.5, 0.01, 1, False, 1),
+    "hetero-inverse": (1.5, (1.05, 1.2, 1.5, 2.0, 2.5, 4.0, 6.0, 10.0, 16.0, 25.0), 1.0, 1.3, 0.02, -1, False, 1),
+    "hetero-weekday": (1.1, (1.0, 1.1, 1.4, 1.8, 2.5, 3.5, 5.0, 8.0, 12.0, 30.0), 1.2, 1.2, 0.01, 1, True, 1),
+    "hetero-two-values": (1.3, (1.1, 1.3, 1.6, 2.0, 3.0, 4.0, 6.0, 9.0, 14.0, 20.0), 0.9, 1.4, 0.015, -1, False, 2),
+}
+
+
+def hetero_log(name: str, per_day: int, days: int, seed: int) -> DailyLog:
+    """A retail-like log whose slices differ: 10 campaigns x 4 geographies of very uneven size (Zipf),
+    conversions per impression Geometric with a mean per campaign (1 to 30), each slice's value median
+    several-fold apart (log-normal around 24), a few huge orders (Pareto tail), exponential delays
+    (mean 3 days); ``HETERO[name]`` sets the laws. A second value column (when asked) is an item count
+    (1 + Poisson, its level per slice too)."""
+    zipf, sizes, spread, tail, huge, sign, weekly, d = HETERO[name]
+    rng = np.random.default_rng(seed)
+    m = 40
+    weight = 1.0 / np.arange(1, m + 1) ** zipf
+    weight /= weight.sum()
+    campaign = np.arange(m) // 4
+    geo = np.arange(m) % 4
+    ranked = np.sort(np.asarray(sizes, dtype=np.float64))
+    mean_size = (ranked[::-1] if sign > 0 else ranked)[campaign]  # campaign 0 holds the largest slices
+    median = 24.0 * np.exp(rng.normal(0.0, spread, m))
+    items = 1.0 + rng.gamma(2.0, 1.0, m)
+    weekday = np.array([0.8, 0.9, 0.95, 1.0, 1.1, 1.4, 0.85]) if weekly else np.ones(7)
+    imp_per_day = per_day * weight / mean_size
+    ids, times, vals, slice_of = [], [], [], []
+    next_id = 0
+    for day in range(days):
+        n = rng.poisson(imp_per_day * weekday[day % 7])
+        s = np.repeat(np.arange(m), n)
+        size = rng.geometric(1.0 / mean_size[s])
+        t0 = day * DAY_US + rng.integers(0, DAY_US, len(s))
+        rep = np.repeat(np.arange(len(s)), size)
+        offset = np.minimum(rng.exponential(3 * DAY_US, len(rep)).astype(np.int64), 30 * DAY_US - 1)
+        sl = s[rep]
+        value = median[sl] * rng.lognormal(0.0, 0.9, len(rep))
+        big = rng.random(len(rep)) < huge
+        value[big] = median[sl[big]] * 20.0 * (1.0 + rng.pareto(tail, int(big.sum())))
+        columns = [np.round(value, 2)]
+        if d > 1:
+            columns.append(1.0 + rng.poisson(items[sl]))
+        ids.append(next_id + rep)
+        times.append(t0[rep] + offset)
+        vals.append(np.column_stack(columns))
+        slice_of.append(sl)
+        next_id += len(s)
+    t = np.concatenate(times)
+    sl = np.concatenate(slice_of)
+    conv = Conversions(np.concatenate(ids).astype(np.int64), t,
+                       {"campaignId": campaign[sl], "geography": geo[sl]}, np.concatenate(vals),
+                       ("value", "items")[:d])
+    return DailyLog(name, conv, np.floor_divide(t, DAY_US))
+
+
+def log_columns(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The slice and value columns of a log."""
+    if name in HETERO:
+        return HETERO_SLICES, ("value", "items")[:HETERO[name][-1]]
+    return SLICES, ("value",)
 
 
 def write_log(name: str, per_day: int, days: int, seed: int, out: Path) -> None:
     """The log as date partitions of its conversion days 0 .. WARMUP + WINDOW + days - 1."""
     total = WARMUP_DAYS + WINDOW_DAYS + days
     log = (geometric_log(per_day, total + 30, seed) if name == "geometric"
+           else hetero_log(name, per_day, total + 30, seed) if name in HETERO
            else daily_log(name, synthetic.get_preset(name), per_day, total + 30, seed))
     conv = log.conversions
+    slices, values = log_columns(name)
     date = np.floor_divide(conv.conversion_time, DAY_US)
     for d in np.unique(date[log.day < total]):
         rows = np.flatnonzero(date == d)
         table = pa.table({
             "impression_id": conv.impression_id[rows].astype(np.int64),
             "conversion_time": pa.array(conv.conversion_time[rows], pa.timestamp("us", tz="UTC")),
-            **{c: np.asarray(conv.slices[c])[rows] for c in SLICES},
-            "value": conv.values[rows, 0],
+            **{c: np.asarray(conv.slices[c])[rows] for c in slices},
+            **{v: conv.values[rows, j] for j, v in enumerate(values)},
         })
         folder = out / f"date={np.datetime64(int(d), 'D')}"
         folder.mkdir(parents=True)
@@ -62,7 +135,8 @@ def one(name: str, epsilon: float, args: argparse.Namespace, root: Path) -> dict
 
     out = root / f"out-{name}-{epsilon:g}"
     start = time.time()
-    argv = ["--history", str(root / name), "--slices", ",".join(SLICES), "--values", "value", "--epsilon",
+    slices, values = log_columns(name)
+    argv = ["--history", str(root / name), "--slices", ",".join(slices), "--values", ",".join(values), "--epsilon",
             str(epsilon), "--output", str(out), "--window-days", str(WINDOW_DAYS), "--replay-days", str(args.days),
             "--no-progress", "--overwrite"]
     if run(argv) != 0:
@@ -93,10 +167,12 @@ def main() -> None:
           f"last 14 days: median private_safe / fully_informed, share of days below both baselines, "
           f"median private / best baseline, private_safe coverage (count, value) of the true totals")
     for r in results:
+        coverage = " ".join(f"{r[k]:.3f}" for k in r if k.startswith("private_coverage_"))
         print(f"{r['log']:<18} eps={r['epsilon']:<4g} median private/full {r['median_private_over_full']:.3f}  "
+              f"private/cold {r.get('median_private_over_cold_start', float('nan')):.3f}  "
               f"below baselines {r['private_below_baselines']:.2f}  private/best baseline "
-              f"{r['median_private_over_best_baseline']:.3f}  coverage {r['private_coverage_count']:.3f} "
-              f"{r['private_coverage_value']:.3f}  ({r['seconds']:.0f} s)")
+              f"{r['median_private_over_best_baseline']:.3f}  coverage {coverage}  realised/predicted "
+              f"{r.get('private_realised_over_predicted', float('nan')):.2f}  ({r['seconds']:.0f} s)")
     print(f"outputs under {root}")
 
 

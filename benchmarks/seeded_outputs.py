@@ -1,5 +1,6 @@
 """Seeded outputs of the commands whose results a refactoring must not change: optimize's parameter
-file, measure's release (simulation seed) and evaluate's CSV files, each printed as the sha256 of its
+file, measure's release (simulation seed), evaluate's CSV files, nightly's published version and report
+(a local store, a fixed run id) and replay's CSV and summary, each printed as the sha256 of its
 normalised content. Run it on two checkouts and compare the lines:
 
     .venv/bin/python benchmarks/seeded_outputs.py --keep /tmp/after
@@ -107,6 +108,9 @@ def files_of(root: str) -> list[str]:
             out += [os.path.relpath(os.path.join(base, n), root) for n in sorted(names)
                     if n not in ("run_summary.json", "run_manifest.json")]
     out += [os.path.join("evaluate", n) for n in sorted(os.listdir(os.path.join(root, "evaluate"))) if n.endswith(".csv")]
+    for folder, names in (("store", ("params.json", "report.json")), ("replay", ("replay.csv", "summary.json"))):
+        for base, _, found in sorted(os.walk(os.path.join(root, folder))):
+            out += [os.path.relpath(os.path.join(base, n), root) for n in sorted(found) if n in names]
     return out
 
 
@@ -149,6 +153,11 @@ def main() -> int:
     evaluated = os.path.join(root, "evaluate")
     run(["evaluate", "--train", train_days[-1], "--test", test_day, "--slices", SLICES, "--values", "value",
          "--epsilons", "1,8", "--output", evaluated, "--overwrite", "--no-progress", "--monte-carlo", "2"])
+    run(["nightly", "--history", history, "--as-of", dates[-1].split("=", 1)[1], "--window-days", "3", "--store",
+         os.path.join(root, "store"), "--slices", SLICES, "--values", "value", "--epsilon", "8", "--run-id", "seeded",
+         "--no-progress"])
+    run(["replay", "--history", history, "--slices", SLICES, "--values", "value", "--epsilon", "8", "--output",
+         os.path.join(root, "replay"), "--window-days", "3", "--replay-days", "2"])
     print(f"seeded outputs under {root}", file=sys.stderr)
     for rel in files_of(root):
         print(f"{digest(os.path.join(root, rel), root)}  {rel}")

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/statistics.py [--rows 5000000]
 
-Times `transforms.statistics.compute_statistics` (read -> validate -> group by impression ->
+Times `pipelines.history.compute_statistics` (read -> validate -> group by impression ->
 sufficient statistics) in-process, from pipeline construction to the statistics on the driver.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from araopt.optimize.statistics import StatisticsSpec
 from measure import write_synthetic
-from transforms.statistics import compute_statistics
+from pipelines.history import compute_statistics
 
 
 def main() -> None:
@@ -30,12 +30,13 @@ def main() -> None:
         write_synthetic(data, args.rows)
         spec = StatisticsSpec(("campaignId", "geography", "productCategory"), ("value",), max_count_limit=20)
         t0 = time.perf_counter()
-        stats, accounting = compute_statistics(data, spec)
+        run = compute_statistics(data, spec)
+        stats = run.statistics
         wall = time.perf_counter() - t0
         print(f"statistics pipeline: {args.rows:,} conversions in {wall:.1f} s = {args.rows / wall:,.0f} conversions/s "
               f"(target >= 300,000)")
         print(f"statistics size: {stats.size_in_numbers():,} numbers for {stats.num_slices} slices, "
-              f"{stats.num_conversions:,} conversions; rows read {accounting['rows_read']:,}")
+              f"{stats.num_conversions:,} conversions; rows read {run.counts.rows_read:,}")
 
 
 if __name__ == "__main__":

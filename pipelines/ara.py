@@ -9,9 +9,10 @@ Aggregation Service summary reports back to estimates (see docs/ara.md).
 export-ara writes under DIR: key_map.json / key_map.csv (bucket <-> slice and query, with the
 parameter file's sha256), sources.json (one Attribution-Reporting-Register-Source per slice of
 impression features), output_domain.avro (AggregationBucket: every (slice, query) and bottom
-bucket), export.json (summary) and, with --conversions, triggers.jsonl (one
-Attribution-Reporting-Register-Trigger per conversion, in browser arrival order). ARA limits are
-checked before anything is written.
+bucket), export.json (summary) and, with --conversions, the operator-private private/triggers.jsonl
+(one Attribution-Reporting-Register-Trigger per conversion, in browser arrival order, with its raw
+impression id and time; private/README.txt says never to publish it). ARA limits are checked before
+anything is written.
 
 Each ``run_*`` takes argv (without the subcommand) and returns an exit code: 0 on success, 2 on bad
 input with a one-line ``araopt <cmd>: error: ...`` on stderr and no traceback.
@@ -32,6 +33,7 @@ import pandas as pd
 from araopt.ara import exploration as arms
 from araopt.ara.reconstruct import estimates_from_summary_report
 from araopt.ara.registrations import (
+    ARA_CONTRIBUTION_BUDGET,
     REGISTER_SOURCE,
     REGISTER_TRIGGER,
     KeyMap,
@@ -54,12 +56,14 @@ from araopt.mechanism.encoding import encode
 from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.measure import encode_and_bound, rounding_uniforms
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.randomness import secure_generator
 from araopt.publication import histogram_buckets
 from araopt.version import ParameterVersion
 
 from . import options
+from .options import parse_days_option
+from .partitions import partition_days
 from .runner import localize
 
 
@@ -71,7 +75,7 @@ def _warn(prog: str, message: str) -> None:
 def read_conversion_log(pattern: str, params: Params) -> tuple[Conversions, dict[str, int], int]:
     """Valid conversions of a Parquet log (the same read and validation as every job), rejected rows
     by reason, rows read."""
-    from .history import load_conversions
+    from .inputs import load_conversions
 
     conv, counts, _ = load_conversions(pattern, params.slice_columns, params.query_columns,
                                        impression_slice_columns=params.impression_slice_columns)
@@ -83,7 +87,7 @@ def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
     cards = [int(pd.Series(conv.slices[c]).nunique()) for c in params.slice_columns]
     check_ara_limits_for_cardinalities(params, cards)  # before KeyDomain, which also refuses > 128 bits
     return KeyDomain.from_slice_values(params.slice_columns, conv.slices, params.query_columns,
-                                       baseline=params.encoding == "baseline",
+                                       baseline=params.encoding == Encoding.BASELINE,
                                        conversion_slice_columns=params.conversion_slice_columns)
 
 
@@ -113,7 +117,7 @@ def _with_local_inputs(body: Callable[[argparse.Namespace], int], fields: tuple[
 def load_version(ref: str) -> ParameterVersion:
     """A parameter file (.json, local or gs://) or a store (its ``latest``, or ``STORE/versions/<v>``),
     checksum-verified, as ``araopt measure`` takes it."""
-    from .measure import load_params as load
+    from .inputs import load_params as load
 
     return load(ref).version
 
@@ -126,6 +130,11 @@ def _export(args: argparse.Namespace) -> int:
         raise InvalidParameters(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
         raise InvalidParameters("--simulation-seed only applies to triggers, which need --conversions")
+    if params.contribution_budget != ARA_CONTRIBUTION_BUDGET:
+        raise InvalidParameters(f"contribution_budget Γ = {params.contribution_budget}: Chrome's budget per source is "
+                                f"fixed at {ARA_CONTRIBUTION_BUDGET} (and the Aggregation Service noises at "
+                                f"ε/{ARA_CONTRIBUTION_BUDGET}), so registrations for another Γ would not do what "
+                                f"measure simulates; export parameters with Γ = {ARA_CONTRIBUTION_BUDGET}")
     check_target(args.output, args.overwrite, EXPORT_FOLDER)  # before any work; again at commit
     destination = destination_site(args.destination)
     if destination != args.destination.rstrip("/"):
@@ -179,13 +188,18 @@ def _export(args: argparse.Namespace) -> int:
         if batch is not None:
             lines = (batch.lines(triggers) if exploration is None
                      else exploring_lines(batch, triggers, exploration, len(sources)))
-            with open(out("triggers.jsonl"), "w", encoding="utf-8") as fh:
+            os.makedirs(out(outputs.PRIVATE_DIR))
+            with open(out(outputs.private_file(outputs.PRIVATE_README)), "w", encoding="utf-8") as fh:
+                fh.write(outputs.EXPORT_PRIVATE_README_TEXT)
+            with open(out(outputs.private_file(outputs.TRIGGERS_JSONL)), "w", encoding="utf-8") as fh:
                 for line in lines:
                     fh.write(line)
                     fh.write("\n")
         summary = {
             "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
-            "slices": domain.num_slices, "keys": domain.num_keys, "sources": len(sources),
+            "slices": domain.num_slices, "keys": domain.num_keys,
+            "buckets": len(histogram_buckets(params, domain)),  # the output domain: the keys and the arms' keys
+            "sources": len(sources),
             "key_bits": domain.total_bits, "keys_per_source": len(sources.key_names),
             "trigger_header": REGISTER_TRIGGER, "conversions_read": rows_read, "conversions_rejected": rejected,
             "triggers": len(batch) if batch is not None else 0,
@@ -202,11 +216,15 @@ def _export(args: argparse.Namespace) -> int:
         _warn(prog, f"conversions without a trigger (slice values outside the key map): {dict(batch.skipped)}")
     if rejected:
         _warn(prog, f"invalid conversion rows skipped: {rejected}")
-    files = ("key_map.json/.csv, sources.json, output_domain.avro" + (", triggers.jsonl" if batch is not None else "")
-             + ", export.json, _manifest.json")
-    print(f"{prog}: {len(sources)} source registrations, {domain.num_keys} buckets ({domain.num_slices} slices x "
-          f"{domain.num_columns} keys, {domain.total_bits} bits), {summary['triggers']} triggers; wrote {files} "
-          f"under {args.output}")
+    files = "key_map.json/.csv, sources.json, output_domain.avro, export.json, _manifest.json"
+    arm_note = ("" if exploration is None else
+                f" + {exploration.num_arms} exploration arms x {domain.num_columns} keys")
+    print(f"{prog}: {len(sources)} source registrations, {summary['buckets']} buckets ({domain.num_slices} slices x "
+          f"{domain.num_columns} keys{arm_note}, {domain.total_bits} bits), {summary['triggers']} triggers; wrote "
+          f"{files} under {args.output}")
+    if batch is not None:
+        print(f"  operator-private (raw impression ids and conversion times, never publish): "
+              f"{os.path.join(args.output, outputs.private_file(outputs.TRIGGERS_JSONL))}")
     return 0
 
 
@@ -238,8 +256,14 @@ def exploring_lines(batch: TriggerBatch, triggers: TriggerEncoder, exploration: 
 
 # ---- reconstruct ---------------------------------------------------------------------------------
 def run_reconstruct(argv: Sequence[str] | None = None) -> int:
-    return options.run_command("reconstruct", _with_local_inputs(
-        _reconstruct, ("summary_report", "key_map", "conversions")), argv)
+    local = _with_local_inputs(_reconstruct, ("summary_report", "key_map", "conversions"))
+
+    def run(args: argparse.Namespace, rest: list[str]) -> int:
+        args.summary_report_as_given = list(args.summary_report) if isinstance(args.summary_report, list) \
+            else [args.summary_report]  # (a remote report is copied to a flat temporary folder: its date= are lost)
+        return local(args, rest)
+
+    return options.run_command("reconstruct", run, argv)
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
@@ -247,6 +271,10 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.confidence) and 0.0 < args.confidence < 1.0):
         raise InvalidParameters(f"--confidence must lie in (0, 1), got {args.confidence}")
     check_output_file(args.output, args.overwrite)
+    stem = os.path.splitext(args.output)[0]
+    side_summary, side_unknown = f"{stem}.summary.json", f"{stem}.unknown_buckets.csv"
+    for side in (side_summary, side_unknown):  # the files written beside the estimates follow the same rule
+        check_output_file(side, args.overwrite)
     file_version = load_version(args.params)
     version = (file_version if args.epsilon is None
                else file_version.with_epsilon(check_epsilon(args.epsilon, "--epsilon")))
@@ -265,7 +293,9 @@ def _reconstruct(args: argparse.Namespace) -> int:
         raise InvalidParameters("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
                                 "--conversions LOG to derive the domain from its slices")
     data = avro.read_report(args.summary_report)
-    frame, counters = estimates_from_summary_report(data.buckets, data.metrics, version, domain, args.confidence)
+    days = report_days(args.days, list(data.paths), getattr(args, "summary_report_as_given", []))
+    frame, counters = estimates_from_summary_report(data.buckets, data.metrics, version, domain, args.confidence,
+                                                    period_days=days)
     if counters.rows and counters.unknown_buckets == counters.rows:
         raise InvalidInput(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or "
                            f"parameter file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
@@ -273,13 +303,15 @@ def _reconstruct(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {"report_kind": data.kind, "files": len(data.paths), **counters.to_json(),
                                "slices": domain.num_slices, "estimates": args.output}
     if counters.unknown:
-        side = f"{os.path.splitext(args.output)[0]}.unknown_buckets.csv"
+        side = side_unknown
         rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown],
                              "metric": [m for _, m in counters.unknown]})
         atomic_write(side, lambda fh: rows.to_csv(fh, index=False), mode="w")
         summary["unknown_buckets_file"] = side
         _warn(prog, f"{counters.unknown_buckets} bucket(s) of the report are not in the key map (metric sum "
                     f"{counters.unknown_metric_sum}); listed in {side}")
+    elif os.path.lexists(side_unknown):  # (--overwrite) an earlier run's list would describe another report
+        os.remove(side_unknown)
     if data.kind == avro.DEBUG and data.annotations is not None:
         summary["debug_rows_not_in_domain"] = sum(1 for a in data.annotations if "in_domain" not in a)
     if counters.missing_buckets:
@@ -291,23 +323,36 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if counters.implausible_negative_metrics:
         _warn(prog, f"{counters.implausible_negative_metrics} metric(s) are more negative than noise at epsilon="
                     f"{params.epsilon:g} makes plausible (wrong epsilon or a corrupt report?)")
-    side_summary = f"{os.path.splitext(args.output)[0]}.summary.json"
     atomic_write(side_summary, lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
+    arms = (f" ({counters.exploration_buckets:,} more are the exploration arms' keys)"
+            if counters.exploration_buckets else "")
     print(f"{prog}: {counters.matched:,} of {counters.rows:,} report rows matched {domain.num_keys:,} keys of "
-          f"{domain.num_slices:,} slices; estimates with {args.confidence:.0%} intervals written to {args.output} "
+          f"{domain.num_slices:,} slices{arms}; estimates with {args.confidence:.0%} intervals written to {args.output} "
           f"(accounting in {side_summary})")
+    if version.calibration is not None and version.calendar is not None and days is not None:
+        print(f"  days {days[0]}..{days[-1]} ({len(days)}): the calibration's day-type effects "
+              + ("applied" if counters.calendar_applied else "not fitted (history shorter than two weeks)"))
+    if counters.calendar_note:
+        print(f"  NOTE: {counters.calendar_note}")
     return 0
+
+
+def report_days(given: str | None, paths: Sequence[str], as_given: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The days a summary report covers: ``--days``, else the ``date=YYYY-MM-DD/`` folders its files lie
+    in (as ``measure`` reads its input's; for a remote report, the folders its argument names), else
+    None (not known)."""
+    days = parse_days_option(given)
+    if days is None:
+        days = partition_days(paths)
+    if days is None and as_given:
+        days = partition_days(as_given)
+    return days
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m pipelines.ara <export-ara|reconstruct> ...``: the same as ``araopt <command> ...``."""
-    from .cli import main as cli_main
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("export-ara", "reconstruct"):
-        print("usage: python -m pipelines.ara {export-ara|reconstruct} [options]", file=sys.stderr)
-        return 2
-    return cli_main(argv)
+    return options.subcommand_main("python -m pipelines.ara",
+                                   {"export-ara": run_export_ara, "reconstruct": run_reconstruct}, argv)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 3. `araopt measure` on the next day with the store's `latest` (secure noise, as in production) and
    the 7 days before it as `--lookback` (the browser caps an impression over its whole life);
 4. print estimates with error bars, the predicted vs baseline error, the predicted error of the
-   day's release next to the realised one (the demo knows the synthetic truth), and write the plots.
+   day's release next to the realised one (the demo knows the synthetic truth), and name the plots and
+   the report pages (measure's and nightly's report.html).
 
     python -m pipelines.demo [--out demo-output] [--conversions-per-day 150000] [--epsilon 8]
 """
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from araopt.errors import InvalidParameters
 from araopt.io import outputs
 from araopt.publication import ESTIMATE_COLUMNS
 
@@ -54,7 +56,7 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
         shutil.rmtree(os.path.join(out, sub), ignore_errors=True)
     os.makedirs(out, exist_ok=True)
     if args.days < 2 * WINDOW + 1:
-        raise options.UserError(f"--days must be at least {2 * WINDOW + 1} (a {WINDOW}-day window, its {WINDOW}-day "
+        raise InvalidParameters(f"--days must be at least {2 * WINDOW + 1} (a {WINDOW}-day window, its {WINDOW}-day "
                                 f"lookback and the measured day), got {args.days}")
     start = dt.date(2026, 11, 1)
     days = [(start + dt.timedelta(days=i)).isoformat() for i in range(args.days)]
@@ -102,7 +104,7 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     with open(summary_path) as fh:
         summary = json.load(fh)
     estimates = pd.read_parquet(os.path.join(result_dir, outputs.release_file(outputs.ESTIMATES_PARQUET, False)))
-    plots = write_plots(estimates, result_dir, os.path.join(out, "plots"))
+    plots = copy_plots(result_dir, os.path.join(out, "plots"))
     shutil.copy(os.path.join(report_dir, "report.png"), os.path.join(out, "plots", "nightly_report.png"))
     print_results(report, summary, estimates)
     realised = realised_rmsre(estimates, os.path.join(history, f"date={today}"), report["taus"])
@@ -114,7 +116,9 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
                         ("release (publishable)", os.path.join(result_dir, outputs.RELEASE_DIR)),
                         ("estimates", os.path.join(result_dir, outputs.release_file(outputs.ESTIMATES_CSV, False))),
                         ("operator-private", os.path.join(result_dir, outputs.PRIVATE_DIR)),
-                        ("plots", ", ".join(plots + [os.path.join(out, "plots", "nightly_report.png")]))]:
+                        ("plots", ", ".join(plots + [os.path.join(out, "plots", "nightly_report.png")])),
+                        ("report pages", ", ".join([os.path.join(result_dir, outputs.private_file(outputs.REPORT_HTML)),
+                                                    os.path.join(report_dir, "report.html")]))]:
         print(f"  {label:<22} {path}")
     return 0
 
@@ -123,15 +127,16 @@ def realised_rmsre(estimates: pd.DataFrame, day: str, taus: Sequence[float]) -> 
     """RMSRE_tau (Def. 3.2) of the released estimates against the true totals of the day's conversions."""
     import numpy as np
 
+    from araopt.evaluation.metrics import realised_rmsre_tau
+
     slice_cols = SLICES.split(",")
     truth = pd.read_parquet(day, columns=[*slice_cols, "value"]).groupby(slice_cols).agg(
         count=("value", "size"), value=("value", "sum"))
-    squares = []
-    for tau, query in zip(taus, ("count", "value"), strict=True):
-        rows = estimates[estimates["query"] == query].set_index(slice_cols)["estimate"]
-        true = truth[query].reindex(rows.index, fill_value=0.0).to_numpy(dtype=float)
-        squares.append(np.mean(((rows.to_numpy(dtype=float) - true) / np.maximum(tau, true)) ** 2))
-    return float(np.sqrt(np.mean(squares)))
+    queries = ("count", "value")
+    released = estimates[estimates["query"].isin(queries)].pivot_table(
+        index=slice_cols, columns="query", values="estimate", aggfunc="sum").reindex(columns=list(queries))
+    true = truth.reindex(released.index, fill_value=0.0)[list(queries)]
+    return realised_rmsre_tau(released.to_numpy(dtype=float), true.to_numpy(dtype=float), np.asarray(taus)).combined
 
 
 def print_results(report: dict, summary: dict, estimates: pd.DataFrame) -> None:
@@ -139,9 +144,9 @@ def print_results(report: dict, summary: dict, estimates: pd.DataFrame) -> None:
     print(f"parameters {summary['parameters']['version']}: C = {p['count_limit']}, "
           + ", ".join(f"{q['column']}: clip {q['clip_threshold']:.1f}" for q in p["queries"]))
     base = report["baselines"]
-    pred = report["model_predicted_rmsre_tau"]
-    print(f"predicted RMSRE_tau of one {report['release_period_days']:g}-day release (error model): optimized "
-          f"{pred:.4f} | " + " | ".join(f"{k} {v:.4f} (x{v / pred:.1f} worse)" for k, v in base.items()))
+    pred = report["predicted_rmsre_tau"]  # the one predicted error (the run report's, the console's, the plot's)
+    print(f"predicted RMSRE_tau of one {report['release_period_days']:g}-day release ({report['prediction']}): "
+          f"optimized {pred:.4f} | " + " | ".join(f"{k} {v:.4f} (x{v / pred:.1f} worse)" for k, v in base.items()))
     print(f"measured {summary['rows_read']:,} conversions: {summary['conversions_kept']:,} kept, "
           f"{summary['conversions_dropped_by_cap']:,} dropped by the cap, {summary['rows_rejected']:,} rejected; "
           f"{summary['keys']:,} keys at epsilon {summary['epsilon']:g}")
@@ -172,31 +177,15 @@ def estimates_line(calibration: dict | None) -> str:
             f"{calibration['history_blocks']} days of history; the intervals include the calibration's uncertainty")
 
 
-def write_plots(estimates: pd.DataFrame, result_dir: str, plot_dir: str) -> list[str]:
-    """estimates.png (largest slices, count and value panels, 95% intervals) and noisy_vs_unnoised.png
-    (the debug run's noise per key against the DLap band at the run's epsilon)."""
-    from araopt.evaluation import plots
-    from araopt.io import avro
-
+def copy_plots(result_dir: str, plot_dir: str) -> list[str]:
+    """The figures measure wrote beside its report page (estimates.png; noisy_vs_unnoised.png with
+    --debug-run), copied into ``plot_dir``."""
     os.makedirs(plot_dir, exist_ok=True)
-    slice_cols = [c for c in estimates.columns if c != "query" and c not in ESTIMATE_COLUMNS]
-    paths = [plots.estimates_plot(estimates, slice_cols, os.path.join(plot_dir, "estimates.png"))]
-
-    def load(relative: str) -> dict:
-        with open(os.path.join(result_dir, relative)) as fh:
-            return json.load(fh)
-
-    summary = load(outputs.private_file(outputs.RUN_SUMMARY))
-    simulation = bool(summary.get("simulation"))
-    key_map = load(outputs.release_file(outputs.KEY_MAP_JSON, simulation))  # key columns in dense-key order
-    release = load(outputs.release_file(outputs.RELEASE_JSON, simulation))
-    debug_report = os.path.join(result_dir, outputs.private_file(outputs.DEBUG_REPORT))
-    if not os.path.exists(debug_report):  # not a --debug-run
-        return paths
-    _, unnoised, noise, _ = avro.read_debug_report(debug_report)
-    paths.append(plots.noise_plot(unnoised, noise, [*key_map["queries"], key_map["bottom_name"]],
-                                  os.path.join(plot_dir, "noisy_vs_unnoised.png"), epsilon=summary["epsilon"],
-                                  contribution_budget=release["contribution_budget"]))
+    paths = []
+    for name in ("estimates.png", "noisy_vs_unnoised.png"):
+        source = os.path.join(result_dir, outputs.private_file(name))
+        if os.path.exists(source):
+            paths.append(shutil.copy(source, os.path.join(plot_dir, name)))
     return paths
 
 

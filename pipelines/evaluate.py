@@ -60,7 +60,7 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     from araopt.optimize.tune import resolve_taus
     from transforms.io import InputFiles, check_input
 
-    from .history import load_conversions, report_rejections
+    from .inputs import load_conversions, report_rejections
 
     epsilons = parse_epsilons(args.epsilons)
     if args.monte_carlo < 0 or args.monte_carlo == 1:
@@ -114,7 +114,9 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
             progress(f"{name}: statistics of the training log")
             train_stats = compute_statistics_in_memory(train_full, spec)
             progress(f"{name}: reading the test log ({len(test.paths)} file(s), {test.rows:,} rows)")
-            test_conv = concat_periods(read(test, f"{name}, test log", f"{name}-test.parquet"), train_full)
+            test_conv = read(test, f"{name}, test log", f"{name}-test.parquet")
+            progress(f"{name}: the test log's lookback (its impressions' earlier conversions) and statistics")
+            test_conv = concat_periods(test_conv, train_full)
             test_stats = compute_statistics_in_memory(test_conv, spec)
             period = float(test_stats.history_days())
             taus, tau_rule = resolve_taus(train_stats, tau_overrides)

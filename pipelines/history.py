@@ -1,14 +1,12 @@
-"""Reading conversion logs for the driver-side jobs (optimize, evaluate, export-ara, reconstruct): a
-history's statistics, tuning and calibration in one Beam job (``compute_tuned_history``), its statistics
-alone (``compute_statistics``), and small logs into memory (``load_conversions``). All validate every row
-the same way as ``araopt measure`` (dead letter with a reason, the rejected-share gate) and print the
-rejected rows by reason in one line.
+"""Reading conversion logs for the driver-side jobs (optimize, evaluate): a history's statistics,
+tuning and calibration in one Beam job (``compute_tuned_history``), and its statistics alone
+(``compute_statistics``). Both validate every row the same way as ``araopt measure`` (dead letter with a
+reason, the rejected-share gate); small logs in memory: ``pipelines.inputs.load_conversions``.
 """
 from __future__ import annotations
 
 import os
 import pickle
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -16,9 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
-    import pyarrow as pa
 
-    from araopt.io.conversions import Conversions, ValidationCounts
+    from araopt.io.conversions import ValidationCounts
     from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
     from araopt.version import ParameterVersion
     from transforms.io import InputFiles
@@ -153,12 +150,10 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
     result and the candidate parameter versions, calibrated on the same grouped shards. The result comes
     back to the driver (on a dry run: the translated job); a history with too many rejected rows is
     refused after the job (``check_rejected_share``) without being tuned."""
-    import apache_beam as beam
 
     from araopt.io.conversions import check_rejected_share
-    from transforms.calibration import ComputeCalibration
     from transforms.io import auto_num_shards
-    from transforms.statistics import StatisticsFromShards
+    from transforms.tuning import StatisticsAndCalibration
     from transforms.validate import ReadAndValidate
 
     from .runner import is_local_runner, pipeline_options, worker_writable
@@ -173,14 +168,9 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
                                                             dead_letter, num_shards=shards, spill_dir=shuffle_dir,
                                                             one_dead_letter_file=local,
                                                             lookback_paths=lookback.paths if lookback else ())
-        grouped, counts = read["grouped"], read["counts"]
-        statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
-        decision = statistics | "Choose" >> beam.Map(_gate_and_choose, beam.pvalue.AsSingleton(counts), choose,
-                                                     max_rejected_fraction)
-        candidates = decision | "Candidates" >> beam.Map(lambda d: d[1])
-        calibration = grouped | "Calibration" >> ComputeCalibration(candidates, spec.slice_columns, spec.value_columns)
-        return {"counts": counts, "statistics": statistics, "chosen": decision | "Chosen" >> beam.Map(lambda d: d[0]),
-                "calibration": calibration}
+        tuned = read["grouped"] | "Tune" >> StatisticsAndCalibration(spec, _gate_and_choose, read["counts"], choose,
+                                                                     max_rejected_fraction)
+        return {"counts": read["counts"], **tuned}
 
     values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
     if not isinstance(values, dict):
@@ -189,53 +179,3 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
     where = None if dead_letter is None else dead_letter + (".parquet" if local else "-*.parquet")
     return TunedHistoryRun(values["statistics"], values["counts"], inputs, values["chosen"], values["calibration"],
                            where)
-
-
-def load_conversions(pattern: str | InputFiles, slice_columns: Sequence[str], value_columns: Sequence[str],
-                     max_rejected_fraction: float = 0.10, what: str = "conversion log",
-                     impression_slice_columns: Sequence[str] | None = None,
-                     ) -> tuple[Conversions, ValidationCounts, pa.Table]:
-    """A (small) log in memory: (valid conversions, row accounting, dead-letter rows), the same
-    validation, canonical types, impression-slice check (``impression_slice_columns``, default every
-    slice column) and gate as the Beam jobs."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystems import FileSystems
-
-    from araopt.io.conversions import (
-        IMPRESSION_SLICE_INCONSISTENT,
-        Conversions,
-        ValidationCounts,
-        check_rejected_share,
-        validate_batch,
-    )
-    from araopt.mechanism.sources import split_impression_slice_conflicts
-    from transforms.io import InputFiles, check_input, needed_columns
-
-    inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, slice_columns, value_columns)
-    columns = needed_columns(slice_columns, value_columns)
-    valid, rejected, counts = [], [], []
-    for path in inputs.paths:
-        with FileSystems.open(path) as fh:
-            table = pq.read_table(fh, columns=columns)
-        batch = validate_batch(table, slice_columns, value_columns)
-        valid.append(batch.valid)
-        rejected.append(batch.rejected)
-        counts.append(ValidationCounts.of(table.num_rows, batch))
-    good, inconsistent = split_impression_slice_conflicts(
-        pa.concat_tables(valid), slice_columns if impression_slice_columns is None else impression_slice_columns,
-        slice_columns, value_columns)
-    if inconsistent is not None:
-        rejected.append(inconsistent)
-        counts.append(ValidationCounts.rejected(inconsistent.num_rows, IMPRESSION_SLICE_INCONSISTENT))
-    total = ValidationCounts.merge(counts)
-    check_rejected_share(total, max_rejected_fraction, what=what)
-    return Conversions.from_table(good, slice_columns, value_columns), total, pa.concat_tables(rejected)
-
-
-def report_rejections(prog: str, counts: ValidationCounts, where: str | None = None) -> None:
-    """One console line about rejected rows (nothing when none was rejected)."""
-    if counts.rows_rejected:
-        reasons = ", ".join(f"{k} {v:,}" for k, v in counts.rejected_by_reason.items())
-        tail = f"; dead letter: {where}" if where else ""
-        print(f"{prog}: {counts.rows_rejected:,} of {counts.rows_read:,} rows rejected ({reasons}){tail}", file=sys.stderr)

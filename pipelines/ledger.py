@@ -6,8 +6,23 @@ files, order, compression, row groups or encodings they came in. At commit, unde
 lock and before anything is moved into place, :meth:`Ledger.check_and_record` compares the release's
 row set with every earlier release whose time window meets it; conversions released before refuse
 the release (saying how many of how many) unless ``--allow-rerelease``, and the count is recorded.
+A lossy re-export (times truncated to the millisecond or second, or the same instants in another time
+zone) has other exact identities but the same coarse ones (``araopt.io.rowset.coarse_row_ids``): a
+release more than ``LOSSY_OVERLAP_SHARE`` of whose coarse identities were released before (within
+26 hours) is refused the same way; below that share the overlap is what different conversions of
+the same impressions share by chance, and it is recorded (``coarse_rows_released_before``).
 The entry is appended to the ledger index by compare-and-swap (of two racing releases exactly one
 appends; the other checks again and sees the first); if the commit then fails, it is taken out again.
+
+Several stores release from the same log with several ledgers: ``measure --check-ledgers A,B`` reads
+the others (read only) and warns when a release holds conversions one of them records as released.
+
+Each entry also records the ``mechanism`` its release used (the parameter file's mechanism part:
+count limit, encoding, queries, arm plan): a later release whose ``--lookback`` holds these
+conversions costs them with it (:meth:`Ledger.release_history`, ``araopt.mechanism.lifetime``), as
+the browser did. Entries recorded before that field existed are read through their ``params_sha256``
+(today's parameters, or a version of the store with that checksum); otherwise a lookback they meet is
+refused, since its budget cannot be costed.
 
 One ledger per store: when ``--params`` names a parameter store (its root, ``STORE/versions/<v>`` or
 ``STORE/versions/<v>/params.json``), the ledger is ``STORE/ledger/`` and a ``--ledger`` elsewhere is
@@ -18,17 +33,24 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from araopt.errors import InvalidParameters, PrivacyRefusal
 from araopt.io.files import utc_now_iso
-from araopt.io.rowset import RowSet, times_released
+from araopt.io.rowset import COARSE_MARGIN_US, LOSSY_OVERLAP_SHARE, RowSet, RowSetPart, times_released
 from araopt.io.store import ParameterStore, StoreConflict, StoreError
 from araopt.io.stores import open_store
+from araopt.mechanism.lifetime import ReleaseHistory
+from araopt.mechanism.params import Params
+from araopt.version import ParameterVersion
 
-from .options import UserError
+RELEASE_FILES = "release_files"
+"""A ledger entry's {path under release/: sha256} of the release folder's files (what its manifest lists):
+a release folder read later (the privacy-safe tuner) is checked against it."""
 
 
 def default_ledger_root() -> str:
@@ -41,14 +63,27 @@ def _same_location(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def other_ledgers(spec: str | None, own: str | None) -> list[Ledger]:
+    """``--check-ledgers A,B``: other stores' (or folders') ledgers, opened read-only before any work
+    (unreachable or corrupt: one line), the release's own ledger left out."""
+    roots = [r.strip() for r in (spec or "").split(",") if r.strip()]
+    return [Ledger.open(r, allow_rerelease=True) for r in dict.fromkeys(roots)
+            if own is None or not _same_location(r, own)]
+
+
 def ledger_root(store: str | None, ledger: str | None) -> str:
     """Where releases are recorded: the parameter store's ledger, else ``--ledger`` or the default."""
     if store is None:
         return ledger or default_ledger_root()
     if ledger is not None and not _same_location(ledger, store):
-        raise UserError(f"--ledger {ledger}: the parameters come from the store {store}, whose releases are recorded "
-                        f"in its own ledger ({store}/ledger; one ledger per store): drop --ledger")
+        raise InvalidParameters(f"--ledger {ledger}: the parameters come from the store {store}, whose releases are "
+                                f"recorded in its own ledger ({store}/ledger; one ledger per store): drop --ledger")
     return store
+
+
+class LedgerRefusal(PrivacyRefusal):
+    """A refusal by the release ledger: conversions of this input released before (and re-releasing
+    not allowed), or a lookback holding the input's own conversions (their budget spent twice)."""
 
 
 @dataclass(frozen=True)
@@ -74,49 +109,175 @@ class Ledger:
             store = open_store(root)
             store.read_ledger()
         except (StoreError, ValueError) as exc:
-            raise UserError(f"release ledger: {exc}") from None
+            raise StoreError(f"release ledger: {exc}") from None
         return cls(store, allow_rerelease)
 
-    def check_and_record(self, rows: RowSet, row_set: bytes, entry: dict[str, Any], attempts: int = 10) -> Recorded:
-        """Refuse ``rows`` if any was released before (unless re-releasing is allowed), else append the
-        release (``row_set``: its Parquet bytes) with ``entry``'s fields. Retries when another release
-        is recorded meanwhile."""
-        loaded: dict[str, np.ndarray] = {}
+    def check_and_record(self, rows: RowSet, row_set: bytes, entry: dict[str, Any], attempts: int = 10,
+                         entry_id: str | None = None, coarse: RowSet | None = None) -> Recorded:
+        """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
+        match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
+        or shifted by a time zone), unless re-releasing is allowed; else append the release
+        (``row_set``: its Parquet bytes) with ``entry``'s fields, under ``entry_id`` (a new one if None;
+        a commit names it in its pending record first). Retries when another release is recorded
+        meanwhile."""
+        loaded: dict[tuple[str, str], np.ndarray] = {}
+
         try:
             for _ in range(attempts):
                 releases, generation = self.store.read_ledger()
-                meeting = [e for e in releases if rows.may_meet(e["first_time_us"], e["last_time_us"])]
-                for e in meeting:
-                    if e["id"] not in loaded:
-                        loaded[e["id"]] = RowSet.from_parquet_bytes(self.store.read_row_set(e), e["row_set"]).ids
-                counts = times_released(rows, [loaded[e["id"]] for e in meeting])
+                counts, overlaps = self._released(rows, releases, loaded)
                 before = int(np.count_nonzero(counts))
-                overlaps = {e["id"]: int(np.count_nonzero(rows.contained_in(loaded[e["id"]]))) for e in meeting}
-                overlaps = {k: v for k, v in overlaps.items() if v}
-                if before and not self.allow_rerelease:
-                    raise UserError(
-                        f"{before:,} of the {len(rows):,} conversions of this input were already released "
-                        f"({len(overlaps)} earlier release(s) in the ledger {self.store.uri}); releasing them again lets "
-                        f"averages strip the noise. Pass --allow-rerelease to do it anyway (it is recorded)")
+                coarse_before = 0
+                if coarse is not None:
+                    near = [e for e in releases if "coarse_row_set" in e
+                            and coarse.may_meet(e["first_time_us"], e["last_time_us"], COARSE_MARGIN_US)]
+                    coarse_before = int(np.count_nonzero(times_released(
+                        coarse, [self._ids(e, "coarse_row_set", loaded) for e in near])))
+                lossy = coarse is not None and coarse_before > LOSSY_OVERLAP_SHARE * max(len(coarse), 1)
+                if (before or lossy) and not self.allow_rerelease:
+                    raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy))
                 number = 1 + int(counts.max()) if len(counts) else 1
-                record = {**entry, "id": uuid.uuid4().hex, "recorded_at": utc_now_iso(), "rows": len(rows),
+                record = {**entry, "id": entry_id or uuid.uuid4().hex, "recorded_at": utc_now_iso(), "rows": len(rows),
                           "first_time_us": rows.first_time_us, "last_time_us": rows.last_time_us,
                           "rows_released_before": before, "release_number": number, "overlaps": overlaps}
+                if coarse is not None:
+                    record.update(coarse_rows=len(coarse), coarse_rows_released_before=coarse_before)
                 try:
-                    recorded = self.store.append_release(record, row_set, generation)
+                    recorded = self.store.append_release(record, row_set, generation,
+                                                         None if coarse is None else coarse.to_parquet_bytes())
                 except StoreConflict:
                     continue
                 return Recorded(recorded, before, number)
         except StoreError as exc:
-            raise UserError(f"release ledger: {exc}") from None
-        raise UserError(f"release ledger {self.store.uri}: it kept changing during {attempts} attempts; nothing was "
+            raise StoreError(f"release ledger: {exc}") from None
+        raise StoreConflict(f"release ledger {self.store.uri}: it kept changing during {attempts} attempts; nothing was "
                         f"released")
 
-    def rollback(self, recorded: Recorded) -> None:
-        """Take a recorded release out again (its commit failed: nothing was released)."""
+    def _ids(self, e: dict[str, Any], field: str, loaded: dict[tuple[str, str], np.ndarray]) -> np.ndarray:
+        """The ids of entry ``e``'s row set ``field`` (``row_set`` or ``coarse_row_set``), read once per check."""
+        if (e["id"], field) not in loaded:
+            loaded[e["id"], field] = RowSet.from_parquet_bytes(self.store.read_row_set(e, field), e[field]).ids
+        return loaded[e["id"], field]
+
+    def _released(self, rows: RowSet, releases: list[dict[str, Any]], loaded: dict[tuple[str, str], np.ndarray]
+                  ) -> tuple[np.ndarray, dict[str, int]]:
+        """How often each of ``rows`` was released in ``releases`` (entries of this ledger), and per
+        earlier release how many of them it held (only releases holding some)."""
+        meeting = [e for e in releases if rows.may_meet(e["first_time_us"], e["last_time_us"])]
+        ids = [self._ids(e, "row_set", loaded) for e in meeting]
+        counts = times_released(rows, ids)
+        overlaps = {e["id"]: int(np.count_nonzero(rows.contained_in(i))) for e, i in zip(meeting, ids, strict=True)}
+        return counts, {k: v for k, v in overlaps.items() if v}
+
+    def released_before(self, rows: RowSet) -> tuple[int, int]:
+        """Read only: (how many of ``rows`` this ledger records as released, in how many releases)."""
         try:
-            self.store.remove_release(recorded.entry["id"])
-        except StoreError as exc:  # the run's own error is what the user must see: say this one in the log
+            releases, _ = self.store.read_ledger()
+            counts, overlaps = self._released(rows, releases, {})
+        except StoreError as exc:
+            raise StoreError(f"release ledger {self.store.uri}: {exc}") from None
+        return int(np.count_nonzero(counts)), len(overlaps)
+
+    def release_history(self, first_time_us: int | None, last_time_us: int | None,
+                        today: ParameterVersion) -> ReleaseHistory:
+        """The earlier releases a lookback of conversion times [first, last] (None: unknown) may hold, each with the
+        mechanism it released with (for Alg. 1 over the impression's life); every other recorded
+        mechanism is kept as a candidate for lookback rows no release used. Refuses (one line) when an
+        entry that meets the window does not say its mechanism and its ``params_sha256`` is unknown."""
+        try:
+            releases, _ = self.store.read_ledger()
+            known: dict[str, Params] = {today.checksum(): today.params}
+            if any(e.get("mechanism") is None and e.get("params_sha256") not in known for e in releases):
+                known = {**self._store_versions(), **known}
+            pairs: list[tuple[Params, np.ndarray]] = []
+            for entry in releases:
+                window = RowSet(np.empty(0, dtype=np.uint64), entry["first_time_us"], entry["last_time_us"])
+                meets = (window.may_meet(first_time_us, last_time_us) if None not in (first_time_us, last_time_us)
+                         else entry["rows"] > 0)  # a lookback of unknown window may hold any release's rows
+                params = self._mechanism_of(entry, known)
+                if params is None and meets:
+                    raise PrivacyRefusal(
+                        f"the lookback holds conversions released by ledger entry {entry['id']} with parameters "
+                        f"(sha256 {entry.get('params_sha256')}) that neither the ledger nor the store {self.store.uri} "
+                        f"records: their budget cannot be costed; drop those days from --lookback or publish that "
+                        f"parameter file in the store")
+                if params is not None:  # one that does not meet the window: a candidate for unrecorded rows
+                    ids = (RowSet.from_parquet_bytes(self.store.read_row_set(entry), entry["row_set"]).ids if meets
+                           else np.empty(0, dtype=np.uint64))
+                    pairs.append((params, ids))
+        except StoreError as exc:
+            raise StoreError(f"release ledger: {exc}") from None
+        return ReleaseHistory.of(pairs)
+
+    @staticmethod
+    def _mechanism_of(entry: dict[str, Any], known: dict[str, Params]) -> Params | None:
+        """The mechanism an entry released with: its ``mechanism`` field, else its ``params_sha256``
+        among the ``known`` parameter files; None when unknown."""
+        if entry.get("mechanism") is not None:
+            return ParameterVersion.from_json(entry["mechanism"], source=f"ledger entry {entry['id']}").params
+        sha = entry.get("params_sha256")
+        return known.get(sha) if isinstance(sha, str) else None
+
+    def _store_versions(self) -> dict[str, Params]:
+        """sha256 -> parameters of every readable version of the store (for entries without ``mechanism``)."""
+        out: dict[str, Params] = {}
+        for name in self.store.list_versions():
+            try:
+                resolved = self.store.resolve(name)
+                out[resolved.sha256] = ParameterVersion.from_bytes(resolved.payload, resolved.uri).params
+            except (StoreError, ValueError):
+                continue
+        return out
+
+    def _refusal(self, rows: RowSet, before: int, releases: int, coarse: RowSet | None, coarse_before: int,
+                 lossy: bool) -> str:
+        """Why a release is refused: its conversions released before, exactly and (a lossy re-export) by
+        their coarse identity."""
+        said = []
+        if before:
+            said.append(f"{before:,} of the {len(rows):,} conversions of this input were already released ({releases} "
+                        f"earlier release(s) in the ledger {self.store.uri})")
+        if lossy and coarse is not None:
+            said.append(f"{coarse_before:,} of the {len(coarse):,} conversions of this input match conversions "
+                        f"released before by impression id and time to the second (modulo 15 minutes), more than the "
+                        f"{LOSSY_OVERLAP_SHARE:.0%} that different conversions of the same impressions share by chance: "
+                        f"a re-export of released conversions at a coarser time precision or in another time zone")
+        return ("; ".join(said) + "; releasing them again lets averages strip the noise. Pass --allow-rerelease to do "
+                "it anyway (it is recorded)")
+
+    def rollback_entry(self, entry_id: str) -> bool:
+        """Take release ``entry_id`` out again if it is recorded (its commit published nothing); True if it
+        is not in the ledger now. A failure is logged (the run's own error is what the user must see):
+        until it is taken out the ledger over-counts one release (the safe direction)."""
+        try:
+            self.store.remove_release(entry_id)
+        except StoreError as exc:
             logging.getLogger(__name__).error(
                 "release ledger: the commit failed and release %s could not be taken out of %s (%s): the ledger "
-                "over-counts one release (the safe direction)", recorded.entry["id"], self.store.uri, exc)
+                "over-counts one release (the safe direction)", entry_id, self.store.uri, exc)
+            return False
+        return True
+
+
+def check_lookback(period: Sequence[RowSetPart], lookback: Sequence[RowSetPart]) -> None:
+    """Refuse a --lookback that holds the period's own conversions (the same rows in another file, or
+    re-exported in another time zone or at a coarser time precision): Alg. 1 would spend their budget
+    twice, once as lookback and once as released. By the ledger's identities: any exact match
+    refuses; coarse matches (``araopt.io.rowset.coarse_row_ids``) refuse above ``LOSSY_OVERLAP_SHARE``
+    of the period's conversions (below it they are different conversions of the same impressions
+    that share a second modulo 15 minutes by chance)."""
+    rows, earlier = RowSet.merge(period), RowSet.merge(lookback)
+    exact = int(np.count_nonzero(rows.contained_in(earlier.ids)))
+    if exact:
+        raise LedgerRefusal(f"--lookback holds {exact:,} of the {len(rows):,} conversions of --input (the same "
+                            f"impression id and conversion time): the lookback is the days before the input, and "
+                            f"counting these as both would spend their budget twice. Remove the input's own rows from "
+                            f"--lookback")
+    coarse, coarse_earlier = (RowSet.merge(p.coarse_part() for p in parts) for parts in (period, lookback))
+    shared = int(np.count_nonzero(coarse.contained_in(coarse_earlier.ids)))
+    if shared > LOSSY_OVERLAP_SHARE * max(len(coarse), 1):
+        raise LedgerRefusal(f"--lookback holds {shared:,} of the {len(coarse):,} conversions of --input by impression "
+                            f"id and time to the second (modulo 15 minutes), more than the {LOSSY_OVERLAP_SHARE:.0%} that "
+                            f"different conversions of the same impressions share by chance: it looks like the input's "
+                            f"own conversions exported again (another time zone or time precision), whose budget would be "
+                            f"spent twice. Remove them from --lookback")

@@ -18,14 +18,15 @@ the domain -> CombineGlobally (integer) -> noise once per domain key -> reconstr
 from __future__ import annotations
 
 import argparse
-import hashlib
+import datetime as dt
 import io
 import json
-import re
+import os
 import sys
 import time
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any
 
 import apache_beam as beam
@@ -34,29 +35,34 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.constants import MAX_SLICES
-from araopt.errors import PrivacyRefusal, check_epsilon
+from araopt.errors import InvalidInput, InvalidParameters, check_epsilon, one_line
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import type_family
 from araopt.io.progress import Progress
-from araopt.io.rowset import RowSet, RowSetPart
-from araopt.mechanism.keys import DATA, KeyDomain, check_domain_families, domain_from_rows
-from araopt.mechanism.params import Params
+from araopt.io.rowset import COARSE_MARGIN_US, RowSet, RowSetPart
+from araopt.io.store import StoreError
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.lifetime import ReleaseHistory
+from araopt.mechanism.params import Encoding, Params
+from araopt.mechanism.release import release_domain
 from araopt.publication import Publication, publish
 from araopt.version import ParameterVersion
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
-from transforms.io import InputFiles, check_input
+from transforms.io import InputFiles, check_input, footer_summary, match_files
 from transforms.release import WriteRelease
 from transforms.rowset import WriteRowIds
-from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate, period_rows
+from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate, lookback_rows, period_rows
 
 from . import options
-from .ledger import Ledger, ledger_root
-from .options import UserError
+from .inputs import LoadedParams, load_params, read_domain
+from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
+from .partitions import files_in_days, partition_day, partition_days, partition_root, rows_outside_days
 from .run_folder import ROW_IDS, RunFolder
 from .runner import (
     check_workers_can_write,
     dry_run_sentence,
     is_local_runner,
+    is_remote,
     make_runner,
     pipeline_options,
     run_pipeline,
@@ -72,36 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     return options.build_parser("measure")
 
 
-@dataclass(frozen=True)
-class LoadedParams:
-    version: ParameterVersion
-    source: dict
-    store: str | None = None
-
-
-def load_params(ref: str, version: str = "latest") -> LoadedParams:
-    """A parameter file (.json, local or gs://), or a store URI (``STORE`` -> latest, or
-    ``STORE/versions/<v>`` or ``STORE/versions/<v>/params.json``) resolved to a checksum-verified
-    version (a store's parameters are always read as the store's: its ledger records the release)."""
-    from araopt.io.store import LATEST, StoreError
-    from araopt.io.stores import open_store, parse_params_ref, resolve_params_ref
-
-    if ref.endswith(".json") and parse_params_ref(ref)[1] == LATEST:
-        try:
-            with FileSystems.open(ref) as fh:
-                raw = fh.read()
-        except Exception as exc:  # noqa: BLE001 - any IO failure is a user-facing error here
-            raise UserError(f"cannot read parameter file {ref}: {exc}") from None
-        return LoadedParams(ParameterVersion.from_bytes(raw, source=ref),
-                            {"path": ref, "sha256": hashlib.sha256(raw).hexdigest()})
-    try:
-        resolved = open_store(ref).resolve(version) if version != "latest" else resolve_params_ref(ref)
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
-    loaded = ParameterVersion.from_bytes(resolved.payload, source=resolved.uri)
-    return LoadedParams(loaded, {"path": resolved.uri, **resolved.summary()}, store=resolved.store)
-
-
 def apply_epsilon(loaded: LoadedParams, epsilon: float | None, override: bool) -> tuple[ParameterVersion, dict]:
     """The release's epsilon: the parameter file's, unless --epsilon differs and --override-epsilon says so."""
     version = loaded.version
@@ -112,86 +88,32 @@ def apply_epsilon(loaded: LoadedParams, epsilon: float | None, override: bool) -
     if eps == params.epsilon:
         return version, {}
     if not override:
-        raise UserError(f"--epsilon {eps:g} differs from the parameter file's epsilon {params.epsilon:g} "
-                        f"({loaded.source.get('path')}); pass --override-epsilon to release at {eps:g} (it is recorded)")
+        raise InvalidParameters(f"--epsilon {eps:g} differs from the parameter file's epsilon {params.epsilon:g} "
+                                f"({loaded.source.get('path')}); pass --override-epsilon to release at {eps:g} (it is "
+                                f"recorded)")
     return version.with_epsilon(eps), {"epsilon_overridden": {"from": params.epsilon, "to": eps}}
 
 
 def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
     """--domain: a key map JSON (with its layout checksum) or a .csv / .json list of slice values."""
-    domain = read_domain(path, params.slice_columns, params.query_columns, inputs, params.encoding == "baseline",
+    domain = read_domain(path, params.slice_columns, params.query_columns, inputs, params.encoding == Encoding.BASELINE,
                          params.conversion_slice_columns)
     params.check_domain(domain, source=f"domain {path}")
     return domain
 
 
-def read_domain(path: str, slice_columns: Sequence[str], query_columns: Sequence[str], inputs: InputFiles | None,
-                baseline: bool = False, conversion_slice_columns: Sequence[str] = ()) -> KeyDomain:
-    """A declared domain file: a key map JSON or a .csv / .json list of slice values, whose slice values
-    have the types of the input's columns (without ``inputs``: a list's values are strings)."""
-    try:
-        with FileSystems.open(path) as fh:
-            raw = fh.read()
-    except Exception as exc:  # noqa: BLE001
-        raise UserError(f"cannot read domain file {path}: {exc}") from None
-    families = {} if inputs is None else {c: type_family(inputs.schema.field(c).type) for c in slice_columns}
-    if path.endswith(".csv"):
-        try:
-            rows = pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False, na_values=[""])
-        except Exception as exc:  # noqa: BLE001 - a parser error is bad input
-            raise UserError(f"domain file {path} is not a readable CSV: {str(exc).splitlines()[0]}") from None
-        return domain_from_rows(rows, slice_columns, query_columns, baseline, conversion_slice_columns, families,
-                                source=path)
-    try:
-        data = jsonio.loads(raw, f"domain file {path}")
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if isinstance(data, list):
-        rows = pd.DataFrame(data)
-        if inputs is None:  # no input to type the values by: a JSON list types them itself
-            families = {c: _json_family(rows[c].tolist()) for c in slice_columns if c in rows.columns}
-        return domain_from_rows(rows, slice_columns, query_columns, baseline, conversion_slice_columns, families,
-                                source=path)
-    domain = KeyDomain.from_json(data, source=path)
-    check_domain_families(domain, families, source=path)
-    return domain
-
-
-def _json_family(values: list[Any]) -> str:
-    if values and all(isinstance(v, bool) for v in values):
-        return "boolean"
-    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        return "integer"
-    return "string"
-
-
 def resolve_domain(args: argparse.Namespace, version: ParameterVersion, inputs: InputFiles
                    ) -> tuple[KeyDomain | None, str]:
-    """(declared domain or None for the simulation-only data-derived one, where it came from)."""
+    """(declared domain or None for the simulation-only data-derived one, where it came from): the
+    release step's ``release_domain`` over --domain and the parameter version's domain."""
     params = version.params
-    if args.domain is not None:
-        domain, origin = load_domain(args.domain, params, inputs), f"--domain {args.domain}"
-    elif version.domain is not None:
-        domain, origin = version.domain, "the parameter version"
-        check_domain_families(domain, {c: type_family(inputs.schema.field(c).type) for c in params.slice_columns},
-                              source="the parameters' domain")
-    elif args.simulation_seed is not None:
+    given = None if args.domain is None else load_domain(args.domain, params, inputs)
+    families = {c: type_family(inputs.schema.field(c).type) for c in params.slice_columns}
+    domain, origin = release_domain(given, f"--domain {args.domain}", version.domain, families, args.simulation_seed,
+                                    args.max_slices, "--max-slices")
+    if domain is None:
         print("WARNING: SIMULATION: the key domain is derived from the data being measured (allowed only in "
               "simulation mode; a real release needs --domain)", file=sys.stderr)
-        return None, "derived from the data (simulation only)"
-    else:
-        raise PrivacyRefusal("a release needs a declared key domain: pass --domain (a key map, or a .csv/.json file "
-                             "listing slice values), or parameters that carry one (araopt nightly and optimize publish "
-                             "the history's domain); deriving it from the data being released is allowed only with "
-                             "--simulation-seed")
-    if domain.origin == DATA and args.simulation_seed is None:
-        raise PrivacyRefusal(f"the domain from {origin} was derived from a conversion log (key map origin 'data', e.g. "
-                             f"written by export-ara --conversions): a release over the slices of the data it releases "
-                             f"reveals which slices occur; declare the domain (a .csv/.json list of slices, or the "
-                             f"parameter version's history domain), or pass --simulation-seed")
-    max_slices = args.max_slices
-    if domain.num_slices > max_slices:
-        raise UserError(f"the domain from {origin} has {domain.num_slices:,} slices, more than --max-slices {max_slices:,}")
     return domain, origin
 
 
@@ -199,11 +121,16 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramet
                    domain: KeyDomain | None = None, simulation_seed: int | None = None, debug_run: bool = False,
                    num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
                    max_slices: int = MAX_SLICES, row_ids: str | None = None, lookback: InputFiles | None = None,
-                   one_dead_letter_file: bool = True):
+                   one_dead_letter_file: bool = True, history: ReleaseHistory | None = None,
+                   days: tuple[str, ...] | None | EllipsisType = ...):
     """Wire the measurement transforms into ``folder``'s staging location; returns the release PCollection.
-    ``row_ids``: the folder where the released rows' ids go (``transforms.rowset``), for the ledger;
+    ``row_ids``: the folder where the released rows' ids go (``transforms.rowset``), for the ledger (and
+    the lookback's, in ``row_ids + LOOKBACK_SUFFIX``, to refuse a lookback holding the period's own rows);
     ``lookback``: earlier conversions that consume each impression's budget (Alg. 1) but are not released
-    (nor recorded in the ledger); ``one_dead_letter_file``: False on remote workers (a sharded dead letter)."""
+    (nor recorded in the ledger), each costed with the configuration of the release that used it
+    (``history``, from the ledger; None: today's); ``one_dead_letter_file``: False on remote workers
+    (a sharded dead letter); ``days``: the days the release covers (the calendar's), by default
+    ``release_days(inputs)``."""
     params = version.params
     passthrough = tuple(c for c in inputs.optional_columns if lookback is None or c in lookback.optional_columns)
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
@@ -217,33 +144,54 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramet
     coverage_start = None if first is None else first - first % 86_400_000_000
     released = grouped | "ShardTables" >> beam.Values()
     if lookback is not None:
-        released = released | "PeriodRows" >> beam.Map(period_rows).with_output_types(pa.Table)
+        tables = released
+        released = tables | "PeriodRows" >> beam.Map(period_rows).with_output_types(pa.Table)
+        if row_ids is not None:  # to check that the lookback does not hold the period's own conversions
+            # the period's own conversions re-exported lie within 26 hours of it (time zones); earlier
+            # lookback rows only add chance coarse matches (different conversions of the same impressions)
+            since = _micros(inputs.first_time)
+            since = None if since is None else since - COARSE_MARGIN_US
+            earlier = tables | "LookbackRows" >> beam.Map(lookback_rows, since).with_output_types(pa.Table)
+            _ = earlier | "LookbackRowIds" >> WriteRowIds(row_ids.rstrip("/") + LOOKBACK_SUFFIX)
     if row_ids is not None:
         _ = released | "ReleasedRowIds" >> WriteRowIds(row_ids)
     if domain is not None:
         domain_pc = pipeline | "DeclaredDomain" >> beam.Create([domain])
     else:
         domain_pc = released | "DomainFromData" >> DomainFromData(params, max_slices)
-    merged = grouped | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed, coverage_start)
+    merged = grouped | "EncodeBoundAndSum" >> EncodeBoundAndSum(params, domain_pc, simulation_seed, coverage_start,
+                                                                history)
     release = merged | "NoisyRelease" >> NoisyRelease(params, counts, domain_pc, simulation_seed, max_rejected_fraction,
                                                       read.get(LOOKBACK_COUNTS))
-    published = release | "Publish" >> beam.Map(publish, version, partition_days(inputs.paths)).with_output_types(
-        Publication)
+    if days is ...:
+        days = release_days(inputs)[0]
+    published = release | "Publish" >> beam.Map(publish, version, days).with_output_types(Publication)
     published | "WriteRelease" >> WriteRelease(folder.staging, version.checksum(), debug_run, simulation_seed is not None)
     return release
 
 
-_PARTITION_DAY = re.compile(r"(?:^|/)date=(\d{4}-\d{2}-\d{2})(?:/|$)")
+LOOKBACK_SUFFIX = "_lookback"
+"""The lookback rows' ids go beside the released rows' (``ROW_IDS + LOOKBACK_SUFFIX``)."""
 
 
-def partition_days(paths: Sequence[str]) -> tuple[str, ...] | None:
-    """The days a release covers, from its input's ``date=YYYY-MM-DD/`` partition folders: how the
-    operator cut the input, not what the rows say (the calibration's day-of-week effects then apply).
-    None unless every input file lies in such a partition."""
-    days = [_PARTITION_DAY.search(p.replace("\\", "/")) for p in paths]
-    if not days or any(d is None for d in days):
-        return None
-    return tuple(sorted({d.group(1) for d in days if d is not None}))
+def release_days(inputs: InputFiles) -> tuple[tuple[str, ...] | None, str | None]:
+    """The days a release covers, from its input's ``date=YYYY-MM-DD/`` partition folders (how the
+    operator cut the input, not what the rows say: the calibration's day-of-week effects then apply),
+    and why they are not used (None: used, or there are none): a folder whose rows' conversion times
+    (the Parquet footers) fall on other UTC days names the wrong days (e.g. impression-date partitions).
+    A malformed partition date is refused (one line)."""
+    days = partition_days(inputs.paths)
+    if days is None:
+        return None, None
+    by_day: dict[str, list[str]] = {}
+    for path in inputs.paths:
+        by_day.setdefault(str(partition_day(path)), []).append(path)
+    for day, paths in sorted(by_day.items()):
+        _, first, last = footer_summary(paths)
+        why = rows_outside_days(_micros(first), _micros(last), [day])
+        if why is not None:
+            return None, f"the partition folder date={day} does not hold that day's conversions: {why}"
+    return days, None
 
 
 def _micros(iso: str | None) -> int | None:
@@ -255,23 +203,66 @@ def _micros(iso: str | None) -> int | None:
     return int(stamp.value // 1000)
 
 
-def load_lookback(pattern: str | None, params: Params, inputs: InputFiles) -> InputFiles | None:
-    """--lookback: checked like the input (same columns and id / slice types), and disjoint from it
-    (a file in both would consume budget twice)."""
-    if pattern is None:
+def lookback_partitions(inputs: InputFiles, days: int) -> tuple[list[str], str]:
+    """--lookback-days N: the files of the N ``date=`` partitions before the input's first day, found
+    beside the input's own partitions (the folder holding them: ``logs`` for ``--input
+    logs/date=2026-11-25/``), as ``nightly --lookback-days`` selects its lookback; with a sentence
+    saying what was looked for."""
+    if days < 0:
+        raise InvalidParameters(f"--lookback-days must be >= 0, got {days}")
+    dates = [partition_day(p) for p in inputs.paths]
+    roots = {partition_root(p) for p in inputs.paths}
+    if any(d is None for d in dates) or len(roots) != 1:
+        raise InvalidInput("--lookback-days needs an input in date=YYYY-MM-DD/ partition folders under one folder "
+                           f"(e.g. --input logs/date=2026-11-25/); got {inputs.paths[0]!r}"
+                        + (f" and {len(roots)} partition folders' parents" if len(roots) > 1 else "")
+                        + "; name the earlier files with --lookback instead")
+    first = dt.date.fromisoformat(min(d for d in dates if d is not None))
+    start, end = first - dt.timedelta(days=days), first - dt.timedelta(days=1)
+    (root,) = roots
+    assert root is not None
+    files = files_in_days(match_files(root), start, end) if days else []
+    return files, f"--lookback-days {days}: {start}..{end} under {root}"
+
+
+def load_lookback(pattern: str | None, params: Params, inputs: InputFiles, days: int | None = None
+                  ) -> InputFiles | None:
+    """--lookback (a path or glob) or --lookback-days (the partitions before the input's days): checked
+    like the input (same columns and id / slice types), and disjoint from it (a file in both would
+    consume budget twice). None without either, or when the days hold no partition (said on stderr)."""
+    if pattern is not None and days is not None:
+        raise InvalidParameters("pass --lookback or --lookback-days, not both")
+    if days is not None:
+        paths, what = lookback_partitions(inputs, days)
+        if not paths:
+            print(f"araopt measure: {what}: no partitions found, so no lookback", file=sys.stderr)
+            return None
+        lookback = check_input(paths, params.slice_columns, params.query_columns)
+    elif pattern is None:
         return None
-    lookback = check_input(pattern, params.slice_columns, params.query_columns)
+    else:
+        lookback = check_input(pattern, params.slice_columns, params.query_columns)
     shared = sorted(set(lookback.paths) & set(inputs.paths))
     if shared:
-        raise UserError(f"--lookback and --input share {len(shared)} file(s) (e.g. {shared[0]}): the lookback holds "
-                        f"earlier conversions only")
+        raise InvalidInput(f"--lookback and --input share {len(shared)} file(s) (e.g. {shared[0]}): the lookback holds "
+                           f"earlier conversions only")
     families = {c: type_family(inputs.schema.field(c).type) for c in ("impression_id", *params.slice_columns)}
     other = {c: type_family(lookback.schema.field(c).type) for c in families}
     differ = [c for c in families if families[c] != other[c]]
     if differ:
-        raise UserError(f"--lookback types differ from --input for {differ} ({[other[c] for c in differ]} vs "
-                        f"{[families[c] for c in differ]}): ids would not match")
+        raise InvalidInput(f"--lookback types differ from --input for {differ} ({[other[c] for c in differ]} vs "
+                           f"{[families[c] for c in differ]}): ids would not match")
     return lookback
+
+
+def lookback_history(args: argparse.Namespace, loaded: LoadedParams, version: ParameterVersion,
+                     lookback: InputFiles | None) -> ReleaseHistory | None:
+    """The earlier releases recorded in the ledger (each with its mechanism) that cost the lookback's
+    conversions; None without a lookback or in simulation (nothing recorded: today's parameters)."""
+    if lookback is None or args.simulation_seed is not None:
+        return None
+    ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
+    return ledger.release_history(_micros(lookback.first_time), _micros(lookback.last_time), version)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -287,52 +278,65 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     version, epsilon_note = apply_epsilon(loaded, args.epsilon, args.override_epsilon)
     params = version.params
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
-        raise UserError(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
+        raise InvalidParameters(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
     if args.num_shards is not None and args.num_shards < 1:
-        raise UserError(f"--num-shards must be >= 1, got {args.num_shards}")
+        raise InvalidParameters(f"--num-shards must be >= 1, got {args.num_shards}")
     opts = pipeline_options(beam_args)
     check_workers_can_write(opts, args.output, "--output")
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
     inputs = check_input(args.input, params.slice_columns, params.query_columns)
-    lookback = load_lookback(args.lookback, params, inputs)
+    lookback = load_lookback(args.lookback, params, inputs, args.lookback_days)
+    days, days_note = release_days(inputs)  # a malformed partition date is refused here, before any work
+    if lookback is not None:
+        partition_days(lookback.paths)
+    if days_note is not None:
+        print(f"araopt measure: {days_note}: the release's days are not used (no day-of-week calendar)",
+              file=sys.stderr)
     domain, domain_origin = resolve_domain(args, version, inputs)
+    history = lookback_history(args, loaded, version, lookback)
     folder = RunFolder.prepare(args.output, args.overwrite)  # the output first, locked for the whole run
     try:  # from here on every failure removes the staging folder (RunFolder.fail / abandon)
         summary = _measure(args, opts, pipeline, loaded, version, epsilon_note, inputs, domain, domain_origin, folder,
-                           started, simulation, lookback)
-    except UserError:  # a refusal (ledger, output): nothing to debug, nothing kept
+                           started, simulation, lookback, history, days, days_note)
+    except (StoreError, LedgerRefusal):  # a refusal of the ledger: nothing to debug, nothing kept
         folder.abandon()
         raise
     except Exception as exc:
         kept = folder.fail()
         if kept is None:
             raise
-        raise UserError(f"{options.one_line(exc)} (nothing was released; the operator-private files of the failed "
-                        f"run are in {kept})") from exc
+        raise InvalidInput(f"{one_line(exc)} (nothing was released; the operator-private files of the failed "
+                           f"run are in {kept})") from exc
     except BaseException:
         folder.abandon()
         raise
     if summary is not None:
         print_summary(summary, folder.target, simulation)
+        if summary.get("report_page", True):
+            print(f"  report (operator-private): {folder.target}/{outputs.private_file(outputs.REPORT_HTML)}")
     return 0
 
 
 def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loaded: LoadedParams,
              version: ParameterVersion,
              epsilon_note: dict, inputs: InputFiles, domain: KeyDomain | None, domain_origin: str, folder: RunFolder,
-             started: float, simulation: bool, lookback: InputFiles | None = None) -> dict | None:
+             started: float, simulation: bool, lookback: InputFiles | None = None,
+             history: ReleaseHistory | None = None, days: tuple[str, ...] | None = None,
+             days_note: str | None = None) -> dict | None:
     """Run the job into ``folder``'s staging folder and commit it (recording the release in the ledger);
     None after a dry run (translated, nothing else done)."""
     params = version.params
     ledger = None
+    others: list[Ledger] = []
     if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
         ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
+        others = other_ledgers(getattr(args, "check_ledgers", None), ledger.store.uri)
     num_shards = args.num_shards or auto_shards(inputs)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
         build_pipeline(pipeline, inputs, version, folder, domain, args.simulation_seed,
                        args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices,
-                       row_ids=None if ledger is None else folder.path(ROW_IDS), lookback=lookback,
-                       one_dead_letter_file=is_local_runner(opts))
+                       row_ids=None if ledger is None and lookback is None else folder.path(ROW_IDS),
+                       lookback=lookback, one_dead_letter_file=is_local_runner(opts), history=history, days=days)
         Progress("araopt measure", enabled=not args.no_progress)(
             f"the Beam job: validate, group by impression, encode, cap (Alg. 1), sum, noise once per key "
             f"({len(inputs.paths)} file(s), {inputs.rows:,} rows"
@@ -345,33 +349,72 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
     summary = run_summary(folder, args, loaded, params, inputs, opts, time.time() - started, simulation)
     summary.update(epsilon_note, domain=domain_origin, num_shards=num_shards,
                    shuffle="files" if shuffle_dir else "memory", lookback_files=len(lookback.paths) if lookback else 0,
-                   impression_times_known=bool(set(inputs.optional_columns) & {"impression_time"}))
+                   lookback_costed_with=None if history is None else history.summary(),
+                   impression_times_known=bool(set(inputs.optional_columns) & {"impression_time"}),
+                   partition_days=None if days is None else list(days), partition_days_not_used=days_note)
     folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
     private = {"params_sha256": version.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
                "input": input_facts(inputs)}
 
-    rows = None if ledger is None else RowSet.merge(RowSetPart.from_arrow_bytes(b) for b in folder.read_all(ROW_IDS))
+    parts = [] if ledger is None and lookback is None else [RowSetPart.from_arrow_bytes(b)
+                                                            for b in folder.read_all(ROW_IDS)]
+    if lookback is not None:  # before anything is recorded: refuse a lookback holding the period's own conversions
+        check_lookback(parts, [RowSetPart.from_arrow_bytes(b) for b in folder.read_all(ROW_IDS + LOOKBACK_SUFFIX)])
+    rows = None if ledger is None else RowSet.merge(parts)
+    coarse = None if ledger is None else RowSet.merge(p.coarse_part() for p in parts)
+    if rows is not None and others:
+        warn_other_ledgers(others, rows, summary)
 
     def record_release():
         """At commit (exclusive): check the released rows against the ledger and record them."""
         undo = None
         if ledger is not None and rows is not None:
-            entry = {"output": folder.target, "params_sha256": version.checksum(), "epsilon": params.epsilon,
-                     **epsilon_note}
-            recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry)
+            entry = {"output": folder.target, "staging": folder.staging, "params_sha256": version.checksum(),
+                     "epsilon": params.epsilon, "mechanism": ParameterVersion(params).to_json(), **epsilon_note,
+                     RELEASE_FILES: folder.release_digests()}
+            entry_id = uuid.uuid4().hex
+            folder.mark_pending(ledger.store.uri, entry_id)  # a kill from here on is settled by the next run
+            try:
+                recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry, entry_id=entry_id,
+                                                   coarse=coarse)
+            except BaseException:
+                if ledger.rollback_entry(entry_id):  # refused (or failed): nothing recorded
+                    folder.clear_pending()
+                raise
             summary.update(release_number_of_this_input=recorded.release_number,
                            conversions_released_before=recorded.rows_released_before,
                            ledger=ledger.store.uri, ledger_entry=recorded.entry["id"])
             private["ledger"] = {"uri": ledger.store.uri, "entry": recorded.entry}
 
             def undo():
-                ledger.rollback(recorded)
+                if ledger.rollback_entry(entry_id):
+                    folder.clear_pending()
         folder.write(outputs.private_file(outputs.RUN_SUMMARY), jsonio.dumps(summary, indent=1).encode())
         return undo
 
+    try:  # the page is for reading the release, not part of it: a failure to draw it never stops a release
+        write_report(folder, summary, loaded, version, inputs, simulation, args.debug_run)
+        summary["report_page"] = True
+    except Exception as exc:  # noqa: BLE001 - said on stderr, and the console names no page
+        print(f"araopt measure: WARNING: the report page was not written: {options.one_line(exc)}", file=sys.stderr)
+        summary["report_page"] = False
     folder.commit(simulation, {"params_sha256": version.checksum(), "epsilon": params.epsilon}, private,
                   before_move=record_release)
     return summary
+
+
+def warn_other_ledgers(others: Sequence[Ledger], rows: RowSet, summary: dict) -> None:
+    """One stderr warning per other ledger that records some of ``rows`` as released (another store
+    released them: averaging the two releases strips noise); the counts go into the run summary."""
+    found = {}
+    for other in others:
+        before, releases = other.released_before(rows)
+        found[other.store.uri] = before
+        if before:
+            print(f"araopt measure: warning: {before:,} of the {len(rows):,} conversions of this input were already "
+                  f"released from another store ({releases} release(s) in the ledger {other.store.uri}); releasing "
+                  f"them again lets averages strip the noise", file=sys.stderr)
+    summary["conversions_in_other_ledgers"] = found
 
 
 def input_facts(inputs: InputFiles) -> dict:
@@ -421,48 +464,110 @@ def _read_accounting(folder: RunFolder) -> dict:
 
 
 def print_summary(summary: dict, output: str, simulation: bool) -> None:
+    for line in summary_lines(summary, output, simulation):
+        print(line)
+
+
+def summary_lines(summary: dict, output: str, simulation: bool) -> list[str]:
+    """What the console says after a run (also shown, with its WARNING and NOTE lines as warnings, on the
+    run's report page): the release, the operator-private accounting, and what the estimates estimate."""
     rel = outputs.release_dir(simulation)
     mark = "SIMULATION (not private) " if simulation else ""
-    print(f"araopt measure: {mark}release of {summary['keys']:,} keys at epsilon={summary['epsilon']:g} "
-          f"written to {output}/{rel}/ in {summary['wall_time_s']:.1f} s (domain: {summary['domain']})")
+    lines = [f"araopt measure: {mark}release of {summary['keys']:,} keys at epsilon={summary['epsilon']:g} "
+             f"written to {output}/{rel}/ in {summary['wall_time_s']:.1f} s (domain: {summary['domain']})"]
     by_reason = ", ".join(f"{k} {v:,}" for k, v in summary["rows_rejected_by_reason"].items()) or "none"
-    print(f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = "
-          f"{summary['conversions_kept']:,} kept + {summary['conversions_dropped_by_cap']:,} dropped by the cap + "
-          f"{summary['conversions_kept_outside_domain']:,} outside the domain + {summary['rows_rejected']:,} rejected "
-          f"({by_reason}); details in {output}/{outputs.PRIVATE_DIR}/")
-    print_lookback_note(summary)
+    lines.append(f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = "
+                 f"{summary['conversions_kept']:,} kept + {summary['conversions_dropped_by_cap']:,} dropped by the cap + "
+                 f"{summary['conversions_kept_outside_domain']:,} outside the domain + {summary['rows_rejected']:,} "
+                 f"rejected ({by_reason}); details in {output}/{outputs.PRIVATE_DIR}/")
+    if summary["conversions_kept_outside_domain"]:
+        lines.append(f"  NOTE: conversions of slices outside the declared domain ({summary['domain']}) are counted, "
+                     f"not released; to release a new campaign, list every slice to release in a file of your own "
+                     f"and pass --domain slices.csv (docs/privacy.md, 'A new campaign')")
+    lines += lookback_note_lines(summary)
     calibration = summary.get("calibration")
     if not calibration:
-        print("  estimates are of the capped-and-clipped sums (Alg. 4): the parameters carry no calibration, so "
-              "bias_corrected is false (araopt optimize / nightly fit one on the history)")
+        lines.append("  estimates are of the capped-and-clipped sums (Alg. 4): the parameters carry no calibration, so "
+                     "bias_corrected is false (araopt optimize / nightly fit one on the history)")
     else:
         point = "capped / retention ratio" if calibration["correction"] == "ratio" else "the capped sum"
         unseen = calibration["fallback_slices"]
-        print(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the calibration's "
-              f"uncertainty for a period of {calibration['period_blocks']} history block(s))"
-              + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)" if unseen else ""))
+        lines.append(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the "
+                     f"calibration's uncertainty for a period of {calibration['period_blocks']} history block(s))"
+                     + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)"
+                        if unseen else ""))
         if calibration.get("calendar_note"):
-            print(f"  NOTE: {calibration['calendar_note']}")
+            lines.append(f"  NOTE: {calibration['calendar_note']}")
+    return lines
 
 
 def print_lookback_note(summary: dict) -> None:
+    for line in lookback_note_lines(summary):
+        print(line)
+
+
+def lookback_note_lines(summary: dict) -> list[str]:
     """Once per run: whether Alg. 1 saw each impression's earlier conversions (the browser's cap is per
     source lifetime), and how many of the measured conversions may be over-counted."""
     before = summary.get("conversions_of_impressions_older_than_the_lookback", 0)
     if summary.get("lookback_files"):
         tail = (f"; {before:,} measured conversion(s) belong to impressions shown before the lookback's first day and "
                 f"may be over-counted (lengthen --lookback)" if before else "")
-        print(f"  lifetime cap: {summary['lookback_rows_used']:,} earlier conversion(s) from --lookback consumed "
-              f"budget (not released){tail}")
-    elif summary.get("impression_times_known"):
+        return [f"  lifetime cap: {summary['lookback_rows_used']:,} earlier conversion(s) from the lookback consumed "
+                f"budget (not released){tail}"]
+    if summary.get("impression_times_known"):
         if before:
-            print(f"  WARNING: no --lookback: {before:,} measured conversion(s) belong to impressions shown before the "
-                  f"input's first day; their earlier conversions did not consume budget, so the release may "
-                  f"keep more of them than the browser does (pass the days before as --lookback)")
-    else:
-        print("  WARNING: no --lookback and no impression_time: conversions of impressions that converted before "
-              "this input are capped as if these were their first, so the release may keep more than the browser "
-              "does (pass the days before as --lookback)")
+            return [f"  WARNING: no --lookback: {before:,} measured conversion(s) belong to impressions shown before "
+                    f"the input's first day; their earlier conversions did not consume budget, so the release may "
+                    f"keep more of them than the browser does (pass the days before as --lookback)"]
+        return []
+    return ["  WARNING: no --lookback and no impression_time: conversions of impressions that converted before "
+            "this input are capped as if these were their first, so the release may keep more than the browser "
+            "does (pass the days before as --lookback)"]
+
+
+def write_report(folder: RunFolder, summary: dict, loaded: LoadedParams, version: ParameterVersion,
+                 inputs: InputFiles, simulation: bool, debug_run: bool) -> None:
+    """The run's report page and figures (``araopt.evaluation.report_html``) into ``private/``: they show
+    the exact accounting beside the released numbers, so they are operator-private."""
+    from araopt.evaluation.report_html import DebugReport, release_report_files
+    from araopt.publication import ESTIMATE_COLUMNS
+
+    estimates = pd.read_parquet(io.BytesIO(folder.read(outputs.release_file(outputs.ESTIMATES_PARQUET, simulation))))
+    slice_columns = [c for c in estimates.columns if c != "query" and c not in ESTIMATE_COLUMNS]
+    debug = None
+    debug_path = folder.path(outputs.private_file(outputs.DEBUG_REPORT))
+    if debug_run and not is_remote(debug_path):
+        from araopt.io import avro
+
+        key_map = json.loads(folder.read(outputs.release_file(outputs.KEY_MAP_JSON, simulation)))
+        _, unnoised, noise, _ = avro.read_debug_report(debug_path)
+        debug = DebugReport(unnoised, noise, (*key_map["queries"], key_map["bottom_name"]),
+                            version.params.contribution_budget)
+    history = []
+    if loaded.store is not None:
+        from araopt.io.stores import open_store
+        from araopt.nightly import version_table
+
+        history = version_table(open_store(loaded.store))
+    up = "../"
+    links = [(f"{name} (released)", up + outputs.release_file(name, simulation))
+             for name in (outputs.ESTIMATES_CSV, outputs.SUMMARY_REPORT, outputs.KEY_MAP_JSON, outputs.RELEASE_JSON,
+                          outputs.MANIFEST)]
+    links += [("run_summary.json (operator-private)", outputs.RUN_SUMMARY),
+              ("run_manifest.json (operator-private)", outputs.RUN_MANIFEST),
+              ("dead letter (operator-private)", outputs.DEAD_LETTER)]
+    version_name = summary.get("parameters", {}).get("version")
+    if loaded.store is not None and version_name and not is_remote(loaded.store):  # the night that chose them
+        night = os.path.join(loaded.store, "reports", str(version_name), outputs.REPORT_HTML)
+        if os.path.exists(night):
+            links.append((f"the nightly report of {version_name}",
+                          os.path.relpath(night, os.path.join(folder.target, outputs.PRIVATE_DIR))))
+    console = summary_lines(summary, folder.target, simulation)
+    files = release_report_files(estimates, slice_columns, console, summary, version, version_name,
+                                 partition_days(inputs.paths), history, debug, links)
+    for name, data in files.items():
+        folder.write(outputs.private_file(name), data)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.errors import InvalidInput, check_epsilon
+from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.io import jsonio
 from araopt.io.conversions import ValidationCounts
 from araopt.io.progress import Progress
@@ -37,24 +36,26 @@ from araopt.nightly import (
     nightly_decision,
     nightly_report,
     nightly_report_png,
-    same_release,
+    private_decision,
+    private_report,
+    publish_version,
     version_history,
+    version_report_png,
+    version_table,
     with_calibration,
 )
 from araopt.optimize import statistics as stats
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.version import ParameterVersion
-from transforms.calibration import ComputeCalibration
 from transforms.io import auto_num_shards, check_input, match_files
-from transforms.statistics import StatisticsFromShards
+from transforms.tuning import StatisticsAndCalibration
 from transforms.validate import ReadAndValidate
 
 from . import options
-from .options import UserError, parse_special_days_option, parse_tau, resolve_as_of, split_columns
+from .options import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
+from .partitions import partition_day
 from .private import check_mode
 from .runner import dry_run_sentence, make_runner, pipeline_options, run_pipeline, spill_folder
-
-DATE_PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,35 +67,37 @@ def select_window(history: str, as_of: str, window_days: int, lookback_days: int
     """Files of the conversion-date partitions in [as_of - window_days + 1, as_of], the dates found, and
     the files of the ``lookback_days`` partitions before the window (read only for lifetime ranks)."""
     if window_days < 1:
-        raise UserError(f"--window-days must be >= 1, got {window_days}")
+        raise InvalidParameters(f"--window-days must be >= 1, got {window_days}")
     if lookback_days < 0:
-        raise UserError(f"--lookback-days must be >= 0, got {lookback_days}")
+        raise InvalidParameters(f"--lookback-days must be >= 0, got {lookback_days}")
     end = dt.date.fromisoformat(as_of)
     start = end - dt.timedelta(days=window_days - 1)
     lookback_start = start - dt.timedelta(days=lookback_days)
     files = match_files(history)
     chosen, lookback, dates = [], [], set()
     for path in files:
-        m = DATE_PARTITION.search(path)
-        if not m:
+        found = partition_day(path)  # a malformed date= folder is refused, not skipped
+        if found is None:
             continue
-        day = dt.date.fromisoformat(m.group(1))
+        day = dt.date.fromisoformat(found)
         if start <= day <= end:
             chosen.append(path)
-            dates.add(m.group(1))
+            dates.add(found)
         elif lookback_start <= day < start:
             lookback.append(path)
     if not chosen:
-        raise UserError(f"no history in the window {start}..{end} under {history!r} "
-                        f"({len(files)} files found, partitions must look like date=YYYY-MM-DD/)")
+        raise InvalidInput(f"no history in the window {start}..{end} under {history!r} "
+                           f"({len(files)} files found, partitions must look like date=YYYY-MM-DD/)")
     return chosen, sorted(dates), lookback
 
 
 def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
-            previous_payload: bytes | None) -> NightlyDecision:
-    """The single-element decision step: ``araopt.nightly.nightly_decision`` (gate, tune, guardrails)."""
+            previous_payload: bytes | None) -> tuple[NightlyDecision, tuple[ParameterVersion, ...]]:
+    """The single-element decision step: ``araopt.nightly.nightly_decision`` (gate, tune, guardrails),
+    and the candidate versions to calibrate."""
     previous = ParameterVersion.from_bytes(previous_payload, "previous latest") if previous_payload else None
-    return nightly_decision(statistics, counts, config, previous)
+    decision = nightly_decision(statistics, counts, config, previous)
+    return decision, tuple(v for v, _ in decision.tuning.candidates)
 
 
 class _CalibrateReportAndPublish(beam.DoFn):
@@ -123,20 +126,37 @@ class _CalibrateReportAndPublish(beam.DoFn):
             _write_report(report_dir, report, decision, self._store)
             raise InvalidInput("not published: " + "; ".join(decision.problems) + f" (report: {report_dir})")
         else:
-            published = self._store.publish(config.as_of, config.run_id, decision.tuning.version.to_bytes(),
-                                            expected_previous=self._expected_previous, validate=ParameterVersion.from_bytes)
-            report.update(published=True, version=published.version, version_uri=published.uri,
-                          sha256=published.sha256, created=published.created, pointer_moved=published.moved)
+            publish_version(self._store, decision.tuning.version, report, config.as_of, config.run_id,
+                            self._expected_previous)
         _write_report(report_dir, report, decision, self._store)
         yield report
 
 
-def _write_report(directory: str, report: dict, decision: NightlyDecision, store) -> None:
+def _write_report(directory: str, report: dict, decision: NightlyDecision | None, store,
+                  version: ParameterVersion | None = None) -> None:
+    """report.json, report.png (from the decision, or from what ``version`` records of its tuning: the
+    privacy-safe run; none for its cold start) and report.html, the page a person opens
+    (``araopt.evaluation.report_html``), beside them."""
+    from araopt.evaluation.report_html import Figure, nightly_page
+
     with FileSystems.create(FileSystems.join(directory, "report.json")) as fh:
         fh.write(jsonio.dumps(report, indent=1, default=str).encode())
-    png = nightly_report_png(decision, version_history(store))
-    with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
-        fh.write(png)
+    figures, links = [], [("report.json (the run report)", "report.json")]
+    if decision is not None:
+        png: bytes | None = nightly_report_png(decision, version_history(store))
+    else:
+        png = None if version is None else version_report_png(version, report.get("problems", ()),
+                                                               version_history(store))
+    if png is not None:
+        with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
+            fh.write(png)
+        figures.append(Figure("The nightly choice (report.png)", png, "report.png"))
+        links.append(("report.png", "report.png"))
+    if report.get("published") and report.get("version"):
+        links.append((f"published parameters {report['version']}", f"../../versions/{report['version']}/params.json"))
+    page = nightly_page(report, version_table(store), figures, links)
+    with FileSystems.create(FileSystems.join(directory, "report.html")) as fh:
+        fh.write(page.encode("utf-8"))
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -144,13 +164,10 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from araopt.io.store import StoreError
     from araopt.io.stores import open_store
 
     started = time.time()
     as_of = resolve_as_of(args.as_of)
-    if args.epsilon is None:
-        raise UserError("--epsilon is required")
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
@@ -160,12 +177,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     tau_overrides = tuple(parse_tau(args.tau).items())
     opts = pipeline_options(beam_args)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
-    try:  # the store first: unknown scheme, credentials, corrupt pointer fail before any work
-        store = open_store(args.store)
-        pointer = store.read_latest_pointer()
-        previous_payload = store.resolve("latest").payload if pointer else None
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    # the store first: unknown scheme, credentials, corrupt pointer fail before any work
+    store = open_store(args.store)
+    pointer = store.read_latest_pointer()
+    previous_payload = store.resolve("latest").payload if pointer else None
     files, dates, lookback_files = select_window(args.history, as_of, args.window_days, args.lookback_days)
     inputs = check_input(files, slices, values)
     lookback = check_input(lookback_files, slices, values) if lookback_files else None
@@ -176,6 +191,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         max_count_limit=max_c, objective=args.objective, max_rejected_fraction=args.max_rejected_fraction,
         tau_overrides=tau_overrides, release_period_days=args.release_period, lookback_days=args.lookback_days,
         special_days=parse_special_days_option(args.special_days),
+        special_day_loss_factor=check_loss_factor(args.special_day_loss_factor),
         guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor,
                               args.max_count_limit_change))
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
@@ -184,12 +200,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, num_shards=num_shards,
                                                           spill_dir=shuffle_dir,
                                                           lookback_paths=lookback.paths if lookback else ())
-        counts, grouped = read["counts"], read["grouped"]
-        statistics = grouped | "Statistics" >> StatisticsFromShards(spec)
-        decision = statistics | "OptimizeAndGuard" >> beam.Map(_decide, beam.pvalue.AsSingleton(counts), config,
-                                                               previous_payload)
-        candidates = decision | "CandidateVersions" >> beam.Map(lambda d: tuple(v for v, _ in d.tuning.candidates))
-        calibration = grouped | "Calibration" >> ComputeCalibration(candidates, slices, values)
+        counts = read["counts"]
+        tuned = read["grouped"] | "OptimizeAndGuard" >> StatisticsAndCalibration(spec, _decide, counts, config,
+                                                                                 previous_payload)
+        decision, calibration = tuned["chosen"], tuned["calibration"]
         _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
             _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
             beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
@@ -213,52 +227,52 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     """--private: the version for the day after ``as_of`` from the window's releases and first-party
     conversions (``pipelines.private``), guarded and published like any nightly version. No Beam job:
     the inputs are a few noised tables and the advertiser's conversion values."""
-    from araopt.io.store import StoreError
     from araopt.io.stores import open_store
+    from araopt.mechanism.exploration import default_exploration
 
     from .private import describe, load_declared_domain, tune_privately
+    from .verified_releases import ReleaseVerifier
 
-    try:
-        store = open_store(args.store)
-        pointer = store.read_latest_pointer()
-        previous = ParameterVersion.from_bytes(store.resolve("latest").payload, "previous latest") if pointer else None
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    store = open_store(args.store)
+    pointer = store.read_latest_pointer()
+    previous = ParameterVersion.from_bytes(store.resolve("latest").payload, "previous latest") if pointer else None
     domain = load_declared_domain(args.domain, slices, values)
     run_id = args.run_id or uuid.uuid4().hex[:8]
+    # the releases: recorded in the store's ledger, made with its published versions; the arm plan: the
+    # operator's option, else the latest version's (configuration, never a release folder's say)
+    verifier = ReleaseVerifier.open(args.store, args.store)
+    plan = (default_exploration(share=args.exploration_share) if args.exploration_share is not None
+            else previous.params.exploration if previous is not None else None)
     tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, as_of, args.window_days,
-                            args.max_count_limit)
+                            args.max_count_limit, verifier, plan)
     version = tuning.version
     provenance = version.provenance
     assert provenance is not None  # (tune_privately records what it learnt from)
     version = dataclasses.replace(version, provenance=dataclasses.replace(
         provenance, extra={**provenance.extra, "as_of": as_of, "run_id": run_id}))
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
-    baselines = {name: float(b["rmsre_tau"]) for name, b in provenance.extra.get("baselines", {}).items()}
-    predicted = provenance.predicted_rmsre_tau
-    if previous is not None and same_release(previous, version, as_of):
+    decision = private_decision(version, previous, as_of, guardrails)
+    if decision.idempotent:
         print(f"araopt nightly --private {as_of}: already published as {pointer.version if pointer else '?'} "
               f"(idempotent re-run)")
         return 0
-    problems = (guardrails.check(version, predicted, baselines, previous) if predicted is not None and baselines
-                else [])  # the cold start has no prediction to guard (no release yet)
-    report = {"as_of": as_of, "run_id": run_id, "mode": "privacy-safe", "window_days": args.window_days,
-              "release_dates": list(tuning.dates), "cold_start": tuning.cold_start,
-              "first_party_rows_read": tuning.first_party.rows_read,
-              "first_party_rows_rejected": tuning.first_party.rejected, "epsilon": epsilon,
-              "predicted_rmsre_tau": predicted, "baselines": baselines, "params": version.to_json(),
-              "previous_version": pointer.version if pointer else None, "problems": problems, "published": False}
+    expected = pointer.version if pointer else None
+    report = private_report(decision, as_of, run_id, epsilon, expected, window_days=args.window_days,
+                            release_dates=list(tuning.dates), cold_start=tuning.cold_start,
+                            first_party_rows_read=tuning.first_party.rows_read,
+                            first_party_rows_rejected=tuning.first_party.rejected,
+                            first_party_rows_after_as_of=tuning.first_party.after_last_day)
     report_dir = FileSystems.join(args.store, "reports", f"{as_of}-{run_id}")
-    if not problems:
-        published = store.publish(as_of, run_id, version.to_bytes(), expected_previous=pointer.version if pointer else None,
-                                  validate=ParameterVersion.from_bytes)
-        report.update(published=True, version=published.version, version_uri=published.uri, sha256=published.sha256)
-    with FileSystems.create(FileSystems.join(report_dir, "report.json")) as fh:
-        fh.write(jsonio.dumps(report, indent=1, default=str).encode())
+    if decision.publish:
+        publish_version(store, version, report, as_of, run_id, expected)
+    _write_report(report_dir, report, None, store, version)
+    problems, series = decision.problems, decision.series
     if problems:
-        raise UserError("not published: " + "; ".join(problems) + f" (report: {report_dir})")
+        raise InvalidInput("not published: " + "; ".join(problems) + f" (report: {report_dir})")
     print(f"araopt nightly --private {as_of}: published {report['version']} in {time.time() - started:.1f} s; "
           f"{describe(tuning)}")
+    if series:
+        print(f"  a new series of versions: {series}")
     return 0
 
 
@@ -272,7 +286,9 @@ def print_report(report: dict, wall: float, path: str) -> None:
           f"C={p['count_limit']}; {qs}")
     status = (f"already published as {report.get('version')} (idempotent re-run)" if report.get("idempotent")
               else f"published {report.get('version')}")
-    print(f"  predicted RMSRE_tau {report['predicted_rmsre_tau']:.4g} vs {base}; {status} in {wall:.1f} s; report {path}")
+    page = path[:-len("report.json")] + "report.html" if path.endswith("report.json") else path
+    print(f"  predicted RMSRE_tau {report['predicted_rmsre_tau']:.4g} vs {base}; {status} in {wall:.1f} s; report {path}; "
+          f"its page {page}")
 
 
 if __name__ == "__main__":

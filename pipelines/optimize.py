@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from araopt.errors import InvalidInput
+
 from . import options
-from .options import UserError, parse_special_days_option, parse_tau, split_columns
+from .options import check_loss_factor, parse_special_days_option, parse_tau, split_columns
 
 if TYPE_CHECKING:  # typing only: keep `araopt optimize --help` fast
     from araopt.io.conversions import ValidationCounts
@@ -54,17 +56,17 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.optimize.tune import calibrate
     from transforms.io import check_input
 
-    from .history import TunedHistoryRun, compute_tuned_history, report_rejections
+    from .history import TunedHistoryRun, compute_tuned_history
+    from .inputs import report_rejections
     from .private import check_mode
     from .runner import dry_run_sentence
 
-    if args.epsilon is None:
-        raise UserError("--epsilon is required")
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     tau_overrides = parse_tau(args.tau)
     special_days = parse_special_days_option(args.special_days)
+    check_loss_factor(args.special_day_loss_factor)
     check_output_file(args.output, args.overwrite)  # before any work; again before the file is written
     if check_mode(args):
         return _run_private(args, epsilon, slices, values)
@@ -96,7 +98,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
               file=sys.stderr)
     progress("backtest of the candidates: their releases replayed on the history's days (the estimator and the "
              "predicted error)")
-    tuning = calibrate(run.chosen, run.calibration, period, special_days)
+    tuning = calibrate(run.chosen, run.calibration, period, special_days, args.special_day_loss_factor)
     version = tuning.version
     params = version.params
     result = tuning.optimization
@@ -130,12 +132,20 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ...], values: tuple[str, ...]) -> int:
-    """--private: the parameter version from past releases, first-party conversions and the declared domain."""
+    """--private: the parameter version from past releases (each checked against the release ledger and,
+    with --store, the store's published versions), first-party conversions and the declared domain,
+    under nightly's guardrails against the parameters of the last release learnt from."""
     from araopt.io.folders import check_output_file
+    from araopt.mechanism.exploration import default_exploration
+    from araopt.nightly import Guardrails, private_problems
+    from araopt.version import ParameterVersion
 
+    from .ledger import ledger_root
     from .private import describe, load_declared_domain, read_first_party, release_folders, tune_privately
+    from .verified_releases import ReleaseVerifier
 
     domain = load_declared_domain(args.domain, slices, values)
+    verifier = ReleaseVerifier.open(ledger_root(args.store, args.ledger), args.store)
     as_of = args.as_of
     if as_of is None:
         found = release_folders(args.releases, "0000-00-00", "9999-99-99")
@@ -144,12 +154,20 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
         else:  # the cold start: the last first-party day
             days = read_first_party(args.first_party, values, domain).day
             if len(days) == 0:
-                raise UserError(f"--first-party {args.first_party}: no valid conversion")
+                raise InvalidInput(f"--first-party {args.first_party}: no valid conversion")
             as_of = str(np.datetime64(int(days.max()), "D"))
+    plan = None if args.exploration_share is None else default_exploration(share=args.exploration_share)
     tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, options.resolve_as_of(as_of),
-                            args.window_days, args.max_count_limit)
+                            args.window_days, args.max_count_limit, verifier, plan)
+    version = tuning.version
+    guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
+    previous = None if tuning.last_release is None else ParameterVersion(tuning.last_release)
+    problems = private_problems(version, previous, guardrails)
+    if problems:
+        raise InvalidInput(f"not written (against the parameters of the last release, {tuning.dates[-1]}): "
+                        + "; ".join(problems))
     check_output_file(args.output, args.overwrite)
-    tuning.version.save(args.output)  # whole or absent (a temporary file renamed over it)
+    version.save(args.output)  # whole or absent (a temporary file renamed over it)
     print(f"{PROG}: wrote {args.output}: {describe(tuning)}")
     return 0
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
 
 from araopt import constants as core  # stdlib only: every default below is the core's
-from araopt.errors import AraoptError, InvalidParameters
+from araopt.errors import InvalidParameters, one_line
 
 __all__ = [
-    "COMMANDS", "OPTIONS", "OPTIONS_BY_JOB", "TEMPLATE_OPTIONS", "CliOption", "Command", "OneLineParser", "UserError",
-    "add_options", "build_parser", "cli_main", "command_options", "one_line", "parse_bool", "parse_tau", "resolve_as_of",
+    "COMMANDS", "OPTIONS", "OPTIONS_BY_JOB", "TEMPLATE_OPTIONS", "CliOption", "Command", "OneLineParser",
+    "add_options", "build_parser", "cli_main", "command_options", "parse_bool", "parse_tau", "resolve_as_of",
     "run_command", "split_columns",
 ]
 
@@ -38,6 +38,7 @@ _POSITIVE_DECIMAL: Final = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 _NON_EMPTY: Final = r"^\S+$"
 _BOOL: Final = r"^(true|false)$"
 _AS_OF: Final = r"^([0-9]{4}-[0-9]{2}-[0-9]{2}|today|yesterday)$"
+_DATES: Final = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(\.\.[0-9]{4}-[0-9]{2}-[0-9]{2}|(,[0-9]{4}-[0-9]{2}-[0-9]{2})*)$"
 
 PRESET_NAMES: Final = ("synth-criteo", "synth-real-estate", "synth-travel")
 """The synthetic presets of ``araopt.data.synthetic.PRESETS`` (a test keeps the two in step)."""
@@ -115,6 +116,12 @@ _ALL: Final[tuple[CliOption, ...]] = (
        "their own effect on the retention ratios (beside the day-of-week effects) and a release of such a day "
        "uses it; recorded in the parameter version.", metavar="DATES", label="Special days",
        regex=r"^([0-9]{4}-[0-9]{2}-[0-9]{2})?(,[0-9]{4}-[0-9]{2}-[0-9]{2})*$"),
+    _o("special_day_loss_factor", "On a declared special day the calibration's history holds nothing like (or fewer "
+       "than three of), what Alg. 1 loses per kept unit may be up to this many times the history's, or as many "
+       "times less: the intervals cover that band (a sale's bigger baskets are not visible in its release). "
+       "Recorded in the calendar; >= 1.", type="float", default=core.SPECIAL_DAY_LOSS_FACTOR, metavar="K",
+       label="Special-day loss factor",
+       regex=_POSITIVE_DECIMAL),
     _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
        "(the paper's Alg. 6).", default=core.L1_ROUNDING, choices=("randomized", "floor")),
     _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
@@ -127,7 +134,9 @@ _ALL: Final[tuple[CliOption, ...]] = (
        metavar="FILE", label="Output domain", regex=_NON_EMPTY, gcs_only=True),
     _o("lookback", "Earlier conversions (Parquet: a file, directory or glob, e.g. the 30 days before): they "
        "consume each impression's contribution budget in ContributionCapping (Alg. 1), as the browser caps a "
-       "source over its whole life, but are never released or counted. Without it, conversions of impressions "
+       "source over its whole life, but are never released or counted. Each costs what the release that used "
+       "it spent (its count limit and arm plan, from the ledger; never released: the most a known configuration "
+       "or today's would). Without it, conversions of impressions "
        "that converted before the input are capped as if the input held their first conversions.",
        metavar="LOG", label="Lookback", regex=_NON_EMPTY, gcs_only=True),
     _o("release_period", "Days of conversions each release covers (tuning and predictions are for one release "
@@ -144,6 +153,10 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("allow_rerelease", "Release conversions the release ledger says were released before (counted and "
        "recorded).",
        type="bool", label="Allow re-release", regex=_BOOL),
+    _o("check_ledgers", "Other release ledgers to check, read only, as URI,... (another parameter store's root, or "
+       "a --ledger folder): a release of conversions one of them records as released is warned of on stderr and "
+       "counted in the run summary (each store records its releases in its own ledger only).", metavar="URIS",
+       label="Other ledgers to check", regex=_NON_EMPTY),
     _o("ledger", "Where releases are recorded when the parameters do not come from a store (a store's releases "
        "are recorded in its own ledger); default $ARAOPT_LEDGER or ~/.local/state/araopt.", metavar="URI",
        label="Release ledger", regex=_NON_EMPTY, gcs_only=True),
@@ -289,10 +302,17 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "(ReconstructValues, Alg. 4). OUT/release/ may be published; OUT/private/ holds exact counts, the dead "
         "letter and the debug report and must not; OUT/release/MANIFEST.json is written last. A release needs a "
         "declared domain: --domain, or the one the parameter version carries.",
-        ("araopt measure --input logs/date=2026-11-24/ --params store/ --output out/",
+        ("araopt measure --input logs/date=2026-11-24/ --lookback-days 30 --params store/ --output out/",
          "araopt measure --input logs/ --params params.json --domain slices.csv --output out/ --debug-run"),
-        ("input", "params", "output", "lookback", "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
-         "allow_rerelease", "ledger", "params_version", "simulation_seed", "num_shards", "shuffle",
+        ("input", "params", "output", "lookback",
+         ("lookback_days", {"default": None,
+                            "help": "Instead of --lookback: the N days of date=YYYY-MM-DD/ partitions before the "
+                                    "input's first day, found beside the input's partitions (its folder's other "
+                                    "date= folders, across month boundaries; symbolic links followed). They consume "
+                                    "each impression's budget in ContributionCapping (Alg. 1) but are never "
+                                    "released or counted; default: none."}),
+         "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
+         "allow_rerelease", "ledger", "check_ledgers", "params_version", "simulation_seed", "num_shards", "shuffle",
          "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "optimize": Command(
@@ -315,7 +335,19 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                               "releases up to it (default: the latest release found)."}),
          ("window_days", {"required": False, "default": core.PRIVATE_WINDOW_DAYS,
                           "help": "With --private: days of past releases learnt from."}),
-         "encoding", "max_count_limit", "objective", "tau", "special_days",
+         ("ledger", {"help": "With --private: the release ledger measure recorded the releases in (each release "
+                             "folder read must be one of its releases, unchanged, on its day); default "
+                             "$ARAOPT_LEDGER or ~/.local/state/araopt, or the --store's ledger."}),
+         ("store", {"required": False, "help": "With --private: the parameter store whose versions the releases "
+                                               "were made with (each release's parameters must be one of its "
+                                               "published versions; its ledger is the release ledger); needed to "
+                                               "learn from Aggregation Service reports."}),
+         ("exploration_share", {"default": None, "help": "With --private: share of impressions in each of the seven "
+                                                        "exploration arms (C = 1, 2, 3, 5, 8, 12, 20); default "
+                                                        f"{core.EXPLORATION_ARM_SHARE:g} (never taken from a "
+                                                        "release folder)."}),
+         "allow_large_change", "max_threshold_change_factor", "max_count_limit_change",
+         "encoding", "max_count_limit", "objective", "tau", "special_days", "special_day_loss_factor",
          "l1_rounding", "max_rejected_fraction", "no_progress", "overwrite"),
         beam=True),
     "evaluate": Command(
@@ -346,10 +378,16 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "private", "releases", "first_party",
          ("domain", {"help": "With --private: the declared domain (key map JSON or .csv/.json list of slice "
                              "values)."}),
+         ("exploration_share", {"default": None, "help": "With --private: share of impressions in each of the seven "
+                                                        "exploration arms (C = 1, 2, 3, 5, 8, 12, 20); default: the "
+                                                        "arm plan of the store's latest version, else "
+                                                        f"{core.EXPLORATION_ARM_SHARE:g} (never taken from a release "
+                                                        "folder)."}),
          "release_period", "lookback_days", "encoding",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",
-         "tau", "special_days", "max_rejected_fraction", "num_shards", "shuffle", "no_progress"),
+         "tau", "special_days", "special_day_loss_factor", "max_rejected_fraction", "num_shards", "shuffle",
+         "no_progress"),
         beam=True),
     "synth": Command(
         "pipelines.synth", "run_synth", "the paper's synthetic conversion logs (Sec. 5.3)",
@@ -403,14 +441,37 @@ COMMANDS: Final[Mapping[str, Command]] = {
         "pipelines.ara", "run_export_ara", "ARA source/trigger registration JSON and output domain from parameters",
         "From a parameter file to ARA registrations (docs/ara.md): key_map.json/.csv, sources.json (one "
         "Attribution-Reporting-Register-Source per slice of impression features), output_domain.avro, "
-        "export.json and, with --conversions, triggers.jsonl (one trigger per conversion). ARA limits are "
-        "checked before anything is written.",
+        "export.json and, with --conversions, the OPERATOR-PRIVATE private/triggers.jsonl (one trigger per "
+        "conversion with its raw impression id and time: never publish). ARA limits are checked before anything is "
+        "written.",
         ("araopt export-ara --params store/versions/2026-11-24-ab12/params.json --output export/",),
-        ("params", "output", "key_map", ("conversions", {"help": "Parquet conversion log: write triggers.jsonl for "
-                                                                    "it (and, without a declared domain, take its "
-                                                                    "slices)."}),
+        ("params", "output", "key_map", ("conversions", {"help": "Parquet conversion log: write its triggers to the "
+                                                                    "operator-private private/triggers.jsonl (and, "
+                                                                    "without a declared domain, take its slices)."}),
          "destination", ("simulation_seed", {"help": "SIMULATION MODE: seeded rounding of the trigger values (as "
                                                      "measure --simulation-seed); NOT for real traffic."}),
+         "overwrite")),
+    "export-attribution": Command(
+        "pipelines.attribution", "run_export_attribution",
+        "W3C Attribution Level 1: the saveImpression / measureConversion calls from parameters",
+        "From an Attribution parameter file (docs/attribution.md; its own format, araopt-attribution-params/1) to "
+        "what the ad servers and the pages call: calls.json (per impression the saveImpression options, per "
+        "conversion one measureConversion per query, in order), histogram_layout.csv (histogram index <-> "
+        "impression-side slice), export.json and, with --conversions, the OPERATOR-PRIVATE private/events.jsonl "
+        "(one line per browser instance in the spec's end-to-end format, with raw ids and times: never publish).",
+        ("araopt export-attribution --params attribution.json --output export/",
+         "araopt export-attribution --params attribution.json --output export/ --conversions log.parquet "
+         "--simulation-seed 7"),
+        (("params", {"help": "Attribution parameter file (.json, format araopt-attribution-params/1: per_site_budget, "
+                             "queries with epsilon / max_value / clip, slice_columns, epoch_days, lookback_days, "
+                             "credit)."}),
+         "output",
+         ("domain", {"help": "The histogram layout: a .csv/.json file listing the impression-side slice values "
+                             "(histogram index = row order); default: the slices of --conversions."}),
+         ("conversions", {"help": "Parquet conversion log with browser_id and impression_time: write each browser's "
+                                  "events to the operator-private private/events.jsonl (needs --simulation-seed)."}),
+         ("simulation_seed", {"help": "SIMULATION MODE: the value roundings and epoch starts of araopt's attribution "
+                                      "measure with the same seed; NOT for real traffic."}),
          "overwrite")),
     "reconstruct": Command(
         "pipelines.ara", "run_reconstruct", "estimates from an Aggregation Service summary report (Avro)",
@@ -422,7 +483,13 @@ COMMANDS: Final[Mapping[str, Command]] = {
         (("summary_report", {}), "params", "key_map",
          ("conversions", {"help": "Without --key-map: the key domain of this log's slices."}), "output",
          "confidence", ("epsilon", {"help": "Epsilon of the Aggregation Service job, if it differs from the "
-                                            "parameter file's."}), "overwrite")),
+                                            "parameter file's."}),
+         ("days", {"type": "str", "metavar": "DATES", "regex": _DATES,
+                   "help": "The UTC conversion days the report covers, YYYY-MM-DD,... (or FIRST..LAST): the "
+                           "calibration's day-of-week and special-day effects apply to them as measure applies them "
+                           "to its input's date= partitions. Default: the date=YYYY-MM-DD/ folders the report "
+                           "files lie in; without either, the effects are not applied (and the command says so)."}),
+         "overwrite")),
     "replay": Command(
         "pipelines.replay", "run", "backtest: each tuning method's daily releases on a joined log, scored",
         "For each day of a joined daily log, in order, measure the day (simulation: seeded noise) with the "
@@ -467,8 +534,8 @@ TEMPLATE_OPTIONS: Final[Mapping[str, tuple[str, ...]]] = {
     "nightly": ("history", "as_of", "window_days", "store", "slices", "values", "epsilon", "release_period",
                 "lookback_days", "encoding", "max_count_limit", "allow_large_change", "max_threshold_change_factor",
                 "max_count_limit_change"),
-    "measure": ("input", "params", "output", "lookback", "epsilon", "override_epsilon", "debug_run", "domain",
-                "max_slices", "allow_rerelease", "ledger"),
+    "measure": ("input", "params", "output", "lookback", "lookback_days", "epsilon", "override_epsilon", "debug_run",
+                "domain", "max_slices", "allow_rerelease", "ledger"),
 }
 """The options of the Dataflow Flex Templates (metadata generated by ``python -m deploy.gen_metadata``)."""
 
@@ -587,14 +654,34 @@ def parse_special_days_option(text: str | None) -> tuple[str, ...]:
     try:
         return parse_special_days(text)
     except ValueError as exc:
-        raise UserError(f"--special-days: {exc}") from None
+        raise InvalidParameters(f"--special-days: {exc}") from None
+
+
+def check_loss_factor(value: float) -> float:
+    """--special-day-loss-factor: a finite number >= 1 (one-line error otherwise)."""
+    if not (math.isfinite(value) and value >= 1.0):
+        raise InvalidParameters(f"--special-day-loss-factor must be a finite number >= 1, got {value}")
+    return float(value)
+
+
+def parse_days_option(text: str | None, flag: str = "--days") -> tuple[str, ...] | None:
+    """``--days 2026-11-27,2026-11-28`` or ``--days 2026-11-27..2026-11-30`` -> sorted unique ISO dates
+    (None when not given; a bad date or an empty range: one-line error)."""
+    if text is None:
+        return None
+    try:
+        first, sep, last = text.partition("..")
+        if sep:
+            lo, hi = _dt.date.fromisoformat(first.strip()), _dt.date.fromisoformat(last.strip())
+            if hi < lo:
+                raise ValueError(f"the range {text!r} ends before it starts")
+            return tuple((lo + _dt.timedelta(days=i)).isoformat() for i in range((hi - lo).days + 1))
+        return tuple(sorted({_dt.date.fromisoformat(d.strip()).isoformat() for d in text.split(",") if d.strip()}))
+    except ValueError as exc:
+        raise InvalidParameters(f"{flag}: {exc}") from None
 
 
 # ---- parsers ---------------------------------------------------------------------------------------
-class UserError(AraoptError):
-    """Bad input from the user: printed as one line, exit status 2."""
-
-
 TRACEBACK_FLAG = "--traceback"
 
 
@@ -721,27 +808,6 @@ def _did_you_mean(unknown: Sequence[str], *parsers: argparse.ArgumentParser) -> 
 
 
 # ---- running a command ----------------------------------------------------------------------------
-ONE_LINE_MAX_CHARS: Final = 2000
-_TRACEBACK: Final = "Traceback (most recent call last)"
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as the one line a user sees: every line of its message joined (Beam's "Pipeline has
-    validations errors:" has its reason on the next lines); of a traceback embedded in the message
-    (a worker's error, relayed) only the exception it ends with, without the frames (--traceback
-    shows them); at most ``ONE_LINE_MAX_CHARS`` characters."""
-    lines = str(exc).splitlines()
-    marks = [i for i, line in enumerate(lines) if _TRACEBACK in line]
-    if marks:
-        frames = [i for i in range(marks[-1] + 1, len(lines)) if lines[i][:1].isspace()]
-        exception = lines[(frames[-1] if frames else marks[-1]) + 1:]  # what the traceback ends with
-        lines = lines[:marks[0]] + [lines[marks[0]].split(_TRACEBACK, 1)[0]] + exception
-    joined = " ".join(" ".join(line.split()) for line in lines if line.strip())
-    if not joined:
-        return type(exc).__name__
-    return joined if len(joined) <= ONE_LINE_MAX_CHARS else joined[:ONE_LINE_MAX_CHARS - 1] + "…"
-
-
 def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
     """Run ``run(argv)``; any failure is one line on stderr and exit status 2 (``--traceback`` also
     prints the Python traceback, and Beam's own error log). argparse's --help exits 0."""
@@ -765,6 +831,20 @@ def cli_main(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: 
             traceback.print_exc()
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def subcommand_main(prog: str, commands: Mapping[str, Callable[[list[str]], int]], argv: Sequence[str] | None) -> int:
+    """``python -m pipelines.<module> <command> ...``: run one of the module's ``commands`` (the same as
+    ``araopt <command> ...``, without going through ``pipelines.cli``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    usage = f"usage: {prog} {{{'|'.join(commands)}}} [options]"
+    if not args or args[0] in ("-h", "--help"):
+        print(usage, file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
+    if args[0] not in commands:
+        print(f"{prog}: error: unknown command {args[0]!r}; one of {', '.join(commands)}", file=sys.stderr)
+        return 2
+    return int(commands[args[0]](args[1:]) or 0)
 
 
 def run_command(command: str, body: Callable[[argparse.Namespace, list[str]], int], argv: Sequence[str] | None) -> int:

@@ -44,8 +44,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.mechanism.keys import DECLARED, KeyDomain
     from transforms.io import check_input
 
-    from .history import load_conversions, report_rejections
-    from .measure import read_domain
+    from .inputs import load_conversions, read_domain, report_rejections
 
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")

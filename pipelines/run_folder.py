@@ -17,6 +17,19 @@ output is resolved: the folder it names is replaced.
 On gs:// (no ``flock``, no atomic rename) the commit holds a lease object ``OUT.araopt-lock``
 (create-only, with an expiry: ``araopt.io.locks.GcsLease``); the old release manifest is deleted first
 and the new one is created last with ``if_generation_match=0``: a folder without it is incomplete.
+
+A commit that records a release cannot lose it or record it falsely, whenever it is killed: before the
+ledger records anything, :meth:`RunFolder.mark_pending` writes ``OUT.araopt-pending-<staging id>.json``
+(the ledger and the entry id the release will be recorded under); it is removed only once the folder is
+in place or the entry is taken out again. The next holder of the output (locally: the next run's
+lock, in :meth:`RunFolder.prepare`, before anything is swept; on gs://: the next commit's lease)
+settles every pending record first (:func:`settle_pending`): if the target holds the sealed run that
+names the entry, the release was published; else if the staging folder holds the complete sealed
+release naming the entry (manifests written, every file matching its sha256), the release is finished
+(moved into place: it is exactly what the killed run would have published); else nothing was
+published and the entry is taken out of the ledger. A staging folder holding a complete release is
+therefore never swept as garbage, and the input can be released again without ``--allow-rerelease``
+whenever nothing of it was published.
 """
 from __future__ import annotations
 
@@ -30,10 +43,12 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.errors import OutputRefused
+from araopt.errors import InvalidInput, InvalidParameters, OutputRefused, one_line
 from araopt.io import jsonio, outputs
+from araopt.io.files import atomic_write_bytes
 from araopt.io.folders import (
     LOCK_TAG,
+    PENDING_TAG,
     REPLACED_TAG,
     STAGING_TAG,
     FolderKind,
@@ -47,11 +62,12 @@ from araopt.io.folders import (
 )
 from araopt.io.locks import FileLock, GcsLease, LockHeld, describe_owner, split_gs
 
-from .options import UserError
 from .runner import is_remote
 
-__all__ = ["FAILED_TAG", "REPLACED_TAG", "ROW_IDS", "RUN_FOLDER", "STAGING_TAG", "RunFolder", "wait_for_manifest"]
+__all__ = ["FAILED_TAG", "PENDING_TAG", "REPLACED_TAG", "ROW_IDS", "RUN_FOLDER", "STAGING_TAG", "RunFolder",
+           "settle_pending", "wait_for_manifest"]
 FAILED_TAG = ".araopt-failed-"
+PENDING_FORMAT = "araopt-pending-release/1"
 RUN_FOLDER = FolderKind("run folder", "a run", outputs.RUN_MARKERS)
 """The overwrite rule's markers of a run folder: a release or simulation manifest, or the run summary."""
 WORK_DIR = ".araopt-work"
@@ -86,16 +102,19 @@ class RunFolder:
         not a run folder even with it), sweep leftovers of killed runs, create an empty staging folder."""
         target = target.rstrip("/")
         if not target:
-            raise UserError("--output is empty")
+            raise InvalidParameters("--output is empty")
         if is_remote(target):
             if not target.startswith("gs://"):
-                raise UserError(f"--output {target}: a run folder is a local path or gs://BUCKET/PATH")
+                raise InvalidParameters(f"--output {target}: a run folder is a local path or gs://BUCKET/PATH")
+            folder = cls(target, new_staging(target), overwrite)
+            folder._settle_early()
             _check_target(target, overwrite)
-            return cls(target, new_staging(target), overwrite)
+            return folder
         target = os.path.realpath(os.path.abspath(target))  # a symlinked output is the folder it names
         os.makedirs(os.path.dirname(target), exist_ok=True)
         lock = lock_target(target, what)
         try:
+            settle_pending(target)  # a killed commit's release is finished or taken back before anything is swept
             _check_target(target, overwrite)
             sweep_leftovers(target)  # nobody else holds the lock: these are dead runs' leftovers
             staging = new_staging(target)
@@ -149,6 +168,14 @@ class RunFolder:
                     rel.append(os.path.relpath(os.path.join(root, f), self.staging).replace(os.sep, "/"))
         return sorted(r for r in rel if not r.split("/", 1)[0].startswith(("beam-temp", WORK_DIR)))
 
+    def release_digests(self, simulation: bool = False) -> dict[str, str]:
+        """{path under the release folder: sha256} of the staged release files (what the release manifest
+        will list): the release ledger records them, so a release folder can be checked against it."""
+        prefix = outputs.release_dir(simulation) + "/"
+        manifest = outputs.manifest_file(simulation)
+        return {rel[len(prefix):]: outputs.sha256_hex(self.read(rel)) for rel in self._files()
+                if rel.startswith(prefix) and rel != manifest}
+
     def commit(self, simulation: bool, public: dict[str, Any], private: dict[str, Any] | None = None,
                before_move: Callable[[], Callable[[], None] | None] | None = None) -> dict[str, Any]:
         """Exclusively: check the target again, call ``before_move()`` (e.g. record the release in the
@@ -157,6 +184,8 @@ class RunFolder:
         folder into place. Returns the release manifest."""
         lease = self._lease() if is_remote(self.target) else None
         try:
+            if lease is not None:
+                settle_pending(self.target)  # on gs:// the lease is the output's lock: settle killed commits
             _check_target(self.target, self.overwrite, at_commit=True)
             undo = before_move() if before_move is not None else None
             try:
@@ -169,11 +198,44 @@ class RunFolder:
                 if undo is not None:
                     undo()
                 raise
+            self.clear_pending()  # published: the ledger entry stands
         finally:
             if lease is not None:
                 lease.release()
         self._release()  # on failure the caller's fail() or abandon() releases it, after cleaning up
         return manifest
+
+    @property
+    def pending_uri(self) -> str:
+        """This commit's pending record, beside the target (see module doc)."""
+        return f"{self.target}{PENDING_TAG}{self.staging.rsplit(STAGING_TAG, 1)[-1]}.json"
+
+    def mark_pending(self, ledger_uri: str, entry_id: str) -> None:
+        """Before the ledger records entry ``entry_id``: say so beside the target (written whole), so
+        that whoever holds the output next finishes this release or takes the entry out again."""
+        record = {"format": PENDING_FORMAT, "ledger": ledger_uri, "entry": entry_id, "staging": self.staging,
+                  "target": self.target}
+        _put(self.pending_uri, (jsonio.dumps(record, indent=1) + "\n").encode())
+
+    def clear_pending(self) -> None:
+        """The release is in place or its entry was taken out: the pending record goes."""
+        try:
+            _delete(self.pending_uri)
+        except Exception as exc:  # noqa: BLE001 - the next holder of the output settles it
+            _LOG.warning("could not remove %s (the next run into %s removes it): %s", self.pending_uri, self.target,
+                         one_line(exc))
+
+    def _settle_early(self) -> None:
+        """On gs://, settle killed commits before the job runs if the commit lease is free (a held one:
+        the commit settles them, under its lease)."""
+        try:
+            lease = self._lease()
+        except OutputRefused:
+            return
+        try:
+            settle_pending(self.target)
+        finally:
+            lease.release()
 
     def _lease(self) -> GcsLease:
         from araopt.io.gcs_store import make_gcs_client
@@ -265,6 +327,107 @@ class RunFolder:
             self.lock.release()
 
 
+# ---- pending commits ------------------------------------------------------------------------------
+def _put(uri: str, data: bytes) -> None:
+    if uri.startswith("gs://"):
+        parent, name = uri.rsplit("/", 1)
+        _Gcs(parent).put(name, data)
+    else:
+        atomic_write_bytes(uri, data)
+
+
+def _delete(uri: str) -> None:
+    if uri.startswith("gs://"):
+        parent, name = uri.rsplit("/", 1)
+        _Gcs(parent).delete([name])
+    elif os.path.lexists(uri):
+        os.unlink(uri)
+
+
+def _pending_records(target: str) -> list[str]:
+    """The pending records of commits into ``target`` (see module doc), oldest name first."""
+    parent, name = target.rsplit("/", 1) if target.startswith("gs://") else os.path.split(target)
+    prefix = name + PENDING_TAG
+    if target.startswith("gs://"):
+        return [f"{parent}/{n}" for n in _Gcs(parent).names(prefix) if n.endswith(".json") and "/" not in n]
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return []
+    return [os.path.join(parent, n) for n in sorted(names) if n.startswith(prefix) and n.endswith(".json")]
+
+
+def _sealed_with(folder_uri: str, entry_id: str) -> bool:
+    """Whether ``folder_uri`` holds a whole sealed release recorded as ledger entry ``entry_id``: its run
+    manifest names the entry and the release manifest's sha256, and every release file matches."""
+    folder = RunFolder(folder_uri, folder_uri, True)
+    try:
+        manifest_bytes = folder.read(outputs.manifest_file(False))
+        run_manifest = jsonio.loads(folder.read(outputs.private_file(outputs.RUN_MANIFEST)), "run manifest")
+        if run_manifest.get("ledger", {}).get("entry", {}).get("id") != entry_id:
+            return False
+        if run_manifest.get("release_manifest_sha256") != outputs.sha256_hex(manifest_bytes):
+            return False
+        release_prefix = outputs.release_dir(False) + "/"
+        for f in jsonio.loads(manifest_bytes, "release manifest")["files"]:
+            data = folder.read(release_prefix + f["path"])
+            if outputs.sha256_hex(data) != f["sha256"] or len(data) != f["bytes"]:
+                return False
+    except Exception:  # noqa: BLE001 - anything missing, partial or unreadable: not a whole release
+        return False
+    return True
+
+
+def settle_pending(target: str) -> list[tuple[str, str]]:
+    """Settle the commits into ``target`` that were killed between recording their release in the ledger
+    and removing their pending record; call with the output's lock (locally) or lease (gs://) held.
+    Per record: ``published`` (the target holds it), ``finished`` (the staging folder held the whole
+    sealed release: moved into place now) or ``rolled back`` (nothing was published: the ledger entry
+    is taken out). Returns (entry id, outcome) pairs; an unreachable ledger refuses the run (nothing is
+    swept: the pending record and its staging folder stay for a later run)."""
+    from .ledger import Ledger
+
+    settled = []
+    for uri in _pending_records(target):
+        try:
+            record = jsonio.loads(_read(uri), uri)
+            ledger_uri, entry_id, staging = record["ledger"], record["entry"], record["staging"]
+        except Exception as exc:  # noqa: BLE001 - written whole before anything was recorded: nothing to undo
+            _LOG.warning("removing an unreadable pending commit record %s (%s)", uri, one_line(exc))
+            _delete(uri)
+            continue
+        if _sealed_with(target, entry_id):
+            outcome = "published"
+        elif _sealed_with(staging, entry_id):
+            if is_remote(target):
+                RunFolder(target, staging, True)._move_remote(False)
+            else:
+                move_into_place(staging, target)
+            outcome = "finished"
+        else:
+            if not Ledger.open(ledger_uri, allow_rerelease=False).rollback_entry(entry_id):
+                raise OutputRefused(f"{target}: a killed run's commit recorded release {entry_id} in {ledger_uri} but "
+                                    f"published nothing, and the entry could not be taken out; try again")
+            outcome = "rolled back"
+        if is_remote(staging):
+            leftover = _Gcs(staging)
+            leftover.delete(leftover.names())
+        _delete(uri)
+        _LOG.warning("a run into %s was killed during its commit: its release (ledger entry %s) was %s", target,
+                     entry_id, {"published": "already published", "finished": "complete and is now published",
+                                "rolled back": "not published; its ledger entry was taken out"}[outcome])
+        settled.append((entry_id, outcome))
+    return settled
+
+
+def _read(uri: str) -> bytes:
+    if uri.startswith("gs://"):
+        parent, name = uri.rsplit("/", 1)
+        return _Gcs(parent).read(name)
+    with open(uri, "rb") as fh:
+        return fh.read()
+
+
 class _Gcs:
     """The objects under one gs:// prefix, through the storage client (preconditions, one object at a time)."""
 
@@ -277,8 +440,10 @@ class _Gcs:
         self._client = make_gcs_client()
         self._bucket = self._client.bucket(bucket)
 
-    def names(self) -> list[str]:
-        return sorted(b.name[len(self._prefix):] for b in self._client.list_blobs(self._bucket, prefix=self._prefix))
+    def names(self, start: str = "") -> list[str]:
+        """The objects under the prefix (those whose name starts with ``start``), relative, sorted."""
+        return sorted(b.name[len(self._prefix):]
+                      for b in self._client.list_blobs(self._bucket, prefix=self._prefix + start))
 
     def read(self, name: str) -> bytes:
         return bytes(self._bucket.blob(self._prefix + name).download_as_bytes())
@@ -319,5 +484,6 @@ def wait_for_manifest(path: str, timeout: float = 0.0) -> dict[str, Any]:
                 with FileSystems.open(manifest_path) as fh:
                     return dict(jsonio.loads(fh.read(), manifest_path))
         if time.monotonic() >= deadline:
-            raise UserError(f"{path} has no {outputs.manifest_file(False)}: the run is incomplete (killed or still running)")
+            raise InvalidInput(f"{path} has no {outputs.manifest_file(False)}: the run is incomplete (killed or still "
+                               f"running)")
         time.sleep(0.2)

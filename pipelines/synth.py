@@ -114,18 +114,10 @@ def run_load_criteo(argv: Sequence[str] | None = None) -> int:
     return options.run_command("load-criteo", body, argv)
 
 
-SUBCOMMANDS = ("synth", "fit-synthetic", "split", "load-criteo")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m pipelines.synth <subcommand> ...``: the same as ``araopt <subcommand> ...``."""
-    from .cli import main as cli_main
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
-        print(f"pipelines.synth: error: unknown command {argv[0]!r}; one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
-        return 2
-    return cli_main(argv)
+    return options.subcommand_main("pipelines.synth", {"synth": run_synth, "fit-synthetic": run_fit_synthetic,
+                                                       "split": run_split, "load-criteo": run_load_criteo}, argv)
 
 
 if __name__ == "__main__":

@@ -244,7 +244,7 @@ def _simulate_browser_and_service(export_dir, params, seed, tmp_path, debug=Fals
     """Browser (OR of pieces, Alg. 1) over the exported JSON, then the Aggregation Service (sum + noise) -> Avro."""
     with open(os.path.join(export_dir, "sources.json")) as fh:
         sources = [r["registration"] for r in json.load(fh)["registrations"]]
-    with open(os.path.join(export_dir, "triggers.jsonl")) as fh:
+    with open(os.path.join(export_dir, "private", "triggers.jsonl")) as fh:
         lines = [json.loads(line) for line in fh]
     for s in sources:
         validate_source_registration(s)
@@ -418,7 +418,24 @@ def test_export_with_a_declared_key_map_counts_conversions_it_cannot_register(tm
     assert "impression_slice_not_in_domain': 1" in capsys.readouterr().err
     summary = json.loads((tmp_path / "o" / "export.json").read_text())
     assert summary["triggers"] == 6 and summary["triggers_skipped"] == {"impression_slice_not_in_domain": 1}
-    assert len((tmp_path / "o" / "triggers.jsonl").read_text().splitlines()) == 6
+    assert len((tmp_path / "o" / "private" / "triggers.jsonl").read_text().splitlines()) == 6
+
+
+def test_export_triggers_are_labelled_operator_private(tmp_path, capsys):
+    """triggers.jsonl carries each conversion's raw impression id and time: it is written under private/
+    beside a README that says never to publish it, and the console names it operator-private."""
+    ParameterVersion(du_penc_params()).save(tmp_path / "p.json")
+    du_penc_frame().to_parquet(tmp_path / "log.parquet")
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"), "--conversions",
+                           str(tmp_path / "log.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "o" / "triggers.jsonl").exists()
+    lines = (tmp_path / "o" / "private" / "triggers.jsonl").read_text().splitlines()
+    assert {json.loads(line)["impression_id"] for line in lines} == set(du_penc_frame()["impression_id"])
+    assert "DO NOT PUBLISH" in (tmp_path / "o" / "private" / "README.txt").read_text()
+    private_line = next(line for line in out.splitlines() if "triggers.jsonl" in line)
+    assert "operator-private" in private_line and "never publish" in private_line
+    assert str(tmp_path / "o" / "private" / "triggers.jsonl") in private_line
 
 
 # ---- reconstruct: bad input ---------------------------------------------------------------------

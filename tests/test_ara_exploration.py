@@ -115,7 +115,8 @@ def test_chrome_computes_from_the_arm_registrations_what_measure_simulates(encod
     batch_js = os.path.join(os.path.dirname(wicg_contrib), "batch.js")
     sources = [r["registration"] for r in json.loads((export / "sources.json").read_text())["registrations"]]
     (tmp_path / "sources.jsonl").write_text("\n".join(json.dumps(s) for s in sources))
-    triggers = [json.loads(line)["registration"] for line in (export / "triggers.jsonl").read_text().splitlines()]
+    trigger_lines = (export / "private" / "triggers.jsonl").read_text().splitlines()
+    triggers = [json.loads(line)["registration"] for line in trigger_lines]
     (tmp_path / "triggers.jsonl").write_text("\n".join(json.dumps(t) for t in triggers))
     for kind, path in (("source", tmp_path / "sources.jsonl"), ("trigger", tmp_path / "triggers.jsonl")):
         done = subprocess.run(["node", batch_js, kind, str(path), "--jsonl"], capture_output=True, text=True,

@@ -10,10 +10,10 @@ import os
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from araopt.errors import ONE_LINE_MAX_CHARS, one_line
 from araopt.version import ParameterVersion
 from factories import make_frame, make_params, write_parts
 from pipelines import measure as measure_pipeline
-from pipelines.options import ONE_LINE_MAX_CHARS, one_line
 from pipelines.runner import (
     check_workers_can_write,
     is_dry_run,

@@ -231,12 +231,12 @@ def _estimates(cal) -> Estimates:
 
 
 def test_cli_special_days_and_partition_days():
-    from pipelines.measure import partition_days
-    from pipelines.options import UserError, parse_special_days_option
+    from pipelines.options import parse_special_days_option
+    from pipelines.partitions import partition_days
 
     assert parse_special_days_option("2026-12-24,2026-11-27") == ("2026-11-27", "2026-12-24")
     assert parse_special_days_option(None) == ()
-    with pytest.raises(UserError, match="--special-days"):
+    with pytest.raises(InvalidParameters, match="--special-days"):
         parse_special_days_option("2026-02-30")
     assert partition_days(["/log/date=2026-11-24/part-0.parquet", "gs://b/log/date=2026-11-24/x.parquet"]) == (
         "2026-11-24",)
@@ -244,3 +244,83 @@ def test_cli_special_days_and_partition_days():
         "2026-11-24", "2026-11-25")
     assert partition_days(["/log/date=2026-11-24/a.parquet", "/log/other.parquet"]) is None
     assert partition_days(["/log/mydate=2026-11-24/a.parquet"]) is None
+
+
+def _day_totals(conv: Conversions, p: Params, day: date):
+    """Exact capped sums X (noiseless estimates) and true totals T of one day, per slice."""
+    one = conv.take(np.flatnonzero(cb.day_blocks(conv) == epoch_day(day)))
+    kept, retained = cb.retained_values(one, p)
+    s = one.slices["s"]
+    X = np.column_stack([np.bincount(s, weights=kept.astype(float), minlength=4),
+                         np.bincount(s, weights=retained[:, 0], minlength=4)])
+    T = np.column_stack([np.bincount(s, minlength=4), np.bincount(s, weights=one.values[:, 0], minlength=4)])
+    return Estimates(X, np.zeros_like(X), X, X, ("count", "value"), 0.95), T
+
+
+def test_an_unseen_special_day_covers_a_shift_the_release_cannot_see():
+    # four ordinary weeks, then a declared sale day with twice the conversions per impression and twice
+    # the basket: the value, clipped low, keeps a much smaller share than on any day of the history
+    sale = MONDAY + timedelta(days=30)
+    conv = daily_log(31, weekend=1.0, special={30: 2.0}, seed=7, per_day=4000)
+    history = conv.take(np.flatnonzero(cb.day_blocks(conv) < epoch_day(MONDAY) + 28))
+    p, _, cal, calendar = fitted(history, special_days=[sale.isoformat()], p=params(count_limit=3, clip=4.0))
+    assert calendar is not None and calendar.blocks[SPECIAL] == 0
+    exact, T = _day_totals(conv, p, sale)
+    assert realised_ratio(conv, p, sale, q=1) < 0.8 * realised_ratio(conv, p, MONDAY + timedelta(days=23), q=1)
+    got = cb.correct(exact, cal, {"s": list(range(4))}, p, calendar=calendar, period_days=[sale])
+    assert ((got.ci_low <= T) & (T <= got.ci_high)).all()
+    assert got.calendar_note is not None and "5x the history's" in got.calendar_note
+    assert (np.abs(got.estimate - T) <= 3.0 * got.std_error).all()  # the standard error says as much
+    # the band scales with what a query loses: the value (clipped low) widens more than the count
+    width = (got.ci_high - got.ci_low) / got.estimate
+    assert (width[:, 1] > 2 * width[:, 0]).all()
+    # an ordinary day of the same calendar keeps its interval (no band)
+    wednesday = MONDAY + timedelta(days=23)
+    ordinary = calendar.adjustment([wednesday], cal)
+    assert ordinary.unseen_special_weight == 0.0 and ordinary.unsupported == ()
+
+
+@given(st.floats(0.01, 1.0), st.floats(1.0, 10.0), st.floats(0.0, 1.0))
+def test_the_ratio_band_holds_the_ratio_and_stays_a_ratio(r, k, w):
+    adjustment = cb.CalendarAdjustment(np.zeros(1), np.zeros(1), ("special",), True, w, k)
+    low, high = adjustment.band(np.array([r]))
+    assert 0.0 < low[0] <= r * (1 + 1e-12) and r * (1 - 1e-12) <= high[0] <= 1.0 + 1e-12
+    odds = (1 - r) / r
+    if w == 1.0 and r < 1.0:
+        np.testing.assert_allclose((1 - low[0]) / low[0], k * odds, rtol=1e-9)
+
+
+def test_a_special_day_seen_on_fewer_than_three_days_keeps_the_band_around_its_effect():
+    # one sale day in the history (day 20), a bigger one after it (day 30): one day cannot show how
+    # much a sale's days differ from each other
+    days = [MONDAY + timedelta(days=d) for d in (20, 30)]
+    conv = daily_log(31, weekend=1.0, special={20: 1.5, 30: 2.0}, seed=7, per_day=4000)
+    history = conv.take(np.flatnonzero(cb.day_blocks(conv) < epoch_day(MONDAY) + 28))
+    p, _, cal, calendar = fitted(history, special_days=[d.isoformat() for d in days], p=params(count_limit=3, clip=4.0))
+    assert calendar is not None and calendar.blocks[SPECIAL] == 1
+    exact, T = _day_totals(conv, p, days[1])
+    got = cb.correct(exact, cal, {"s": list(range(4))}, p, calendar=calendar, period_days=[days[1]])
+    assert ((got.ci_low <= T) & (T <= got.ci_high)).all()
+    adjustment = calendar.adjustment([days[1]], cal)
+    assert adjustment.unsupported == () and adjustment.unseen_special_weight == 1.0
+    assert got.calendar_note is not None and "only 1 special day" in got.calendar_note
+
+
+def test_the_operators_special_day_loss_factor_reaches_the_calendar_and_its_band():
+    from pipelines.options import check_loss_factor
+
+    conv = daily_log(28, weekend=1.0, seed=3)
+    p = params()
+    stats = cb.calibration_statistics(conv, p, cb.day_blocks(conv))
+    cal = cb.fit_calibration(stats)
+    sale = (MONDAY + timedelta(days=30)).isoformat()
+    narrow, wide = (cb.fit_calendar(stats, cal, [sale], k) for k in (2.0, 8.0))
+    assert narrow.unseen_loss_factor == 2.0 and wide.unseen_loss_factor == 8.0
+    assert cb.Calendar.from_json(json.loads(json.dumps(wide.to_json()))).unseen_loss_factor == 8.0
+    est = _estimates(cal)
+    got = {k: cb.correct(est, cal, {"s": list(range(4))}, p, calendar=c, period_days=[sale])
+           for k, c in (("narrow", narrow), ("wide", wide))}
+    assert (got["wide"].ci_high > got["narrow"].ci_high).all()
+    assert check_loss_factor(1.0) == 1.0
+    with pytest.raises(InvalidParameters, match="--special-day-loss-factor"):
+        check_loss_factor(0.5)

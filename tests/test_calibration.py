@@ -1,4 +1,5 @@
 """Calibration of retention ratios and the corrected estimates of the true totals."""
+import dataclasses
 import json
 import math
 
@@ -159,6 +160,28 @@ def test_accumulator_merged_equals_sequential_equals_compacted():
     a = cb.fit_calibration(merged).to_json()
     b = cb.fit_calibration(one).to_json()
     np.testing.assert_allclose(a["slices"]["ratio"], b["slices"]["ratio"], rtol=1e-9)
+
+
+def test_candidates_share_one_order_and_each_gets_its_own_kept_and_retained_sums():
+    rng = np.random.default_rng(4)
+    conv, days = generate(rng, [3.0, 6.0, 2.0], [200, 150, 100])
+    conv = dataclasses.replace(conv, in_period=np.arange(len(conv)) % 4 != 0)  # every 4th row: lookback
+    candidates = [(linf(count_limit=1, clip=2.0), "a"), (linf(count_limit=3, clip=4.0), "b"),
+                  (linf(count_limit=7, clip=1.5), "c")]
+    shared = cb.candidates_statistics(conv, candidates, days)
+    inside = conv.period_mask()
+    for (params, checksum), stats in zip(candidates, shared, strict=True):
+        alone = cb.calibration_statistics(conv, params, days, fitted_for=checksum)
+        assert stats.fitted_for == checksum and stats.slice_keys == alone.slice_keys
+        np.testing.assert_array_equal(stats.cells, alone.cells)
+        # the retained sums are this candidate's: min(v, C_l) over what Alg. 1 keeps of the period's rows
+        kept = kept_mask(conv, params, conv.record_keys()) & inside
+        clipped = np.minimum(conv.values[:, 0], params.queries[0].clip_threshold)
+        for j, key in enumerate(stats.slice_keys):
+            rows = kept & (conv.slices["s"] == key[0])
+            assert stats.quantity(0, "X")[j].sum() == rows.sum()
+            assert stats.quantity(1, "X")[j].sum() == pytest.approx(clipped[rows].sum(), rel=1e-12)
+        assert stats.num_conversions == int(inside.sum())
 
 
 def test_accumulator_refuses_bad_input():

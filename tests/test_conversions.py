@@ -3,6 +3,8 @@ column (values, dictionary-encoded, categorical) gives the same records, the sam
 tie-break and simulation key) and the same domain lookup."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -30,9 +32,13 @@ def table(n: int = 500, seed: int = 0, string_ids: bool = False) -> pa.Table:
 
 
 def reference_keys(conv: Conversions) -> np.ndarray:
-    """The record keys as first defined: pandas' hash of the record frame (strings as objects)."""
-    frame = pd.DataFrame({"i": conv.impression_id if conv.impression_id.dtype.kind in "iu"
-                          else conv.impression_id.astype(object), "t": conv.conversion_time.astype(np.int64)})
+    """The record keys as first defined: pandas' hash of the record frame (strings as objects), with
+    the impression id in its canonical form (decimal strings are their integer: these tables' ids)."""
+    ids = conv.impression_id
+    if ids.dtype.kind not in "iu":
+        assert all(re.fullmatch(r"-?[0-9]+", i) for i in ids)
+        ids = ids.astype(np.int64)
+    frame = pd.DataFrame({"i": ids, "t": conv.conversion_time.astype(np.int64)})
     for j in range(conv.values.shape[1]):
         frame[f"v{j}"] = conv.values[:, j]
     for k, v in conv.slices.items():
@@ -79,3 +85,28 @@ def test_categorical_slices_of_several_batches_and_of_repeated_dictionary_values
     assert list(conv.slices["campaign"].categories) == ["a", "b"]
     domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array(["a", "b"], dtype=object)}, ("value",))
     assert domain.slice_index(conv.slices).tolist() == [0, 1, 0, 1]
+
+
+def test_isin_ids_agrees_with_numpy_for_string_integer_and_mixed_ids():
+    from araopt.io.conversions import isin_ids
+
+    rng = np.random.default_rng(3)
+    strings = np.array([f"imp-{i}" for i in rng.integers(0, 500, 2000)], dtype=object)
+    among = np.array([f"imp-{i}" for i in rng.integers(0, 500, 300)], dtype=object)
+    np.testing.assert_array_equal(isin_ids(strings, among), np.isin(strings, among))
+    ints = rng.integers(0, 500, 2000)
+    np.testing.assert_array_equal(isin_ids(ints, ints[:300]), np.isin(ints, ints[:300]))
+    mixed = np.array(["a", 1, "b", 2.5], dtype=object)
+    np.testing.assert_array_equal(isin_ids(mixed, np.array([1, "b"], dtype=object)), [False, True, True, False])
+    assert not isin_ids(strings, np.array([], dtype=object)).any()
+    assert isin_ids(np.array([], dtype=object), among).shape == (0,)
+
+
+def test_record_keys_are_computed_once_and_cannot_be_changed_in_place():
+    conv = Conversions(np.array(["x", "y", "x"], dtype=object), np.array([3, 1, 2]), {"s": np.array([1, 2, 1])},
+                       np.ones((3, 1)), ("value",))
+    keys = conv.record_keys()
+    assert conv.record_keys() is keys and not keys.flags.writeable
+    fresh = Conversions(conv.impression_id.copy(), conv.conversion_time.copy(), {"s": conv.slices["s"].copy()},
+                        conv.values.copy(), ("value",))
+    np.testing.assert_array_equal(fresh.record_keys(), keys)

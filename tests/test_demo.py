@@ -15,5 +15,6 @@ def test_demo_runs_nightly_then_measures_the_next_day_with_its_lookback(tmp_path
     assert match, out[-2000:]
     predicted, realised = float(match.group(1)), float(match.group(2))
     assert 0 < predicted and 0 < realised and 0.5 < realised / predicted < 2.0
-    for path in ("measure/release/estimates.csv", "plots/nightly_report.png", "store/latest"):
+    for path in ("measure/release/estimates.csv", "plots/nightly_report.png", "plots/estimates.png",
+                 "plots/noisy_vs_unnoised.png", "measure/private/report.html", "store/latest"):
         assert (tmp_path / "out" / path).exists(), path

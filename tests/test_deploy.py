@@ -77,8 +77,8 @@ def test_option_lists_cover_the_documented_cli() -> None:
         "--max-count-limit-change",
     ]  # fmt: skip
     assert [o.flag for o in MEASURE_OPTIONS] == [
-        "--input", "--params", "--output", "--lookback", "--epsilon", "--override-epsilon", "--debug-run", "--domain",
-        "--max-slices", "--allow-rerelease", "--ledger",
+        "--input", "--params", "--output", "--lookback", "--lookback-days", "--epsilon", "--override-epsilon",
+        "--debug-run", "--domain", "--max-slices", "--allow-rerelease", "--ledger",
     ]
     required = {job: {o.name for o in opts if o.required} for job, opts in OPTIONS_BY_JOB.items()}
     assert required == {

@@ -18,20 +18,30 @@ from araopt.errors import (
 )
 from araopt.io import jsonio
 from araopt.io.conversions import ValidationCounts, check_rejected_share
+from araopt.io.locks import LockHeld
+from araopt.io.store import StoreConflict, StoreError
+from araopt.mechanism.aggregate import TooManySlices
 from araopt.mechanism.bounding import contribution_norms
 from araopt.mechanism.keys import KeyDomain, bucket_from_bytes
 from araopt.mechanism.measure import measure
 from araopt.mechanism.noise import noise_parameter
 from araopt.optimize.statistics import StatisticsSpec
 from factories import conversions, params
-from pipelines.options import UserError, split_columns
+from pipelines.ledger import LedgerRefusal
+from pipelines.options import split_columns
 
 
 def test_the_kinds_are_value_errors():
-    for kind in (InvalidParameters, InvalidInput, PrivacyRefusal, Unsupported, OutputRefused, UserError,
-                 AraLimitError, jsonio.DuplicateKeyError):
+    for kind in (InvalidParameters, InvalidInput, PrivacyRefusal, Unsupported, OutputRefused, AraLimitError,
+                 jsonio.DuplicateKeyError, StoreError, StoreConflict, LockHeld, TooManySlices, LedgerRefusal):
         assert issubclass(kind, AraoptError) and issubclass(kind, ValueError)
     assert issubclass(AraLimitError, InvalidParameters) and issubclass(jsonio.DuplicateKeyError, InvalidInput)
+
+
+def test_every_refusal_is_one_of_the_kinds():
+    """One taxonomy: the store's, the locks' and the ledger's refusals are kinds (or the store's own)."""
+    assert issubclass(StoreConflict, OutputRefused) and issubclass(LockHeld, OutputRefused)
+    assert issubclass(TooManySlices, InvalidInput) and issubclass(LedgerRefusal, PrivacyRefusal)
 
 
 def test_bad_data_is_invalid_input():

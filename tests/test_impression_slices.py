@@ -162,7 +162,8 @@ def choose_fixed(version, statistics, counts):
 def test_measure_and_the_history_jobs_reject_the_same_rows_and_accounting_closes(tmp_path, capsys):
     from araopt.optimize.statistics import StatisticsSpec
     from pipelines import measure as measure_pipeline
-    from pipelines.history import compute_statistics, compute_tuned_history, load_conversions
+    from pipelines.history import compute_statistics, compute_tuned_history
+    from pipelines.inputs import load_conversions
 
     df = pd.concat([frame().assign(impression_id=frame()["impression_id"] + 10 * k) for k in range(5)])
     path = tmp_path / "log.parquet"

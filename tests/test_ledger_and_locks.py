@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from araopt.errors import InvalidParameters
 from araopt.io.conversions import validate_table
 from araopt.io.locks import FileLock, LockedDir, LockHeld, sweep_unlocked
 from araopt.io.rowset import RowSet, RowSetPart, conversion_row_ids, sorted_unique, table_row_ids
 from araopt.io.stores import open_store
 from factories import RACES, conversions_table
-from pipelines.ledger import Ledger, ledger_root
-from pipelines.options import UserError
+from pipelines.ledger import Ledger, LedgerRefusal, ledger_root
 from pipelines.runner import SPILL_PREFIX, spill_folder
 
 
@@ -72,8 +72,9 @@ def test_row_ids_are_pinned_golden_values():
     """The ledger compares ids across years: the function must never change (pandas' string hash included)."""
     ids = conversion_row_ids(np.array([0, 1, -7, 2**62], dtype=np.int64), np.array([0, 5, 1_700_000_000_000_000, -1]))
     assert ids.tolist() == [0, 7572189954100768156, 11107355853674984026, 8253779245989834730]
-    text = conversion_row_ids(pa.array(["a", "imp-42", "", "007"]), np.array([1, 2, 3, 4]))
-    assert text.tolist() == [14380127798146821273, 2998314280352655471, 13431020076781761044, 1588512948680963855]
+    text = conversion_row_ids(pa.array(["a", "imp-42", "", "x007"]), np.array([1, 2, 3, 4]))
+    assert text.tolist()[:3] == [14380127798146821273, 2998314280352655471, 13431020076781761044]
+    assert text[3] == 7807847360144183517  # the same as before ids were canonicalised
 
 
 def test_a_string_id_in_canonical_integer_form_is_the_same_conversion_as_the_integer():
@@ -81,8 +82,18 @@ def test_a_string_id_in_canonical_integer_form_is_the_same_conversion_as_the_int
     ints = conversion_row_ids(np.array([5, -5, 9223372036854775807, -9223372036854775808, 0]), times)
     text = conversion_row_ids(pa.array(["5", "-5", "9223372036854775807", "-9223372036854775808", "0"]), times)
     assert ints.tolist() == text.tolist()
-    other = conversion_row_ids(pa.array(["05", "+5", "5.0", "9223372036854775808", "-0"]), times)
+    other = conversion_row_ids(pa.array(["+5", "5.0", " 5", "9223372036854775808", "0x0"]), times)
     assert not set(other.tolist()) & set(ints.tolist())
+
+
+def test_a_zero_padded_decimal_id_is_the_same_conversion_as_the_integer():
+    """A warehouse's fixed-width text ids (LPAD, CHAR(n)) round-trip through BIGINT losing the zeros."""
+    times = np.array([10, 20, 30, 40, 50])
+    ints = conversion_row_ids(np.array([123, -7, 0, 9223372036854775807, 5]), times)
+    padded = conversion_row_ids(pa.array(["000123", "-007", "-0", "0009223372036854775807", "05"]), times)
+    assert padded.tolist() == ints.tolist()
+    too_big = conversion_row_ids(pa.array(["09223372036854775808"]), times[:1])
+    assert too_big[0] != conversion_row_ids(np.array([-9223372036854775808]), times[:1])[0]
 
 
 def row_set_of_files(*blobs: bytes) -> RowSet:
@@ -137,7 +148,7 @@ def row_set(ids, first=0, last=100) -> tuple[RowSet, bytes]:
 def test_a_release_overlapping_a_released_one_is_refused_with_the_overlap(tmp_path):
     ledger = Ledger.open(str(tmp_path / "ledger"), allow_rerelease=False)
     ledger.check_and_record(*row_set(range(0, 2000)), {})
-    with pytest.raises(UserError, match="2,000 of the 2,001 conversions of this input were already released"):
+    with pytest.raises(LedgerRefusal, match="2,000 of the 2,001 conversions of this input were already released"):
         ledger.check_and_record(*row_set(range(0, 2001)), {})
     ledger.check_and_record(*row_set(range(5000, 6000)), {})  # disjoint: fine
     ledger.check_and_record(*row_set(range(0, 1000), first=200, last=300), {})  # windows do not meet: no overlap
@@ -160,7 +171,7 @@ def test_racing_releases_of_the_same_rows_record_exactly_one(tmp_path):
             try:
                 ledger.check_and_record(*row_set(range(100)), {})
                 outcome.append("recorded")
-            except UserError:
+            except LedgerRefusal:
                 outcome.append("refused")
 
         threads = [threading.Thread(target=release) for _ in range(2)]
@@ -176,7 +187,7 @@ def test_one_ledger_per_store_whatever_names_it(tmp_path):
     store = str(tmp_path / "store")
     assert ledger_root(store, None) == store
     assert ledger_root(store, str(tmp_path / "store" / ".." / "store")) == store
-    with pytest.raises(UserError, match="one ledger per store"):
+    with pytest.raises(InvalidParameters, match="one ledger per store"):
         ledger_root(store, str(tmp_path / "elsewhere"))
     assert ledger_root(None, None) == os.environ["ARAOPT_LEDGER"]
 

@@ -297,7 +297,8 @@ def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkey
     opts = PipelineOptions(["--runner", "BundleBasedDirectRunner"])
     with beam.Pipeline(options=opts) as p:
         measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns),
-                                        ParameterVersion(params), folder, data_domain(frame, params),
+                                        ParameterVersion(params), folder,
+                                        data_domain(frame, params).with_origin("declared"),  # as if listed
                                         simulation_seed=seed, debug_run=True,
                                         shuffle_dir=str(tmp_path / "spill") if shuffle == "files" else None)
     assert os.path.exists(marker)  # the first attempt did fail

@@ -52,7 +52,7 @@ def test_reconstruction_is_unbiased_for_clipped_kept_truth():
     conv = Conversions.from_table(frame, ["s"], ["v", "w"])
     params = Params(count_limit=3, encoding="linf", epsilon=32.0, slice_columns=("s",),
                     queries=(QueryParams("v", 20.0, 0.6), QueryParams("w", 4.0, 0.4)))
-    dom = KeyDomain.from_slice_values(("s",), conv.slices, ("v", "w"))
+    dom = KeyDomain.from_slice_values(("s",), conv.slices, ("v", "w"), origin="declared")  # listed, as an operator would
     sidx = dom.slice_index(conv.slices)
     model = expected_error(conv, sidx, dom.num_slices, params)
     runs = np.stack([measure(conv, params, dom, rng=rng, noise_rng=rng).estimates.estimate for _ in range(300)])
@@ -74,7 +74,7 @@ def test_error_model_matches_monte_carlo_rmsre_tau():
     })
     conv = Conversions.from_table(frame, ["s"], ["v"])
     params = Params(count_limit=2, encoding="linf", epsilon=4.0, slice_columns=("s",), queries=(QueryParams("v", 8.0, 1.0),))
-    dom = KeyDomain.from_slice_values(("s",), conv.slices, ("v",))
+    dom = KeyDomain.from_slice_values(("s",), conv.slices, ("v",), origin="declared")
     sidx = dom.slice_index(conv.slices)
     taus = default_taus(conv.values)
     model = expected_error(conv, sidx, dom.num_slices, params)

@@ -2,6 +2,7 @@
 and history read from gs:// through Beam (gcp-storage-emulator)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -10,6 +11,7 @@ import pytest
 
 from araopt import Params
 from araopt.io.stores import open_store
+from araopt.mechanism.params import QueryParams
 from araopt.nightly import Guardrails
 from araopt.version import ParameterVersion
 from factories import nightly_args, write_history
@@ -45,6 +47,9 @@ def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys
     report = json.loads((tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.json").read_text())
     assert report["published"] and report["predicted_rmsre_tau"] < min(report["baselines"].values())
     assert (tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.png").stat().st_size > 1000
+    page = (tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.html").read_text()  # beside the PNG
+    assert "PUBLISHED 2026-11-22-r1" in page and "Published parameter versions over time" in page
+    assert 'href="report.png"' in page and 'href="../../versions/2026-11-22-r1/params.json"' in page
     # re-running the same as-of on the same history publishes nothing new
     assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "r2"])) == 0
     assert store.list_versions() == ["2026-11-22-r1"]
@@ -59,6 +64,15 @@ def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys
     assert summary["parameters"]["version"] == "2026-11-22-r1" and summary["domain"] == "the parameter version"
     assert summary["parameters"]["sha256"] == store.resolve().sha256
     assert summary["release_number_of_this_input"] == 1 and summary["ledger"] == store.uri
+    # the run's page and figure are operator-private (exact counts beside the released numbers)
+    manifest = json.loads((out / "private" / "run_manifest.json").read_text())
+    private_files = {f["path"] for f in manifest["files"]}
+    assert {"private/report.html", "private/estimates.png"} <= private_files
+    assert not any(name.endswith((".html", ".png")) for name in os.listdir(out / "release"))
+    page = (out / "private" / "report.html").read_text()
+    assert "2026-11-22-r1" in page and 'href="estimates.png"' in page and "Accounting" in page
+    assert 'href="../../store/reports/2026-11-22-r1/report.html"' in page  # the night that chose the parameters
+    assert f"report (operator-private): {out}/private/report.html" in capsys.readouterr().out
     releases, _ = store.read_ledger()
     assert [e["id"] for e in releases] == [summary["ledger_entry"]] and releases[0]["rows"] == summary["rows_read"]
 
@@ -81,6 +95,8 @@ def test_guardrail_large_change_needs_flag(tmp_path, capsys):
     assert open_store(store_uri).resolve().version == "2026-11-22-a"
     report = json.loads((tmp_path / "store" / "reports" / "2026-11-23-b" / "report.json").read_text())
     assert report["published"] is False and report["problems"]
+    page = (tmp_path / "store" / "reports" / "2026-11-23-b" / "report.html").read_text()
+    assert "NOT PUBLISHED: clip threshold of value moves" in page
     assert nightly.run(args + ["--allow-large-change"]) == 0
     assert open_store(store_uri).resolve().version == "2026-11-23-b"
 
@@ -219,3 +235,49 @@ def test_idempotency_ignores_float_noise_but_not_real_changes():
     assert _same_release(p(10.0, "a"), p(10.0 * (1 + 1e-13), "b"), "2026-11-22")
     assert not _same_release(p(10.0, "a"), p(10.001, "b"), "2026-11-22")
     assert not _same_release(p(10.0, "a"), p(10.0, "b"), "2026-11-23")
+
+
+# ---- the privacy-safe run's decision and the one report schema -------------------------------------------
+def _learnt(params: Params, predicted: float | None, baseline: float | None) -> ParameterVersion:
+    from araopt.version import Provenance
+
+    extra = {"as_of": "2026-11-22"} if baseline is None else {
+        "as_of": "2026-11-22", "baselines": {"baseline_q95": {"rmsre_tau": baseline}}}
+    return ParameterVersion(params, provenance=Provenance(predicted_rmsre_tau=predicted, extra=extra))
+
+
+def test_the_privacy_safe_decision_is_guarded_like_a_tuned_one():
+    """``private_decision``: a version whose recorded prediction does not beat its recorded baseline is
+    refused, one that does is published, a large move of C needs the allowance, the cold start (no
+    prediction) is not guarded, and a re-run of the same day is recognised."""
+    from araopt.nightly import private_decision
+
+    base = Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
+                  queries=(QueryParams("v", 20.0, 1.0),))
+    assert private_decision(_learnt(base, 0.3, 0.4), None, "2026-11-22", Guardrails()).publish
+    worse = private_decision(_learnt(base, 0.5, 0.4), None, "2026-11-22", Guardrails())
+    assert not worse.publish and "does not beat the best baseline" in worse.problems[0]
+    previous = _learnt(base, 0.3, 0.4)
+    moved = _learnt(dataclasses.replace(base, count_limit=12), 0.3, 0.4)
+    assert "count limit moves 2 -> 12" in private_decision(moved, previous, "2026-11-22", Guardrails()).problems[0]
+    assert private_decision(moved, previous, "2026-11-22", Guardrails(allow_large_change=True)).publish
+    cold = private_decision(_learnt(base, None, None), None, "2026-11-22", Guardrails())
+    assert cold.publish and cold.problems == ()
+    rerun = private_decision(previous, previous, "2026-11-22", Guardrails())
+    assert rerun.idempotent and not rerun.publish
+
+
+def test_both_nightly_modes_write_one_report_schema():
+    """The joined-history report and the privacy-safe one: ``run_report``'s keys, each with its mode and
+    the facts of its input."""
+    from araopt.nightly import PrivateDecision, private_report, run_report
+
+    version = _learnt(Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
+                             queries=(QueryParams("v", 20.0, 1.0),)), 0.3, 0.4)
+    common = set(run_report("joined history", "d", "r", 8.0, version, 0.3, {}, None, (), False, ""))
+    report = private_report(PrivateDecision(version, ("x",), False), "d", "r", 8.0, "v1", cold_start=False)
+    assert common <= set(report) and report["mode"] == "privacy-safe" and report["problems"] == ["x"]
+    assert report["baselines"] == {"baseline_q95": 0.4} and report["predicted_rmsre_tau"] == 0.3
+    assert report["previous_version"] == "v1" and report["cold_start"] is False
+    with pytest.raises(ValueError, match="unknown nightly mode"):
+        run_report("other", "d", "r", 8.0, version, 0.3, {}, None, (), False, "")

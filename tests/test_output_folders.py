@@ -219,7 +219,8 @@ def test_export_ara_interrupted_mid_write_leaves_the_previous_export_whole(tmp_p
     assert run_export_ara(argv) == 0
     manifest = json.loads((tmp_path / "export" / MANIFEST).read_text())
     assert {f["path"] for f in manifest["files"]} == {"key_map.json", "key_map.csv", "sources.json",
-                                                      "output_domain.avro", "triggers.jsonl", "export.json"}
+                                                      "output_domain.avro", "private/triggers.jsonl",
+                                                      "private/README.txt", "export.json"}
     before = _tree(tmp_path / "export")
     assert run_export_ara(argv) == 2
     assert "already holds an export; pass --overwrite" in capsys.readouterr().err
@@ -262,3 +263,25 @@ def test_evaluate_interrupted_mid_write_leaves_no_folder(tmp_path, monkeypatch, 
     (out / "notes.txt").write_text("x")
     assert run_evaluate([*argv, "--overwrite"]) == 2
     assert "not an araopt evaluation folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_run_ended_by_a_signal_leaves_no_staging_folder_and_frees_the_target(tmp_path, signame):
+    # a run killed politely (timeout, kill, a closed terminal) while writing: the staging folder goes with it
+    script = textwrap.dedent(f"""
+        import sys, time
+        from araopt.io.folders import OutputFolder
+        with OutputFolder.prepare({str(tmp_path / "out")!r}, False, "test") as folder:
+            (folder.staging / "part.txt").write_text("half")
+            print("ready", flush=True)
+            time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(getattr(signal, signame))
+    assert proc.wait(timeout=30) == 128 + getattr(signal, signame)
+    assert [p.name for p in tmp_path.iterdir() if "staging" in p.name] == []
+    assert not (tmp_path / "out").exists()
+    with OutputFolder.prepare(tmp_path / "out", False, "test") as folder:  # the lock was released
+        folder.commit({})
+    assert (tmp_path / "out" / MANIFEST).exists()

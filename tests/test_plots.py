@@ -210,6 +210,35 @@ def test_nightly_report_png_with_one_version_and_with_none():
     _check_png(io.BytesIO(plots.nightly_report_png(per_count_limit, chosen, baselines, taus, [])))
 
 
+@pytest.mark.parametrize("low, high", [(0.15, 0.65), (0.151, 0.2), (0.02, 0.9), (1e-4, 10.0), (0.3, 0.31)])
+def test_a_log_axis_gets_at_least_three_labelled_ticks_inside_its_view(low, high):
+    ticks = plots.readable_log_ticks(low, high)
+    assert len(ticks) >= 3 and all(low * (1 - 1e-9) <= t <= high * (1 + 1e-9) for t in ticks)
+    assert len(ticks) <= 10 and ticks == sorted(ticks)
+
+
+@pytest.mark.rendering
+def test_nightly_report_narrow_error_range_is_labelled_and_the_legend_covers_no_line():
+    """A per-C curve between 0.15 and 0.65 (less than a decade: 1-2-5 ticks would label only 0.2 and 0.5)
+    gets at least three labelled y ticks, and the legend lies outside the panel, so no baseline line runs
+    under it."""
+    per_count_limit = pd.DataFrame({"C": np.arange(1, 21), "rmsre_tau": 0.15 + 0.3 * np.exp(-np.arange(20) / 3)})
+    baselines = {"baseline_q95": 0.282, "baseline_q99": 0.627}  # the q99 line near the panel's top
+    fig = plots.nightly_report_figure(per_count_limit, 13, baselines, {"count": 5.0, "value": 332.0},
+                                      [("2026-11-15-demo", 13, 0.151)])
+    _inside_figure(fig)
+    left = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    low, high = left.get_ylim()
+    labelled = [t for t in left.yaxis.get_major_ticks()
+                if t.label1.get_visible() and t.label1.get_text() and low <= t.get_loc() <= high]
+    assert len(labelled) >= 3, [t.label1.get_text() for t in labelled]
+    for ax in fig.axes[:2]:
+        legend = ax.get_legend().get_window_extent(renderer)
+        panel = ax.get_window_extent(renderer)
+        assert legend.y1 <= panel.y0, "the legend overlaps the panel"
+
+
 def _evaluation_frames():
     rows, curves = [], []
     for eps in (1.0, 4.0, 16.0):

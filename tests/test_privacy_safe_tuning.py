@@ -5,14 +5,15 @@ import dataclasses
 import numpy as np
 import pytest
 
+from araopt.evaluation.metrics import realised_rmsre_tau
 from araopt.evaluation.replay import (
     BASELINE_Q95,
     BASELINE_Q99,
+    COLD_START,
     FULLY_INFORMED,
     PRIVATE_SAFE,
     ReplayConfig,
     replay,
-    rmsre_tau,
     summary,
     true_totals,
 )
@@ -146,7 +147,11 @@ def test_rmsre_tau_and_true_totals_follow_the_definition():
     estimate = np.array([[12.0, 90.0], [2.0, 3.0]])
     taus = np.array([5.0, 10.0])
     expected = np.sqrt([((2 / 10) ** 2 + 0) / 2, ((10 / 100) ** 2 + (2 / 10) ** 2) / 2])
-    np.testing.assert_allclose(rmsre_tau(estimate, truth, taus), expected)
+    found = realised_rmsre_tau(estimate, truth, taus)
+    np.testing.assert_allclose(found.per_query, expected)
+    # Def. 3.2 over queries: the root of the mean of squares, not the mean of the roots
+    assert found.combined == pytest.approx(np.sqrt(np.mean(expected**2)))
+    assert found.combined > np.mean(expected)
     conv = Conversions(np.arange(5), np.arange(5), {"s": np.array([0, 1, 1, 2, 0])},
                        np.array([[1.0], [2.0], [3.0], [4.0], [5.0]]), ("value",),
                        in_period=np.array([True, True, True, True, False]))
@@ -158,13 +163,19 @@ def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start(
     conv = steady_log(9, 600, seed=9)
     domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
     frame = replay(conv, domain, ReplayConfig(8.0, window_days=3, lookback_days=10, days=3))
-    assert sorted(frame["method"].unique()) == sorted([PRIVATE_SAFE, FULLY_INFORMED, BASELINE_Q95, BASELINE_Q99])
-    assert frame["day"].nunique() == 3 and len(frame) == 12
+    assert sorted(frame["method"].unique()) == sorted([PRIVATE_SAFE, COLD_START, FULLY_INFORMED, BASELINE_Q95,
+                                                       BASELINE_Q99])
+    assert frame["day"].nunique() == 3 and len(frame) == 15
+    # every row's combined RMSRE_tau is Def. 3.2's root of the mean of the queries' squares
+    np.testing.assert_allclose(frame["rmsre_tau"],
+                               np.sqrt((frame["rmsre_tau_count"] ** 2 + frame["rmsre_tau_value"] ** 2) / 2))
+    cold = frame[frame["method"] == COLD_START]
+    assert (cold["count_limit"] == 5).all() and not cold["calibrated"].any()
     assert np.isfinite(frame["rmsre_tau"]).all() and (frame["rmsre_tau"] > 0).all()
     private = frame[frame["method"] == PRIVATE_SAFE].sort_values("day")
     assert list(private["calibrated"]) == [False, True, True]  # day 1 is the cold start
     np.testing.assert_allclose(private["exploration_share"], 0.021)
-    assert (frame.loc[frame["method"] != PRIVATE_SAFE, "exploration_share"] == 0).all()
+    assert (frame.loc[~frame["method"].isin([PRIVATE_SAFE, COLD_START]), "exploration_share"] == 0).all()
     found = summary(frame)
     assert found["days"] == 3 and 0 <= found["private_below_baselines"] <= 1
     with pytest.raises(ValueError, match="window-days"):
@@ -194,8 +205,8 @@ def test_the_replay_command_writes_its_table_summary_and_plot_whole_and_labelled
             "--output", str(out), "--window-days", "3", "--lookback-days", "10", "--replay-days", "2", "--no-progress"]
     assert run(argv) == 0
     table = pd.read_csv(out / "replay.csv")
-    assert table["day"].nunique() == 2 and set(table["method"]) == {PRIVATE_SAFE, FULLY_INFORMED, BASELINE_Q95,
-                                                                    BASELINE_Q99}
+    assert table["day"].nunique() == 2 and set(table["method"]) == {PRIVATE_SAFE, COLD_START, FULLY_INFORMED,
+                                                                    BASELINE_Q95, BASELINE_Q99}
     summary_json = json.loads((out / "summary.json").read_text())
     assert summary_json["label"].startswith("OPERATOR-PRIVATE") and summary_json["days"] == 2
     assert (out / "replay.png").read_bytes()[:4] == b"\x89PNG"
@@ -209,3 +220,17 @@ def test_the_replay_command_writes_its_table_summary_and_plot_whole_and_labelled
     assert last.startswith("araopt replay: error:") and "window-days" in last and "Traceback" not in err
     assert pd.read_csv(out / "replay.csv").equals(table)
     assert not [p for p in tmp_path.iterdir() if ".araopt-staging-" in p.name or ".araopt-replaced-" in p.name]
+
+
+def test_when_the_last_release_contradicts_the_model_the_cold_start_rule_is_published_and_said():
+    records, domain = _records()
+    agreed = private_tune(records, 8.0, domain, ("value",)).version
+    assert agreed.provenance is not None and agreed.provenance.extra["model_check"].startswith("the last release agrees")
+    # the last day's main keys show thirty times what the model expects of its slices
+    contradicted = records[:-1] + [dataclasses.replace(records[-1], main=records[-1].main * 30)]
+    version = private_tune(contradicted, 8.0, domain, ("value",)).version
+    assert version.provenance is not None and version.provenance.extra["model_check"].startswith("fallback")
+    assert version.provenance.extra["robust_prediction"]["candidate"] == "cold start"
+    pooled = np.concatenate([r.first_party.values for r in contradicted])
+    assert version.params.count_limit == 5
+    assert version.params.queries[0].clip_threshold == pytest.approx(float(np.quantile(pooled, 0.95)))

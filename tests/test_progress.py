@@ -51,8 +51,9 @@ def test_evaluate_and_optimize_show_progress_on_stderr_unless_told_not_to(tmp_pa
     assert evaluate.run(base + ["--output", str(tmp_path / "ev")]) == 0
     err = capsys.readouterr().err
     stages = [ln for ln in err.splitlines() if ln.startswith("araopt evaluate: [")]
-    assert len(stages) == 3 + 2 * 3 and "reading the training log (1 file(s), 600 rows)" in stages[0]
-    assert "statistics of the training log" in stages[1] and "epsilon 8 (2/2): optimizing" in stages[6]
+    assert len(stages) == 4 + 2 * 3 and "reading the training log (1 file(s), 600 rows)" in stages[0]
+    assert "statistics of the training log" in stages[1] and "test log's lookback" in stages[3]
+    assert "epsilon 8 (2/2): optimizing" in stages[7]
     assert evaluate.run(base + ["--output", str(tmp_path / "ev2"), "--no-progress"]) == 0
     assert "araopt evaluate: [" not in capsys.readouterr().err
     assert optimize.run(["--history", data, "--slices", "s", "--values", "v", "--epsilon", "8", "--output",

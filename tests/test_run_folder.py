@@ -10,12 +10,11 @@ import threading
 import pyarrow.parquet as pq
 import pytest
 
-from araopt.errors import OutputRefused
+from araopt.errors import InvalidInput, OutputRefused
 from araopt.io import outputs
 from araopt.io.stores import open_store
 from araopt.version import ParameterVersion
 from factories import RACES, conversions_table
-from pipelines.options import UserError
 from pipelines.run_folder import REPLACED_TAG, STAGING_TAG, RunFolder, wait_for_manifest
 
 
@@ -129,7 +128,7 @@ def test_wait_for_manifest_reads_the_release_manifest_and_refuses_an_incomplete_
     private = json.loads((tmp_path / "out" / "private" / "run_manifest.json").read_text())
     assert [f["path"] for f in private["files"]] == ["private/run_summary.json"] and private["input"]
     os.remove(tmp_path / "out" / "release" / "MANIFEST.json")
-    with pytest.raises(UserError, match="incomplete"):
+    with pytest.raises(InvalidInput, match="incomplete"):
         wait_for_manifest(str(tmp_path / "out"))
 
 
@@ -155,7 +154,7 @@ def test_a_run_failing_after_its_output_was_prepared_leaves_no_staging_folder(tm
 
 def test_a_parameter_file_inside_a_store_is_read_as_the_stores(tmp_path):
     from araopt import Params, QueryParams
-    from pipelines.measure import load_params
+    from pipelines.inputs import load_params
 
     params = Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
                     queries=(QueryParams("v", 20.0, 1.0),))

@@ -180,6 +180,26 @@ def test_frac_variance_exact_for_point_masses_and_one_sixth_when_spread():
         assert frac_variance(np.array([m_]), np.array([s_]))[0] == pytest.approx(np.mean(f * (1 - f)), abs=2e-3)
 
 
+def _frac_variance_64_terms(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """The series with all 64 terms for every value (the formula frac_variance truncates per value)."""
+    k = np.arange(1, 65, dtype=np.float64)[None, :]
+    x = (mu - np.floor(mu))[:, None]
+    return 1.0 / 6.0 - (np.cos(2 * np.pi * k * x) * np.exp(-2 * np.pi**2 * k * k * sigma[:, None] ** 2)
+                        / (np.pi * k) ** 2).sum(axis=1)
+
+
+def test_frac_variance_matches_the_full_64_term_series_to_1e12():
+    rng = np.random.default_rng(7)
+    sigma = np.concatenate([np.exp(rng.uniform(np.log(0.01), np.log(0.5), 20_000)), [0.01, 0.0100001, 0.4999999]])
+    mu = rng.uniform(0, 5000, len(sigma))
+    mu[:50] = np.round(mu[:50])  # integers: the series' smallest values (about 0.8 sigma)
+    got = frac_variance(mu, sigma)
+    assert np.abs(got / _frac_variance_64_terms(mu, sigma) - 1).max() < 1e-12
+    # the other branches are unchanged: sigma < 0.01 closed form, sigma >= 0.5 one sixth
+    assert frac_variance(np.array([2.3]), np.array([0.5]))[0] == 1 / 6
+    assert frac_variance(np.array([2.25]), np.array([0.005]))[0] == pytest.approx(0.25 * 0.75 - 0.005**2, rel=1e-15)
+
+
 def test_l1_objective_from_samples_exact_when_cells_are_small_and_close_when_sampled():
     conv = multi_query_conversions(n=4000, impressions=1000)
     taus = default_taus(conv.values)

@@ -48,7 +48,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 MODULES: dict[str, dict] = {
-    "mechanism.bounding": {"tests": ["tests/test_bounding.py"]},
+    "mechanism.bounding": {"tests": ["tests/test_bounding.py", "tests/test_lifetime_budget.py"]},
+    "mechanism.lifetime": {"tests": ["tests/test_lifetime_budget.py"]},
     "mechanism.noise": {"tests": ["tests/test_noise.py"]},
     "mechanism.encoding": {"tests": ["tests/test_encoding.py"]},
     "mechanism.report": {"tests": ["tests/test_report.py", "tests/test_mechanism.py"]},

@@ -18,8 +18,9 @@ from araopt.errors import Unsupported
 from araopt.io.conversions import Conversions, ValidationCounts, check_rejected_share, concat_periods, split_periods
 from araopt.mechanism import aggregate
 from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.measure import encode_and_bound, histogram_rows
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.release import Accounting, Release, histogram_height, noisy_release
 
 from .combine import CombinerFn
@@ -40,10 +41,12 @@ class _EncodeAndBound(beam.DoFn):
     """Per shard of complete impressions: encoding (Alg. 3 / Alg. 6), capping (Alg. 1) over the
     period's rows and their lookback, per-key sums of the period's rows."""
 
-    def __init__(self, params: Params, simulation_seed: int | None, coverage_start_us: int | None = None):
+    def __init__(self, params: Params, simulation_seed: int | None, coverage_start_us: int | None = None,
+                 history: ReleaseHistory | None = None):
         self._params = params
         self._seed = simulation_seed
         self._coverage_start = coverage_start_us
+        self._history = history
 
     def setup(self) -> None:
         self._kept = Metrics.counter(NAMESPACE, "conversions_kept")
@@ -58,7 +61,7 @@ class _EncodeAndBound(beam.DoFn):
         if conv.in_period is not None:  # lookback rows of impressions without a period row cannot change anything
             lookback_rows = int((~conv.period_mask()).sum())
             conv = concat_periods(*split_periods(conv))
-        contributions, kept = encode_and_bound(conv, params, self._seed)
+        contributions, kept = encode_and_bound(conv, params, self._seed, history=self._history)
         period = conv.period_mask()
         sums = aggregate.domain_sums(histogram_rows(conv, params, domain), contributions, kept,
                                      histogram_height(params, domain),
@@ -83,21 +86,24 @@ def rows_before_coverage(conversions: Conversions, coverage_start_us: int | None
 @beam.typehints.with_input_types(beam.typehints.Tuple[int, pa.Table])
 @beam.typehints.with_output_types(beam.typehints.Optional[aggregate.DomainSums])
 class EncodeBoundAndSum(beam.PTransform):
-    """(shard, table of complete impressions) -> one merged ``DomainSums`` over the domain side input."""
+    """(shard, table of complete impressions) -> one merged ``DomainSums`` over the domain side input.
+    ``history``: the earlier releases whose configurations cost the lookback rows (Alg. 1 over the
+    impression's life, ``araopt.mechanism.lifetime``)."""
 
     def __init__(self, params: Params, domain: beam.PCollection, simulation_seed: int | None = None,
-                 coverage_start_us: int | None = None):
+                 coverage_start_us: int | None = None, history: ReleaseHistory | None = None):
         super().__init__()
         self._params = params
         self._domain = domain
         self._seed = simulation_seed
         self._coverage_start = coverage_start_us
+        self._history = history
 
     def expand(self, shards: beam.PCollection[tuple[int, pa.Table]]) -> beam.PCollection[aggregate.DomainSums | None]:
         check_global_windowing(shards)
         return (
             shards
-            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed, self._coverage_start),
+            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed, self._coverage_start, self._history),
                                              beam.pvalue.AsSingleton(self._domain))
             | "SumPerKey" >> beam.CombineGlobally(CombinerFn(aggregate.DomainSumsCombiner()))
         )
@@ -122,7 +128,8 @@ class _AddNoise(beam.DoFn):
                                 lookback.rows_read, lookback.rows_rejected, sums.lookback_rows,
                                 sums.rows_before_lookback)
         Metrics.counter(NAMESPACE, "keys_released").inc(domain.num_keys)
-        yield noisy_release(sums, self._params, domain, accounting, simulation_seed=self._seed)
+        yield noisy_release(sums, self._params, domain, accounting, simulation_seed=self._seed,
+                            max_rejected_fraction=self._max_rejected)
 
 
 @beam.typehints.with_input_types(beam.typehints.Optional[aggregate.DomainSums])
@@ -169,7 +176,7 @@ class DomainFromData(beam.PTransform):
                 CombinerFn(aggregate.SliceSetCombiner(params.slice_columns, self._max_slices)))
             | "ToDomain" >> beam.Map(lambda s: aggregate.domain_of(
                 s if s is not None else aggregate.slice_set({c: [] for c in params.slice_columns}, params.slice_columns, 1),
-                params.query_columns, params.encoding == "baseline", params.conversion_slice_columns))
+                params.query_columns, params.encoding == Encoding.BASELINE, params.conversion_slice_columns))
         )
 
 

@@ -19,19 +19,17 @@ from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidParameters
 from araopt.io.conversions import IMPRESSION_ID
+from araopt.io.ids import canonical_id_hash
 
 
 def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:
-    """Stable across processes and machines (pandas' fixed-key SipHash), in [0, num_shards)."""
-    ids = np.asarray(impression_ids)
-    ids = ids.astype(np.int64) if ids.dtype.kind in "iu" else ids.astype(object)
-    hashed = pd.util.hash_array(ids)
+    """Stable across processes and machines (the canonical id hash, ``araopt.io.ids``), in [0, num_shards)."""
+    hashed = canonical_id_hash(impression_ids)
     return (hashed % np.uint64(num_shards)).astype(np.int64)
 
 
@@ -93,7 +91,8 @@ def _concat(item: tuple[int, Iterable[pa.Table]]) -> tuple[int, pa.Table]:
 @beam.typehints.with_input_types(pa.Table)
 @beam.typehints.with_output_types(beam.typehints.Tuple[int, pa.Table])
 class GroupByImpression(beam.PTransform):
-    """PCollection[pa.Table] -> PCollection[(shard, pa.Table)] of complete impressions.
+    """PCollection[pa.Table] (or a tuple of them, e.g. a period and its lookback) ->
+    PCollection[(shard, pa.Table)] of complete impressions over all the inputs.
 
     ``spill_dir``: shuffle through Arrow files there (see module docstring); None: in memory.
     """
@@ -105,16 +104,24 @@ class GroupByImpression(beam.PTransform):
         self._num_shards = num_shards
         self._spill_dir = spill_dir
 
-    def expand(self, tables: beam.PCollection[pa.Table]) -> beam.PCollection[tuple[int, pa.Table]]:
+    def expand(self, tables: beam.PCollection[pa.Table] | tuple[beam.PCollection[pa.Table], ...]
+               ) -> beam.PCollection[tuple[int, pa.Table]]:
+        inputs = tables if isinstance(tables, tuple) else (tables,)
         if self._spill_dir is not None:
+            # each input spills on its own and only the (shard, path) pairs are flattened: the local
+            # runner materialises a multi-input Flatten, which must not hold the rows themselves
+            spilled = [part | f"SpillByImpressionShard{i or ''}" >> beam.ParDo(
+                _SpillByShard(self._num_shards, self._spill_dir)).with_output_types(beam.typehints.Tuple[int, str])
+                for i, part in enumerate(inputs)]
+            paths = spilled[0] if len(spilled) == 1 else tuple(spilled) | "AllShardFiles" >> beam.Flatten()
             return (
-                tables
-                | "SpillByImpressionShard" >> beam.ParDo(_SpillByShard(self._num_shards, self._spill_dir))
+                paths
                 | "GroupShardFiles" >> beam.GroupByKey()
                 | "ReadShard" >> beam.Map(_read_shard).with_output_types(beam.typehints.Tuple[int, pa.Table])
             )
+        rows = inputs[0] if len(inputs) == 1 else inputs | "AllTables" >> beam.Flatten().with_output_types(pa.Table)
         return (
-            tables
+            rows
             | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards)).with_output_types(
                 beam.typehints.Tuple[int, pa.Table])
             | "GroupShards" >> beam.GroupByKey()

@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidInput
 from araopt.io.conversions import CONVERSION_TIME, IMPRESSION_ID, unify_schemas
-from araopt.io.files import distinct_files
+from araopt.io.files import distinct_files, local_files_below
 
 _GLOB_CHARS = "*?["
 
@@ -59,14 +59,18 @@ def is_hidden(path: str, root: str) -> bool:
 def match_files(pattern: str) -> list[str]:
     """Non-empty, non-hidden files matching a path or glob (local or gs://), each file once (also when
     two names lead to it: ``araopt.io.files.distinct_files``); a directory, or a folder a glob matches
-    (``log/date=2026-09-0*``), means every ``*.parquet`` below it."""
+    (``log/date=2026-09-0*``), means every ``*.parquet`` below it; locally, symbolic links to folders
+    are followed (a folder of links to ``date=`` partitions)."""
+    root = _root(pattern)
+    if "://" not in pattern:  # local: symbolic links to folders followed (Beam's local listing does not)
+        matched = local_files_below(pattern)
+        return distinct_files(sorted(p for p, size in matched.items() if size > 0 and not is_hidden(p, root)))
     if _is_directory(pattern):
         patterns = [FileSystems.join(pattern, "**.parquet"), FileSystems.join(pattern, "*.parquet")]
     elif _is_glob(pattern):  # the files it matches, and the *.parquet below the folders it matches
         patterns = [pattern, pattern.rstrip("/") + "/**.parquet"]
     else:
         patterns = [pattern]
-    root = _root(pattern)
     matched = {m.path: m.size_in_bytes for p in patterns for m in FileSystems.match([p])[0].metadata_list}
     return distinct_files(sorted(p for p, size in matched.items() if size > 0 and not is_hidden(p, root)))
 

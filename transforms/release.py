@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from araopt.errors import PrivacyRefusal
 from araopt.io import avro, jsonio, outputs
 from araopt.publication import (
     Publication,
@@ -24,6 +25,18 @@ from araopt.publication import (
     release_json,
     summary_records,
 )
+
+
+def check_simulation_label(publication: Publication, simulation: bool) -> Publication:
+    """A seeded release goes only into a simulation folder (``SIMULATION-`` names), and a simulation
+    folder holds only seeded releases: seeded noise is not private, and a reader must not mistake one
+    for the other."""
+    seeded = publication.release.simulation_seed is not None
+    if seeded != simulation:
+        raise PrivacyRefusal("a release noised with a simulation seed is written only as a simulation (simulation="
+                             "True)" if seeded else "a simulation folder holds only releases noised with a "
+                             "simulation seed; this one has secure noise")
+    return publication
 
 
 class _WriteSmallFiles(beam.DoFn):
@@ -39,6 +52,7 @@ class _WriteSmallFiles(beam.DoFn):
             fh.write(data)
 
     def process(self, publication: Publication) -> Iterator[str]:
+        check_simulation_label(publication, self._simulation)
         domain = publication.domain
         self._put(outputs.KEY_MAP_JSON, jsonio.dumps(domain.to_json(self._sha), indent=1).encode())
         self._put(outputs.KEY_MAP_CSV, outputs.csv_bytes(domain.key_table()))
@@ -75,9 +89,11 @@ class WriteRelease(beam.PTransform):
     def _avro(self, pcoll: beam.PCollection[Publication], label: str, fn: Callable[[Any], list[dict[str, Any]]],
               record: str, relative: str) -> beam.pvalue.PDone:
         stem = relative[: -len(".avro")]
+        simulation = self._simulation
         return (
             pcoll
-            | f"{label}Records" >> beam.FlatMap(lambda publication: fn(publication.release))
+            | f"{label}Records" >> beam.FlatMap(
+                lambda publication: fn(check_simulation_label(publication, simulation).release))
             | f"Write{label}" >> beam.io.WriteToAvro(
                 FileSystems.join(self._output, stem), schema=avro.load_schema(record), num_shards=1,
                 shard_name_template="", file_name_suffix=".avro")

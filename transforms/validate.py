@@ -15,8 +15,8 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
-from apache_beam.runners.runner import PipelineResult
 
 from araopt.io.conversions import (
     IMPRESSION_SLICE_INCONSISTENT,
@@ -28,6 +28,7 @@ from araopt.io.conversions import (
     dead_letter_schema,
     validate_batch,
 )
+from araopt.io.rowset import TIME_US
 from araopt.mechanism.sources import impression_slice_conflicts
 
 from .group import GroupByImpression
@@ -97,6 +98,17 @@ def period_rows(table: pa.Table) -> pa.Table:
     if IN_PERIOD not in table.column_names:
         return table
     return table.filter(table.column(IN_PERIOD))
+
+
+def lookback_rows(table: pa.Table, since_us: int | None = None) -> pa.Table:
+    """The --lookback rows of a valid batch (none when it carries no lookback), those converted at or
+    after ``since_us`` only if given."""
+    if IN_PERIOD not in table.column_names:
+        return table.slice(0, 0)
+    keep = pc.invert(table.column(IN_PERIOD))
+    if since_us is not None:
+        keep = pc.and_(keep, pc.greater_equal(table.column(TIME_US), pa.scalar(since_us, pa.int64())))
+    return table.filter(keep)
 
 
 LOOKBACK_REJECTED = "lookback_rejected"
@@ -200,15 +212,18 @@ class ReadAndValidate(beam.PTransform):
         if self._lookback:
             earlier = self._read(pbegin, self._lookback, "Lookback")
             lookback_counts, lookback_rejected = [earlier[COUNTS]], [earlier[REJECTED]]
-            valid = (
-                (valid | "MarkPeriod" >> beam.Map(_mark_period, True).with_output_types(pa.Table),
-                 earlier[VALID] | "MarkLookback" >> beam.Map(_mark_period, False).with_output_types(pa.Table))
-                | "PeriodAndLookback" >> beam.Flatten().with_output_types(pa.Table))
+            marked = (valid | "MarkPeriod" >> beam.Map(_mark_period, True).with_output_types(pa.Table),
+                      earlier[VALID] | "MarkLookback" >> beam.Map(_mark_period, False).with_output_types(pa.Table))
         if self._num_shards is None:
+            if self._lookback:
+                valid = marked | "PeriodAndLookback" >> beam.Flatten().with_output_types(pa.Table)
             out: dict[str, beam.PCollection[Any]] = {VALID: valid}
         else:
+            # the period and the lookback go to the shuffle separately: with a spill directory each is
+            # spilled on its own and only their shard files are joined (a Flatten of the rows would be
+            # held whole in memory by the local runner)
             grouped = (
-                valid
+                (marked if self._lookback else valid)
                 | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir)
                 | "CheckImpressionSlices" >> beam.ParDo(_CheckImpressionSlices(
                     self._impression_slice_columns, self._slice_columns, self._value_columns)).with_outputs(
@@ -226,20 +241,3 @@ class ReadAndValidate(beam.PTransform):
                 lookback_counts, lookback_rejected, "Lookback",
                 None if self._dead_letter is None else self._dead_letter + "_lookback")
         return out
-
-
-def counter_values(result: PipelineResult) -> dict[str, int]:
-    """Beam counters of a finished pipeline by name (committed, else attempted); {} if unsupported."""
-    out: dict[str, int] = {}
-    try:
-        for c in result.metrics().query()["counters"]:
-            out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(c.committed or c.attempted or 0)
-    except Exception:  # noqa: BLE001 - some runners report no metrics; the pipeline's own accounting remains
-        pass
-    return out
-
-
-def rejected_by_reason(result: PipelineResult) -> dict[str, int]:
-    """Rows sent to the dead letter, per reason, from the validation counters."""
-    prefix = "rows_rejected_"
-    return {k[len(prefix):]: v for k, v in counter_values(result).items() if k.startswith(prefix) and v}

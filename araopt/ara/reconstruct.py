@@ -3,6 +3,7 @@ mapped to (slice, query) through the key domain, every row accounted for (unknow
 huge), and the estimates of the true totals when the parameter version carries a calibration."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from araopt.errors import InvalidInput
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.noise import noise_parameter
 from araopt.mechanism.params import Params
-from araopt.mechanism.report import reconstruct
-from araopt.publication import estimates_frame, true_totals
+from araopt.mechanism.report import Estimates, reconstruct
+from araopt.publication import estimates_frame, histogram_buckets, true_totals
 from araopt.version import ParameterVersion
 
 EXACT_FLOAT_LIMIT = 2**53
@@ -47,12 +48,18 @@ class ReconstructCounters:
     huge_metrics: int
     unknown: tuple[tuple[int, int], ...] = ()
     huge: tuple[tuple[int, int], ...] = ()
+    period_days: tuple[str, ...] | None = None  # the days the report covers, as given (None: not known)
+    calendar_applied: bool = False  # the calibration's day-type effects shifted the ratios
+    calendar_note: str | None = None  # the calibration could not apply or support the days (console, once)
+    exploration_buckets: int = 0  # rows of the exploration arms' keys (part of the output domain, not unknown)
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("rows", "matched", "unknown_buckets", "unknown_metric_sum", "missing_buckets",
-                                              "incomplete_slices", "negative_metrics", "implausible_negative_metrics",
-                                              "huge_metrics")}
+        out = {k: getattr(self, k) for k in ("rows", "matched", "exploration_buckets", "unknown_buckets",
+                                              "unknown_metric_sum", "missing_buckets", "incomplete_slices",
+                                              "negative_metrics", "implausible_negative_metrics", "huge_metrics")}
         out["unknown_examples"] = [f"0x{b:x}" for b, _ in self.unknown[:5]]
+        out.update(period_days=None if self.period_days is None else list(self.period_days),
+                   calendar_applied=self.calendar_applied, calendar_note=self.calendar_note)
         return out
 
 
@@ -63,50 +70,97 @@ def implausible_negative_threshold(epsilon: float, contribution_budget: int = AR
     return int(math.ceil(-math.log(tail) / a))
 
 
-def estimates_from_summary_report(
-    buckets: Sequence[int], metrics: np.ndarray | Sequence[int], version: ParameterVersion | Params, domain: KeyDomain,
-    confidence: float = CONFIDENCE,
-) -> tuple[pd.DataFrame, ReconstructCounters]:
-    """Map report buckets to (slice, query) through the key domain and reconstruct (Alg. 4).
+@dataclass(frozen=True)
+class ReportEstimates:
+    """A summary report mapped through the release's output domain (``histogram_buckets``) and
+    reconstructed (Alg. 4): the main keys at the count limit C, each exploration arm's keys at the
+    arm's C_a (``Params.for_arm``), and the accounting of every row. A domain or arm bucket missing from
+    the report, or with a metric beyond ±2^53, is NaN in ``main``/``arms`` (and counted)."""
 
-    Buckets absent from the domain are counted (and listed in the counters), never silently
-    dropped; a domain bucket missing from the report, or with a metric beyond ±2^53, makes the
-    affected estimates NaN and is counted; a bucket appearing twice is an error (overlapping files).
-    """
-    if isinstance(version, Params):  # parameters without a calibration: Alg. 4's estimates
-        version = ParameterVersion(version)
-    params = version.params
+    main: Estimates
+    arms: tuple[Estimates, ...]
+    counters: ReconstructCounters
+
+    @property
+    def complete(self) -> bool:
+        """Every bucket of the output domain, and no other, with an exact metric."""
+        c = self.counters
+        return (c.unknown_buckets == 0 and c.missing_buckets == 0 and c.huge_metrics == 0
+                and not any(np.isnan(a.estimate).any() for a in self.arms))
+
+
+def reconstruct_summary_report(
+    buckets: Sequence[int], metrics: np.ndarray | Sequence[int], params: Params, domain: KeyDomain,
+    confidence: float = CONFIDENCE,
+) -> ReportEstimates:
+    """Map report buckets to the output domain of a release with ``params`` (the domain's keys, then
+    each exploration arm's: ``histogram_buckets``) and reconstruct (Alg. 4): the main keys at C, each
+    arm at its own count limit C_a. The one policy for a report's rows: a bucket outside the output
+    domain is counted as unknown (and listed), never silently dropped; a bucket of the output domain
+    missing from the report, or with a metric beyond ±2^53, makes its estimate NaN and is counted; a
+    bucket appearing twice is an error (overlapping files)."""
     check_domain_matches(params, domain)
     metrics = np.asarray(metrics, dtype=np.int64).reshape(-1)
     if len(buckets) != len(metrics):
         raise InvalidInput(f"{len(buckets)} buckets but {len(metrics)} metrics")
-    key_of = {b: i for i, b in enumerate(domain.buckets())}
-    num_keys = domain.num_keys
-    ids = np.fromiter((key_of.get(int(b), -1) for b in buckets), dtype=np.int64, count=len(buckets))
+    layout = histogram_buckets(params, domain)
+    position = {b: i for i, b in enumerate(layout)}
+    num_keys, width = domain.num_keys, domain.num_columns
+    ids = np.fromiter((position.get(int(b), -1) for b in buckets), dtype=np.int64, count=len(buckets))
+    arm = ids >= num_keys
     unknown = ids < 0
     huge = np.abs(metrics.astype(np.float64)) > EXACT_FLOAT_LIMIT
-    known_ids = ids[~unknown]
-    counts = np.bincount(known_ids, minlength=num_keys)
+    counts = np.bincount(ids[ids >= 0], minlength=len(layout))
     if (counts > 1).any():
         dup = int(np.flatnonzero(counts > 1)[0])
-        raise InvalidInput(f"bucket 0x{domain.buckets()[dup]:x} appears {int(counts[dup])} times in the summary report "
+        raise InvalidInput(f"bucket 0x{layout[dup]:x} appears {int(counts[dup])} times in the summary report "
                            f"(overlapping files or a bad report)")
-    use = ~unknown & ~huge
-    W: np.ndarray = np.full(num_keys, np.nan)
-    W[ids[use]] = metrics[use].astype(np.float64)
-    W = W.reshape(domain.num_slices, domain.num_columns)
+    flat: np.ndarray = np.full(len(layout), np.nan)
+    placed = (ids >= 0) & ~huge
+    flat[ids[placed]] = metrics[placed].astype(np.float64)
+    W = flat[:num_keys].reshape(domain.num_slices, width)
     estimates = reconstruct(W, params, confidence)
+    arm_rows = flat[num_keys:].reshape(-1, width)
+    arms = tuple(reconstruct(arm_rows[a:a + 1], params.for_arm(a), confidence) for a in range(len(arm_rows)))
     floor = -implausible_negative_threshold(params.epsilon, params.contribution_budget)
-    known = ~unknown
+    known = (ids >= 0) & ~arm
     unknown_rows = tuple((int(b), int(m)) for b, m, u in zip(buckets, metrics, unknown, strict=True) if u)
     counters = ReconstructCounters(
-        rows=len(buckets), matched=int(use.sum()), unknown_buckets=int(unknown.sum()),
+        rows=len(buckets), matched=int((known & ~huge).sum()), unknown_buckets=int(unknown.sum()),
         unknown_metric_sum=int(sum(m for _, m in unknown_rows)),
-        missing_buckets=int(num_keys - (counts > 0).sum()), incomplete_slices=int(np.isnan(W).any(axis=1).sum()),
+        missing_buckets=int(num_keys - (counts[:num_keys] > 0).sum()),
+        incomplete_slices=int(np.isnan(W).any(axis=1).sum()),
         negative_metrics=int((known & (metrics < 0)).sum()),
         implausible_negative_metrics=int((known & ~huge & (metrics < floor)).sum()),
-        huge_metrics=int((known & huge).sum()), unknown=unknown_rows,
+        huge_metrics=int((known & huge).sum()), unknown=unknown_rows, exploration_buckets=int(arm.sum()),
         huge=tuple((int(b), int(m)) for b, m, h in zip(buckets, metrics, known & huge, strict=True) if h),
     )
-    corrected = None if version.calibration is None else true_totals(estimates, version.calibration, domain, params)
+    return ReportEstimates(estimates, arms, counters)
+
+
+def estimates_from_summary_report(
+    buckets: Sequence[int], metrics: np.ndarray | Sequence[int], version: ParameterVersion | Params, domain: KeyDomain,
+    confidence: float = CONFIDENCE, period_days: Sequence[Any] | None = None,
+) -> tuple[pd.DataFrame, ReconstructCounters]:
+    """Map report buckets to (slice, query) through the key domain and reconstruct (Alg. 4), with the
+    row policy of ``reconstruct_summary_report``.
+
+    With a calibration, the estimates of the true totals are ``publication.true_totals``'s, the code
+    path ``measure`` publishes through: ``period_days`` (the UTC conversion days the report covers)
+    apply the version's calendar as ``measure`` applies it to its input's ``date=`` partitions;
+    without them the counters' ``calendar_note`` says the calendar was not applied.
+    """
+    if isinstance(version, Params):  # parameters without a calibration: Alg. 4's estimates
+        version = ParameterVersion(version)
+    params = version.params
+    report = reconstruct_summary_report(buckets, metrics, params, domain, confidence)
+    estimates = report.main
+    corrected = (None if version.calibration is None else
+                 true_totals(estimates, version.calibration, domain, params, calendar=version.calendar,
+                             period_days=period_days))
+    counters = dataclasses.replace(
+        report.counters, period_days=None if period_days is None else tuple(str(d) for d in period_days),
+        calendar_applied=corrected is not None and corrected.calendar_applied,
+        calendar_note=None if corrected is None else corrected.calendar_note,
+    )
     return estimates_frame(estimates, domain, corrected, version.correction), counters

@@ -50,7 +50,7 @@ from araopt.io import jsonio
 from araopt.mechanism.bounding import impression_order
 from araopt.mechanism.encoding import EncoderTable, count_scale, query_scales
 from araopt.mechanism.keys import BOTTOM_NAME, COUNT_NAME, KeyDomain
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 from araopt.version import ParameterVersion
 
 REGISTER_SOURCE = "Attribution-Reporting-Register-Source"
@@ -106,7 +106,7 @@ def aggregation_key_names(params: Params) -> tuple[str, ...]:
     Query names are the column names with characters other than ``[A-Za-z0-9_.-]`` replaced by
     ``_``, cut to 25 characters and made unique with a ``_<n>`` suffix.
     """
-    bottom = COUNT_NAME if params.encoding == "baseline" else BOTTOM_NAME
+    bottom = COUNT_NAME if params.encoding == Encoding.BASELINE else BOTTOM_NAME
     used = {bottom}
     names = []
     for column in params.query_columns:
@@ -217,7 +217,7 @@ def ara_requirements(params: Params, cardinalities: Sequence[int]) -> AraRequire
     d = params.num_queries
     budget = params.per_conversion_budget
     scales = [int(s) for s in query_scales(params)]
-    if params.encoding == "baseline":
+    if params.encoding == Encoding.BASELINE:
         cscale = count_scale(params)
         max_value, total = max([cscale] + scales), cscale + sum(scales)
         min_norm = max(1, cscale)  # a conversion with all values 0 still sends the count key
@@ -266,7 +266,7 @@ def check_domain_matches(params: Params, domain: KeyDomain) -> None:
         problems.append(f"slice columns {list(domain.slice_columns)} != {list(params.slice_columns)}")
     if tuple(domain.query_names) != params.query_columns:
         problems.append(f"queries {list(domain.query_names)} != {list(params.query_columns)}")
-    if domain.baseline != (params.encoding == "baseline"):
+    if domain.baseline != (params.encoding == Encoding.BASELINE):
         problems.append(f"key map is for {'the baseline' if domain.baseline else 'a bottom-key'} encoding, "
                         f"parameters use {params.encoding!r}")
     if set(domain.conversion_slice_columns) != set(params.conversion_slice_columns):
@@ -543,7 +543,7 @@ class TriggerEncoder:
         u = self._uniforms(rng, uniforms)
         t = self._thresholds
         table = self.table
-        if table.encoding != "l1":
+        if table.encoding != Encoding.L1:
             w = []
             # not strict: a caller may pass more uniforms than the d this encoding consumes
             for v, ti, scale, ui in zip(vals, t, self._scales, u, strict=False):

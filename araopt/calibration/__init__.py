@@ -8,6 +8,7 @@ from araopt.calibration.accumulator import (
     accumulate_candidates,
     add_conversions,
     calibration_statistics,
+    candidates_statistics,
     compact,
     create_accumulator,
     day_blocks,
@@ -33,7 +34,8 @@ __all__ = [
     "Backtest", "CALIBRATION_FORMAT", "Calendar", "CalendarAdjustment", "Calibration", "CalibrationAccumulator",
     "CalibrationStatistics", "CandidatesCombiner", "CorrectedEstimates", "KAPPA_PSEUDO_CONVERSIONS", "METHOD",
     "MIN_RATIO", "accumulate_candidates", "add_conversions", "backtest", "calibrate", "calibration_statistics",
-    "compact", "convolved_loss_quantiles", "correct", "create_accumulator", "day_blocks", "extract_output",
+    "candidates_statistics", "compact", "convolved_loss_quantiles", "correct", "create_accumulator", "day_blocks",
+    "extract_output",
     "fit_calendar", "fit_calibration", "history_blocks", "merge_accumulators", "parse_special_days",
     "period_blocks_for", "retained_values", "retention_checksum", "shrink",
 ]

@@ -14,7 +14,8 @@ import pandas as pd
 from araopt.calibration.model import retention_checksum
 from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
-from araopt.mechanism.bounding import kept_mask
+from araopt.io.ids import canonical_id_hash
+from araopt.mechanism.bounding import ImpressionRanks, kept_mask_ordered
 from araopt.mechanism.encoding import check_values, expected_contribution, query_scales
 from araopt.mechanism.keys import register_slices, slice_sort_key
 from araopt.mechanism.params import Params
@@ -65,21 +66,128 @@ def create_accumulator(params: Params, slice_columns: Sequence[str] | None = Non
                                   fitted_for=retention_checksum(params) if fitted_for is None else fitted_for)
 
 
-def retained_values(conversions: Conversions, params: Params) -> tuple[np.ndarray, np.ndarray]:
+def retained_values(conversions: Conversions, params: Params,
+                    ranks: ImpressionRanks | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(kept mask, (n, d) expected retained value per record in query units; 0 where not kept).
 
     Kept: ``error_model.kept_mask`` with the pipeline's tie-break ``Conversions.record_keys()``
     (L-inf Alg. 3 / L1 Alg. 6: rank < K(C); baseline: expected-norm approximation). Retained value:
     E[w_l] C_l / scale_l (L-inf: min(v, C_l); L1: the shrunk value), as in ``error_model``.
+    ``ranks``: that order, if already computed (``ImpressionRanks.of(conversions, record_keys())``).
     """
     vals = check_values(conversions.values, params.num_queries)
-    kept = kept_mask(conversions, params, tie_breaker=conversions.record_keys())
+    if ranks is None:
+        ranks = ImpressionRanks.of(conversions, conversions.record_keys())
+    kept = kept_mask_ordered(conversions, params, ranks)
     out = np.zeros_like(vals)
     if kept.any():
         thresholds = np.array([q.clip_threshold for q in params.queries], dtype=np.float64)
         unit = thresholds / query_scales(params)
         out[kept] = expected_contribution(vals[kept], params) * unit[None, :]
     return kept, out
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedBatch:
+    """What the calibration needs of a batch whatever the parameters, computed once for all candidates:
+    Alg. 1's order (one record hash and one sort), the period's rows, their (slice, block) registry and
+    the clusters (impression, slice, block) with their true sums. ``add_prepared`` then costs a few
+    passes over the rows per candidate instead of a hash, a sort and a factorisation."""
+
+    conversions: Conversions
+    ranks: ImpressionRanks
+    inside: np.ndarray | None  # period rows (None: all)
+    slice_columns: tuple[str, ...]
+    slice_ids: dict[tuple[Any, ...], int]
+    block_ids: dict[Any, int]
+    order: np.ndarray  # period rows by (impression, slice, block)
+    starts: np.ndarray  # first row of every cluster along ``order``
+    truth: np.ndarray  # (clusters, 1 + d): conversions and value sums per cluster
+    cell_keys: np.ndarray  # distinct (slice << 32 | block) keys
+    cell_index: np.ndarray  # cluster -> index into cell_keys
+
+    @classmethod
+    def of(cls, conversions: Conversions, block_ids: Any, slice_columns: Sequence[str],
+           value_columns: Sequence[str]) -> PreparedBatch:
+        if tuple(conversions.value_columns) != tuple(value_columns):
+            raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
+                               f"params expect {tuple(value_columns)}")
+        missing = [c for c in slice_columns if c not in conversions.slices]
+        if missing:
+            raise InvalidInput(f"conversions lack slice column(s) {missing}")
+        n = len(conversions)
+        blocks = np.asarray(block_ids)
+        if blocks.ndim != 1 or len(blocks) != n:
+            raise InvalidInput(f"block_ids must be one id per record ({n}), got shape {blocks.shape}")
+        if n and pd.isna(pd.Series(blocks)).any():
+            raise InvalidInput("block_ids must not be null / NaN")
+        ranks = ImpressionRanks.of(conversions, conversions.record_keys() if n else None)
+        inside = None
+        period = conversions
+        if conversions.in_period is not None:  # only the period's rows are counted
+            inside = conversions.period_mask()
+            period, blocks = conversions.take(np.flatnonzero(inside)), blocks[inside]
+        m = len(period)
+        slice_ids: dict[tuple[Any, ...], int] = {}
+        block_registry: dict[Any, int] = {}
+        sid = register_slices([period.slices[c] for c in slice_columns], slice_ids, m)
+        bid = register_slices([blocks], block_registry, m, bare=True)
+        imp = pd.factorize(np.asarray(period.impression_id), sort=False)[0].astype(np.int64)
+        order = np.lexsort((bid, sid, imp))
+        imp_o, sid_o, bid_o = imp[order], sid[order], bid[order]
+        starts = np.flatnonzero(np.r_[True, (imp_o[1:] != imp_o[:-1]) | (sid_o[1:] != sid_o[:-1])
+                                      | (bid_o[1:] != bid_o[:-1])]) if m else np.zeros(0, dtype=np.int64)
+        vals = check_values(period.values, len(value_columns))
+        truth = (np.add.reduceat(np.column_stack([np.ones(m), vals])[order], starts, axis=0) if m
+                 else np.zeros((0, 1 + len(value_columns))))
+        cell = (sid_o[starts] << _BLOCK_SHIFT) | bid_o[starts]
+        cell_keys, cell_index = np.unique(cell, return_inverse=True)
+        return cls(conversions, ranks, inside, tuple(slice_columns), slice_ids, block_registry, order, starts, truth,
+                   cell_keys.astype(np.int64), cell_index.reshape(-1))
+
+
+def add_prepared(acc: CalibrationAccumulator, batch: PreparedBatch) -> CalibrationAccumulator:
+    """``add_conversions`` of a prepared batch (same result): only what Alg. 1 keeps and retains depends
+    on the accumulator's parameters."""
+    params = acc.params
+    if batch.slice_columns != acc.slice_columns or params.query_columns != tuple(batch.conversions.value_columns):
+        raise InvalidInput("the prepared batch was made for other slice or value columns")
+    if len(batch.order) == 0:
+        return acc
+    kept, retained = retained_values(batch.conversions, params, batch.ranks)  # Alg. 1 over period and lookback
+    if batch.inside is not None:
+        kept, retained = kept[batch.inside], retained[batch.inside]
+    if acc.slice_ids or acc.block_ids:  # an accumulator with earlier parts: map the batch's local ids to its own
+        smap = np.array([acc.slice_ids.setdefault(k, len(acc.slice_ids)) for k in batch.slice_ids], dtype=np.int64)
+        bmap = np.array([acc.block_ids.setdefault(k, len(acc.block_ids)) for k in batch.block_ids], dtype=np.int64)
+        keys = (smap[batch.cell_keys >> _BLOCK_SHIFT] << _BLOCK_SHIFT) | bmap[batch.cell_keys & ((1 << _BLOCK_SHIFT) - 1)]
+        remapped = True
+    else:
+        remapped = False
+        acc.slice_ids.update(batch.slice_ids)
+        acc.block_ids.update(batch.block_ids)
+        keys = batch.cell_keys
+    d = params.num_queries
+    x = np.column_stack([kept.astype(np.float64), retained])[batch.order]
+    xc = np.add.reduceat(x, batch.starts, axis=0)
+    tc = batch.truth
+    cols = [np.ones(len(batch.starts))]
+    for q in range(d + 1):
+        a, b = tc[:, q], xc[:, q]
+        cols += [a, b, a * a, a * b, b * b, (b < a * (1.0 - 1e-12)).astype(np.float64)]
+    vals = np.column_stack(cols)
+    out = np.empty((len(keys), vals.shape[1]))
+    for c in range(vals.shape[1]):
+        out[:, c] = np.bincount(batch.cell_index, weights=vals[:, c], minlength=len(keys))
+    if remapped:  # keep the keys sorted, as ``_reduce`` leaves them
+        k_order = np.argsort(keys)
+        keys, out = keys[k_order], out[k_order]
+    acc.keys.append(keys)
+    acc.vals.append(out)
+    acc.num_conversions += len(batch.order)
+    if len(acc.keys) > 8:
+        compact(acc)
+    return acc
 
 
 def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block_ids: Any) -> CalibrationAccumulator:
@@ -89,53 +197,7 @@ def add_conversions(acc: CalibrationAccumulator, conversions: Conversions, block
     Block ids are any hashable scalars (a day index, a date string); blocks are ordered by their
     sorted ids (consecutive blocks = consecutive periods). Returns ``acc``.
     """
-    params = acc.params
-    if tuple(conversions.value_columns) != params.query_columns:
-        raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
-                         f"params expect {params.query_columns}")
-    missing = [c for c in acc.slice_columns if c not in conversions.slices]
-    if missing:
-        raise InvalidInput(f"conversions lack slice column(s) {missing}")
-    n = len(conversions)
-    blocks = np.asarray(block_ids)
-    if blocks.ndim != 1 or len(blocks) != n:
-        raise InvalidInput(f"block_ids must be one id per record ({n}), got shape {blocks.shape}")
-    if n == 0:
-        return acc
-    if pd.isna(pd.Series(blocks)).any():
-        raise InvalidInput("block_ids must not be null / NaN")
-    d = params.num_queries
-    kept, retained = retained_values(conversions, params)  # Alg. 1 over the period and its lookback
-    vals = check_values(conversions.values, d)
-    if conversions.in_period is not None:  # only the period's rows are counted
-        inside = conversions.period_mask()
-        conversions, kept, retained, vals, blocks = (conversions.take(np.flatnonzero(inside)), kept[inside],
-                                                     retained[inside], vals[inside], blocks[inside])
-        n = len(conversions)
-        if n == 0:
-            return acc
-    sid = register_slices([conversions.slices[c] for c in acc.slice_columns], acc.slice_ids, n)
-    bid = register_slices([blocks], acc.block_ids, n, bare=True)
-    imp = pd.factorize(np.asarray(conversions.impression_id), sort=False)[0].astype(np.int64)
-    order = np.lexsort((bid, sid, imp))
-    imp_o, sid_o, bid_o = imp[order], sid[order], bid[order]
-    starts = np.flatnonzero(np.r_[True, (imp_o[1:] != imp_o[:-1]) | (sid_o[1:] != sid_o[:-1]) | (bid_o[1:] != bid_o[:-1])])
-    t = np.column_stack([np.ones(n), vals])[order]
-    x = np.column_stack([kept.astype(np.float64), retained])[order]
-    tc = np.add.reduceat(t, starts, axis=0)
-    xc = np.add.reduceat(x, starts, axis=0)
-    cell = (sid_o[starts] << _BLOCK_SHIFT) | bid_o[starts]
-    cols = [np.ones(len(starts))]
-    for q in range(d + 1):
-        a, b = tc[:, q], xc[:, q]
-        cols += [a, b, a * a, a * b, b * b, (b < a * (1.0 - 1e-12)).astype(np.float64)]
-    k, v = _reduce(cell, np.column_stack(cols))
-    acc.keys.append(k)
-    acc.vals.append(v)
-    acc.num_conversions += n
-    if len(acc.keys) > 8:
-        compact(acc)
-    return acc
+    return add_prepared(acc, PreparedBatch.of(conversions, block_ids, acc.slice_columns, acc.params.query_columns))
 
 
 def _reduce(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -249,9 +311,7 @@ def history_blocks(conversions: Conversions, impression_time_us: np.ndarray | No
     conversions convert early, which makes the ratio depend on the block)."""
     if impression_time_us is not None:
         return np.floor_divide(np.asarray(impression_time_us, dtype=np.int64), 86_400_000_000)
-    ids = np.asarray(conversions.impression_id)
-    ids = ids.astype(np.int64) if ids.dtype.kind in "iu" else ids.astype(object)
-    return (pd.util.hash_array(ids) % np.uint64(HASH_BLOCKS)).astype(np.int64)
+    return (canonical_id_hash(conversions.impression_id) % np.uint64(HASH_BLOCKS)).astype(np.int64)
 
 
 def day_blocks(conversions: Conversions, times: np.ndarray | None = None) -> np.ndarray:
@@ -266,9 +326,25 @@ def accumulate_candidates(conversions: Conversions, candidates: Sequence[tuple[P
                           slice_columns: Sequence[str]) -> tuple[CalibrationAccumulator, ...]:
     """One batch (all conversions of each of its impressions; blocks are their UTC days) accumulated
     for each candidate (parameters, checksum of their parameter version)."""
-    blocks = day_blocks(conversions)
-    return tuple(add_conversions(create_accumulator(params, slice_columns, fitted_for), conversions, blocks)
-                 for params, fitted_for in candidates)
+    return candidates_accumulators(conversions, candidates, day_blocks(conversions), slice_columns)
+
+
+def candidates_accumulators(conversions: Conversions, candidates: Sequence[tuple[Params, str]], block_ids: Any,
+                            slice_columns: Sequence[str] | None = None) -> tuple[CalibrationAccumulator, ...]:
+    """One batch accumulated for each candidate (parameters, checksum of their version), its order, ranks
+    and clusters computed once (``PreparedBatch``); ``slice_columns`` default: the first candidate's."""
+    if not candidates:
+        return ()
+    accs = [create_accumulator(params, slice_columns, fitted_for) for params, fitted_for in candidates]
+    batch = PreparedBatch.of(conversions, block_ids, accs[0].slice_columns, accs[0].params.query_columns)
+    return tuple(add_prepared(acc, batch) for acc in accs)
+
+
+def candidates_statistics(conversions: Conversions, candidates: Sequence[tuple[Params, str]], block_ids: Any,
+                          slice_columns: Sequence[str] | None = None) -> list[CalibrationStatistics]:
+    """``calibration_statistics`` of every candidate (parameters, version checksum) on one batch, the
+    parameter-free work done once."""
+    return [extract_output(a) for a in candidates_accumulators(conversions, candidates, block_ids, slice_columns)]
 
 
 class CandidatesCombiner:

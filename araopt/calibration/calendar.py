@@ -31,6 +31,21 @@ sum over slices of X_jb - r_j T_jb, over T_b) and eta_b the day's own deviation 
     the variance ``unseen_variance``: the larger of the one-sided 95 % upper bound of tau^2 and the
     largest squared effect seen (with effects) or the largest squared day deviation seen (without),
     plus Var(mu). The correction then says so (``CalendarAdjustment.unsupported``) and the interval widens.
+  * A declared special day with no special day in the history can move a ratio further than any day
+    the history holds: a sale brings bigger baskets and more conversions per impression, so a value
+    clipped low (items clipped at 1) keeps a much smaller share, and nothing in the release shows it
+    (its clipped sums look like any busy day's). The variance above, learnt from ordinary days, does
+    not cover that. Such a day's ratio is instead bounded by a band on what Alg. 1 loses per kept unit:
+    the odds o = (1 - r) / r may be up to ``UNSEEN_LOSS_FACTOR`` (k) times the history's or k times
+    less, i.e. r in [r / (r + k (1 - r)), r / (r + (1 - r) / k)] (``CalendarAdjustment.band``):
+    ``calibration.correct`` takes the union of the intervals over that band. The band scales with
+    what a query loses at all -- a count barely capped (r ~ 1) widens little, a value clipped at its
+    typical size (r ~ 0.5) widens a lot. With one or two special days in the history (fewer than
+    ``MIN_SPECIAL_DAYS``) the band applies around their estimated effect: a sale's later days differ
+    from its first (impressions that converted on the first day have less of their lifetime budget
+    left), which one or two days cannot show. With more, a special day's ratio is predicted from
+    their effect with their own day-to-day spread as its variance, taken at its one-sided 95 % upper
+    bound (chi-square with n - 1 degrees of freedom: three days say little about a spread).
 
 The effects are common to all slices (additive on the ratio); a slice x day interaction beyond them is
 the calibration's ``interaction_variance``. The shift and variance enter ``calibration.correct``.
@@ -45,15 +60,25 @@ from datetime import date, timedelta
 from typing import Any
 
 import numpy as np
+from scipy import stats as sp_stats
 
 from araopt.calibration.accumulator import CalibrationStatistics, _col
 from araopt.calibration.model import _Z95_ONE_SIDED, Calibration
+from araopt.constants import SPECIAL_DAY_LOSS_FACTOR
 from araopt.errors import InvalidInput, InvalidParameters
 
 CALENDAR_FORMAT = "araopt.calendar/1"
 DAY_TYPES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun", "special")
 SPECIAL = 7
 """Day type of a declared special day (whatever its weekday)."""
+UNSEEN_LOSS_FACTOR = SPECIAL_DAY_LOSS_FACTOR
+"""On a declared special day the history holds nothing like, what Alg. 1 loses per kept unit (the odds
+(1 - r) / r of each query's retention ratio r) may be up to this many times the history's, or as many
+times less (module docstring): a sale's bigger baskets or more conversions per impression, which the
+release's own numbers cannot show."""
+MIN_SPECIAL_DAYS = 3
+"""Special days the history must hold before a special day's ratio is predicted from them like a
+weekday's (with their own day-to-day spread); with fewer, the odds band applies around their effect."""
 MIN_SPAN_DAYS = 14
 """Day-type effects need a history of at least two weeks (every weekday seen twice)."""
 _EPOCH = date(1970, 1, 1)
@@ -107,13 +132,34 @@ class CalendarAdjustment:
     variance: np.ndarray
     unsupported: tuple[str, ...]
     effects_applied: bool
+    unseen_special_weight: float = 0.0  # the period's volume share of special days the history cannot support
+    loss_factor: float = UNSEEN_LOSS_FACTOR
+    special_days_seen: int = 0  # special days in the history (< MIN_SPECIAL_DAYS: the band applies)
+
+    def band(self, ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(lowest, highest) retention ratio of the period given the history's ``ratio`` (any shape): the
+        unseen special days' share ranges over the odds band (module docstring), the rest stays."""
+        r = np.asarray(ratio, dtype=np.float64)
+        k, w = float(self.loss_factor), float(self.unseen_special_weight)
+        low = r / (r + k * (1.0 - r))
+        high = r / (r + (1.0 - r) / k)
+        return (1.0 - w) * r + w * low, (1.0 - w) * r + w * high
 
     def note(self) -> str | None:
         """One console line when the calibration cannot support the period (None otherwise)."""
-        if not self.unsupported:
+        if not self.unsupported and not self.unseen_special_weight > 0:
             return None
-        return (f"the calibration's history has no {', '.join(self.unsupported)} day: its retention ratio is "
-                "extrapolated and the intervals are widened for it")
+        if self.unsupported:
+            text = (f"the calibration's history has no {', '.join(self.unsupported)} day: its retention ratio is "
+                    "extrapolated and the intervals are widened for it")
+        else:
+            text = (f"the calibration's history has only {self.special_days_seen} special day(s) (fewer than "
+                    f"{MIN_SPECIAL_DAYS}): a special day's retention ratio is extrapolated from them and the intervals "
+                    "are widened for it")
+        if self.unseen_special_weight > 0:
+            text += (f" (what each query loses per kept unit may be up to {self.loss_factor:g}x the history's: a "
+                     f"sale's bigger baskets are not visible in the release)")
+        return text
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,6 +189,7 @@ class Calendar:
     day_variance: np.ndarray
     unseen_variance: np.ndarray
     format: str = CALENDAR_FORMAT
+    unseen_loss_factor: float = UNSEEN_LOSS_FACTOR
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -179,7 +226,10 @@ class Calendar:
         else:
             shift = np.zeros(d1)
             variance = calibration.period(len(days)) + unseen_weight**2 * self.unseen_variance
-        return CalendarAdjustment(shift, np.maximum(variance, 0.0), unsupported, self.effects_fitted)
+        special_seen = int(self.blocks[SPECIAL])
+        few = (types == SPECIAL) & (special_seen < MIN_SPECIAL_DAYS)
+        return CalendarAdjustment(shift, np.maximum(variance, 0.0), unsupported, self.effects_fitted,
+                                  float(w[few].sum()), self.unseen_loss_factor, special_seen)
 
     # ---- serialisation --------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -193,7 +243,7 @@ class Calendar:
                 "effect": arr(self.effect), "effect_variance": arr(self.effect_variance),
                 "raw_effect": arr(self.raw_effect), "mean_effect": arr(self.mean_effect),
                 "between_variance": arr(self.between_variance), "day_variance": arr(self.day_variance),
-                "unseen_variance": arr(self.unseen_variance)}
+                "unseen_variance": arr(self.unseen_variance), "unseen_loss_factor": float(self.unseen_loss_factor)}
 
     @classmethod
     def from_json(cls, data: Any, source: str = "calendar") -> Calendar:
@@ -213,7 +263,8 @@ class Calendar:
                        blocks=f("blocks"), volume=f("volume"), effect=f("effect"),
                        effect_variance=f("effect_variance"), raw_effect=f("raw_effect"), mean_effect=f("mean_effect"),
                        between_variance=f("between_variance"), day_variance=f("day_variance"),
-                       unseen_variance=f("unseen_variance"), format=data["format"])
+                       unseen_variance=f("unseen_variance"), format=data["format"],
+                       unseen_loss_factor=float(data.get("unseen_loss_factor", UNSEEN_LOSS_FACTOR)))
         except KeyError as exc:
             raise InvalidInput(f"{source}: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
@@ -242,6 +293,8 @@ def _validate(cal: Calendar) -> None:
         if (np.abs(np.asarray(getattr(cal, name))) > 1).any():
             raise InvalidInput(f"calendar field {name}: a ratio shift lies in [-1, 1]")
     epoch_day(cal.first_day), epoch_day(cal.last_day)
+    if not (np.isfinite(cal.unseen_loss_factor) and cal.unseen_loss_factor >= 1.0):
+        raise InvalidInput(f"calendar field unseen_loss_factor must be a finite number >= 1, got {cal.unseen_loss_factor!r}")
 
 
 def _dersimonian_laird(x: np.ndarray, v: np.ndarray) -> tuple[float, float, float, float]:
@@ -271,7 +324,7 @@ def _block_days(block_keys: Sequence[Any]) -> np.ndarray | None:
 
 
 def fit_calendar(stats: CalibrationStatistics, calibration: Calibration,
-                 special_days: Sequence[Any] = ()) -> Calendar | None:
+                 special_days: Sequence[Any] = (), unseen_loss_factor: float = UNSEEN_LOSS_FACTOR) -> Calendar | None:
     """Day-type effects (module docstring) of the history in ``stats`` (blocks = conversion days, as
     ``calibration.day_blocks`` gives them), relative to the slices' long-run ratios. None when the
     blocks are not days."""
@@ -323,9 +376,17 @@ def fit_calendar(stats: CalibrationStatistics, calibration: Calibration,
         effect_var[seen, q] = (1.0 - B) * v_k + B**2 * mu_var
         raw[seen, q] = mean_k[seen]
         mean_eff[q], between[q] = mu, tau2
+        special = t == SPECIAL
+        if special.sum() >= 2:  # a new special day deviates from their mean as much as they do from each other
+            n_special = float(special.sum())
+            own = max(0.0, float(np.var(dev[special], ddof=1)) - float(samp[special].mean()))
+            # from a handful of days: the variance's one-sided 95 % upper bound (chi-square, n - 1 dof)
+            own_upper = own * (n_special - 1.0) / float(sp_stats.chi2.ppf(0.05, n_special - 1.0))
+            effect_var[SPECIAL, q] = max(effect_var[SPECIAL, q], own_upper * (1.0 + 1.0 / n_special))
         unseen[q] = max(tau2_upper, float(np.max((mean_k[seen] - mu) ** 2))) + mu_var
     return Calendar(retention_checksum=calibration.retention_checksum, query_names=calibration.query_names,
                     special_days=specials, first_day=iso_day(int(days.min())), last_day=iso_day(int(days.max())),
                     effects_fitted=fitted, blocks=blocks, volume=volume, effect=np.clip(effect, -1.0, 1.0),
                     effect_variance=effect_var, raw_effect=np.clip(raw, -1.0, 1.0), mean_effect=np.clip(mean_eff, -1, 1),
-                    between_variance=between, day_variance=day_var, unseen_variance=unseen)
+                    between_variance=between, day_variance=day_var, unseen_variance=unseen,
+                    unseen_loss_factor=float(unseen_loss_factor))

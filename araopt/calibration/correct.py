@@ -29,6 +29,11 @@ def period_blocks_for(calibration: Calibration, conversions: float) -> int:
 
 
 
+DAYS_UNKNOWN_NOTE = ("the release's days are not known (no date=YYYY-MM-DD/ partitions, no --days): the calibration's "
+                     "day-of-week and special-day effects are NOT applied, so a weekend or a special day is corrected "
+                     "as an average day")
+
+
 @dataclass(frozen=True)
 class CorrectedEstimates:
     """Estimates of the TRUE totals (m, d+1), count first, beside the paper's capped ones (Alg. 4)."""
@@ -88,7 +93,10 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     pooled ratio with the wider unseen variance; they are counted in ``fallback_slices``.
     ``calendar`` and ``period_days`` (the measured period's dates, known from how it was cut, never
     from its rows): the period's day-type effects shift the ratios and their variance replaces the
-    marginal period variance (``calibration.calendar``); without them the period is any P blocks.
+    marginal period variance (``calibration.calendar``); without them the period is any P blocks and
+    ``calendar_note`` says the calendar was not applied. A declared special day with fewer than
+    ``MIN_SPECIAL_DAYS`` special days in the history widens the interval to the union over its
+    ratio band (``CalendarAdjustment.band``).
     """
     if params is not None:
         calibration.check_params(params)
@@ -117,6 +125,9 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     loss_rate = np.where(seen[:, None], calibration.loss_rate[safe], calibration.pooled_loss_rate[None, :])
     period_var = calibration.period(period_blocks)
     note, applied = None, False
+    adjustment = None
+    if calendar is not None and period_days is None:
+        note = DAYS_UNKNOWN_NOTE
     if calendar is not None and period_days is not None:
         calendar.check_calibration(calibration)
         adjustment = calendar.adjustment(period_days, calibration)
@@ -146,7 +157,16 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     ci_low = np.where(pos, est + np.minimum(w_lo - mean_loss, 0.0), est - z * std)
     ci_high = np.where(pos, est + np.maximum(w_hi - mean_loss, 0.0), est + z * std)
     noise = z * se / ratio  # never narrower than the uncorrected interval's noise part (until cut at 0)
-    ci_low, ci_high = nonnegative_interval(np.minimum(ci_low, est - noise), np.maximum(ci_high, est + noise))
+    ci_low, ci_high = np.minimum(ci_low, est - noise), np.maximum(ci_high, est + noise)
+    if adjustment is not None and adjustment.unseen_special_weight > 0:
+        # a special day unlike any in the history: the union of the intervals over its ratio band
+        # (``calibration.calendar``): the interval scales by r / r' for a period ratio r'
+        low_ratio, high_ratio = adjustment.band(ratio)
+        low_ratio = np.maximum(low_ratio, MIN_RATIO)
+        ci_high = np.maximum(ci_high, ci_high * ratio / low_ratio)
+        ci_low = np.minimum(ci_low, ci_low * ratio / high_ratio)
+        std = np.maximum(std, (ci_high - ci_low) / (2.0 * z))
+    ci_low, ci_high = nonnegative_interval(ci_low, ci_high)
     return CorrectedEstimates(
         estimate=est, std_error=std, ci_low=ci_low, ci_high=ci_high,
         capped_estimate=U.copy(),

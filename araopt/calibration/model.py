@@ -96,7 +96,7 @@ from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio
 from araopt.io.files import atomic_write_bytes, read_bytes
 from araopt.mechanism.keys import slice_key
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 
 CALIBRATION_FORMAT = "araopt.calibration/1"
 METHOD = "empirical-bayes-ratio/1"
@@ -123,7 +123,7 @@ def retention_checksum(params: Params) -> str:
         "encoding": params.encoding, "count_limit": params.count_limit,
         "contribution_budget": params.contribution_budget,
         "count_budget_fraction": params.count_budget_fraction,
-        "l1_rounding": params.l1_rounding if params.encoding == "l1" else None,
+        "l1_rounding": params.l1_rounding if params.encoding == Encoding.L1 else None,
         "queries": [[q.column, float(q.clip_threshold), q.budget_fraction] for q in params.queries],
     }
     if params.exploration is not None:  # the arms' impressions are not in the main keys

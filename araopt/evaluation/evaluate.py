@@ -27,18 +27,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from araopt.calibration.accumulator import calibration_statistics, day_blocks
 from araopt.constants import EPSILONS
 from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.evaluation import plots
 from araopt.evaluation.methods import CORRECTED_METHOD, METHODS
+from araopt.evaluation.metrics import realised_rmsre_tau
 from araopt.io.conversions import Conversions
 from araopt.io.progress import Stages
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.measure import measure
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.report import Estimates
-from araopt.optimize import tune as tuning
 from araopt.optimize.baselines import baselines
 from araopt.optimize.error_model import (
     ErrorBreakdown,
@@ -52,6 +51,7 @@ from araopt.optimize.error_model import (
 from araopt.optimize.objective import predicted_rmsre_tau
 from araopt.optimize.search import CORRECTED, SearchContext, optimize, prepare_search
 from araopt.optimize.statistics import SufficientStatistics
+from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
 from araopt.publication import publish, true_totals
 from araopt.version import ParameterVersion
 
@@ -61,7 +61,7 @@ def _domain(params: Params, conversions: Conversions) -> KeyDomain:
     period = conversions.period_mask()
     slices = {c: np.asarray(v)[period] for c, v in conversions.slices.items()}
     return KeyDomain.from_slice_values(params.slice_columns, slices, params.query_columns,
-                                       baseline=params.encoding == "baseline",
+                                       baseline=params.encoding == Encoding.BASELINE,
                                        conversion_slice_columns=params.conversion_slice_columns)
 
 
@@ -123,11 +123,10 @@ def monte_carlo_rmsre(params: Params, conversions: Conversions, runs: int, seed:
     sidx = domain.slice_index(conversions.slices)
     model = expected_error(conversions, sidx, domain.num_slices, params, "exact", tie_breaker=conversions.record_keys())
     analytic = rmsre_tau(model, t).combined
-    denom = np.maximum(t[None, :], model.truth)
     sq = np.empty(runs)
     for r in range(runs):
         est = measure(conversions, params, domain, simulation_seed=seed + r).estimates.estimate
-        sq[r] = float(np.mean(((est - model.truth) / denom) ** 2))
+        sq[r] = realised_rmsre_tau(est, model.truth, t).combined ** 2
     mean_sq = float(sq.mean())
     se_sq = float(sq.std(ddof=1) / math.sqrt(runs))
     empirical = math.sqrt(max(mean_sq, 0.0))
@@ -267,12 +266,10 @@ def evaluate_dataset(
                 if b.name in methods:
                     candidates[b.name] = (ParameterVersion(b.params), b.rmsre_tau)
         if CORRECTED_METHOD in methods and train_conversions is not None and test_conversions is not None:
-            tuned = tuning.tune(history, eps, max_count_limit=max_count_limit, objective=CORRECTED,
-                                taus=taus.tolist(), release_period_days=release_period_days)
-            blocks = day_blocks(train_conversions)
-            cals = [calibration_statistics(train_conversions, v.params, blocks, fitted_for=v.checksum())
-                    for v, _ in tuned.candidates]
-            tuned = tuning.calibrate(tuned, cals, release_period_days)
+            choose = TuneCandidates(eps, {"max_count_limit": max_count_limit, "objective": CORRECTED,
+                                          "taus": taus.tolist(), "release_period_days": release_period_days})
+            tuned = tune_and_calibrate(InMemoryBackend(train_conversions, history), history.spec, choose,
+                                       release_period_days)
             candidates[CORRECTED_METHOD] = (tuned.version, tuned.predicted_rmsre_tau)
         say(f"{at}: test RMSRE_tau of {len(candidates)} method(s)"
             + (f", {monte_carlo} mechanism runs each" if monte_carlo and test_conversions is not None else ""))

@@ -10,7 +10,9 @@ from typing import cast
 import numpy as np
 
 from araopt.errors import InvalidInput
-from araopt.optimize.error_model import ErrorBreakdown
+from araopt.optimize.error_model import ErrorBreakdown, RmsreTau, realised_rmsre_tau
+
+__all__ = ["RmsreTau", "realised_rmsre_tau"]  # the one realised RMSRE_tau (Def. 3.2): replay, demo, evaluate
 
 
 def _as_samples(samples: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -79,10 +79,12 @@ def _save(fig: Figure, path: str | os.PathLike[str]) -> str:
     return os.fspath(path)
 
 
-def _png_bytes(fig: Figure) -> bytes:
+def png_bytes(fig: Figure) -> bytes:
+    """A figure of this module as PNG bytes (at the module's DPI)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
     return buffer.getvalue()
+
 
 
 def _number(x: float) -> str:
@@ -99,13 +101,52 @@ def _thousands(ax: Axes, axis: str = "x") -> None:
     (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(formatter)
 
 
+def readable_log_ticks(low: float, high: float, least: int = 3, most: int = 10) -> list[float]:
+    """Major ticks of a log axis showing [low, high]: at least ``least`` of them inside it, whatever its span.
+
+    1, 2, 5 per decade (or 1 per decade when that gives more than ``most``); 1..9 per decade when the view
+    is too narrow for 1, 2, 5 (e.g. 0.15..0.65: 0.2, 0.3, ..., 0.6); evenly spaced round numbers when even
+    that gives fewer than ``least`` (a view within one factor of 2)."""
+    from matplotlib.ticker import LogLocator, MaxNLocator
+
+    lo, hi = sorted((float(low), float(high)))
+    if not (np.isfinite(lo) and np.isfinite(hi)) or hi <= 0:
+        return []
+    lo = lo if lo > 0 else hi / 10.0
+
+    def inside(subs: tuple[float, ...]) -> list[float]:
+        ticks = LogLocator(base=10, subs=subs, numticks=1000).tick_values(lo, hi)
+        return [float(t) for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
+
+    ticks = inside((1.0, 2.0, 5.0))
+    if len(ticks) > most:
+        return inside((1.0,))
+    if len(ticks) < least:
+        ticks = inside(tuple(float(k) for k in range(1, 10)))
+    if len(ticks) < least:
+        ticks = [float(t) for t in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if lo <= t <= hi]
+    return ticks
+
+
 def _plain_log_ticks(ax: Axes, axis: str = "y") -> None:
-    """Log axis ticks as plain decimals (0.02, 0.1) instead of 2x10^-2."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
+    """Log axis ticks as plain decimals (0.02, 0.1) instead of 2x10^-2, at least three of them labelled
+    whatever the axis' span (``readable_log_ticks``, computed when the axis is drawn)."""
+    from matplotlib.ticker import FuncFormatter, Locator
 
     target = ax.yaxis if axis == "y" else ax.xaxis
-    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    target.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+
+    class _Readable(Locator):
+        def __call__(self) -> list[float]:
+            if self.axis is None:
+                return []
+            low, high = self.axis.get_view_interval()
+            return self.tick_values(low, high)
+
+        def tick_values(self, vmin: float, vmax: float) -> list[float]:
+            return readable_log_ticks(vmin, vmax)
+
+    target.set_major_locator(_Readable())
+    target.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.3g}"))
     target.set_minor_formatter(FuncFormatter(lambda x, _: ""))
 
 
@@ -345,25 +386,33 @@ def nightly_report_figure(
     per_count_limit: pd.DataFrame, chosen_count_limit: int, baselines: Mapping[str, float],
     taus: Mapping[str, float] | Sequence[tuple[str, float]],
     history: Sequence[tuple[str, int, float | None]], refused: Sequence[str] = (), release_period_days: float | None = None,
+    predicted: tuple[float, str] | None = None,
 ) -> Figure:
     """Left: predicted RMSRE_tau per integer C, the chosen C, each baseline as a labelled line.
     Right: the published versions (C and predicted RMSRE_tau on two labelled y axes). ``refused``:
-    the guardrails' reasons not to publish, shown as a red banner (the choice was NOT published)."""
+    the guardrails' reasons not to publish, shown as a red banner (the choice was NOT published).
+    ``predicted``: the version's predicted RMSRE_tau and how it was made (the one number the console
+    and the run report print: replayed on the window's days, or the error model); the chosen point,
+    its label and the baselines' ratios show it. None: the search's value at the chosen C."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     table = per_count_limit.sort_values("C")
     counts = table["C"].to_numpy(dtype=int)
     errors = table["rmsre_tau"].to_numpy(dtype=float)
-    fig = _figure(14.0, 5.4)
+    fig = _figure(14.0, 6.6)
     left, right = fig.subplots(1, 2, width_ratios=[1.15, 1])
-    left.plot(counts, errors, marker="o", markersize=4, color="tab:blue", label=f"optimized: best {RMSRE_TAU} at each C")
+    curve = "error model: best " if predicted is not None else "optimized: best "
+    left.plot(counts, errors, marker="o", markersize=4, color="tab:blue", label=f"{curve}{RMSRE_TAU} at each C")
     chosen_error = errors[counts == chosen_count_limit]
     chosen_value = float(chosen_error[0]) if chosen_error.size else float("nan")
-    chosen_text = f"{chosen_value:.4g}" if np.isfinite(chosen_value) else "n/a (C not in the table)"
+    how = ""
+    if predicted is not None and predicted[0] is not None and np.isfinite(predicted[0]):
+        chosen_value, how = float(predicted[0]), f" ({predicted[1]})"
+    chosen_text = f"{chosen_value:.4g}{how}" if np.isfinite(chosen_value) else "n/a (C not in the table)"
     left.axvline(chosen_count_limit, color="tab:blue", ls=":", lw=1)
     left.plot([chosen_count_limit], [chosen_value], marker="*", markersize=16, color="tab:red", ls="none",
-              label=f"chosen C = {chosen_count_limit}: {RMSRE_TAU} = {chosen_text}")
+              label=f"chosen C = {chosen_count_limit}: predicted {RMSRE_TAU} = {chosen_text}")
     styles = ["--", "-.", (0, (5, 2, 1, 2)), ":"]
     palette = ["tab:orange", "tab:green", "tab:purple", "tab:brown"]
     for i, (name, value) in enumerate(baselines.items()):
@@ -383,16 +432,17 @@ def nightly_report_figure(
 
     left.set_title(f"Why C = {chosen_count_limit}: predicted error for each count limit", fontsize=10)
     left.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8, loc="upper right")
+    # below the panel, never over a line (the baselines are horizontal lines across the whole panel)
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)
     right.set_title(f"Published parameter versions ({len(history)})", fontsize=10)
     if history:
         versions = [str(h[0]) for h in history]
         xs = np.arange(len(history))
-        predicted = np.array([np.nan if h[2] is None else float(h[2]) for h in history])
+        past = np.array([np.nan if h[2] is None else float(h[2]) for h in history])
         limits = np.array([int(h[1]) for h in history])
-        right.plot(xs, predicted, marker="o", markersize=8, color="tab:blue")
+        right.plot(xs, past, marker="o", markersize=8, color="tab:blue")
         right.set_ylabel(f"predicted {RMSRE_TAU} (blue circles)", color="tab:blue")
-        right.set_ylim(0.0, max(float(np.nanmax(predicted)) * 1.3, 1e-3) if np.isfinite(predicted).any() else 1.0)
+        right.set_ylim(0.0, max(float(np.nanmax(past)) * 1.3, 1e-3) if np.isfinite(past).any() else 1.0)
         twin = right.twinx()
         twin.plot(xs, limits, marker="s", markersize=8, color="tab:orange", ls="--", drawstyle="steps-mid")
         twin.set_ylabel("count limit C (orange squares)", color="tab:orange")
@@ -404,7 +454,7 @@ def nightly_report_figure(
         right.set_xlabel("version (as-of date and run id), oldest to newest")
         right.legend(handles=[Line2D([], [], marker="o", color="tab:blue", label=f"predicted {RMSRE_TAU} (left axis)"),
                               Line2D([], [], marker="s", color="tab:orange", ls="--", label="count limit C (right axis)")],
-                     fontsize=8, loc="lower left")
+                     fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
         right.grid(True, alpha=0.3)
     else:
         right.text(0.5, 0.5, "no published versions yet", ha="center", va="center", transform=right.transAxes)
@@ -421,11 +471,12 @@ def nightly_report_png(
     per_count_limit: pd.DataFrame, chosen_count_limit: int, baselines: Mapping[str, float],
     taus: Mapping[str, float] | Sequence[tuple[str, float]],
     history: Sequence[tuple[str, int, float | None]], refused: Sequence[str] = (), release_period_days: float | None = None,
+    predicted: tuple[float, str] | None = None,
 ) -> bytes:
     """PNG bytes of :func:`nightly_report_figure` (``per_count_limit`` has columns C and rmsre_tau;
     ``taus`` maps query name (count first) to tau; ``history`` is (version, C, predicted RMSRE_tau))."""
-    return _png_bytes(nightly_report_figure(per_count_limit, chosen_count_limit, baselines, taus, history, refused,
-                                            release_period_days))
+    return png_bytes(nightly_report_figure(per_count_limit, chosen_count_limit, baselines, taus, history, refused,
+                                           release_period_days, predicted))
 
 
 # ---- evaluation ---------------------------------------------------------------------------------
@@ -548,6 +599,7 @@ def count_limit_plot(curves: pd.DataFrame, path: str | os.PathLike[str]) -> str:
 
 
 REPLAY_LABELS = {"private_safe": "privacy-safe (releases + first-party only)",
+                 "cold_start": "cold start (the privacy-safe day-1 rule, every day)",
                  "fully_informed": "fully informed (raw joined history)",
                  "baseline_q95": "baseline q95", "baseline_q99": "baseline q99"}
 

@@ -4,12 +4,17 @@ For every replayed day, in order, each method measures the day (the mechanism in
 Alg. 3 / 6, Alg. 1 with the impressions' earlier conversions as lookback, Alg. 2, Alg. 4) with the
 parameters it chose from what it was allowed to see before that day, and its released estimates are
 scored against the day's true totals over the declared domain (RMSRE_tau, Def. 3.2, with taus fixed
-for the whole replay from first-party values before its first day):
+for the whole replay from first-party values before its first day). Each method's lookback rows cost
+what its own earlier replayed releases spent (their count limits and arm plans; the days before the
+first replayed day were never released: any of them, or today's); see ``mechanism.lifetime``.
 
 - ``private_safe``: privacy-safe tuning (``optimize.private``) on its own previous releases and the
   advertiser's first-party conversions; day 1 is the cold start.
 - ``fully_informed``: the nightly tuning on the raw joined history of the ``window_days`` before the
   day (Alg. 5 for a one-day release, calibrated and backtested on the window).
+- ``cold_start``: the privacy-safe mode's day-1 rule every day (L-inf at its default count limit,
+  clips at the first-party values' 95% quantile of the window before the day, uncorrected): what
+  the privacy-safe tuner must never do worse than.
 - ``baseline_q95``, ``baseline_q99``: the Sec. 5.1 baselines on the same raw window.
 
 The replay reads the joined log (it needs the truth): it is an operator-private backtest, never a
@@ -25,12 +30,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from araopt.calibration import calibration_statistics, day_blocks
 from araopt.constants import MAX_COUNT_LIMIT
 from araopt.errors import InvalidInput, InvalidParameters
-from araopt.io.conversions import Conversions
+from araopt.evaluation.metrics import realised_rmsre_tau
+from araopt.io.conversions import Conversions, isin_ids
+from araopt.io.rowset import conversion_row_ids
 from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.measure import measure
 from araopt.mechanism.params import Params
 from araopt.optimize.private import (
@@ -42,8 +49,9 @@ from araopt.optimize.private import (
     private_tune,
 )
 from araopt.optimize.search import CORRECTED
-from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
-from araopt.optimize.tune import TuningResult, calibrate, tune
+from araopt.optimize.statistics import StatisticsSpec
+from araopt.optimize.tune import TuningResult
+from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
 from araopt.publication import publish
 from araopt.version import ParameterVersion
 
@@ -51,7 +59,8 @@ PRIVATE_SAFE = "private_safe"
 FULLY_INFORMED = "fully_informed"
 BASELINE_Q95 = "baseline_q95"
 BASELINE_Q99 = "baseline_q99"
-METHODS = (PRIVATE_SAFE, FULLY_INFORMED, BASELINE_Q95, BASELINE_Q99)
+COLD_START = "cold_start"
+METHODS = (PRIVATE_SAFE, COLD_START, FULLY_INFORMED, BASELINE_Q95, BASELINE_Q99)
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ class DailyLog:
         period's impressions (the only earlier rows that change a period row's rank in Alg. 1)."""
         period = (self.day >= first) & (self.day <= last)
         before = (self.day >= first - lookback_days) & (self.day < first)
-        before &= np.isin(self.conversions.impression_id, np.unique(self.conversions.impression_id[period]))
+        before &= isin_ids(self.conversions.impression_id, self.conversions.impression_id[period])
         rows = np.flatnonzero(period | before)
         return dataclasses.replace(self.conversions.take(rows), in_period=period[rows])
 
@@ -118,11 +127,6 @@ def true_totals(conversions: Conversions, domain: KeyDomain) -> np.ndarray:
     return np.column_stack(columns)
 
 
-def rmsre_tau(estimate: np.ndarray, truth: np.ndarray, taus: np.ndarray) -> np.ndarray:
-    """RMSRE_tau of one release per query (Def. 3.2 over the declared slices)."""
-    return np.asarray(np.sqrt(np.mean(((estimate - truth) / np.maximum(taus[None, :], truth)) ** 2, axis=0)))
-
-
 @dataclass(frozen=True)
 class _Released:
     estimate: np.ndarray
@@ -130,10 +134,17 @@ class _Released:
     high: np.ndarray | None
 
 
-def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDomain, seed: int
-              ) -> tuple[_Released, Any]:
-    """The day's published estimates (of the true totals when the version is calibrated) and the release."""
-    release = measure(conversions, version.params, domain, simulation_seed=seed).release
+def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDomain, seed: int,
+              earlier: list[tuple[Params, np.ndarray]] | None = None) -> tuple[_Released, Any]:
+    """The day's published estimates (of the true totals when the version is calibrated) and the release.
+    ``earlier``: the method's earlier replayed releases (parameters, released row ids): the lookback
+    rows cost what those releases spent (Alg. 1 over the impression's life); this day is added to it."""
+    history = None if earlier is None else ReleaseHistory.of(earlier)
+    release = measure(conversions, version.params, domain, simulation_seed=seed, history=history).release
+    if earlier is not None:
+        period = conversions.period_mask()
+        earlier.append((version.params, conversion_row_ids(conversions.impression_id[period],
+                                                           conversions.conversion_time[period])))
     publication = publish(release, version)
     frame = publication.frame()
     shape = release.estimates.estimate.shape
@@ -147,21 +158,19 @@ def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDo
 def _fully_informed(log: DailyLog, day: int, config: ReplayConfig, spec: StatisticsSpec, taus: np.ndarray
                     ) -> TuningResult:
     train = log.window(day - config.window_days, day - 1, config.lookback_days)
-    statistics = compute_statistics_in_memory(train, spec)
-    result = tune(statistics, config.epsilon, objective=CORRECTED, taus=list(taus), release_period_days=1.0,
-                  history_days=config.window_days, max_count_limit=config.max_count_limit,
-                  slice_columns=spec.slice_columns)
-    blocks = day_blocks(train)
-    return calibrate(result, [calibration_statistics(train, version.params, blocks, fitted_for=version.checksum())
-                              for version, _ in result.candidates], 1.0)
+    choose = TuneCandidates(config.epsilon, {
+        "objective": CORRECTED, "taus": list(taus), "release_period_days": 1.0, "history_days": config.window_days,
+        "max_count_limit": config.max_count_limit, "slice_columns": spec.slice_columns})
+    return tune_and_calibrate(InMemoryBackend(train), spec, choose, 1.0)
 
 
 def _row(day: int, method: str, version: ParameterVersion | Params, released: _Released, truth: np.ndarray,
          taus: np.ndarray, query_names: Sequence[str]) -> dict[str, Any]:
     params = version.params if isinstance(version, ParameterVersion) else version
-    per_query = rmsre_tau(released.estimate, truth, taus)
+    realised = realised_rmsre_tau(released.estimate, truth, taus)
+    per_query = realised.per_query
     row: dict[str, Any] = {"day": str(np.datetime64(int(day), "D")), "method": method,
-                           "rmsre_tau": float(per_query.mean()), "count_limit": params.count_limit,
+                           "rmsre_tau": realised.combined, "count_limit": params.count_limit,
                            "encoding": params.encoding,
                            "exploration_share": 0.0 if params.exploration is None else params.exploration.total_share}
     for name, value in zip(query_names, per_query, strict=True):
@@ -203,6 +212,11 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
     query_names = ("count", *conversions.value_columns)
     records: list[ReleaseRecord] = []
     rows: list[dict[str, Any]] = []
+    earlier: dict[str, list[tuple[Params, np.ndarray]]] = {}  # per method: its replayed releases
+    if progress is not None:
+        progress(f"replaying {len(candidates)} day(s), {np.datetime64(candidates[0], 'D')} to "
+                 f"{np.datetime64(candidates[-1], 'D')} ({config.window_days}-day window, "
+                 f"{config.lookback_days}-day lookback)")
     for number, day in enumerate(candidates):
         test = log.window(day, day, config.lookback_days)
         truth = true_totals(test, domain)
@@ -213,15 +227,21 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
                                    exploration=config.exploration, taus=taus.tolist()).version
         else:
             private = cold_start(before, config.epsilon, domain, conversions.value_columns, config.exploration)
-        released, release = _released(test, private, domain, seed)
+        released, release = _released(test, private, domain, seed, earlier.setdefault(PRIVATE_SAFE, []))
         records.append(ReleaseRecord.of(release, log.first_party(day)))
         rows.append(_row(day, PRIVATE_SAFE, private, released, truth, taus, query_names))
 
+        cold = cold_start(log.first_party(day - config.window_days, day - 1), config.epsilon, domain,
+                          conversions.value_columns, config.exploration)
+        released, _ = _released(test, cold, domain, seed)
+        rows.append(_row(day, COLD_START, cold, released, truth, taus, query_names))
+
         informed = _fully_informed(log, day, config, spec, taus)
-        released, _ = _released(test, informed.version, domain, seed)
+        released, _ = _released(test, informed.version, domain, seed, earlier.setdefault(FULLY_INFORMED, []))
         rows.append(_row(day, FULLY_INFORMED, informed.version, released, truth, taus, query_names))
         for baseline in informed.baselines:
-            released, _ = _released(test, ParameterVersion(baseline.params, domain=baseline_domain), baseline_domain, seed)
+            released, _ = _released(test, ParameterVersion(baseline.params, domain=baseline_domain), baseline_domain, seed,
+                                    earlier.setdefault(baseline.name, []))
             rows.append(_row(day, baseline.name, baseline.params, released, truth, taus, query_names))
         if progress is not None:
             got = {r["method"]: r["rmsre_tau"] for r in rows if r["day"] == rows[-1]["day"]}
@@ -231,12 +251,18 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
 
 
 def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
-    """Over the last ``last`` replayed days: the median of private_safe / fully_informed RMSRE_tau, the
-    share of days private_safe is below both baselines, and private_safe's mean interval coverage."""
+    """Over the last ``last`` replayed days: the median of private_safe / fully_informed RMSRE_tau (and
+    / cold_start), the share of days private_safe is below both baselines, private_safe's mean
+    interval coverage per query and the mean of its realised / published predicted RMSRE_tau."""
     wide = frame.pivot(index="day", columns="method", values="rmsre_tau").sort_index().tail(last)
     out = {"days": float(len(wide))}
     if PRIVATE_SAFE in wide and FULLY_INFORMED in wide:
         out["median_private_over_full"] = float((wide[PRIVATE_SAFE] / wide[FULLY_INFORMED]).median())
+    if PRIVATE_SAFE in wide and COLD_START in wide:
+        out["median_private_over_cold_start"] = float((wide[PRIVATE_SAFE] / wide[COLD_START]).median())
+    for method in (PRIVATE_SAFE, COLD_START, FULLY_INFORMED):
+        if method in wide:
+            out[f"median_rmsre_tau_{method}"] = float(wide[method].median())
     baselines = [m for m in (BASELINE_Q95, BASELINE_Q99) if m in wide]
     if PRIVATE_SAFE in wide and baselines:
         out["private_below_baselines"] = float((wide[PRIVATE_SAFE] < wide[baselines].min(axis=1)).mean())
@@ -244,4 +270,9 @@ def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
     private = frame[(frame["method"] == PRIVATE_SAFE) & frame["day"].isin(wide.index)]
     for column in [c for c in frame.columns if c.startswith("coverage_")]:
         out[f"private_{column}"] = float(private[column].mean())
+    if "predicted_rmsre_tau" in private:
+        predicted = pd.to_numeric(private["predicted_rmsre_tau"], errors="coerce")
+        ratio = (private["rmsre_tau"] / predicted)[predicted > 0]
+        if len(ratio):
+            out["private_realised_over_predicted"] = float(ratio.mean())
     return out

@@ -108,20 +108,6 @@ def _type_name(t: Any) -> str:
 _EXPECTED = {name: _signature(load_schema(name)) for name in SCHEMA_FILES}
 
 
-def file_kind(path: str | os.PathLike[str], allowed: Iterable[str] = (SUMMARY, DEBUG, DOMAIN)) -> str:
-    """Record name of an Avro file's writer schema if it is one of ``allowed``; else ValueError naming the file."""
-    path = os.fspath(path)
-    allowed = tuple(allowed)
-    try:
-        with open(path, "rb") as fh:
-            schema = fastavro.reader(fh).writer_schema
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read ({exc.strerror})") from None
-    except Exception as exc:  # noqa: BLE001 - fastavro raises ValueError / SchemaParseException / others on garbage
-        raise InvalidInput(f"{path}: not an Avro data file ({exc})") from None
-    return _check_schema(path, schema, allowed)
-
-
 def _check_schema(path: str, schema: Any, allowed: tuple[str, ...]) -> str:
     sig = _signature(schema)
     for name in allowed:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from araopt.errors import AraoptError, InvalidInput, InvalidParameters, PrivacyRefusal
+from araopt.io.ids import canonical_id_hash
 
 IMPRESSION_ID = "impression_id"
 CONVERSION_TIME = "conversion_time"
@@ -25,6 +26,16 @@ IMPRESSION_TIME = "impression_time"
 """Optional column: when the impression was shown (any timestamp unit or zone, like conversion_time)."""
 IMPRESSION_TIME_US = "impression_time_us"
 """The canonical form of ``impression_time`` in valid rows: int64 microseconds since the epoch, UTC."""
+BROWSER_ID = "browser_id"
+"""Optional column (W3C Attribution Level 1): the browser instance (user) that saw the impression and
+converted, int64 or string; the privacy unit is (browser_id, conversion site, epoch). A log without it
+treats every impression as its own browser."""
+IMPRESSION_SITE = "impression_site"
+"""Optional string column (W3C Attribution Level 1): the site the impression was shown on."""
+CONVERSION_SITE = "conversion_site"
+"""Optional string column (W3C Attribution Level 1): the site that measured the conversion."""
+ATTRIBUTION_COLUMNS = (BROWSER_ID, IMPRESSION_TIME, IMPRESSION_SITE, CONVERSION_SITE)
+"""The optional columns of the W3C Attribution target, in contract order (``check_attribution_schema``)."""
 IN_PERIOD = "in_period"
 """Canonical boolean column of valid rows: True for rows of the period being measured, False for rows
 of a lookback (earlier conversions of the same impressions): they consume the per-impression budget of
@@ -107,6 +118,20 @@ def check_schema(schema: pa.Schema, slice_columns: Sequence[str], value_columns:
         t = schema.field(c).type
         if type_family(t) not in ("integer", "string", "boolean"):
             raise InvalidInput(f"{source}: slice column {c!r} must be integer, string or boolean, got {t}")
+
+
+def check_attribution_schema(schema: pa.Schema, source: str = "input") -> tuple[str, ...]:
+    """The W3C Attribution columns ``schema`` has (``ATTRIBUTION_COLUMNS`` present, in contract
+    order), refusing wrong types: ``browser_id`` int64 or string, ``impression_time`` a timestamp
+    (or ISO-8601 string), the sites strings."""
+    present = tuple(c for c in ATTRIBUTION_COLUMNS if c in schema.names)
+    allowed = {BROWSER_ID: ("integer", "string"), IMPRESSION_TIME: ("timestamp", "string"),
+               IMPRESSION_SITE: ("string",), CONVERSION_SITE: ("string",)}
+    for column in present:
+        t = schema.field(column).type
+        if type_family(t) not in allowed[column]:
+            raise InvalidInput(f"{source}: column {column!r} must be {' or '.join(allowed[column])}, got {t}")
+    return present
 
 
 def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]], slice_columns: Sequence[str],
@@ -327,6 +352,9 @@ class Conversions:
     value_columns: tuple[str, ...]
     in_period: np.ndarray | None = None
     impression_time: np.ndarray | None = None
+    _cache: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """``record_keys`` once computed (a read-only array): the mechanism, the statistics and the calibration
+    each need them, often of the same batch."""
 
     def __post_init__(self) -> None:
         n = len(self.impression_id)
@@ -405,15 +433,23 @@ class Conversions:
         """A 64-bit content hash per record: the deterministic tie-break and simulation RR key.
 
         The value of ``pd.util.hash_pandas_object(frame, index=False)`` for the frame of the record's
-        impression id, time, values and slices (in that order), computed column by column without
-        building the frame; a categorical column hashes its distinct values once (same result). It
+        impression id (its canonical form, ``araopt.io.ids``), time, values and slices (in that order),
+        computed column by column without building the frame; a categorical column hashes its distinct
+        values once (same result). It
         hashes the record's content only (not ``in_period``): a conversion read as lookback on one day
         gets the key it had when it was released, so its rounding and its place in Alg. 1's order are
-        the same."""
-        columns = [_normalise(self.impression_id), self.conversion_time.astype(np.int64)]
+        the same. Computed once per instance (the arrays of a ``Conversions`` are not changed in place)."""
+        cached = self._cache.get("record_keys")
+        if cached is not None:
+            return cached
+        columns = [self.conversion_time.astype(np.int64)]
         columns += [self.values[:, j].astype(np.float64) for j in range(self.values.shape[1])]
         columns += [_normalise(v) for v in self.slices.values()]
-        return _combine_hashes([pd.util.hash_array(c) for c in columns], len(self))
+        hashes = [canonical_id_hash(self.impression_id), *(pd.util.hash_array(c) for c in columns)]
+        keys = _combine_hashes(hashes, len(self))
+        keys.setflags(write=False)
+        self._cache["record_keys"] = keys
+        return keys
 
 
 def _slice_array(column: pa.ChunkedArray, categorical: bool) -> np.ndarray:
@@ -453,8 +489,7 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
     of impressions without a conversion in the period are left out (they cannot change its ranks)."""
     if period.value_columns != lookback.value_columns or set(period.slices) != set(lookback.slices):
         raise InvalidInput("the period and its lookback must carry the same slice and value columns")
-    lookback = lookback.take(np.flatnonzero(np.isin(_normalise(lookback.impression_id),
-                                                    _normalise(period.impression_id))))
+    lookback = lookback.take(np.flatnonzero(isin_ids(lookback.impression_id, period.impression_id)))
     both_times = period.impression_time is not None and lookback.impression_time is not None
     return Conversions(
         np.concatenate([_normalise(period.impression_id), _normalise(lookback.impression_id)]),
@@ -466,6 +501,24 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
         np.concatenate([cast(np.ndarray, period.impression_time), cast(np.ndarray, lookback.impression_time)])
         if both_times else None,
     )
+
+
+def isin_ids(ids: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """Boolean mask of the ``ids`` that occur in ``among`` (impression ids, int64 or string), in time
+    linear in both lengths: ``np.isin`` compares object (string) arrays element by element against
+    every value of ``among`` (quadratic: hours for a million string ids)."""
+    a, b = _normalise(ids), _normalise(among)
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return cast(np.ndarray, np.isin(a, b))
+    if len(a) and isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        try:  # strings: Arrow's hash set
+            left, right = pa.array(a, from_pandas=False), pa.array(b, from_pandas=False)
+            if pa.types.is_string(left.type) and left.type == right.type and not left.null_count + right.null_count:
+                return cast(np.ndarray, pc.is_in(left, value_set=right).to_numpy(zero_copy_only=False))
+        except (pa.ArrowException, TypeError, ValueError):  # other objects: pandas' hash table
+            pass
+    return cast(np.ndarray, pd.Series(a, dtype=object, copy=False).isin(pd.Series(np.asarray(b), dtype=object))
+                .to_numpy(dtype=bool))
 
 
 def _normalise(arr: np.ndarray) -> np.ndarray:

@@ -1,7 +1,9 @@
-"""Local files: written whole or not at all (temporary sibling, fsync, rename), read with a one-line error."""
+"""Local files: written whole or not at all (temporary sibling, fsync, rename), read with a one-line error;
+local inputs listed with symbolic links followed."""
 from __future__ import annotations
 
 import datetime as _dt
+import glob
 import os
 from collections.abc import Callable, Iterable
 from typing import IO, Any
@@ -64,6 +66,37 @@ def distinct_files(paths: Iterable[str]) -> list[str]:
             seen.add(key)
             out.append(path)
     return out
+
+
+def local_files_below(pattern: str, suffix: str = ".parquet") -> dict[str, int]:
+    """Local files a path or glob names, with their sizes: a file itself, and every file ending in
+    ``suffix`` below a folder it names or matches, at any depth, **symbolic links to folders followed**
+    (a folder of links to ``date=`` partitions is an input like any other; a link cycle is walked once).
+    Names are built from ``pattern`` as written (the partition folders' names stay in them)."""
+    if os.path.isdir(pattern):
+        named = [pattern]
+    elif glob.has_magic(pattern):
+        named = sorted(glob.glob(pattern))
+    else:
+        named = [pattern] if os.path.exists(pattern) else []
+    found: dict[str, int] = {}
+    for path in named:
+        if not os.path.isdir(path):
+            found[path] = os.path.getsize(path)
+            continue
+        seen: set[str] = set()
+        for folder, subfolders, names in os.walk(path, followlinks=True):
+            real = os.path.realpath(folder)
+            if real in seen:  # reached again through a link: its files are listed already
+                subfolders[:] = []
+                continue
+            seen.add(real)
+            subfolders.sort()
+            for name in sorted(names):
+                if name.endswith(suffix):
+                    file = os.path.join(folder, name)
+                    found[file] = os.path.getsize(file)
+    return found
 
 
 def utc_now_iso() -> str:

@@ -12,7 +12,8 @@ functions, with its release and private manifests and Cloud Storage besides).
    manifest written last, then :func:`move_into_place`: the old folder renamed away, the staging folder
    renamed into place, the old one deleted. A reader sees the old folder, none, or the new one, never a
    mix, also when the run is killed (``kill -9``).
-4. Any failure (an exception, Ctrl-C) removes the staging folder (:meth:`OutputFolder.abandon`).
+4. Any failure (an exception, Ctrl-C, SIGTERM or SIGHUP: ``termination_as_exit``) removes the staging
+   folder (:meth:`OutputFolder.abandon`).
 
 The overwrite rule: an absent or empty target is written; a non-empty one only with ``--overwrite``, and
 even then only if araopt wrote it (it holds one of its kind's markers), so ``--overwrite`` never deletes
@@ -21,12 +22,15 @@ written whole by ``araopt.io.files.atomic_write``. Parquet data is written in ro
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
+import signal
+import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,9 @@ MANIFEST = "_manifest.json"
 """A data, evaluation or export folder's manifest (underscore files are skipped by dataset readers)."""
 STAGING_TAG = ".araopt-staging-"
 REPLACED_TAG = ".araopt-replaced-"
+PENDING_TAG = ".araopt-pending-"
+"""A run folder's commit in progress: ``<target>.araopt-pending-<staging id>.json`` names the ledger entry
+recorded for the staging folder until the folder is in place (``pipelines.run_folder``)."""
 LOCK_TAG = ".araopt-lock"
 _LOG = logging.getLogger(__name__)
 
@@ -65,7 +72,7 @@ EXPORT_FOLDER = FolderKind("export folder", "an export", (MANIFEST, "export.json
 
 def _bookkeeping(name: str) -> bool:
     """A lock file, staging or replaced folder of a run into a folder beside it (inside a parent folder)."""
-    return any(tag in name for tag in (LOCK_TAG, STAGING_TAG, REPLACED_TAG))
+    return any(tag in name for tag in (LOCK_TAG, STAGING_TAG, REPLACED_TAG, PENDING_TAG))
 
 
 def is_empty(path: str | os.PathLike[str]) -> bool:
@@ -200,6 +207,7 @@ class OutputFolder:
     overwrite: bool
     kind: FolderKind
     lock: FileLock = field(repr=False, compare=False)
+    _signals: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False, compare=False)
 
     @classmethod
     def prepare(cls, target: str | os.PathLike[str], overwrite: bool, what: str,
@@ -248,13 +256,46 @@ class OutputFolder:
             self.lock.release()
 
     def __enter__(self) -> OutputFolder:
+        self._signals.enter_context(termination_as_exit())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if os.path.lexists(self.staging):  # not committed: an exception, or a command that stopped early
-            self.abandon()
-        else:
-            self.lock.release()
+        try:
+            if os.path.lexists(self.staging):  # not committed: an exception, or a command that stopped early
+                self.abandon()
+            else:
+                self.lock.release()
+        finally:
+            self._signals.close()
+
+
+TERMINATION_SIGNALS = ("SIGTERM", "SIGHUP")
+"""Signals that end a run politely (``kill``, ``timeout``, a closed terminal, a scheduler): inside an
+:class:`OutputFolder` they raise ``SystemExit(128 + signal)`` so that the staging folder is removed
+(Ctrl-C already raises ``KeyboardInterrupt``; ``kill -9`` cannot be caught: the next run sweeps it)."""
+
+
+@contextlib.contextmanager
+def termination_as_exit() -> Iterator[None]:
+    """While the block runs (main thread only; elsewhere a no-op), SIGTERM and SIGHUP raise SystemExit
+    instead of ending the process on the spot; the previous handlers are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {}
+    for name in TERMINATION_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None:
+            previous[number] = signal.signal(number, stop)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 class ParquetShardWriter:

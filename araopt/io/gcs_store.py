@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from araopt.errors import one_line
 from araopt.io.store import (
     CREDENTIALS_HELP,
     LATEST,
@@ -17,7 +18,6 @@ from araopt.io.store import (
     StoreConflict,
     StoreError,
     T,
-    one_line,
 )
 
 if TYPE_CHECKING:  # typing only

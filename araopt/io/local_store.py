@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from araopt.errors import one_line
 from araopt.io.store import (
     LATEST,
     PARAMS_FILE,
@@ -20,7 +21,6 @@ from araopt.io.store import (
     ParameterStore,
     StoreConflict,
     StoreError,
-    one_line,
 )
 
 
@@ -182,7 +182,7 @@ def _translate_os_errors(uri: str, action: str) -> Iterator[None]:
     except StoreError:
         raise
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else one_line(exc)
+        reason = os.strerror(exc.errno) if exc.errno else one_line(exc, 300)
         if exc.errno in (errno.EACCES, errno.EPERM):
             reason = "permission denied"
         raise StoreError(f"cannot {action} {uri}: {reason}") from exc

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from araopt.errors import InvalidParameters
+from araopt.errors import InvalidParameters, OutputRefused
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from google.cloud import storage
@@ -33,8 +33,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 LOCK_SUFFIX: Final = ".lock"
 
 
-class LockHeld(Exception):
-    """Someone else holds the lock or lease; ``owner`` is its owner record (None if unreadable)."""
+class LockHeld(OutputRefused):
+    """Someone else holds the lock or lease (an output another run is writing); ``owner`` is its owner
+    record (None if unreadable)."""
 
     def __init__(self, where: str, owner: Mapping[str, Any] | None) -> None:
         self.where = where

@@ -7,7 +7,8 @@
                                else; a run without it is incomplete (a killed run) and must not be used
     OUT/private/               OPERATOR-PRIVATE: exact, un-noised figures and raw rows; never publish
         README.txt, run_summary.json, run_manifest.json (every private file's sha256, the input's
-        files, the release ledger entry), dead_letter/rejected.parquet, debug/summary_report.avro
+        files, the release ledger entry), dead_letter/rejected.parquet, debug/summary_report.avro,
+        report.html (the run's page) with estimates.png and, with a debug run, noisy_vs_unnoised.png
 
 In simulation mode (seeded noise: NOT private) the release folder is ``simulation/`` and every file
 in it is named ``SIMULATION-<name>``, so a simulated file can never be mistaken for a release.
@@ -49,12 +50,26 @@ ACCOUNTING = "accounting.json"
 PRIVATE_README = "README.txt"
 DEAD_LETTER = "dead_letter/rejected.parquet"
 DEBUG_REPORT = "debug/summary_report.avro"
+TRIGGERS_JSONL = "triggers.jsonl"
+REPORT_HTML = "report.html"
+"""The run's report page (operator-private: exact counts beside the released numbers), with estimates.png."""
+"""export-ara --conversions: one trigger per conversion with its raw impression id and time (under private/)."""
 
 PRIVATE_README_TEXT = """OPERATOR-PRIVATE - DO NOT PUBLISH
 
 This folder holds exact, un-noised figures of the run (record counts, the debug report's unnoised
 metrics and noise) and raw input rows (the dead letter). They are not differentially private.
 Only the files under the release folder (release/) may leave the building.
+"""
+
+EXPORT_PRIVATE_README_TEXT = """OPERATOR-PRIVATE - DO NOT PUBLISH
+
+triggers.jsonl holds one trigger registration per conversion of the --conversions log, with the
+conversion's raw impression_id and conversion time (conversion_time_us), in the browser's arrival
+order: raw rows, neither noised nor aggregated. Use it to replay the browser (tests, simulations);
+never publish it or send it to a third party. The files beside this folder (key_map.json/.csv,
+sources.json, output_domain.avro, export.json) are the deployment: the ad servers' and the
+Aggregation Service's inputs.
 """
 
 

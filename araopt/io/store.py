@@ -16,7 +16,9 @@ version in force. Readers never see a partial file: versions are created atomica
 Release ledger: ``ledger/index.json`` lists every release (its conversion count, time window and
 the sha256 of its row set) and is moved by compare-and-swap like ``latest`` (local: a ``flock`` and
 the content's digest; GCS: the object generation); ``ledger/rows/<sha256>.parquet`` holds each
-release's row set (``araopt.io.rowset``), content-addressed and create-only. Of two racing recorders
+release's row set (``araopt.io.rowset``) and, since coarse identities, its coarse row set (optional
+entry fields ``coarse_row_set``, ``coarse_row_set_sha256``, ``coarse_row_set_bytes``), content-addressed
+and create-only. Of two racing recorders
 exactly one appends; the other re-reads the index and checks again.
 
 Idempotency: publishing an as-of date whose payload is byte-identical to the one ``latest`` already
@@ -38,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from araopt.errors import InvalidInput, InvalidParameters
+from araopt.errors import AraoptError, InvalidInput, InvalidParameters, OutputRefused, one_line
 from araopt.io import jsonio
 
 __all__ = [
@@ -73,11 +75,12 @@ CREDENTIALS_HELP: Final = (
 T = TypeVar("T")
 
 
-class StoreError(Exception):
-    """A parameter store operation failed; the message is one line and names the file involved."""
+class StoreError(AraoptError):
+    """A parameter store operation failed (a missing, corrupt or unreachable object); the message is one
+    line and names the file involved."""
 
 
-class StoreConflict(StoreError):
+class StoreConflict(StoreError, OutputRefused):
     """Another publisher moved ``latest`` first (compare-and-swap lost); nothing was made latest."""
 
 
@@ -88,11 +91,6 @@ class _Unset(enum.Enum):
 UNSET: Final = _Unset.TOKEN
 """Sentinel for ``publish(expected_previous=...)``: do not check what ``latest`` named at start."""
 
-
-def one_line(text: object, limit: int = 300) -> str:
-    """Collapse an error text to one short line."""
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _sha256(data: bytes) -> str:
@@ -456,24 +454,31 @@ class ParameterStore(abc.ABC):
                 raise StoreError(f"corrupt release ledger {uri}: an entry lacks one of {', '.join(_LEDGER_ENTRY_FIELDS)}")
         return releases, generation
 
-    def read_row_set(self, entry: dict[str, Any]) -> bytes:
-        """The row set a ledger entry names, checksum-verified."""
-        key = entry["row_set"]
+    def read_row_set(self, entry: dict[str, Any], field: str = "row_set") -> bytes:
+        """The row set a ledger entry names (``field``: ``row_set``, or ``coarse_row_set`` for the coarse
+        identities), checksum-verified."""
+        key = entry[field]
         data = self._read(key)
         if data is None:
             raise StoreError(f"release ledger: row set {self._object_uri(key)} is missing (entry {entry['id']})")
-        if _sha256(data) != entry["row_set_sha256"]:
+        if _sha256(data) != entry[f"{field}_sha256"]:
             raise StoreError(f"release ledger: row set {self._object_uri(key)} does not match its sha256 (corrupt)")
         return data
 
-    def append_release(self, entry: dict[str, Any], row_set: bytes, expected_generation: int) -> dict[str, Any]:
-        """Store ``row_set`` (create-only, named by its sha256) and append ``entry`` (with a unique ``id``)
-        to the index iff the index is still at ``expected_generation`` (:class:`StoreConflict` otherwise:
-        read and check again). Returns the entry as recorded."""
-        sha = _sha256(row_set)
-        key = _ledger_rows_key(sha)
-        self._put_immutable(key, row_set)
-        recorded = {**entry, "row_set": key, "row_set_sha256": sha, "row_set_bytes": len(row_set)}
+    def append_release(self, entry: dict[str, Any], row_set: bytes, expected_generation: int,
+                       coarse_row_set: bytes | None = None) -> dict[str, Any]:
+        """Store ``row_set`` (and ``coarse_row_set``, the coarse identities; create-only, named by their
+        sha256) and append ``entry`` (with a unique ``id``) to the index iff the index is still at
+        ``expected_generation`` (:class:`StoreConflict` otherwise: read and check again). Returns the
+        entry as recorded."""
+        recorded = dict(entry)
+        for field, data in (("row_set", row_set), ("coarse_row_set", coarse_row_set)):
+            if data is None:
+                continue
+            sha = _sha256(data)
+            key = _ledger_rows_key(sha)
+            self._put_immutable(key, data)
+            recorded.update({field: key, f"{field}_sha256": sha, f"{field}_bytes": len(data)})
         releases, generation = self.read_ledger()
         if generation != expected_generation:
             raise StoreConflict(f"{self._object_uri(LEDGER_INDEX)} changed while this release was checked")

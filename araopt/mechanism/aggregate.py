@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.errors import InvalidInput
-from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.keys import DATA, KeyDomain
 
 DEFAULT_MAX_SLICES = 100_000
 """Default limit on the number of slices of a domain (declared or derived): ``--max-slices``."""
@@ -102,8 +102,8 @@ def merge(parts: Iterable[DomainSums]) -> DomainSums:
                       sum(p.lookback_rows for p in parts), sum(p.rows_before_lookback for p in parts))
 
 
-class TooManySlices(ValueError):
-    """The data holds more distinct slices than ``max_slices``."""
+class TooManySlices(InvalidInput):
+    """The data holds more distinct slices than ``max_slices`` (a data-derived domain, simulation only)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def domain_of(slices: SliceSet, query_names: Sequence[str], baseline: bool,
               conversion_slice_columns: Sequence[str] = ()) -> KeyDomain:
     """SIMULATION ONLY: the domain of the slices present in the data."""
     cols = {c: slices.frame[c].to_numpy() for c in slices.slice_columns}
-    return KeyDomain.from_slice_values(slices.slice_columns, cols, query_names, baseline, conversion_slice_columns)
+    return KeyDomain.from_slice_values(slices.slice_columns, cols, query_names, baseline, conversion_slice_columns, DATA)
 
 
 class DomainSumsCombiner:

@@ -12,15 +12,18 @@ iterations), each one vectorized over every impression that has a conversion at 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE
 from araopt.errors import InvalidInput, InvalidParameters, check_contribution_budget
 from araopt.io.conversions import Conversions
 from araopt.mechanism.encoding import count_scale, expected_contribution
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 
 
 def check_max_reports(max_reports: int) -> int:
@@ -114,7 +117,7 @@ def sort_by_impression(
             order = _order_packed(sorted_key, order, tie_breaker)
             sorted_key >>= time_bits
             return order, sorted_key
-        by_imp = np.argsort(imp)
+        by_imp = _argsort_ids(imp)
         sorted_imp = imp[by_imp]
         new_group = np.empty(n, dtype=np.int64)
         new_group[0] = 0
@@ -132,6 +135,20 @@ def sort_by_impression(
         keys.insert(1, np.asarray(tie_breaker))
     order = np.lexsort(keys)
     return order, imp[order]
+
+
+def _argsort_ids(imp: np.ndarray) -> np.ndarray:
+    """A permutation sorting the ids (equal ids in any order: only the order of distinct ids matters).
+    String ids are sorted by Arrow (UTF-8 byte order is code point order, Python's): about twice as
+    fast as numpy's comparisons of Python objects; other ids by numpy."""
+    if imp.dtype == object and len(imp):
+        try:
+            arr = pa.array(imp, from_pandas=False)
+            if pa.types.is_string(arr.type) and arr.null_count == 0:
+                return cast(np.ndarray, pc.sort_indices(arr).to_numpy().astype(np.int64))
+        except (pa.ArrowException, TypeError, ValueError):  # mixed or non-string objects: numpy's order
+            pass
+    return cast(np.ndarray, np.argsort(imp))
 
 
 def _check_orderable(arr: np.ndarray, name: str) -> None:
@@ -184,13 +201,21 @@ def ranks_within_impression(sorted_impression_ids: np.ndarray) -> tuple[np.ndarr
 
 def bound_sorted(
     norms: np.ndarray, rank: np.ndarray, group: np.ndarray, contribution_budget: int = CONTRIBUTION_BUDGET,
-    equal_norm: int | None = None, max_reports: int = MAX_REPORTS_PER_SOURCE,
+    equal_norm: int | None = None, max_reports: int = MAX_REPORTS_PER_SOURCE, upper: np.ndarray | None = None,
 ) -> np.ndarray:
     """ContributionCapping on records already sorted by (impression, time): boolean kept mask in that order.
 
     ``norms``: each record's L1 norm (non-negative integers, checked by :func:`contribution_norms`).
     ``equal_norm``: every record has this norm (L-inf, L1), so ``norms`` is not consulted.
     ``max_reports``: at most this many records of norm > 0 are kept per impression (Chrome: 20).
+    ``upper``: when a record's norm is only known to lie in [``norms``, ``upper``] (an earlier release's
+    random rounding, an unknown configuration: ``araopt.mechanism.lifetime``), the same Alg. 1 runs on
+    an interval of each impression's state: a record *may* have been kept if its lower norm fits the
+    lowest budget used, and *is* kept if its upper norm fits the highest (and the highest report count
+    is below the limit). The highest state grows by the upper norm (and one report) of every record
+    that may have been kept (never above Gamma or the report limit), the lowest by the lower norm of
+    every record that is kept, so the true state stays inside and a kept record fits whatever the
+    earlier ones really cost. With every interval a point this is Alg. 1 exactly.
     """
     budget = check_contribution_budget(contribution_budget)
     reports_limit = check_max_reports(max_reports)
@@ -198,11 +223,20 @@ def bound_sorted(
     n = len(rank)
     if len(group) != n:
         raise InvalidInput(f"rank and group must have equal lengths, got {n} and {len(group)}")
+    if upper is not None:
+        if equal_norm is not None or np.shape(upper) != (n,):
+            raise InvalidInput(f"upper must be {n} L1 norms beside {n} lower norms, got shape {np.shape(upper)}")
+        upper = contribution_norms(upper, budget)
     if equal_norm is None:
         if np.shape(norms) != (n,):
             raise InvalidInput(f"norms must be {n} L1 norms (one per record), got shape {np.shape(norms)}")
         norms = contribution_norms(norms, budget)
-        if n and (norms == norms[0]).all():
+        if upper is not None:
+            if (upper < norms).any():
+                raise InvalidInput(f"an upper norm is below its lower norm (record {int(np.argmax(upper < norms))})")
+            if (upper == norms).all():
+                upper = None
+        if upper is None and n and (norms == norms[0]).all():
             equal_norm = int(norms[0])
     elif isinstance(equal_norm, (bool, np.bool_)) or not isinstance(equal_norm, (int, np.integer)) or equal_norm < 0:
         raise InvalidParameters(f"equal_norm must be a non-negative integer, got {equal_norm!r}")
@@ -216,6 +250,8 @@ def bound_sorted(
     reports = np.zeros(len(used), dtype=np.int64)
     by_rank = np.argsort(rank, kind="stable")
     bounds = np.searchsorted(rank[by_rank], np.arange(int(rank.max()) + 2))
+    if upper is not None:
+        return _bound_intervals(norms, upper, group, by_rank, bounds, used, reports, budget, reports_limit, kept)
     for r in range(int(rank.max()) + 1):
         idx = by_rank[bounds[r]:bounds[r + 1]]
         g = group[idx]
@@ -228,10 +264,31 @@ def bound_sorted(
     return kept
 
 
+def _bound_intervals(low: np.ndarray, high: np.ndarray, group: np.ndarray, by_rank: np.ndarray, bounds: np.ndarray,
+                     used: np.ndarray, reports: np.ndarray, budget: int, reports_limit: int,
+                     kept: np.ndarray) -> np.ndarray:
+    """:func:`bound_sorted` over norm intervals: ``used``/``reports`` hold each impression's highest
+    spend and report count, ``least_used`` its lowest spend (see :func:`bound_sorted`). A lowest
+    report count is not needed: once it reaches the limit, so has the highest, and every later record
+    is kept iff its upper norm is 0 whatever the spend."""
+    least_used = np.zeros_like(used)
+    for r in range(len(bounds) - 1):
+        idx = by_rank[bounds[r]:bounds[r + 1]]
+        g = group[idx]
+        lo, hi = low[idx], high[idx]
+        maybe = least_used[g] + lo <= budget
+        fits = (used[g] + hi <= budget) & ((reports[g] < reports_limit) | (hi == 0))
+        kept[idx] = fits
+        used[g[maybe]] = np.minimum(used[g[maybe]] + hi[maybe], budget)
+        reports[g[maybe]] = np.minimum(reports[g[maybe]] + (hi[maybe] > 0), reports_limit)
+        least_used[g[fits]] += lo[fits]
+    return kept
+
+
 def bound_contributions(
     impression_ids: np.ndarray, conversion_times: np.ndarray, contributions: np.ndarray,
     contribution_budget: int = CONTRIBUTION_BUDGET, tie_breaker: np.ndarray | None = None,
-    max_reports: int = MAX_REPORTS_PER_SOURCE,
+    max_reports: int = MAX_REPORTS_PER_SOURCE, upper_norms: np.ndarray | None = None,
 ) -> np.ndarray:
     """ContributionCapping over records in any order: boolean "kept" mask aligned with the input.
 
@@ -240,6 +297,8 @@ def bound_contributions(
     taken in ``conversion_times`` order, ties by ``tie_breaker`` then input position; a record is
     kept iff the impression has sent fewer than ``max_reports`` reports (records of norm > 0) and
     its norm fits the impression's remaining budget ``contribution_budget``. Inputs are never modified.
+    ``upper_norms``: (n,) upper bounds of the norms when ``contributions`` are (n,) lower bounds
+    (earlier conversions whose cost is only known to an interval: :func:`bound_sorted`).
     """
     n = len(impression_ids)
     contrib = np.asarray(contributions)
@@ -250,7 +309,12 @@ def bound_contributions(
     norms = contribution_norms(contrib, contribution_budget)
     order, sorted_impressions = sort_by_impression(impression_ids, conversion_times, tie_breaker)
     rank, group = ranks_within_impression(sorted_impressions)
-    if n and (norms == norms[0]).all():  # L-inf / L1: skip gathering the norms
+    if upper_norms is not None:
+        if np.shape(upper_norms) != (n,) or contrib.ndim != 1:
+            raise InvalidInput(f"upper_norms must be {n} L1 norms beside {n} lower norms (not per-key contributions)")
+        kept_sorted = bound_sorted(norms[order], rank, group, contribution_budget, max_reports=max_reports,
+                                   upper=np.asarray(upper_norms)[order])
+    elif n and (norms == norms[0]).all():  # L-inf / L1: skip gathering the norms
         kept_sorted = bound_sorted(norms[:0], rank, group, contribution_budget, equal_norm=int(norms[0]),
                                    max_reports=max_reports)
     else:
@@ -267,10 +331,31 @@ def kept_mask(conversions: Conversions, params: Params, tie_breaker: np.ndarray 
     the realised decision only when an impression's running total lands within d units of Gamma.
     With exploration arms, a record of an arm costs floor(Gamma / C_a) and is not kept in the main
     keys (its arm's keys report it)."""
-    order = impression_order(conversions.impression_id, conversions.conversion_time, tie_breaker)
-    rank, group = ranks_within_impression(conversions.impression_id[order])
+    return kept_mask_ordered(conversions, params, ImpressionRanks.of(conversions, tie_breaker))
+
+
+@dataclass(frozen=True)
+class ImpressionRanks:
+    """Alg. 1's order of a batch, which does not depend on the parameters: ``order`` sorts the records by
+    (impression, time, tie_breaker, position); ``rank`` and ``group`` (impression index) along it.
+    Computed once, it serves every candidate parameter set (``kept_mask_ordered``)."""
+
+    order: np.ndarray
+    rank: np.ndarray
+    group: np.ndarray
+
+    @classmethod
+    def of(cls, conversions: Conversions, tie_breaker: np.ndarray | None = None) -> ImpressionRanks:
+        order = impression_order(conversions.impression_id, conversions.conversion_time, tie_breaker)
+        rank, group = ranks_within_impression(conversions.impression_id[order])
+        return cls(order, rank, group)
+
+
+def kept_mask_ordered(conversions: Conversions, params: Params, ranks: ImpressionRanks) -> np.ndarray:
+    """``kept_mask`` with the batch's order already computed (``ImpressionRanks.of`` with the same tie-break)."""
+    order, rank, group = ranks.order, ranks.rank, ranks.group
     arm = None if params.exploration is None else params.exploration.assign(conversions.impression_id)[order]
-    if params.encoding == "baseline":
+    if params.encoding == Encoding.BASELINE:
         norms = np.rint(expected_contribution(conversions.values[order], params).sum(axis=1) + count_scale(params))
     elif arm is None:
         norms = np.full(len(order), params.per_conversion_budget)

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from araopt.constants import EXPLORATION_ARM_SHARE, EXPLORATION_COUNT_LIMITS
 from araopt.errors import InvalidParameters, check_count_limit, is_positive_finite
+from araopt.io.ids import canonical_id_hash
 from araopt.mechanism.randomness import mix64
 
 MAX_ARMS = 15
@@ -83,12 +83,11 @@ class Exploration:
         return 1.0 - self.total_share
 
     def assign(self, impression_ids: np.ndarray) -> np.ndarray:
-        """Arm of every record's impression: -1 main, else the arm's index (a keyed hash of the id)."""
-        ids = np.asarray(impression_ids)
-        ids = ids.astype(np.int64) if ids.dtype.kind in "iub" else ids.astype(object)
-        hashed = mix64(pd.util.hash_array(ids) ^ mix64(np.array([self.salt], dtype=np.uint64))[0])
+        """Arm of every record's impression: -1 main, else the arm's index (a keyed hash of the id's
+        canonical form, ``araopt.io.ids``: 123, "123" and "000123" are in one arm)."""
+        hashed = mix64(canonical_id_hash(impression_ids) ^ mix64(np.array([self.salt], dtype=np.uint64))[0])
         u = (hashed >> np.uint64(11)).astype(np.float64) / float(1 << 53)  # uniform in [0, 1)
-        out = np.full(len(ids), -1, dtype=np.int64)
+        out = np.full(len(hashed), -1, dtype=np.int64)
         low = 0.0
         for index, arm in enumerate(self.arms):
             out[(u >= low) & (u < low + arm.share)] = index
@@ -109,12 +108,6 @@ class Exploration:
                        int(data["salt"]))
         except (KeyError, TypeError) as exc:
             raise InvalidParameters(f"{source}: malformed exploration ({exc!r})") from None
-
-
-def arm_counts(arm: np.ndarray, num_arms: int) -> np.ndarray:
-    """How many records each arm has (index -1, the main configuration, left out)."""
-    a = np.asarray(arm, dtype=np.int64)
-    return np.bincount(a[a >= 0], minlength=num_arms)
 
 
 def exploration_rows(arm: np.ndarray, num_slices: int, slice_index: np.ndarray) -> np.ndarray:

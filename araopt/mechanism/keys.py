@@ -308,11 +308,13 @@ class KeyDomain:
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str = "key map", embedded: bool = False) -> KeyDomain:
         """A key map file (``embedded=False``: its ``origin`` and the ``params_sha256`` of the parameters
-        it was written for are required) or the domain a parameter version carries (``embedded``:
-        the history's, origin ``history``); the layout checksum is always checked."""
+        it was written for are required) or the domain a parameter version carries (``embedded``: its
+        recorded ``origin``, ``history`` when none is recorded); the layout checksum is always checked."""
         if not isinstance(data, Mapping):
             raise InvalidInput(f"{source}: a key map is a JSON object")
-        origin = HISTORY if embedded else str(data.get("origin"))
+        # a parameter file's domain is the history's unless it says otherwise (files written before
+        # domains kept their origin in parameter files hold the training history's slices)
+        origin = str(data.get("origin", HISTORY)) if embedded else str(data.get("origin"))
         try:
             cols = tuple(data["slice_columns"])
             dicts = tuple(tuple(data["dictionaries"][c]) for c in cols)

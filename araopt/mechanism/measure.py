@@ -9,16 +9,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from araopt.errors import InvalidInput, PrivacyRefusal
+from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
 from araopt.mechanism.aggregate import domain_sums
 from araopt.mechanism.bounding import bound_contributions
 from araopt.mechanism.encoding import encode
 from araopt.mechanism.exploration import exploration_rows
 from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.params import Params
+from araopt.mechanism.lifetime import ReleaseHistory, lifetime_norms
+from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.randomness import keyed_uniforms, secure_generator
-from araopt.mechanism.release import Accounting, Release, histogram_height, noisy_release
+from araopt.mechanism.release import Accounting, Release, histogram_height, noisy_release, release_domain
 from araopt.mechanism.report import Estimates, SummaryReport
 from araopt.mechanism.sources import impression_slice_conflicts
 
@@ -32,10 +33,14 @@ def rounding_uniforms(record_keys: np.ndarray, num_queries: int, simulation_seed
 
 def encode_and_bound(
     conversions: Conversions, params: Params, simulation_seed: int | None = None,
-    rng: np.random.Generator | None = None,
+    rng: np.random.Generator | None = None, history: ReleaseHistory | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(contributions (n, d+1), kept mask) for records that hold *all* conversions of their impressions
-    (up to the end of the measured period: lookback rows included, whatever ``in_period`` says)."""
+    (up to the end of the measured period: lookback rows included, whatever ``in_period`` says).
+
+    Lookback rows (``in_period`` False) cost the budget of the configuration that released them
+    (``history``, from the release ledger; ``araopt.mechanism.lifetime``), not today's; their
+    contributions are encoded with today's parameters but never summed."""
     keys = conversions.record_keys()
     uniforms = rounding_uniforms(keys, params.num_queries, simulation_seed)
     if uniforms is None and rng is None:
@@ -50,8 +55,13 @@ def encode_and_bound(
             if len(rows):
                 contributions[rows] = encode(conversions.values[rows], params if index < 0 else params.for_arm(index),
                                              rng, uniforms=None if uniforms is None else uniforms[rows])
-    kept = bound_contributions(conversions.impression_id, conversions.conversion_time, contributions,
-                               params.contribution_budget, tie_breaker=keys)
+    if conversions.has_lookback:  # Alg. 1 over the impression's life: earlier rows at what they really cost
+        low, high = lifetime_norms(conversions, params, contributions, history, uniforms)
+        kept = bound_contributions(conversions.impression_id, conversions.conversion_time, low,
+                                   params.contribution_budget, tie_breaker=keys, upper_norms=high)
+    else:
+        kept = bound_contributions(conversions.impression_id, conversions.conversion_time, contributions,
+                                   params.contribution_budget, tie_breaker=keys)
     return contributions, kept
 
 
@@ -105,15 +115,18 @@ class Measurement:
 def measure(
     conversions: Conversions, params: Params, domain: KeyDomain | None = None, *,
     simulation_seed: int | None = None, rng: np.random.Generator | None = None,
-    noise_rng: np.random.Generator | None = None,
+    noise_rng: np.random.Generator | None = None, history: ReleaseHistory | None = None,
 ) -> Measurement:
     """Run the mechanism. Without ``simulation_seed`` all randomness is from the secure generator
     (or the given ``rng`` / ``noise_rng``, for tests). Conversions whose impression-side slice
     values differ from their impression's first conversion are refused (ValueError).
 
-    ``domain`` may be omitted only in simulation (``simulation_seed``) or with an explicit
-    ``noise_rng``: a real release over a domain derived from the data it releases would reveal
-    which slices occur in it.
+    ``history``: the earlier releases (configurations and the conversions each released) that cost the
+    lookback rows (``araopt.mechanism.lifetime``); None: no release recorded, today's parameters.
+
+    ``domain`` may be omitted only in simulation (``simulation_seed``): a real release over a domain
+    derived from the data it releases would reveal which slices occur in it (the release step refuses
+    a domain of origin ``data`` outside simulation, however it was made).
     """
     if tuple(conversions.value_columns) != params.query_columns:
         raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
@@ -124,14 +137,12 @@ def measure(
                            f"({', '.join(params.impression_slice_columns)}) that differ from their impression's first "
                            f"conversion (e.g. impression {conversions.impression_id[np.flatnonzero(inconsistent)[0]]!r}): "
                            f"an impression is one source with one slice; remove them (the jobs dead-letter them)")
-    if domain is None:
-        if simulation_seed is None and noise_rng is None:
-            raise PrivacyRefusal("a release needs a declared key domain: deriving it from the data being released "
-                                 "is allowed only in simulation mode (simulation_seed)")
+    domain, _ = release_domain(domain, "the domain given", None, {}, simulation_seed)  # the release step's rules
+    if domain is None:  # simulation only
         domain = KeyDomain.from_slice_values(params.slice_columns, conversions.slices, params.query_columns,
-                                             baseline=params.encoding == "baseline",
+                                             baseline=params.encoding == Encoding.BASELINE,
                                              conversion_slice_columns=params.conversion_slice_columns)
-    contributions, kept = encode_and_bound(conversions, params, simulation_seed, rng)
+    contributions, kept = encode_and_bound(conversions, params, simulation_seed, rng, history)
     slice_idx = histogram_rows(conversions, params, domain)
     period = conversions.period_mask()
     sums = domain_sums(slice_idx, contributions, kept, histogram_height(params, domain),

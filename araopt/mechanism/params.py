@@ -142,7 +142,7 @@ class Params:
         """Arms re-use the encoding at other count limits (L-inf, L1): each must be valid parameters."""
         if not isinstance(exploration, Exploration):
             raise InvalidParameters(f"exploration must be an Exploration, got {type(exploration).__name__}")
-        if self.encoding == "baseline":
+        if self.encoding == Encoding.BASELINE:
             raise InvalidParameters("exploration arms need encoding 'linf' or 'l1' (every conversion of an arm costs "
                                     "floor(Gamma / C_a)); the baseline's norms vary")
         for index, arm in enumerate(exploration.arms):
@@ -155,7 +155,7 @@ class Params:
         """Refuse a key domain that is not laid out for these slices, queries and encoding."""
         if not isinstance(domain, KeyDomain):
             raise InvalidParameters(f"{source} must be a KeyDomain, got {type(domain).__name__}")
-        mine = (self.slice_columns, self.query_columns, self.encoding == "baseline", self.conversion_slice_columns)
+        mine = (self.slice_columns, self.query_columns, self.encoding == Encoding.BASELINE, self.conversion_slice_columns)
         theirs = (domain.slice_columns, domain.query_names, domain.baseline, domain.conversion_slice_columns)
         if mine != theirs:
             raise InvalidParameters(f"{source} is for slices {domain.slice_columns} / queries {domain.query_names} / "
@@ -166,11 +166,11 @@ class Params:
         """The key domain of the training history's slices (``slice_values``: column -> values), laid out
         for these parameters (origin ``history``)."""
         return KeyDomain.from_slice_values(self.slice_columns, slice_values, self.query_columns,
-                                           self.encoding == "baseline", self.conversion_slice_columns, HISTORY)
+                                           self.encoding == Encoding.BASELINE, self.conversion_slice_columns, HISTORY)
 
     def _check_fractions(self) -> None:
         fractions = [q.budget_fraction for q in self.queries]
-        if self.encoding == "l1":
+        if self.encoding == Encoding.L1:
             if any(f is not None for f in fractions) or self.count_budget_fraction is not None:
                 raise InvalidParameters("budget_fraction must be absent (null) for encoding 'l1': Alg. 6 uses no fractions")
             return
@@ -178,7 +178,7 @@ class Params:
         if missing:
             raise InvalidParameters(f"queries{missing}.budget_fraction is required for encoding {self.encoding!r}")
         total = float(sum(f for f in fractions if f is not None))  # (none is None: checked above)
-        if self.encoding == "baseline":
+        if self.encoding == Encoding.BASELINE:
             if self.count_budget_fraction is None:
                 raise InvalidParameters("count_budget_fraction is required for encoding 'baseline'")
             total += float(self.count_budget_fraction)
@@ -193,11 +193,11 @@ class Params:
     def _check_scales(self) -> None:
         """Refuse a budget fraction whose integer scale floor(alpha Gamma / C) is 0 (Alg. 3, baseline):
         its key would always hold 0 and Alg. 4 would divide by 0 (the L1 scale floor(Gamma / C) is >= 1)."""
-        if self.encoding == "l1":
+        if self.encoding == Encoding.L1:
             return
         fractions = [(f"queries[{q.column!r}].budget_fraction", float(cast(float, q.budget_fraction)))
                      for q in self.queries]
-        if self.encoding == "baseline":
+        if self.encoding == Encoding.BASELINE:
             fractions.append(("count_budget_fraction", float(cast(float, self.count_budget_fraction))))
         gamma, c = self.contribution_budget, self.count_limit
         for what, alpha in fractions:

@@ -2,8 +2,12 @@
 per key (SummaryReport, Alg. 2) -> reconstruction (ReconstructValues, Alg. 4) -> a ``Release``.
 
 ``mechanism.measure`` (in memory) and the Beam ``NoisyRelease`` (after the integer combine) both call
-:func:`noisy_release`. What a release says beyond Alg. 4 (the true totals of a calibrated parameter
-version, the published files) is ``araopt.publication``'s.
+:func:`noisy_release`, so the release rules live here, once, for every path (the CLI, the in-memory
+measure, a graph built from ``transforms/``, the privacy-safe tuner's parameters): the domain must be
+declared (a domain whose origin is ``data``, derived from the data it describes, is released only in
+simulation mode), the row accounting must close, and no more than ``max_rejected_fraction`` of the
+rows read may have been rejected. What a release says beyond Alg. 4 (the true totals of a calibrated
+parameter version, the published files) is ``araopt.publication``'s.
 """
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from araopt.errors import InvalidInput
+from araopt.errors import InvalidInput, PrivacyRefusal
+from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION
 from araopt.mechanism.aggregate import DomainSums
-from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.keys import DATA, KeyDomain, check_domain_families
 from araopt.mechanism.params import Params
 from araopt.mechanism.report import Estimates, SummaryReport, reconstruct, summary_report
 
@@ -78,16 +83,75 @@ def histogram_height(params: Params, domain: KeyDomain) -> int:
     return domain.num_slices + (params.exploration.num_arms if params.exploration is not None else 0)
 
 
+def check_declared_domain(domain: KeyDomain, simulation_seed: int | None, source: str = "the key domain") -> None:
+    """A release is over a declared domain: one of origin ``data`` (derived from the data it describes)
+    only in simulation mode, since a release over the slices of the data it releases reveals which
+    slices occur (two inputs differing in one row would differ in their keys)."""
+    if domain.origin == DATA and simulation_seed is None:
+        raise PrivacyRefusal(f"{source} was derived from the data it describes (derived from a conversion log: key "
+                             f"map origin 'data', e.g. written by export-ara --conversions, or DomainFromData): "
+                             f"a release over it reveals which slices occur; declare the domain (a .csv/.json list of "
+                             f"slices, or the parameter version's history domain), or run in simulation mode "
+                             f"(--simulation-seed)")
+
+
+DATA_DERIVED = "derived from the data (simulation only)"
+"""Where the domain of a simulated release without a declared one comes from (``release_domain``)."""
+
+
+def release_domain(given: KeyDomain | None, given_source: str, carried: KeyDomain | None,
+                   families: Mapping[str, str], simulation_seed: int | None, max_slices: int | None = None,
+                   max_slices_source: str = "max_slices") -> tuple[KeyDomain | None, str]:
+    """The key domain a release is over and where it came from: the declared one ``given`` (named by
+    ``given_source``), else the one the parameter version carries (``carried``; its slice columns'
+    value families checked against the input's ``families``), else, in simulation only, none: the
+    mechanism derives it from the data (``DATA_DERIVED``). Refused: no declared domain outside
+    simulation, a domain of origin ``data`` outside simulation (:func:`check_declared_domain`), more
+    than ``max_slices`` slices."""
+    if given is not None:
+        domain, source = given, given_source
+    elif carried is not None:
+        domain, source = carried, "the parameter version"
+        check_domain_families(domain, families, source="the parameters' domain")
+    elif simulation_seed is not None:
+        return None, DATA_DERIVED
+    else:
+        raise PrivacyRefusal("a release needs a declared key domain: pass --domain (a key map, or a .csv/.json file "
+                             "listing slice values), or parameters that carry one (araopt nightly and optimize publish "
+                             "the history's domain); deriving it from the data being released is allowed only in "
+                             "simulation mode (--simulation-seed)")
+    check_declared_domain(domain, simulation_seed, f"the domain from {source}")
+    if max_slices is not None and domain.num_slices > max_slices:
+        raise InvalidInput(f"the domain from {source} has {domain.num_slices:,} slices, more than {max_slices_source} "
+                           f"{max_slices:,}")
+    return domain, source
+
+
+def check_release_rules(domain: KeyDomain, accounting: Accounting, simulation_seed: int | None,
+                        max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION) -> None:
+    """The rules every release passes, whatever path made it: a declared domain
+    (:func:`check_declared_domain`), closing row accounting, and at most ``max_rejected_fraction`` of
+    the rows read rejected."""
+    check_declared_domain(domain, simulation_seed)
+    if not accounting.closes:
+        raise InvalidInput(f"row accounting does not close: {accounting.to_json()}")
+    if not 0.0 <= max_rejected_fraction <= 1.0:
+        raise InvalidInput(f"max_rejected_fraction must lie in [0, 1], got {max_rejected_fraction!r}")
+    if accounting.rows_rejected > max_rejected_fraction * accounting.rows_read:
+        raise PrivacyRefusal(f"{accounting.rows_rejected:,} of {accounting.rows_read:,} rows failed validation, above "
+                             f"the {max_rejected_fraction:.0%} threshold: nothing is released")
+
+
 def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accounting: Accounting, *,
-                  simulation_seed: int | None = None, rng: np.random.Generator | None = None) -> Release:
+                  simulation_seed: int | None = None, rng: np.random.Generator | None = None,
+                  max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION) -> Release:
     """Noise once per key (Alg. 2, secure generator unless ``rng`` or ``simulation_seed``), including
     keys without contributions and the exploration arms' keys, then reconstruct (Alg. 4, each arm at
-    its own count limit)."""
+    its own count limit). Refused unless the release rules hold (:func:`check_release_rules`)."""
     height = histogram_height(params, domain)
     if sums.histogram.shape != (height, domain.num_columns):
         raise InvalidInput(f"sums have shape {sums.histogram.shape}, the domain needs ({height}, {domain.num_columns})")
-    if not accounting.closes:
-        raise InvalidInput(f"row accounting does not close: {accounting.to_json()}")
+    check_release_rules(domain, accounting, simulation_seed, max_rejected_fraction)
     report = summary_report(sums.histogram, params.epsilon, params.contribution_budget, rng=rng,
                             simulation_seed=simulation_seed)
     m = domain.num_slices

@@ -22,7 +22,7 @@ from araopt.mechanism.noise import (
     noise_parameter,
     sample_discrete_laplace,
 )
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.randomness import keyed_uniforms
 
 
@@ -94,7 +94,7 @@ def estimate_variance(params: Params, kept_count: np.ndarray | float,
     v_noise = discrete_laplace_variance(noise_parameter(params.epsilon, params.contribution_budget))
     kept = np.atleast_1d(np.asarray(kept_count, dtype=np.float64))
     m, d = kept.shape[0], params.num_queries
-    if params.encoding == "l1" and params.l1_rounding == "floor":
+    if params.encoding == Encoding.L1 and params.l1_rounding == "floor":
         round_var = np.zeros((m, d))
     elif rounding_variance is None:
         round_var = np.repeat(np.maximum(kept, 0.0)[:, None] / 4.0, d, axis=1)
@@ -104,7 +104,7 @@ def estimate_variance(params: Params, kept_count: np.ndarray | float,
     factor = (thresholds / query_scales(params)) ** 2
     out = np.empty((m, d + 1))
     out[:, 1:] = (round_var + v_noise) * factor[None, :]
-    if params.encoding == "baseline":
+    if params.encoding == Encoding.BASELINE:
         out[:, 0] = v_noise / count_scale(params) ** 2
     else:  # W_bottom + sum_l W_l: rounding cancels, d+1 independent noises (Thm. 4.2)
         out[:, 0] = (d + 1) * v_noise / count_scale(params) ** 2
@@ -125,7 +125,7 @@ def reconstruct(noisy: np.ndarray, params: Params, confidence: float = 0.95) -> 
     thresholds = np.array([q.clip_threshold for q in params.queries])
     est = np.empty_like(W)
     est[:, 1:] = W[:, :d] * (thresholds / query_scales(params))[None, :]
-    if params.encoding == "baseline":
+    if params.encoding == Encoding.BASELINE:
         est[:, 0] = W[:, d] / count_scale(params)
     else:
         est[:, 0] = W.sum(axis=1) / count_scale(params)

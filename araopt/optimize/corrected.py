@@ -23,14 +23,14 @@ from araopt.calibration.fit import shrink
 from araopt.errors import Unsupported
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 from araopt.optimize.error_model import ErrorBreakdown, rmsre_tau
 from araopt.optimize.objective import statistics_breakdown
 from araopt.optimize.statistics import SufficientStatistics, count_kappa, value_kappa
 
 
 def _supported_for_objective(params: Params) -> None:
-    if params.encoding == "linf" or (params.encoding == "l1" and params.num_queries == 1
+    if params.encoding == Encoding.LINF or (params.encoding == Encoding.L1 and params.num_queries == 1
                                      and params.l1_rounding == "randomized"):
         return
     raise Unsupported("the corrected objective supports encoding 'linf' (Alg. 3) and 'l1' (Alg. 6) with one query and "

@@ -14,6 +14,7 @@ total lands within d units of Gamma (documented approximation, baseline only).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import cast
@@ -24,7 +25,7 @@ from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_mask
 from araopt.mechanism.encoding import expected_contribution, query_scales, rounding_variance
-from araopt.mechanism.params import Params
+from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.report import estimate_variance
 
 
@@ -133,7 +134,7 @@ def relaxed_variance(params: Params, num_slices: int) -> np.ndarray:
     out = np.empty((num_slices, d + 1))
     for col, (q, alpha) in enumerate(zip(params.queries, params.budget_fractions, strict=True)):
         out[:, col + 1] = 2.0 * c**2 * q.clip_threshold**2 / (alpha**2 * eps**2)
-    if params.encoding == "baseline":
+    if params.encoding == Encoding.BASELINE:
         out[:, 0] = 2.0 * c**2 / (params.count_fraction**2 * eps**2)
     else:
         out[:, 0] = 2.0 * (d + 1) * c**2 / eps**2
@@ -149,6 +150,22 @@ def rmsre_tau(breakdown: ErrorBreakdown, taus: np.ndarray) -> RmsreTau:
         raise InvalidInput("RMSRE_tau of an empty domain is undefined")
     denom = np.maximum(taus[None, :], breakdown.truth) ** 2
     per_query = np.sqrt((breakdown.mse / denom).mean(axis=0))
+    return RmsreTau(per_query=per_query, combined=float(np.sqrt(np.mean(per_query**2))))
+
+
+def realised_rmsre_tau(estimate: np.ndarray, truth: np.ndarray, taus: np.ndarray | Sequence[float]) -> RmsreTau:
+    """The realised RMSRE_tau of released estimates (m slices, count first) against the true totals
+    (Def. 3.2): per query the root of the slices' mean squared relative error ((U - V) / max(tau, V))^2,
+    combined over queries as the root of the mean of the per-query squares (as ``rmsre_tau``)."""
+    est = np.asarray(estimate, dtype=np.float64)
+    true = np.asarray(truth, dtype=np.float64)
+    t = np.asarray(taus, dtype=np.float64)
+    if est.shape != true.shape or est.ndim != 2 or t.shape != (true.shape[1],) or (t <= 0).any():
+        raise InvalidParameters(f"realised RMSRE_tau needs estimates and truths of one shape (m, queries) and one "
+                                f"positive tau per query, got {est.shape}, {true.shape}, taus {t.tolist()}")
+    if true.shape[0] == 0:
+        raise InvalidInput("RMSRE_tau of an empty domain is undefined")
+    per_query = np.sqrt(np.mean(((est - true) / np.maximum(t[None, :], true)) ** 2, axis=0))
     return RmsreTau(per_query=per_query, combined=float(np.sqrt(np.mean(per_query**2))))
 
 

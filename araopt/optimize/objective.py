@@ -18,8 +18,8 @@ import numpy as np
 from araopt.constants import CONTRIBUTION_BUDGET
 from araopt.errors import InvalidParameters
 from araopt.mechanism.bounding import kept_per_impression
-from araopt.mechanism.encoding import count_scale, l1_scaled, query_scales
-from araopt.mechanism.params import Params
+from araopt.mechanism.encoding import count_scale, l1_scaled, query_scales, row_sums
+from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.report import estimate_variance
 from araopt.optimize.error_model import OBJECTIVES, ErrorBreakdown, relaxed_variance, rmsre_tau
 from araopt.optimize.statistics import SufficientStatistics, count_kappa, frac_variance, value_kappa
@@ -104,21 +104,42 @@ def l1_sample_terms(
     rounding_mode: str, contribution_budget: int = CONTRIBUTION_BUDGET,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Alg. 6 on samples: per slice E[U_l] (m, d) and rounding variance in W units (m, d)."""
-    d = vals.shape[1]
-    x, norm = l1_scaled(vals, thresholds)
+    expected, rounding = l1_sample_terms_batch(sl, vals, weight, m, np.asarray(thresholds, dtype=np.float64)[None, :],
+                                               count_limit, rounding_mode, contribution_budget)
+    return expected[0], rounding[0]
+
+
+def l1_sample_terms_batch(
+    sl: np.ndarray, vals: np.ndarray, weight: np.ndarray, m: int, thresholds: np.ndarray, count_limit: int,
+    rounding_mode: str, contribution_budget: int = CONTRIBUTION_BUDGET,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``l1_sample_terms`` for k threshold vectors at once (``thresholds`` (k, d)): (k, m, d) each, equal
+    bit for bit to k separate calls (same operations per element; ``np.bincount`` adds in input order)."""
+    k, d = thresholds.shape
+    with np.errstate(over="ignore"):
+        x = vals[None, :, :] / thresholds[:, None, :]
+    norm = row_sums(x)
+    for i in np.flatnonzero(~np.isfinite(norm).all(axis=1)):  # overflow: Alg. 6 keeps the direction
+        x[i], norm[i] = l1_scaled(vals, thresholds[i])
     shrink = 1.0 / np.maximum(1.0, norm)
     budget = contribution_budget // count_limit
-    expected = np.empty((m, d))
-    rounding = np.zeros((m, d))
+    index = (sl[None, :] + m * np.arange(k)[:, None]).reshape(-1)
+    expected = np.empty((k, m, d))
+    rounding = np.zeros((k, m, d))
+
+    def per_slice(w: np.ndarray) -> np.ndarray:
+        return np.bincount(index, weights=w.reshape(-1), minlength=k * m).reshape(k, m)
+
     for q in range(d):
+        xq = x[:, :, q]
         if rounding_mode == "floor":
-            w = np.floor(x[:, q] * shrink * (contribution_budget / count_limit))
-            expected[:, q] = np.bincount(sl, weights=weight * w, minlength=m) * thresholds[q] / budget
+            w = np.floor(xq * shrink * (contribution_budget / count_limit))
+            expected[:, :, q] = per_slice(weight[None, :] * w) * thresholds[:, q, None] / budget
         else:
-            u = x[:, q] * shrink * budget
+            u = xq * shrink * budget
             f = u - np.floor(u)
-            expected[:, q] = np.bincount(sl, weights=weight * x[:, q] * thresholds[q] * shrink, minlength=m)
-            rounding[:, q] = np.bincount(sl, weights=weight * f * (1.0 - f), minlength=m)
+            expected[:, :, q] = per_slice(weight[None, :] * xq * thresholds[:, q, None] * shrink)
+            rounding[:, :, q] = per_slice(weight[None, :] * f * (1.0 - f))
     return expected, rounding
 
 
@@ -154,7 +175,7 @@ def statistics_breakdown(stats: SufficientStatistics, params: Params, objective:
         raise InvalidParameters(f"params queries {params.query_columns} differ from the statistics' {stats.value_columns}")
     m, d = stats.num_slices, stats.num_queries
     thresholds = np.array([q.clip_threshold for q in params.queries], dtype=np.float64)
-    if params.encoding == "baseline":
+    if params.encoding == Encoding.BASELINE:
         kept_ranks = baseline_kept_ranks(stats, params)
     else:
         kept_ranks = kept_per_impression(params.count_limit, params.contribution_budget)
@@ -166,7 +187,7 @@ def statistics_breakdown(stats: SufficientStatistics, params: Params, objective:
     expected[:, 0] = kept[:, 0]
     want_round = objective == "exact"
     rounding: np.ndarray | None
-    if params.encoding == "l1" and (d > 1 or params.l1_rounding == "floor"):
+    if params.encoding == Encoding.L1 and (d > 1 or params.l1_rounding == "floor"):
         sl, vals, weight = sample_cells(stats, kept_ranks)
         expected[:, 1:], rounding = l1_sample_terms(sl, vals, weight, m, thresholds, params.count_limit,
                                                      params.l1_rounding, params.contribution_budget)

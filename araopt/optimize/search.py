@@ -55,7 +55,7 @@ from araopt.optimize.objective import (
     check_max_count_limit,
     check_objective,
     check_taus,
-    l1_sample_terms,
+    l1_sample_terms_batch,
     sample_cells,
     statistics_breakdown,
 )
@@ -384,7 +384,7 @@ def candidate_params(
     return Params(count_limit=int(count_limit), encoding=encoding, epsilon=epsilon,
                   slice_columns=tuple(stats.slice_columns if slice_columns is None else slice_columns),
                   queries=queries, count_budget_fraction=count_fraction, count_tau=float(taus[0]),
-                  l1_rounding=l1_rounding if encoding == "l1" else L1_ROUNDING_OF_A_FILE,
+                  l1_rounding=l1_rounding if encoding == Encoding.L1 else L1_ROUNDING_OF_A_FILE,
                   contribution_budget=stats.spec.contribution_budget)
 
 
@@ -498,7 +498,7 @@ def _paper_candidates(stats: SufficientStatistics, epsilon: float, encoding: str
     grids = ctx.grids
     q99 = np.array([stats.quantile(q, 0.99) for q in range(d)])
     q99 = np.where(q99 > 0, q99, [g.points[-1] for g in grids])
-    use_samples = encoding == "l1" and (d > 1 or l1_rounding == "floor")
+    use_samples = encoding == Encoding.L1 and (d > 1 or l1_rounding == "floor")
     rows: list[CandidateResult] = []
     best: tuple[float, Params | None] = (np.inf, None)
     params: Params | None
@@ -518,7 +518,7 @@ def _paper_candidates(stats: SufficientStatistics, epsilon: float, encoding: str
             value = _objective_value(stats, params, tau, objective)
             fractions = None
         else:
-            fractions = _finalize_fractions(model, c, alpha) if encoding == "linf" else None
+            fractions = _finalize_fractions(model, c, alpha) if encoding == Encoding.LINF else None
             params = candidate_params(stats, encoding, epsilon, C, c, fractions, tau, slice_columns, l1_rounding)
             # a future period's loss varies with C: the choice of C weighs it (the inner search does not)
             value = (_objective_value(stats, params, tau, objective) if stats.future_period
@@ -588,17 +588,28 @@ def _optimize_l1_samples(
     vnoise = discrete_laplace_variance(noise_parameter(epsilon, gamma))
     count_term = model.count_term
 
+    chunk = max(1, _MAX_CELLS // max(1, len(sl)))  # threshold vectors per batch (memory bound)
+
+    def values(cs: np.ndarray) -> np.ndarray:
+        """The objective of every row of ``cs`` (k, d), one pass over the samples per batch of rows."""
+        out = np.empty(len(cs))
+        for b in range(0, len(cs), chunk):
+            exps, rnds = l1_sample_terms_batch(sl, vals, weight, m, cs[b:b + chunk], C, l1_rounding, gamma)
+            for i, (exp, rnd) in enumerate(zip(exps, rnds, strict=True)):
+                c = cs[b + i]
+                total = count_term
+                for q in range(d):
+                    bias = ((exp[:, q] - truth[:, q + 1]) ** 2 * pis[:, q + 1]).mean()
+                    if kind == "relaxed":
+                        var = pis[:, q + 1].mean() * 2.0 * C * C * c[q] ** 2 / epsilon**2
+                    else:
+                        var = (pis[:, q + 1] * (rnd[:, q] + vnoise)).mean() * (c[q] / units) ** 2
+                    total += bias + var
+                out[b + i] = total
+        return out
+
     def value(c: np.ndarray) -> float:
-        exp, rnd = l1_sample_terms(sl, vals, weight, m, c, C, l1_rounding, gamma)
-        total = count_term
-        for q in range(d):
-            bias = ((exp[:, q] - truth[:, q + 1]) ** 2 * pis[:, q + 1]).mean()
-            if kind == "relaxed":
-                var = pis[:, q + 1].mean() * 2.0 * C * C * c[q] ** 2 / epsilon**2
-            else:
-                var = (pis[:, q + 1] * (rnd[:, q] + vnoise)).mean() * (c[q] / units) ** 2
-            total += bias + var
-        return total
+        return float(values(c[None, :])[0])
 
     starts = [np.maximum(start, 1e-12), np.array([stats.quantile(q, 0.99) for q in range(d)]) * d]
     if previous is not None:
@@ -613,14 +624,12 @@ def _optimize_l1_samples(
             for q in range(d):
                 for span in (3.0, 0.4, 0.05, 0.007):
                     cands = c[q] * np.exp2(np.linspace(-span, span, 13))
-                    trial = []
-                    for x in cands:
-                        cc = c.copy()
-                        cc[q] = x
-                        trial.append(value(cc))
+                    batch = np.repeat(c[None, :], len(cands), axis=0)
+                    batch[:, q] = cands
+                    trial = values(batch)
                     i = int(np.argmin(trial))
                     if trial[i] < cur * (1 - 1e-12):
-                        c[q], cur, improved = cands[i], trial[i], True
+                        c[q], cur, improved = cands[i], float(trial[i]), True
             if not improved:
                 break
         if cur < best_v:

@@ -16,7 +16,7 @@ import numpy as np
 
 from araopt.calibration.accumulator import CalibrationStatistics
 from araopt.calibration.backtest import backtest
-from araopt.calibration.calendar import fit_calendar
+from araopt.calibration.calendar import UNSEEN_LOSS_FACTOR, fit_calendar
 from araopt.calibration.fit import fit_calibration
 from araopt.calibration.model import retention_checksum
 from araopt.constants import L1_ROUNDING, MAX_COUNT_LIMIT, OBJECTIVE
@@ -199,26 +199,30 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
 
 
 def attach_calibration(version: ParameterVersion, calibration_statistics: CalibrationStatistics | None,
-                       special_days: Sequence[str] = ()) -> ParameterVersion:
+                       special_days: Sequence[str] = (), special_day_loss_factor: float = UNSEEN_LOSS_FACTOR
+                       ) -> ParameterVersion:
     """``version`` carrying the calibration fitted on the history for exactly its bounding, and the
     history's day-of-week and ``special_days`` effects on it (``calibration.calendar``; blocks are days)."""
     if calibration_statistics is None:
         return version
     calibration = fit_calibration(calibration_statistics)
     return dataclasses.replace(version, calibration=calibration,
-                               calendar=fit_calendar(calibration_statistics, calibration, special_days))
+                               calendar=fit_calendar(calibration_statistics, calibration, special_days,
+                                                     special_day_loss_factor))
 
 
 def calibrate(result: TuningResult,
               calibration_statistics: CalibrationStatistics | Sequence[CalibrationStatistics] | None,
-              release_period_days: float | None = None, special_days: Sequence[str] = ()) -> TuningResult:
+              release_period_days: float | None = None, special_days: Sequence[str] = (),
+              special_day_loss_factor: float = UNSEEN_LOSS_FACTOR) -> TuningResult:
     """The tuning result with the history's calibration attached and, when the history holds at least
     ``MIN_BACKTEST_BLOCKS`` windows of one release period (calibration blocks are UTC days), the
     parameters and estimator chosen and the error predicted by replaying releases of that period on
     the history's own days (``calibration.backtest``, each day's correction learnt without it): the
     model's prediction assumes a period's truth, loss and volume vary independently; the replay does
     not. ``calibration_statistics``: one per ``result.candidates`` (or one for the chosen version),
-    each accumulated with ``fitted_for`` its version's checksum; ``special_days``: the operator's declared
+    each accumulated with ``fitted_for`` its version's checksum; ``special_day_loss_factor``: the odds band
+    of a special day the history cannot support (``calibration.calendar``); ``special_days``: the operator's declared
     special days (ISO dates), modelled as their own day type."""
     if calibration_statistics is None:
         return result
@@ -230,10 +234,10 @@ def calibrate(result: TuningResult,
     candidates = result.candidates[:len(stats_list)]
     scored: list[tuple[float, ParameterVersion, OptimizationResult]] = []
     for (version, search), cal_stats in zip(candidates, stats_list, strict=True):
-        version = attach_calibration(version, cal_stats, special_days)
+        version = attach_calibration(version, cal_stats, special_days, special_day_loss_factor)
         blocks = cal_stats.cells.shape[1]
         period = int(round(release_period_days)) if release_period_days is not None else blocks
-        if not (1 <= period and blocks - period + 1 >= MIN_BACKTEST_BLOCKS) or version.params.encoding == "baseline":
+        if not (1 <= period and blocks - period + 1 >= MIN_BACKTEST_BLOCKS) or version.params.encoding == Encoding.BASELINE:
             scored.append((float("nan"), version, search))
             continue
         assert version.calibration is not None and version.provenance is not None  # (attached above; tune sets it)

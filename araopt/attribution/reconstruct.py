@@ -1,0 +1,82 @@
+"""The aggregation of W3C Attribution histograms and the estimates of the true totals (Alg. 4).
+
+The aggregation service (DAP with Prio3L1BoundSum, spec "Prio and DAP") sums one query's reports
+per histogram index and adds noise; the browser's deduction assumes Laplace noise of scale
+b = 2 maxValue / epsilon per index. araopt simulates it with discrete Laplace DLap(a), a = 1/b rounded
+down (``araopt.mechanism.noise``: exact, from the secure generator unless a seeded ``Simulation``).
+
+An estimate of a query's true total is the noisy sum divided by the value scale s = maxValue / C
+(Alg. 4). Its error has the paper's parts (Thm. 4.2): the noise variance Var DLap(a) / s^2 (about
+2 b^2 / s^2 = 8 C^2 / epsilon^2: the value scale cancels), the rounding variance sum f(1 - f) / s^2 of
+the randomized rounding, and biases from clipping at C and from reports refused for budget (an
+epoch whose budget is short contributes nothing).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from araopt.attribution.params import AttributionQuery
+from araopt.errors import InvalidParameters
+from araopt.mechanism.noise import RATE_BITS, discrete_laplace_variance, sample_discrete_laplace
+from araopt.mechanism.randomness import Simulation
+
+
+def noise_rate(query: AttributionQuery) -> float:
+    """a = epsilon / (2 maxValue) (= 1 / b), rounded down to a multiple of 2^-52: what is sampled (never
+    less noise than the deduction assumes)."""
+    numerator = (Fraction(query.epsilon) * (1 << RATE_BITS)) // (2 * query.max_value)
+    return float(numerator / (1 << RATE_BITS))
+
+
+def aggregate(sums: np.ndarray, query: AttributionQuery, simulation: Simulation | None = None,
+              stream: int = 0) -> np.ndarray:
+    """The aggregation service's output for one query's unnoised ``sums``: each index plus DLap(a).
+    Secure noise unless ``simulation`` (seeded, not private) is given."""
+    sums = np.asarray(sums, dtype=np.int64)
+    rng = None if simulation is None else simulation.generator(stream)
+    noisy: np.ndarray = sums + sample_discrete_laplace(noise_rate(query), sums.shape, rng)
+    return noisy
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Estimates of one query's true totals per index (its column's unit), the noise's standard
+    deviation and the half width of the noise interval at ``level``."""
+
+    values: np.ndarray
+    noise_sd: float
+    half_width: float
+    level: float
+
+
+def noise_half_width(a: float, level: float) -> int:
+    """The smallest k with P(|DLap(a)| <= k) >= level (integer units): P(|X| > k) = 2 e^{-a(k+1)} / (1 + e^{-a})."""
+    if not 0 < level < 1:
+        raise InvalidParameters(f"level must lie in (0, 1), got {level!r}")
+    k = math.log(2 / ((1 - level) * (1 + math.exp(-a)))) / a - 1
+    return max(0, math.ceil(k))
+
+
+def reconstruct(noisy: np.ndarray, query: AttributionQuery, level: float = 0.95) -> Estimate:
+    """Alg. 4 for one query: noisy sums / s, with the noise's standard deviation and interval half
+    width in the column's unit (the rounding variance and the biases are not in them)."""
+    a = noise_rate(query)
+    scale = query.value_scale
+    return Estimate(np.asarray(noisy, dtype=np.float64) / scale, math.sqrt(discrete_laplace_variance(a)) / scale,
+                    noise_half_width(a, level) / scale, level)
+
+
+def rounding_variance(values: np.ndarray, query: AttributionQuery) -> float:
+    """sum f(1 - f) / s^2 over the reports' scaled clipped values (f: the fractional part rounded)."""
+    scaled = np.minimum(np.asarray(values, dtype=np.float64), query.clip) * query.value_scale
+    frac = scaled - np.floor(scaled)
+    return float(np.sum(frac * (1 - frac))) / query.value_scale**2
+
+
+def clipping_bias(values: np.ndarray, query: AttributionQuery) -> float:
+    """What clipping at C removes from the total: -sum max(0, v - C)."""
+    return -float(np.sum(np.maximum(np.asarray(values, dtype=np.float64) - query.clip, 0.0)))

@@ -1,0 +1,138 @@
+"""Many browsers at once: the browser model of :mod:`araopt.attribution.browser`, vectorized over
+the event streams the encoder schedules (:func:`araopt.attribution.encoder.schedule`).
+
+The encoder's streams are a special case of the API that admits arrays: every ``measureConversion``
+matches at most its own impression (``matchValues`` = the impression's ordinal), so it uses at most
+one epoch (the impression's) and its histogram is its whole value at the impression's index; no
+browser clears state or is disabled. What stays sequential is the budgets: within a browser, reports
+are accepted in event order while they fit. The reports are processed by their rank within their
+browser, all browsers at once per rank (a rank touches each browser's units once, so the updates
+never collide). ``test_attribution_simulate.py`` checks it report by report against ``Browser``.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from araopt.attribution.config import DAY_MS, HOUR_MS, MICROEPSILONS, BrowserConfig
+from araopt.attribution.encoder import Schedule
+from araopt.attribution.params import AttributionParams
+from araopt.errors import InvalidInput
+from araopt.io.conversions import CONVERSION_SITE, IMPRESSION_SITE
+
+_EXACT = 2.0**53
+
+
+@dataclass(frozen=True)
+class Reports:
+    """One entry per ``measureConversion`` of the schedule, in its order: ``query``, ``task``,
+    ``index``, ``value``, ``row``; ``matched`` (its impression was in lifetime and lookback),
+    ``accepted`` (its budget checks passed: the value is in the histogram), ``refused`` (matched but
+    refused for budget: an all-zero report), ``deducted`` (microepsilons from its site-epoch)."""
+
+    query: np.ndarray
+    task: np.ndarray
+    index: np.ndarray
+    value: np.ndarray
+    row: np.ndarray
+    matched: np.ndarray
+    accepted: np.ndarray
+    deducted: np.ndarray
+
+    @property
+    def refused(self) -> np.ndarray:
+        out: np.ndarray = self.matched & ~self.accepted
+        return out
+
+
+def _dense(*columns: np.ndarray) -> np.ndarray:
+    """Dense ids of the distinct rows of integer ``columns`` (mixed radix into int64, then hashed)."""
+    if not len(columns[0]):
+        return np.zeros(0, dtype=np.int64)
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    span = 1
+    for column in columns:
+        c = np.asarray(column, dtype=np.int64)
+        low, size = int(c.min()), int(c.max()) - int(c.min()) + 1
+        span *= size
+        if span >= 2**62:
+            raise InvalidInput("too many distinct privacy units to index in int64")
+        key = key * size + (c - low)
+    return np.asarray(pd.factorize(key)[0], dtype=np.int64)
+
+
+def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFrame, config: BrowserConfig,
+                      epoch_starts: np.ndarray) -> Reports:
+    """Every browser of ``plan`` through the budget logic; ``epoch_starts``: per browser (code) its
+    draw on [0, 1) of the epoch start."""
+    m = plan.kind == 1
+    b, r, q, now, imp_t = plan.browser[m], plan.row[m], plan.query[m], plan.time_ms[m], plan.impression_time_ms[m]
+    value = plan.sent[r, q]
+    draws = np.asarray(epoch_starts, dtype=np.float64)
+    if draws.shape != (len(plan.browsers),) or (len(draws) and not ((draws >= 0) & (draws < 1)).all()):
+        raise InvalidInput("epoch_starts must hold one draw on [0, 1) per browser")
+    period = config.epoch_ms
+    first = np.full(len(plan.browsers), np.iinfo(np.int64).max, dtype=np.int64)
+    starts_at = np.flatnonzero(np.diff(b, prepend=-1) != 0)  # b is grouped and each browser's events in time order:
+    first[b[starts_at]] = now[starts_at]  # its first measureConversion fixes the browser's epoch start
+    offset = np.floor(draws * (period // 1000)).astype(np.int64) * 1000
+    start = np.where(first == np.iinfo(np.int64).max, 0, np.floor_divide(first - offset, HOUR_MS) * HOUR_MS)
+    lookback = min(params.lookback_days, config.max_lookback_days) * DAY_MS  # lifetimeDays is the lookback too
+
+    def epoch(t: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.floor_divide(t - start[b], period)
+        return out
+
+    imp_epoch, current = epoch(imp_t), epoch(now)
+    matched = (now <= imp_t + lookback) & (imp_epoch >= epoch(now - config.max_lookback_days * DAY_MS))
+    single = epoch(now - lookback) == current
+    noise_scale = np.array([(2 * qq.max_value) / qq.epsilon for qq in params.queries])[q]
+    l1_deduction = np.ceil((value.astype(np.float64) / noise_scale) * MICROEPSILONS).astype(np.int64)
+    value_deduction = np.ceil(((2 * value).astype(np.float64) / noise_scale) * MICROEPSILONS).astype(np.int64)
+    site_deduction = np.where(single, l1_deduction, value_deduction)
+
+    # a log without sites has one of each (the encoder's DEFAULT_CONVERSION_SITE / DEFAULT_IMPRESSION_SITE)
+    conv_site = pd.factorize(rows[CONVERSION_SITE].to_numpy())[0] if CONVERSION_SITE in rows else np.zeros(len(rows), int)
+    imp_site = pd.factorize(rows[IMPRESSION_SITE].to_numpy())[0] if IMPRESSION_SITE in rows else np.zeros(len(rows), int)
+    site_unit = _dense(b, conv_site[r], imp_epoch)
+    global_unit = _dense(b, imp_epoch)
+    quota_unit = _dense(b, imp_epoch, imp_site[plan.impression_row[m]])
+    site_left = np.full(int(site_unit.max(initial=-1)) + 1, config.per_site_budget, dtype=np.int64)
+    global_left = np.full(int(global_unit.max(initial=-1)) + 1, config.global_budget_per_epoch, dtype=np.int64)
+    quota_left = np.full(int(quota_unit.max(initial=-1)) + 1, config.impression_site_quota_per_epoch, dtype=np.int64)
+
+    candidates = np.flatnonzero(matched)
+    cb = b[candidates]
+    group_start = np.flatnonzero(np.diff(cb, prepend=-1) != 0)
+    rank = np.arange(len(candidates)) - np.repeat(group_start, np.diff(np.append(group_start, len(cb))))
+    rank_type = np.int16 if rank.max(initial=0) < 2**15 else np.int64  # small ints: numpy's stable sort is a radix sort
+    by_rank = candidates[np.argsort(rank.astype(rank_type), kind="stable")]
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(rank, minlength=1))])
+    accepted = np.zeros(len(b), dtype=bool)
+    for k in range(len(bounds) - 1):
+        sel = by_rank[bounds[k]:bounds[k + 1]]
+        su, gu, qu = site_unit[sel], global_unit[sel], quota_unit[sel]
+        ok = ((site_deduction[sel] <= site_left[su]) & (value_deduction[sel] <= global_left[gu])
+              & (value_deduction[sel] <= quota_left[qu]))
+        take = sel[ok]
+        site_left[site_unit[take]] -= site_deduction[take]
+        global_left[global_unit[take]] -= value_deduction[take]
+        quota_left[quota_unit[take]] -= value_deduction[take]
+        accepted[take] = True
+    return Reports(q, plan.task[r], plan.index[r], value, r, matched, accepted, np.where(accepted, site_deduction, 0))
+
+
+def report_sums(params: AttributionParams, reports: Reports, histogram_size: int,
+                num_tasks: int = 1) -> Mapping[tuple[str, int], np.ndarray]:
+    """Per (query, task): the sum of the accepted reports' values per index (what the aggregation
+    service sums before it adds noise)."""
+    keys = (reports.query * num_tasks + reports.task) * histogram_size + reports.index
+    weights = np.where(reports.accepted, reports.value, 0).astype(np.float64)
+    flat = np.bincount(keys, weights=weights, minlength=len(params.queries) * num_tasks * histogram_size)
+    if flat.size and flat.max() >= _EXACT:
+        raise InvalidInput("a histogram sum reaches 2^53: not exact in float64")
+    table = flat.astype(np.int64).reshape(len(params.queries), num_tasks, histogram_size)
+    return {(qq.name, t): table[i, t] for i, qq in enumerate(params.queries) for t in range(num_tasks)}

@@ -1,0 +1,58 @@
+"""Sites as the Attribution API sees them: the registrable domain ("eTLD+1") of a host.
+
+The reference implementation parses with tldts' ``getDomain`` (the Public Suffix List). araopt
+applies the list's default rule ``*`` only: the public suffix is the host's last label, so the site
+is its last two labels. That equals tldts for every host whose public suffix has one label (``.com``,
+``.example``, ``.test``: all the spec's cases); hosts under multi-label suffixes (``co.uk``,
+``github.io``) are taken one label too short. ``localhost`` and its subdomains, IP addresses, single
+labels and malformed hosts are a ``SyntaxError`` (a ``DOMException`` in the browser).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from araopt.attribution.errors import ApiError, ErrorName
+
+_LABEL = re.compile(r"^[a-z0-9_\u0080-\U0010ffff][a-z0-9_\u0080-\U0010ffff-]*$")
+_IPV4 = re.compile(r"^\d+(\.\d+){3}$")
+
+
+def parse_site(value: str) -> str:
+    """The site of ``value`` (a host or a URL), or ``SyntaxError``."""
+    if not isinstance(value, str):
+        raise ApiError(ErrorName.TYPE_ERROR, f"a site must be a string, got {value!r}")
+    host = value.strip().lower()
+    if "://" in host:
+        host = host.split("://", 1)[1]
+    host = re.split(r"[/?#]", host, maxsplit=1)[0]
+    host = host.rsplit("@", 1)[-1]
+    name, colon, port = host.partition(":")
+    host = name if not colon or port.isdigit() else ""  # a port is dropped; any other ':' is no host
+    host = host[:-1] if host.endswith(".") else host
+    labels = host.split(".")
+    if (not host or len(host) > 253 or len(labels) < 2 or _IPV4.match(host)
+            or not all(_LABEL.match(label) for label in labels)):
+        raise ApiError(ErrorName.SYNTAX_ERROR, f"invalid site {value!r}")
+    site = ".".join(labels[-2:])
+    if site == "localhost" or site.endswith(".localhost") or labels[-1] == "localhost":
+        raise ApiError(ErrorName.SYNTAX_ERROR, f"invalid site {value!r}")
+    return site
+
+
+def check_site(value: str, what: str) -> str:
+    """``value`` itself when it is a site; a ``SyntaxError`` when it is not a host, a ``TypeError``
+    when it is a host but not a site (the reference asserts it: callers pass sites here)."""
+    site = parse_site(value)
+    if site != value:
+        raise ApiError(ErrorName.TYPE_ERROR, f"{what} must be a site (registrable domain), got {value!r}")
+    return site
+
+
+def parse_sites(values: Iterable[str], label: str, limit: int | None) -> frozenset[str]:
+    """The set of sites of ``values``: a ``RangeError`` when the list (duplicates counted) is longer
+    than ``limit``, else a ``SyntaxError`` for the first value that is not a host."""
+    items = list(values)
+    if limit is not None and len(items) > limit:
+        raise ApiError(ErrorName.RANGE_ERROR, f"number of values in {label} exceeds limit of {limit}")
+    return frozenset(parse_site(v) for v in items)

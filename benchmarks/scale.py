@@ -1,0 +1,169 @@
+"""Wall time, CPU time and peak RSS of the process tree of araopt's commands on a retail log, in one run.
+
+    .venv/bin/python benchmarks/scale.py [--conversions 120000] [--commands optimize,replay,evaluate,measure]
+                                         [--lookback-days 4] [--replay-days 1,3] [--epsilons 1,8] [--code OTHER_CHECKOUT]
+
+The log: ``benchmarks/perf_log.py`` (string ids, 40 x 6 = 240 slices, revenue and items, weekday
+cycle) over ``--days`` days, as date= partitions; evaluate trains on the 12 days before the last and
+tests on the last; ``measure`` measures the last day, ``measure-lookback`` the same day with the
+``--lookback-days`` days before it as its lookback. Every command is a separate process
+(``python -m pipelines.cli ...``): CPU is its user + system time and that of its children
+(``os.wait4``), peak RSS the largest sum of VmRSS over the process and its descendants, sampled every
+0.1 s from /proc (Linux). ``replay`` runs once per ``--replay-days`` value: the CPU per replayed day is
+the difference of the CPU times over the difference of the days (start-up, reading and the plot
+cancel). ``--code``: run the commands of another checkout (its folder first on PYTHONPATH), for
+before/after figures on the same log and machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from perf_log import DAY_US, SLICES, START_US, VALUES, day_of, generate
+
+_PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _tree_rss_kb(root: int) -> int:
+    """Sum of the resident set sizes of ``root`` and its descendants (from /proc)."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/statm") as fh:
+                rss[int(entry)] = int(fh.read().split()[1]) * _PAGE_KB
+        except (OSError, IndexError, ValueError):
+            continue
+        parents[int(entry)] = int(fields[1])
+    tree, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(rss.get(pid, 0) for pid in tree)
+
+
+def run(argv: list[str], env: dict[str, str], log: Path) -> dict[str, float]:
+    """Run one command; its wall and CPU seconds and peak tree RSS (MiB); stderr kept in ``log``."""
+    start = time.perf_counter()
+    with open(log, "w") as err:
+        # started in the log's folder: ``python -m`` puts its working folder first on sys.path, ahead of
+        # PYTHONPATH, so started from a checkout it would run that checkout's code whatever ``--code`` says
+        proc = subprocess.Popen(argv, stdout=err, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
+        peak = [0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
+                done.wait(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        done.set()
+        sampler.join()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({os.waitstatus_to_exitcode(status)}); see {log}")
+    return {"wall": time.perf_counter() - start, "cpu": usage.ru_utime + usage.ru_stime,
+            "rss_mib": peak[0] / 1024}
+
+
+def write_log(root: Path, conversions: int, days: int, seed: int, train_days: int) -> int:
+    table = generate(conversions, days, seed)
+    day = day_of(table)
+    for d in range(days):
+        part = root / "log" / f"date={np.datetime64(START_US + d * DAY_US, 'us').astype('datetime64[D]')}"
+        part.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.filter(pa.array(day == d)), part / "part-0.parquet")
+    last = days - 1
+    pq.write_table(table.filter(pa.array((day >= last - train_days) & (day < last))), root / "train.parquet")
+    pq.write_table(table.filter(pa.array(day == last)), root / "test.parquet")
+    return int(table.num_rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--conversions", type=int, default=120_000)
+    ap.add_argument("--days", type=int, default=35)
+    ap.add_argument("--train-days", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--commands", default="optimize,replay,evaluate,measure")
+    ap.add_argument("--lookback-days", type=int, default=4, help="measure-lookback's lookback (days before the last)")
+    ap.add_argument("--replay-days", default="1,3", help="replay runs (comma-separated day counts)")
+    ap.add_argument("--epsilons", default="1,8", help="evaluate's epsilons")
+    ap.add_argument("--epsilon", default="8", help="optimize's, measure's and replay's epsilon")
+    ap.add_argument("--code", default=None, help="another checkout whose commands to run")
+    ap.add_argument("--workdir", default=None, help="keep the log and outputs here (default: a temporary folder)")
+    args = ap.parse_args()
+    commands = [c for c in args.commands.split(",") if c]
+    env = dict(os.environ)
+    code = os.path.abspath(args.code or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = code + os.pathsep + env.get("PYTHONPATH", "")
+    with tempfile.TemporaryDirectory(prefix="araopt-scale-") as tmp:
+        root = Path(args.workdir or tmp).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        rows = write_log(root, args.conversions, args.days, args.seed, args.train_days)
+        print(f"log: {rows:,} conversions over {args.days} days, 240 slices, values {VALUES}; code: {code}")
+        base = [sys.executable, "-m", "pipelines.cli"]
+        cols = ["--slices", SLICES, "--values", VALUES]
+        results: list[tuple[str, dict[str, float]]] = []
+
+        def timed(name: str, argv: list[str]) -> dict[str, float]:
+            figures = run(base + argv, env, root / f"{name}.log")
+            results.append((name, figures))
+            print(f"{name:<24} wall {figures['wall']:8.1f} s   cpu {figures['cpu']:8.1f} s   "
+                  f"peak rss {figures['rss_mib']:7.0f} MiB", flush=True)
+            return figures
+
+        if "optimize" in commands or "measure" in commands or "measure-lookback" in commands:
+            timed("optimize", ["optimize", "--history", str(root / "log"), *cols, "--epsilon", args.epsilon,
+                               "--output", str(root / "params.json"), "--overwrite", "--no-progress"])
+        if "measure" in commands:
+            last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
+            timed("measure", ["measure", "--input", str(root / "log" / f"date={last}"), "--params",
+                              str(root / "params.json"), "--output", str(root / "run"), "--simulation-seed", "1",
+                              "--overwrite", "--no-progress"])
+        if "measure-lookback" in commands:
+            last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
+            timed(f"measure lookback {args.lookback_days}d",
+                  ["measure", "--input", str(root / "log" / f"date={last}"), "--lookback-days", str(args.lookback_days),
+                   "--params", str(root / "params.json"), "--output", str(root / "run-lookback"),
+                   "--simulation-seed", "1", "--overwrite", "--no-progress"])
+        if "evaluate" in commands:
+            timed(f"evaluate eps {args.epsilons}", ["evaluate", "--train", str(root / "train.parquet"), "--test",
+                                                    str(root / "test.parquet"), *cols, "--epsilons", args.epsilons,
+                                                    "--output", str(root / "evaluation"), "--overwrite"])
+        if "replay" in commands:
+            spans = [int(x) for x in args.replay_days.split(",")]
+            cpu = {}
+            for n in spans:
+                cpu[n] = timed(f"replay {n} day(s)", ["replay", "--history", str(root / "log"), *cols, "--epsilon",
+                                                      args.epsilon, "--replay-days", str(n), "--output",
+                                                      str(root / f"replay{n}"), "--overwrite"])["cpu"]
+            if len(spans) >= 2:
+                lo, hi = min(spans), max(spans)
+                print(f"replay cpu per replayed day: {(cpu[hi] - cpu[lo]) / (hi - lo):.1f} s "
+                      f"(days {lo} -> {hi})")
+
+
+if __name__ == "__main__":
+    main()

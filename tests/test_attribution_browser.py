@@ -1,0 +1,62 @@
+"""Pieces of the W3C Attribution browser model: sites, credit allocation, conversion-side slices."""
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from araopt.attribution.credit import fairly_allocate_credit, js_round
+from araopt.attribution.encoder import encode
+from araopt.attribution.errors import ApiError, ErrorName
+from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
+from araopt.attribution.sites import parse_site
+from araopt.mechanism.keys import KeyDomain
+
+
+@pytest.mark.parametrize("host, site", [  # what tldts' getDomain (the reference's parser) gives
+    ("Foo.Example", "foo.example"), ("https://a.b.example/x", "b.example"), ("a_b.example", "a_b.example"),
+    ("a.example.", "a.example"), ("a.example:443", "a.example")])
+def test_a_host_becomes_its_site(host, site):
+    assert parse_site(host) == site
+
+
+@pytest.mark.parametrize("host", ["1.2.3.4", "a..example", "-a.example", "a", "", ":", "a b.example", "localhost",
+                                  "x.localhost"])
+def test_what_is_no_site_is_a_syntax_error(host):
+    with pytest.raises(ApiError) as err:
+        parse_site(host)
+    assert err.value.name is ErrorName.SYNTAX_ERROR
+
+
+def test_js_round_rounds_halves_up_without_the_x_plus_half_error():
+    assert [js_round(x) for x in (2.5, -2.5, 0.49999999999999994, -1e-17, 3.0)] == [3, -2, 0, 0, 3]
+
+
+@given(credit=st.lists(st.floats(0.01, 100), min_size=1, max_size=10), value=st.integers(1, 2**32 - 1),
+       seed=st.integers(0, 2**32 - 1))
+def test_fairly_allocated_credit_sums_to_the_value_and_is_within_one_of_its_share(credit, value, seed):
+    rng = random.Random(seed)
+    shares = fairly_allocate_credit(credit, value, rng.random)
+    assert sum(shares) == value
+    total = sum(credit)
+    assert all(abs(s - value * c / total) <= 1 + 1e-6 for s, c in zip(shares, credit, strict=True))
+
+
+def test_a_conversion_side_slice_chooses_the_task_not_the_index():
+    """The conversion's type cannot change the impression's histogramIndex: it selects the histogram
+    (task) the report goes to; the index stays the impression-side slice."""
+    params = AttributionParams(4.0, (AttributionQuery(COUNT, None),), ("campaign",), ("conversionType",))
+    t0 = 1_767_225_600_000_000
+    log = pd.DataFrame({"impression_id": [1, 1, 2], "campaign": [0, 0, 1], "conversionType": [3, 5, 3],
+                        "impression_time_us": t0, "conversion_time_us": [t0 + 10, t0 + 20, t0 + 30]})
+    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.arange(2)}, params.query_names)
+    tasks = KeyDomain.from_slice_values(("conversionType",), {"conversionType": np.array([3, 5])}, params.query_names)
+    streams, mask = encode(params, log, domain, np.zeros((3, 1)), task_domain=tasks)
+    assert mask.all()
+    saved = {s.browser: [e["options"]["histogramIndex"] for e in s.events if e["event"] == "saveImpression"]
+             for s in streams}
+    assert saved == {1: [0], 2: [1]}
+    assert [(e["task"], e["options"]["histogramSize"]) for s in streams for e in s.events
+            if e["event"] == "measureConversion"] == [(0, 2), (1, 2), (0, 2)]

@@ -1,0 +1,82 @@
+"""Every script in benchmarks/ runs in its quick mode: its real code path end to end on tiny inputs.
+
+Nothing else runs the benchmark scripts, so a renamed function or a changed signature in the code they
+time breaks them silently (benchmarks/statistics.py and benchmarks/naive_measure.py both did). Each
+script runs here as a subprocess from the repository root, with its outputs, temporary files and ledger
+in a test folder, and must exit 0 and print the figures it exists to print (the words that label them;
+never the timings). A new script in benchmarks/ without an entry in QUICK fails the suite.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+# script -> (quick arguments, "{tmp}" standing for the test's folder; words its output must contain).
+QUICK: dict[str, tuple[list[str], list[str]]] = {
+    "ara": (["--repeat", "1", "--number", "10"], ["µs/call", "baseline", "l1-randomized"]),
+    "attribution": (["--rows", "1000"], ["1000 rows: ARA measure", "Attribution measure"]),
+    "calendar_coverage": (["--per-day", "300", "--weeks", "1", "--seeds", "1", "--epsilons", "8", "--draws", "1",
+                           "--variants", "with"],
+                          ["[calendar] coverage of the released 95% intervals", "[marginal] test RMSRE_tau released",
+                           "7 held-out days"]),
+    "calibration": (["--conversions", "1000", "--draws", "1"],
+                    ["Test RMSRE_tau of the TRUE test totals", "Coverage of nominal 95% intervals",
+                     "Summary per dataset"]),
+    "core": (["--records", "10000", "--samples", "10000"],
+             ["encode L-inf:", "bound (Alg. 1):", "encode+bound+sum:", "DLap sampler secure", "DLap sampler numpy"]),
+    "ledger": (["--sizes", "1000", "--releases", "2"],
+               ["bytes per conversion", "bytes per released conversion", "check + record"]),
+    "measure": (["--sizes", "2000", "--naive-rows", "1000"],
+                ["araopt measure,", "strict per-element Beam", "per-shard working set", "x the per-element pipeline"]),
+    "naive_measure": (["--quick"], ["naive per-element pipeline: 1,000 conversions measured"]),
+    "optimizer": (["--quick", "--out", "{tmp}/optimizer"],
+                  ["== optimizer time", "== the paper's workflow", "ours <= scipy everywhere:",
+                   "optimized L-inf strictly below both baselines", "generalization gap", "wrote rmsre.csv"]),
+    "perf_log": (["{tmp}/log.parquet", "--conversions", "2000", "--days", "3"], ["conversions over 3 days"]),
+    "release_period": (["--per-day", "300", "--train-days", "2", "--epsilons", "8", "--datasets", "geometric",
+                        "--coverage-runs", "1"],
+                       ["geometric-weekday", "released <= best baseline in", "realised/predicted"]),
+    "replay": (["--per-day", "300", "--days", "3", "--epsilons", "8", "--logs", "geometric", "--jobs", "1",
+                "--keep", "{tmp}/replay"],
+               ["geometric", "median private/full", "below baselines", "coverage", "realised/predicted"]),
+    "retail_log": (["--out", "{tmp}/retail", "--per-day", "100"], ["conversions over 35 days", "sale days"]),
+    "scale": (["--conversions", "2000", "--days", "6", "--train-days", "3", "--commands", "optimize,measure",
+               "--workdir", "{tmp}/scale"],
+              ["log: ", "optimize ", "measure ", "peak rss"]),
+    "seeded_outputs": (["--keep", "{tmp}/seeded"],
+                       ["measure/", "evaluate/", "store/versions/", "replay/summary.json"]),
+    "spike_cli": (["--per-day", "200", "--days", "1", "--work", "{tmp}/spike"],
+                  ["nightly --as-of", "reconstruct --days", "reconstruct (no days)"]),
+    "spike_coverage": (["--per-day", "200", "--draws", "1"],
+                       ["[measure] sale days: coverage", "[reconstruct] sale days: coverage"]),
+    "statistics": (["--rows", "10000"], ["statistics pipeline: 10,000 conversions", "statistics size:", "rows read 10,000"]),
+    "synth": (["--quick"], ["Parquet throughput and peak memory", "peak RSS for", "Presets at scale 1"]),
+}
+
+
+def test_every_benchmark_script_has_a_quick_run():
+    scripts = {path.stem for path in BENCHMARKS.glob("*.py")}
+    assert scripts - QUICK.keys() == set(), "add a quick run to QUICK for each new script in benchmarks/"
+    assert QUICK.keys() - scripts == set(), "QUICK names a script that is not in benchmarks/"
+
+
+@pytest.mark.parametrize("script", sorted(QUICK))
+def test_benchmark_quick_run(script, tmp_path):
+    args, expected = QUICK[script]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "ARAOPT_LEDGER": str(tmp_path / "ledger"), "PYTHONHASHSEED": "0"}
+    argv = [sys.executable, str(BENCHMARKS / f"{script}.py"), *(a.replace("{tmp}", str(tmp_path)) for a in args)]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    missing = [word for word in expected if word not in done.stdout]
+    assert missing == [], f"{script} did not print {missing}:\n{done.stdout[-3000:]}"

@@ -1,0 +1,188 @@
+"""The ledger knows conversions that come back in a lossy re-export (times truncated to the
+millisecond, naive local time, zero-padded string ids), a --lookback cannot hold the input's own
+conversions, and every consumer of an impression id sees 123, "123" and "000123" as one impression
+(ledger, exploration arms, shards, record keys). The end-to-end cases run whole `araopt measure` jobs."""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from araopt.io.conversions import Conversions
+from araopt.io.ids import canonical_id_hash
+from araopt.io.rowset import LOSSY_OVERLAP_SHARE, RowSet, RowSetPart, coarse_row_ids, conversion_row_ids
+from araopt.mechanism.exploration import default_exploration
+from factories import conversions, domain_csv, error_line, setup, write
+from pipelines import measure as measure_pipeline
+from transforms.group import shard_of
+
+
+def with_microseconds(frame: pd.DataFrame, seed: int = 1) -> pd.DataFrame:
+    """Conversion times with a random sub-second part (a warehouse's µs timestamps)."""
+    rng = np.random.default_rng(seed)
+    return frame.assign(conversion_time=frame["conversion_time"]
+                        + pd.to_timedelta(rng.integers(0, 1_000_000, len(frame)), unit="us"))
+
+
+# ---- one canonical id everywhere (core) -------------------------------------------------------------
+IDS = np.arange(-50_000, 50_000, 7, dtype=np.int64)
+
+
+@pytest.mark.parametrize("as_text", [str, lambda i: f"{i:012d}" if i >= 0 else f"-{-i:08d}"],
+                         ids=["decimal", "zero-padded"])
+def test_arm_assignment_is_the_same_for_an_integer_id_and_its_decimal_strings(as_text):
+    exploration = default_exploration(share=0.03)
+    text = np.array([as_text(int(i)) for i in IDS], dtype=object)
+    arms = exploration.assign(IDS)
+    assert (arms >= 0).sum() > 1000  # the arms are populated: the comparison can fail
+    np.testing.assert_array_equal(exploration.assign(text), arms)
+    np.testing.assert_array_equal(exploration.assign(pa.array(text.tolist())), arms)
+
+
+def test_the_shard_hash_and_the_record_keys_are_the_same_for_an_integer_id_and_its_decimal_string():
+    text = np.array([f"{i:06d}" if i >= 0 else str(i) for i in IDS], dtype=object)
+    np.testing.assert_array_equal(shard_of(text, 64), shard_of(IDS, 64))
+    times, values = np.arange(len(IDS), dtype=np.int64), np.ones((len(IDS), 1))
+    as_int = Conversions(IDS, times, {"s": np.zeros(len(IDS), dtype=np.int64)}, values, ("v",))
+    as_text = Conversions(text, times, {"s": np.zeros(len(IDS), dtype=np.int64)}, values, ("v",))
+    np.testing.assert_array_equal(as_text.record_keys(), as_int.record_keys())
+
+
+@given(st.integers(-2**63, 2**63 - 1), st.integers(0, 12), st.text(max_size=6))
+def test_a_decimal_string_is_its_integer_and_nothing_else_is(value, zeros, other):
+    """Any int64, written with any number of leading zeros, is the integer; a string that is not a
+    decimal int64 (a sign other than '-', spaces, other characters, out of range) never is."""
+    digits = "0" * zeros + str(abs(value))
+    text = ("-" if value < 0 else "") + digits
+    as_int = canonical_id_hash(np.array([value], dtype=np.int64))[0]
+    assert canonical_id_hash(np.array([text], dtype=object))[0] == as_int
+    assert canonical_id_hash(pa.array([text]))[0] == as_int
+    for not_decimal in ("+" + digits, " " + text, text + " ", text + "x" + other, str(2**63 + abs(value))):
+        ints_it_is_not = np.array([value, abs(value) % 2**63], dtype=np.int64)
+        assert canonical_id_hash(np.array([not_decimal], dtype=object))[0] not in canonical_id_hash(ints_it_is_not)
+
+
+def test_integer_ids_and_other_strings_hash_as_before_ids_were_canonicalised():
+    """Ledgers, arm plans and shard layouts made before stay valid: only decimal strings moved."""
+    ints = np.array([0, 1, -7, 2**62], dtype=np.int64)
+    np.testing.assert_array_equal(canonical_id_hash(ints), pd.util.hash_array(ints))
+    text = np.array(["a", "imp-42", "", "+5", " 5", "5.0", "0x10", "99999999999999999999"], dtype=object)
+    np.testing.assert_array_equal(canonical_id_hash(text), pd.util.hash_array(text))
+
+
+def test_the_coarse_identity_survives_truncation_and_time_zone_shifts_but_not_other_seconds():
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 1000, 5000)
+    times = rng.integers(1_700_000_000_000_000, 1_700_086_400_000_000, 5000)
+    coarse = coarse_row_ids(ids, times)
+    for changed in (times - times % 1000, times - times % 1_000_000, times + 5 * 3_600_000_000,
+                    times - 5 * 3_600_000_000 - 45 * 60_000_000):  # ms, s, UTC+5, UTC-5:45
+        np.testing.assert_array_equal(coarse_row_ids(ids, changed), coarse)
+        exact_kept = conversion_row_ids(ids, changed) == conversion_row_ids(ids, times)
+        assert exact_kept.mean() < 0.01  # what the exact identity alone misses (kept only where nothing changed)
+    assert not np.any(coarse_row_ids(ids, times + 1_000_000) == coarse)  # the next second is another conversion
+    assert not np.any(coarse_row_ids(ids + 1, times) == coarse)
+
+
+# ---- the ledger: lossy re-exports (end to end) --------------------------------------------------
+def _released(tmp_path, frame):
+    data, pfile = setup(tmp_path, frame)
+    dom = domain_csv(tmp_path)
+    assert measure_pipeline.run(["--input", data, "--params", pfile, "--output", str(tmp_path / "o"),
+                                 "--domain", dom]) == 0
+    return pfile, dom
+
+
+def _release_again(tmp_path, frame, pfile, dom, name, capsys, extra=()):
+    path = write(frame, str(tmp_path / name / "part-0.parquet"))
+    capsys.readouterr()
+    code = measure_pipeline.run(["--input", os.path.dirname(path), "--params", pfile, "--output",
+                                 str(tmp_path / f"out-{name}"), "--domain", dom, *extra])
+    return code, capsys.readouterr()
+
+
+def _utc(times: pd.Series) -> pd.Series:
+    return times.dt.tz_localize("UTC") if times.dt.tz is None else times.dt.tz_convert("UTC")
+
+
+LOSSY = {
+    "milliseconds": lambda f: f.assign(conversion_time=f["conversion_time"].dt.floor("ms")),
+    "naive local time": lambda f: f.assign(
+        conversion_time=_utc(f["conversion_time"]).dt.tz_convert("Asia/Kolkata").dt.tz_localize(None)),
+    "zero-padded string ids": lambda f: f.assign(impression_id=f["impression_id"].map(lambda i: f"{i:010d}")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lossy", sorted(LOSSY))
+def test_a_lossy_reexport_of_released_conversions_is_refused_as_a_rerelease(tmp_path, capsys, lossy):
+    frame = with_microseconds(conversions(n=1223, impressions=400))
+    pfile, dom = _released(tmp_path, frame)
+    code, cap = _release_again(tmp_path, LOSSY[lossy](frame), pfile, dom, "again", capsys)
+    assert code == 2, cap.out
+    line = error_line(cap.err)
+    exact = re.search(r"(\S+) of the 1,223 conversions of this input were already released", line)
+    coarse = re.search(r"(\S+) of the (\S+) conversions of this input match conversions released before", line)
+    assert (exact and exact[1] == "1,223") or (coarse and coarse[1] == coarse[2]), line  # all of them, said so
+    assert not (tmp_path / "out-again").exists()
+    code, cap = _release_again(tmp_path, LOSSY[lossy](frame), pfile, dom, "anyway", capsys, ["--allow-rerelease"])
+    assert code == 0, cap.err  # still possible on purpose, and recorded
+
+
+@pytest.mark.slow
+def test_the_next_day_of_the_same_impressions_is_not_taken_for_a_reexport(tmp_path, capsys):
+    """Legitimate coincidences: the same impressions convert again the next day; their coarse matches
+    (1 in 900 per pair) stay far below the refusal share."""
+    frame = with_microseconds(conversions(n=4000, impressions=300))
+    pfile, dom = _released(tmp_path, frame)
+    nxt = with_microseconds(conversions(n=4000, impressions=300, seed=7), seed=8)
+    nxt = nxt.assign(conversion_time=nxt["conversion_time"] + pd.Timedelta(days=1))
+    code, cap = _release_again(tmp_path, nxt, pfile, dom, "next-day", capsys)
+    assert code == 0, cap.err
+    summary = pd.read_json(tmp_path / "out-next-day" / "private" / "run_summary.json", typ="series")
+    entry = pd.read_json(tmp_path / "out-next-day" / "private" / "run_manifest.json", typ="series")["ledger"]["entry"]
+    assert summary["release_number_of_this_input"] == 1
+    assert 0 < entry["coarse_rows_released_before"] < LOSSY_OVERLAP_SHARE * entry["coarse_rows"]
+
+
+# ---- the lookback cannot hold the input's own conversions -------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("disguise", ["another file", "another time zone"])
+def test_a_lookback_holding_the_inputs_own_conversions_is_refused(tmp_path, capsys, disguise):
+    frame = with_microseconds(conversions(n=1500, impressions=300))
+    data, pfile = setup(tmp_path, frame)
+    earlier = frame if disguise == "another file" else LOSSY["naive local time"](frame)
+    lookback = write(earlier, str(tmp_path / "lookback" / "day-before.parquet"))
+    capsys.readouterr()
+    code = measure_pipeline.run(["--input", data, "--lookback", os.path.dirname(lookback), "--params", pfile,
+                                 "--output", str(tmp_path / "o"), "--domain", domain_csv(tmp_path)])
+    assert code == 2
+    line = error_line(capsys.readouterr().err)
+    held = re.search(r"--lookback holds (1,\d\d\d) of the (1,\d\d\d) conversions of --input", line)
+    assert held and held[1] == held[2] and "twice" in line, line  # all of them (coarse: 1 in 900 pairs coincide)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_lookback_check_counts_exact_and_coarse_matches():
+    from pipelines.ledger import LedgerRefusal, check_lookback
+
+    ids = np.arange(1000, dtype=np.int64)
+    times = 1_700_000_000_000_000 + ids * 7_000_123
+
+    def part(i, t):
+        table = pa.table({"impression_id": i, "conversion_time_us": t})
+        return [RowSetPart.of_table(table)]
+
+    period = part(ids, times)
+    check_lookback(period, part(ids, times - 86_400_000_000 - 1_500_000))  # a day and 1.5 s earlier: other seconds
+    with pytest.raises(LedgerRefusal, match="holds 1 of the 1,000"):
+        check_lookback(period, part(ids[:1], times[:1]))
+    with pytest.raises(LedgerRefusal, match="time to the second"):
+        check_lookback(period, part(ids, times - 3 * 3_600_000_000))
+    assert len(RowSet.merge(period)) == 1000

@@ -1,0 +1,240 @@
+"""The release rules are properties of the release step itself (``araopt.mechanism.release``), so every
+path that releases passes them: the in-memory measure, a graph built from ``transforms/``, the CLI, and
+the parameter files of privacy-safe tuning. A domain derived from the data it describes (origin
+``data``) is released only in simulation mode; a release's rejected share is gated; a seeded release is
+written only as a simulation; a parameter file keeps its domain's origin."""
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+
+from araopt import Conversions, KeyDomain, measure
+from araopt.errors import InvalidInput, PrivacyRefusal
+from araopt.io.conversions import ValidationCounts, type_family
+from araopt.mechanism import aggregate
+from araopt.mechanism.keys import DATA, DECLARED, HISTORY
+from araopt.mechanism.release import DATA_DERIVED, Accounting, noisy_release, release_domain
+from araopt.publication import publish
+from araopt.version import ParameterVersion
+from factories import conversions, error_line, make_frame, make_params, params, setup, write
+from pipelines import measure as measure_pipeline
+from pipelines.optimize import run as optimize
+from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
+from transforms.group import GroupByImpression
+from transforms.release import WriteRelease
+from transforms.validate import ValidateConversions
+
+SEED = 3
+
+
+def _domain(frame, p, origin):
+    return KeyDomain.from_slice_values(p.slice_columns, {c: frame[c].to_numpy() for c in p.slice_columns},
+                                       p.query_columns, origin=origin)
+
+
+def _sums(domain, p):
+    return aggregate.empty(domain.num_slices, domain.num_columns)
+
+
+def _accounting(read=10, rejected=0):
+    return Accounting(rows_read=read, rows_rejected=rejected, rows_kept=read - rejected, rows_capped=0,
+                      rows_outside_domain=0, impressions=1)
+
+
+# ---- the release step itself -------------------------------------------------------------------------
+def test_the_release_step_refuses_a_data_derived_domain_outside_simulation():
+    frame, p = make_frame(200), make_params()
+    data = _domain(frame, p, DATA)
+    with pytest.raises(PrivacyRefusal, match="derived from the data"):
+        noisy_release(_sums(data, p), p, data, _accounting())
+    assert noisy_release(_sums(data, p), p, data, _accounting(), simulation_seed=SEED).simulation_seed == SEED
+    for origin in (DECLARED, HISTORY):
+        declared = _domain(frame, p, origin)
+        assert noisy_release(_sums(declared, p), p, declared, _accounting()).domain.origin == origin
+
+
+def test_the_release_step_gates_the_rejected_share():
+    frame, p = make_frame(200), make_params()
+    domain = _domain(frame, p, DECLARED)
+    noisy_release(_sums(domain, p), p, domain, _accounting(100, 10))  # exactly 10%: released
+    with pytest.raises(PrivacyRefusal, match="failed validation"):
+        noisy_release(_sums(domain, p), p, domain, _accounting(100, 11))
+    noisy_release(_sums(domain, p), p, domain, _accounting(100, 11), max_rejected_fraction=0.2)
+
+
+def test_the_release_step_says_which_domain_a_release_is_over():
+    """``release_domain``: a given domain before the parameter version's, none (derived from the data)
+    only in simulation, a data-derived one only in simulation, the version's slice families checked
+    against the input's, and at most ``max_slices`` slices (exactly that many is allowed)."""
+    frame, p = make_frame(200), make_params()
+    given, carried = _domain(frame, p, DECLARED), _domain(frame, p, HISTORY)
+    families = {c: type_family(pa.array(frame[c]).type) for c in p.slice_columns}
+    assert release_domain(given, "--domain d.csv", carried, families, None) == (given, "--domain d.csv")
+    assert release_domain(None, "--domain", carried, families, None) == (carried, "the parameter version")
+    assert release_domain(None, "--domain", None, families, SEED) == (None, DATA_DERIVED)
+    with pytest.raises(PrivacyRefusal, match="declared key domain"):
+        release_domain(None, "--domain", None, families, None)
+    data = _domain(frame, p, DATA)
+    with pytest.raises(PrivacyRefusal, match="the domain from --domain k.json was derived from the data"):
+        release_domain(data, "--domain k.json", carried, families, None)
+    with pytest.raises(PrivacyRefusal, match="the domain from the parameter version was derived from the data"):
+        release_domain(None, "--domain", data, families, None)
+    assert release_domain(data, "--domain k.json", None, families, SEED) == (data, "--domain k.json")
+    other = {c: ("string" if f == "integer" else "integer") for c, f in families.items()}
+    with pytest.raises(InvalidInput):
+        release_domain(None, "--domain", carried, other, None)
+    release_domain(given, "--domain d.csv", carried, other, None)  # a given domain is checked where it is read
+    n = given.num_slices
+    assert release_domain(given, "--domain d.csv", None, {}, None, n)[0] is given
+    with pytest.raises(InvalidInput, match=f"{n:,} slices, more than --max-slices {n - 1:,}"):
+        release_domain(given, "--domain d.csv", None, {}, None, n - 1, "--max-slices")
+
+
+def test_the_in_memory_measure_refuses_a_data_derived_domain_outside_simulation():
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    with pytest.raises(PrivacyRefusal, match="derived from the data"):
+        measure(conv, p, _domain(frame, p, DATA), noise_rng=np.random.default_rng(0))
+    with pytest.raises(PrivacyRefusal):  # no domain at all: derived, also with a test generator
+        measure(conv, p, noise_rng=np.random.default_rng(0))
+    assert measure(conv, p, _domain(frame, p, DECLARED)).domain.origin == DECLARED
+    assert measure(conv, p, simulation_seed=SEED).domain.origin == DATA
+
+
+def _tables(frame):
+    return [pa.Table.from_pandas(frame.iloc[i::2], preserve_index=False) for i in range(2)]
+
+
+def test_a_graph_built_from_transforms_refuses_a_data_derived_domain_outside_simulation():
+    """validate -> group -> DomainFromData -> encode, cap, sum -> NoisyRelease, wired by hand (no CLI):
+    without a simulation seed the release step refuses; with one it releases."""
+    frame, p = make_frame(600), make_params()
+
+    def graph(seed):
+        with TestPipeline() as pipe:
+            validated = pipe | beam.Create(_tables(frame)) | ValidateConversions(p.slice_columns, p.query_columns)
+            domain = validated.valid | DomainFromData(p, 1000)
+            grouped = validated.valid | GroupByImpression(4)
+            counts = validated.counts | "Counts" >> beam.CombineGlobally(ValidationCounts.merge)
+            released = (grouped | EncodeBoundAndSum(p, domain, seed)
+                        | NoisyRelease(p, counts, domain, simulation_seed=seed))
+            released | beam.Map(lambda r: r.domain.origin)
+
+    with pytest.raises(Exception, match="derived from the data"):
+        graph(None)
+    graph(SEED)
+
+
+def test_a_graph_built_from_transforms_refuses_a_declared_looking_data_domain():
+    """The rule reads the domain's origin, not which transform made it: a data-derived key map given as
+    the declared domain of a hand-built graph is refused too."""
+    frame, p = make_frame(600), make_params()
+    with pytest.raises(Exception, match="derived from the data"):
+        with TestPipeline() as pipe:
+            validated = pipe | beam.Create(_tables(frame)) | ValidateConversions(p.slice_columns, p.query_columns)
+            domain = pipe | "Domain" >> beam.Create([_domain(frame, p, DATA)])
+            counts = validated.counts | "Counts" >> beam.CombineGlobally(ValidationCounts.merge)
+            _ = (validated.valid | GroupByImpression(4) | EncodeBoundAndSum(p, domain)
+                 | NoisyRelease(p, counts, domain))
+
+
+def test_a_seeded_release_is_written_only_as_a_simulation(tmp_path):
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    seeded = publish(measure(conv, p, _domain(frame, p, DECLARED), simulation_seed=SEED).release,
+                     ParameterVersion(p))
+    secure = publish(measure(conv, p, _domain(frame, p, DECLARED)).release, ParameterVersion(p))
+    for publication, simulation in ((seeded, False), (secure, True)):
+        with pytest.raises(Exception, match="simulation"):
+            with TestPipeline() as pipe:
+                _ = pipe | beam.Create([publication]) | WriteRelease(str(tmp_path / "out"), "0" * 64,
+                                                                     simulation=simulation)
+
+
+# ---- parameter files keep their domain's origin --------------------------------------------------------
+def test_parameter_files_keep_their_domains_origin():
+    frame, p = make_frame(300), make_params()
+    for origin in (DATA, DECLARED, HISTORY):
+        version = ParameterVersion(p, domain=_domain(frame, p, origin))
+        assert ParameterVersion.from_bytes(version.to_bytes()).domain.origin == origin
+    history = ParameterVersion(p, domain=_domain(frame, p, HISTORY))
+    assert "origin" not in history.to_json()["domain"]  # the default: joined tuning's files keep their bytes
+
+
+def test_a_parameter_file_written_before_origins_were_kept_loads_as_history():
+    frame, p = make_frame(300), make_params()
+    raw = ParameterVersion(p, domain=_domain(frame, p, DECLARED)).to_json()
+    raw["domain"].pop("origin")
+    assert ParameterVersion.from_json(raw).domain.origin == HISTORY
+    raw["domain"]["origin"] = "somewhere"
+    with pytest.raises(ValueError, match="origin"):
+        ParameterVersion.from_json(raw)
+
+
+@pytest.mark.slow
+def test_measure_refuses_parameters_whose_domain_was_derived_from_the_data(tmp_path, capsys):
+    frame = conversions()
+    data, params_path = setup(tmp_path)
+    p = params()
+    ParameterVersion(p, domain=_domain(frame, p, DATA)).save(params_path)
+    out = tmp_path / "out"
+    assert measure_pipeline.run(["--input", data, "--params", params_path, "--output", str(out), "--ledger",
+                                 str(tmp_path / "ledger"), "--no-progress"]) == 2
+    assert "derived from a conversion log" in error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
+# ---- privacy-safe tuning takes a declared domain only ---------------------------------------------------
+def _first_party(tmp_path):
+    frame = conversions(n=300)
+    return write(frame[["conversion_time", "v"]], str(tmp_path / "fp" / "date=2026-11-20" / "part-0.parquet"))
+
+
+def _data_key_map(tmp_path):
+    frame, p = conversions(), params()
+    path = tmp_path / "key_map.json"
+    path.write_text(json.dumps(_domain(frame, p, DATA).to_json("0" * 64)))
+    return str(path)
+
+
+def test_optimize_private_refuses_a_key_map_derived_from_the_data(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ARAOPT_LEDGER", str(tmp_path / "ledger"))
+    _first_party(tmp_path)
+    out = tmp_path / "p.json"
+    code = optimize(["--private", "--releases", str(tmp_path / "releases"), "--first-party", str(tmp_path / "fp"),
+                     "--domain", _data_key_map(tmp_path), "--slices", "s", "--values", "v", "--epsilon", "8",
+                     "--output", str(out), "--no-progress"])
+    assert code == 2
+    assert "derived from a conversion log" in error_line(capsys.readouterr().err, "araopt optimize")
+    assert not out.exists()
+
+
+def test_nightly_private_refuses_a_key_map_derived_from_the_data(tmp_path, capsys):
+    from pipelines.nightly import run as nightly
+
+    _first_party(tmp_path)
+    code = nightly(["--private", "--releases", str(tmp_path / "releases"), "--first-party", str(tmp_path / "fp"),
+                    "--domain", _data_key_map(tmp_path), "--slices", "s", "--values", "v", "--epsilon", "8",
+                    "--as-of", "2026-11-20", "--window-days", "3", "--store", str(tmp_path / "store"),
+                    "--no-progress"])
+    assert code == 2
+    assert "derived from a conversion log" in error_line(capsys.readouterr().err, "araopt nightly")
+    assert not (tmp_path / "store" / "latest").exists()
+
+
+def test_a_declared_key_map_gives_a_version_that_keeps_its_origin(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARAOPT_LEDGER", str(tmp_path / "ledger"))
+    _first_party(tmp_path)
+    frame, p = conversions(), params()
+    key_map = tmp_path / "declared.json"
+    key_map.write_text(json.dumps(_domain(frame, p, DECLARED).to_json("0" * 64)))
+    out = tmp_path / "p.json"
+    assert optimize(["--private", "--releases", str(tmp_path / "releases"), "--first-party", str(tmp_path / "fp"),
+                     "--domain", str(key_map), "--slices", "s", "--values", "v", "--epsilon", "8", "--output",
+                     str(out), "--no-progress"]) == 0
+    assert ParameterVersion.load(out).domain.origin == DECLARED

@@ -1,0 +1,110 @@
+"""Specification of the tuning workflow written once (``araopt.optimize.workflow``): its two backends,
+in memory and the Beam job (``pipelines.history.compute_tuned_history`` over
+``transforms.tuning.StatisticsAndCalibration``), give the same statistics, the same candidates and the
+same calibration on the same seeded history (equal up to the order floats are merged in), and so the
+same calibrated parameters."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+import pytest
+
+from araopt.calibration.accumulator import CalibrationStatistics
+from araopt.optimize.search import CORRECTED
+from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
+from araopt.optimize.tune import TuningResult, calibrate
+from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
+from araopt.version import ParameterVersion
+from factories import write_history
+
+SLICES = ("campaign", "geo")
+VALUES = ("value",)
+DAYS = tuple(f"2026-11-{d:02d}" for d in range(10, 16))
+
+
+def _close(a: Any, b: Any, where: str) -> None:
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        assert type(a) is type(b), where
+        for f in dataclasses.fields(a):
+            _close(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert a.shape == b.shape, where
+        if a.dtype.kind in "fc":
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9, err_msg=where)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=where)
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, rel=1e-9), where
+    else:
+        assert a == b, where
+
+
+def assert_same_statistics(a: SufficientStatistics | CalibrationStatistics,
+                           b: SufficientStatistics | CalibrationStatistics) -> None:
+    for f in dataclasses.fields(a):
+        _close(getattr(a, f.name), getattr(b, f.name), f.name)
+
+
+def with_counts(choose: TuneCandidates, statistics: SufficientStatistics, counts: Any
+                ) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
+    """The Beam job's ``choose`` takes the row accounting too (a module-level function: picklable)."""
+    return choose(statistics)
+
+
+@pytest.mark.slow
+def test_the_in_memory_and_the_beam_backends_tune_and_calibrate_alike(tmp_path):
+    from pipelines.history import compute_tuned_history
+    from pipelines.inputs import load_conversions
+    from transforms.io import check_input
+
+    root = write_history(tmp_path / "history", days=DAYS, n=1500, seed=3)
+    inputs = check_input(str(root) + "/date=*/*.parquet", SLICES, VALUES)
+    conversions, _, _ = load_conversions(inputs, SLICES, VALUES)
+    spec = StatisticsSpec(SLICES, VALUES, max_count_limit=8)
+    choose = TuneCandidates(8.0, {"objective": CORRECTED, "max_count_limit": 8, "slice_columns": SLICES,
+                                  "release_period_days": 1.0})
+
+    memory = InMemoryBackend(conversions).statistics_and_calibration(spec, choose)
+    job = compute_tuned_history(inputs, spec, functools.partial(with_counts, choose), num_shards=3)
+
+    assert_same_statistics(memory.statistics, job.statistics)
+    assert len(memory.chosen.candidates) == len(job.calibration) >= 1
+    for (v_mem, _), (v_job, _) in zip(memory.chosen.candidates, job.chosen.candidates, strict=True):
+        _close(v_mem.params, v_job.params, "candidate")  # (tau: the last digit may differ)
+    for run in (memory, job):  # each backend calibrates exactly the candidates its choice returned
+        assert [c.fitted_for for c in run.calibration] == [v.checksum() for v, _ in run.chosen.candidates]
+    for c_mem, c_job in zip(memory.calibration, job.calibration, strict=True):
+        _close(c_mem.params, c_job.params, "calibrated")
+        for name in ("slice_columns", "slice_keys", "block_keys", "cells", "num_conversions"):
+            _close(getattr(c_mem, name), getattr(c_job, name), name)
+    # the calibrated decision: the same parameters, estimator and backtest on both
+    in_memory = tune_and_calibrate(InMemoryBackend(conversions), spec, choose, 1.0)
+    on_beam = calibrate(job.chosen, job.calibration, 1.0)
+    _close(in_memory.version.params, on_beam.version.params, "decision")
+    assert in_memory.version.correction == on_beam.version.correction
+    assert in_memory.predicted_rmsre_tau == pytest.approx(on_beam.predicted_rmsre_tau, rel=1e-9)
+    assert "backtest" in in_memory.version.provenance.extra  # six days: the candidates were replayed
+
+
+def test_prepare_is_applied_to_every_candidate_before_calibration():
+    from factories import small_d2
+
+    conv = small_d2()
+    seen: list[str] = []
+
+    def mark(version: ParameterVersion) -> ParameterVersion:
+        seen.append(version.checksum())
+        return dataclasses.replace(version, correction="none")
+
+    spec = StatisticsSpec(conv.slice_columns, conv.value_columns, max_count_limit=4)
+    choose = TuneCandidates(4.0, {"objective": CORRECTED, "max_count_limit": 4}, mark)
+    run = InMemoryBackend(conv).statistics_and_calibration(spec, choose)
+    assert len(seen) == len(run.chosen.candidates) == len(run.calibration)
+    assert all(v.correction == "none" for v, _ in run.chosen.candidates)
+    assert [c.fitted_for for c in run.calibration] == [v.checksum() for v, _ in run.chosen.candidates]
