@@ -4,6 +4,7 @@ picture. ``pipelines/nightly.py`` runs them in its single-element steps; they de
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from araopt.io.conversions import ValidationCounts, check_rejected_share
 from araopt.io.store import ParameterStore
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.optimize.tune import TuningResult, calibrate, tune
-from araopt.version import ParameterVersion
+from araopt.version import ParameterVersion, Provenance
 
 
 @dataclass(frozen=True)
@@ -379,3 +380,17 @@ def version_report_png(version: ParameterVersion, problems: Sequence[str],
                                  list(zip(names, taus, strict=True)), history, problems,
                                  float(period) if period is not None else None,
                                  (float(predicted), how) if predicted is not None else None)
+
+
+def private_night(version: ParameterVersion, previous: ParameterVersion | None, as_of: str, run_id: str,
+                  epsilon: float, expected_previous: str | None, guardrails: Guardrails,
+                  **inputs: Any) -> tuple[PrivateDecision, dict[str, Any]]:
+    """``nightly --private``'s decision on the version privacy-safe tuning learnt (``optimize.private_inputs``):
+    the version stamped with the run (as-of date, run id), :func:`private_decision` against the latest
+    published version ``previous``, and its run report (:func:`private_report`; ``inputs``: what it
+    learnt from). The caller publishes (``publish_version``) when the decision says so."""
+    provenance = version.provenance or Provenance()
+    version = dataclasses.replace(version, provenance=dataclasses.replace(
+        provenance, extra={**provenance.extra, "as_of": as_of, "run_id": run_id}))
+    decision = private_decision(version, previous, as_of, guardrails)
+    return decision, private_report(decision, as_of, run_id, epsilon, expected_previous, **inputs)

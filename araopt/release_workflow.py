@@ -107,13 +107,13 @@ def publish_release(release: Release, spec: ReleaseSpec) -> Publication:
 
 def resolve_release_domain(given: KeyDomain | None, given_source: str, version: ParameterVersion,
                            families: Mapping[str, str], simulation_seed: int | None,
-                           max_slices: int = MAX_SLICES, max_slices_source: str = "--max-slices"
-                           ) -> tuple[KeyDomain | None, str]:
+                           max_slices: int = MAX_SLICES, max_slices_source: str = "--max-slices",
+                           given_name: str | None = None) -> tuple[KeyDomain | None, str]:
     """The domain a release is over (``mechanism.release.release_domain``'s rules: declared, else the
     version's, else in simulation only none, derived from the data), checked against the version's
-    slice and query columns when given."""
+    slice and query columns when given (its errors name it ``given_name``, by default ``given_source``)."""
     if given is not None:
-        version.params.check_domain(given, source=given_source)
+        version.params.check_domain(given, source=given_name or given_source)
     return release_domain(given, given_source, version.domain, families, simulation_seed, max_slices,
                           max_slices_source)
 

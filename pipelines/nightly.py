@@ -15,7 +15,6 @@ runs in the same process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import time
@@ -36,8 +35,7 @@ from araopt.nightly import (
     nightly_decision,
     nightly_report,
     nightly_report_png,
-    private_decision,
-    private_report,
+    private_night,
     publish_version,
     version_history,
     version_report_png,
@@ -229,8 +227,9 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     the inputs are a few noised tables and the advertiser's conversion values."""
     from araopt.io.stores import open_store
     from araopt.mechanism.exploration import default_exploration
+    from araopt.optimize.private_inputs import describe
 
-    from .private import describe, load_declared_domain, tune_privately
+    from .private import load_declared_domain, tune_privately
     from .verified_releases import ReleaseVerifier
 
     store = open_store(args.store)
@@ -245,23 +244,17 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
             else previous.params.exploration if previous is not None else None)
     tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, as_of, args.window_days,
                             args.max_count_limit, verifier, plan)
-    version = tuning.version
-    provenance = version.provenance
-    assert provenance is not None  # (tune_privately records what it learnt from)
-    version = dataclasses.replace(version, provenance=dataclasses.replace(
-        provenance, extra={**provenance.extra, "as_of": as_of, "run_id": run_id}))
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
-    decision = private_decision(version, previous, as_of, guardrails)
-    if decision.idempotent:
-        print(f"araopt nightly --private {as_of}: already published as {pointer.version if pointer else '?'} "
-              f"(idempotent re-run)")
-        return 0
     expected = pointer.version if pointer else None
-    report = private_report(decision, as_of, run_id, epsilon, expected, window_days=args.window_days,
-                            release_dates=list(tuning.dates), cold_start=tuning.cold_start,
-                            first_party_rows_read=tuning.first_party.rows_read,
-                            first_party_rows_rejected=tuning.first_party.rejected,
-                            first_party_rows_after_as_of=tuning.first_party.after_last_day)
+    decision, report = private_night(tuning.version, previous, as_of, run_id, epsilon, expected, guardrails,
+                                     window_days=args.window_days, release_dates=list(tuning.dates),
+                                     cold_start=tuning.cold_start, first_party_rows_read=tuning.first_party.rows_read,
+                                     first_party_rows_rejected=tuning.first_party.rejected,
+                                     first_party_rows_after_as_of=tuning.first_party.after_last_day)
+    version = decision.version
+    if decision.idempotent:
+        print(f"araopt nightly --private {as_of}: already published as {expected or '?'} (idempotent re-run)")
+        return 0
     report_dir = FileSystems.join(args.store, "reports", f"{as_of}-{run_id}")
     if decision.publish:
         publish_version(store, version, report, as_of, run_id, expected)

@@ -138,10 +138,11 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
     from araopt.io.folders import check_output_file
     from araopt.mechanism.exploration import default_exploration
     from araopt.nightly import Guardrails, private_problems
+    from araopt.optimize.private_inputs import describe
     from araopt.version import ParameterVersion
 
     from .ledger import ledger_root
-    from .private import describe, load_declared_domain, read_first_party, release_folders, tune_privately
+    from .private import load_declared_domain, read_first_party, release_folders, tune_privately
     from .verified_releases import ReleaseVerifier
 
     domain = load_declared_domain(args.domain, slices, values)
