@@ -176,7 +176,7 @@ def clip_thresholds(params: Params) -> tuple[float, ...]:
     return tuple(q.clip_threshold for q in params.queries)
 
 
-def domain_keys(domain: KeyDomain) -> tuple[tuple, ...]:
+def domain_keys(domain: KeyDomain) -> tuple[tuple[Any, ...], ...]:
     values = domain.slice_values()
     return tuple(tuple(values[c][i] for c in domain.slice_columns) for i in range(domain.num_slices))
 
