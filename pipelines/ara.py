@@ -62,9 +62,9 @@ from araopt.publication import histogram_buckets
 from araopt.version import ParameterVersion
 
 from . import options
-from .options import parse_days_option
 from .partitions import partition_days
 from .runner import localize
+from .values import parse_days_option
 
 
 def _warn(prog: str, message: str) -> None:

@@ -50,10 +50,10 @@ from transforms.tuning import StatisticsAndCalibration
 from transforms.validate import ReadAndValidate
 
 from . import options
-from .options import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
 from .partitions import partition_day
 from .private import check_mode
 from .runner import dry_run_sentence, make_runner, pipeline_options, run_pipeline, spill_folder
+from .values import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ import pandas as pd
 from araopt.errors import InvalidInput
 
 from . import options
-from .options import check_loss_factor, parse_special_days_option, parse_tau, split_columns
+from .values import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
 
 if TYPE_CHECKING:  # typing only: keep `araopt optimize --help` fast
     from araopt.io.conversions import ValidationCounts
@@ -158,7 +158,7 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
                 raise InvalidInput(f"--first-party {args.first_party}: no valid conversion")
             as_of = str(np.datetime64(int(days.max()), "D"))
     plan = None if args.exploration_share is None else default_exploration(share=args.exploration_share)
-    tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, options.resolve_as_of(as_of),
+    tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, resolve_as_of(as_of),
                             args.window_days, args.max_count_limit, verifier, plan)
     version = tuning.version
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)

@@ -20,7 +20,7 @@ from pathlib import Path
 from araopt.io.folders import MANIFEST, FolderKind
 
 from . import options
-from .options import split_columns
+from .values import split_columns
 
 PROG = "araopt replay"
 REPLAY_FOLDER = FolderKind("replay folder", "a replay", (MANIFEST, "replay.csv"))
