@@ -43,20 +43,19 @@ def _batches(log: pd.DataFrame, parts: int = 3) -> list[pa.Table]:
     return [pa.Table.from_pandas(log.iloc[i::parts], preserve_index=False) for i in range(parts)]
 
 
-def _run_transform(params, log, domain, seed, num_shards=4, unit=BROWSER_ID):
-    """The transform on ``log`` in three batches; returns the single release (checked by assert_that)."""
-    got = []
+def _run_transform(params, log, domain, seed, check, num_shards=4, unit=BROWSER_ID):
+    """The transform on ``log`` in three batches; ``check(release)`` asserts on its single release
+    (through ``assert_that``, in the pipeline)."""
 
-    def check(releases):
+    def matcher(releases):
         assert len(releases) == 1
-        got.append(releases[0])
+        check(releases[0])
 
     with TestPipeline() as p:
         counts = p | "Counts" >> beam.Create([ValidationCounts(len(log))])
         out = (p | beam.Create(_batches(log))
                | MeasureAttribution(params, counts, domain, seed, num_shards, unit))
-        assert_that(out, check)
-    return got[0]
+        assert_that(out, matcher)
 
 
 @pytest.mark.parametrize("budget, num_shards", [(1.0, 1), (4.0, 5), (10.0, 16)])
@@ -66,26 +65,35 @@ def test_the_beam_job_gives_the_in_memory_measurement_for_a_seed(budget, num_sha
     log = random_log(random.Random(11), users=60)
     params = _params(budget)
     domain = _layout(params)
-    rel = _run_transform(params, log, domain, seed=7, num_shards=num_shards)
     want = measure(params, log, domain, simulation_seed=7)
-    assert set(rel.sums.unnoised) == set(want.unnoised)
-    for key in want.unnoised:
-        assert rel.sums.unnoised[key].tolist() == want.unnoised[key].tolist()
-        assert rel.noisy[key].tolist() == want.noisy[key].tolist()
-        assert rel.estimates[key].values.tolist() == want.estimates[key].values.tolist()
-    assert rel.sums.reports_refused == want.reports_refused > 0
-    accounting = rel.accounting()
-    assert accounting["accounting_closes"] and accounting["rows_read"] == len(log)
-    assert accounting["browsers"] == log[BROWSER_ID].nunique()
+    unnoised = {k: v.tolist() for k, v in want.unnoised.items()}
+    noisy = {k: v.tolist() for k, v in want.noisy.items()}
+    estimates = {k: v.values.tolist() for k, v in want.estimates.items()}
+    refused, browsers, rows = want.reports_refused, log[BROWSER_ID].nunique(), len(log)
+
+    def check(rel):
+        assert {k: v.tolist() for k, v in rel.sums.unnoised.items()} == unnoised
+        assert {k: v.tolist() for k, v in rel.noisy.items()} == noisy
+        assert {k: v.values.tolist() for k, v in rel.estimates.items()} == estimates
+        assert rel.sums.reports_refused == refused > 0
+        accounting = rel.accounting()
+        assert accounting["accounting_closes"] and accounting["rows_read"] == rows
+        assert accounting["browsers"] == browsers
+
+    _run_transform(params, log, domain, 7, check, num_shards=num_shards)
 
 
 def test_the_data_derived_layout_is_the_one_export_attribution_derives():
     log = random_log(random.Random(12), users=20)
     params = _params(4.0)
-    rel = _run_transform(params, log, None, seed=3)
-    want = measure(params, log, None, simulation_seed=3)
-    assert rel.domain.slice_values() == {"campaign": sorted(log["campaign"].unique())}
-    assert all(rel.sums.unnoised[k].tolist() == want.unnoised[k].tolist() for k in want.unnoised)
+    want = {k: v.tolist() for k, v in measure(params, log, None, simulation_seed=3).unnoised.items()}
+    campaigns = sorted(log["campaign"].unique().tolist())
+
+    def check(rel):
+        assert rel.domain.slice_values() == {"campaign": campaigns}
+        assert {k: v.tolist() for k, v in rel.sums.unnoised.items()} == want
+
+    _run_transform(params, log, None, 3, check)
 
 
 def test_secure_mode_counts_every_conversion_the_budget_holds():
@@ -97,9 +105,13 @@ def test_secure_mode_counts_every_conversion_the_budget_holds():
     log = pd.DataFrame({BROWSER_ID: rng.integers(0, 50, n), IMPRESSION_ID: np.arange(n), "campaign": rng.integers(0, 3, n),
                         "impression_time_us": shown, "conversion_time_us": shown + rng.integers(0, 86_400, n) * 10**6})
     params = AttributionParams(10.0, (AttributionQuery(COUNT, None, epsilon=0.001),), ("campaign",))
-    rel = _run_transform(params, log, _layout(params), seed=None)
-    assert rel.simulation_seed is None and rel.sums.reports_refused == 0
-    assert rel.sums.unnoised[(COUNT, 0)].tolist() == np.bincount(log["campaign"], minlength=3).tolist()
+    want = np.bincount(log["campaign"], minlength=3).tolist()
+
+    def check(rel):
+        assert rel.simulation_seed is None and rel.sums.reports_refused == 0
+        assert rel.sums.unnoised[(COUNT, 0)].tolist() == want
+
+    _run_transform(params, log, _layout(params), None, check)
 
 
 def test_without_a_seed_a_data_derived_layout_is_refused():
