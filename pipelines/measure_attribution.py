@@ -65,11 +65,17 @@ _NOT_FOR_ATTRIBUTION = (("epsilon", "--epsilon (each query's epsilon is in the p
 
 
 def attribution_columns(inputs: InputFiles) -> tuple[str, ...]:
-    """The W3C Attribution columns of the input (``impression_time`` required: it decides the epochs)."""
-    present = check_attribution_schema(inputs.schema, inputs.paths[0])
-    if IMPRESSION_TIME not in present:
-        raise InvalidInput(f"{inputs.paths[0]}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
-    return present
+    """The W3C Attribution columns every input file has, typed (``impression_time`` required: it
+    decides the epochs)."""
+    from transforms.io import read_schema
+
+    every: tuple[str, ...] | None = None
+    for path in inputs.paths:
+        present = check_attribution_schema(read_schema(path), path)
+        if IMPRESSION_TIME not in present:
+            raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
+        every = present if every is None else tuple(c for c in every if c in present)
+    return every or ()
 
 
 def resolve_layout(args: argparse.Namespace, version: ParameterVersion, params: AttributionParams,
@@ -237,7 +243,7 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
         raise
     mark = "SIMULATION (not private) " if simulation else ""
     print(f"araopt measure: {mark}attribution release of {len(params.queries)} histogram(s) x "
-          f"{summary['conversions_kept'] and domain.num_slices if domain else 'data'} indices written to {folder.target}/"
+          f"{summary['histogram_size']:,} indices written to {folder.target}/"
           f"{outputs.release_dir(simulation)}/ in {summary['wall_time_s']:.1f} s (domain: {origin})")
     print(f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = {summary['conversions_kept']:,} "
           f"kept + {summary['conversions_outside_domain']:,} outside the layout + {summary['rows_rejected']:,} rejected; "

@@ -124,6 +124,7 @@ class AttributionRelease:
         return {"rows_read": c.rows_read, "rows_rejected": c.rows_rejected,
                 "rows_rejected_by_reason": dict(c.rejected_by_reason), "conversions_kept": s.rows - s.rows_outside_domain,
                 "conversions_outside_domain": s.rows_outside_domain, "browsers": s.browsers,
+                "histogram_size": self.domain.num_slices,
                 "reports": s.reports, "reports_matched": s.reports_matched, "reports_refused_for_budget": s.reports_refused,
                 "accounting_closes": c.rows_read - c.rows_rejected == s.rows}
 
