@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from araopt.attribution.measure import measure, row_keys, simulate_browsers
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
 from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, ValidationCounts
-from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.keys import DECLARED, KeyDomain
 from araopt.version import ParameterVersion
 from pipelines.cli import main
 from transforms.attribution import MeasureAttribution, unit_column
@@ -36,7 +36,7 @@ def _params(budget: float, lookback_days: int = 30) -> AttributionParams:
 
 def _layout(params: AttributionParams, campaigns=range(3)) -> KeyDomain:
     return KeyDomain.from_slice_values(params.slice_columns, {"campaign": np.array(list(campaigns))},
-                                       params.query_names)
+                                       params.query_names).with_origin(DECLARED)
 
 
 def _batches(log: pd.DataFrame, parts: int = 3) -> list[pa.Table]:
@@ -222,3 +222,23 @@ def test_debug_histograms_equal_the_references_sums_of_the_exported_events(
         assert mine["unnoised_sum"].tolist() == sums[name].tolist(), name
     summary = json.load(open(os.path.join(out, "private", "run_summary.json")))
     assert summary["reports_refused_for_budget"] > 0
+
+
+def test_a_secure_release_is_recorded_in_the_ledger_and_not_repeated(tmp_path, capsys):
+    """Without a seed (secure noise): the release goes to release/ over the version's declared layout,
+    is recorded in the ledger, and the same conversions are refused a second release."""
+    log = random_log(random.Random(23), users=20)
+    params = _params(4.0)
+    version = tmp_path / "v.json"
+    ParameterVersion.for_attribution(params, domain=_layout(params)).save(version)
+    argv = ["measure", "--input", _parquet(log, tmp_path / "log.parquet"), "--params", str(version),
+            "--ledger", str(tmp_path / "ledger"), "--no-progress"]
+    assert main([*argv, "--output", str(tmp_path / "a")]) == 0, capsys.readouterr().err
+    estimates = pd.read_csv(tmp_path / "a" / "release" / "estimates.csv")
+    assert sorted(estimates["query"].unique()) == sorted(params.query_names) and len(estimates) == 6
+    assert json.load(open(tmp_path / "a" / "release" / "release.json"))["simulation"] is False
+    assert not (tmp_path / "a" / "private" / "debug_histograms.csv").exists()
+    capsys.readouterr()
+    assert main([*argv, "--output", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "already released" in err and not (tmp_path / "b").exists()
