@@ -242,3 +242,35 @@ def test_a_secure_release_is_recorded_in_the_ledger_and_not_repeated(tmp_path, c
     assert main([*argv, "--output", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "already released" in err and not (tmp_path / "b").exists()
+
+
+# ---- reconstruct ---------------------------------------------------------------------------------
+def test_reconstruct_turns_aggregated_histograms_into_measures_estimates(tmp_path, capsys):
+    """The noisy histograms of a simulated measurement, given to ``reconstruct`` as the aggregation
+    service's output, give the same estimates and intervals as ``measure`` published."""
+    log = random_log(random.Random(24), users=25)
+    params = _params(4.0)
+    version = tmp_path / "v.json"
+    ParameterVersion.for_attribution(params, domain=_layout(params)).save(version)
+    result = measure(params, log, _layout(params), simulation_seed=9)
+    rows = [{"query": q, "histogram_index": i, "noisy_sum": int(v)}
+            for (q, _), noisy in result.noisy.items() for i, v in enumerate(noisy)]
+    pd.DataFrame(rows).to_csv(tmp_path / "histograms.csv", index=False)
+    argv = ["reconstruct", "--summary-report", str(tmp_path / "histograms.csv"), "--params", str(version),
+            "--output", str(tmp_path / "est.csv")]
+    assert main([*argv, "--api", "attribution"]) == 0, capsys.readouterr().err
+    got = pd.read_csv(tmp_path / "est.csv")
+    for (name, _), est in result.estimates.items():
+        mine = got[got["query"] == name].sort_values("histogram_index")
+        assert mine["campaign"].tolist() == [0, 1, 2]
+        assert np.allclose(mine["estimate"], est.values) and np.allclose(mine["ci_high"] - mine["estimate"], est.half_width)
+    pd.DataFrame(rows + [rows[0]]).to_csv(tmp_path / "twice.csv", index=False)
+    capsys.readouterr()
+    assert main(["reconstruct", "--summary-report", str(tmp_path / "twice.csv"), "--params", str(version),
+                 "--output", str(tmp_path / "e2.csv")]) == 2
+    assert "appears twice" in capsys.readouterr().err
+    pd.DataFrame(rows[1:]).to_csv(tmp_path / "short.csv", index=False)
+    assert main(["reconstruct", "--summary-report", str(tmp_path / "short.csv"), "--params", str(version),
+                 "--output", str(tmp_path / "e3.csv")]) == 0
+    assert "1 (query, histogram index) entries are missing" in capsys.readouterr().err
+    assert pd.read_csv(tmp_path / "e3.csv")["estimate"].isna().sum() == 1

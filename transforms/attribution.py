@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import Estimate
+from araopt.attribution.reconstruct import Estimate, estimates_frame
 from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
@@ -96,16 +96,8 @@ class AttributionRelease:
     simulation_seed: int | None
 
     def estimates_frame(self) -> pd.DataFrame:
-        """The published table: one row per (query, task, histogram index) with the slice values, the
-        estimate (noisy sum / value scale, Alg. 4), its noise standard deviation and interval."""
-        slices = self.domain.slice_values()
-        frames = []
-        for (name, task), est in sorted(self.estimates.items()):
-            frame = pd.DataFrame({"query": name, "task": task, "histogram_index": np.arange(self.domain.num_slices),
-                                  **slices, "estimate": est.values, "std_error": est.noise_sd,
-                                  "ci_low": est.values - est.half_width, "ci_high": est.values + est.half_width})
-            frames.append(frame)
-        return pd.concat(frames, ignore_index=True)
+        """The published table (``araopt.attribution.reconstruct.estimates_frame``)."""
+        return estimates_frame(self.estimates, self.domain, bool(self.params.conversion_slice_columns))
 
     def debug_frame(self) -> pd.DataFrame:
         """OPERATOR-PRIVATE: the unnoised sums per (query, histogram index) (``query,histogram_index,
