@@ -86,7 +86,8 @@ def whole_process(rows: int, root: Path, files: int = 10) -> None:
         out[name] = run(argv, env, root / f"{name}.log")
         print(f"{name}: {out[name]['cpu']:.1f} s CPU, {out[name]['wall']:.1f} s wall, {out[name]['rss_mib']:.0f} MiB "
               f"peak RSS", flush=True)
-    print(f"{rows} rows, measure (whole process): attribution / ARA CPU = {out['attribution']['cpu'] / out['ara']['cpu']:.2f}")
+    ratio = out["attribution"]["cpu"] / out["ara"]["cpu"]
+    print(f"{rows} rows, measure (whole process): attribution / ARA CPU = {ratio:.2f}")
 
 
 def main() -> None:

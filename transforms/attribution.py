@@ -65,7 +65,7 @@ def _empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int) ->
                         for q in params.queries for t in range(num_tasks)})
 
 
-class _MergeSums(beam.CombineFn):  # type: ignore[misc]
+class _MergeSums(beam.CombineFn):
     """Sums of disjoint browser sets added (exact integers); the identity is no sums at all."""
 
     def create_accumulator(self) -> list[BrowserSums]:
@@ -128,7 +128,7 @@ def release(sums: list[BrowserSums], params: AttributionParams, domain: KeyDomai
     return AttributionRelease(params, domain, noisy, estimates, merged, counts, simulation_seed)
 
 
-class _DistinctSlices(beam.CombineFn):  # type: ignore[misc]
+class _DistinctSlices(beam.CombineFn):
     """The impression-side slice values present (SIMULATION ONLY: the data-derived layout)."""
 
     def __init__(self, columns: tuple[str, ...]):

@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -136,7 +137,8 @@ def read_histograms(frame: pd.DataFrame, params: AttributionParams, histogram_si
     for name in params.query_names:
         for t in tasks:
             out[(name, t)] = np.full(histogram_size, np.nan)
-    for (name, t), part in keys.assign(value=value.to_numpy()).groupby(["query", "task"]):
+    for key, part in keys.assign(value=value.to_numpy()).groupby(["query", "task"]):
+        name, t = cast(tuple[Any, Any], key)
         out[(str(name), int(t))][part["index"].to_numpy()] = part["value"].to_numpy(dtype=np.float64)
     missing = int(sum(np.isnan(v).sum() for v in out.values()))
     return out, missing
