@@ -33,9 +33,9 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.attribution.params import AttributionParams
-from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal, Unsupported, one_line
+from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal, Unsupported
 from araopt.io import jsonio, outputs
-from araopt.io.conversions import ATTRIBUTION_COLUMNS, IMPRESSION_TIME, check_attribution_schema, type_family
+from araopt.io.conversions import IMPRESSION_TIME, check_attribution_schema, type_family
 from araopt.io.progress import Progress
 from araopt.io.rowset import RowSet, RowSetPart
 from araopt.io.store import StoreError
@@ -49,7 +49,7 @@ from transforms.validate import ReadAndValidate
 
 from .inputs import LoadedParams, read_domain
 from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, ledger_root
-from .run_folder import ROW_IDS, RunFolder
+from .run_folder import ROW_IDS, RunFolder, failures_settled
 from .runner import (
     check_workers_can_write,
     dry_run_sentence,
@@ -241,7 +241,7 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
     domain, origin = resolve_layout(args, version, params, inputs)
     ledger = None if simulation else Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
     folder = RunFolder.prepare(args.output, args.overwrite)
-    try:
+    with failures_settled(folder, (StoreError, LedgerRefusal)):
         from transforms.io import auto_num_shards
 
         num_shards = args.num_shards or auto_num_shards(inputs.rows)
@@ -273,18 +273,6 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
         record = None if ledger is None else _recorder(ledger, folder, version, summary, private)
         folder.commit(simulation, {"params_sha256": version.checksum(), "api": Api.ATTRIBUTION.value}, private,
                       before_move=record)
-    except (StoreError, LedgerRefusal):  # a refusal of the ledger: nothing to debug, nothing kept
-        folder.abandon()
-        raise
-    except Exception as exc:
-        kept = folder.fail()
-        if kept is None:
-            raise
-        raise InvalidInput(f"{one_line(exc)} (nothing was released; the operator-private files of the failed "
-                           f"run are in {kept})") from exc
-    except BaseException:
-        folder.abandon()
-        raise
     mark = "SIMULATION (not private) " if simulation else ""
     print(f"araopt measure: {mark}attribution release of {len(params.queries)} histogram(s) x "
           f"{summary['histogram_size']:,} indices written to {folder.target}/"
@@ -294,5 +282,3 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
           f"{summary['reports_refused_for_budget']:,} of {summary['reports']:,} reports refused for budget")
     return 0
 
-
-__all__ = ["ATTRIBUTION_COLUMNS", "build_pipeline", "run_attribution"]

@@ -24,7 +24,7 @@ from araopt.version import ParameterVersion
 from pipelines.cli import main
 from transforms.attribution import MeasureAttribution, unit_column
 from transforms.group import split_by_shard
-from w3c import random_log, run_reference, w3c_reference  # noqa: F401  (fixture)
+from w3c import log_parquet, random_log, run_reference, w3c_reference  # noqa: F401  (fixture)
 
 QUERIES = (AttributionQuery(COUNT, None), AttributionQuery("value", "value", max_value=255, clip=20.0))
 
@@ -149,19 +149,11 @@ def test_no_privacy_unit_spends_more_than_its_per_site_epoch_budget_across_shard
 
 
 # ---- the command ---------------------------------------------------------------------------------
-def _parquet(log: pd.DataFrame, path) -> str:
-    out = log.drop(columns=["conversion_time_us", "impression_time_us"]).assign(
-        conversion_time=pd.to_datetime(log["conversion_time_us"], unit="us", utc=True),
-        impression_time=pd.to_datetime(log["impression_time_us"], unit="us", utc=True))
-    out.to_parquet(path, index=False)
-    return str(path)
-
-
 def _measure(tmp_path, params, log, seed, name="m", extra=()):
     version = tmp_path / f"{name}.params.json"
     ParameterVersion.for_attribution(params).save(version)
     out = tmp_path / name
-    code = main(["measure", "--input", _parquet(log, tmp_path / f"{name}.parquet"), "--params", str(version),
+    code = main(["measure", "--input", log_parquet(log, tmp_path / f"{name}.parquet"), "--params", str(version),
                  "--output", str(out), "--simulation-seed", str(seed), "--debug-run", "--no-progress", *extra])
     return code, str(out)
 
@@ -231,7 +223,7 @@ def test_a_secure_release_is_recorded_in_the_ledger_and_not_repeated(tmp_path, c
     params = _params(4.0)
     version = tmp_path / "v.json"
     ParameterVersion.for_attribution(params, domain=_layout(params)).save(version)
-    argv = ["measure", "--input", _parquet(log, tmp_path / "log.parquet"), "--params", str(version),
+    argv = ["measure", "--input", log_parquet(log, tmp_path / "log.parquet"), "--params", str(version),
             "--ledger", str(tmp_path / "ledger"), "--no-progress"]
     assert main([*argv, "--output", str(tmp_path / "a")]) == 0, capsys.readouterr().err
     estimates = pd.read_csv(tmp_path / "a" / "release" / "estimates.csv")
