@@ -238,6 +238,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("k_min", "Power-law k_min (>= 1).", type="int"),
     _o("k_max", "Power-law k_max (>= k_min).", type="int"),
     _o("attribution_window_days", "Attribution window in days.", type="positive_int", metavar="DAYS"),
+    _o("impressions_per_user", "Mean impressions per browser (browser_id: the W3C Attribution target's privacy "
+       "unit; preset default 3).", type="positive_float", metavar="N"),
     _o("power_law_sampler", "exact: Def. 5.1 by inverse CDF; clauset: the paper's Clauset et al. approximation "
        "(off by 34% at P(2)/P(1) for b = 2.88).", default="exact", choices=("exact", "clauset")),
     _o("chunk_rows", "Rows per in-memory chunk / Parquet row group (bounds memory).", type="positive_int",
@@ -400,7 +402,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "sigma", ("k_min", {"help": "Override the power-law k_min (>= 1; preset default 1)."}),
          ("k_max", {"help": "Override the power-law k_max (>= k_min; preset default 10000)."}),
          ("attribution_window_days", {"help": "Override the attribution window (preset default 30)."}),
-         "power_law_sampler", "chunk_rows", "rows_per_file", "max_conversions", "overwrite"),
+         "impressions_per_user", "power_law_sampler", "chunk_rows", "rows_per_file", "max_conversions", "overwrite"),
         groups=(("scale", "target_conversions"),),
         epilog="presets (k_min=1, k_max=10000, 30-day window): synth-criteo b=2.88 lam=10 mu=4.19 sigma=1.16; "
                "synth-real-estate b=0.06 lam=10 mu=0.87 sigma=0.43; synth-travel b=1.14 lam=10 mu=1.95 sigma=1.14. "
