@@ -148,7 +148,7 @@ def evaluation_table(evaluations: Sequence[BudgetEvaluation]) -> pd.DataFrame:
             q = m.params.queries
             rows.append({"budget": e.budget, "method": m.method, "RMSRE_tau": m.analytic,
                          "realised": m.realised, "coverage": m.coverage, "ratio_to_best_baseline": m.analytic / best,
-                         "C": m.params.count_limit(multi_epoch=False),
+                         "C": m.params.count_limit(multi_epoch=True),
                          "epsilons": ", ".join(f"{x.epsilon:.4g}" for x in q),
                          "max_values": ", ".join(str(x.max_value) for x in q),
                          "clips": ", ".join(f"{x.clip:.4g}" for x in q),

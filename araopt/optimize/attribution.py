@@ -6,14 +6,15 @@ Alg. 4's estimates on a training log.
 The paper's terms (``araopt.attribution.params``): C is the number of full reports (every query at
 maxValue) that fit in one site-epoch budget; the budget fractions alpha_l split epsilon_site between
 the queries (epsilon_l = 2 alpha_l epsilon_site / C: a report matching one impression, as the encoder
-sends them, deducts ``value * epsilon_l / (2 maxValue)``); the count is a query of its own. The error
+deducts 2 ``value * epsilon_l / (2 maxValue)`` when its lookback spans several epochs, as a 30-day
+lookback in 7-day epochs always does, so epsilon_l = alpha_l epsilon_site / C; a lookback inside one
+epoch deducts half); the count is a query of its own. The error
 model is Thm. 4.2 for this target (``araopt.attribution.error``): bias (reports refused for budget,
 clipping) from one simulated draw of the browsers (their epoch starts and the roundings, keyed by a
 seed), variance (the aggregation's noise, the rounding). The objective is ``error_model.rmsre_tau``
 with ``error_model.default_taus``, as for ARA.
 
-Search, per C = 2..C_max (C = 1 is C = 2: a single-epoch report costs half a multi-epoch one), as
-the paper's alternating minimisation (Alg. 5, Theorem 4.7), with the noise of Relaxation 4.5 from the
+Search, per C = 1..C_max, as the paper's alternating minimisation (Alg. 5, Theorem 4.7), with the noise of Relaxation 4.5 from the
 target's ``mechanisms.NoiseModel``:
 
 * start: C_l at the 99% training quantile, equal split;
@@ -77,8 +78,8 @@ class AttributionProblem:
         if not self.lookbacks or not all(isinstance(x, int) and x >= 1 for x in self.lookbacks):
             raise InvalidParameters(f"lookbacks must be positive integers (days), got {self.lookbacks!r}")
         if isinstance(self.max_count_limit, bool) or not isinstance(self.max_count_limit, int) \
-                or self.max_count_limit < 2:
-            raise InvalidParameters(f"max count limit must be an integer >= 2, got {self.max_count_limit!r}")
+                or self.max_count_limit < 1:
+            raise InvalidParameters(f"max count limit must be an integer >= 1, got {self.max_count_limit!r}")
         if COUNT in self.value_columns:
             raise InvalidParameters(f"a value column may not be named {COUNT!r} (the count query's name)")
 
@@ -86,8 +87,8 @@ class AttributionProblem:
 def build_params(problem: AttributionProblem, count_limit: int, fractions: Sequence[float], clips: Sequence[float],
                  max_values: Sequence[int] | None = None, lookback: int | None = None) -> AttributionParams:
     """The parameters of (C, alpha_l, C_l) (count first in ``fractions``; ``clips`` and ``max_values``
-    per value column): epsilon_l = 2 alpha_l epsilon_site / C, as ``AttributionParams.from_paper``
-    for single-epoch reports (C >= 2)."""
+    per value column): epsilon_l = alpha_l epsilon_site / C (``AttributionParams.from_paper``: C full
+    reports across epochs fit a site-epoch budget)."""
     if len(fractions) != len(problem.value_columns) + 1 or len(clips) != len(problem.value_columns):
         raise InvalidParameters("one fraction per query (count first) and one clip per value column")
     bounds = [SEARCH_MAX_VALUE] * len(clips) if max_values is None else list(max_values)
@@ -97,7 +98,7 @@ def build_params(problem: AttributionProblem, count_limit: int, fractions: Seque
     names = (COUNT, *problem.value_columns)
     return AttributionParams.from_paper(
         problem.per_site_budget, count_limit, dict(zip(names, (float(f) for f in fractions), strict=True)), queries,
-        problem.slice_columns, multi_epoch=count_limit < 2, epoch_days=problem.epoch_days,
+        problem.slice_columns, multi_epoch=True, epoch_days=problem.epoch_days,
         lookback_days=problem.lookbacks[0] if lookback is None else lookback)
 
 
@@ -253,7 +254,7 @@ def optimize_attribution(problem: AttributionProblem, rows: pd.DataFrame, domain
     search = _Search(problem, rows, domain, tau, simulation_seed)
     best: tuple[float, int, np.ndarray, np.ndarray] | None = None
     worse = 0
-    for count_limit in range(2, problem.max_count_limit + 1):
+    for count_limit in range(1, problem.max_count_limit + 1):
         value, fractions, clips = search.run(count_limit)
         if best is None or value < best[0]:
             best, worse = (value, count_limit, fractions, clips), 0
@@ -317,7 +318,7 @@ def baseline_params(name: str, problem: AttributionProblem, rows: pd.DataFrame) 
         return AttributionParams(problem.per_site_budget, queries, problem.slice_columns,
                                  epoch_days=problem.epoch_days, lookback_days=lookback)
     if name == EQUAL_Q95:
-        count_limit = max(2, privacy_unit_quantile(rows, problem.epoch_days, 0.95))
+        count_limit = privacy_unit_quantile(rows, problem.epoch_days, 0.95)
         clips = [_positive_quantile(rows[c], 0.95) for c in problem.value_columns]
         params = build_params(problem, count_limit, [1.0 / (d + 1)] * (d + 1), clips)
         return replace(params, queries=tuple(

@@ -8,10 +8,11 @@ epsilon^2)``:
 * ARA (L-inf, Alg. 3): DLap of parameter epsilon / Gamma on a key scaled to floor(alpha_l Gamma / C):
   constant 2; the count is estimated from the sum of the queries' keys (no separate count fraction).
 * W3C Attribution Level 1 (``araopt.attribution``): a report of query l sends at most maxValue with
-  epsilon_l = 2 alpha_l epsilon_site / C (C full reports in a site-epoch; a report matching one
-  impression deducts ``l1Norm * epsilon_l / (2 maxValue)``), the aggregation adds Laplace of scale
-  2 maxValue / epsilon_l, so the variance in the column's unit is 8 C_l^2 / epsilon_l^2 = 2 C^2 C_l^2 /
-  (alpha_l^2 epsilon_site^2): constant 2; the count is a query of its own (value 1, C_0 = 1).
+  epsilon_l = alpha_l epsilon_site / C (C full reports in a site-epoch: a report whose lookback spans
+  several epochs deducts ``2 value * epsilon_l / (2 maxValue)``, epsilon_l at maxValue; one inside a
+  single epoch half that), the aggregation adds Laplace of scale 2 maxValue / epsilon_l, so the
+  variance in the column's unit is 8 C_l^2 / epsilon_l^2 = 8 C^2 C_l^2 / (alpha_l^2 epsilon_site^2):
+  constant 8; the count is a query of its own (value 1, C_0 = 1).
 
 Minimising sum_l K_l / alpha_l^2 subject to sum_l alpha_l = 1 gives alpha_l proportional to
 K_l^(1/3) (Lagrange; ``split_fractions``), the budget step of the alternating search in both.
@@ -46,7 +47,7 @@ class NoiseModel:
 
 
 ARA_LINF = NoiseModel("ara", 2.0, separate_count=False)
-ATTRIBUTION = NoiseModel("attribution", 2.0, separate_count=True)
+ATTRIBUTION = NoiseModel("attribution", 8.0, separate_count=True)
 
 
 def split_fractions(variance_factors: np.ndarray) -> np.ndarray:
