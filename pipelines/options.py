@@ -124,6 +124,9 @@ _ALL: Final[tuple[CliOption, ...]] = (
        regex=_POSITIVE_DECIMAL),
     _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
        "(the paper's Alg. 6).", default=core.L1_ROUNDING, choices=("randomized", "floor")),
+    _o("api", "The browser API: ara (the Attribution Reporting API) or attribution (W3C Attribution Level 1). "
+       "measure / reconstruct: default the parameter version's (a different one is refused).",
+       choices=("ara", "attribution"), metavar="ara|attribution", label="API", regex=r"^(ara|attribution)$"),
     _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
        "private and is marked SIMULATION.", type="int", metavar="SEED"),
     _o("override_epsilon", "Allow an --epsilon different from the parameter file's (recorded).", type="bool",
@@ -315,7 +318,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                     "released or counted; default: none."}),
          "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
          "allow_rerelease", "ledger", "check_ledgers", "params_version", "simulation_seed", "num_shards", "shuffle",
-         "max_rejected_fraction", "no_progress", "overwrite"),
+         "max_rejected_fraction", "no_progress", "overwrite", "api"),
         beam=True),
     "optimize": Command(
         "pipelines.optimize", "run", "choose C, clip thresholds and budget fractions on history (Alg. 5)",
