@@ -168,6 +168,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     started = time.time()
     as_of = resolve_as_of(args.as_of)
+    if args.api == "attribution":
+        from .tune_attribution import run_nightly as run_attribution
+
+        return run_attribution(args, "araopt nightly", as_of)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")

@@ -125,7 +125,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
        "(the paper's Alg. 6).", default=core.L1_ROUNDING, choices=("randomized", "floor")),
     _o("api", "The browser API: ara (the Attribution Reporting API) or attribution (W3C Attribution Level 1). "
-       "measure / reconstruct: default the parameter version's (a different one is refused).",
+       "measure / reconstruct: default the parameter version's (a different one is refused); optimize / nightly / "
+       "evaluate: default ara; with attribution, --epsilon(s) is the per-site epoch budget.",
        choices=("ara", "attribution"), metavar="ara|attribution", label="API", regex=r"^(ara|attribution)$"),
     _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
        "private and is marked SIMULATION.", type="int", metavar="SEED"),
@@ -330,7 +331,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
         (("history", {"required": False, "help": "Conversion history (Parquet, joined: impression_id and every "
                                                  "slice): a file, directory or glob, local or gs://. Required "
                                                  "unless --private."}),
-         "slices", "values", ("epsilon", {"required": True}), "output", "release_period",
+         "slices", "values", ("epsilon", {"required": True}), "output", "release_period", "api", "seed",
          ("lookback", {"help": "Earlier conversions (Parquet) read only to rank each history conversion within its "
                                "impression's whole life (as the browser caps a source); not part of the history."}),
          "private", "releases", "first_party",
@@ -365,7 +366,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "campaignId,geography,productCategory --values value --output eval/",),
         ("train", "test", ("name", {"help": "Dataset name (one per --train; default dataset1, ...).",
                                     "action": "append"}),
-         "slices", "values", "epsilons", "output", "monte_carlo", "seed", "max_count_limit", "objective", "tau",
+         "slices", "values", "epsilons", "output", "monte_carlo", "seed", "api", "max_count_limit", "objective", "tau",
          ("lookback", {"help": "Conversions before the training log (Parquet), read only to rank the training "
                                "conversions over their impressions' whole lives; the test log's lookback is the "
                                "training log (and this)."}),
@@ -388,7 +389,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                                         "arm plan of the store's latest version, else "
                                                         f"{core.EXPLORATION_ARM_SHARE:g} (never taken from a release "
                                                         "folder)."}),
-         "release_period", "lookback_days", "encoding",
+         "release_period", "lookback_days", "encoding", "api", "seed",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",
          "tau", "special_days", "special_day_loss_factor", "max_rejected_fraction", "num_shards", "shuffle",

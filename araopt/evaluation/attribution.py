@@ -6,7 +6,8 @@ baselines (the spec's defaults; the q95 maxValue with an equal split), per per-s
   ``attribution.error``) on the test log, one simulated draw of the browsers (``simulation_seed``);
 * ``monte_carlo``: the real measurement (``attribution.measure``, seeded simulation) ``runs`` times:
   the realised RMSRE_tau of Alg. 4's estimates against the true totals (``error_model.
-  realised_rmsre_tau``), and the coverage of the released intervals of the true totals;
+  realised_rmsre_tau``), and the coverage of the intervals of the true totals (the estimates divided
+  by the retention ratios learnt on the training log, ``attribution.calibrate``);
 * the generalization ratio: the test RMSRE_tau of the parameters tuned on train over that of the
   parameters tuned on test (1 is perfect).
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from araopt.attribution.calibrate import Retention, retention
 from araopt.attribution.measure import AttributionMeasurement, measure
 from araopt.attribution.params import AttributionParams
 from araopt.errors import InvalidParameters
@@ -49,6 +51,17 @@ def alg4_intervals(result: AttributionMeasurement, params: AttributionParams) ->
     return values, half
 
 
+def true_total_intervals(retention: Retention) -> Interval:
+    """The estimates of the true totals and their intervals of a training ``retention``
+    (``attribution.calibrate``)."""
+
+    def intervals(result: AttributionMeasurement, params: AttributionParams) -> tuple[np.ndarray, np.ndarray]:
+        parts = [retention.true_totals(i, result.estimates[(q.name, 0)]) for i, q in enumerate(params.queries)]
+        return np.column_stack([v for v, _ in parts]), np.column_stack([h for _, h in parts])
+
+    return intervals
+
+
 @dataclass(frozen=True)
 class MethodEvaluation:
     """One method at one budget: its parameters, analytic test RMSRE_tau and (with runs) the realised
@@ -73,8 +86,9 @@ def true_totals(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain
 
 
 def evaluate_method(method: str, params: AttributionParams, test: pd.DataFrame, domain: KeyDomain, taus: np.ndarray,
-                    runs: int = 0, seed: int = 0, intervals: Interval = alg4_intervals) -> MethodEvaluation:
-    """The analytic test RMSRE_tau of ``params`` and, with ``runs``, the realised one and the coverage."""
+                    runs: int = 0, seed: int = 0, intervals: Interval | None = None) -> MethodEvaluation:
+    """The analytic test RMSRE_tau of ``params`` and, with ``runs``, the realised RMSRE_tau of Alg. 4's
+    estimates and the coverage of ``intervals`` (default: Alg. 4's noise intervals)."""
     analytic = predicted_rmsre_tau(params, test, domain, taus, seed)
     if runs <= 0:
         return MethodEvaluation(method, params, analytic, None, None)
@@ -82,8 +96,8 @@ def evaluate_method(method: str, params: AttributionParams, test: pd.DataFrame, 
     squares, covered = [], []
     for run in range(runs):
         result = measure(params, test, domain, simulation_seed=seed + run)
-        values, half = intervals(result, params)
-        squares.append(realised_rmsre_tau(values, truth, taus).per_query ** 2)
+        squares.append(realised_rmsre_tau(alg4_intervals(result, params)[0], truth, taus).per_query ** 2)
+        values, half = (intervals or alg4_intervals)(result, params)
         covered.append(np.abs(values - truth) <= half)
     realised = float(np.sqrt(np.mean(np.mean(squares, axis=0))))
     return MethodEvaluation(method, params, analytic, realised, float(np.mean(covered)))
@@ -119,8 +133,10 @@ class BudgetEvaluation:
 def evaluate_attribution(train: pd.DataFrame, test: pd.DataFrame, domain: KeyDomain, value_columns: Sequence[str],
                          slice_columns: Sequence[str], budgets: Sequence[float], *, runs: int = 0, seed: int = 0,
                          lookbacks: Sequence[int] = (30,), epoch_days: int = 7,
-                         intervals: Interval = alg4_intervals) -> tuple[BudgetEvaluation, ...]:
-    """The comparison for every budget (module docstring); the taus are the training taus."""
+                         level: float = 0.95) -> tuple[BudgetEvaluation, ...]:
+    """The comparison for every budget (module docstring); the taus are the training taus; coverage is of
+    each method's intervals of the true totals at ``level``, calibrated on the training log
+    (``attribution.calibrate``)."""
     if not budgets:
         raise InvalidParameters("evaluate needs at least one per-site budget")
     taus = training_taus(train, value_columns)
@@ -130,9 +146,11 @@ def evaluate_attribution(train: pd.DataFrame, test: pd.DataFrame, domain: KeyDom
                                      tuple(lookbacks))
         tuned = optimize_attribution(problem, train, domain, taus, seed)
         on_test = optimize_attribution(problem, test, domain, taus, seed)
-        methods = [evaluate_method(OPTIMIZED, tuned.params, test, domain, taus, runs, seed, intervals)]
-        methods += [evaluate_method(name, baseline_params(name, problem, train), test, domain, taus, runs, seed,
-                                    intervals) for name in BASELINES]
+        methods = []
+        for name, params in ((OPTIMIZED, tuned.params),
+                             *((b, baseline_params(b, problem, train)) for b in BASELINES)):
+            released = true_total_intervals(retention(params, train, domain, seed, level)) if runs else None
+            methods.append(evaluate_method(name, params, test, domain, taus, runs, seed, released))
         out.append(BudgetEvaluation(float(budget), tuple(methods),
                                     predicted_rmsre_tau(on_test.params, test, domain, taus, seed)))
     return tuple(out)
