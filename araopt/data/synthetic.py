@@ -563,7 +563,7 @@ def _generate_block(plan: ImpressionPlan, day: int, block: int, cum_counts: np.n
 def _browsers(plan: ImpressionPlan, day: int, block: int, imp_time: np.ndarray, first_id: int) -> np.ndarray:
     """Each impression's ``browser_id``: the block's impressions dealt to browsers in time order, in
     runs of Geometric(1 / impressions_per_user) (``users.deal_browsers``); a browser's id is the
-    impression id of its first impression (unique in the split). Its own random stream: the other
+    smallest impression id among its impressions (unique in the split). Its own random stream: the other
     columns are those of a log without users."""
     rng = np.random.default_rng(_seed_sequence(plan.seed, SPLITS.index(plan.split), 2, day, block))
     browser = deal_browsers(imp_time, plan.preset.impressions_per_user, rng)

@@ -17,12 +17,13 @@ with ``error_model.default_taus``, as for ARA.
 Search, per C = 1..C_max, as the paper's alternating minimisation (Alg. 5, Theorem 4.7), with the noise of Relaxation 4.5 from the
 target's ``mechanisms.NoiseModel``:
 
-* start: C_l at the 99% training quantile, equal split;
+* starts: C_l at the 99% training quantile with an equal split (the paper's), and the best point of
+  the smaller C;
 * clip step: with the reports the last simulation accepted held fixed, each query's C_l minimises
   mean_j pi_lj (bias_lj(C_l)^2 + Var_l(C_l)) over a grid of training quantiles (and the maximum);
 * split step: alpha_l ~ K_l^(1/3) (``mechanisms.split_fractions``), K_l = mean_j pi_lj C^2 C_l^2;
 * each step's parameters are simulated again and scored by the exact error model; the best scored
-  parameters over all C win. C stops growing once three consecutive C score worse than the best.
+  parameters over all C win. C stops growing once four consecutive C score worse than the best.
 
 maxValue is 2^n - 1 (the natural bound of Prio3L1BoundSum's proof), with the smallest n whose
 rounding variance is at most 1% of the noise variance in every slice (a larger maxValue changes
@@ -57,7 +58,7 @@ SEARCH_MAX_VALUE = (1 << 20) - 1
 ROUNDING_SHARE = 0.01
 """The rounding variance allowed per slice, as a share of the noise variance (maxValue's rule)."""
 DEFAULT_MAX_COUNT_LIMIT = 32
-PATIENCE = 3
+PATIENCE = 4
 ROUNDS = 3
 
 
@@ -205,24 +206,30 @@ class _Search:
         k = pi.mean(axis=1) * np.concatenate([[1.0], clips]) ** 2 * count_limit**2
         return split_fractions(k)
 
-    def run(self, count_limit: int) -> tuple[float, np.ndarray, np.ndarray]:
+    def start(self) -> tuple[np.ndarray, np.ndarray]:
+        """The paper's start: the 99% quantiles and an equal split."""
         d = len(self.problem.value_columns)
-        clips = np.array([float(np.quantile(g, START_QUANTILE)) if len(g) else 1.0 for g in self._start_values()])
-        fractions = np.full(d + 1, 1.0 / (d + 1))
-        best = self.score(count_limit, fractions, clips)
-        best_point = (fractions, clips)
-        current = best[1]
-        for _ in range(ROUNDS):
-            if d == 0:
-                break
-            clips = self.clip_step(count_limit, fractions, current)
-            fractions = split_fractions_safe(self.split_step(count_limit, clips, current))
+        clips = np.array([float(np.quantile(v, START_QUANTILE)) for v in self._start_values()])
+        return np.full(d + 1, 1.0 / (d + 1)), clips
+
+    def run(self, count_limit: int, starts: Sequence[tuple[np.ndarray, np.ndarray]]
+            ) -> tuple[float, np.ndarray, np.ndarray]:
+        """The alternating search at one C from each start; the best scored point."""
+        best: tuple[float, np.ndarray, np.ndarray] | None = None
+        for fractions, clips in starts:
             value, current = self.score(count_limit, fractions, clips)
-            if value < best[0]:
-                best, best_point = (value, current), (fractions, clips)
-            else:
-                break
-        return best[0], best_point[0], best_point[1]
+            if best is None or value < best[0]:
+                best = (value, fractions, clips)
+            for _ in range(ROUNDS if self.problem.value_columns else 0):
+                clips = self.clip_step(count_limit, fractions, current)
+                fractions = split_fractions_safe(self.split_step(count_limit, clips, current))
+                value, current = self.score(count_limit, fractions, clips)
+                if value < best[0]:
+                    best = (value, fractions, clips)
+                else:
+                    break
+        assert best is not None
+        return best
 
     def _start_values(self) -> list[np.ndarray]:
         out = []
@@ -255,7 +262,8 @@ def optimize_attribution(problem: AttributionProblem, rows: pd.DataFrame, domain
     best: tuple[float, int, np.ndarray, np.ndarray] | None = None
     worse = 0
     for count_limit in range(1, problem.max_count_limit + 1):
-        value, fractions, clips = search.run(count_limit)
+        starts = [search.start()] + ([] if best is None else [(best[2], best[3])])  # and the best so far
+        value, fractions, clips = search.run(count_limit, starts)
         if best is None or value < best[0]:
             best, worse = (value, count_limit, fractions, clips), 0
         else:
