@@ -105,9 +105,10 @@ def run_optimize(args: argparse.Namespace, prog: str) -> int:
     return 0
 
 
-def run_nightly(args: argparse.Namespace, prog: str, as_of: str) -> int:
-    """``araopt nightly --api attribution``: optimize on the window and publish the version to the store
-    (a compare-and-swap of ``latest``, as for ARA; no guardrails or calibration yet)."""
+def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str], dates: Sequence[str]) -> int:
+    """``araopt nightly --api attribution``: optimize on the window's ``files`` (``nightly.select_window``)
+    and publish the version to the store (a compare-and-swap of ``latest``, as for ARA; no guardrails,
+    calibration or run report yet)."""
     import datetime as dt
     import uuid
 
@@ -115,15 +116,12 @@ def run_nightly(args: argparse.Namespace, prog: str, as_of: str) -> int:
     from araopt.io.stores import open_store
     from araopt.nightly import publish_version
 
-    from .nightly import select_window
-
     refuse_ara_only(args, prog, ("private", "tau", "special_days"))
     budget = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     store = open_store(args.store)
     pointer = store.read_latest_pointer()
-    files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
     result, _, rows, domain, version = tune(prog, files, slices, values, budget, args.max_count_limit, args.seed)
     run_id = args.run_id or uuid.uuid4().hex[:8]
     window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()

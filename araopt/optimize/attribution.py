@@ -14,8 +14,8 @@ clipping) from one simulated draw of the browsers (their epoch starts and the ro
 seed), variance (the aggregation's noise, the rounding). The objective is ``error_model.rmsre_tau``
 with ``error_model.default_taus``, as for ARA.
 
-Search, per C = 1..C_max, as the paper's alternating minimisation (Alg. 5, Theorem 4.7), with the noise of Relaxation 4.5 from the
-target's ``mechanisms.NoiseModel``:
+Search, per C = 1..C_max, as the paper's alternating minimisation (Alg. 5, Theorem 4.7), with the
+noise of Relaxation 4.5 from the target's ``mechanisms.NoiseModel``:
 
 * starts: C_l at the 99% training quantile with an equal split (the paper's), and the best point of
   the smaller C;
@@ -85,7 +85,8 @@ class AttributionProblem:
             raise InvalidParameters(f"a value column may not be named {COUNT!r} (the count query's name)")
 
 
-def build_params(problem: AttributionProblem, count_limit: int, fractions: Sequence[float], clips: Sequence[float],
+def build_params(problem: AttributionProblem, count_limit: int, fractions: Sequence[float] | np.ndarray,
+                 clips: Sequence[float] | np.ndarray,
                  max_values: Sequence[int] | None = None, lookback: int | None = None) -> AttributionParams:
     """The parameters of (C, alpha_l, C_l) (count first in ``fractions``; ``clips`` and ``max_values``
     per value column): epsilon_l = alpha_l epsilon_site / C (``AttributionParams.from_paper``: C full
@@ -317,7 +318,6 @@ def baseline_params(name: str, problem: AttributionProblem, rows: pd.DataFrame) 
     ``baseline_q95``: clip = maxValue at the 95% training quantile, equal split, C = the 95% quantile
     of conversions per privacy unit (Sec. 5.1's baseline for this target)."""
     d = len(problem.value_columns)
-    names = (COUNT, *problem.value_columns)
     lookback = problem.lookbacks[0]
     if name == SPEC_DEFAULTS:
         epsilon = min(DEFAULT_CONVERSION_EPSILON, problem.per_site_budget / (d + 1))
