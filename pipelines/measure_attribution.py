@@ -23,7 +23,8 @@ import argparse
 import io
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -32,19 +33,23 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.attribution.params import AttributionParams
-from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal, Unsupported, one_line
+from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal, Unsupported
 from araopt.io import jsonio, outputs
-from araopt.io.conversions import ATTRIBUTION_COLUMNS, IMPRESSION_TIME, check_attribution_schema, type_family
+from araopt.io.conversions import IMPRESSION_TIME, check_attribution_schema, type_family
 from araopt.io.progress import Progress
+from araopt.io.rowset import RowSet, RowSetPart
+from araopt.io.store import StoreError
 from araopt.mechanism.keys import DATA, KeyDomain
 from araopt.mechanism.release import release_domain
 from araopt.version import Api, ParameterVersion
 from transforms.attribution import AttributionRelease, MeasureAttribution, unit_column
 from transforms.io import InputFiles, check_input
+from transforms.rowset import WriteRowIds
 from transforms.validate import ReadAndValidate
 
 from .inputs import LoadedParams, read_domain
-from .run_folder import RunFolder
+from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, ledger_root
+from .run_folder import ROW_IDS, RunFolder, failures_settled
 from .runner import (
     check_workers_can_write,
     dry_run_sentence,
@@ -65,11 +70,17 @@ _NOT_FOR_ATTRIBUTION = (("epsilon", "--epsilon (each query's epsilon is in the p
 
 
 def attribution_columns(inputs: InputFiles) -> tuple[str, ...]:
-    """The W3C Attribution columns of the input (``impression_time`` required: it decides the epochs)."""
-    present = check_attribution_schema(inputs.schema, inputs.paths[0])
-    if IMPRESSION_TIME not in present:
-        raise InvalidInput(f"{inputs.paths[0]}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
-    return present
+    """The W3C Attribution columns every input file has, typed (``impression_time`` required: it
+    decides the epochs)."""
+    from transforms.io import read_schema
+
+    every: tuple[str, ...] | None = None
+    for path in inputs.paths:
+        present = check_attribution_schema(read_schema(path), path)
+        if IMPRESSION_TIME not in present:
+            raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
+        every = present if every is None else tuple(c for c in every if c in present)
+    return every or ()
 
 
 def resolve_layout(args: argparse.Namespace, version: ParameterVersion, params: AttributionParams,
@@ -145,14 +156,18 @@ def release_json(rel: AttributionRelease, params_sha256: str) -> dict[str, Any]:
 def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: ParameterVersion, folder: RunFolder,
                    domain: KeyDomain | None, simulation_seed: int | None = None, debug_run: bool = False,
                    num_shards: int = 64, max_rejected_fraction: float = 0.10, shuffle_dir: str | None = None,
-                   one_dead_letter_file: bool = True) -> beam.PCollection[AttributionRelease]:
-    """Wire the Attribution measurement into ``folder``'s staging location; returns the release."""
+                   one_dead_letter_file: bool = True, row_ids: str | None = None
+                   ) -> beam.PCollection[AttributionRelease]:
+    """Wire the Attribution measurement into ``folder``'s staging location; returns the release.
+    ``row_ids``: where the released rows' ids go, for the ledger (``transforms.rowset``)."""
     params = attribution_params(version)
     present = attribution_columns(inputs)
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns,
         folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")], passthrough=present,
         one_dead_letter_file=one_dead_letter_file)
+    if row_ids is not None:
+        _ = read["valid"] | "ReleasedRowIds" >> WriteRowIds(row_ids)
     release = read["valid"] | "MeasureAttribution" >> MeasureAttribution(
         params, read["counts"], domain, simulation_seed, num_shards, unit_column(present), shuffle_dir)
     _ = release | "WriteRelease" >> beam.ParDo(_WriteRelease(folder.staging, version.checksum(),
@@ -171,6 +186,37 @@ def attribution_params(version: ParameterVersion) -> AttributionParams:
     return version.attribution
 
 
+def _recorder(ledger: Ledger, folder: RunFolder, version: ParameterVersion, summary: dict[str, Any],
+              private: dict[str, Any]) -> Callable[[], Callable[[], None] | None]:
+    """At commit (exclusive): refuse conversions released before (the ledger's rule, as ARA's releases)
+    and record this release's; returns the undo if the commit then fails."""
+    parts = [RowSetPart.from_arrow_bytes(b) for b in folder.read_all(ROW_IDS)]
+    rows, coarse = RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts)
+
+    def record() -> Callable[[], None] | None:
+        entry = {"output": folder.target, "staging": folder.staging, "params_sha256": version.checksum(),
+                 "api": Api.ATTRIBUTION.value, "epsilon": version.params.epsilon, "mechanism": version.to_json(),
+                 RELEASE_FILES: folder.release_digests()}
+        entry_id = uuid.uuid4().hex
+        folder.mark_pending(ledger.store.uri, entry_id)
+        try:
+            recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry, entry_id=entry_id, coarse=coarse)
+        except BaseException:
+            if ledger.rollback_entry(entry_id):
+                folder.clear_pending()
+            raise
+        summary.update(release_number_of_this_input=recorded.release_number, ledger=ledger.store.uri,
+                       ledger_entry=recorded.entry["id"])
+        private["ledger"] = {"uri": ledger.store.uri, "entry": recorded.entry}
+        folder.write(outputs.private_file(outputs.RUN_SUMMARY), jsonio.dumps(summary, indent=1).encode())
+
+        def undo() -> None:
+            if ledger.rollback_entry(entry_id):
+                folder.clear_pending()
+        return undo
+    return record
+
+
 def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: LoadedParams, started: float) -> int:
     """``araopt measure`` for an attribution version (called by ``pipelines.measure``)."""
     for name, flag in _NOT_FOR_ATTRIBUTION:
@@ -187,23 +233,22 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
         raise InvalidParameters(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
     if args.num_shards is not None and args.num_shards < 1:
         raise InvalidParameters(f"--num-shards must be >= 1, got {args.num_shards}")
-    if not simulation:
-        raise Unsupported("measure --api attribution releases only in simulation mode (--simulation-seed) for now: "
-                          "its releases are not recorded in the ledger yet")
     opts = pipeline_options(beam_args)
     check_workers_can_write(opts, args.output, "--output")
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     inputs = check_input(args.input, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns)
     attribution_columns(inputs)
     domain, origin = resolve_layout(args, version, params, inputs)
+    ledger = None if simulation else Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
     folder = RunFolder.prepare(args.output, args.overwrite)
-    try:
+    with failures_settled(folder, (StoreError, LedgerRefusal)):
         from transforms.io import auto_num_shards
 
         num_shards = args.num_shards or auto_num_shards(inputs.rows)
         with spill_folder(opts, args.shuffle) as shuffle_dir:
             build_pipeline(pipeline, inputs, version, folder, domain, args.simulation_seed, args.debug_run, num_shards,
-                           args.max_rejected_fraction, shuffle_dir, one_dead_letter_file=is_local_runner(opts))
+                           args.max_rejected_fraction, shuffle_dir, one_dead_letter_file=is_local_runner(opts),
+                           row_ids=None if ledger is None else folder.path(ROW_IDS))
             Progress("araopt measure", enabled=not args.no_progress)(
                 f"the Beam job (attribution): validate, group by browser, the browsers' budgets, sum, noise once per "
                 f"histogram index ({len(inputs.paths)} file(s), {inputs.rows:,} rows, {num_shards} shards)")
@@ -224,25 +269,16 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
                    "runner": runner_name(opts), "wall_time_s": round(time.time() - started, 3)}
         folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
         folder.write(outputs.private_file(outputs.RUN_SUMMARY), jsonio.dumps(summary, indent=1).encode())
-        folder.commit(simulation, {"params_sha256": version.checksum(), "api": Api.ATTRIBUTION.value},
-                      {"params_sha256": version.checksum(), "domain": origin})
-    except Exception as exc:
-        kept = folder.fail()
-        if kept is None:
-            raise
-        raise InvalidInput(f"{one_line(exc)} (nothing was released; the operator-private files of the failed "
-                           f"run are in {kept})") from exc
-    except BaseException:
-        folder.abandon()
-        raise
+        private: dict[str, Any] = {"params_sha256": version.checksum(), "domain": origin}
+        record = None if ledger is None else _recorder(ledger, folder, version, summary, private)
+        folder.commit(simulation, {"params_sha256": version.checksum(), "api": Api.ATTRIBUTION.value}, private,
+                      before_move=record)
     mark = "SIMULATION (not private) " if simulation else ""
     print(f"araopt measure: {mark}attribution release of {len(params.queries)} histogram(s) x "
-          f"{summary['conversions_kept'] and domain.num_slices if domain else 'data'} indices written to {folder.target}/"
+          f"{summary['histogram_size']:,} indices written to {folder.target}/"
           f"{outputs.release_dir(simulation)}/ in {summary['wall_time_s']:.1f} s (domain: {origin})")
     print(f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = {summary['conversions_kept']:,} "
           f"kept + {summary['conversions_outside_domain']:,} outside the layout + {summary['rows_rejected']:,} rejected; "
           f"{summary['reports_refused_for_budget']:,} of {summary['reports']:,} reports refused for budget")
     return 0
 
-
-__all__ = ["ATTRIBUTION_COLUMNS", "build_pipeline", "run_attribution"]

@@ -265,7 +265,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("destination", "The advertiser site of the source registrations: an https:// URL (http:// only for "
        "localhost), reduced to its site (scheme + registrable domain) as Chrome does.",
        default=core.DESTINATION, metavar="URL"),
-    _o("summary_report", "The Aggregation Service's summary report: Avro file(s), a directory or a glob.",
+    _o("summary_report", "The Aggregation Service's summary report: Avro file(s), a directory or a glob (for an "
+       "attribution parameter version: the aggregated histograms, CSV with query,histogram_index,noisy_sum).",
        required=True, metavar="AVRO", nargs="+"),
     _o("confidence", "Confidence level of the intervals.", type="float", default=core.CONFIDENCE, metavar="LEVEL"),
     # ---- demo ------------------------------------------------------------------------------------
@@ -490,7 +491,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          ("conversions", {"help": "Without --key-map: the key domain of this log's slices."}), "output",
          "confidence", ("epsilon", {"help": "Epsilon of the Aggregation Service job, if it differs from the "
                                             "parameter file's."}),
-         ("days", {"type": "str", "metavar": "DATES", "regex": _DATES,
+         "api", ("days", {"type": "str", "metavar": "DATES", "regex": _DATES,
                    "help": "The UTC conversion days the report covers, YYYY-MM-DD,... (or FIRST..LAST): the "
                            "calibration's day-of-week and special-day effects apply to them as measure applies them "
                            "to its input's date= partitions. Default: the date=YYYY-MM-DD/ folders the report "

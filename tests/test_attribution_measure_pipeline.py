@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from araopt.attribution.measure import measure, row_keys, simulate_browsers
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
 from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, ValidationCounts
-from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.keys import DECLARED, KeyDomain
 from araopt.version import ParameterVersion
 from pipelines.cli import main
 from transforms.attribution import MeasureAttribution, unit_column
 from transforms.group import split_by_shard
-from w3c import random_log, run_reference, w3c_reference  # noqa: F401  (fixture)
+from w3c import log_parquet, random_log, run_reference, w3c_reference  # noqa: F401  (fixture)
 
 QUERIES = (AttributionQuery(COUNT, None), AttributionQuery("value", "value", max_value=255, clip=20.0))
 
@@ -36,27 +36,26 @@ def _params(budget: float, lookback_days: int = 30) -> AttributionParams:
 
 def _layout(params: AttributionParams, campaigns=range(3)) -> KeyDomain:
     return KeyDomain.from_slice_values(params.slice_columns, {"campaign": np.array(list(campaigns))},
-                                       params.query_names)
+                                       params.query_names).with_origin(DECLARED)
 
 
 def _batches(log: pd.DataFrame, parts: int = 3) -> list[pa.Table]:
     return [pa.Table.from_pandas(log.iloc[i::parts], preserve_index=False) for i in range(parts)]
 
 
-def _run_transform(params, log, domain, seed, num_shards=4, unit=BROWSER_ID):
-    """The transform on ``log`` in three batches; returns the single release (checked by assert_that)."""
-    got = []
+def _run_transform(params, log, domain, seed, check, num_shards=4, unit=BROWSER_ID):
+    """The transform on ``log`` in three batches; ``check(release)`` asserts on its single release
+    (through ``assert_that``, in the pipeline)."""
 
-    def check(releases):
+    def matcher(releases):
         assert len(releases) == 1
-        got.append(releases[0])
+        check(releases[0])
 
     with TestPipeline() as p:
         counts = p | "Counts" >> beam.Create([ValidationCounts(len(log))])
         out = (p | beam.Create(_batches(log))
                | MeasureAttribution(params, counts, domain, seed, num_shards, unit))
-        assert_that(out, check)
-    return got[0]
+        assert_that(out, matcher)
 
 
 @pytest.mark.parametrize("budget, num_shards", [(1.0, 1), (4.0, 5), (10.0, 16)])
@@ -66,26 +65,35 @@ def test_the_beam_job_gives_the_in_memory_measurement_for_a_seed(budget, num_sha
     log = random_log(random.Random(11), users=60)
     params = _params(budget)
     domain = _layout(params)
-    rel = _run_transform(params, log, domain, seed=7, num_shards=num_shards)
     want = measure(params, log, domain, simulation_seed=7)
-    assert set(rel.sums.unnoised) == set(want.unnoised)
-    for key in want.unnoised:
-        assert rel.sums.unnoised[key].tolist() == want.unnoised[key].tolist()
-        assert rel.noisy[key].tolist() == want.noisy[key].tolist()
-        assert rel.estimates[key].values.tolist() == want.estimates[key].values.tolist()
-    assert rel.sums.reports_refused == want.reports_refused > 0
-    accounting = rel.accounting()
-    assert accounting["accounting_closes"] and accounting["rows_read"] == len(log)
-    assert accounting["browsers"] == log[BROWSER_ID].nunique()
+    unnoised = {k: v.tolist() for k, v in want.unnoised.items()}
+    noisy = {k: v.tolist() for k, v in want.noisy.items()}
+    estimates = {k: v.values.tolist() for k, v in want.estimates.items()}
+    refused, browsers, rows = want.reports_refused, log[BROWSER_ID].nunique(), len(log)
+
+    def check(rel):
+        assert {k: v.tolist() for k, v in rel.sums.unnoised.items()} == unnoised
+        assert {k: v.tolist() for k, v in rel.noisy.items()} == noisy
+        assert {k: v.values.tolist() for k, v in rel.estimates.items()} == estimates
+        assert rel.sums.reports_refused == refused > 0
+        accounting = rel.accounting()
+        assert accounting["accounting_closes"] and accounting["rows_read"] == rows
+        assert accounting["browsers"] == browsers
+
+    _run_transform(params, log, domain, 7, check, num_shards=num_shards)
 
 
 def test_the_data_derived_layout_is_the_one_export_attribution_derives():
     log = random_log(random.Random(12), users=20)
     params = _params(4.0)
-    rel = _run_transform(params, log, None, seed=3)
-    want = measure(params, log, None, simulation_seed=3)
-    assert rel.domain.slice_values() == {"campaign": sorted(log["campaign"].unique())}
-    assert all(rel.sums.unnoised[k].tolist() == want.unnoised[k].tolist() for k in want.unnoised)
+    want = {k: v.tolist() for k, v in measure(params, log, None, simulation_seed=3).unnoised.items()}
+    campaigns = sorted(log["campaign"].unique().tolist())
+
+    def check(rel):
+        assert rel.domain.slice_values() == {"campaign": campaigns}
+        assert {k: v.tolist() for k, v in rel.sums.unnoised.items()} == want
+
+    _run_transform(params, log, None, 3, check)
 
 
 def test_secure_mode_counts_every_conversion_the_budget_holds():
@@ -97,9 +105,13 @@ def test_secure_mode_counts_every_conversion_the_budget_holds():
     log = pd.DataFrame({BROWSER_ID: rng.integers(0, 50, n), IMPRESSION_ID: np.arange(n), "campaign": rng.integers(0, 3, n),
                         "impression_time_us": shown, "conversion_time_us": shown + rng.integers(0, 86_400, n) * 10**6})
     params = AttributionParams(10.0, (AttributionQuery(COUNT, None, epsilon=0.001),), ("campaign",))
-    rel = _run_transform(params, log, _layout(params), seed=None)
-    assert rel.simulation_seed is None and rel.sums.reports_refused == 0
-    assert rel.sums.unnoised[(COUNT, 0)].tolist() == np.bincount(log["campaign"], minlength=3).tolist()
+    want = np.bincount(log["campaign"], minlength=3).tolist()
+
+    def check(rel):
+        assert rel.simulation_seed is None and rel.sums.reports_refused == 0
+        assert rel.sums.unnoised[(COUNT, 0)].tolist() == want
+
+    _run_transform(params, log, _layout(params), None, check)
 
 
 def test_without_a_seed_a_data_derived_layout_is_refused():
@@ -137,19 +149,11 @@ def test_no_privacy_unit_spends_more_than_its_per_site_epoch_budget_across_shard
 
 
 # ---- the command ---------------------------------------------------------------------------------
-def _parquet(log: pd.DataFrame, path) -> str:
-    out = log.drop(columns=["conversion_time_us", "impression_time_us"]).assign(
-        conversion_time=pd.to_datetime(log["conversion_time_us"], unit="us", utc=True),
-        impression_time=pd.to_datetime(log["impression_time_us"], unit="us", utc=True))
-    out.to_parquet(path, index=False)
-    return str(path)
-
-
 def _measure(tmp_path, params, log, seed, name="m", extra=()):
     version = tmp_path / f"{name}.params.json"
     ParameterVersion.for_attribution(params).save(version)
     out = tmp_path / name
-    code = main(["measure", "--input", _parquet(log, tmp_path / f"{name}.parquet"), "--params", str(version),
+    code = main(["measure", "--input", log_parquet(log, tmp_path / f"{name}.parquet"), "--params", str(version),
                  "--output", str(out), "--simulation-seed", str(seed), "--debug-run", "--no-progress", *extra])
     return code, str(out)
 
@@ -161,7 +165,7 @@ def test_measure_writes_a_simulation_release_under_the_output_contract(tmp_path,
     assert code == 0, capsys.readouterr().err
     manifest = json.load(open(os.path.join(out, "simulation", "SIMULATION-MANIFEST.json")))
     listed = {e["path"] for e in manifest["files"]}
-    assert {"simulation/SIMULATION-estimates.csv", "simulation/SIMULATION-release.json"} <= listed
+    assert {"SIMULATION-estimates.csv", "SIMULATION-release.json", "SIMULATION-key_map.json"} <= listed
     estimates = pd.read_csv(os.path.join(out, "simulation", "SIMULATION-estimates.csv"))
     want = measure(params, log, None, simulation_seed=5)
     for (name, _), est in want.estimates.items():
@@ -175,8 +179,8 @@ def test_measure_writes_a_simulation_release_under_the_output_contract(tmp_path,
 def test_measure_refuses_the_other_apis_version_in_one_line(tmp_path, capsys):
     log = random_log(random.Random(22), users=5)
     code, _ = _measure(tmp_path, _params(4.0), log, 5, extra=("--api", "ara"))
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in err and "api 'ara'" in err
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the simulation warning)
+    assert code == 2 and err.startswith("araopt measure: error:") and "api 'ara'" in err
 
 
 @pytest.mark.parametrize("seed, budget, lookback", [(31, 1.0, 30), (32, 4.0, 7), (33, 10.0, 30)])
@@ -210,3 +214,55 @@ def test_debug_histograms_equal_the_references_sums_of_the_exported_events(
         assert mine["unnoised_sum"].tolist() == sums[name].tolist(), name
     summary = json.load(open(os.path.join(out, "private", "run_summary.json")))
     assert summary["reports_refused_for_budget"] > 0
+
+
+def test_a_secure_release_is_recorded_in_the_ledger_and_not_repeated(tmp_path, capsys):
+    """Without a seed (secure noise): the release goes to release/ over the version's declared layout,
+    is recorded in the ledger, and the same conversions are refused a second release."""
+    log = random_log(random.Random(23), users=20)
+    params = _params(4.0)
+    version = tmp_path / "v.json"
+    ParameterVersion.for_attribution(params, domain=_layout(params)).save(version)
+    argv = ["measure", "--input", log_parquet(log, tmp_path / "log.parquet"), "--params", str(version),
+            "--ledger", str(tmp_path / "ledger"), "--no-progress"]
+    assert main([*argv, "--output", str(tmp_path / "a")]) == 0, capsys.readouterr().err
+    estimates = pd.read_csv(tmp_path / "a" / "release" / "estimates.csv")
+    assert sorted(estimates["query"].unique()) == sorted(params.query_names) and len(estimates) == 6
+    assert json.load(open(tmp_path / "a" / "release" / "release.json"))["simulation"] is False
+    assert not (tmp_path / "a" / "private" / "debug_histograms.csv").exists()
+    capsys.readouterr()
+    assert main([*argv, "--output", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "already released" in err and not (tmp_path / "b").exists()
+
+
+# ---- reconstruct ---------------------------------------------------------------------------------
+def test_reconstruct_turns_aggregated_histograms_into_measures_estimates(tmp_path, capsys):
+    """The noisy histograms of a simulated measurement, given to ``reconstruct`` as the aggregation
+    service's output, give the same estimates and intervals as ``measure`` published."""
+    log = random_log(random.Random(24), users=25)
+    params = _params(4.0)
+    version = tmp_path / "v.json"
+    ParameterVersion.for_attribution(params, domain=_layout(params)).save(version)
+    result = measure(params, log, _layout(params), simulation_seed=9)
+    rows = [{"query": q, "histogram_index": i, "noisy_sum": int(v)}
+            for (q, _), noisy in result.noisy.items() for i, v in enumerate(noisy)]
+    pd.DataFrame(rows).to_csv(tmp_path / "histograms.csv", index=False)
+    argv = ["reconstruct", "--summary-report", str(tmp_path / "histograms.csv"), "--params", str(version),
+            "--output", str(tmp_path / "est.csv")]
+    assert main([*argv, "--api", "attribution"]) == 0, capsys.readouterr().err
+    got = pd.read_csv(tmp_path / "est.csv")
+    for (name, _), est in result.estimates.items():
+        mine = got[got["query"] == name].sort_values("histogram_index")
+        assert mine["campaign"].tolist() == [0, 1, 2]
+        assert np.allclose(mine["estimate"], est.values) and np.allclose(mine["ci_high"] - mine["estimate"], est.half_width)
+    pd.DataFrame(rows + [rows[0]]).to_csv(tmp_path / "twice.csv", index=False)
+    capsys.readouterr()
+    assert main(["reconstruct", "--summary-report", str(tmp_path / "twice.csv"), "--params", str(version),
+                 "--output", str(tmp_path / "e2.csv")]) == 2
+    assert "appears twice" in capsys.readouterr().err
+    pd.DataFrame(rows[1:]).to_csv(tmp_path / "short.csv", index=False)
+    assert main(["reconstruct", "--summary-report", str(tmp_path / "short.csv"), "--params", str(version),
+                 "--output", str(tmp_path / "e3.csv")]) == 0
+    assert "1 (query, histogram index) entries are missing" in capsys.readouterr().err
+    assert pd.read_csv(tmp_path / "e3.csv")["estimate"].isna().sum() == 1

@@ -171,3 +171,13 @@ def random_log(rng: random.Random, users: int) -> pd.DataFrame:
                              "conversion_time_us": shown + (delay + rng.randrange(0, 3)) * 1_000_000,
                              "value": rng.choice((0.0, 1.0, 3.5, 10.0, 10.0, 25.0, 1000.0))})
     return pd.DataFrame(rows)
+
+
+def log_parquet(log: pd.DataFrame, path) -> str:
+    """``log`` (canonical ``*_time_us`` columns) written as the contract's Parquet: conversion_time and
+    impression_time as UTC timestamps."""
+    out = log.drop(columns=["conversion_time_us", "impression_time_us"]).assign(
+        conversion_time=pd.to_datetime(log["conversion_time_us"], unit="us", utc=True),
+        impression_time=pd.to_datetime(log["impression_time_us"], unit="us", utc=True))
+    out.to_parquet(path, index=False)
+    return str(path)

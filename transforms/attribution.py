@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import Estimate
+from araopt.attribution.reconstruct import Estimate, estimates_frame
 from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
@@ -65,7 +65,7 @@ def _empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int) ->
                         for q in params.queries for t in range(num_tasks)})
 
 
-class _MergeSums(beam.CombineFn):  # type: ignore[misc]
+class _MergeSums(beam.CombineFn):
     """Sums of disjoint browser sets added (exact integers); the identity is no sums at all."""
 
     def create_accumulator(self) -> list[BrowserSums]:
@@ -96,16 +96,8 @@ class AttributionRelease:
     simulation_seed: int | None
 
     def estimates_frame(self) -> pd.DataFrame:
-        """The published table: one row per (query, task, histogram index) with the slice values, the
-        estimate (noisy sum / value scale, Alg. 4), its noise standard deviation and interval."""
-        slices = self.domain.slice_values()
-        frames = []
-        for (name, task), est in sorted(self.estimates.items()):
-            frame = pd.DataFrame({"query": name, "task": task, "histogram_index": np.arange(self.domain.num_slices),
-                                  **slices, "estimate": est.values, "std_error": est.noise_sd,
-                                  "ci_low": est.values - est.half_width, "ci_high": est.values + est.half_width})
-            frames.append(frame)
-        return pd.concat(frames, ignore_index=True)
+        """The published table (``araopt.attribution.reconstruct.estimates_frame``)."""
+        return estimates_frame(self.estimates, self.domain, bool(self.params.conversion_slice_columns))
 
     def debug_frame(self) -> pd.DataFrame:
         """OPERATOR-PRIVATE: the unnoised sums per (query, histogram index) (``query,histogram_index,
@@ -124,6 +116,7 @@ class AttributionRelease:
         return {"rows_read": c.rows_read, "rows_rejected": c.rows_rejected,
                 "rows_rejected_by_reason": dict(c.rejected_by_reason), "conversions_kept": s.rows - s.rows_outside_domain,
                 "conversions_outside_domain": s.rows_outside_domain, "browsers": s.browsers,
+                "histogram_size": self.domain.num_slices,
                 "reports": s.reports, "reports_matched": s.reports_matched, "reports_refused_for_budget": s.reports_refused,
                 "accounting_closes": c.rows_read - c.rows_rejected == s.rows}
 
@@ -135,7 +128,7 @@ def release(sums: list[BrowserSums], params: AttributionParams, domain: KeyDomai
     return AttributionRelease(params, domain, noisy, estimates, merged, counts, simulation_seed)
 
 
-class _DistinctSlices(beam.CombineFn):  # type: ignore[misc]
+class _DistinctSlices(beam.CombineFn):
     """The impression-side slice values present (SIMULATION ONLY: the data-derived layout)."""
 
     def __init__(self, columns: tuple[str, ...]):

@@ -116,9 +116,9 @@ class GroupByImpression(beam.PTransform):
         if self._spill_dir is not None:
             # each input spills on its own and only the (shard, path) pairs are flattened: the local
             # runner materialises a multi-input Flatten, which must not hold the rows themselves
-            spilled = [part | f"SpillByImpressionShard{i or ''}" >> beam.ParDo(
-                _SpillByShard(self._num_shards, self._spill_dir, self._column)).with_output_types(beam.typehints.Tuple[int, str])
-                for i, part in enumerate(inputs)]
+            spill = _SpillByShard(self._num_shards, self._spill_dir, self._column)
+            spilled = [part | f"SpillByImpressionShard{i or ''}" >> beam.ParDo(spill).with_output_types(
+                beam.typehints.Tuple[int, str]) for i, part in enumerate(inputs)]
             paths = spilled[0] if len(spilled) == 1 else tuple(spilled) | "AllShardFiles" >> beam.Flatten()
             return (
                 paths

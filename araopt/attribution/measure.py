@@ -113,7 +113,7 @@ class BrowserSums:
         if not parts:
             raise InvalidInput("no browser sums to merge")
         keys = sorted(parts[0].unnoised)
-        unnoised = {k: np.sum([p.unnoised[k] for p in parts], axis=0, dtype=np.int64) for k in keys}
+        unnoised = {k: np.asarray(np.sum([p.unnoised[k] for p in parts], axis=0, dtype=np.int64)) for k in keys}
         counts = {f: sum(getattr(p, f) for p in parts)
                   for f in ("rows", "rows_outside_domain", "reports", "reports_matched", "reports_refused", "browsers")}
         return BrowserSums(unnoised, **counts)
