@@ -47,17 +47,20 @@ def domain(slices: int = 4) -> KeyDomain:
 
 def test_the_optimizer_picks_the_known_optimum_without_binding_budgets() -> None:
     # One conversion per browser, every value 10: no report is ever refused and clipping at 10 loses
-    # nothing, so the error is the noise alone, 8 C^2 C_l^2 / (alpha_l^2 eps^2): smallest C (1), clip
-    # 10, and the Lagrange split alpha ~ K^(1/3) with K_count = 1/max(5, 20)^2 = K_value =
-    # 10^2 / max(50, 200)^2: an equal split.
+    # nothing, so the error is the noise alone, 8 C^2 C_l^2 / (alpha_l^2 eps^2), weighted by
+    # pi_l = 1 / max(tau_l, V_l)^2 (V: 20 conversions, 200 of value per slice): smallest C (1), clip
+    # 10, and the Lagrange split alpha_l ~ K_l^(1/3), K_count = 1 / 20^2, K_value = 10^2 / 400^2 =
+    # K_count / 4 (taus 5, 400): alpha = (4^(1/3), 1) / (4^(1/3) + 1).
     rows = log(20, 1)
     problem = AttributionProblem(1.0, ("value",), SLICES)
-    result = optimize_attribution(problem, rows, domain(), simulation_seed=3)
+    result = optimize_attribution(problem, rows, domain(), taus=[5.0, 400.0], simulation_seed=3)
     p = result.params
     assert p.count_limit(multi_epoch=True) == 1
     assert [q.clip for q in p.queries] == [1.0, 10.0]
-    assert [q.epsilon for q in p.queries] == pytest.approx([0.5, 0.5], abs=2e-6)
-    assert result.taus == (5.0, 50.0)
+    split = np.array([np.cbrt(4.0), 1.0]) / (np.cbrt(4.0) + 1.0)
+    assert [q.epsilon for q in p.queries] == pytest.approx(split, abs=2e-6)
+    assert result.taus == (5.0, 400.0)
+    assert training_taus(rows, ("value",)).tolist() == [5.0, 50.0]  # tau = 5 x the training median
 
 
 def test_the_optimizer_picks_the_count_limit_that_fits_every_browsers_conversions() -> None:
