@@ -141,3 +141,26 @@ def test_the_evaluation_compares_on_the_test_log_with_training_taus() -> None:
     assert e.ratio == e.optimized.analytic / min(m.analytic for m in e.methods[1:])
     assert all(m.coverage is not None and 0 <= m.coverage <= 1 for m in e.methods)
     assert e.generalization == e.optimized.analytic / e.tuned_on_test
+
+
+def test_the_retention_calibration_divides_by_the_kept_share() -> None:
+    # Four conversions per browser, C = 3: the budget keeps three of four (all four for the browsers
+    # whose epoch boundary falls between their conversions): r = kept / true from the error model.
+    from araopt.attribution.calibrate import retention
+    from araopt.attribution.error import error_terms
+    from araopt.attribution.reconstruct import Estimate
+
+    rows = log(50, 4)
+    params = build_params(AttributionProblem(1.0, ("value",), SLICES), 3, [0.5, 0.5], [10.0])
+    calibration = retention(params, rows, domain(), 0)
+    terms = error_terms(params, rows, domain(), 0)
+    kept = (terms.truth + terms.bias).sum(axis=1) / terms.truth.sum(axis=1)
+    assert calibration.ratios == pytest.approx(kept) and 0.75 <= calibration.ratios[0] < 0.8
+    per_index = (terms.truth + terms.bias)[0] / terms.truth[0] / calibration.ratios[0]
+    assert calibration.spreads[0] == pytest.approx(np.quantile(np.abs(1 - per_index), 0.95))
+    estimate = Estimate(np.array([30.0, 60.0]), 1.0, 2.0, 0.95)
+    values, half = calibration.true_totals(0, estimate)
+    assert values == pytest.approx(estimate.values / calibration.ratios[0])
+    assert half == pytest.approx(2.0 / calibration.ratios[0] + calibration.spreads[0] * values)
+    with pytest.raises(InvalidParameters, match="level"):
+        retention(params, rows, domain(), 0, level=1.0)
