@@ -14,6 +14,8 @@ import subprocess
 import pandas as pd
 import pytest
 
+from peers import build_peer
+
 W3C_PEER = os.environ.get("ARAOPT_W3C_ATTRIBUTION", os.path.join(os.path.dirname(__file__), "..", "..", "shared",
                                                                 "peers", "w3c-attribution"))
 BUDGET_RUNNER = os.path.join(os.path.dirname(__file__), "w3c_budget_runner.js")
@@ -44,10 +46,7 @@ def w3c_reference():
         _missing(f"the W3C Attribution reference implementation is not at {W3C_PEER} (set ARAOPT_W3C_ATTRIBUTION)")
     if missing:
         pytest.skip(f"the W3C Attribution reference implementation cannot be built here: missing {missing}")
-    dest = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "araopt", "w3c")
-    done = subprocess.run(["bash", build, dest], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return dest
+    return build_peer(build, "w3c")
 
 
 def run_reference(dest: str, cases: list[dict], tmp_path) -> tuple[list[dict], list[dict]]:
