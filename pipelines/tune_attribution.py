@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -174,5 +173,7 @@ def run_evaluate(args: argparse.Namespace, prog: str, budgets: Sequence[float]) 
     opt = results[results["method"] == "optimized"]
     print(f"{prog}: api attribution, {len(opt)} (dataset, budget) cells: optimized / best baseline "
           f"max {opt['ratio_to_best_baseline'].max():.4g}, tuned-on-train / tuned-on-test max "
-          f"{opt['tuned_train/test'].max():.4g}; wrote attribution.csv to {args.output}", file=sys.stdout)
+          f"{opt['tuned_train/test'].max():.4g}"
+          + (f", coverage of the intervals of the true totals min {opt['coverage'].min():.4g}" if args.monte_carlo else "")
+          + f"; wrote attribution.csv to {args.output}")
     return 0
