@@ -166,8 +166,8 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path, capsys):
     log = random_log(random.Random(6), users=3)
     good = _write_params(tmp_path / "p.json", _params(4.0))
     no_browser_time = log_parquet(log, tmp_path / "log.parquet")
-    pd.readlog_parquet(no_browser_time).drop(columns=["impression_time"]).tolog_parquet(tmp_path / "noimp.parquet")
-    pd.readlog_parquet(no_browser_time).drop(columns=["value"]).tolog_parquet(tmp_path / "novalue.parquet")
+    pd.read_parquet(no_browser_time).drop(columns=["impression_time"]).to_parquet(tmp_path / "noimp.parquet")
+    pd.read_parquet(no_browser_time).drop(columns=["value"]).to_parquet(tmp_path / "novalue.parquet")
     base = ["export-attribution", "--params", good, "--simulation-seed", "1"]
     err = _one_line_error(capsys, [*base, "--output", str(tmp_path / "a"), "--conversions",
                                    str(tmp_path / "noimp.parquet")])
