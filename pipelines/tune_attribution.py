@@ -19,7 +19,7 @@ import pandas as pd
 
 from araopt.errors import InvalidParameters, Unsupported
 
-from .options import split_columns
+from .values import split_columns
 
 if TYPE_CHECKING:
     from araopt.mechanism.keys import KeyDomain
