@@ -159,14 +159,12 @@ class ParameterVersion:
 
     @classmethod
     def for_attribution(cls, attribution: AttributionParams, domain: KeyDomain | None = None,
-                        calibration: Calibration | None = None, correction: str = CORRECTION,
-                        provenance: Provenance | None = None, calendar: Calendar | None = None,
+                        correction: str = CORRECTION, provenance: Provenance | None = None,
                         retention: Retention | None = None) -> ParameterVersion:
         """A version of the attribution API: ``attribution`` with its paper view as ``params`` and the
         ``retention`` fitted for them (or None: its releases estimate the accepted clipped values)."""
-        return cls(attribution.paper_params(), domain=domain, calibration=calibration, correction=correction,
-                   provenance=provenance, calendar=calendar, api=Api.ATTRIBUTION, attribution=attribution,
-                   retention=retention)
+        return cls(attribution.paper_params(), domain=domain, correction=correction, provenance=provenance,
+                   api=Api.ATTRIBUTION, attribution=attribution, retention=retention)
 
     def require_api(self, api: Api, command: str) -> None:
         """Refuse (one line) a version of another API than the one ``command`` handles."""

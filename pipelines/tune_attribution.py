@@ -107,6 +107,12 @@ def run_optimize(args: argparse.Namespace, prog: str) -> int:
           f"C = {p.count_limit(multi_epoch=True)}, epsilon per query "
           + ", ".join(f"{q.name} {q.epsilon:g}" for q in p.queries)
           + f", predicted training RMSRE_tau {result.rmsre_tau:.4g}; wrote {args.output} (api attribution)")
+    assert version.retention is not None  # (tune fits it)
+    print(f"{prog}: retention (kept / true on the history) "
+          + ", ".join(f"{n} {r:.3g} (spread {d:.3g})" for n, r, d in zip(version.retention.query_names,
+                                                                        version.retention.ratios,
+                                                                        version.retention.spreads, strict=True))
+          + ": measure with this version publishes estimates of the TRUE totals")
     return 0
 
 
