@@ -217,8 +217,9 @@ def _export(args: argparse.Namespace) -> int:
 def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion, sides: tuple[str, ...]) -> int:
     """``araopt reconstruct`` for an attribution parameter version: the aggregation service's noisy
     histograms (CSV: ``query,histogram_index,noisy_sum``) -> Alg. 4's estimates with noise intervals per
-    histogram index (of the true totals when the version carries a retention calibration), through the histogram layout (--key-map: measure's key_map.json; else the
-    version's layout; else --conversions' slices)."""
+    histogram index (of the true totals when the version carries a retention calibration), through the
+    histogram layout (--key-map: measure's key_map.json; else the version's layout; else --conversions'
+    slices)."""
     from araopt.attribution.calibrate import estimates_of, published_frame
     from araopt.attribution.reconstruct import read_histograms, reconstruct_histograms
     from araopt.io.files import atomic_write

@@ -174,7 +174,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         if args.history is None:
             raise InvalidParameters("--history is required with --api attribution")
         files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
-        return run_attribution(args, "araopt nightly", as_of, files, dates)
+        return run_attribution(args, "araopt nightly", as_of, files, dates, _write_report)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -116,12 +116,15 @@ def run_optimize(args: argparse.Namespace, prog: str) -> int:
     return 0
 
 
-def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str], dates: Sequence[str]) -> int:
+def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str], dates: Sequence[str],
+                write_report: Callable[..., None]) -> int:
     """``araopt nightly --api attribution``: optimize on the window's ``files`` (``nightly.select_window``),
     fit the retention calibration on them, apply ARA's guardrails (``nightly.Guardrails``: beat the best
     baseline on the window; bounded moves of C and C_l within a series; a re-run of the same as-of date
     publishes nothing) and publish the version to the store (a compare-and-swap of ``latest``); the run
-    report (``nightly.run_report``'s schema, with the retention ratios) goes to ``STORE/reports/``."""
+    report (``nightly.run_report``'s schema, with the retention ratios) goes to ``STORE/reports/`` through
+    ``write_report(directory, report, None, store)`` (``pipelines.nightly``'s, passed in: commands do not
+    import each other)."""
     import dataclasses
     import datetime as dt
     import uuid
@@ -132,8 +135,6 @@ def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str
     from araopt.io.stores import open_store
     from araopt.nightly import Guardrails, new_series, publish_version, run_report, same_release
     from araopt.version import ParameterVersion, Provenance
-
-    from .nightly import _write_report
 
     refuse_ara_only(args, prog, ("private", "tau", "special_days"))
     budget = check_epsilon(args.epsilon, "--epsilon")
@@ -151,7 +152,7 @@ def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str
     baselines = {str(r["method"]): float(r["train RMSRE_tau"]) for _, r in table.iterrows() if r["method"] != "optimized"}
     version = dataclasses.replace(version, provenance=Provenance(
         training_start=window_start, training_end=as_of, rows=len(rows),
-        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         predicted_rmsre_tau=result.rmsre_tau, baseline_rmsre_tau=min(baselines.values()), objective="rmsre_tau",
         extra={"as_of": as_of, "run_id": run_id, "api": "attribution", "taus": list(result.taus),
                "baselines": {k: {"rmsre_tau": v} for k, v in baselines.items()}}))
@@ -170,7 +171,7 @@ def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str
         report.update(version=expected)
     elif not problems:
         publish_version(store, version, report, as_of, run_id, expected)
-    _write_report(report_dir, report, None, store)
+    write_report(report_dir, report, None, store)
     if problems:
         raise InvalidInput("not published: " + "; ".join(problems) + f" (report: {report_dir})")
     status = (f"already published as {expected} (idempotent re-run)" if idempotent

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from araopt.attribution.calibrate import Retention, published_frame
 from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.calibrate import Retention, published_frame
 from araopt.attribution.reconstruct import Estimate
 from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
