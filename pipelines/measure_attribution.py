@@ -272,6 +272,8 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
                    "api": Api.ATTRIBUTION.value, "per_site_budget": params.per_site_budget,
                    "queries": list(params.query_names), "parameters": loaded.source, "simulation": simulation,
                    "simulation_seed": args.simulation_seed, "domain": origin, "num_shards": num_shards,
+                   "bias_corrected": version.retention is not None,
+                   "retention": None if version.retention is None else version.retention.to_json(),
                    "runner": runner_name(opts), "wall_time_s": round(time.time() - started, 3)}
         folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
         folder.write(outputs.private_file(outputs.RUN_SUMMARY), jsonio.dumps(summary, indent=1).encode())

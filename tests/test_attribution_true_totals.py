@@ -179,6 +179,22 @@ def test_a_version_without_calibration_says_its_estimates_are_of_the_accepted_cl
     assert "estimates are of the clipped values the browsers accepted" in capsys.readouterr().out
 
 
+def test_reconstruct_on_a_calibrated_version_gives_the_same_table(tmp_path, capsys, fitted, train) -> None:
+    p = params()
+    version = ParameterVersion.for_attribution(p, domain=layout(p), retention=fitted)
+    version.save(tmp_path / "v.json")
+    result = measure(p, train, layout(p), simulation_seed=5)
+    pd.DataFrame([{"query": q, "histogram_index": i, "noisy_sum": int(v)} for (q, _), noisy in result.noisy.items()
+                  for i, v in enumerate(noisy)]).to_csv(tmp_path / "h.csv", index=False)
+    assert main(["reconstruct", "--summary-report", str(tmp_path / "h.csv"), "--params", str(tmp_path / "v.json"),
+                 "--output", str(tmp_path / "est.csv")]) == 0
+    assert "estimates are of the TRUE totals" in capsys.readouterr().out
+    got = pd.read_csv(tmp_path / "est.csv")
+    want = published_frame(result.estimates, layout(p), p, fitted)
+    assert got["bias_corrected"].all() and np.allclose(got["estimate"], want["estimate"])
+    assert np.allclose(got["ci_low"], want["ci_low"]) and np.allclose(got["ci_high"], want["ci_high"])
+
+
 # ---- optimize / nightly --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def history(tmp_path_factory) -> str:
