@@ -156,8 +156,8 @@ class AttributionParams:
         fit a site-epoch across epochs (at most Gamma), the value queries' clip thresholds C_l, the
         impression- and conversion-side slices; L1 encoding (no fractions: the split of the budget is
         in the queries' ``epsilon``). What a parameter version keeps beside the Attribution parameters (the
-        nightly guardrails compare C and C_l; the retention calibration checks the full parameters). Needs at least one value query, each
-        on its own column."""
+        nightly guardrails compare C and C_l; the retention calibration checks the full parameters). Needs
+        at least one value query, each on its own column."""
         values = [q for q in self.queries if q.column is not None]
         if not values:
             raise InvalidParameters("a parameter version for the attribution API needs at least one value query "
