@@ -40,6 +40,7 @@ from araopt.io import jsonio, outputs
 from araopt.io.conversions import type_family
 from araopt.io.progress import Progress
 from araopt.io.rowset import COARSE_MARGIN_US, RowSet, RowSetPart
+from araopt.io.run_folder import ROW_IDS, RunFolder
 from araopt.io.store import StoreError
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
@@ -57,7 +58,6 @@ from . import options
 from .inputs import LoadedParams, load_params, read_domain
 from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
 from .partitions import files_in_days, partition_day, partition_days, partition_root, rows_outside_days
-from .run_folder import ROW_IDS, RunFolder
 from .runner import (
     check_workers_can_write,
     dry_run_sentence,
@@ -453,9 +453,8 @@ ACCOUNTING_FILE = outputs.private_file(outputs.ACCOUNTING)
 
 
 def _read_accounting(folder: RunFolder) -> dict:
-    with FileSystems.open(folder.path(ACCOUNTING_FILE)) as fh:
-        accounting = json.loads(fh.read().decode())
-    FileSystems.delete([folder.path(ACCOUNTING_FILE)])
+    accounting = json.loads(folder.read(ACCOUNTING_FILE).decode())
+    folder.remove([ACCOUNTING_FILE])
     if not accounting.get("accounting_closes"):
         raise RuntimeError(f"row accounting does not close: {accounting}")
     return accounting
