@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 
 # script -> the figure file its quick run writes with --figures (the manual includes the real runs' files).
-FIGURE_FILES = {"core": "core.md", "replay": "replay.md"}
+FIGURE_FILES = {"core": "core.md", "ledger": "ledger.md", "replay": "replay.md"}
 # script -> (quick arguments, "{tmp}" standing for the test's folder; words its output must contain).
 QUICK: dict[str, tuple[list[str], list[str]]] = {
     "ara": (["--repeat", "1", "--number", "10"], ["µs/call", "baseline", "l1-randomized"]),
@@ -38,8 +38,8 @@ QUICK: dict[str, tuple[list[str], list[str]]] = {
              ["encode L-inf:", "bound (Alg. 1):", "encode+bound+sum:", "DLap sampler secure", "DLap sampler numpy",
               "wrote "]),
     "figures": (["--check"], ["figure(s) in docs/figures, 0 problem(s)"]),
-    "ledger": (["--sizes", "1000", "--releases", "2"],
-               ["bytes per conversion", "bytes per released conversion", "check + record"]),
+    "ledger": (["--sizes", "1000", "--releases", "2", "--figures", "{tmp}/figures/ledger.md"],
+               ["bytes per conversion", "bytes per released conversion", "check + record", "wrote "]),
     "measure": (["--sizes", "2000", "--naive-rows", "1000"],
                 ["araopt measure,", "strict per-element Beam", "per-shard working set", "x the per-element pipeline"]),
     "naive_measure": (["--quick"], ["naive per-element pipeline: 1,000 conversions measured"]),

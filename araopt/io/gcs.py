@@ -2,7 +2,7 @@
 release ledger, the commit leases, the output folders) goes through :class:`GcsPrefix`, the objects
 under one ``gs://BUCKET/PREFIX``, on the google-cloud-storage client.
 
-What it offers is what the release-integrity contracts need and plain Beam ``FileSystems`` does not:
+What it offers is what the release-integrity contracts need and Beam's file IO does not:
 create-only objects (``if_generation_match=0``), a read that returns the generation it read, a
 compare-and-swap on that generation, and a delete on a generation. Every failure other than the
 precondition outcomes (which the methods return as ``False`` / ``None``) becomes a one-line
