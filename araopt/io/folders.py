@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -333,6 +333,8 @@ class OutputFolder:
     kind: FolderKind
     lock: FileLock | None = field(default=None, repr=False, compare=False)
     _signals: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False, compare=False)
+    records_pending: ClassVar[bool] = False
+    """Whether commits of this kind of folder record something outside it (pending records to settle)."""
 
     @classmethod
     def prepare(cls: type[OutputFolderT], target: str | os.PathLike[str], overwrite: bool, what: str,
@@ -411,7 +413,7 @@ class OutputFolder:
         plus every staged file's sha256 and size) and move it into place. Returns the manifest."""
         lease = self._lease() if self.remote else None
         try:
-            if lease is not None:
+            if lease is not None and self.records_pending:
                 self.settle(self.target)  # on gs:// the lease is the output's lock: settle killed commits
             self.check(at_commit=True)
             undo = before_move() if before_move is not None else None
@@ -488,6 +490,8 @@ class OutputFolder:
     def _settle_early(self) -> None:
         """On gs://, settle killed commits before the job runs if the commit lease is free (a held one:
         the commit settles them, under its lease)."""
+        if not self.records_pending:
+            return
         try:
             lease = self._lease()
         except OutputRefused:

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from araopt.errors import InvalidInput, InvalidParameters, OutputRefused, one_line
 from araopt.io import jsonio, outputs
@@ -58,6 +58,8 @@ _LOG = logging.getLogger(__name__)
 class RunFolder(OutputFolder):
     """The target folder of a release run, the staging folder the pipeline writes into, and (locally)
     the target's lock, held from :meth:`prepare` until :meth:`commit`, :meth:`fail` or :meth:`abandon`."""
+
+    records_pending: ClassVar[bool] = True
 
     @classmethod
     def prepare(cls, target: str | os.PathLike[str], overwrite: bool, what: str = "araopt measure",
