@@ -124,6 +124,9 @@ _ALL: Final[tuple[CliOption, ...]] = (
        regex=_POSITIVE_DECIMAL),
     _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
        "(the paper's Alg. 6).", default=core.L1_ROUNDING, choices=("randomized", "floor")),
+    _o("api", "The browser API: ara (the Attribution Reporting API) or attribution (W3C Attribution Level 1). "
+       "measure / reconstruct: default the parameter version's (a different one is refused).",
+       choices=("ara", "attribution"), metavar="ara|attribution", label="API", regex=r"^(ara|attribution)$"),
     _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
        "private and is marked SIMULATION.", type="int", metavar="SEED"),
     _o("override_epsilon", "Allow an --epsilon different from the parameter file's (recorded).", type="bool",
@@ -259,7 +262,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("destination", "The advertiser site of the source registrations: an https:// URL (http:// only for "
        "localhost), reduced to its site (scheme + registrable domain) as Chrome does.",
        default=core.DESTINATION, metavar="URL"),
-    _o("summary_report", "The Aggregation Service's summary report: Avro file(s), a directory or a glob.",
+    _o("summary_report", "The Aggregation Service's summary report: Avro file(s), a directory or a glob (for an "
+       "attribution parameter version: the aggregated histograms, CSV with query,histogram_index,noisy_sum).",
        required=True, metavar="AVRO", nargs="+"),
     _o("confidence", "Confidence level of the intervals.", type="float", default=core.CONFIDENCE, metavar="LEVEL"),
     # ---- demo ------------------------------------------------------------------------------------
@@ -313,7 +317,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                     "released or counted; default: none."}),
          "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
          "allow_rerelease", "ledger", "check_ledgers", "params_version", "simulation_seed", "num_shards", "shuffle",
-         "max_rejected_fraction", "no_progress", "overwrite"),
+         "max_rejected_fraction", "no_progress", "overwrite", "api"),
         beam=True),
     "optimize": Command(
         "pipelines.optimize", "run", "choose C, clip thresholds and budget fractions on history (Alg. 5)",
@@ -484,7 +488,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          ("conversions", {"help": "Without --key-map: the key domain of this log's slices."}), "output",
          "confidence", ("epsilon", {"help": "Epsilon of the Aggregation Service job, if it differs from the "
                                             "parameter file's."}),
-         ("days", {"type": "str", "metavar": "DATES", "regex": _DATES,
+         "api", ("days", {"type": "str", "metavar": "DATES", "regex": _DATES,
                    "help": "The UTC conversion days the report covers, YYYY-MM-DD,... (or FIRST..LAST): the "
                            "calibration's day-of-week and special-day effects apply to them as measure applies them "
                            "to its input's date= partitions. Default: the date=YYYY-MM-DD/ folders the report "

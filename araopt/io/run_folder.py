@@ -24,8 +24,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -44,7 +45,8 @@ from araopt.io.folders import (
 from araopt.io.gcs import is_gs
 from araopt.io.store import StoreError
 
-__all__ = ["FAILED_TAG", "ROW_IDS", "RUN_FOLDER", "RunFolder", "settle_pending", "wait_for_manifest"]
+__all__ = ["FAILED_TAG", "ROW_IDS", "RUN_FOLDER", "RunFolder", "failures_settled", "settle_pending",
+           "wait_for_manifest"]
 FAILED_TAG = ".araopt-failed-"
 RUN_FOLDER = FolderKind("run folder", "a run", outputs.RUN_MARKERS)
 """The overwrite rule's markers of a run folder: a release or simulation manifest, or the run summary."""
@@ -154,6 +156,27 @@ class RunFolder(OutputFolder):
             return kept
         finally:
             self._release()
+
+
+@contextmanager
+def failures_settled(folder: RunFolder, refusals: tuple[type[BaseException], ...] = ()) -> Iterator[RunFolder]:
+    """Run a job into ``folder``: a refusal (``refusals``: nothing to debug) or an interrupt abandons it
+    (nothing kept); any other failure keeps its operator-private files for debugging (``fail``) and is
+    re-raised as one line saying that nothing was released and where they are."""
+    try:
+        yield folder
+    except refusals:
+        folder.abandon()
+        raise
+    except Exception as exc:
+        kept = folder.fail()
+        if kept is None:
+            raise
+        raise InvalidInput(f"{one_line(exc)} (nothing was released; the operator-private files of the failed "
+                           f"run are in {kept})") from exc
+    except BaseException:
+        folder.abandon()
+        raise
 
 
 # ---- pending commits ------------------------------------------------------------------------------
