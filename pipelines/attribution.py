@@ -72,6 +72,13 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
     """Valid rows of a Parquet log with the Attribution columns (``impression_time`` required), with
     the same validation as every job; rows in = kept + rejected (rejections counted by reason); and the
     input's files and schema (which type a declared layout's values)."""
+    return read_log(pattern, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns)
+
+
+def read_log(pattern: str, slices: Sequence[str], values: Sequence[str]
+             ) -> tuple[pd.DataFrame, ValidationCounts, InputFiles]:
+    """:func:`read_rows` for the columns ``slices`` and ``values`` (no parameters yet: ``optimize`` and
+    ``evaluate``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
@@ -79,8 +86,8 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
     from araopt.io.conversions import check_attribution_schema, validate_batch
     from transforms.io import check_input, needed_columns
 
-    slices = (*params.slice_columns, *params.conversion_slice_columns)
-    inputs = check_input(pattern, slices, params.value_columns)
+    slices, values = tuple(slices), tuple(values)
+    inputs = check_input(pattern, slices, values)
     valid, counts = [], []
     for path in inputs.paths:
         with FileSystems.open(path) as fh:
@@ -88,8 +95,8 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
         if IMPRESSION_TIME not in present:
             raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
         with FileSystems.open(path) as fh:
-            table = pq.read_table(fh, columns=[*needed_columns(slices, params.value_columns), *present])
-        batch = validate_batch(table, slices, params.value_columns, passthrough=ATTRIBUTION_COLUMNS)
+            table = pq.read_table(fh, columns=[*needed_columns(slices, values), *present])
+        batch = validate_batch(table, slices, values, passthrough=ATTRIBUTION_COLUMNS)
         valid.append(batch.valid)
         counts.append(ValidationCounts.of(table.num_rows, batch))
     rows = pa.concat_tables(valid).to_pandas()
