@@ -39,6 +39,7 @@ from araopt.io import jsonio, outputs
 from araopt.io.conversions import IMPRESSION_TIME, check_attribution_schema, type_family
 from araopt.io.progress import Progress
 from araopt.io.rowset import RowSet, RowSetPart
+from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
 from araopt.mechanism.keys import DATA, KeyDomain
 from araopt.mechanism.release import release_domain
@@ -50,7 +51,6 @@ from transforms.validate import ReadAndValidate
 
 from .inputs import LoadedParams, read_domain
 from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, ledger_root
-from .run_folder import ROW_IDS, RunFolder, failures_settled
 from .runner import (
     check_workers_can_write,
     dry_run_sentence,
@@ -263,9 +263,8 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
             folder.abandon()
             print(dry_run_sentence("araopt measure", [translated]))
             return 0
-        with FileSystems.open(folder.path(ACCOUNTING_FILE)) as fh:
-            accounting = jsonio.loads(fh.read(), "accounting")
-        FileSystems.delete([folder.path(ACCOUNTING_FILE)])
+        accounting = jsonio.loads(folder.read(ACCOUNTING_FILE), "accounting")
+        folder.remove([ACCOUNTING_FILE])
         if not accounting.get("accounting_closes"):
             raise RuntimeError(f"row accounting does not close: {accounting}")
         summary = {"OPERATOR_PRIVATE": "exact, un-noised counts: never publish", **accounting,
