@@ -37,7 +37,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,17 +144,26 @@ class RunFolder:
 
     def read_all(self, relative_dir: str) -> list[bytes]:
         """The contents of every file under ``relative_dir`` of the staging folder."""
+        return list(self.iter_all(relative_dir))
+
+    def iter_all(self, relative_dir: str) -> Iterator[bytes]:
+        """The contents of every file under ``relative_dir`` of the staging folder, one file at a time
+        (a few at a time from gs://)."""
         prefix = relative_dir.rstrip("/") + "/"
         if self.staging.startswith("gs://"):
             from concurrent.futures import ThreadPoolExecutor
 
             gcs = _Gcs(self.staging)
+            names = [n for n in gcs.names() if n.startswith(prefix)]
             with ThreadPoolExecutor(max_workers=8) as pool:  # one small object per batch: fetch several at once
-                return list(pool.map(gcs.read, [n for n in gcs.names() if n.startswith(prefix)]))
+                for start in range(0, len(names), 16):
+                    yield from pool.map(gcs.read, names[start:start + 16])
+            return
         directory = os.path.join(self.staging, *prefix.split("/"))
         if not os.path.isdir(directory):
-            return []
-        return [self.read(prefix + name) for name in sorted(os.listdir(directory))]
+            return
+        for name in sorted(os.listdir(directory)):
+            yield self.read(prefix + name)
 
     def _files(self) -> list[str]:
         """Every file under the staging folder, relative, '/'-separated (Beam temp folders and the
