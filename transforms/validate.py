@@ -115,9 +115,6 @@ LOOKBACK_REJECTED = "lookback_rejected"
 LOOKBACK_CHECK_COUNTS = "lookback_check_counts"
 
 
-@beam.typehints.with_output_types(beam.typehints.Tuple[int, beam.typehints.Any],
-                                  **{REJECTED: pa.Table, COUNTS: ValidationCounts, LOOKBACK_REJECTED: pa.Table,
-                                     LOOKBACK_CHECK_COUNTS: ValidationCounts})
 class _CheckImpressionSlices(beam.DoFn):
     """Per shard of complete impressions: rows whose impression-side slice values differ from their
     impression's first row (in Alg. 1's order, lookback rows included) -> dead letter
@@ -245,7 +242,10 @@ class ReadAndValidate(beam.PTransform):
                 | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir, self._shard_files)
                 | "CheckImpressionSlices" >> beam.ParDo(_CheckImpressionSlices(
                     self._impression_slice_columns, self._slice_columns, self._value_columns,
-                    self._spill_dir)).with_outputs(
+                    self._spill_dir)).with_output_types(  # typed: a table crossing a stage is Arrow IPC, not pickled
+                        beam.typehints.Tuple[int, ShardFiles if self._shard_files else pa.Table],
+                        **{REJECTED: pa.Table, COUNTS: ValidationCounts, LOOKBACK_REJECTED: pa.Table,
+                           LOOKBACK_CHECK_COUNTS: ValidationCounts}).with_outputs(
                         REJECTED, COUNTS, LOOKBACK_REJECTED, LOOKBACK_CHECK_COUNTS, main=GROUPED)
             )
             out = {GROUPED: grouped[GROUPED]}
