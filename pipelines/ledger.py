@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,12 +120,13 @@ class Ledger:
             raise StoreError(f"release ledger: {exc}") from None
         return cls(store, allow_rerelease)
 
-    def check_and_record(self, rows: RowSet | SpilledRowSet, row_set: bytes, entry: dict[str, Any], attempts: int = 10,
+    def check_and_record(self, rows: RowSet | SpilledRowSet, row_set: bytes | Callable[[], bytes], entry: dict[str, Any],
+                         attempts: int = 10,
                          entry_id: str | None = None, coarse: RowSet | SpilledRowSet | None = None) -> Recorded:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
         or shifted by a time zone), unless re-releasing is allowed; else append the release
-        (``row_set``: its Parquet bytes) with ``entry``'s fields, under ``entry_id`` (a new one if None;
+        (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under ``entry_id`` (a new one if None;
         a commit names it in its pending record first). Retries when another release is recorded
         meanwhile. ``rows`` and ``coarse`` are compared range by range (``araopt.io.rowset.released_in``)
         with the earlier releases whose windows meet theirs only."""
@@ -152,7 +153,7 @@ class Ledger:
                     record.update(coarse_rows=len(coarse), coarse_rows_released_before=coarse_before)
                 try:
                     recorded = self.store.append_release(record, row_set, generation,
-                                                         None if coarse is None else coarse.to_parquet_bytes())
+                                                         None if coarse is None else coarse.to_parquet_bytes)
                 except StoreConflict:
                     continue
                 return Recorded(recorded, before, number)

@@ -392,7 +392,7 @@ def _check_and_commit(args: argparse.Namespace, folder: RunFolder, loaded: Loade
             entry_id = uuid.uuid4().hex
             folder.mark_pending(ledger.store.uri, entry_id)  # a kill from here on is settled by the next run
             try:
-                recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry, entry_id=entry_id,
+                recorded = ledger.check_and_record(rows, rows.to_parquet_bytes, entry, entry_id=entry_id,
                                                    coarse=coarse)
             except BaseException:
                 if ledger.rollback_entry(entry_id):  # refused (or failed): nothing recorded
