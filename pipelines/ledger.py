@@ -126,10 +126,10 @@ class Ledger:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
         or shifted by a time zone), unless re-releasing is allowed; else append the release
-        (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under ``entry_id`` (a new one if None;
-        a commit names it in its pending record first). Retries when another release is recorded
-        meanwhile. ``rows`` and ``coarse`` are compared range by range (``araopt.io.rowset.released_in``)
-        with the earlier releases whose windows meet theirs only."""
+        (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under
+        ``entry_id`` (a new one if None; a commit names it in its pending record first). Retries when
+        another release is recorded meanwhile. ``rows`` and ``coarse`` are compared range by range
+        (``araopt.io.rowset.released_in``) with the earlier releases whose windows meet theirs only."""
         loaded: dict[tuple[str, str], np.ndarray] = {}
 
         try:
@@ -236,8 +236,8 @@ class Ledger:
                 continue
         return out
 
-    def _refusal(self, rows: RowSet, before: int, releases: int, coarse: RowSet | None, coarse_before: int,
-                 lossy: bool) -> str:
+    def _refusal(self, rows: RowSet | SpilledRowSet, before: int, releases: int, coarse: RowSet | SpilledRowSet | None,
+                 coarse_before: int, lossy: bool) -> str:
         """Why a release is refused: its conversions released before, exactly and (a lossy re-export) by
         their coarse identity."""
         said = []
