@@ -39,11 +39,12 @@ def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:
     return (hashed % np.uint64(num_shards)).astype(np.int64)
 
 
-def split_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.Table]]:
-    """(shard, rows of that shard) for every shard present in the batch: zero-copy slices of one
-    reordered copy of the batch. Arrow IPC (the spill files, and the shuffle's coder,
-    ``transforms.coders``) writes only a slice's rows; a pickled slice would carry the whole batch."""
-    ids = table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False)
+def split_by_shard(table: pa.Table, num_shards: int, column: str = IMPRESSION_ID) -> Iterator[tuple[int, pa.Table]]:
+    """(shard, rows of that shard) for every shard present in the batch, sharded by the id in ``column``
+    (the impression; the browser for the Attribution API): zero-copy slices of one reordered copy of the
+    batch. Arrow IPC (the spill files, and the shuffle's coder, ``transforms.coders``) writes only a
+    slice's rows; a pickled slice would carry the whole batch."""
+    ids = table.column(column).to_numpy(zero_copy_only=False)
     shards = shard_of(ids, num_shards)
     small = np.int16 if num_shards <= np.iinfo(np.int16).max else np.int32  # a stable sort of small ints is a radix sort
     order = np.argsort(shards.astype(small), kind="stable")
@@ -87,22 +88,24 @@ def write_spill(spill_dir: str, shard: int, table: pa.Table) -> str:
 
 
 class _KeyByShard(beam.DoFn):
-    def __init__(self, num_shards: int):
+    def __init__(self, num_shards: int, column: str = IMPRESSION_ID):
         self._num_shards = num_shards
+        self._column = column
 
     def process(self, table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
-        yield from split_by_shard(table, self._num_shards)
+        yield from split_by_shard(table, self._num_shards, self._column)
 
 
 class _SpillByShard(beam.DoFn):
     """Write each shard slice of a batch to ``spill_dir/shard-<5 digits>/<random>.arrow``; emit (shard, path)."""
 
-    def __init__(self, num_shards: int, spill_dir: str):
+    def __init__(self, num_shards: int, spill_dir: str, column: str = IMPRESSION_ID):
         self._num_shards = num_shards
         self._spill_dir = spill_dir
+        self._column = column
 
     def process(self, table: pa.Table) -> Iterator[tuple[int, str]]:
-        for shard, part in split_by_shard(table, self._num_shards):
+        for shard, part in split_by_shard(table, self._num_shards, self._column):
             yield shard, write_spill(self._spill_dir, shard, part)
 
 
@@ -129,16 +132,19 @@ class GroupByImpression(beam.PTransform):
     PCollection[(shard, pa.Table)] of complete impressions over all the inputs.
 
     ``spill_dir``: shuffle through Arrow files there (see module docstring); None: in memory.
-    ``as_files`` (with ``spill_dir``): (shard, ``ShardFiles``) instead, read by each consumer
-    (``shard_table``).
+    ``column``: the id that groups (the impression; ``browser_id`` groups the Attribution API's
+    privacy units, complete browsers). ``as_files`` (with ``spill_dir``): (shard, ``ShardFiles``)
+    instead, read by each consumer (``shard_table``).
     """
 
-    def __init__(self, num_shards: int, spill_dir: str | None = None, as_files: bool = False):
+    def __init__(self, num_shards: int, spill_dir: str | None = None, column: str = IMPRESSION_ID,
+                 as_files: bool = False):
         super().__init__()
         if num_shards < 1:
             raise InvalidParameters(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = num_shards
         self._spill_dir = spill_dir
+        self._column = column
         self._as_files = as_files
 
     def expand(self, tables: beam.PCollection[pa.Table] | tuple[beam.PCollection[pa.Table], ...]
@@ -147,9 +153,9 @@ class GroupByImpression(beam.PTransform):
         if self._spill_dir is not None:
             # each input spills on its own and only the (shard, path) pairs are flattened: the local
             # runner materialises a multi-input Flatten, which must not hold the rows themselves
-            spilled = [part | f"SpillByImpressionShard{i or ''}" >> beam.ParDo(
-                _SpillByShard(self._num_shards, self._spill_dir)).with_output_types(beam.typehints.Tuple[int, str])
-                for i, part in enumerate(inputs)]
+            spill = _SpillByShard(self._num_shards, self._spill_dir, self._column)
+            spilled = [part | f"SpillByImpressionShard{i or ''}" >> beam.ParDo(spill).with_output_types(
+                beam.typehints.Tuple[int, str]) for i, part in enumerate(inputs)]
             paths = spilled[0] if len(spilled) == 1 else tuple(spilled) | "AllShardFiles" >> beam.Flatten()
             files = paths | "GroupShardFiles" >> beam.GroupByKey()
             if self._as_files:
@@ -159,7 +165,7 @@ class GroupByImpression(beam.PTransform):
         rows = inputs[0] if len(inputs) == 1 else inputs | "AllTables" >> beam.Flatten().with_output_types(pa.Table)
         return (
             rows
-            | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards)).with_output_types(
+            | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards, self._column)).with_output_types(
                 beam.typehints.Tuple[int, pa.Table])
             | "GroupShards" >> beam.GroupByKey()
             | "ConcatShard" >> beam.Map(_concat).with_output_types(beam.typehints.Tuple[int, pa.Table])

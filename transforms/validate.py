@@ -239,7 +239,8 @@ class ReadAndValidate(beam.PTransform):
             # held whole in memory by the local runner)
             grouped = (
                 (marked if self._lookback else valid)
-                | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir, self._shard_files)
+                | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir,
+                                                           as_files=self._shard_files)
                 | "CheckImpressionSlices" >> beam.ParDo(_CheckImpressionSlices(
                     self._impression_slice_columns, self._slice_columns, self._value_columns,
                     self._spill_dir)).with_output_types(  # typed: a table crossing a stage is Arrow IPC, not pickled
