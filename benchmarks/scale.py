@@ -2,11 +2,17 @@
 
     .venv/bin/python benchmarks/scale.py [--conversions 120000] [--commands optimize,replay,evaluate,measure]
                                          [--lookback-days 4] [--replay-days 1,3] [--epsilons 1,8] [--code OTHER_CHECKOUT]
+                                         [--window-days 7,14,28] [--release] [--chunk-days 7]
 
 The log: ``benchmarks/perf_log.py`` (string ids, 40 x 6 = 240 slices, revenue and items, weekday
 cycle) over ``--days`` days, as date= partitions; evaluate trains on the 12 days before the last and
 tests on the last; ``measure`` measures the last day, ``measure-lookback`` the same day with the
-``--lookback-days`` days before it as its lookback. Every command is a separate process
+``--lookback-days`` days before it as its lookback, ``measure-all`` every day of the log as one release,
+``nightly`` re-optimizes on the last ``--window-days`` days (once per value, each into a new store; the
+CPU per million rows read is printed). ``--release``: the measure commands make real releases (secure
+noise, the parameters' domain, recorded in a fresh ledger: the ledger step included) instead of seeded
+simulations. ``--chunk-days``: the log is generated that many days at a time (impressions do not span
+two chunks), so long logs need not fit in the generator's memory. Every command is a separate process
 (``python -m pipelines.cli ...``): CPU is its user + system time and that of its children
 (``os.wait4``), peak RSS the largest sum of VmRSS over the process and its descendants, sampled every
 0.1 s from /proc (Linux). ``replay`` runs once per ``--replay-days`` value: the CPU per replayed day is
@@ -27,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -87,17 +94,30 @@ def run(argv: list[str], env: dict[str, str], log: Path) -> dict[str, float]:
             "rss_mib": peak[0] / 1024}
 
 
-def write_log(root: Path, conversions: int, days: int, seed: int, train_days: int) -> int:
-    table = generate(conversions, days, seed)
-    day = day_of(table)
-    for d in range(days):
-        part = root / "log" / f"date={np.datetime64(START_US + d * DAY_US, 'us').astype('datetime64[D]')}"
-        part.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table.filter(pa.array(day == d)), part / "part-0.parquet")
+def write_log(root: Path, conversions: int, days: int, seed: int, train_days: int, chunk_days: int = 0) -> int:
+    chunk = chunk_days if 0 < chunk_days < days else days
+    rows, train, test = 0, [], []
     last = days - 1
-    pq.write_table(table.filter(pa.array((day >= last - train_days) & (day < last))), root / "train.parquet")
-    pq.write_table(table.filter(pa.array(day == last)), root / "test.parquet")
-    return int(table.num_rows)
+    for first in range(0, days, chunk):
+        span = min(chunk, days - first)
+        table = generate(round(conversions * span / days), span, seed + first)
+        if first:  # a later chunk: its own impressions, its days shifted
+            ids = pa.compute.replace_substring(table.column("impression_id"), "imp-", f"imp{first}-")
+            shifted = pa.compute.add(table.column("conversion_time").cast(pa.int64()), first * DAY_US * 1000)
+            table = table.set_column(0, "impression_id", ids).set_column(
+                1, "conversion_time", shifted.cast(pa.timestamp("ns", tz="UTC")))
+        day = day_of(table)
+        for d in range(first, first + span):
+            part = root / "log" / f"date={np.datetime64(START_US + d * DAY_US, 'us').astype('datetime64[D]')}"
+            part.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table.filter(pa.array(day == d)), part / "part-0.parquet")
+        train.append(table.filter(pa.array((day >= last - train_days) & (day < last))))
+        test.append(table.filter(pa.array(day == last)))
+        rows += table.num_rows
+        del table, day
+    pq.write_table(pa.concat_tables(train), root / "train.parquet")
+    pq.write_table(pa.concat_tables(test), root / "test.parquet")
+    return rows
 
 
 def main() -> None:
@@ -112,6 +132,12 @@ def main() -> None:
     ap.add_argument("--epsilons", default="1,8", help="evaluate's epsilons")
     ap.add_argument("--epsilon", default="8", help="optimize's, measure's and replay's epsilon")
     ap.add_argument("--code", default=None, help="another checkout whose commands to run")
+    ap.add_argument("--window-days", default="7", help="nightly's windows (comma-separated day counts)")
+    ap.add_argument("--release", action="store_true",
+                    help="measure commands make real releases recorded in a fresh ledger (not seeded simulations)")
+    ap.add_argument("--chunk-days", type=int, default=0, help="generate the log this many days at a time")
+    ap.add_argument("--params", default=None, help="the measure commands' parameter file (default: optimize's)")
+    ap.add_argument("--reuse-log", action="store_true", help="with --workdir: keep the log already written there")
     ap.add_argument("--workdir", default=None, help="keep the log and outputs here (default: a temporary folder)")
     args = ap.parse_args()
     commands = [c for c in args.commands.split(",") if c]
@@ -121,7 +147,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="araopt-scale-") as tmp:
         root = Path(args.workdir or tmp).resolve()
         root.mkdir(parents=True, exist_ok=True)
-        rows = write_log(root, args.conversions, args.days, args.seed, args.train_days)
+        if args.reuse_log and (root / "log").is_dir():
+            rows = sum(pq.ParquetFile(p).metadata.num_rows for p in (root / "log").glob("date=*/*.parquet"))
+        else:
+            rows = write_log(root, args.conversions, args.days, args.seed, args.train_days, args.chunk_days)
         print(f"log: {rows:,} conversions over {args.days} days, 240 slices, values {VALUES}; code: {code}")
         base = [sys.executable, "-m", "pipelines.cli"]
         cols = ["--slices", SLICES, "--values", VALUES]
@@ -134,20 +163,43 @@ def main() -> None:
                   f"peak rss {figures['rss_mib']:7.0f} MiB", flush=True)
             return figures
 
-        if "optimize" in commands or "measure" in commands or "measure-lookback" in commands:
+        measuring = [c for c in commands if c.startswith("measure")]
+        def release_mode(name: str) -> list[str]:
+            """A seeded simulation, or (--release) a real release into a fresh ledger of its own."""
+            if not args.release:
+                return ["--simulation-seed", "1"]
+            return ["--ledger", str(root / f"ledger-{name}")]
+
+        if args.params:  # the parameters given: no optimize run
+            (root / "params.json").write_bytes(Path(args.params).read_bytes())
+        if "optimize" in commands or (measuring and not args.params):
             timed("optimize", ["optimize", "--history", str(root / "log"), *cols, "--epsilon", args.epsilon,
                                "--output", str(root / "params.json"), "--overwrite", "--no-progress"])
         if "measure" in commands:
             last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
             timed("measure", ["measure", "--input", str(root / "log" / f"date={last}"), "--params",
-                              str(root / "params.json"), "--output", str(root / "run"), "--simulation-seed", "1",
+                              str(root / "params.json"), "--output", str(root / "run"), *release_mode("measure"),
                               "--overwrite", "--no-progress"])
+        if "measure-all" in commands:
+            timed("measure all days", ["measure", "--input", str(root / "log"), "--params", str(root / "params.json"),
+                                       "--output", str(root / "run-all"), *release_mode("all"), "--overwrite",
+                                       "--no-progress"])
         if "measure-lookback" in commands:
             last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
             timed(f"measure lookback {args.lookback_days}d",
                   ["measure", "--input", str(root / "log" / f"date={last}"), "--lookback-days", str(args.lookback_days),
                    "--params", str(root / "params.json"), "--output", str(root / "run-lookback"),
-                   "--simulation-seed", "1", "--overwrite", "--no-progress"])
+                   *release_mode("lookback"), "--overwrite", "--no-progress"])
+        if "nightly" in commands:
+            last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
+            for window in [int(x) for x in args.window_days.split(",")]:
+                read = sum(pq.ParquetFile(p).metadata.num_rows for p in (root / "log").glob("date=*/*.parquet")
+                           if np.datetime64(p.parent.name[5:]) > last - np.timedelta64(window, "D"))
+                figures = timed(f"nightly {window}d", [
+                    "nightly", "--history", str(root / "log"), "--as-of", str(last), "--window-days", str(window),
+                    "--store", str(root / f"store-{window}"), *cols, "--epsilon", args.epsilon, "--no-progress"])
+                print(f"nightly {window}d: {read:,} rows read, cpu {figures['cpu'] / read * 1e6:.2f} s per million rows",
+                      flush=True)
         if "evaluate" in commands:
             timed(f"evaluate eps {args.epsilons}", ["evaluate", "--train", str(root / "train.parquet"), "--test",
                                                     str(root / "test.parquet"), *cols, "--epsilons", args.epsilons,

@@ -156,7 +156,8 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
         read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
                                                             dead_letter, num_shards=shards, spill_dir=shuffle_dir,
                                                             one_dead_letter_file=local,
-                                                            lookback_paths=lookback.paths if lookback else ())
+                                                            lookback_paths=lookback.paths if lookback else (),
+                                                            shard_files=True)  # read again by the calibration
         tuned = read["grouped"] | "Tune" >> StatisticsAndCalibration(spec, gated_choice, read["counts"], choose,
                                                                      max_rejected_fraction)
         return {"counts": read["counts"], **tuned}

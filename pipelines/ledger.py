@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,15 @@ import numpy as np
 
 from araopt.errors import InvalidParameters, PrivacyRefusal
 from araopt.io.files import utc_now_iso
-from araopt.io.rowset import COARSE_MARGIN_US, LOSSY_OVERLAP_SHARE, RowSet, RowSetPart, times_released
+from araopt.io.rowset import (
+    COARSE_MARGIN_US,
+    LOSSY_OVERLAP_SHARE,
+    Released,
+    RowSet,
+    RowSetPart,
+    SpilledRowSet,
+    released_in,
+)
 from araopt.io.store import ParameterStore, StoreConflict, StoreError
 from araopt.io.stores import open_store
 from araopt.mechanism.lifetime import ReleaseHistory
@@ -112,31 +120,32 @@ class Ledger:
             raise StoreError(f"release ledger: {exc}") from None
         return cls(store, allow_rerelease)
 
-    def check_and_record(self, rows: RowSet, row_set: bytes, entry: dict[str, Any], attempts: int = 10,
-                         entry_id: str | None = None, coarse: RowSet | None = None) -> Recorded:
+    def check_and_record(self, rows: RowSet | SpilledRowSet, row_set: bytes | Callable[[], bytes], entry: dict[str, Any],
+                         attempts: int = 10,
+                         entry_id: str | None = None, coarse: RowSet | SpilledRowSet | None = None) -> Recorded:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
         or shifted by a time zone), unless re-releasing is allowed; else append the release
-        (``row_set``: its Parquet bytes) with ``entry``'s fields, under ``entry_id`` (a new one if None;
-        a commit names it in its pending record first). Retries when another release is recorded
-        meanwhile."""
+        (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under
+        ``entry_id`` (a new one if None; a commit names it in its pending record first). Retries when
+        another release is recorded meanwhile. ``rows`` and ``coarse`` are compared range by range
+        (``araopt.io.rowset.released_in``) with the earlier releases whose windows meet theirs only."""
         loaded: dict[tuple[str, str], np.ndarray] = {}
 
         try:
             for _ in range(attempts):
                 releases, generation = self.store.read_ledger()
-                counts, overlaps = self._released(rows, releases, loaded)
-                before = int(np.count_nonzero(counts))
+                found, overlaps = self._released(rows, releases, loaded)
+                before = found.before
                 coarse_before = 0
                 if coarse is not None:
                     near = [e for e in releases if "coarse_row_set" in e
                             and coarse.may_meet(e["first_time_us"], e["last_time_us"], COARSE_MARGIN_US)]
-                    coarse_before = int(np.count_nonzero(times_released(
-                        coarse, [self._ids(e, "coarse_row_set", loaded) for e in near])))
+                    coarse_before = released_in(coarse, [self._ids(e, "coarse_row_set", loaded) for e in near]).before
                 lossy = coarse is not None and coarse_before > LOSSY_OVERLAP_SHARE * max(len(coarse), 1)
                 if (before or lossy) and not self.allow_rerelease:
                     raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy))
-                number = 1 + int(counts.max()) if len(counts) else 1
+                number = 1 + found.most
                 record = {**entry, "id": entry_id or uuid.uuid4().hex, "recorded_at": utc_now_iso(), "rows": len(rows),
                           "first_time_us": rows.first_time_us, "last_time_us": rows.last_time_us,
                           "rows_released_before": before, "release_number": number, "overlaps": overlaps}
@@ -144,7 +153,7 @@ class Ledger:
                     record.update(coarse_rows=len(coarse), coarse_rows_released_before=coarse_before)
                 try:
                     recorded = self.store.append_release(record, row_set, generation,
-                                                         None if coarse is None else coarse.to_parquet_bytes())
+                                                         None if coarse is None else coarse.to_parquet_bytes)
                 except StoreConflict:
                     continue
                 return Recorded(recorded, before, number)
@@ -159,24 +168,22 @@ class Ledger:
             loaded[e["id"], field] = RowSet.from_parquet_bytes(self.store.read_row_set(e, field), e[field]).ids
         return loaded[e["id"], field]
 
-    def _released(self, rows: RowSet, releases: list[dict[str, Any]], loaded: dict[tuple[str, str], np.ndarray]
-                  ) -> tuple[np.ndarray, dict[str, int]]:
-        """How often each of ``rows`` was released in ``releases`` (entries of this ledger), and per
-        earlier release how many of them it held (only releases holding some)."""
+    def _released(self, rows: RowSet | SpilledRowSet, releases: list[dict[str, Any]],
+                  loaded: dict[tuple[str, str], np.ndarray]) -> tuple[Released, dict[str, int]]:
+        """How much of ``rows`` was released in ``releases`` (entries of this ledger; only those whose
+        windows meet are read), and per earlier release how many of them it held (only releases holding some)."""
         meeting = [e for e in releases if rows.may_meet(e["first_time_us"], e["last_time_us"])]
-        ids = [self._ids(e, "row_set", loaded) for e in meeting]
-        counts = times_released(rows, ids)
-        overlaps = {e["id"]: int(np.count_nonzero(rows.contained_in(i))) for e, i in zip(meeting, ids, strict=True)}
-        return counts, {k: v for k, v in overlaps.items() if v}
+        found = released_in(rows, [self._ids(e, "row_set", loaded) for e in meeting])
+        return found, {e["id"]: n for e, n in zip(meeting, found.per_set, strict=True) if n}
 
-    def released_before(self, rows: RowSet) -> tuple[int, int]:
+    def released_before(self, rows: RowSet | SpilledRowSet) -> tuple[int, int]:
         """Read only: (how many of ``rows`` this ledger records as released, in how many releases)."""
         try:
             releases, _ = self.store.read_ledger()
-            counts, overlaps = self._released(rows, releases, {})
+            found, overlaps = self._released(rows, releases, {})
         except StoreError as exc:
             raise StoreError(f"release ledger {self.store.uri}: {exc}") from None
-        return int(np.count_nonzero(counts)), len(overlaps)
+        return found.before, len(overlaps)
 
     def release_history(self, first_time_us: int | None, last_time_us: int | None,
                         today: ParameterVersion) -> ReleaseHistory:
@@ -229,8 +236,8 @@ class Ledger:
                 continue
         return out
 
-    def _refusal(self, rows: RowSet, before: int, releases: int, coarse: RowSet | None, coarse_before: int,
-                 lossy: bool) -> str:
+    def _refusal(self, rows: RowSet | SpilledRowSet, before: int, releases: int, coarse: RowSet | SpilledRowSet | None,
+                 coarse_before: int, lossy: bool) -> str:
         """Why a release is refused: its conversions released before, exactly and (a lossy re-export) by
         their coarse identity."""
         said = []
@@ -259,22 +266,31 @@ class Ledger:
         return True
 
 
-def check_lookback(period: Sequence[RowSetPart], lookback: Sequence[RowSetPart]) -> None:
+Identities = tuple[RowSet | SpilledRowSet, RowSet | SpilledRowSet]
+"""The exact and the coarse identities of some conversions (``SpilledRowSet.merge_runs`` makes them on disk)."""
+
+
+def identities(parts: Sequence[RowSetPart]) -> tuple[RowSet, RowSet]:
+    """The exact and the coarse identities of ``parts``, in memory."""
+    return RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts)
+
+
+def check_lookback(period: Sequence[RowSetPart] | Identities, lookback: Sequence[RowSetPart] | Identities) -> None:
     """Refuse a --lookback that holds the period's own conversions (the same rows in another file, or
     re-exported in another time zone or at a coarser time precision): Alg. 1 would spend their budget
     twice, once as lookback and once as released. By the ledger's identities: any exact match
     refuses; coarse matches (``araopt.io.rowset.coarse_row_ids``) refuse above ``LOSSY_OVERLAP_SHARE``
     of the period's conversions (below it they are different conversions of the same impressions
-    that share a second modulo 15 minutes by chance)."""
-    rows, earlier = RowSet.merge(period), RowSet.merge(lookback)
-    exact = int(np.count_nonzero(rows.contained_in(earlier.ids)))
+    that share a second modulo 15 minutes by chance). Compared range by range (``released_in``)."""
+    (rows, coarse), (earlier, coarse_earlier) = (
+        ids if isinstance(ids, tuple) else identities(ids) for ids in (period, lookback))
+    exact = released_in(rows, [earlier]).before
     if exact:
         raise LedgerRefusal(f"--lookback holds {exact:,} of the {len(rows):,} conversions of --input (the same "
                             f"impression id and conversion time): the lookback is the days before the input, and "
                             f"counting these as both would spend their budget twice. Remove the input's own rows from "
                             f"--lookback")
-    coarse, coarse_earlier = (RowSet.merge(p.coarse_part() for p in parts) for parts in (period, lookback))
-    shared = int(np.count_nonzero(coarse.contained_in(coarse_earlier.ids)))
+    shared = released_in(coarse, [coarse_earlier]).before
     if shared > LOSSY_OVERLAP_SHARE * max(len(coarse), 1):
         raise LedgerRefusal(f"--lookback holds {shared:,} of the {len(coarse):,} conversions of --input by impression "
                             f"id and time to the second (modulo 15 minutes), more than the {LOSSY_OVERLAP_SHARE:.0%} that "

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import type_family
 from araopt.io.progress import Progress
-from araopt.io.rowset import COARSE_MARGIN_US, RowSet, RowSetPart
+from araopt.io.rowset import COARSE_MARGIN_US, RowSet, RowSetPart, SpilledRowSet
 from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
 from araopt.mechanism.keys import KeyDomain
@@ -335,12 +336,28 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
     private = {"params_sha256": version.checksum(), "epsilon": params.epsilon, "domain": domain_origin,
                "input": input_facts(inputs)}
 
-    parts = [] if ledger is None and lookback is None else [RowSetPart.from_arrow_bytes(b)
-                                                            for b in folder.read_all(ROW_IDS)]
-    if lookback is not None:  # before anything is recorded: refuse a lookback holding the period's own conversions
-        check_lookback(parts, [RowSetPart.from_arrow_bytes(b) for b in folder.read_all(ROW_IDS + LOOKBACK_SUFFIX)])
-    rows = None if ledger is None else RowSet.merge(parts)
-    coarse = None if ledger is None else RowSet.merge(p.coarse_part() for p in parts)
+    # the released rows' identities: the workers' sorted runs merged on local disk, range by range
+    # (``SpilledRowSet``): the driver holds one run or one id range at a time, whatever the release's size
+    with tempfile.TemporaryDirectory(prefix="araopt-row-ids-") as id_dir:
+        return _check_and_commit(args, folder, loaded, version, epsilon_note, inputs, simulation, lookback, ledger,
+                                 others, summary, private, id_dir)
+
+
+def _check_and_commit(args: argparse.Namespace, folder: RunFolder, loaded: LoadedParams, version: ParameterVersion,
+                      epsilon_note: dict, inputs: InputFiles, simulation: bool, lookback: InputFiles | None,
+                      ledger: Ledger | None, others: list[Ledger], summary: dict, private: dict, id_dir: str) -> dict:
+    """The ledger step and the commit: a lookback holding the period's own conversions refused, the
+    released rows checked against the ledger (and ``--check-ledgers``) and recorded at commit."""
+    params = version.params
+    period = None
+    if ledger is not None or lookback is not None:
+        period = SpilledRowSet.merge_runs(map(RowSetPart.from_arrow_bytes, folder.iter_all(ROW_IDS)),
+                                          os.path.join(id_dir, "period"))
+    if lookback is not None and period is not None:  # before anything is recorded: refuse a lookback holding
+        # the period's own conversions
+        check_lookback(period, SpilledRowSet.merge_runs(
+            map(RowSetPart.from_arrow_bytes, folder.iter_all(ROW_IDS + LOOKBACK_SUFFIX)), os.path.join(id_dir, "lookback")))
+    rows, coarse = (None, None) if ledger is None or period is None else period
     if rows is not None and others:
         warn_other_ledgers(others, rows, summary)
 
@@ -354,7 +371,7 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
             entry_id = uuid.uuid4().hex
             folder.mark_pending(ledger.store.uri, entry_id)  # a kill from here on is settled by the next run
             try:
-                recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry, entry_id=entry_id,
+                recorded = ledger.check_and_record(rows, rows.to_parquet_bytes, entry, entry_id=entry_id,
                                                    coarse=coarse)
             except BaseException:
                 if ledger.rollback_entry(entry_id):  # refused (or failed): nothing recorded
@@ -382,7 +399,7 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
     return summary
 
 
-def warn_other_ledgers(others: Sequence[Ledger], rows: RowSet, summary: dict) -> None:
+def warn_other_ledgers(others: Sequence[Ledger], rows: RowSet | SpilledRowSet, summary: dict) -> None:
     """One stderr warning per other ledger that records some of ``rows`` as released (another store
     released them: averaging the two releases strips noise); the counts go into the run summary."""
     found = {}

@@ -203,7 +203,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     with spill_folder(opts, args.shuffle) as shuffle_dir:
         read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, num_shards=num_shards,
                                                           spill_dir=shuffle_dir,
-                                                          lookback_paths=lookback.paths if lookback else ())
+                                                          lookback_paths=lookback.paths if lookback else (),
+                                                          shard_files=True)  # the calibration reads the shards again
         counts = read["counts"]
         tuned = read["grouped"] | "OptimizeAndGuard" >> StatisticsAndCalibration(spec, _decide, counts, config,
                                                                                  previous_payload)

@@ -16,6 +16,7 @@ from araopt.io.conversions import Conversions
 from araopt.version import ParameterVersion
 
 from .combine import CombinerFn
+from .group import ShardFiles, shard_table
 
 
 def _as_tuple(versions: ParameterVersion | Sequence[ParameterVersion]) -> tuple[ParameterVersion, ...]:
@@ -29,9 +30,9 @@ class _AddCalibration(beam.DoFn):
         self._slices = tuple(slice_columns)
         self._values = tuple(value_columns)
 
-    def process(self, item: tuple[int, pa.Table], versions: ParameterVersion | Sequence[ParameterVersion]
+    def process(self, item: tuple[int, pa.Table | ShardFiles], versions: ParameterVersion | Sequence[ParameterVersion]
                 ) -> Iterator[tuple[CalibrationAccumulator, ...]]:
-        conv = Conversions.from_table(item[1], self._slices, self._values)
+        conv = Conversions.from_table(shard_table(item[1]), self._slices, self._values)
         yield accumulate_candidates(conv, [(v.params, v.checksum()) for v in _as_tuple(versions)], self._slices)
 
 

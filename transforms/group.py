@@ -11,11 +11,17 @@ Two shuffles, same result:
   files. Beam's local runner holds a GroupByKey's whole input in memory, so this is what keeps a
   local run's memory at the size of a shard and a batch instead of the input's. File names are
   random: a retried bundle writes new files, and only the paths of committed bundles are read.
+
+With ``as_files=True`` (and a spill directory) a shard is not read back: its element is the list of
+its spill files (``ShardFiles``) and every consumer reads the rows itself (``shard_table``). A job
+whose grouped shards feed two stages (nightly's statistics, then the calibration of the parameters
+chosen from them) then holds only file names between the stages, not the whole grouped history.
 """
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
@@ -50,6 +56,37 @@ def split_by_shard(table: pa.Table, num_shards: int, column: str = IMPRESSION_ID
             yield int(sorted_shards[start]), ordered.slice(start, stop - start)
 
 
+@dataclass(frozen=True)
+class ShardFiles:
+    """One shard of complete impressions as the Arrow IPC spill files that hold it (read in name order)."""
+
+    paths: tuple[str, ...]
+
+    def read(self) -> pa.Table:
+        tables = []
+        for path in sorted(self.paths):
+            with FileSystems.open(path) as fh:
+                tables.append(pa.ipc.open_file(pa.BufferReader(fh.read())).read_all())
+        return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+
+
+def shard_table(value: pa.Table | ShardFiles) -> pa.Table:
+    """The rows of a grouped shard's value, whether the rows themselves or their spill files."""
+    return value.read() if isinstance(value, ShardFiles) else value
+
+
+def write_spill(spill_dir: str, shard: int, table: pa.Table) -> str:
+    """Write ``table`` (rows of ``shard``) as a new Arrow IPC file under ``spill_dir``; its path. Its
+    chunks share one dictionary per column (an IPC file allows no other)."""
+    if any(col.num_chunks > 1 and pa.types.is_dictionary(col.type) for col in table.columns):
+        table = table.unify_dictionaries()
+    path = FileSystems.join(spill_dir, f"shard-{shard:05d}", f"{uuid.uuid4().hex}.arrow")
+    with FileSystems.create(path) as fh:
+        with pa.ipc.new_file(fh, table.schema) as writer:
+            writer.write_table(table)
+    return path
+
+
 class _KeyByShard(beam.DoFn):
     def __init__(self, num_shards: int, column: str = IMPRESSION_ID):
         self._num_shards = num_shards
@@ -69,20 +106,17 @@ class _SpillByShard(beam.DoFn):
 
     def process(self, table: pa.Table) -> Iterator[tuple[int, str]]:
         for shard, part in split_by_shard(table, self._num_shards, self._column):
-            path = FileSystems.join(self._spill_dir, f"shard-{shard:05d}", f"{uuid.uuid4().hex}.arrow")
-            with FileSystems.create(path) as fh:
-                with pa.ipc.new_file(fh, part.schema) as writer:
-                    writer.write_table(part)
-            yield shard, path
+            yield shard, write_spill(self._spill_dir, shard, part)
 
 
 def _read_shard(item: tuple[int, Iterable[str]]) -> tuple[int, pa.Table]:
     shard, paths = item
-    tables = []
-    for path in sorted(paths):
-        with FileSystems.open(path) as fh:
-            tables.append(pa.ipc.open_file(pa.BufferReader(fh.read())).read_all())
-    return shard, pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+    return shard, ShardFiles(tuple(paths)).read()
+
+
+def _shard_files(item: tuple[int, Iterable[str]]) -> tuple[int, ShardFiles]:
+    shard, paths = item
+    return shard, ShardFiles(tuple(sorted(paths)))
 
 
 def _concat(item: tuple[int, Iterable[pa.Table]]) -> tuple[int, pa.Table]:
@@ -92,23 +126,26 @@ def _concat(item: tuple[int, Iterable[pa.Table]]) -> tuple[int, pa.Table]:
 
 
 @beam.typehints.with_input_types(pa.Table)
-@beam.typehints.with_output_types(beam.typehints.Tuple[int, pa.Table])
+@beam.typehints.with_output_types(beam.typehints.Tuple[int, beam.typehints.Any])  # pa.Table or ShardFiles
 class GroupByImpression(beam.PTransform):
     """PCollection[pa.Table] (or a tuple of them, e.g. a period and its lookback) ->
     PCollection[(shard, pa.Table)] of complete impressions over all the inputs.
 
     ``spill_dir``: shuffle through Arrow files there (see module docstring); None: in memory.
     ``column``: the id that groups (the impression; ``browser_id`` groups the Attribution API's
-    privacy units, complete browsers).
+    privacy units, complete browsers). ``as_files`` (with ``spill_dir``): (shard, ``ShardFiles``)
+    instead, read by each consumer (``shard_table``).
     """
 
-    def __init__(self, num_shards: int, spill_dir: str | None = None, column: str = IMPRESSION_ID):
+    def __init__(self, num_shards: int, spill_dir: str | None = None, column: str = IMPRESSION_ID,
+                 as_files: bool = False):
         super().__init__()
         if num_shards < 1:
             raise InvalidParameters(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = num_shards
         self._spill_dir = spill_dir
         self._column = column
+        self._as_files = as_files
 
     def expand(self, tables: beam.PCollection[pa.Table] | tuple[beam.PCollection[pa.Table], ...]
                ) -> beam.PCollection[tuple[int, pa.Table]]:
@@ -120,11 +157,11 @@ class GroupByImpression(beam.PTransform):
             spilled = [part | f"SpillByImpressionShard{i or ''}" >> beam.ParDo(spill).with_output_types(
                 beam.typehints.Tuple[int, str]) for i, part in enumerate(inputs)]
             paths = spilled[0] if len(spilled) == 1 else tuple(spilled) | "AllShardFiles" >> beam.Flatten()
-            return (
-                paths
-                | "GroupShardFiles" >> beam.GroupByKey()
-                | "ReadShard" >> beam.Map(_read_shard).with_output_types(beam.typehints.Tuple[int, pa.Table])
-            )
+            files = paths | "GroupShardFiles" >> beam.GroupByKey()
+            if self._as_files:
+                return files | "ShardFiles" >> beam.Map(_shard_files).with_output_types(
+                    beam.typehints.Tuple[int, ShardFiles])
+            return files | "ReadShard" >> beam.Map(_read_shard).with_output_types(beam.typehints.Tuple[int, pa.Table])
         rows = inputs[0] if len(inputs) == 1 else inputs | "AllTables" >> beam.Flatten().with_output_types(pa.Table)
         return (
             rows

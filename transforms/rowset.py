@@ -29,7 +29,7 @@ class _WriteRowIds(beam.DoFn):
             return
         path = FileSystems.join(self._directory, f"{uuid.uuid4().hex}.arrow")
         with FileSystems.create(path) as fh:
-            fh.write(RowSetPart.of_table(table).to_arrow_bytes())
+            fh.write(RowSetPart.of_table(table).sorted().to_arrow_bytes())  # a sorted run: merged streamed
         self._rows.inc(table.num_rows)
         yield path
 
@@ -38,7 +38,8 @@ class _WriteRowIds(beam.DoFn):
 @beam.typehints.with_output_types(str)
 class WriteRowIds(beam.PTransform):
     """Validated batches -> their conversion ids and time range, one Arrow file per batch under
-    ``directory`` (read back with ``RowSetPart.from_arrow_bytes`` and merged with ``RowSet.merge``)."""
+    ``directory``, each identity sorted (read back with ``RowSetPart.from_arrow_bytes`` and merged with
+    ``SpilledRowSet.merge_runs``, or ``RowSet.merge`` in memory)."""
 
     def __init__(self, directory: str):
         super().__init__()

@@ -15,13 +15,14 @@ from araopt.io.conversions import Conversions
 from araopt.optimize import statistics as stats
 
 from .combine import CombinerFn
-from .group import GroupByImpression
+from .group import GroupByImpression, ShardFiles, shard_table
 
 DEFAULT_SHARDS = 64
 
 
-def _to_conversions(item: tuple[int, pa.Table], slice_columns: Sequence[str], value_columns: Sequence[str]) -> Conversions:
-    return Conversions.from_table(item[1], slice_columns, value_columns)
+def _to_conversions(item: tuple[int, pa.Table | ShardFiles], slice_columns: Sequence[str],
+                    value_columns: Sequence[str]) -> Conversions:
+    return Conversions.from_table(shard_table(item[1]), slice_columns, value_columns)
 
 
 @beam.typehints.with_input_types(pa.Table)

@@ -31,7 +31,7 @@ from araopt.io.conversions import (
 from araopt.io.rowset import TIME_US
 from araopt.mechanism.sources import impression_slice_conflicts
 
-from .group import GroupByImpression
+from .group import GroupByImpression, ShardFiles, shard_table, write_spill
 from .io import ReadConversionFiles, needed_columns
 
 VALID = "valid"
@@ -118,23 +118,29 @@ LOOKBACK_CHECK_COUNTS = "lookback_check_counts"
 class _CheckImpressionSlices(beam.DoFn):
     """Per shard of complete impressions: rows whose impression-side slice values differ from their
     impression's first row (in Alg. 1's order, lookback rows included) -> dead letter
-    (``araopt.io.conversions.impression_slice_conflicts``); a lookback row's to the lookback's."""
+    (``araopt.io.conversions.impression_slice_conflicts``); a lookback row's to the lookback's.
+
+    A shard given as its spill files (``ShardFiles``) stays files: the kept rows of a shard with
+    conflicts are written to a new spill file under ``spill_dir``."""
 
     def __init__(self, impression_slice_columns: Sequence[str], slice_columns: Sequence[str],
-                 value_columns: Sequence[str]):
+                 value_columns: Sequence[str], spill_dir: str | None = None):
         self._impression_slice_columns = tuple(impression_slice_columns)
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
+        self._spill_dir = spill_dir
 
     def setup(self) -> None:
         self._rejected = Metrics.counter(NAMESPACE, f"rows_rejected_{IMPRESSION_SLICE_INCONSISTENT}")
 
-    def process(self, item: tuple[int, pa.Table]) -> Iterator[tuple[int, pa.Table] | beam.pvalue.TaggedOutput]:
-        shard, table = item
+    def process(self, item: tuple[int, pa.Table | ShardFiles]
+                ) -> Iterator[tuple[int, pa.Table | ShardFiles] | beam.pvalue.TaggedOutput]:
+        shard, value = item
+        table = shard_table(value)
         conflicts = impression_slice_conflicts(table, self._impression_slice_columns, self._slice_columns,
                                                self._value_columns)
         if not conflicts.any():
-            yield shard, table
+            yield shard, value
             return
         self._rejected.inc(int(conflicts.sum()))
         period = (np.ones(table.num_rows, dtype=bool) if IN_PERIOD not in table.column_names
@@ -149,7 +155,11 @@ class _CheckImpressionSlices(beam.DoFn):
                     int(mask.sum()), IMPRESSION_SLICE_INCONSISTENT))
         kept = table.filter(pa.array(~conflicts))
         if kept.num_rows:
-            yield shard, kept
+            if isinstance(value, ShardFiles):
+                assert self._spill_dir is not None  # (only GroupByImpression with a spill directory makes files)
+                yield shard, ShardFiles((write_spill(self._spill_dir, shard, kept),))
+            else:
+                yield shard, kept
 
 
 class ReadAndValidate(beam.PTransform):
@@ -166,13 +176,17 @@ class ReadAndValidate(beam.PTransform):
     accounting is the extra output ``lookback_counts`` and their dead letter
     ``<dead_letter_prefix>_lookback.parquet``.
 
+    ``shard_files`` (with ``spill_dir``): ``grouped`` holds each shard's spill files
+    (``transforms.group.ShardFiles``), read again by each consumer (``transforms.group.shard_table``):
+    for jobs whose grouped shards feed more than one stage.
+
     The outputs are typed by the steps that make them (``pa.Table``, ``ValidationCounts``): Beam
     checks a composite's dict output against a single output type, which fits neither."""
 
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
                  dead_letter_prefix: str | None = None, passthrough: Sequence[str] = (), num_shards: int | None = None,
                  spill_dir: str | None = None, impression_slice_columns: Sequence[str] | None = None,
-                 lookback_paths: Sequence[str] = (), one_dead_letter_file: bool = True):
+                 lookback_paths: Sequence[str] = (), one_dead_letter_file: bool = True, shard_files: bool = False):
         super().__init__()
         self._paths = list(paths)
         self._slice_columns = tuple(slice_columns)
@@ -185,6 +199,7 @@ class ReadAndValidate(beam.PTransform):
                                           else tuple(impression_slice_columns))
         self._lookback = list(lookback_paths)
         self._one_file = one_dead_letter_file
+        self._shard_files = shard_files and spill_dir is not None
 
     def _read(self, pbegin: beam.pvalue.PBegin, paths: list[str], label: str) -> beam.pvalue.DoOutputsTuple:
         columns = needed_columns(self._slice_columns, self._value_columns) + list(self._passthrough)
@@ -224,9 +239,14 @@ class ReadAndValidate(beam.PTransform):
             # held whole in memory by the local runner)
             grouped = (
                 (marked if self._lookback else valid)
-                | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir)
+                | "GroupByImpression" >> GroupByImpression(self._num_shards, self._spill_dir,
+                                                           as_files=self._shard_files)
                 | "CheckImpressionSlices" >> beam.ParDo(_CheckImpressionSlices(
-                    self._impression_slice_columns, self._slice_columns, self._value_columns)).with_outputs(
+                    self._impression_slice_columns, self._slice_columns, self._value_columns,
+                    self._spill_dir)).with_output_types(  # typed: a table crossing a stage is Arrow IPC, not pickled
+                        beam.typehints.Tuple[int, ShardFiles if self._shard_files else pa.Table],
+                        **{REJECTED: pa.Table, COUNTS: ValidationCounts, LOOKBACK_REJECTED: pa.Table,
+                           LOOKBACK_CHECK_COUNTS: ValidationCounts}).with_outputs(
                         REJECTED, COUNTS, LOOKBACK_REJECTED, LOOKBACK_CHECK_COUNTS, main=GROUPED)
             )
             out = {GROUPED: grouped[GROUPED]}

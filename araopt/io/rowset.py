@@ -24,11 +24,19 @@ A :class:`RowSet` is the sorted, deduplicated ids of one release plus its time w
 whose windows do not meet cannot share a conversion). Stored as Parquet, one ``uint64`` column with
 DELTA_BINARY_PACKED encoding: about 5.9 bytes per conversion at 10^6 conversions (the entropy
 of a random set of that size is 5.7); a release's coarse identities are a second row set.
+
+Streamed, for releases of any size: ids are uniform 64-bit hashes, so a sorted id set cuts into
+``2**RANGE_BITS`` ranges by its top bits (``chunks``), each a small sorted array. The workers write
+their batches' ids sorted (``RowSetPart.sorted``); :meth:`SpilledRowSet.merge_runs` distributes those
+sorted runs over one local file per range and deduplicates each range on its own, and
+:func:`released_in` compares two sets range by range: the driver never holds more than a range of a
+release (plus the earlier releases it is checked against, those whose windows meet only).
 """
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -60,6 +68,9 @@ the chance share measured on synthetic daily logs (``benchmarks/ledger.py --coin
 0.20% against a lookback, while a re-export matches (nearly) all its rows."""
 _COARSE_SALT: Final = np.uint64(0x9E3779B97F4A7C15)
 _CHUNK: Final = 1 << 16  # cache-sized blocks: 3x faster than whole-array passes at 10^7 rows
+RANGE_BITS: Final = 6
+"""A sorted id set is streamed in ``2**RANGE_BITS`` ranges of ids (by their top bits): at 3·10^7
+conversions about 470k ids (3.7 MB) per range."""
 
 
 def conversion_row_ids(impression_id: np.ndarray | pa.Array | pa.ChunkedArray,
@@ -143,6 +154,11 @@ class RowSetPart:
         coarse = _coarse_ids(words.copy(), times)  # the id hashed once for both identities
         return cls(_exact_ids(words, times), bounds["min"].as_py(), bounds["max"].as_py(), coarse)
 
+    def sorted(self) -> RowSetPart:
+        """The same ids, each identity sorted (a sorted run: what :meth:`SpilledRowSet.merge_runs` merges)."""
+        return RowSetPart(np.sort(self.ids), self.first_time_us, self.last_time_us,
+                          None if self.coarse is None else np.sort(self.coarse))
+
     def coarse_part(self) -> RowSetPart:
         """The coarse ids as a part of their own (for :meth:`RowSet.merge`)."""
         coarse = np.empty(0, dtype=np.uint64) if self.coarse is None else self.coarse
@@ -197,17 +213,15 @@ class RowSet:
     def may_meet(self, first_time_us: int | None, last_time_us: int | None, margin_us: int = 0) -> bool:
         """Whether a release with this time window (widened by ``margin_us`` on both sides) can share a
         conversion with this set."""
-        if self.first_time_us is None or self.last_time_us is None or first_time_us is None or last_time_us is None:
-            return False
-        return first_time_us - margin_us <= self.last_time_us and self.first_time_us <= last_time_us + margin_us
+        return windows_meet(self.first_time_us, self.last_time_us, first_time_us, last_time_us, margin_us)
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The ids range by range (``RANGE_BITS``): views, sorted, in order."""
+        return range_chunks(self.ids)
 
     def contained_in(self, released: np.ndarray) -> np.ndarray:
         """Mask over ``ids``: which are in ``released`` (sorted distinct ids)."""
-        if len(released) == 0 or len(self.ids) == 0:
-            return np.zeros(len(self.ids), dtype=bool)
-        where = np.searchsorted(released, self.ids)
-        where[where == len(released)] = 0
-        return cast(np.ndarray, released[where] == self.ids)
+        return _contained(self.ids, released)
 
     def to_parquet_bytes(self) -> bytes:
         buf = io.BytesIO()
@@ -230,9 +244,143 @@ class RowSet:
         return cls(ids, _bound(meta, b"first_time_us"), _bound(meta, b"last_time_us"))
 
 
-def times_released(rows: RowSet, released: Sequence[np.ndarray]) -> np.ndarray:
-    """Per id of ``rows``: in how many of the ``released`` sets (each sorted distinct) it is."""
-    count = np.zeros(len(rows), dtype=np.int64)
-    for ids in released:
-        count += rows.contained_in(ids)
-    return count
+def windows_meet(first: int | None, last: int | None, other_first: int | None, other_last: int | None,
+                 margin_us: int = 0) -> bool:
+    """Whether two conversion-time windows (µs; None: empty) meet once the second is widened by ``margin_us``."""
+    if first is None or last is None or other_first is None or other_last is None:
+        return False
+    return other_first - margin_us <= last and first <= other_last + margin_us
+
+
+def _range_offsets(sorted_ids: np.ndarray) -> np.ndarray:
+    """Where each id range (``RANGE_BITS``) starts in ``sorted_ids``, and its end: 2**RANGE_BITS + 1 offsets."""
+    edges = np.arange(1, 1 << RANGE_BITS, dtype=np.uint64) << np.uint64(64 - RANGE_BITS)
+    return np.concatenate([[0], np.searchsorted(sorted_ids, edges), [len(sorted_ids)]]).astype(np.int64)
+
+
+def range_chunks(sorted_ids: np.ndarray) -> Iterator[np.ndarray]:
+    """A sorted id array range by range (``RANGE_BITS``): views."""
+    offsets = _range_offsets(sorted_ids)
+    for i in range(1 << RANGE_BITS):
+        yield sorted_ids[offsets[i]:offsets[i + 1]]
+
+
+def _contained(ids: np.ndarray, released: np.ndarray) -> np.ndarray:
+    """Mask over sorted ``ids``: which are in ``released`` (sorted distinct)."""
+    if len(released) == 0 or len(ids) == 0:
+        return np.zeros(len(ids), dtype=bool)
+    where = np.searchsorted(released, ids)
+    where[where == len(released)] = 0
+    return cast(np.ndarray, released[where] == ids)
+
+
+@dataclass(frozen=True)
+class Released:
+    """How much of a set was released before: ``before`` of its ids are in at least one of the earlier
+    sets, ``most``: the most earlier sets one id is in, ``per_set``: per earlier set, how many it holds."""
+
+    before: int
+    most: int
+    per_set: tuple[int, ...]
+
+
+def released_in(rows: RowSet | SpilledRowSet, released: Sequence[np.ndarray | RowSet | SpilledRowSet]) -> Released:
+    """Which of ``rows`` the ``released`` sets (sorted distinct id arrays, or sets) hold, range by range:
+    never more than one range of ``rows`` in memory."""
+    streams = [range_chunks(r) if isinstance(r, np.ndarray) else r.chunks() for r in released]
+    before, most, per_set = 0, 0, [0] * len(released)
+    for chunk in rows.chunks():
+        count = np.zeros(len(chunk), dtype=np.int32)
+        for i, stream in enumerate(streams):
+            hit = _contained(chunk, next(stream))
+            per_set[i] += int(np.count_nonzero(hit))
+            count += hit
+        if len(chunk):
+            before += int(np.count_nonzero(count))
+            most = max(most, int(count.max()))
+    return Released(before, most, tuple(per_set))
+
+
+def _parquet_schema_meta(first: int | None, last: int | None) -> dict[bytes, bytes]:
+    return {b"first_time_us": str(first).encode(), b"last_time_us": str(last).encode()}
+
+
+@dataclass(frozen=True)
+class SpilledRowSet:
+    """A :class:`RowSet` kept on local disk, one file of sorted distinct ids per id range (``RANGE_BITS``):
+    for releases too large to hold whole. Made by :meth:`merge_runs` (the identities of both kinds)."""
+
+    directory: str
+    sizes: tuple[int, ...]
+    first_time_us: int | None
+    last_time_us: int | None
+
+    def __len__(self) -> int:
+        return sum(self.sizes)
+
+    def _path(self, i: int) -> str:
+        return os.path.join(self.directory, f"range-{i:03d}.u64")
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        for i in range(len(self.sizes)):
+            yield np.fromfile(self._path(i), dtype=np.uint64)
+
+    def may_meet(self, first_time_us: int | None, last_time_us: int | None, margin_us: int = 0) -> bool:
+        return windows_meet(self.first_time_us, self.last_time_us, first_time_us, last_time_us, margin_us)
+
+    def to_parquet_bytes(self) -> bytes:
+        """The row set's Parquet file (as :meth:`RowSet.to_parquet_bytes`, one row group per range): built on
+        disk, read back once."""
+        path = os.path.join(self.directory, "row_set.parquet")
+        schema = pa.schema([pa.field(ROW_ID, pa.uint64())]).with_metadata(
+            _parquet_schema_meta(self.first_time_us, self.last_time_us))
+        with pq.ParquetWriter(path, schema, use_dictionary=False, compression="none",
+                              column_encoding={ROW_ID: "DELTA_BINARY_PACKED"}, write_statistics=False) as writer:
+            for chunk in self.chunks():
+                if len(chunk):
+                    writer.write_table(pa.table({ROW_ID: pa.array(chunk, type=pa.uint64())}, schema=schema))
+        with open(path, "rb") as fh:
+            data = fh.read()
+        os.remove(path)
+        return data
+
+    @classmethod
+    def merge_runs(cls, runs: Iterable[RowSetPart], directory: str) -> tuple[SpilledRowSet, SpilledRowSet]:
+        """The exact and the coarse identities of ``runs`` (parts, best sorted: ``RowSetPart.sorted``), each
+        merged under ``directory/exact`` and ``directory/coarse``: every run's ids appended range by range to
+        one file per range, then each range deduplicated on its own. Holds one run and one range at a time."""
+        kinds = ("exact", "coarse")
+        folders = {k: os.path.join(directory, k) for k in kinds}
+        handles = {}
+        for kind, folder in folders.items():
+            os.makedirs(folder, exist_ok=True)
+            handles[kind] = [open(os.path.join(folder, f"range-{i:03d}.u64"), "wb") for i in range(1 << RANGE_BITS)]
+        firsts, lasts = [], []
+        try:
+            for run in runs:
+                if run.first_time_us is not None:
+                    firsts.append(run.first_time_us)
+                if run.last_time_us is not None:
+                    lasts.append(run.last_time_us)
+                coarse = np.empty(0, dtype=np.uint64) if run.coarse is None else run.coarse
+                for kind, ids in (("exact", run.ids), ("coarse", coarse)):
+                    ids = np.asarray(ids, dtype=np.uint64)
+                    if len(ids) > 1 and not bool(np.all(ids[1:] >= ids[:-1])):
+                        ids = np.sort(ids)
+                    for fh, chunk in zip(handles[kind], range_chunks(ids), strict=True):
+                        chunk.tofile(fh)
+        finally:
+            for files in handles.values():
+                for fh in files:
+                    fh.close()
+        first, last = (min(firsts) if firsts else None), (max(lasts) if lasts else None)
+        out = []
+        for kind in kinds:
+            sizes = []
+            for i in range(1 << RANGE_BITS):
+                path = os.path.join(folders[kind], f"range-{i:03d}.u64")
+                ids = sorted_unique(np.fromfile(path, dtype=np.uint64))
+                ids.tofile(path)
+                sizes.append(len(ids))
+            out.append(cls(folders[kind], tuple(sizes), first, last))
+        return out[0], out[1]

@@ -87,12 +87,20 @@ class RunFolder(OutputFolder):
 
     def read_all(self, relative_dir: str) -> list[bytes]:
         """The contents of every file under ``relative_dir`` of the staging folder."""
+        return list(self.iter_all(relative_dir))
+
+    def iter_all(self, relative_dir: str) -> Iterator[bytes]:
+        """The contents of every file under ``relative_dir`` of the staging folder, one file at a time
+        (a few at a time from gs://), so a caller that streams them holds one batch, not all."""
         staged = self.staged
         names = staged.names(relative_dir.rstrip("/") + "/")
         if not self.remote:
-            return [staged.read(n) for n in names]
+            for name in names:
+                yield staged.read(name)
+            return
         with ThreadPoolExecutor(max_workers=8) as pool:  # one small object per batch: fetch several at once
-            return list(pool.map(staged.read, names))
+            for start in range(0, len(names), 16):
+                yield from pool.map(staged.read, names[start:start + 16])
 
     def remove(self, relatives: list[str]) -> None:
         """Remove staged files (e.g. what a worker left for the driver)."""

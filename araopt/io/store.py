@@ -465,20 +465,23 @@ class ParameterStore(abc.ABC):
             raise StoreError(f"release ledger: row set {self._object_uri(key)} does not match its sha256 (corrupt)")
         return data
 
-    def append_release(self, entry: dict[str, Any], row_set: bytes, expected_generation: int,
-                       coarse_row_set: bytes | None = None) -> dict[str, Any]:
+    def append_release(self, entry: dict[str, Any], row_set: bytes | Callable[[], bytes], expected_generation: int,
+                       coarse_row_set: bytes | Callable[[], bytes] | None = None) -> dict[str, Any]:
         """Store ``row_set`` (and ``coarse_row_set``, the coarse identities; create-only, named by their
         sha256) and append ``entry`` (with a unique ``id``) to the index iff the index is still at
         ``expected_generation`` (:class:`StoreConflict` otherwise: read and check again). Returns the
-        entry as recorded."""
+        entry as recorded. A row set may be given as a function that makes its bytes: then only one
+        row set's bytes are held at a time (a large release's are hundreds of MB)."""
         recorded = dict(entry)
-        for field, data in (("row_set", row_set), ("coarse_row_set", coarse_row_set)):
-            if data is None:
+        for field, given in (("row_set", row_set), ("coarse_row_set", coarse_row_set)):
+            if given is None:
                 continue
+            data = given() if callable(given) else given
             sha = _sha256(data)
             key = _ledger_rows_key(sha)
             self._put_immutable(key, data)
             recorded.update({field: key, f"{field}_sha256": sha, f"{field}_bytes": len(data)})
+            del data  # (before the next row set's bytes are made)
         releases, generation = self.read_ledger()
         if generation != expected_generation:
             raise StoreConflict(f"{self._object_uri(LEDGER_INDEX)} changed while this release was checked")
