@@ -51,8 +51,10 @@ class Reports:
         return out
 
 
-def _dense(*columns: np.ndarray) -> np.ndarray:
-    """Dense ids of the distinct rows of integer ``columns`` (mixed radix into int64, then hashed)."""
+def _unit_ids(*columns: np.ndarray) -> np.ndarray:
+    """Ids in [0, size) of the distinct rows of integer ``columns``, equal iff the rows are equal: their
+    mixed-radix value in int64 when that stays within a few times the number of rows (an index into
+    the budget arrays as it is), else its dense factorization (a hash pass)."""
     if not len(columns[0]):
         return np.zeros(0, dtype=np.int64)
     key = np.zeros(len(columns[0]), dtype=np.int64)
@@ -64,6 +66,8 @@ def _dense(*columns: np.ndarray) -> np.ndarray:
         if span >= 2**62:
             raise InvalidInput("too many distinct privacy units to index in int64")
         key = key * size + (c - low)
+    if span <= max(4 * len(key), 1 << 16):
+        return key
     return np.asarray(pd.factorize(key)[0], dtype=np.int64)
 
 
@@ -100,9 +104,9 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
     # a log without sites has one of each (the encoder's DEFAULT_CONVERSION_SITE / DEFAULT_IMPRESSION_SITE)
     conv_site = pd.factorize(rows[CONVERSION_SITE].to_numpy())[0] if CONVERSION_SITE in rows else np.zeros(len(rows), int)
     imp_site = pd.factorize(rows[IMPRESSION_SITE].to_numpy())[0] if IMPRESSION_SITE in rows else np.zeros(len(rows), int)
-    site_unit = _dense(b, conv_site[r], imp_epoch)
-    global_unit = _dense(b, imp_epoch)
-    quota_unit = _dense(b, imp_epoch, imp_site[plan.impression_row[m]])
+    site_unit = _unit_ids(b, conv_site[r], imp_epoch)
+    global_unit = _unit_ids(b, imp_epoch)
+    quota_unit = _unit_ids(b, imp_epoch, imp_site[plan.impression_row[m]])
     site_left = np.full(int(site_unit.max(initial=-1)) + 1, config.per_site_budget, dtype=np.int64)
     global_left = np.full(int(global_unit.max(initial=-1)) + 1, config.global_budget_per_epoch, dtype=np.int64)
     quota_left = np.full(int(quota_unit.max(initial=-1)) + 1, config.impression_site_quota_per_epoch, dtype=np.int64)
