@@ -89,8 +89,10 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
     start = np.where(first == np.iinfo(np.int64).max, 0, np.floor_divide(first - offset, HOUR_MS) * HOUR_MS)
     lookback = min(params.lookback_days, config.max_lookback_days) * DAY_MS  # lifetimeDays is the lookback too
 
+    browser_start = start[b]
+
     def epoch(t: np.ndarray) -> np.ndarray:
-        out: np.ndarray = np.floor_divide(t - start[b], period)
+        out: np.ndarray = np.floor_divide(t - browser_start, period)
         return out
 
     imp_epoch, current = epoch(imp_t), epoch(now)
@@ -102,11 +104,13 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
     site_deduction = np.where(single, l1_deduction, value_deduction)
 
     # a log without sites has one of each (the encoder's DEFAULT_CONVERSION_SITE / DEFAULT_IMPRESSION_SITE)
-    conv_site = pd.factorize(rows[CONVERSION_SITE].to_numpy())[0] if CONVERSION_SITE in rows else np.zeros(len(rows), int)
-    imp_site = pd.factorize(rows[IMPRESSION_SITE].to_numpy())[0] if IMPRESSION_SITE in rows else np.zeros(len(rows), int)
-    site_unit = _unit_ids(b, conv_site[r], imp_epoch)
     global_unit = _unit_ids(b, imp_epoch)
-    quota_unit = _unit_ids(b, imp_epoch, imp_site[plan.impression_row[m]])
+    site_unit = global_unit
+    if CONVERSION_SITE in rows:
+        site_unit = _unit_ids(global_unit, pd.factorize(rows[CONVERSION_SITE].to_numpy())[0][r])
+    quota_unit = global_unit
+    if IMPRESSION_SITE in rows:
+        quota_unit = _unit_ids(global_unit, pd.factorize(rows[IMPRESSION_SITE].to_numpy())[0][plan.impression_row[m]])
     site_left = np.full(int(site_unit.max(initial=-1)) + 1, config.per_site_budget, dtype=np.int64)
     global_left = np.full(int(global_unit.max(initial=-1)) + 1, config.global_budget_per_epoch, dtype=np.int64)
     quota_left = np.full(int(quota_unit.max(initial=-1)) + 1, config.impression_site_quota_per_epoch, dtype=np.int64)
