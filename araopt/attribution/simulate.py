@@ -71,6 +71,14 @@ def _unit_ids(*columns: np.ndarray) -> np.ndarray:
     return np.asarray(pd.factorize(key)[0], dtype=np.int64)
 
 
+def _fits(units: np.ndarray, deductions: np.ndarray, budgets: np.ndarray) -> np.ndarray:
+    """Per report: whether its unit's budget covers the deductions of all the unit's reports (float sums
+    of integers: exact below 2^53, and any larger sum exceeds every budget)."""
+    totals = np.bincount(units, weights=deductions.astype(np.float64), minlength=len(budgets))
+    out: np.ndarray = (totals <= budgets)[units]
+    return out
+
+
 def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFrame, config: BrowserConfig,
                       epoch_starts: np.ndarray) -> Reports:
     """Every browser of ``plan`` through the budget logic; ``epoch_starts``: per browser (code) its
@@ -115,14 +123,22 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
     global_left = np.full(int(global_unit.max(initial=-1)) + 1, config.global_budget_per_epoch, dtype=np.int64)
     quota_left = np.full(int(quota_unit.max(initial=-1)) + 1, config.impression_site_quota_per_epoch, dtype=np.int64)
 
+    # A report whose three units could take the deductions of all their matched reports is accepted in
+    # any order; the units of the others are each either such a unit (its check passes whatever comes
+    # first) or one that only the others use: they alone go through the budgets in order.
     candidates = np.flatnonzero(matched)
+    fits = (_fits(site_unit[candidates], site_deduction[candidates], site_left)
+            & _fits(global_unit[candidates], value_deduction[candidates], global_left)
+            & _fits(quota_unit[candidates], value_deduction[candidates], quota_left))
+    accepted = np.zeros(len(b), dtype=bool)
+    accepted[candidates[fits]] = True
+    candidates = candidates[~fits]
     cb = b[candidates]
     group_start = np.flatnonzero(np.diff(cb, prepend=-1) != 0)
     rank = np.arange(len(candidates)) - np.repeat(group_start, np.diff(np.append(group_start, len(cb))))
     rank_type = np.int16 if rank.max(initial=0) < 2**15 else np.int64  # small ints: numpy's stable sort is a radix sort
     by_rank = candidates[np.argsort(rank.astype(rank_type), kind="stable")]
     bounds = np.concatenate([[0], np.cumsum(np.bincount(rank, minlength=1))])
-    accepted = np.zeros(len(b), dtype=bool)
     for k in range(len(bounds) - 1):
         sel = by_rank[bounds[k]:bounds[k + 1]]
         su, gu, qu = site_unit[sel], global_unit[sel], quota_unit[sel]
