@@ -127,27 +127,28 @@ def schedule(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, u
     # The events by browser, then time; ties: impressions (by first row) before conversions (by row, then
     # query), i.e. lexsort((query, row, kind, time, browser)). Two stable sorts on one (browser, time) key,
     # of the impressions and of the rows, then a merge: a row's calls follow it in query order.
-    imp_key, row_key = _browser_time_keys(codes, pair_browser, imp_ms[rows_in[first]], conv_ms[rows_in])
+    first_row = rows_in[first]
+    imp_key, row_key = _browser_time_keys(codes, pair_browser, imp_ms[first_row], conv_ms[rows_in])
     by_imp = np.argsort(imp_key, kind="stable")
     by_row = np.argsort(row_key, kind="stable")
-    imp_key, row_key = imp_key[by_imp], row_key[by_row]
-    calls = sent[rows_in[by_row]] > 0  # (m, queries), rows in event order
+    imp_key, row_key, row_in_order = imp_key[by_imp], row_key[by_row], rows_in[by_row]
+    calls = sent[row_in_order] > 0  # (m, queries), rows in event order
     call_pos, call_q = np.nonzero(calls)
     calls_before = np.concatenate([[0], np.cumsum(calls.sum(axis=1))])
     imp_at = np.arange(len(by_imp)) + calls_before[np.searchsorted(row_key, imp_key, side="left")]
     conv_at = np.arange(len(call_pos)) + np.searchsorted(imp_key, row_key, side="right")[call_pos]
     n_events = len(imp_at) + len(conv_at)
-    row_of = rows_in[by_row][call_pos]
+    row_of = row_in_order[call_pos]
     browser = np.empty(n_events, dtype=np.int64)
     browser[imp_at], browser[conv_at] = pair_browser[by_imp], codes[by_row][call_pos]
     kind = np.ones(n_events, dtype=np.int8)
     kind[imp_at] = 0
     row = np.empty(n_events, dtype=rows_in.dtype)
-    row[imp_at], row[conv_at] = rows_in[first][by_imp], row_of
+    row[imp_at], row[conv_at] = first_row[by_imp], row_of
     query = np.zeros(n_events, dtype=np.int64)
     query[conv_at] = call_q
     time_ms = np.empty(n_events, dtype=np.int64)
-    time_ms[imp_at], time_ms[conv_at] = imp_ms[rows_in[first][by_imp]], conv_ms[row_of]
+    time_ms[imp_at], time_ms[conv_at] = imp_ms[first_row[by_imp]], conv_ms[row_of]
     event_pair = np.empty(n_events, dtype=np.int64)
     event_pair[imp_at], event_pair[conv_at] = by_imp, pair[by_row][call_pos]
     is_start = np.concatenate([[True], browser[1:] != browser[:-1]]) if n_events else np.zeros(0, bool)
@@ -163,7 +164,7 @@ def schedule(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, u
     saved_at = np.empty(len(first), dtype=np.int64)
     saved_at[by_imp] = moved[imp_at]
     return Schedule(browser, kind, row, query, moved, ordinal_of_pair[event_pair], saved_at[event_pair],
-                    rows_in[first][event_pair], index, task, sent, encoded, np.asarray(browsers))
+                    first_row[event_pair], index, task, sent, encoded, np.asarray(browsers))
 
 
 def _impression_pairs(codes: np.ndarray, impressions: np.ndarray) -> np.ndarray:
