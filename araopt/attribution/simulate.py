@@ -5,9 +5,10 @@ The encoder's streams are a special case of the API that admits arrays: every ``
 matches at most its own impression (``matchValues`` = the impression's ordinal), so it uses at most
 one epoch (the impression's) and its histogram is its whole value at the impression's index; no
 browser clears state or is disabled. What stays sequential is the budgets: within a browser, reports
-are accepted in event order while they fit. The reports are processed by their rank within their
-browser, all browsers at once per rank (a rank touches each browser's units once, so the updates
-never collide). ``test_attribution_simulate.py`` checks it report by report against ``Browser``.
+are accepted in event order while they fit. A report whose units could take every matched report of
+those units is accepted at once (no order can refuse it); the others are processed by their rank
+within their browser, all browsers at once per rank (a rank touches each browser's units once, so
+the updates never collide). ``test_attribution_simulate.py`` checks it report by report against ``Browser``.
 """
 from __future__ import annotations
 
