@@ -64,6 +64,13 @@ class Guardrails:
 def new_series(previous: ParameterVersion, new: ParameterVersion) -> str:
     """Why ``new`` starts a new series of versions rather than continuing ``previous`` ('' if it continues)."""
     old, now = previous.params, new.params
+    if previous.api != new.api:
+        return f"api changed {previous.api.value} -> {new.api.value}"
+    was, will = previous.attribution, new.attribution
+    if was is not None and will is not None and (was.epoch_days, was.lookback_days) != (will.epoch_days,
+                                                                                       will.lookback_days):
+        return (f"epoch / lookback changed {was.epoch_days} / {was.lookback_days} -> {will.epoch_days} / "
+                f"{will.lookback_days} days")
     if old.epsilon != now.epsilon:
         return f"epsilon changed {old.epsilon:g} -> {now.epsilon:g}"
     if (old.slice_columns, old.query_columns, old.encoding) != (now.slice_columns, now.query_columns, now.encoding):

@@ -72,6 +72,13 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
     """Valid rows of a Parquet log with the Attribution columns (``impression_time`` required), with
     the same validation as every job; rows in = kept + rejected (rejections counted by reason); and the
     input's files and schema (which type a declared layout's values)."""
+    return read_log(pattern, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns)
+
+
+def read_log(pattern: str, slices: Sequence[str], values: Sequence[str]
+             ) -> tuple[pd.DataFrame, ValidationCounts, InputFiles]:
+    """:func:`read_rows` for the columns ``slices`` and ``values`` (no parameters yet: ``optimize`` and
+    ``evaluate``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
@@ -79,8 +86,8 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
     from araopt.io.conversions import check_attribution_schema, validate_batch
     from transforms.io import check_input, needed_columns
 
-    slices = (*params.slice_columns, *params.conversion_slice_columns)
-    inputs = check_input(pattern, slices, params.value_columns)
+    slices, values = tuple(slices), tuple(values)
+    inputs = check_input(pattern, slices, values)
     valid, counts = [], []
     for path in inputs.paths:
         with FileSystems.open(path) as fh:
@@ -88,8 +95,8 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
         if IMPRESSION_TIME not in present:
             raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
         with FileSystems.open(path) as fh:
-            table = pq.read_table(fh, columns=[*needed_columns(slices, params.value_columns), *present])
-        batch = validate_batch(table, slices, params.value_columns, passthrough=ATTRIBUTION_COLUMNS)
+            table = pq.read_table(fh, columns=[*needed_columns(slices, values), *present])
+        batch = validate_batch(table, slices, values, passthrough=ATTRIBUTION_COLUMNS)
         valid.append(batch.valid)
         counts.append(ValidationCounts.of(table.num_rows, batch))
     rows = pa.concat_tables(valid).to_pandas()
@@ -210,9 +217,11 @@ def _export(args: argparse.Namespace) -> int:
 def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion, sides: tuple[str, ...]) -> int:
     """``araopt reconstruct`` for an attribution parameter version: the aggregation service's noisy
     histograms (CSV: ``query,histogram_index,noisy_sum``) -> Alg. 4's estimates with noise intervals per
-    histogram index, through the histogram layout (--key-map: measure's key_map.json; else the
-    version's layout; else --conversions' slices)."""
-    from araopt.attribution.reconstruct import estimates_frame, read_histograms, reconstruct_histograms
+    histogram index (of the true totals when the version carries a retention calibration), through the
+    histogram layout (--key-map: measure's key_map.json; else the version's layout; else --conversions'
+    slices)."""
+    from araopt.attribution.calibrate import estimates_of, published_frame
+    from araopt.attribution.reconstruct import read_histograms, reconstruct_histograms
     from araopt.io.files import atomic_write
 
     prog = "araopt reconstruct"
@@ -243,16 +252,18 @@ def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion,
     histograms, missing = read_histograms(pd.concat(frames, ignore_index=True), params, domain.num_slices,
                                           source=", ".join(paths))
     estimates = reconstruct_histograms(params, histograms, args.confidence)
-    frame = estimates_frame(estimates, domain, bool(params.conversion_slice_columns))
+    frame = published_frame(estimates, domain, params, version.retention)
     atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary = {"api": "attribution", "histograms": len(histograms), "histogram_size": domain.num_slices,
-               "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output}
+               "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output,
+               "bias_corrected": version.retention is not None}
     atomic_write(sides[0], lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
     if missing:
         print(f"{prog}: warning: {missing} (query, histogram index) entries are missing from the histograms: their "
               f"estimates are NaN", file=sys.stderr)
     print(f"{prog}: {len(histograms)} histogram(s) x {domain.num_slices:,} indices; estimates with "
-          f"{args.confidence:.0%} noise intervals written to {args.output} (summary in {sides[0]})")
+          f"{args.confidence:.0%} intervals written to {args.output} (summary in {sides[0]})")
+    print(f"  estimates are of {estimates_of(version.retention)}")
     return 0
 
 

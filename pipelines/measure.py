@@ -35,11 +35,12 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.constants import MAX_SLICES
-from araopt.errors import InvalidInput, InvalidParameters, check_epsilon, one_line
+from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import type_family
 from araopt.io.progress import Progress
 from araopt.io.rowset import COARSE_MARGIN_US, RowSet, RowSetPart
+from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
@@ -57,7 +58,6 @@ from . import options
 from .inputs import LoadedParams, load_params, read_domain
 from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
 from .partitions import files_in_days, partition_day, partition_days, partition_root, rows_outside_days
-from .run_folder import ROW_IDS, RunFolder
 from .runner import (
     check_workers_can_write,
     dry_run_sentence,
@@ -301,21 +301,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     domain, domain_origin = resolve_domain(args, version, inputs)
     history = lookback_history(args, loaded, version, lookback)
     folder = RunFolder.prepare(args.output, args.overwrite)  # the output first, locked for the whole run
-    try:  # from here on every failure removes the staging folder (RunFolder.fail / abandon)
+    with failures_settled(folder, (StoreError, LedgerRefusal)):  # a ledger refusal: nothing to debug, nothing kept
         summary = _measure(args, opts, pipeline, loaded, version, epsilon_note, inputs, domain, domain_origin, folder,
                            started, simulation, lookback, history, days, days_note)
-    except (StoreError, LedgerRefusal):  # a refusal of the ledger: nothing to debug, nothing kept
-        folder.abandon()
-        raise
-    except Exception as exc:
-        kept = folder.fail()
-        if kept is None:
-            raise
-        raise InvalidInput(f"{one_line(exc)} (nothing was released; the operator-private files of the failed "
-                           f"run are in {kept})") from exc
-    except BaseException:
-        folder.abandon()
-        raise
     if summary is not None:
         print_summary(summary, folder.target, simulation)
         if summary.get("report_page", True):
@@ -459,9 +447,8 @@ ACCOUNTING_FILE = outputs.private_file(outputs.ACCOUNTING)
 
 
 def _read_accounting(folder: RunFolder) -> dict:
-    with FileSystems.open(folder.path(ACCOUNTING_FILE)) as fh:
-        accounting = json.loads(fh.read().decode())
-    FileSystems.delete([folder.path(ACCOUNTING_FILE)])
+    accounting = json.loads(folder.read(ACCOUNTING_FILE).decode())
+    folder.remove([ACCOUNTING_FILE])
     if not accounting.get("accounting_closes"):
         raise RuntimeError(f"row accounting does not close: {accounting}")
     return accounting

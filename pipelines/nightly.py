@@ -138,9 +138,9 @@ def _write_report(directory: str, report: dict, decision: NightlyDecision | None
     privacy-safe run; none for its cold start) and report.html, the page a person opens
     (``araopt.evaluation.report_html``), beside them."""
     from araopt.evaluation.report_html import Figure, nightly_page
+    from araopt.io.folders import REPORT_FOLDER, write_folder
 
-    with FileSystems.create(FileSystems.join(directory, "report.json")) as fh:
-        fh.write(jsonio.dumps(report, indent=1, default=str).encode())
+    files = {"report.json": jsonio.dumps(report, indent=1, default=str).encode()}
     figures, links = [], [("report.json (the run report)", "report.json")]
     if decision is not None:
         png: bytes | None = nightly_report_png(decision, version_history(store))
@@ -148,15 +148,14 @@ def _write_report(directory: str, report: dict, decision: NightlyDecision | None
         png = None if version is None else version_report_png(version, report.get("problems", ()),
                                                                version_history(store))
     if png is not None:
-        with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
-            fh.write(png)
+        files["report.png"] = png
         figures.append(Figure("The nightly choice (report.png)", png, "report.png"))
         links.append(("report.png", "report.png"))
     if report.get("published") and report.get("version"):
         links.append((f"published parameters {report['version']}", f"../../versions/{report['version']}/params.json"))
-    page = nightly_page(report, version_table(store), figures, links)
-    with FileSystems.create(FileSystems.join(directory, "report.html")) as fh:
-        fh.write(page.encode("utf-8"))
+    files["report.html"] = nightly_page(report, version_table(store), figures, links).encode("utf-8")
+    # whole or absent, like every output folder; a re-run with the same --run-id replaces its own report
+    write_folder(directory, files, "araopt nightly report", REPORT_FOLDER, {"command": "nightly"}, overwrite=True)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -168,6 +167,13 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     started = time.time()
     as_of = resolve_as_of(args.as_of)
+    if args.api == "attribution":
+        from .tune_attribution import run_nightly as run_attribution
+
+        if args.history is None:
+            raise InvalidParameters("--history is required with --api attribution")
+        files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
+        return run_attribution(args, "araopt nightly", as_of, files, dates, _write_report)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")

@@ -181,7 +181,7 @@ def test_7_a_failure_while_committing_keeps_the_previous_run_whole(tmp_path, mon
     def boom(staging, target):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr("pipelines.run_folder.move_into_place", boom)
+    monkeypatch.setattr("araopt.io.folders.move_into_place", boom)
     assert measure_pipeline.run(base + ["--overwrite", "--allow-rerelease"]) == 2
     assert {p: open(tmp_path / "o" / p, "rb").read() for p in before} == before
     assert not [n for n in os.listdir(tmp_path) if ".araopt-staging-" in n]
