@@ -52,3 +52,30 @@ def test_the_vectorized_browsers_accept_and_refuse_the_reports_the_browser_model
     ours = report_sums(params, fast, domain.num_slices)
     theirs = unnoised_sums(params, slow, domain.num_slices)
     assert {k: v.tolist() for k, v in theirs.items()} == {k: ours[k].tolist() for k in theirs}
+
+
+def test_a_log_spanning_the_int64_times_is_scheduled_and_simulated_as_its_rank_compressed_copy():
+    """Times so far apart that browser x time overflows int64 (the keys fall back to time ranks, the
+    budget units to a factorization): the events come in the same order, and the reports are
+    matched and accepted, as in a copy of the log whose distinct times keep their order but lie
+    days apart."""
+    rng = random.Random(3)
+    queries = (AttributionQuery(COUNT, None),)
+    params = AttributionParams.from_paper(1.0, 2, {COUNT: 1.0}, queries, ("campaign",), lookback_days=30)
+    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.arange(3)}, params.query_names)
+    log = random_log(rng, users=1500)
+    distinct = np.unique(np.concatenate([log["impression_time_us"], log["conversion_time_us"]]))
+    stride = (2**63 - 1) // len(distinct)  # far beyond any lookback, and 1500 browsers x the span > 2^63 ms
+    times = ("impression_time_us", "conversion_time_us")
+    huge = log.assign(**{c: np.searchsorted(distinct, log[c]) * stride for c in times})
+    uniforms = np.random.default_rng(3).random((len(log), 1))
+    far, near = schedule(params, huge, domain, uniforms), schedule(params, log, domain, uniforms)
+    assert len(far.browsers) * (int(far.time_ms.max()) - int(far.time_ms.min())) >= 2**62
+    for field in ("browser", "kind", "row", "query", "ordinal", "impression_row"):
+        assert getattr(far, field).tolist() == getattr(near, field).tolist(), field
+    config = browser_config(params, domain.num_slices)
+    reports = simulate_schedule(params, far, huge, config, np.zeros(len(far.browsers)))
+    # every report is days from its impression unless they share a time: matched iff the same time
+    same_time = (huge["conversion_time_us"].to_numpy() == huge["impression_time_us"].to_numpy())[reports.row]
+    assert reports.matched.tolist() == same_time.tolist()
+    assert reports.accepted.any() and reports.refused.any()

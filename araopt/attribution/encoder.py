@@ -118,41 +118,80 @@ def schedule(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, u
     rows_in = np.flatnonzero(encoded)
     ids = rows[BROWSER_ID].to_numpy() if BROWSER_ID in rows else rows[IMPRESSION_ID].to_numpy()
     codes, browsers = pd.factorize(ids[rows_in])
-    impression_codes = pd.factorize(rows[IMPRESSION_ID].to_numpy()[rows_in])[0].astype(np.int64)
-    pair, _ = pd.factorize(codes.astype(np.int64) * (int(impression_codes.max(initial=0)) + 1) + impression_codes)
+    codes = codes.astype(np.int64)
+    pair = _impression_pairs(codes, rows[IMPRESSION_ID].to_numpy()[rows_in])
     # codes come in order of first appearance: a position is its impression's first row iff its code is new
     first = np.flatnonzero(pair > np.maximum.accumulate(np.concatenate([[-1], pair[:-1]])))
     pair_browser = codes[first]
     ordinal_of_pair = pd.Series(pair_browser).groupby(pair_browser).cumcount().to_numpy()
-    calls = sent[rows_in] > 0  # (m, queries)
+    # The events by browser, then time; ties: impressions (by first row) before conversions (by row, then
+    # query), i.e. lexsort((query, row, kind, time, browser)). Two stable sorts on one (browser, time) key,
+    # of the impressions and of the rows, then a merge: a row's calls follow it in query order.
+    first_row = rows_in[first]
+    imp_key, row_key = _browser_time_keys(codes, pair_browser, imp_ms[first_row], conv_ms[rows_in])
+    by_imp = np.argsort(imp_key, kind="stable")
+    by_row = np.argsort(row_key, kind="stable")
+    imp_key, row_key, row_in_order = imp_key[by_imp], row_key[by_row], rows_in[by_row]
+    calls = sent[row_in_order] > 0  # (m, queries), rows in event order
     call_pos, call_q = np.nonzero(calls)
-    browser = np.concatenate([pair_browser, codes[call_pos]])
-    kind = np.concatenate([np.zeros(len(first), np.int8), np.ones(len(call_pos), np.int8)])
-    row = np.concatenate([rows_in[first], rows_in[call_pos]])
-    query = np.concatenate([np.zeros(len(first), np.int64), call_q.astype(np.int64)])
-    time_ms = np.concatenate([imp_ms[rows_in[first]], conv_ms[rows_in[call_pos]]])
-    event_pair = np.concatenate([np.arange(len(first)), pair[call_pos]])
-    # by browser, then time; ties keep the concatenation order: impressions (by first row) before
-    # conversions (by row, then query), i.e. lexsort((query, row, kind, time_ms, browser))
-    t_low = int(time_ms.min(initial=0))
-    t_span = int(time_ms.max(initial=0)) - t_low + 1
-    if len(browsers) * t_span < 2**62:
-        order = np.argsort(browser.astype(np.int64) * t_span + (time_ms - t_low), kind="stable")
-    else:
-        order = np.lexsort((query, row, kind, time_ms, browser))
-    browser, kind, row, query, time_ms, event_pair = (a[order] for a in (browser, kind, row, query, time_ms, event_pair))
-    position = np.arange(len(order)) - np.searchsorted(browser, browser)  # position within the browser
+    calls_before = np.concatenate([[0], np.cumsum(calls.sum(axis=1))])
+    imp_at = np.arange(len(by_imp)) + calls_before[np.searchsorted(row_key, imp_key, side="left")]
+    conv_at = np.arange(len(call_pos)) + np.searchsorted(imp_key, row_key, side="right")[call_pos]
+    n_events = len(imp_at) + len(conv_at)
+    row_of = row_in_order[call_pos]
+    browser = np.empty(n_events, dtype=np.int64)
+    browser[imp_at], browser[conv_at] = pair_browser[by_imp], codes[by_row][call_pos]
+    kind = np.ones(n_events, dtype=np.int8)
+    kind[imp_at] = 0
+    row = np.empty(n_events, dtype=rows_in.dtype)
+    row[imp_at], row[conv_at] = first_row[by_imp], row_of
+    query = np.zeros(n_events, dtype=np.int64)
+    query[conv_at] = call_q
+    time_ms = np.empty(n_events, dtype=np.int64)
+    time_ms[imp_at], time_ms[conv_at] = imp_ms[first_row[by_imp]], conv_ms[row_of]
+    event_pair = np.empty(n_events, dtype=np.int64)
+    event_pair[imp_at], event_pair[conv_at] = by_imp, pair[by_row][call_pos]
+    is_start = np.concatenate([[True], browser[1:] != browser[:-1]]) if n_events else np.zeros(0, bool)
+    index_of = np.arange(n_events)
+    position = index_of - np.maximum.accumulate(np.where(is_start, index_of, 0))  # position within the browser
     shifted = time_ms - position  # t_i = max(t_i, t_{i-1} + 1) is i + the running max of t_j - j within the browser
     low, span = int(shifted.min(initial=0)), int(shifted.max(initial=0)) - int(shifted.min(initial=0)) + 1
     if len(browsers) * span < 2**62:  # browsers ascending: offsetting by browser x span restarts the max per browser
-        offset = browser.astype(np.int64) * span
+        offset = browser * span
         moved = np.maximum.accumulate(offset + (shifted - low)) - offset + low + position
     else:
         moved = pd.Series(shifted).groupby(browser).cummax().to_numpy() + position
     saved_at = np.empty(len(first), dtype=np.int64)
-    saved_at[event_pair[kind == 0]] = moved[kind == 0]
+    saved_at[by_imp] = moved[imp_at]
     return Schedule(browser, kind, row, query, moved, ordinal_of_pair[event_pair], saved_at[event_pair],
-                    rows_in[first][event_pair], index, task, sent, encoded, np.asarray(browsers))
+                    first_row[event_pair], index, task, sent, encoded, np.asarray(browsers))
+
+
+def _impression_pairs(codes: np.ndarray, impressions: np.ndarray) -> np.ndarray:
+    """Codes of the distinct (browser, impression) pairs in order of first appearance: the impression's
+    own code when each impression has one browser (the usual log), else a factorization of the pairs."""
+    impression_codes = pd.factorize(impressions)[0].astype(np.int64)
+    browser_of = np.empty(int(impression_codes.max(initial=-1)) + 1, dtype=np.int64)
+    browser_of[impression_codes[::-1]] = codes[::-1]  # the last write wins: each impression's first browser
+    if (browser_of[impression_codes] == codes).all():
+        return impression_codes
+    pair: np.ndarray = pd.factorize(codes * (int(impression_codes.max(initial=0)) + 1) + impression_codes)[0]
+    return pair.astype(np.int64)
+
+
+def _browser_time_keys(codes: np.ndarray, pair_browser: np.ndarray, imp_ms: np.ndarray,
+                       conv_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One int64 key per impression and per row ordering them by (browser, time): browser x span + time,
+    with the times replaced by their ranks when that would overflow."""
+    times = np.concatenate([imp_ms, conv_ms])
+    low, span = int(times.min(initial=0)), int(times.max(initial=0)) - int(times.min(initial=0)) + 1
+    browsers = int(codes.max(initial=0)) + 1
+    if browsers * span >= 2**62:
+        distinct, times = np.unique(times, return_inverse=True)
+        low, span = 0, len(distinct)
+    else:
+        times = times - low
+    return pair_browser * span + times[:len(imp_ms)], codes * span + times[len(imp_ms):]
 
 
 @dataclass

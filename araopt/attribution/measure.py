@@ -23,7 +23,7 @@ from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, aggregate, reconstruct
 from araopt.attribution.simulate import Reports, report_sums, simulate_schedule
 from araopt.errors import InvalidInput, PrivacyRefusal
-from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID
+from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, IMPRESSION_SITE, IMPRESSION_TIME_US
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.randomness import Simulation, keyed_uniforms, secure_generator
 from araopt.mechanism.release import check_declared_domain
@@ -44,14 +44,20 @@ def browser_keys(ids: np.ndarray) -> np.ndarray:
 
 
 def draws(params: AttributionParams, rows: pd.DataFrame, simulation_seed: int | None) -> tuple[pd.DataFrame, np.ndarray]:
-    """``rows`` in content-hash order and their value-rounding uniforms (n, queries)."""
+    """``rows`` (the columns the simulation reads) in content-hash order and their value-rounding
+    uniforms (n, queries)."""
     keys = row_keys(params, rows)
     order = np.argsort(keys, kind="stable")
-    rows, keys = rows.iloc[order].reset_index(drop=True), keys[order]
+    read = dict.fromkeys((IMPRESSION_ID, BROWSER_ID, CONVERSION_TIME_US, IMPRESSION_TIME_US, IMPRESSION_SITE,
+                          CONVERSION_SITE, *params.value_columns, *params.slice_columns, *params.conversion_slice_columns))
+    rows, keys = rows[[c for c in read if c in rows]].take(order).reset_index(drop=True), keys[order]
     if simulation_seed is None:
         return rows, secure_generator().random((len(rows), len(params.queries)))
     Simulation(simulation_seed)  # validates the seed
-    return rows, np.column_stack([keyed_uniforms(simulation_seed, keys, q) for q in range(len(params.queries))])
+    uniforms = np.empty((len(rows), len(params.queries)))
+    for q in range(len(params.queries)):
+        uniforms[:, q] = keyed_uniforms(simulation_seed, keys, q)
+    return rows, uniforms
 
 
 def epoch_starts(plan: Schedule, config: BrowserConfig, simulation_seed: int | None) -> np.ndarray:

@@ -5,9 +5,10 @@ The encoder's streams are a special case of the API that admits arrays: every ``
 matches at most its own impression (``matchValues`` = the impression's ordinal), so it uses at most
 one epoch (the impression's) and its histogram is its whole value at the impression's index; no
 browser clears state or is disabled. What stays sequential is the budgets: within a browser, reports
-are accepted in event order while they fit. The reports are processed by their rank within their
-browser, all browsers at once per rank (a rank touches each browser's units once, so the updates
-never collide). ``test_attribution_simulate.py`` checks it report by report against ``Browser``.
+are accepted in event order while they fit. A report whose units could take every matched report of
+those units is accepted at once (no order can refuse it); the others are processed by their rank
+within their browser, all browsers at once per rank (a rank touches each browser's units once, so
+the updates never collide). ``test_attribution_simulate.py`` checks it report by report against ``Browser``.
 """
 from __future__ import annotations
 
@@ -51,8 +52,10 @@ class Reports:
         return out
 
 
-def _dense(*columns: np.ndarray) -> np.ndarray:
-    """Dense ids of the distinct rows of integer ``columns`` (mixed radix into int64, then hashed)."""
+def _unit_ids(*columns: np.ndarray) -> np.ndarray:
+    """Ids in [0, size) of the distinct rows of integer ``columns``, equal iff the rows are equal: their
+    mixed-radix value in int64 when that stays within a few times the number of rows (an index into
+    the budget arrays as it is), else its dense factorization (a hash pass)."""
     if not len(columns[0]):
         return np.zeros(0, dtype=np.int64)
     key = np.zeros(len(columns[0]), dtype=np.int64)
@@ -64,7 +67,17 @@ def _dense(*columns: np.ndarray) -> np.ndarray:
         if span >= 2**62:
             raise InvalidInput("too many distinct privacy units to index in int64")
         key = key * size + (c - low)
+    if span <= max(4 * len(key), 1 << 16):
+        return key
     return np.asarray(pd.factorize(key)[0], dtype=np.int64)
+
+
+def _fits(units: np.ndarray, deductions: np.ndarray, budgets: np.ndarray) -> np.ndarray:
+    """Per report: whether its unit's budget covers the deductions of all the unit's reports (float sums
+    of integers: exact below 2^53, and any larger sum exceeds every budget)."""
+    totals = np.bincount(units, weights=deductions.astype(np.float64), minlength=len(budgets))
+    out: np.ndarray = (totals <= budgets)[units]
+    return out
 
 
 def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFrame, config: BrowserConfig,
@@ -85,8 +98,10 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
     start = np.where(first == np.iinfo(np.int64).max, 0, np.floor_divide(first - offset, HOUR_MS) * HOUR_MS)
     lookback = min(params.lookback_days, config.max_lookback_days) * DAY_MS  # lifetimeDays is the lookback too
 
+    browser_start = start[b]
+
     def epoch(t: np.ndarray) -> np.ndarray:
-        out: np.ndarray = np.floor_divide(t - start[b], period)
+        out: np.ndarray = np.floor_divide(t - browser_start, period)
         return out
 
     imp_epoch, current = epoch(imp_t), epoch(now)
@@ -98,23 +113,33 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
     site_deduction = np.where(single, l1_deduction, value_deduction)
 
     # a log without sites has one of each (the encoder's DEFAULT_CONVERSION_SITE / DEFAULT_IMPRESSION_SITE)
-    conv_site = pd.factorize(rows[CONVERSION_SITE].to_numpy())[0] if CONVERSION_SITE in rows else np.zeros(len(rows), int)
-    imp_site = pd.factorize(rows[IMPRESSION_SITE].to_numpy())[0] if IMPRESSION_SITE in rows else np.zeros(len(rows), int)
-    site_unit = _dense(b, conv_site[r], imp_epoch)
-    global_unit = _dense(b, imp_epoch)
-    quota_unit = _dense(b, imp_epoch, imp_site[plan.impression_row[m]])
+    global_unit = _unit_ids(b, imp_epoch)
+    site_unit = global_unit
+    if CONVERSION_SITE in rows:
+        site_unit = _unit_ids(global_unit, pd.factorize(rows[CONVERSION_SITE].to_numpy())[0][r])
+    quota_unit = global_unit
+    if IMPRESSION_SITE in rows:
+        quota_unit = _unit_ids(global_unit, pd.factorize(rows[IMPRESSION_SITE].to_numpy())[0][plan.impression_row[m]])
     site_left = np.full(int(site_unit.max(initial=-1)) + 1, config.per_site_budget, dtype=np.int64)
     global_left = np.full(int(global_unit.max(initial=-1)) + 1, config.global_budget_per_epoch, dtype=np.int64)
     quota_left = np.full(int(quota_unit.max(initial=-1)) + 1, config.impression_site_quota_per_epoch, dtype=np.int64)
 
+    # A report whose three units could take the deductions of all their matched reports is accepted in
+    # any order; the units of the others are each either such a unit (its check passes whatever comes
+    # first) or one that only the others use: they alone go through the budgets in order.
     candidates = np.flatnonzero(matched)
+    fits = (_fits(site_unit[candidates], site_deduction[candidates], site_left)
+            & _fits(global_unit[candidates], value_deduction[candidates], global_left)
+            & _fits(quota_unit[candidates], value_deduction[candidates], quota_left))
+    accepted = np.zeros(len(b), dtype=bool)
+    accepted[candidates[fits]] = True
+    candidates = candidates[~fits]
     cb = b[candidates]
     group_start = np.flatnonzero(np.diff(cb, prepend=-1) != 0)
     rank = np.arange(len(candidates)) - np.repeat(group_start, np.diff(np.append(group_start, len(cb))))
     rank_type = np.int16 if rank.max(initial=0) < 2**15 else np.int64  # small ints: numpy's stable sort is a radix sort
     by_rank = candidates[np.argsort(rank.astype(rank_type), kind="stable")]
     bounds = np.concatenate([[0], np.cumsum(np.bincount(rank, minlength=1))])
-    accepted = np.zeros(len(b), dtype=bool)
     for k in range(len(bounds) - 1):
         sel = by_rank[bounds[k]:bounds[k + 1]]
         su, gu, qu = site_unit[sel], global_unit[sel], quota_unit[sel]
