@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from araopt.errors import AraoptError, InvalidInput, InvalidParameters, PrivacyRefusal
-from araopt.io.ids import canonical_id_hash
+from araopt.io.ids import ID_HASH, canonical_id_hash, table_id_hash
 
 IMPRESSION_ID = "impression_id"
 CONVERSION_TIME = "conversion_time"
@@ -413,7 +413,7 @@ class Conversions:
                 return None
             return cast(np.ndarray, table.column(name).to_numpy(zero_copy_only=False).astype(dtype, copy=False))
 
-        return cls(
+        out = cls(
             impression_id=table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False),
             conversion_time=table.column("conversion_time_us").to_numpy(zero_copy_only=False).astype(np.int64),
             slices={c: _slice_array(table.column(c), categorical_slices) for c in slice_columns},
@@ -422,12 +422,32 @@ class Conversions:
             in_period=optional(IN_PERIOD, np.bool_),
             impression_time=optional(IMPRESSION_TIME_US, np.int64),
         )
+        if ID_HASH in table.column_names:  # hashed once, by the grouping step (``araopt.io.ids.ID_HASH``)
+            out._keep(ID_HASH, table_id_hash(table))
+        return out
+
+    def _keep(self, name: str, array: np.ndarray) -> np.ndarray:
+        array.setflags(write=False)
+        self._cache[name] = array
+        return array
+
+    def id_hashes(self) -> np.ndarray:
+        """``canonical_id_hash`` of the impression ids (read-only), computed once per instance (or
+        carried from the grouping step's column)."""
+        cached = self._cache.get(ID_HASH)
+        if cached is not None:
+            return cached
+        return self._keep(ID_HASH, canonical_id_hash(self.impression_id))
 
     def take(self, index: np.ndarray) -> Conversions:
-        return Conversions(self.impression_id[index], self.conversion_time[index],
-                           {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns,
-                           None if self.in_period is None else self.in_period[index],
-                           None if self.impression_time is None else self.impression_time[index])
+        out = Conversions(self.impression_id[index], self.conversion_time[index],
+                          {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns,
+                          None if self.in_period is None else self.in_period[index],
+                          None if self.impression_time is None else self.impression_time[index])
+        hashed = self._cache.get(ID_HASH)
+        if hashed is not None:
+            out._keep(ID_HASH, hashed[index])
+        return out
 
     def record_keys(self) -> np.ndarray:
         """A 64-bit content hash per record: the deterministic tie-break and simulation RR key.
@@ -445,11 +465,8 @@ class Conversions:
         columns = [self.conversion_time.astype(np.int64)]
         columns += [self.values[:, j].astype(np.float64) for j in range(self.values.shape[1])]
         columns += [_normalise(v) for v in self.slices.values()]
-        hashes = [canonical_id_hash(self.impression_id), *(pd.util.hash_array(c) for c in columns)]
-        keys = _combine_hashes(hashes, len(self))
-        keys.setflags(write=False)
-        self._cache["record_keys"] = keys
-        return keys
+        hashes = [self.id_hashes(), *(pd.util.hash_array(c) for c in columns)]
+        return self._keep("record_keys", _combine_hashes(hashes, len(self)))
 
 
 def _slice_array(column: pa.ChunkedArray, categorical: bool) -> np.ndarray:
@@ -491,7 +508,7 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
         raise InvalidInput("the period and its lookback must carry the same slice and value columns")
     lookback = lookback.take(np.flatnonzero(isin_ids(lookback.impression_id, period.impression_id)))
     both_times = period.impression_time is not None and lookback.impression_time is not None
-    return Conversions(
+    out = Conversions(
         np.concatenate([_normalise(period.impression_id), _normalise(lookback.impression_id)]),
         np.concatenate([period.conversion_time, lookback.conversion_time]).astype(np.int64),
         {k: np.concatenate([_normalise(v), _normalise(lookback.slices[k])]) for k, v in period.slices.items()},
@@ -501,6 +518,10 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
         np.concatenate([cast(np.ndarray, period.impression_time), cast(np.ndarray, lookback.impression_time)])
         if both_times else None,
     )
+    hashed = [part._cache.get(ID_HASH) for part in (period, lookback)]
+    if hashed[0] is not None and hashed[1] is not None:
+        out._keep(ID_HASH, np.concatenate(hashed))
+    return out
 
 
 def isin_ids(ids: np.ndarray, among: np.ndarray) -> np.ndarray:

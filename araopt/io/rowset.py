@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from araopt.errors import InvalidInput
 from araopt.io.conversions import IMPRESSION_ID
-from araopt.io.ids import canonical_id_hash, mix_in_place
+from araopt.io.ids import canonical_id_hash, mix_in_place, table_id_hash
 
 TIME_US: Final = "conversion_time_us"
 ROW_ID: Final = "row_id"
@@ -139,7 +139,7 @@ class RowSetPart:
         if table.num_rows == 0:
             return cls(np.empty(0, dtype=np.uint64), None, None, np.empty(0, dtype=np.uint64))
         bounds = pc.min_max(table.column(TIME_US))
-        words, times = canonical_id_hash(table.column(IMPRESSION_ID)), _times(table.column(TIME_US))
+        words, times = table_id_hash(table, IMPRESSION_ID), _times(table.column(TIME_US))
         coarse = _coarse_ids(words.copy(), times)  # the id hashed once for both identities
         return cls(_exact_ids(words, times), bounds["min"].as_py(), bounds["max"].as_py(), coarse)
 
