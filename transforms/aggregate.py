@@ -65,7 +65,7 @@ class _EncodeAndBound(beam.DoFn):
         period = conv.period_mask()
         sums = aggregate.domain_sums(histogram_rows(conv, params, domain), contributions, kept,
                                      histogram_height(params, domain),
-                                     impressions=len(pd.unique(conv.impression_id[period])), in_period=period,
+                                     impressions=len(pd.unique(conv.impression_sort_keys()[period])), in_period=period,
                                      rows_before_lookback=rows_before_coverage(conv, self._coverage_start))
         if conv.in_period is not None:
             sums = dataclasses.replace(sums, lookback_rows=lookback_rows)

@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from araopt.errors import AraoptError, InvalidInput, InvalidParameters, PrivacyRefusal
-from araopt.io.ids import ID_HASH, canonical_id_hash, table_id_hash
+from araopt.io.ids import ID_HASH, canonical_id_hash, id_sort_keys, table_id_hash
 
 IMPRESSION_ID = "impression_id"
+_SORT_KEYS = "impression_sort_keys"
 CONVERSION_TIME = "conversion_time"
 IMPRESSION_TIME = "impression_time"
 """Optional column: when the impression was shown (any timestamp unit or zone, like conversion_time)."""
@@ -424,6 +425,9 @@ class Conversions:
         )
         if ID_HASH in table.column_names:  # hashed once, by the grouping step (``araopt.io.ids.ID_HASH``)
             out._keep(ID_HASH, table_id_hash(table))
+        ids = table.column(IMPRESSION_ID)
+        if table.num_rows and pa.types.is_string(ids.type):  # from Arrow's strings: no Python objects compared
+            out._keep(_SORT_KEYS, id_sort_keys(ids))
         return out
 
     def _keep(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -439,14 +443,23 @@ class Conversions:
             return cached
         return self._keep(ID_HASH, canonical_id_hash(self.impression_id))
 
+    def impression_sort_keys(self) -> np.ndarray:
+        """Keys that order and group the rows as their impression ids do (``araopt.io.ids.id_sort_keys``:
+        integers for string ids), computed once per instance: what Alg. 1's order sorts."""
+        cached = self._cache.get(_SORT_KEYS)
+        if cached is not None:
+            return cached
+        return self._keep(_SORT_KEYS, np.array(id_sort_keys(self.impression_id)))
+
     def take(self, index: np.ndarray) -> Conversions:
         out = Conversions(self.impression_id[index], self.conversion_time[index],
                           {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns,
                           None if self.in_period is None else self.in_period[index],
                           None if self.impression_time is None else self.impression_time[index])
-        hashed = self._cache.get(ID_HASH)
-        if hashed is not None:
-            out._keep(ID_HASH, hashed[index])
+        for name in (ID_HASH, _SORT_KEYS):  # a subset keeps its hashes, and its ids' order and grouping
+            cached = self._cache.get(name)
+            if cached is not None:
+                out._keep(name, cached[index])
         return out
 
     def record_keys(self) -> np.ndarray:

@@ -157,3 +157,27 @@ def with_id_hash(table: pa.Table, id_column: str = "impression_id") -> tuple[pa.
         return table, table_id_hash(table)
     hashed = canonical_id_hash(table.column(id_column))
     return table.append_column(ID_HASH, pa.array(hashed, type=pa.uint64())), hashed
+
+
+def id_sort_keys(impression_id: IdArray) -> np.ndarray:
+    """Keys that order and group rows exactly as their ids do (Alg. 1's impression order): for string
+    ids their dense rank in UTF-8 byte (= code point) order, computed by Arrow over the distinct ids
+    (int64; no Python comparison per row); any other ids are returned as they are. Not canonical
+    (``"007"`` and ``"7"`` stay two ids, as in Alg. 1's order) and comparable only within one call."""
+    if isinstance(impression_id, pa.ChunkedArray):
+        impression_id = impression_id.combine_chunks()
+    if not isinstance(impression_id, pa.Array):
+        arr = np.asarray(impression_id)
+        if arr.dtype != object or not len(arr):
+            return arr
+        try:
+            impression_id = pa.array(arr, from_pandas=False)
+        except (pa.ArrowException, TypeError, ValueError):  # mixed or non-string objects
+            return arr
+    if not (pa.types.is_string(impression_id.type) or pa.types.is_large_string(impression_id.type)) \
+            or impression_id.null_count or not len(impression_id):
+        return np.asarray(impression_id.to_numpy(zero_copy_only=False))
+    encoded = pc.dictionary_encode(impression_id)
+    rank = np.asarray(pc.rank(encoded.dictionary, sort_keys="ascending").to_numpy(), dtype=np.int64)
+    rank -= 1
+    return cast(np.ndarray, rank[encoded.indices.to_numpy(zero_copy_only=False)])

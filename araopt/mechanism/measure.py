@@ -57,10 +57,10 @@ def encode_and_bound(
                                              rng, uniforms=None if uniforms is None else uniforms[rows])
     if conversions.has_lookback:  # Alg. 1 over the impression's life: earlier rows at what they really cost
         low, high = lifetime_norms(conversions, params, contributions, history, uniforms)
-        kept = bound_contributions(conversions.impression_id, conversions.conversion_time, low,
+        kept = bound_contributions(conversions.impression_sort_keys(), conversions.conversion_time, low,
                                    params.contribution_budget, tie_breaker=keys, upper_norms=high)
     else:
-        kept = bound_contributions(conversions.impression_id, conversions.conversion_time, contributions,
+        kept = bound_contributions(conversions.impression_sort_keys(), conversions.conversion_time, contributions,
                                    params.contribution_budget, tie_breaker=keys)
     return contributions, kept
 
