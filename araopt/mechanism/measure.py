@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
@@ -146,7 +147,7 @@ def measure(
     slice_idx = histogram_rows(conversions, params, domain)
     period = conversions.period_mask()
     sums = domain_sums(slice_idx, contributions, kept, histogram_height(params, domain),
-                       impressions=len(np.unique(conversions.impression_id[period])), in_period=period)
+                       impressions=len(pd.unique(conversions.impression_sort_keys()[period])), in_period=period)
     accounting = Accounting(rows_read=int(period.sum()), rows_rejected=0, rows_kept=sums.kept, rows_capped=sums.capped,
                             rows_outside_domain=sums.outside_domain, impressions=sums.impressions,
                             lookback_rows_read=sums.lookback_rows, lookback_rows_used=sums.lookback_rows)
