@@ -22,6 +22,7 @@ from araopt.io.ids import ID_HASH, canonical_id_hash, id_sort_keys, table_id_has
 
 IMPRESSION_ID = "impression_id"
 _SORT_KEYS = "impression_sort_keys"
+_RECORD_KEYS = "record_keys"
 CONVERSION_TIME = "conversion_time"
 IMPRESSION_TIME = "impression_time"
 """Optional column: when the impression was shown (any timestamp unit or zone, like conversion_time)."""
@@ -451,12 +452,19 @@ class Conversions:
             return cached
         return self._keep(_SORT_KEYS, np.array(id_sort_keys(self.impression_id)))
 
+    def with_in_period(self, in_period: np.ndarray | None) -> Conversions:
+        """The same rows with ``in_period`` replaced, keeping what was computed of them (the record keys,
+        id hashes and sort keys depend on the rows' content only)."""
+        out = dataclasses.replace(self, in_period=in_period)
+        out._cache.update(self._cache)
+        return out
+
     def take(self, index: np.ndarray) -> Conversions:
         out = Conversions(self.impression_id[index], self.conversion_time[index],
                           {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns,
                           None if self.in_period is None else self.in_period[index],
                           None if self.impression_time is None else self.impression_time[index])
-        for name in (ID_HASH, _SORT_KEYS):  # a subset keeps its hashes, and its ids' order and grouping
+        for name in (ID_HASH, _SORT_KEYS, _RECORD_KEYS):  # a subset keeps its hashes and its ids' order
             cached = self._cache.get(name)
             if cached is not None:
                 out._keep(name, cached[index])
@@ -472,14 +480,14 @@ class Conversions:
         hashes the record's content only (not ``in_period``): a conversion read as lookback on one day
         gets the key it had when it was released, so its rounding and its place in Alg. 1's order are
         the same. Computed once per instance (the arrays of a ``Conversions`` are not changed in place)."""
-        cached = self._cache.get("record_keys")
+        cached = self._cache.get(_RECORD_KEYS)
         if cached is not None:
             return cached
         columns = [self.conversion_time.astype(np.int64)]
         columns += [self.values[:, j].astype(np.float64) for j in range(self.values.shape[1])]
         columns += [_normalise(v) for v in self.slices.values()]
         hashes = [self.id_hashes(), *(pd.util.hash_array(c) for c in columns)]
-        return self._keep("record_keys", _combine_hashes(hashes, len(self)))
+        return self._keep(_RECORD_KEYS, _combine_hashes(hashes, len(self)))
 
 
 def _slice_array(column: pa.ChunkedArray, categorical: bool) -> np.ndarray:
@@ -510,8 +518,8 @@ def _combine_hashes(hashes: Sequence[np.ndarray], n: int) -> np.ndarray:
 def split_periods(conversions: Conversions) -> tuple[Conversions, Conversions]:
     """(the period's rows, the lookback rows) of a batch with ``in_period`` (inverse of ``concat_periods``)."""
     mask = conversions.period_mask()
-    return (dataclasses.replace(conversions.take(np.flatnonzero(mask)), in_period=None),
-            dataclasses.replace(conversions.take(np.flatnonzero(~mask)), in_period=None))
+    return (conversions.take(np.flatnonzero(mask)).with_in_period(None),
+            conversions.take(np.flatnonzero(~mask)).with_in_period(None))
 
 
 def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
@@ -531,9 +539,9 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
         np.concatenate([cast(np.ndarray, period.impression_time), cast(np.ndarray, lookback.impression_time)])
         if both_times else None,
     )
-    hashed = [part._cache.get(ID_HASH) for part in (period, lookback)]
-    if hashed[0] is not None and hashed[1] is not None:
-        out._keep(ID_HASH, np.concatenate(hashed))
+    first, second = period._cache.get(ID_HASH), lookback._cache.get(ID_HASH)
+    if first is not None and second is not None:
+        out._keep(ID_HASH, np.concatenate([first, second]))
     return out
 
 

@@ -68,6 +68,11 @@ def conversion_row_ids(impression_id: np.ndarray | pa.Array | pa.ChunkedArray,
     return _exact_ids(canonical_id_hash(impression_id), _times(conversion_time_us))
 
 
+def hashed_row_ids(id_hashes: np.ndarray, conversion_time_us: np.ndarray) -> np.ndarray:
+    """``conversion_row_ids`` from the ids' canonical hashes (``Conversions.id_hashes``), not consumed."""
+    return _exact_ids(np.array(id_hashes, dtype=np.uint64), _times(conversion_time_us))
+
+
 def coarse_row_ids(impression_id: np.ndarray | pa.Array | pa.ChunkedArray,
                    conversion_time_us: np.ndarray | pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The coarse 64-bit identity of each conversion: its canonical impression id and the second of its

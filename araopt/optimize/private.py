@@ -475,7 +475,7 @@ def last_pseudo_day(pseudo: Conversions) -> Conversions:
     period = np.floor_divide(pseudo.conversion_time, DAY_US) == last
     keys = pseudo.impression_sort_keys()  # integers equal where the ids are: np.isin on objects is quadratic
     rows = np.flatnonzero(period | np.isin(keys, np.unique(keys[period])))
-    return dataclasses.replace(pseudo.take(rows), in_period=period[rows])
+    return pseudo.take(rows).with_in_period(period[rows])
 
 
 def _domain_keys(domain: KeyDomain) -> list[tuple[Any, ...]]:
