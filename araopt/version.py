@@ -1,7 +1,9 @@
 """A parameter version: the parameter FILE that ``optimize`` and ``nightly`` publish and ``measure``,
 ``export-ara`` and ``reconstruct`` read. It holds the mechanism's parameters (``mechanism.params``),
 the declared key domain of its releases, the calibration fitted on the training history and how
-estimates use it (``correction``), and where it came from (``Provenance``).
+estimates use it (``correction``), and where it came from (``Provenance``); and the API it targets
+(``Api``): ARA (the default: a file without ``api`` is ARA's, byte for byte as before) or W3C Attribution
+Level 1, whose version carries its ``AttributionParams`` (``attribution``) beside their paper view.
 
 The file is JSON, validated against ``schemas/params.schema.json`` and then semantically; every
 refusal names the field. ``checksum`` is the sha256 of the bytes ``save`` writes: key maps and
@@ -15,11 +17,13 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib import resources
 from typing import Any, cast
 
 import jsonschema
 
+from araopt.attribution.params import AttributionParams, params_from_json, params_to_json
 from araopt.calibration.calendar import Calendar
 from araopt.calibration.model import Calibration
 from araopt.constants import CORRECTION, L1_ROUNDING_OF_A_FILE
@@ -33,6 +37,15 @@ from araopt.mechanism.params import Encoding, Params, QueryParams
 FORMAT_VERSION = "1.0"
 SUPPORTED_MAJOR_VERSION = 1
 CORRECTIONS = ("ratio", "none")
+
+
+class Api(StrEnum):
+    """The browser API a parameter version targets: ARA (summary reports) or W3C Attribution Level 1."""
+
+    ARA = "ara"
+    ATTRIBUTION = "attribution"
+
+
 """How estimates use a calibration: ``ratio`` divides by the retention ratio; ``none`` keeps the capped estimate."""
 
 
@@ -79,7 +92,12 @@ class ParameterVersion:
     (the capped estimate, when the history shows that dividing adds more noise than it removes bias;
     the intervals are for the true totals either way); the ``calendar``: day-of-week and declared
     special-day effects on the calibration's ratios (``calibration.calendar``; it records the special
-    days); and ``provenance``."""
+    days); and ``provenance``.
+
+    ``api`` is the target; for ``Api.ATTRIBUTION``, ``attribution`` holds the Attribution parameters,
+    ``params`` is their paper view (``AttributionParams.paper_params``: C, C_l, the slices; what a
+    calibration is checked against) and ``domain`` the histogram layout (impression-side slices, the
+    queries' names). Build one with :meth:`for_attribution`."""
 
     params: Params
     domain: KeyDomain | None = None
@@ -88,13 +106,30 @@ class ParameterVersion:
     provenance: Provenance | None = None
     format_version: str = FORMAT_VERSION
     calendar: Calendar | None = None
+    api: Api = Api.ARA
+    attribution: AttributionParams | None = None
 
     def __post_init__(self) -> None:
         _check_version(self.format_version)
         if not isinstance(self.params, Params):
             raise InvalidParameters(f"params must be Params, got {type(self.params).__name__}")
+        try:
+            object.__setattr__(self, "api", Api(self.api))
+        except ValueError:
+            raise InvalidParameters(f"api must be one of {[a.value for a in Api]}, got {self.api!r}") from None
+        if self.api == Api.ATTRIBUTION:
+            if not isinstance(self.attribution, AttributionParams):
+                raise InvalidParameters("api 'attribution' needs its attribution parameters")
+            if self.params != self.attribution.paper_params():
+                raise InvalidParameters("the paper view (count_limit, queries, slices, epsilon) does not match the "
+                                        "attribution parameters")
+        elif self.attribution is not None:
+            raise InvalidParameters("attribution parameters need api 'attribution'")
         if self.domain is not None:
-            self.params.check_domain(self.domain)
+            if self.attribution is not None:
+                self.attribution.check_domain(self.domain)
+            else:
+                self.params.check_domain(self.domain)
         if self.correction not in CORRECTIONS:
             raise InvalidParameters(f"correction must be one of {CORRECTIONS}, got {self.correction!r}")
         if self.calibration is not None:
@@ -109,8 +144,23 @@ class ParameterVersion:
             except ValueError as exc:
                 raise InvalidParameters(str(exc)) from None
 
+    @classmethod
+    def for_attribution(cls, attribution: AttributionParams, domain: KeyDomain | None = None,
+                        calibration: Calibration | None = None, correction: str = CORRECTION,
+                        provenance: Provenance | None = None, calendar: Calendar | None = None) -> ParameterVersion:
+        """A version of the attribution API: ``attribution`` with its paper view as ``params``."""
+        return cls(attribution.paper_params(), domain=domain, calibration=calibration, correction=correction,
+                   provenance=provenance, calendar=calendar, api=Api.ATTRIBUTION, attribution=attribution)
+
+    def require_api(self, api: Api, command: str) -> None:
+        """Refuse (one line) a version of another API than the one ``command`` handles."""
+        if self.api != api:
+            raise InvalidParameters(f"{command} handles parameter versions of api {api.value!r}; this one is for "
+                                    f"{self.api.value!r}")
+
     def with_epsilon(self, epsilon: float) -> ParameterVersion:
         """The same version releasing at another epsilon (a calibration does not depend on it)."""
+        self.require_api(Api.ARA, "with_epsilon")
         return dataclasses.replace(self, params=self.params.with_epsilon(epsilon))
 
     # ---- serialisation --------------------------------------------------------------------
@@ -146,6 +196,9 @@ class ParameterVersion:
             out["l1_rounding"] = p.l1_rounding
         if p.exploration is not None:
             out["exploration"] = p.exploration.to_json()
+        if self.attribution is not None:  # ARA's files name no api: their bytes and checksums are as before
+            out["api"] = self.api.value
+            out["attribution"] = params_to_json(self.attribution)
         return out
 
     def to_bytes(self) -> bytes:
@@ -181,6 +234,8 @@ class ParameterVersion:
         )
         prov = data.get("provenance")
         try:
+            api = Api(data.get("api", Api.ARA.value))
+            attribution = None if data.get("attribution") is None else params_from_json(data["attribution"])
             params = Params(
                 count_limit=data["count_limit"], encoding=data["encoding"], epsilon=data["epsilon"],
                 slice_columns=tuple(data["slice_columns"]), queries=queries,
@@ -198,6 +253,7 @@ class ParameterVersion:
                 correction=data.get("correction", CORRECTION),
                 calendar=None if data.get("calendar") is None else Calendar.from_json(data["calendar"]),
                 provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
+                api=api, attribution=attribution,
             )
         except ValueError as exc:  # every refusal of the parts, said once with the file's name
             raise InvalidParameters(f"{source}: {exc}") from None

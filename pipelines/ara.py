@@ -59,7 +59,7 @@ from araopt.mechanism.measure import encode_and_bound, rounding_uniforms
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.randomness import secure_generator
 from araopt.publication import histogram_buckets
-from araopt.version import ParameterVersion
+from araopt.version import Api, ParameterVersion
 
 from . import options
 from .options import parse_days_option
@@ -276,6 +276,12 @@ def _reconstruct(args: argparse.Namespace) -> int:
     for side in (side_summary, side_unknown):  # the files written beside the estimates follow the same rule
         check_output_file(side, args.overwrite)
     file_version = load_version(args.params)
+    if args.api is not None:
+        file_version.require_api(Api(args.api), f"reconstruct --api {args.api}")
+    if file_version.api == Api.ATTRIBUTION:  # W3C Attribution Level 1: aggregated histograms, not ARA's Avro
+        from .attribution import reconstruct_attribution
+
+        return reconstruct_attribution(args, file_version, (side_summary,))
     version = (file_version if args.epsilon is None
                else file_version.with_epsilon(check_epsilon(args.epsilon, "--epsilon")))
     params = version.params

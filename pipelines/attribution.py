@@ -37,6 +37,7 @@ from araopt.io import jsonio, outputs
 from araopt.io.conversions import ATTRIBUTION_COLUMNS, IMPRESSION_TIME, IMPRESSION_TIME_US, ValidationCounts
 from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_target
 from araopt.mechanism.keys import DATA, KeyDomain
+from araopt.version import ParameterVersion
 
 from . import options
 
@@ -71,6 +72,13 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
     """Valid rows of a Parquet log with the Attribution columns (``impression_time`` required), with
     the same validation as every job; rows in = kept + rejected (rejections counted by reason); and the
     input's files and schema (which type a declared layout's values)."""
+    return read_log(pattern, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns)
+
+
+def read_log(pattern: str, slices: Sequence[str], values: Sequence[str]
+             ) -> tuple[pd.DataFrame, ValidationCounts, InputFiles]:
+    """:func:`read_rows` for the columns ``slices`` and ``values`` (no parameters yet: ``optimize`` and
+    ``evaluate``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
@@ -78,8 +86,8 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
     from araopt.io.conversions import check_attribution_schema, validate_batch
     from transforms.io import check_input, needed_columns
 
-    slices = (*params.slice_columns, *params.conversion_slice_columns)
-    inputs = check_input(pattern, slices, params.value_columns)
+    slices, values = tuple(slices), tuple(values)
+    inputs = check_input(pattern, slices, values)
     valid, counts = [], []
     for path in inputs.paths:
         with FileSystems.open(path) as fh:
@@ -87,8 +95,8 @@ def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, Va
         if IMPRESSION_TIME not in present:
             raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
         with FileSystems.open(path) as fh:
-            table = pq.read_table(fh, columns=[*needed_columns(slices, params.value_columns), *present])
-        batch = validate_batch(table, slices, params.value_columns, passthrough=ATTRIBUTION_COLUMNS)
+            table = pq.read_table(fh, columns=[*needed_columns(slices, values), *present])
+        batch = validate_batch(table, slices, values, passthrough=ATTRIBUTION_COLUMNS)
         valid.append(batch.valid)
         counts.append(ValidationCounts.of(table.num_rows, batch))
     rows = pa.concat_tables(valid).to_pandas()
@@ -203,6 +211,55 @@ def _export(args: argparse.Namespace) -> int:
     if cases is not None:
         print(f"  operator-private ({len(cases)} browsers, {reports} measureConversion events; raw ids and times, never "
               f"publish): {os.path.join(args.output, outputs.private_file(EVENTS_JSONL))}")
+    return 0
+
+
+def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion, sides: tuple[str, ...]) -> int:
+    """``araopt reconstruct`` for an attribution parameter version: the aggregation service's noisy
+    histograms (CSV: ``query,histogram_index,noisy_sum``) -> Alg. 4's estimates with noise intervals per
+    histogram index, through the histogram layout (--key-map: measure's key_map.json; else the
+    version's layout; else --conversions' slices)."""
+    from araopt.attribution.reconstruct import estimates_frame, read_histograms, reconstruct_histograms
+    from araopt.io.files import atomic_write
+
+    prog = "araopt reconstruct"
+    params = version.attribution
+    if params is None:
+        raise InvalidParameters("the parameter version carries no attribution parameters")
+    if args.epsilon is not None:
+        raise InvalidParameters("--epsilon does not apply to an attribution version (each query's epsilon is in it)")
+    if args.key_map:
+        domain = KeyDomain.load(args.key_map)
+        params.check_domain(domain, source=f"key map {args.key_map}")
+    elif version.domain is not None:
+        domain = version.domain
+    elif args.conversions:
+        rows, _, _ = read_rows(args.conversions, params)
+        domain = KeyDomain.from_slice_values(params.slice_columns, {c: rows[c].to_numpy() for c in params.slice_columns},
+                                             params.query_names)
+    else:
+        raise InvalidParameters("reconstruct needs the histogram layout: pass --key-map M (measure's key_map.json), a "
+                                "version that carries one, or --conversions LOG")
+    paths = args.summary_report if isinstance(args.summary_report, list) else [args.summary_report]
+    frames = []
+    for path in paths:
+        try:
+            frames.append(pd.read_csv(path))
+        except Exception as exc:  # noqa: BLE001 - a parser error is bad input
+            raise InvalidInput(f"cannot read the aggregated histograms {path}: {str(exc).splitlines()[0]}") from None
+    histograms, missing = read_histograms(pd.concat(frames, ignore_index=True), params, domain.num_slices,
+                                          source=", ".join(paths))
+    estimates = reconstruct_histograms(params, histograms, args.confidence)
+    frame = estimates_frame(estimates, domain, bool(params.conversion_slice_columns))
+    atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
+    summary = {"api": "attribution", "histograms": len(histograms), "histogram_size": domain.num_slices,
+               "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output}
+    atomic_write(sides[0], lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
+    if missing:
+        print(f"{prog}: warning: {missing} (query, histogram index) entries are missing from the histograms: their "
+              f"estimates are NaN", file=sys.stderr)
+    print(f"{prog}: {len(histograms)} histogram(s) x {domain.num_slices:,} indices; estimates with "
+          f"{args.confidence:.0%} noise intervals written to {args.output} (summary in {sides[0]})")
     return 0
 
 

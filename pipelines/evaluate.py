@@ -63,6 +63,12 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     from .inputs import load_conversions, report_rejections
 
     epsilons = parse_epsilons(args.epsilons)
+    if args.api == "attribution":
+        from .tune_attribution import run_evaluate as run_attribution
+
+        if args.monte_carlo < 0:
+            raise InvalidParameters(f"--monte-carlo must be >= 0, got {args.monte_carlo}")
+        return run_attribution(args, PROG, epsilons)
     if args.monte_carlo < 0 or args.monte_carlo == 1:
         raise InvalidParameters(f"--monte-carlo must be 0 (off) or >= 2, got {args.monte_carlo}")
     if len(args.train) != len(args.test):

@@ -46,7 +46,7 @@ from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.release import release_domain
 from araopt.publication import Publication, publish
-from araopt.version import ParameterVersion
+from araopt.version import Api, ParameterVersion
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.io import InputFiles, check_input, footer_summary, match_files
 from transforms.release import WriteRelease
@@ -275,6 +275,12 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if simulation:
         print(SIMULATION_WARNING, file=sys.stderr)
     loaded = load_params(args.params, args.params_version)
+    if args.api is not None:
+        loaded.version.require_api(Api(args.api), f"measure --api {args.api}")
+    if loaded.version.api == Api.ATTRIBUTION:  # W3C Attribution Level 1: its own job, grouped by browser
+        from .measure_attribution import run_attribution
+
+        return run_attribution(args, beam_args, loaded, started)
     version, epsilon_note = apply_epsilon(loaded, args.epsilon, args.override_epsilon)
     params = version.params
     if not 0.0 <= args.max_rejected_fraction <= 1.0:

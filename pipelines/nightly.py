@@ -168,6 +168,13 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     started = time.time()
     as_of = resolve_as_of(args.as_of)
+    if args.api == "attribution":
+        from .tune_attribution import run_nightly as run_attribution
+
+        if args.history is None:
+            raise InvalidParameters("--history is required with --api attribution")
+        files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
+        return run_attribution(args, "araopt nightly", as_of, files, dates)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")

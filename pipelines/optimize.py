@@ -61,6 +61,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from .private import check_mode
     from .runner import dry_run_sentence
 
+    if args.api == "attribution":
+        from .tune_attribution import run_optimize as run_attribution
+
+        return run_attribution(args, PROG)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")

@@ -124,6 +124,10 @@ _ALL: Final[tuple[CliOption, ...]] = (
        regex=_POSITIVE_DECIMAL),
     _o("l1_rounding", "Rounding of the L1 encoding written to the file: randomized (unbiased) or floor "
        "(the paper's Alg. 6).", default=core.L1_ROUNDING, choices=("randomized", "floor")),
+    _o("api", "The browser API: ara (the Attribution Reporting API) or attribution (W3C Attribution Level 1). "
+       "measure / reconstruct: default the parameter version's (a different one is refused); optimize / nightly / "
+       "evaluate: default ara; with attribution, --epsilon(s) is the per-site epoch budget.",
+       choices=("ara", "attribution"), metavar="ara|attribution", label="API", regex=r"^(ara|attribution)$"),
     _o("simulation_seed", "SIMULATION MODE: seeded, key-deterministic rounding and noise; the output is NOT "
        "private and is marked SIMULATION.", type="int", metavar="SEED"),
     _o("override_epsilon", "Allow an --epsilon different from the parameter file's (recorded).", type="bool",
@@ -238,6 +242,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("k_min", "Power-law k_min (>= 1).", type="int"),
     _o("k_max", "Power-law k_max (>= k_min).", type="int"),
     _o("attribution_window_days", "Attribution window in days.", type="positive_int", metavar="DAYS"),
+    _o("impressions_per_user", "Mean impressions per browser (browser_id: the W3C Attribution target's privacy "
+       "unit; preset default 3).", type="positive_float", metavar="N"),
     _o("power_law_sampler", "exact: Def. 5.1 by inverse CDF; clauset: the paper's Clauset et al. approximation "
        "(off by 34% at P(2)/P(1) for b = 2.88).", default="exact", choices=("exact", "clauset")),
     _o("chunk_rows", "Rows per in-memory chunk / Parquet row group (bounds memory).", type="positive_int",
@@ -259,7 +265,8 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("destination", "The advertiser site of the source registrations: an https:// URL (http:// only for "
        "localhost), reduced to its site (scheme + registrable domain) as Chrome does.",
        default=core.DESTINATION, metavar="URL"),
-    _o("summary_report", "The Aggregation Service's summary report: Avro file(s), a directory or a glob.",
+    _o("summary_report", "The Aggregation Service's summary report: Avro file(s), a directory or a glob (for an "
+       "attribution parameter version: the aggregated histograms, CSV with query,histogram_index,noisy_sum).",
        required=True, metavar="AVRO", nargs="+"),
     _o("confidence", "Confidence level of the intervals.", type="float", default=core.CONFIDENCE, metavar="LEVEL"),
     # ---- demo ------------------------------------------------------------------------------------
@@ -313,7 +320,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                     "released or counted; default: none."}),
          "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
          "allow_rerelease", "ledger", "check_ledgers", "params_version", "simulation_seed", "num_shards", "shuffle",
-         "max_rejected_fraction", "no_progress", "overwrite"),
+         "max_rejected_fraction", "no_progress", "overwrite", "api"),
         beam=True),
     "optimize": Command(
         "pipelines.optimize", "run", "choose C, clip thresholds and budget fractions on history (Alg. 5)",
@@ -325,7 +332,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
         (("history", {"required": False, "help": "Conversion history (Parquet, joined: impression_id and every "
                                                  "slice): a file, directory or glob, local or gs://. Required "
                                                  "unless --private."}),
-         "slices", "values", ("epsilon", {"required": True}), "output", "release_period",
+         "slices", "values", ("epsilon", {"required": True}), "output", "release_period", "api", "seed",
          ("lookback", {"help": "Earlier conversions (Parquet) read only to rank each history conversion within its "
                                "impression's whole life (as the browser caps a source); not part of the history."}),
          "private", "releases", "first_party",
@@ -360,7 +367,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "campaignId,geography,productCategory --values value --output eval/",),
         ("train", "test", ("name", {"help": "Dataset name (one per --train; default dataset1, ...).",
                                     "action": "append"}),
-         "slices", "values", "epsilons", "output", "monte_carlo", "seed", "max_count_limit", "objective", "tau",
+         "slices", "values", "epsilons", "output", "monte_carlo", "seed", "api", "max_count_limit", "objective", "tau",
          ("lookback", {"help": "Conversions before the training log (Parquet), read only to rank the training "
                                "conversions over their impressions' whole lives; the test log's lookback is the "
                                "training log (and this)."}),
@@ -383,7 +390,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                                         "arm plan of the store's latest version, else "
                                                         f"{core.EXPLORATION_ARM_SHARE:g} (never taken from a release "
                                                         "folder)."}),
-         "release_period", "lookback_days", "encoding",
+         "release_period", "lookback_days", "encoding", "api", "seed",
          "max_count_limit", "allow_large_change", "max_threshold_change_factor", "max_count_limit_change", "run_id",
          "objective",
          "tau", "special_days", "special_day_loss_factor", "max_rejected_fraction", "num_shards", "shuffle",
@@ -400,7 +407,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "sigma", ("k_min", {"help": "Override the power-law k_min (>= 1; preset default 1)."}),
          ("k_max", {"help": "Override the power-law k_max (>= k_min; preset default 10000)."}),
          ("attribution_window_days", {"help": "Override the attribution window (preset default 30)."}),
-         "power_law_sampler", "chunk_rows", "rows_per_file", "max_conversions", "overwrite"),
+         "impressions_per_user", "power_law_sampler", "chunk_rows", "rows_per_file", "max_conversions", "overwrite"),
         groups=(("scale", "target_conversions"),),
         epilog="presets (k_min=1, k_max=10000, 30-day window): synth-criteo b=2.88 lam=10 mu=4.19 sigma=1.16; "
                "synth-real-estate b=0.06 lam=10 mu=0.87 sigma=0.43; synth-travel b=1.14 lam=10 mu=1.95 sigma=1.14. "
@@ -484,7 +491,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          ("conversions", {"help": "Without --key-map: the key domain of this log's slices."}), "output",
          "confidence", ("epsilon", {"help": "Epsilon of the Aggregation Service job, if it differs from the "
                                             "parameter file's."}),
-         ("days", {"type": "str", "metavar": "DATES", "regex": _DATES,
+         "api", ("days", {"type": "str", "metavar": "DATES", "regex": _DATES,
                    "help": "The UTC conversion days the report covers, YYYY-MM-DD,... (or FIRST..LAST): the "
                            "calibration's day-of-week and special-day effects apply to them as measure applies them "
                            "to its input's date= partitions. Default: the date=YYYY-MM-DD/ folders the report "

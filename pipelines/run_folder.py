@@ -37,7 +37,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,6 +329,27 @@ class RunFolder:
 
 
 # ---- pending commits ------------------------------------------------------------------------------
+@contextmanager
+def failures_settled(folder: RunFolder, refusals: tuple[type[BaseException], ...] = ()) -> Iterator[RunFolder]:
+    """Run a job into ``folder``: a refusal (``refusals``: nothing to debug) or an interrupt abandons it
+    (nothing kept); any other failure keeps its operator-private files for debugging (``fail``) and is
+    re-raised as one line saying that nothing was released and where they are."""
+    try:
+        yield folder
+    except refusals:
+        folder.abandon()
+        raise
+    except Exception as exc:
+        kept = folder.fail()
+        if kept is None:
+            raise
+        raise InvalidInput(f"{one_line(exc)} (nothing was released; the operator-private files of the failed "
+                           f"run are in {kept})") from exc
+    except BaseException:
+        folder.abandon()
+        raise
+
+
 def _put(uri: str, data: bytes) -> None:
     if uri.startswith("gs://"):
         parent, name = uri.rsplit("/", 1)

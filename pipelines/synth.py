@@ -25,7 +25,8 @@ def run_synth(argv: Sequence[str] | None = None) -> int:
         preset = synthetic.get_preset(a.preset)
         overrides = {k: v for k, v in (("b", a.b), ("lam", a.lam), ("mu", a.mu), ("sigma", a.sigma),
                                        ("k_min", a.k_min), ("k_max", a.k_max),
-                                       ("attribution_window_days", a.attribution_window_days)) if v is not None}
+                                       ("attribution_window_days", a.attribution_window_days),
+                                       ("impressions_per_user", a.impressions_per_user)) if v is not None}
         if overrides:
             preset = dataclasses.replace(preset, **overrides)  # re-validates
         scale = (synthetic.scale_for_target_conversions(preset, a.target_conversions)

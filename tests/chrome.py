@@ -7,6 +7,7 @@ import os
 import pytest
 
 from araopt.io import avro
+from peers import build_peer
 
 BUILD_SCRIPT = os.path.join("shared", "peers", "wicg", "build.sh")
 
@@ -53,17 +54,13 @@ def wicg_contrib():
     in ``~/.cache/araopt/wicg``). Skipped, saying why, when node, npm or the peer source is missing;
     failed instead in CI (``unavailable``)."""
     import shutil
-    import subprocess
 
     missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
     verdict = unavailable(missing, WICG_BUILD)
     if verdict is not None:
         kind, reason = verdict
         (pytest.fail if kind == "fail" else pytest.skip)(reason)
-    dest = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "araopt", "wicg")
-    done = subprocess.run(["bash", WICG_BUILD, dest], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return os.path.join(dest, "contrib.js")
+    return os.path.join(build_peer(WICG_BUILD, "wicg"), "contrib.js")
 
 
 def chrome_sums(contrib_js, export_dir, tmp_path):

@@ -15,7 +15,7 @@ from araopt.attribution.measure import measure
 from araopt.attribution.params import COUNT, PARAMS_FORMAT, AttributionParams, AttributionQuery
 from araopt.errors import InvalidParameters
 from pipelines.cli import main
-from w3c import random_log, run_reference, w3c_reference  # noqa: F401  (fixture)
+from w3c import log_parquet, random_log, run_reference, w3c_reference  # noqa: F401  (fixture)
 
 QUERIES = (AttributionQuery(COUNT, None), AttributionQuery("value", "value", max_value=255, clip=20.0))
 
@@ -30,19 +30,10 @@ def _write_params(path, params: AttributionParams) -> str:
     return str(path)
 
 
-def _parquet(log: pd.DataFrame, path) -> str:
-    """The log with the contract's timestamp columns (conversion_time, impression_time)."""
-    out = log.drop(columns=["conversion_time_us", "impression_time_us"]).assign(
-        conversion_time=pd.to_datetime(log["conversion_time_us"], unit="us", utc=True),
-        impression_time=pd.to_datetime(log["impression_time_us"], unit="us", utc=True))
-    out.to_parquet(path, index=False)
-    return str(path)
-
-
 def _export(tmp_path, params, log, seed, name="out", extra=()) -> tuple[int, str]:
     out = tmp_path / name
     code = main(["export-attribution", "--params", _write_params(tmp_path / f"{name}.json", params),
-                 "--output", str(out), "--conversions", _parquet(log, tmp_path / f"{name}.parquet"),
+                 "--output", str(out), "--conversions", log_parquet(log, tmp_path / f"{name}.parquet"),
                  "--simulation-seed", str(seed), *extra])
     return code, str(out)
 
@@ -174,7 +165,7 @@ def _one_line_error(capsys, argv) -> str:
 def test_bad_inputs_are_one_line_and_exit_2(tmp_path, capsys):
     log = random_log(random.Random(6), users=3)
     good = _write_params(tmp_path / "p.json", _params(4.0))
-    no_browser_time = _parquet(log, tmp_path / "log.parquet")
+    no_browser_time = log_parquet(log, tmp_path / "log.parquet")
     pd.read_parquet(no_browser_time).drop(columns=["impression_time"]).to_parquet(tmp_path / "noimp.parquet")
     pd.read_parquet(no_browser_time).drop(columns=["value"]).to_parquet(tmp_path / "novalue.parquet")
     base = ["export-attribution", "--params", good, "--simulation-seed", "1"]

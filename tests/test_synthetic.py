@@ -451,3 +451,19 @@ def test_fit_rejects_bad_logs() -> None:
         fit_synthetic(t.slice(0, 0))
     with pytest.raises(ValueError, match="does not exist"):
         fit_synthetic("/nonexistent/log")
+
+
+def test_browsers_hold_several_impressions_of_one_day_and_are_deterministic(travel) -> None:
+    """browser_id (the W3C Attribution target's users): runs of consecutive impressions in time, a
+    browser's id is its smallest impression id, the mean run length is the preset's, and the column has
+    its own random stream (the same seed gives the same browsers)."""
+    table, _ = travel
+    frame = table.select(["impression_id", "impression_time", "browser_id"]).to_pandas()
+    per_browser = frame.groupby("browser_id")["impression_id"].nunique()
+    assert per_browser.max() > 1 and abs(per_browser.mean() - PRESETS["synth-travel"].impressions_per_user) < 0.5
+    shown = frame.groupby("impression_id")[["impression_time", "browser_id"]].first()
+    smallest = shown.reset_index().groupby("browser_id")["impression_id"].min()
+    assert (smallest.to_numpy() == smallest.index.to_numpy()).all()
+    assert shown.groupby("browser_id")["impression_time"].agg(lambda t: t.dt.date.nunique()).max() == 1
+    again = generate_table(PRESETS["synth-travel"], seed=7, split="train", scale=0.5, days=3)
+    assert again.column("browser_id").equals(table.column("browser_id"))

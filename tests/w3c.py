@@ -14,6 +14,8 @@ import subprocess
 import pandas as pd
 import pytest
 
+from peers import build_peer
+
 W3C_PEER = os.environ.get("ARAOPT_W3C_ATTRIBUTION", os.path.join(os.path.dirname(__file__), "..", "..", "shared",
                                                                 "peers", "w3c-attribution"))
 BUDGET_RUNNER = os.path.join(os.path.dirname(__file__), "w3c_budget_runner.js")
@@ -44,10 +46,7 @@ def w3c_reference():
         _missing(f"the W3C Attribution reference implementation is not at {W3C_PEER} (set ARAOPT_W3C_ATTRIBUTION)")
     if missing:
         pytest.skip(f"the W3C Attribution reference implementation cannot be built here: missing {missing}")
-    dest = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "araopt", "w3c")
-    done = subprocess.run(["bash", build, dest], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return dest
+    return build_peer(build, "w3c")
 
 
 def run_reference(dest: str, cases: list[dict], tmp_path) -> tuple[list[dict], list[dict]]:
@@ -171,3 +170,13 @@ def random_log(rng: random.Random, users: int) -> pd.DataFrame:
                              "conversion_time_us": shown + (delay + rng.randrange(0, 3)) * 1_000_000,
                              "value": rng.choice((0.0, 1.0, 3.5, 10.0, 10.0, 25.0, 1000.0))})
     return pd.DataFrame(rows)
+
+
+def log_parquet(log: pd.DataFrame, path) -> str:
+    """``log`` (canonical ``*_time_us`` columns) written as the contract's Parquet: conversion_time and
+    impression_time as UTC timestamps."""
+    out = log.drop(columns=["conversion_time_us", "impression_time_us"]).assign(
+        conversion_time=pd.to_datetime(log["conversion_time_us"], unit="us", utc=True),
+        impression_time=pd.to_datetime(log["impression_time_us"], unit="us", utc=True))
+    out.to_parquet(path, index=False)
+    return str(path)

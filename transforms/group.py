@@ -36,15 +36,19 @@ def _shards(hashed: np.ndarray, num_shards: int) -> np.ndarray:
     return (hashed % np.uint64(num_shards)).astype(np.int64)
 
 
-def split_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.Table]]:
-    """(shard, rows of that shard) for every shard present in the batch: zero-copy slices of one
-    reordered copy of the batch. Arrow IPC (the spill files, and the shuffle's coder,
-    ``transforms.coders``) writes only a slice's rows; a pickled slice would carry the whole batch.
+def split_by_shard(table: pa.Table, num_shards: int, column: str = IMPRESSION_ID) -> Iterator[tuple[int, pa.Table]]:
+    """(shard, rows of that shard) for every shard present in the batch, sharded by the id in ``column``
+    (the impression; the browser for the Attribution API): zero-copy slices of one reordered copy of the
+    batch. Arrow IPC (the spill files, and the shuffle's coder, ``transforms.coders``) writes only a
+    slice's rows; a pickled slice would carry the whole batch.
 
-    The rows carry their id hash (``araopt.io.ids.ID_HASH``) from here on: the id is hashed once per
-    row, for the shard, the record keys and the ledger's identities."""
-    table, hashed = with_id_hash(table, IMPRESSION_ID)
-    shards = _shards(hashed, num_shards)
+    Sharded by the impression, the rows carry their id hash (``araopt.io.ids.ID_HASH``) from here on:
+    the id is hashed once per row, for the shard, the record keys and the ledger's identities."""
+    if column == IMPRESSION_ID:
+        table, hashed = with_id_hash(table, IMPRESSION_ID)
+        shards = _shards(hashed, num_shards)
+    else:
+        shards = shard_of(table.column(column).to_numpy(zero_copy_only=False), num_shards)
     small = np.int16 if num_shards <= np.iinfo(np.int16).max else np.int32  # a stable sort of small ints is a radix sort
     order = np.argsort(shards.astype(small), kind="stable")
     sorted_shards = shards[order]
@@ -56,22 +60,24 @@ def split_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.T
 
 
 class _KeyByShard(beam.DoFn):
-    def __init__(self, num_shards: int):
+    def __init__(self, num_shards: int, column: str = IMPRESSION_ID):
         self._num_shards = num_shards
+        self._column = column
 
     def process(self, table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
-        yield from split_by_shard(table, self._num_shards)
+        yield from split_by_shard(table, self._num_shards, self._column)
 
 
 class _SpillByShard(beam.DoFn):
     """Write each shard slice of a batch to ``spill_dir/shard-<5 digits>/<random>.arrow``; emit (shard, path)."""
 
-    def __init__(self, num_shards: int, spill_dir: str):
+    def __init__(self, num_shards: int, spill_dir: str, column: str = IMPRESSION_ID):
         self._num_shards = num_shards
         self._spill_dir = spill_dir
+        self._column = column
 
     def process(self, table: pa.Table) -> Iterator[tuple[int, str]]:
-        for shard, part in split_by_shard(table, self._num_shards):
+        for shard, part in split_by_shard(table, self._num_shards, self._column):
             path = FileSystems.join(self._spill_dir, f"shard-{shard:05d}", f"{uuid.uuid4().hex}.arrow")
             with FileSystems.create(path) as fh:
                 with pa.ipc.new_file(fh, part.schema) as writer:
@@ -101,14 +107,17 @@ class GroupByImpression(beam.PTransform):
     PCollection[(shard, pa.Table)] of complete impressions over all the inputs.
 
     ``spill_dir``: shuffle through Arrow files there (see module docstring); None: in memory.
+    ``column``: the id that groups (the impression; ``browser_id`` groups the Attribution API's
+    privacy units, complete browsers).
     """
 
-    def __init__(self, num_shards: int, spill_dir: str | None = None):
+    def __init__(self, num_shards: int, spill_dir: str | None = None, column: str = IMPRESSION_ID):
         super().__init__()
         if num_shards < 1:
             raise InvalidParameters(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = num_shards
         self._spill_dir = spill_dir
+        self._column = column
 
     def expand(self, tables: beam.PCollection[pa.Table] | tuple[beam.PCollection[pa.Table], ...]
                ) -> beam.PCollection[tuple[int, pa.Table]]:
@@ -116,9 +125,9 @@ class GroupByImpression(beam.PTransform):
         if self._spill_dir is not None:
             # each input spills on its own and only the (shard, path) pairs are flattened: the local
             # runner materialises a multi-input Flatten, which must not hold the rows themselves
-            spilled = [part | f"SpillByImpressionShard{i or ''}" >> beam.ParDo(
-                _SpillByShard(self._num_shards, self._spill_dir)).with_output_types(beam.typehints.Tuple[int, str])
-                for i, part in enumerate(inputs)]
+            spill = _SpillByShard(self._num_shards, self._spill_dir, self._column)
+            spilled = [part | f"SpillByImpressionShard{i or ''}" >> beam.ParDo(spill).with_output_types(
+                beam.typehints.Tuple[int, str]) for i, part in enumerate(inputs)]
             paths = spilled[0] if len(spilled) == 1 else tuple(spilled) | "AllShardFiles" >> beam.Flatten()
             return (
                 paths
@@ -128,7 +137,7 @@ class GroupByImpression(beam.PTransform):
         rows = inputs[0] if len(inputs) == 1 else inputs | "AllTables" >> beam.Flatten().with_output_types(pa.Table)
         return (
             rows
-            | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards)).with_output_types(
+            | "KeyByImpressionShard" >> beam.ParDo(_KeyByShard(self._num_shards, self._column)).with_output_types(
                 beam.typehints.Tuple[int, pa.Table])
             | "GroupShards" >> beam.GroupByKey()
             | "ConcatShard" >> beam.Map(_concat).with_output_types(beam.typehints.Tuple[int, pa.Table])

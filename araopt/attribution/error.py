@@ -18,7 +18,7 @@ from araopt.attribution.encoder import browser_config, schedule
 from araopt.attribution.measure import draws, epoch_starts
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import noise_rate
-from araopt.attribution.simulate import simulate_schedule
+from araopt.attribution.simulate import Reports, simulate_schedule
 from araopt.errors import InvalidParameters
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.noise import discrete_laplace_variance
@@ -46,26 +46,53 @@ class ErrorTerms:
         return out
 
 
-def error_terms(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, simulation_seed: int) -> ErrorTerms:
-    """The error terms of ``params`` on ``rows`` (one conversion-side task; every row in ``domain``)."""
+@dataclass(frozen=True)
+class Simulated:
+    """One simulated draw of the browsers over a log: the rows in the order the browsers saw them,
+    each row's histogram index (``index``; ``encoded``: in the domain), its values per query
+    (``values``: 1 for the count query) and the reports (which were accepted)."""
+
+    index: np.ndarray
+    encoded: np.ndarray
+    values: np.ndarray
+    reports: Reports
+
+    def accepted_rows(self, query: int) -> np.ndarray:
+        """The rows whose report of ``query`` (its position in ``params.queries``) was accepted."""
+        out: np.ndarray = self.reports.row[(self.reports.query == query) & self.reports.accepted]
+        return out
+
+
+def simulate_log(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, simulation_seed: int) -> Simulated:
+    """The browsers of ``params`` over ``rows`` for one simulated draw (roundings and epoch starts keyed
+    by ``simulation_seed``, as ``measure.measure`` draws them; one conversion-side task)."""
     if params.conversion_slice_columns:
         raise InvalidParameters("error_terms covers impression-side slices only (one task)")
     ordered, uniforms = draws(params, rows, simulation_seed)
     plan = schedule(params, ordered, domain, uniforms)
     config = browser_config(params, domain.num_slices)
     reports = simulate_schedule(params, plan, ordered, config, epoch_starts(plan, config, simulation_seed))
+    values = np.ones((len(params.queries), len(ordered)))
+    for qi, q in enumerate(params.queries):
+        if q.column is not None:
+            values[qi] = ordered[q.column].to_numpy(dtype=np.float64)
+    return Simulated(plan.index, plan.encoded, values, reports)
+
+
+def error_terms(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, simulation_seed: int,
+                simulated: Simulated | None = None) -> ErrorTerms:
+    """The error terms of ``params`` on ``rows`` (one conversion-side task; every row in ``domain``);
+    ``simulated``: the draw of :func:`simulate_log` for these parameters, if already made."""
+    sim = simulated if simulated is not None else simulate_log(params, rows, domain, simulation_seed)
     size, queries = domain.num_slices, params.queries
-    index = plan.index
-    encoded = plan.encoded
+    index, encoded = sim.index, sim.encoded
     truth = np.zeros((len(queries), size))
     expected = np.zeros((len(queries), size))
     rounding = np.zeros((len(queries), size))
-    values = {c: ordered[c].to_numpy(dtype=np.float64) for c in params.value_columns}
     for qi, q in enumerate(queries):
-        v = np.ones(len(ordered)) if q.column is None else values[q.column]
+        v = sim.values[qi]
         truth[qi] = np.bincount(index[encoded], weights=v[encoded], minlength=size)
-        mine = reports.query == qi
-        rows_accepted = reports.row[mine & reports.accepted]
+        rows_accepted = sim.accepted_rows(qi)
         clipped = np.minimum(v[rows_accepted], q.clip)
         expected[qi] = np.bincount(index[rows_accepted], weights=clipped, minlength=size)
         scaled = clipped * q.value_scale

@@ -10,7 +10,7 @@ hash, so ties between a browser's events do not depend on how the log was split.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from araopt.attribution.encoder import CONVERSION_TIME_US, Schedule, browser_con
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, aggregate, reconstruct
 from araopt.attribution.simulate import Reports, report_sums, simulate_schedule
-from araopt.errors import PrivacyRefusal
+from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.randomness import Simulation, keyed_uniforms, secure_generator
@@ -93,6 +93,73 @@ class AttributionMeasurement:
         return int(self.reports.refused.sum())
 
 
+@dataclass(frozen=True)
+class BrowserSums:
+    """What a set of complete browsers (all rows of each) contributes to a measurement: the unnoised
+    sums per (query, task) over the histogram indices and the counts. Sums of disjoint sets of
+    browsers add up (:meth:`merge`): a Beam job simulates each shard of browsers and merges."""
+
+    unnoised: Mapping[tuple[str, int], np.ndarray]
+    rows: int = 0
+    rows_outside_domain: int = 0
+    reports: int = 0
+    reports_matched: int = 0
+    reports_refused: int = 0
+    browsers: int = 0
+
+    @staticmethod
+    def merge(parts: Iterable[BrowserSums]) -> BrowserSums:
+        parts = list(parts)
+        if not parts:
+            raise InvalidInput("no browser sums to merge")
+        keys = sorted(parts[0].unnoised)
+        unnoised = {k: np.asarray(np.sum([p.unnoised[k] for p in parts], axis=0, dtype=np.int64)) for k in keys}
+        counts = {f: sum(getattr(p, f) for p in parts)
+                  for f in ("rows", "rows_outside_domain", "reports", "reports_matched", "reports_refused", "browsers")}
+        return BrowserSums(unnoised, **counts)
+
+
+def simulate_browsers(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *,
+                      task_domain: KeyDomain | None = None, simulation_seed: int | None = None,
+                      config: BrowserConfig | None = None) -> tuple[BrowserSums, Reports]:
+    """The browsers of ``rows`` (every row of each browser present) through the encoder and the budgets:
+    their unnoised sums and reports. With a seed, the draws are keyed by row and browser, so any split
+    of the log into sets of complete browsers gives the same sums."""
+    ordered, uniforms = draws(params, rows, simulation_seed)
+    plan = schedule(params, ordered, domain, uniforms, task_domain)
+    config = config if config is not None else browser_config(params, domain.num_slices)
+    reports = simulate_schedule(params, plan, ordered, config, epoch_starts(plan, config, simulation_seed))
+    num_tasks = 1 if task_domain is None else task_domain.num_slices
+    sums = BrowserSums(report_sums(params, reports, domain.num_slices, num_tasks), len(rows),
+                       int((~plan.encoded).sum()), len(reports.query), int(reports.matched.sum()),
+                       int(reports.refused.sum()), len(plan.browsers))
+    return sums, reports
+
+
+def noisy_release(params: AttributionParams, unnoised: Mapping[tuple[str, int], np.ndarray],
+                  simulation_seed: int | None = None, level: float = 0.95
+                  ) -> tuple[dict[tuple[str, int], np.ndarray], dict[tuple[str, int], Estimate]]:
+    """The aggregation service's noisy histograms (secure noise unless ``simulation_seed``) and Alg. 4's
+    estimates with their noise intervals, per (query, task)."""
+    simulation = None if simulation_seed is None else Simulation(simulation_seed)
+    noisy, estimates = {}, {}
+    for stream, (key, sums) in enumerate(sorted(unnoised.items())):
+        query = params.queries[params.query_names.index(key[0])]
+        noisy[key] = aggregate(sums, query, simulation, stream)
+        estimates[key] = reconstruct(noisy[key], query, level)
+    return noisy, estimates
+
+
+def data_domain(params: AttributionParams, rows: pd.DataFrame, simulation_seed: int | None) -> KeyDomain:
+    """The histogram layout of the slices in ``rows``: allowed only in simulation (a release over it
+    would reveal which slices occur)."""
+    if simulation_seed is None:
+        raise PrivacyRefusal("a release needs a declared domain of histogram indices: deriving it from the data "
+                             "being released is allowed only in simulation mode (simulation_seed)")
+    return KeyDomain.from_slice_values(params.slice_columns, {c: rows[c].to_numpy() for c in params.slice_columns},
+                                       params.query_names)
+
+
 def measure(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain | None = None, *,
             task_domain: KeyDomain | None = None, simulation_seed: int | None = None,
             config: BrowserConfig | None = None, level: float = 0.95) -> AttributionMeasurement:
@@ -100,25 +167,12 @@ def measure(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain | N
     ``impression_time_us``). ``domain`` (impression-side slices: the histogram indices) may be
     derived from the data only in simulation: a release over it would reveal which slices occur."""
     if domain is None:
-        if simulation_seed is None:
-            raise PrivacyRefusal("a release needs a declared domain of histogram indices: deriving it from the data "
-                                 "being released is allowed only in simulation mode (simulation_seed)")
-        domain = KeyDomain.from_slice_values(params.slice_columns, {c: rows[c].to_numpy() for c in params.slice_columns},
-                                             params.query_names)
+        domain = data_domain(params, rows, simulation_seed)
     check_declared_domain(domain, simulation_seed)  # the release step's rule: a data-derived domain only simulated
-    ordered, uniforms = draws(params, rows, simulation_seed)
-    plan = schedule(params, ordered, domain, uniforms, task_domain)
-    config = config if config is not None else browser_config(params, domain.num_slices)
-    reports = simulate_schedule(params, plan, ordered, config, epoch_starts(plan, config, simulation_seed))
-    num_tasks = 1 if task_domain is None else task_domain.num_slices
-    unnoised = report_sums(params, reports, domain.num_slices, num_tasks)
-    simulation = None if simulation_seed is None else Simulation(simulation_seed)
-    noisy, estimates = {}, {}
-    for stream, (key, sums) in enumerate(sorted(unnoised.items())):
-        query = params.queries[params.query_names.index(key[0])]
-        noisy[key] = aggregate(sums, query, simulation, stream)
-        estimates[key] = reconstruct(noisy[key], query, level)
-    return AttributionMeasurement(unnoised, noisy, estimates, reports, len(rows), int((~plan.encoded).sum()))
+    sums, reports = simulate_browsers(params, rows, domain, task_domain=task_domain, simulation_seed=simulation_seed,
+                                      config=config)
+    noisy, estimates = noisy_release(params, sums.unnoised, simulation_seed, level)
+    return AttributionMeasurement(sums.unnoised, noisy, estimates, reports, sums.rows, sums.rows_outside_domain)
 
 
 def export_cases(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *, simulation_seed: int,

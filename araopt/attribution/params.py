@@ -24,7 +24,10 @@ from typing import Any
 
 from araopt.attribution.browser import DEFAULT_CONVERSION_EPSILON, deductions
 from araopt.attribution.config import MAX_CONVERSION_EPSILON, MAX_UNSIGNED_LONG, MICROEPSILONS
+from araopt.constants import CONTRIBUTION_BUDGET
 from araopt.errors import InvalidParameters, is_positive_finite
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.params import Encoding, Params, QueryParams
 
 COUNT = "count"
 """The name of the count query (value 1, maxValue 1: the spec's default call)."""
@@ -136,6 +139,37 @@ class AttributionParams:
     def count_limit(self, multi_epoch: bool) -> int:
         """The paper's C: full conversions (every query at maxValue) that fit in one site-epoch budget."""
         return self.budget_micro // self.full_report_deduction(multi_epoch)
+
+    def check_domain(self, domain: KeyDomain, source: str = "domain") -> None:
+        """Refuse a domain that is not this configuration's histogram layout (impression-side slices,
+        the queries' names, no baseline count key)."""
+        if not isinstance(domain, KeyDomain):
+            raise InvalidParameters(f"{source} must be a KeyDomain, got {type(domain).__name__}")
+        mine = (self.slice_columns, self.query_names, False, ())
+        theirs = (domain.slice_columns, domain.query_names, domain.baseline, domain.conversion_slice_columns)
+        if mine != theirs:
+            raise InvalidParameters(f"{source} is for slices {domain.slice_columns} / queries {domain.query_names}, "
+                                    f"the histogram layout uses {self.slice_columns} / {self.query_names}")
+
+    def paper_params(self) -> Params:
+        """The paper's view of this configuration (Sec. 4.1) as ARA ``Params``: C = the full reports that
+        fit a site-epoch across epochs (at most Gamma), the value queries' clip thresholds C_l, the
+        impression- and conversion-side slices; L1 encoding (no fractions: the split of the budget is
+        in the queries' ``epsilon``). What a parameter version keeps beside the Attribution parameters so
+        that a calibration's bounding checksum covers C and C_l. Needs at least one value query, each
+        on its own column."""
+        values = [q for q in self.queries if q.column is not None]
+        if not values:
+            raise InvalidParameters("a parameter version for the attribution API needs at least one value query "
+                                    "(count-only configurations are plain parameter files)")
+        columns = [q.column for q in values]
+        if len(set(columns)) != len(columns):
+            raise InvalidParameters(f"queries: a parameter version needs one query per value column, got {columns}")
+        return Params(count_limit=min(self.count_limit(multi_epoch=True), CONTRIBUTION_BUDGET), encoding=Encoding.L1,
+                      epsilon=self.per_site_budget,
+                      slice_columns=self.slice_columns + self.conversion_slice_columns,
+                      queries=tuple(QueryParams(str(q.column), q.clip) for q in values),
+                      conversion_slice_columns=self.conversion_slice_columns)
 
     def to_json(self) -> dict[str, Any]:
         """This configuration as a parameter file's JSON object (:func:`params_to_json`)."""

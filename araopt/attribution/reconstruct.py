@@ -14,13 +14,17 @@ epoch whose budget is short contributes nothing).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any, cast
 
 import numpy as np
+import pandas as pd
 
-from araopt.attribution.params import AttributionQuery
-from araopt.errors import InvalidParameters
+from araopt.attribution.params import AttributionParams, AttributionQuery
+from araopt.errors import InvalidInput, InvalidParameters
+from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.noise import RATE_BITS, discrete_laplace_variance, sample_discrete_laplace
 from araopt.mechanism.randomness import Simulation
 
@@ -80,3 +84,70 @@ def rounding_variance(values: np.ndarray, query: AttributionQuery) -> float:
 def clipping_bias(values: np.ndarray, query: AttributionQuery) -> float:
     """What clipping at C removes from the total: -sum max(0, v - C)."""
     return -float(np.sum(np.maximum(np.asarray(values, dtype=np.float64) - query.clip, 0.0)))
+
+
+HISTOGRAM_COLUMNS = ("query", "histogram_index", "noisy_sum")
+"""The aggregated histograms ``reconstruct`` reads: one row per (query, histogram index) with the
+aggregation service's noisy sum (a ``task`` column too when there are conversion-side slices)."""
+
+
+def estimates_frame(estimates: Mapping[tuple[str, int], Estimate], domain: KeyDomain,
+                    with_task: bool = False) -> pd.DataFrame:
+    """The published table: one row per (query[, task], histogram index) with the index's slice values,
+    the estimate (Alg. 4), the noise's standard deviation and the interval at the estimate's level."""
+    slices = domain.slice_values()
+    frames = []
+    for (name, task), est in sorted(estimates.items()):
+        frame = pd.DataFrame({"query": name, "histogram_index": np.arange(len(est.values)), **slices,
+                              "estimate": est.values, "std_error": est.noise_sd,
+                              "ci_low": est.values - est.half_width, "ci_high": est.values + est.half_width})
+        if with_task:
+            frame.insert(1, "task", task)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def read_histograms(frame: pd.DataFrame, params: AttributionParams, histogram_size: int,
+                    source: str = "histograms") -> tuple[dict[tuple[str, int], np.ndarray], int]:
+    """The noisy histograms of ``frame`` (``HISTOGRAM_COLUMNS``) per (query, task) over the layout's
+    indices, and how many (query, task, index) entries are missing (NaN: their estimates are NaN).
+    An unknown query, an index outside the layout, a repeated entry or a non-integer sum is refused
+    (one line)."""
+    missing_columns = [c for c in HISTOGRAM_COLUMNS if c not in frame.columns]
+    if missing_columns:
+        raise InvalidInput(f"{source}: column {missing_columns[0]!r} is missing (columns: {', '.join(HISTOGRAM_COLUMNS)})")
+    task = frame["task"] if "task" in frame.columns else pd.Series(0, index=frame.index)
+    unknown = sorted(set(frame["query"].astype(str)) - set(params.query_names))
+    if unknown:
+        raise InvalidInput(f"{source}: query {unknown[0]!r} is not one of the parameters' {list(params.query_names)}")
+    index = pd.to_numeric(frame["histogram_index"], errors="coerce")
+    value = pd.to_numeric(frame["noisy_sum"], errors="coerce")
+    bad = index.isna() | (index != index.round()) | (index < 0) | (index >= histogram_size)
+    if bool(bad.any()):
+        raise InvalidInput(f"{source}: histogram_index {frame['histogram_index'][bad].iloc[0]!r} is not an index of the "
+                           f"layout (0..{histogram_size - 1})")
+    if bool((value.isna() | (value != value.round())).any()):
+        raise InvalidInput(f"{source}: noisy_sum must be integers (the aggregation's histogram entries)")
+    keys = pd.DataFrame({"query": frame["query"].astype(str), "task": task, "index": index.astype(np.int64)})
+    if bool(keys.duplicated().any()):
+        row = keys[keys.duplicated()].iloc[0]
+        raise InvalidInput(f"{source}: ({row['query']}, index {row['index']}) appears twice")
+    tasks = sorted(set(task.astype(int))) or [0]
+    out: dict[tuple[str, int], np.ndarray] = {}
+    for name in params.query_names:
+        for t in tasks:
+            out[(name, t)] = np.full(histogram_size, np.nan)
+    for key, part in keys.assign(value=value.to_numpy()).groupby(["query", "task"]):
+        name, t = cast(tuple[Any, Any], key)
+        out[(str(name), int(t))][part["index"].to_numpy()] = part["value"].to_numpy(dtype=np.float64)
+    missing = int(sum(np.isnan(v).sum() for v in out.values()))
+    return out, missing
+
+
+def reconstruct_histograms(params: AttributionParams, histograms: Mapping[tuple[str, int], np.ndarray],
+                           level: float = 0.95) -> dict[tuple[str, int], Estimate]:
+    """Alg. 4 for every (query, task) histogram of a real aggregation (NaN entries stay NaN)."""
+    out = {}
+    for (name, task), noisy in histograms.items():
+        out[(name, task)] = reconstruct(noisy, params.queries[params.query_names.index(name)], level)
+    return out

@@ -31,7 +31,9 @@ class Reports:
     """One entry per ``measureConversion`` of the schedule, in its order: ``query``, ``task``,
     ``index``, ``value``, ``row``; ``matched`` (its impression was in lifetime and lookback),
     ``accepted`` (its budget checks passed: the value is in the histogram), ``refused`` (matched but
-    refused for budget: an all-zero report), ``deducted`` (microepsilons from its site-epoch)."""
+    refused for budget: an all-zero report), ``deducted`` (microepsilons from its site-epoch), ``epoch``
+    (the epoch it uses, its impression's, counted from its browser's epoch start: with the row's
+    browser and conversion site, the privacy unit it spends)."""
 
     query: np.ndarray
     task: np.ndarray
@@ -41,6 +43,7 @@ class Reports:
     matched: np.ndarray
     accepted: np.ndarray
     deducted: np.ndarray
+    epoch: np.ndarray
 
     @property
     def refused(self) -> np.ndarray:
@@ -122,7 +125,8 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
         global_left[global_unit[take]] -= value_deduction[take]
         quota_left[quota_unit[take]] -= value_deduction[take]
         accepted[take] = True
-    return Reports(q, plan.task[r], plan.index[r], value, r, matched, accepted, np.where(accepted, site_deduction, 0))
+    return Reports(q, plan.task[r], plan.index[r], value, r, matched, accepted, np.where(accepted, site_deduction, 0),
+                   imp_epoch)
 
 
 def report_sums(params: AttributionParams, reports: Reports, histogram_size: int,

@@ -87,6 +87,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from araopt.data.users import deal_browsers
 from araopt.errors import InvalidInput, InvalidParameters, Unsupported
 from araopt.io import jsonio
 from araopt.io.files import atomic_write_bytes
@@ -121,6 +122,7 @@ CONVERSION_LOG_SCHEMA = pa.schema(
         pa.field("conversionType", pa.int32(), nullable=False),
         pa.field("value", pa.float64(), nullable=False),
         pa.field("impression_time", _UTC_US, nullable=False),
+        pa.field("browser_id", pa.int64(), nullable=False),
     ],
     metadata={"araopt.schema": "conversion_log/1", "araopt.source": "araopt.synthetic"},
 )
@@ -285,7 +287,9 @@ class SyntheticPreset:
     b: power-law shape (Def. 5.1, > 0); lam: Poisson mean of conversions per impression
     (Def. 5.2, >= 0); mu, sigma: log-normal value parameters (Def. 5.3, sigma > 0);
     k_min, k_max: power-law support (k_max finite: needed for b <= 1 and keeps sizes bounded);
-    attribution_window_days: window after the impression in which its conversions fall.
+    attribution_window_days: window after the impression in which its conversions fall;
+    impressions_per_user: mean impressions per browser (``browser_id``, the W3C Attribution target's
+    privacy unit: a day's impressions dealt to browsers in time order, ``users.deal_browsers``).
     """
 
     name: str
@@ -296,6 +300,7 @@ class SyntheticPreset:
     k_min: int = 1
     k_max: int = 10_000
     attribution_window_days: int = 30
+    impressions_per_user: float = 3.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -310,6 +315,10 @@ class SyntheticPreset:
         window = check_int("attribution_window_days", self.attribution_window_days)
         if window < 1:
             raise InvalidParameters(f"attribution_window_days must be >= 1, got {window}")
+        per_user = _check_finite("impressions_per_user", self.impressions_per_user)
+        if per_user < 1:
+            raise InvalidParameters(f"impressions_per_user must be >= 1, got {per_user}")
+        object.__setattr__(self, "impressions_per_user", per_user)
         law = PowerLaw(self.b, self.k_min, self.k_max)  # validates b, k_min, k_max
         for name, value in (("b", law.b), ("k_min", law.k_min), ("k_max", law.k_max), ("lam", lam),
                             ("mu", mu), ("sigma", sigma), ("attribution_window_days", window)):
@@ -547,7 +556,21 @@ def _generate_block(plan: ImpressionPlan, day: int, block: int, cum_counts: np.n
     cols["conversionType"] = rng.integers(0, N_CONVERSION_TYPES, rows, dtype=np.int32)
     cols["value"] = rng.lognormal(preset.mu, preset.sigma, rows)  # Step 3
     cols["impression_time"] = imp_time[rep]
+    cols["browser_id"] = _browsers(plan, day, block, imp_time, id_base + i0)[rep]
     return cols
+
+
+def _browsers(plan: ImpressionPlan, day: int, block: int, imp_time: np.ndarray, first_id: int) -> np.ndarray:
+    """Each impression's ``browser_id``: the block's impressions dealt to browsers in time order, in
+    runs of Geometric(1 / impressions_per_user) (``users.deal_browsers``); a browser's id is the
+    smallest impression id among its impressions (unique in the split). Its own random stream: the other
+    columns are those of a log without users."""
+    rng = np.random.default_rng(_seed_sequence(plan.seed, SPLITS.index(plan.split), 2, day, block))
+    browser = deal_browsers(imp_time, plan.preset.impressions_per_user, rng)
+    first = np.full(int(browser.max()) + 1 if len(browser) else 0, len(browser), dtype=np.int64)
+    np.minimum.at(first, browser, np.arange(len(browser), dtype=np.int64))
+    out: np.ndarray = first_id + first[browser]
+    return out
 
 
 def _block_table(cols: dict[str, np.ndarray]) -> pa.Table:

@@ -17,6 +17,16 @@ from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, IMPRESSION_SITE, IMPRESSION_TIME
 
 
+def deal_browsers(shown: np.ndarray, impressions_per_user: float, rng: np.random.Generator) -> np.ndarray:
+    """Per impression (``shown``: its time), its browser's number: the impressions in time order dealt
+    to browsers 0, 1, ... in runs of Geometric(1 / ``impressions_per_user``) (on 1, 2, ...)."""
+    order = np.argsort(shown, kind="stable")  # impressions by time: a browser's are consecutive
+    runs = rng.geometric(1.0 / impressions_per_user, size=len(shown))  # on {1, 2, ...}, mean as asked
+    browser = np.empty(len(shown), dtype=np.int64)
+    browser[order] = np.repeat(np.arange(len(runs)), runs)[: len(shown)]
+    return browser
+
+
 def with_users(log: pd.DataFrame, impressions_per_user: float = 3.0, seed: int = 0,
                impression_sites: tuple[str, ...] = ("publisher.example",),
                conversion_sites: tuple[str, ...] = ("advertiser.example",)) -> pd.DataFrame:
@@ -31,11 +41,7 @@ def with_users(log: pd.DataFrame, impressions_per_user: float = 3.0, seed: int =
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x05E25]))
     codes, impressions = pd.factorize(log[IMPRESSION_ID].to_numpy())
     first_shown = pd.Series(log[IMPRESSION_TIME].to_numpy()).groupby(codes).min().to_numpy()
-    order = np.argsort(first_shown, kind="stable")  # impressions by time: a browser's are consecutive
-    runs = rng.geometric(1.0 / impressions_per_user, size=len(impressions))  # on {1, 2, ...}, mean as asked
-    browser_of_run = np.repeat(np.arange(len(runs)), runs)[: len(impressions)]
-    browser = np.empty(len(impressions), dtype=np.int64)
-    browser[order] = browser_of_run
+    browser = deal_browsers(first_shown, impressions_per_user, rng)
     site = rng.integers(0, len(impression_sites), len(impressions))
     out = log.copy()
     out[BROWSER_ID] = browser[codes]

@@ -27,6 +27,7 @@ from araopt.mechanism.bounding import kept_mask
 from araopt.mechanism.encoding import expected_contribution, query_scales, rounding_variance
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.report import estimate_variance
+from araopt.optimize.mechanisms import ARA_LINF
 
 
 class Objective(StrEnum):
@@ -132,8 +133,9 @@ def relaxed_variance(params: Params, num_slices: int) -> np.ndarray:
     """Relaxation 4.5 (m, d+1): 2 C^2 C_l^2/(alpha_l^2 eps^2) and 2 (d+1) C^2/eps^2 (baseline: / alpha_0^2)."""
     c, eps, d = params.count_limit, params.epsilon, params.num_queries
     out = np.empty((num_slices, d + 1))
-    for col, (q, alpha) in enumerate(zip(params.queries, params.budget_fractions, strict=True)):
-        out[:, col + 1] = 2.0 * c**2 * q.clip_threshold**2 / (alpha**2 * eps**2)
+    if d:
+        out[:, 1:] = ARA_LINF.variance(c, np.array([q.clip_threshold for q in params.queries]),
+                                       np.asarray(params.budget_fractions, dtype=np.float64), eps)[None, :]
     if params.encoding == Encoding.BASELINE:
         out[:, 0] = 2.0 * c**2 / (params.count_fraction**2 * eps**2)
     else:

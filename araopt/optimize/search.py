@@ -51,6 +51,7 @@ from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
 from araopt.mechanism.params import Encoding, Params, QueryParams
 from araopt.optimize.corrected import CorrectedModel, corrected_objective
 from araopt.optimize.error_model import rmsre_tau
+from araopt.optimize.mechanisms import split_fractions
 from araopt.optimize.objective import (
     check_max_count_limit,
     check_objective,
@@ -266,9 +267,7 @@ class _LinfModel:
         return float(cc[k]), float(val[k])
 
     def alpha_step(self, c: np.ndarray) -> np.ndarray:
-        k = np.array([float(self.var_factor(q, c[q])) for q in range(self.d)])
-        r = np.cbrt(np.maximum(k, 1e-300))
-        return cast(np.ndarray, r / r.sum())
+        return split_fractions(np.array([float(self.var_factor(q, c[q])) for q in range(self.d)]))
 
     def profile_value(self, c: np.ndarray) -> float:
         k = np.array([float(self.var_factor(q, c[q])) for q in range(self.d)])

@@ -1,0 +1,349 @@
+"""ParameterOptimization (Alg. 5) for the W3C Attribution Level 1 target (``araopt.attribution``):
+the per-query epsilon split of a stated per-site epoch budget, the clip thresholds C_l with their
+maxValue and value scale, and the count limit, minimising the expected RMSRE_tau (Def. 3.2) of
+Alg. 4's estimates on a training log.
+
+The paper's terms (``araopt.attribution.params``): C is the number of full reports (every query at
+maxValue) that fit in one site-epoch budget; the budget fractions alpha_l split epsilon_site between
+the queries (epsilon_l = 2 alpha_l epsilon_site / C: a report matching one impression, as the encoder
+deducts 2 ``value * epsilon_l / (2 maxValue)`` when its lookback spans several epochs, as a 30-day
+lookback in 7-day epochs always does, so epsilon_l = alpha_l epsilon_site / C; a lookback inside one
+epoch deducts half); the count is a query of its own. The error
+model is Thm. 4.2 for this target (``araopt.attribution.error``): bias (reports refused for budget,
+clipping) from one simulated draw of the browsers (their epoch starts and the roundings, keyed by a
+seed), variance (the aggregation's noise, the rounding). The objective is ``error_model.rmsre_tau``
+with ``error_model.default_taus``, as for ARA.
+
+Search, per C = 1..C_max, as the paper's alternating minimisation (Alg. 5, Theorem 4.7), with the
+noise of Relaxation 4.5 from the target's ``mechanisms.NoiseModel``:
+
+* starts: C_l at the 99% training quantile with an equal split (the paper's), and the best point of
+  the smaller C;
+* clip step: with the reports the last simulation accepted held fixed, each query's C_l minimises
+  mean_j pi_lj (bias_lj(C_l)^2 + Var_l(C_l)) over a grid of training quantiles (and the maximum);
+* split step: alpha_l ~ K_l^(1/3) (``mechanisms.split_fractions``), K_l = mean_j pi_lj C^2 C_l^2;
+* each step's parameters are simulated again and scored by the exact error model; the best scored
+  parameters over all C win. C stops growing once four consecutive C score worse than the best.
+
+maxValue is 2^n - 1 (the natural bound of Prio3L1BoundSum's proof), with the smallest n whose
+rounding variance is at most 1% of the noise variance in every slice (a larger maxValue changes
+nothing else: the value scale cancels in the noise). The lookback is chosen among ``lookbacks`` for
+the winning parameters (a shorter lookback loses the late conversions but does not spend their
+budget). Everything is deterministic in ``simulation_seed``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from araopt.attribution.browser import DEFAULT_CONVERSION_EPSILON
+from araopt.attribution.error import Simulated, error_terms, simulate_log
+from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
+from araopt.errors import InvalidParameters
+from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE
+from araopt.mechanism.keys import KeyDomain
+from araopt.optimize.error_model import ErrorBreakdown, default_taus, rmsre_tau
+from araopt.optimize.mechanisms import ATTRIBUTION, split_fractions
+
+CLIP_QUANTILES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999, 1.0)
+"""The clip step's grid: training quantiles of each value column."""
+START_QUANTILE = 0.99
+"""The paper's start: thresholds at the 99% quantile, equal split."""
+SEARCH_MAX_VALUE = (1 << 20) - 1
+"""maxValue while searching (rounding negligible); the final one is chosen by ``value_bits``."""
+ROUNDING_SHARE = 0.01
+"""The rounding variance allowed per slice, as a share of the noise variance (maxValue's rule)."""
+DEFAULT_MAX_COUNT_LIMIT = 32
+PATIENCE = 4
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class AttributionProblem:
+    """What is tuned for: the stated per-site epoch budget, the value columns (one query each, after
+    the count), the impression-side slices (the histogram index), the browsers' epoch, the lookbacks
+    to choose from (the first is the default) and C_max."""
+
+    per_site_budget: float
+    value_columns: tuple[str, ...]
+    slice_columns: tuple[str, ...]
+    epoch_days: int = 7
+    lookbacks: tuple[int, ...] = (30,)
+    max_count_limit: int = DEFAULT_MAX_COUNT_LIMIT
+
+    def __post_init__(self) -> None:
+        if not self.lookbacks or not all(isinstance(x, int) and x >= 1 for x in self.lookbacks):
+            raise InvalidParameters(f"lookbacks must be positive integers (days), got {self.lookbacks!r}")
+        if isinstance(self.max_count_limit, bool) or not isinstance(self.max_count_limit, int) \
+                or self.max_count_limit < 1:
+            raise InvalidParameters(f"max count limit must be an integer >= 1, got {self.max_count_limit!r}")
+        if COUNT in self.value_columns:
+            raise InvalidParameters(f"a value column may not be named {COUNT!r} (the count query's name)")
+
+
+def build_params(problem: AttributionProblem, count_limit: int, fractions: Sequence[float] | np.ndarray,
+                 clips: Sequence[float] | np.ndarray,
+                 max_values: Sequence[int] | None = None, lookback: int | None = None) -> AttributionParams:
+    """The parameters of (C, alpha_l, C_l) (count first in ``fractions``; ``clips`` and ``max_values``
+    per value column): epsilon_l = alpha_l epsilon_site / C (``AttributionParams.from_paper``: C full
+    reports across epochs fit a site-epoch budget)."""
+    if len(fractions) != len(problem.value_columns) + 1 or len(clips) != len(problem.value_columns):
+        raise InvalidParameters("one fraction per query (count first) and one clip per value column")
+    bounds = [SEARCH_MAX_VALUE] * len(clips) if max_values is None else list(max_values)
+    queries = (AttributionQuery(COUNT, None),) + tuple(
+        AttributionQuery(c, c, max_value=int(m), clip=float(t))
+        for c, t, m in zip(problem.value_columns, clips, bounds, strict=True))
+    names = (COUNT, *problem.value_columns)
+    return AttributionParams.from_paper(
+        problem.per_site_budget, count_limit, dict(zip(names, (float(f) for f in fractions), strict=True)), queries,
+        problem.slice_columns, multi_epoch=True, epoch_days=problem.epoch_days,
+        lookback_days=problem.lookbacks[0] if lookback is None else lookback)
+
+
+def breakdown(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, simulation_seed: int,
+              simulated: Simulated | None = None) -> ErrorBreakdown:
+    """The error model (Thm. 4.2, ``attribution.error``) as the optimizer's breakdown (slices x queries)."""
+    terms = error_terms(params, rows, domain, simulation_seed, simulated)
+    return ErrorBreakdown(truth=terms.truth.T, expected=(terms.truth + terms.bias).T, variance=terms.variance.T)
+
+
+def predicted_rmsre_tau(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, taus: np.ndarray,
+                        simulation_seed: int = 0) -> float:
+    """RMSRE_tau (Def. 3.2) of ``params`` on ``rows`` under the error model (one simulated draw)."""
+    return rmsre_tau(breakdown(params, rows, domain, simulation_seed), taus).combined
+
+
+def training_taus(rows: pd.DataFrame, value_columns: Sequence[str]) -> np.ndarray:
+    """tau = (5, 5 median(v_1), ...) over the training rows (Sec. 5.1; ``error_model.default_taus``)."""
+    return default_taus(rows[list(value_columns)].to_numpy(dtype=np.float64)
+                        if value_columns else np.zeros((len(rows), 0)))
+
+
+def value_bits(count_limit: int, clip: float, fraction: float, budget: float, accepted_per_slice: float) -> int:
+    """The smallest n (maxValue 2^n - 1) whose rounding variance (at most 1/4 per accepted report,
+    over s^2 = (maxValue / C_l)^2) is at most ROUNDING_SHARE of the noise variance in every slice."""
+    noise = float(ATTRIBUTION.variance(count_limit, np.array([clip]), np.array([fraction]), budget)[0])
+    for n in range(1, 33):
+        scale = ((1 << n) - 1) / clip
+        if accepted_per_slice / 4.0 / scale**2 <= ROUNDING_SHARE * noise:
+            return n
+    return 32
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scored point of the search: C, the split (count first), the clips and its RMSRE_tau."""
+
+    count_limit: int
+    fractions: tuple[float, ...]
+    clips: tuple[float, ...]
+    rmsre_tau: float
+
+
+@dataclass(frozen=True)
+class AttributionOptimization:
+    """The chosen parameters, their predicted training RMSRE_tau, the taus and every scored candidate."""
+
+    params: AttributionParams
+    rmsre_tau: float
+    taus: tuple[float, ...]
+    candidates: tuple[Candidate, ...]
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame([{"C": c.count_limit, "fractions": ", ".join(f"{f:.3f}" for f in c.fractions),
+                              "clips": ", ".join(f"{t:.4g}" for t in c.clips), "RMSRE_tau": c.rmsre_tau}
+                             for c in self.candidates])
+
+
+class _Search:
+    """The alternating search's state on one training log (module docstring)."""
+
+    def __init__(self, problem: AttributionProblem, rows: pd.DataFrame, domain: KeyDomain, taus: np.ndarray,
+                 seed: int) -> None:
+        self.problem, self.rows, self.domain, self.taus, self.seed = problem, rows, domain, taus, seed
+        self.grids = []
+        for col in problem.value_columns:
+            v = rows[col].to_numpy(dtype=np.float64)
+            v = v[v > 0]
+            grid = np.unique(np.quantile(v, CLIP_QUANTILES)) if v.size else np.array([1.0])
+            self.grids.append(grid[grid > 0] if (grid > 0).any() else np.array([1.0]))
+        self.scored: list[Candidate] = []
+
+    def score(self, count_limit: int, fractions: np.ndarray, clips: np.ndarray) -> tuple[float, Simulated]:
+        params = build_params(self.problem, count_limit, fractions, clips)
+        sim = simulate_log(params, self.rows, self.domain, self.seed)
+        value = rmsre_tau(breakdown(params, self.rows, self.domain, self.seed, sim), self.taus).combined
+        self.scored.append(Candidate(count_limit, tuple(float(f) for f in fractions), tuple(float(c) for c in clips),
+                                     value))
+        return value, sim
+
+    def weights(self, sim: Simulated) -> tuple[np.ndarray, np.ndarray]:
+        """Per query, the true totals per slice and pi_lj = 1 / max(tau_l, V_lj)^2."""
+        m = self.domain.num_slices
+        truth = np.array([np.bincount(sim.index[sim.encoded], weights=sim.values[q][sim.encoded], minlength=m)
+                          for q in range(len(sim.values))])
+        return truth, 1.0 / np.maximum(self.taus[:, None], truth) ** 2
+
+    def clip_step(self, count_limit: int, fractions: np.ndarray, sim: Simulated) -> np.ndarray:
+        m = self.domain.num_slices
+        truth, pi = self.weights(sim)
+        clips = []
+        for q, grid in enumerate(self.grids, start=1):
+            rows = sim.accepted_rows(q)
+            idx, v = sim.index[rows], sim.values[q][rows]
+            expected = np.stack([np.bincount(idx, weights=np.minimum(v, c), minlength=m) for c in grid])
+            bias = ((expected - truth[q][None, :]) ** 2 * pi[q][None, :]).mean(axis=1)
+            noise = ATTRIBUTION.variance(count_limit, grid, np.full(len(grid), fractions[q]),
+                                         self.problem.per_site_budget) * pi[q].mean()
+            clips.append(float(grid[int(np.argmin(bias + noise))]))
+        return np.array(clips)
+
+    def split_step(self, count_limit: int, clips: np.ndarray, sim: Simulated) -> np.ndarray:
+        _, pi = self.weights(sim)
+        k = pi.mean(axis=1) * np.concatenate([[1.0], clips]) ** 2 * count_limit**2
+        return split_fractions(k)
+
+    def start(self) -> tuple[np.ndarray, np.ndarray]:
+        """The paper's start: the 99% quantiles and an equal split."""
+        d = len(self.problem.value_columns)
+        clips = np.array([float(np.quantile(v, START_QUANTILE)) for v in self._start_values()])
+        return np.full(d + 1, 1.0 / (d + 1)), clips
+
+    def run(self, count_limit: int, starts: Sequence[tuple[np.ndarray, np.ndarray]]
+            ) -> tuple[float, np.ndarray, np.ndarray]:
+        """The alternating search at one C from each start; the best scored point."""
+        best: tuple[float, np.ndarray, np.ndarray] | None = None
+        for fractions, clips in starts:
+            value, current = self.score(count_limit, fractions, clips)
+            if best is None or value < best[0]:
+                best = (value, fractions, clips)
+            for _ in range(ROUNDS if self.problem.value_columns else 0):
+                clips = self.clip_step(count_limit, fractions, current)
+                fractions = split_fractions_safe(self.split_step(count_limit, clips, current))
+                value, current = self.score(count_limit, fractions, clips)
+                if value < best[0]:
+                    best = (value, fractions, clips)
+                else:
+                    break
+        assert best is not None
+        return best
+
+    def _start_values(self) -> list[np.ndarray]:
+        out = []
+        for col in self.problem.value_columns:
+            v = self.rows[col].to_numpy(dtype=np.float64)
+            out.append(v[v > 0] if (v > 0).any() else np.array([1.0]))
+        return out
+
+
+def split_fractions_safe(fractions: np.ndarray) -> np.ndarray:
+    """Fractions rounded to 1e-6 and renormalised (so that ``from_paper``'s sum check and the JSON
+    round trip stay exact enough), each at least 1e-6."""
+    f = np.maximum(np.round(fractions, 6), 1e-6)
+    f[-1] = 1.0 - f[:-1].sum()
+    return f
+
+
+def optimize_attribution(problem: AttributionProblem, rows: pd.DataFrame, domain: KeyDomain,
+                         taus: np.ndarray | Sequence[float] | None = None,
+                         simulation_seed: int = 0) -> AttributionOptimization:
+    """Alg. 5 for this target on a training log (canonical rows with ``impression_time_us``, every row
+    in ``domain``); the module docstring has the search."""
+    tau = training_taus(rows, problem.value_columns) if taus is None else np.asarray(taus, dtype=np.float64)
+    if tau.shape != (len(problem.value_columns) + 1,) or not (tau > 0).all():
+        raise InvalidParameters(f"taus must be {len(problem.value_columns) + 1} positive numbers (count first), "
+                                f"got {tau.tolist()}")
+    if not len(rows):
+        raise InvalidParameters("the training log is empty")
+    search = _Search(problem, rows, domain, tau, simulation_seed)
+    best: tuple[float, int, np.ndarray, np.ndarray] | None = None
+    worse = 0
+    for count_limit in range(1, problem.max_count_limit + 1):
+        starts = [search.start()] + ([] if best is None else [(best[2], best[3])])  # and the best so far
+        value, fractions, clips = search.run(count_limit, starts)
+        if best is None or value < best[0]:
+            best, worse = (value, count_limit, fractions, clips), 0
+        else:
+            worse += 1
+            if worse >= PATIENCE:
+                break
+    assert best is not None
+    _, count_limit, fractions, clips = best
+    params = build_params(problem, count_limit, fractions, clips)
+    sim = simulate_log(params, rows, domain, simulation_seed)
+    bits = []
+    for q in range(1, len(fractions)):
+        accepted = np.bincount(sim.index[sim.accepted_rows(q)], minlength=domain.num_slices)
+        bits.append(value_bits(count_limit, float(clips[q - 1]), float(fractions[q]), problem.per_site_budget,
+                               float(accepted.max()) if accepted.size else 0.0))
+    max_values = [(1 << n) - 1 for n in bits]
+    chosen = None
+    for lookback in problem.lookbacks:
+        candidate = build_params(problem, count_limit, fractions, clips, max_values, lookback)
+        value = predicted_rmsre_tau(candidate, rows, domain, tau, simulation_seed)
+        if chosen is None or value < chosen[0]:
+            chosen = (value, candidate)
+    assert chosen is not None
+    return AttributionOptimization(chosen[1], chosen[0], tuple(float(t) for t in tau), tuple(search.scored))
+
+
+# ----------------------------------------------------------------------------------------- baselines
+
+SPEC_DEFAULTS = "spec_defaults"
+EQUAL_Q95 = "baseline_q95"
+
+
+def privacy_unit_quantile(rows: pd.DataFrame, epoch_days: int, quantile: float) -> int:
+    """The ``quantile`` of conversions per privacy unit (browser x conversion site x epoch), epochs
+    approximated by ``epoch_days`` windows of conversion time from the epoch (not the browsers' random
+    starts)."""
+    from araopt.attribution.encoder import CONVERSION_TIME_US
+
+    window = rows[CONVERSION_TIME_US].to_numpy() // (epoch_days * 86_400_000_000)
+    keys = [rows[BROWSER_ID].to_numpy() if BROWSER_ID in rows else np.arange(len(rows)), window]
+    if CONVERSION_SITE in rows:
+        keys.append(pd.factorize(rows[CONVERSION_SITE])[0])
+    sizes = pd.DataFrame({str(i): k for i, k in enumerate(keys)}).value_counts().to_numpy()
+    return max(1, math.ceil(float(np.quantile(sizes, quantile)))) if sizes.size else 1
+
+
+def baseline_params(name: str, problem: AttributionProblem, rows: pd.DataFrame) -> AttributionParams:
+    """The baselines: ``spec_defaults``: every query a call with the spec's default epsilon = 1
+    (an equal split when the queries' sum exceeds the budget), maxValue 1 (count only: a value query
+    sends its value in units of its training mean, RR(min(v, mean) / mean) in {0, 1});
+    ``baseline_q95``: clip = maxValue at the 95% training quantile, equal split, C = the 95% quantile
+    of conversions per privacy unit (Sec. 5.1's baseline for this target)."""
+    d = len(problem.value_columns)
+    lookback = problem.lookbacks[0]
+    if name == SPEC_DEFAULTS:
+        epsilon = min(DEFAULT_CONVERSION_EPSILON, problem.per_site_budget / (d + 1))
+        queries = (AttributionQuery(COUNT, None, epsilon),) + tuple(
+            AttributionQuery(c, c, epsilon, 1, _positive_mean(rows[c])) for c in problem.value_columns)
+        return AttributionParams(problem.per_site_budget, queries, problem.slice_columns,
+                                 epoch_days=problem.epoch_days, lookback_days=lookback)
+    if name == EQUAL_Q95:
+        count_limit = privacy_unit_quantile(rows, problem.epoch_days, 0.95)
+        clips = [_positive_quantile(rows[c], 0.95) for c in problem.value_columns]
+        params = build_params(problem, count_limit, [1.0 / (d + 1)] * (d + 1), clips)
+        return replace(params, queries=tuple(
+            q if q.column is None else AttributionQuery(q.name, q.column, q.epsilon, (1 << 16) - 1, q.clip)
+            for q in params.queries))
+    raise InvalidParameters(f"unknown baseline {name!r} (known: {SPEC_DEFAULTS}, {EQUAL_Q95})")
+
+
+BASELINES = (SPEC_DEFAULTS, EQUAL_Q95)
+
+
+def _positive_mean(values: pd.Series) -> float:
+    v = values.to_numpy(dtype=np.float64)
+    mean = float(v[v > 0].mean()) if (v > 0).any() else 1.0
+    return mean
+
+
+def _positive_quantile(values: pd.Series, quantile: float) -> float:
+    v = values.to_numpy(dtype=np.float64)
+    return float(np.quantile(v[v > 0], quantile)) if (v > 0).any() else 1.0

@@ -1,0 +1,166 @@
+"""ParameterOptimization (Alg. 5) for the W3C Attribution target (``araopt.optimize.attribution``): the
+known optimum of small analytic cases, determinism, the baselines and the evaluation."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from araopt.attribution.params import COUNT
+from araopt.errors import InvalidParameters
+from araopt.evaluation.attribution import OPTIMIZED, evaluate_attribution
+from araopt.mechanism.keys import KeyDomain
+from araopt.optimize.attribution import (
+    EQUAL_Q95,
+    SPEC_DEFAULTS,
+    AttributionProblem,
+    baseline_params,
+    build_params,
+    optimize_attribution,
+    predicted_rmsre_tau,
+    privacy_unit_quantile,
+    training_taus,
+)
+from araopt.optimize.mechanisms import ARA_LINF, ATTRIBUTION, split_fractions
+
+DAY = 86_400_000_000
+START = 1_767_225_600_000_000
+SLICES = ("campaign",)
+
+
+def log(browsers_per_slice: int, conversions_per_browser: int, value: float | np.ndarray = 10.0,
+        slices: int = 4) -> pd.DataFrame:
+    """Every browser: one impression, ``conversions_per_browser`` conversions a minute apart an hour
+    after it (all in one epoch unless the browser's epoch boundary falls in those minutes)."""
+    n_browsers = browsers_per_slice * slices
+    browser = np.repeat(np.arange(n_browsers), conversions_per_browser)
+    k = np.tile(np.arange(conversions_per_browser), n_browsers)
+    shown = START + browser * 1_000_000
+    return pd.DataFrame({"browser_id": browser, "impression_id": browser, "campaign": browser % slices,
+                         "impression_time_us": shown, "conversion_time_us": shown + DAY // 24 + k * 60_000_000,
+                         "value": np.broadcast_to(value, browser.shape).astype(np.float64)})
+
+
+def domain(slices: int = 4) -> KeyDomain:
+    return KeyDomain.from_slice_values(SLICES, {"campaign": np.arange(slices)}, (COUNT, "value"))
+
+
+def test_the_optimizer_picks_the_known_optimum_without_binding_budgets() -> None:
+    # One conversion per browser, every value 10: no report is ever refused and clipping at 10 loses
+    # nothing, so the error is the noise alone, 8 C^2 C_l^2 / (alpha_l^2 eps^2), weighted by
+    # pi_l = 1 / max(tau_l, V_l)^2 (V: 20 conversions, 200 of value per slice): smallest C (1), clip
+    # 10, and the Lagrange split alpha_l ~ K_l^(1/3), K_count = 1 / 20^2, K_value = 10^2 / 400^2 =
+    # K_count / 4 (taus 5, 400): alpha = (4^(1/3), 1) / (4^(1/3) + 1).
+    rows = log(20, 1)
+    problem = AttributionProblem(1.0, ("value",), SLICES)
+    result = optimize_attribution(problem, rows, domain(), taus=[5.0, 400.0], simulation_seed=3)
+    p = result.params
+    assert p.count_limit(multi_epoch=True) == 1
+    assert [q.clip for q in p.queries] == [1.0, 10.0]
+    split = np.array([np.cbrt(4.0), 1.0]) / (np.cbrt(4.0) + 1.0)
+    assert [q.epsilon for q in p.queries] == pytest.approx(split, abs=2e-6)
+    assert result.taus == (5.0, 400.0)
+    assert training_taus(rows, ("value",)).tolist() == [5.0, 50.0]  # tau = 5 x the training median
+
+
+def test_the_optimizer_picks_the_count_limit_that_fits_every_browsers_conversions() -> None:
+    # Four conversions per browser at one value, lookback 30 days (every report spans several 7-day
+    # epochs: a full report deducts epsilon_site / C): below C = 4 a quarter or more of every slice is
+    # refused (relative bias >= 0.25), from C = 4 on nothing is, and the noise grows with C: C = 4.
+    rows = log(50, 4)
+    problem = AttributionProblem(1.0, ("value",), SLICES)
+    result = optimize_attribution(problem, rows, domain(), simulation_seed=0)
+    assert result.params.count_limit(multi_epoch=True) == 4
+    scored = {c.count_limit: c.rmsre_tau for c in result.candidates}
+    assert min(scored, key=lambda c: scored[c]) == 4
+    assert scored[3] > 2 * scored[4] and scored[5] > scored[4]
+
+
+def test_the_optimizer_is_deterministic_and_at_least_as_good_as_the_baselines() -> None:
+    g = np.random.default_rng(5)
+    rows = log(30, 3, value=g.lognormal(2.0, 1.0, 30 * 4 * 3))
+    problem = AttributionProblem(4.0, ("value",), SLICES)
+    first = optimize_attribution(problem, rows, domain(), simulation_seed=1)
+    again = optimize_attribution(problem, rows, domain(), simulation_seed=1)
+    assert first.params.to_json() == again.params.to_json() and first.rmsre_tau == again.rmsre_tau
+    taus = np.array(first.taus)
+    for name in (SPEC_DEFAULTS, EQUAL_Q95):
+        baseline = predicted_rmsre_tau(baseline_params(name, problem, rows), rows, domain(), taus, 1)
+        assert first.rmsre_tau <= baseline
+    assert first.rmsre_tau == predicted_rmsre_tau(first.params, rows, domain(), taus, 1)
+    q = first.params.queries[1]
+    assert q.max_value == (1 << q.max_value.bit_length()) - 1  # 2^n - 1
+
+
+def test_the_baselines_follow_the_spec_defaults_and_the_q95_rule() -> None:
+    rows = log(10, 3, value=np.arange(1, 121, dtype=np.float64))
+    problem = AttributionProblem(1.0, ("value",), SLICES)
+    spec = baseline_params(SPEC_DEFAULTS, problem, rows)
+    assert [(q.epsilon, q.max_value) for q in spec.queries] == [(0.5, 1), (0.5, 1)]  # eps 1 would exceed 1
+    assert spec.queries[1].clip == pytest.approx(60.5)  # count only: the value in units of its mean
+    wide = baseline_params(SPEC_DEFAULTS, AttributionProblem(10.0, ("value",), SLICES), rows)
+    assert [q.epsilon for q in wide.queries] == [1.0, 1.0]
+    q95 = baseline_params(EQUAL_Q95, problem, rows)
+    assert q95.queries[1].clip == pytest.approx(np.quantile(np.arange(1, 121), 0.95))
+    assert q95.count_limit(multi_epoch=True) == privacy_unit_quantile(rows, 7, 0.95) == 3
+    assert q95.queries[0].epsilon == pytest.approx(q95.queries[1].epsilon)
+
+
+def test_the_noise_description_is_the_attribution_mechanisms_noise() -> None:
+    # eps_l = 2 alpha_l eps_site / C, Laplace of scale 2 maxValue / eps_l over the value scale maxValue / C_l
+    p = build_params(AttributionProblem(4.0, ("value",), SLICES), 3, [0.25, 0.75], [40.0], [255])
+    assert p.queries[1].epsilon == pytest.approx(0.75 * 4.0 / 3, abs=1e-6)
+    q = p.queries[1]
+    laplace = 2 * (q.noise_scale / q.value_scale) ** 2
+    described = ATTRIBUTION.variance(3, np.array([40.0]), np.array([0.75]), 4.0)[0]
+    assert laplace == pytest.approx(described, rel=1e-5)
+    assert ATTRIBUTION.constant == 4 * ARA_LINF.constant and ATTRIBUTION.separate_count
+    assert not ARA_LINF.separate_count
+    assert split_fractions(np.array([1.0, 8.0])) == pytest.approx([1 / 3, 2 / 3])
+
+
+def test_refusals() -> None:
+    with pytest.raises(InvalidParameters, match="max count limit"):
+        AttributionProblem(1.0, ("value",), SLICES, max_count_limit=0)
+    with pytest.raises(InvalidParameters, match="lookbacks"):
+        AttributionProblem(1.0, ("value",), SLICES, lookbacks=())
+    with pytest.raises(InvalidParameters, match="taus"):
+        optimize_attribution(AttributionProblem(1.0, ("value",), SLICES), log(2, 1), domain(), taus=[1.0])
+    with pytest.raises(InvalidParameters, match="unknown baseline"):
+        baseline_params("nope", AttributionProblem(1.0, ("value",), SLICES), log(2, 1))
+
+
+def test_the_evaluation_compares_on_the_test_log_with_training_taus() -> None:
+    g = np.random.default_rng(2)
+    train = log(20, 3, value=g.lognormal(2.0, 1.0, 240))
+    test = log(20, 3, value=g.lognormal(2.0, 1.0, 240))
+    (e,) = evaluate_attribution(train, test, domain(), ("value",), SLICES, [4.0], runs=2, seed=1)
+    taus = training_taus(train, ("value",))
+    assert [m.method for m in e.methods] == [OPTIMIZED, SPEC_DEFAULTS, EQUAL_Q95]
+    assert e.optimized.analytic == predicted_rmsre_tau(e.optimized.params, test, domain(), taus, 1)
+    assert e.ratio == e.optimized.analytic / min(m.analytic for m in e.methods[1:])
+    assert all(m.coverage is not None and 0 <= m.coverage <= 1 for m in e.methods)
+    assert e.generalization == e.optimized.analytic / e.tuned_on_test
+
+
+def test_the_retention_calibration_divides_by_the_kept_share() -> None:
+    # Four conversions per browser, C = 3: the budget keeps three of four (all four for the browsers
+    # whose epoch boundary falls between their conversions): r = kept / true from the error model.
+    from araopt.attribution.calibrate import retention
+    from araopt.attribution.error import error_terms
+    from araopt.attribution.reconstruct import Estimate
+
+    rows = log(50, 4)
+    params = build_params(AttributionProblem(1.0, ("value",), SLICES), 3, [0.5, 0.5], [10.0])
+    calibration = retention(params, rows, domain(), 0)
+    terms = error_terms(params, rows, domain(), 0)
+    kept = (terms.truth + terms.bias).sum(axis=1) / terms.truth.sum(axis=1)
+    assert calibration.ratios == pytest.approx(kept) and 0.75 <= calibration.ratios[0] < 0.8
+    per_index = (terms.truth + terms.bias)[0] / terms.truth[0] / calibration.ratios[0]
+    assert calibration.spreads[0] == pytest.approx(np.quantile(np.abs(1 - per_index), 0.95))
+    estimate = Estimate(np.array([30.0, 60.0]), 1.0, 2.0, 0.95)
+    values, half = calibration.true_totals(0, estimate)
+    assert values == pytest.approx(estimate.values / calibration.ratios[0])
+    assert half == pytest.approx(2.0 / calibration.ratios[0] + calibration.spreads[0] * values)
+    with pytest.raises(InvalidParameters, match="level"):
+        retention(params, rows, domain(), 0, level=1.0)

@@ -1,0 +1,187 @@
+"""The W3C Attribution Level 1 measurement on Beam: valid rows -> complete browsers (the privacy unit
+is browser instance x conversion site x epoch, so a browser's rows must meet: grouped by a stable hash
+of ``browser_id``, not of the impression) -> each shard's browsers simulated (the encoder, the
+per-site per-epoch budgets and the safety limits: ``araopt.attribution.measure.simulate_browsers``)
+-> unnoised sums per (query, task, histogram index), summed over shards -> the aggregation service's
+noise once per index and Alg. 4's estimates (``noisy_release``).
+
+With a simulation seed every draw is keyed by row content or browser id, so the sums do not depend on
+how the log is split into files, batches or shards (and equal ``export-attribution``'s event streams
+replayed through the reference implementation).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers
+from araopt.attribution.params import AttributionParams
+from araopt.attribution.reconstruct import Estimate, estimates_frame
+from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
+from araopt.mechanism.keys import KeyDomain
+from transforms.group import GroupByImpression
+
+
+def shard_frame(table: pa.Table, slice_columns: Iterable[str]) -> pd.DataFrame:
+    """A shard's valid rows as the core's frame (dictionary-encoded slice values back to plain ones)."""
+    rows = table.to_pandas()
+    for c in slice_columns:
+        if isinstance(rows[c].dtype, pd.CategoricalDtype):
+            rows[c] = rows[c].astype(object)
+    return rows
+
+
+def unit_column(names: Iterable[str]) -> str:
+    """What groups a log's rows into browsers: ``browser_id``, or without it the impression (each
+    impression its own browser, as the encoder has it)."""
+    return BROWSER_ID if BROWSER_ID in set(names) else IMPRESSION_ID
+
+
+class _SimulateShard(beam.DoFn):
+    """(shard, table of complete browsers) -> their ``BrowserSums`` (domain as a side input)."""
+
+    def __init__(self, params: AttributionParams, simulation_seed: int | None,
+                 task_domain: KeyDomain | None = None):
+        self._params = params
+        self._seed = simulation_seed
+        self._task_domain = task_domain
+
+    def process(self, item: tuple[int, pa.Table], domain: KeyDomain) -> Iterator[BrowserSums]:
+        _, table = item
+        rows = shard_frame(table, (*self._params.slice_columns, *self._params.conversion_slice_columns))
+        sums, _ = simulate_browsers(self._params, rows, domain, task_domain=self._task_domain,
+                                    simulation_seed=self._seed)
+        yield sums
+
+
+def _empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int) -> BrowserSums:
+    return BrowserSums({(q.name, t): np.zeros(domain.num_slices, dtype=np.int64)
+                        for q in params.queries for t in range(num_tasks)})
+
+
+class _MergeSums(beam.CombineFn):
+    """Sums of disjoint browser sets added (exact integers); the identity is no sums at all."""
+
+    def create_accumulator(self) -> list[BrowserSums]:
+        return []
+
+    def add_input(self, acc: list[BrowserSums], item: BrowserSums) -> list[BrowserSums]:
+        return [BrowserSums.merge([*acc, item])]
+
+    def merge_accumulators(self, accs: Iterable[list[BrowserSums]]) -> list[BrowserSums]:
+        parts = [s for acc in accs for s in acc]
+        return [BrowserSums.merge(parts)] if parts else []
+
+    def extract_output(self, acc: list[BrowserSums]) -> list[BrowserSums]:
+        return acc
+
+
+@dataclass(frozen=True)
+class AttributionRelease:
+    """One measurement's release: the noisy histograms and estimates per (query, task) over the
+    domain's histogram indices, and the operator-private sums and counts."""
+
+    params: AttributionParams
+    domain: KeyDomain
+    noisy: dict[tuple[str, int], np.ndarray]
+    estimates: dict[tuple[str, int], Estimate]
+    sums: BrowserSums
+    counts: ValidationCounts
+    simulation_seed: int | None
+
+    def estimates_frame(self) -> pd.DataFrame:
+        """The published table (``araopt.attribution.reconstruct.estimates_frame``)."""
+        return estimates_frame(self.estimates, self.domain, bool(self.params.conversion_slice_columns))
+
+    def debug_frame(self) -> pd.DataFrame:
+        """OPERATOR-PRIVATE: the unnoised sums per (query, histogram index) (``query,histogram_index,
+        unnoised_sum``; with conversion-side slices also ``task``)."""
+        frames = []
+        for (name, task), sums in sorted(self.sums.unnoised.items()):
+            frame = pd.DataFrame({"query": name, "histogram_index": np.arange(len(sums)), "unnoised_sum": sums})
+            if self.params.conversion_slice_columns:
+                frame.insert(1, "task", task)
+            frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
+
+    def accounting(self) -> dict[str, Any]:
+        """OPERATOR-PRIVATE exact counts; rows read = kept + outside the layout + rejected."""
+        c, s = self.counts, self.sums
+        return {"rows_read": c.rows_read, "rows_rejected": c.rows_rejected,
+                "rows_rejected_by_reason": dict(c.rejected_by_reason), "conversions_kept": s.rows - s.rows_outside_domain,
+                "conversions_outside_domain": s.rows_outside_domain, "browsers": s.browsers,
+                "histogram_size": self.domain.num_slices,
+                "reports": s.reports, "reports_matched": s.reports_matched, "reports_refused_for_budget": s.reports_refused,
+                "accounting_closes": c.rows_read - c.rows_rejected == s.rows}
+
+
+def release(sums: list[BrowserSums], params: AttributionParams, domain: KeyDomain, counts: ValidationCounts,
+            simulation_seed: int | None, num_tasks: int = 1, level: float = 0.95) -> AttributionRelease:
+    merged = BrowserSums.merge([_empty_sums(params, domain, num_tasks), *sums])
+    noisy, estimates = noisy_release(params, merged.unnoised, simulation_seed, level)
+    return AttributionRelease(params, domain, noisy, estimates, merged, counts, simulation_seed)
+
+
+class _DistinctSlices(beam.CombineFn):
+    """The impression-side slice values present (SIMULATION ONLY: the data-derived layout)."""
+
+    def __init__(self, columns: tuple[str, ...]):
+        self._columns = columns
+
+    def create_accumulator(self) -> set[tuple[Any, ...]]:
+        return set()
+
+    def add_input(self, acc: set[tuple[Any, ...]], table: pa.Table) -> set[tuple[Any, ...]]:
+        frame = shard_frame(table.select(list(self._columns)), self._columns).drop_duplicates()
+        acc.update(map(tuple, frame.itertuples(index=False, name=None)))
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[set[tuple[Any, ...]]]) -> set[tuple[Any, ...]]:
+        out: set[tuple[Any, ...]] = set()
+        for acc in accs:
+            out |= acc
+        return out
+
+    def extract_output(self, acc: set[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+        return acc
+
+
+def _domain_of(values: set[tuple[Any, ...]], params: AttributionParams, simulation_seed: int | None) -> KeyDomain:
+    frame = pd.DataFrame(sorted(values, key=repr), columns=list(params.slice_columns))
+    return data_domain(params, frame, simulation_seed)
+
+
+@beam.typehints.with_input_types(pa.Table)
+class MeasureAttribution(beam.PTransform):
+    """Valid batches -> one ``AttributionRelease`` (``counts``: the singleton ValidationCounts;
+    ``domain``: the declared histogram layout, or None in simulation for the data's)."""
+
+    def __init__(self, params: AttributionParams, counts: beam.PCollection[ValidationCounts],
+                 domain: KeyDomain | None, simulation_seed: int | None, num_shards: int, unit: str,
+                 spill_dir: str | None = None, task_domain: KeyDomain | None = None):
+        super().__init__()
+        if domain is None and simulation_seed is None:
+            data_domain(params, pd.DataFrame(), None)  # refuses: a data-derived layout only in simulation
+        self._params, self._counts, self._domain, self._seed = params, counts, domain, simulation_seed
+        self._num_shards, self._unit, self._spill, self._tasks = num_shards, unit, spill_dir, task_domain
+
+    def expand(self, valid: beam.PCollection[pa.Table]) -> beam.PCollection[AttributionRelease]:
+        params, seed = self._params, self._seed
+        if self._domain is not None:
+            domain = valid.pipeline | "DeclaredLayout" >> beam.Create([self._domain])
+        else:
+            domain = (valid | "DistinctSlices" >> beam.CombineGlobally(_DistinctSlices(params.slice_columns))
+                      | "LayoutFromData" >> beam.Map(_domain_of, params, seed))
+        browsers = valid | "GroupByBrowser" >> GroupByImpression(self._num_shards, self._spill, self._unit)
+        sums = (browsers | "SimulateBrowsers" >> beam.ParDo(_SimulateShard(params, seed, self._tasks),
+                                                            beam.pvalue.AsSingleton(domain))
+                | "SumShards" >> beam.CombineGlobally(_MergeSums()))
+        num_tasks = 1 if self._tasks is None else self._tasks.num_slices
+        return sums | "Noise" >> beam.Map(release, params, beam.pvalue.AsSingleton(domain),
+                                          beam.pvalue.AsSingleton(self._counts), seed, num_tasks)
