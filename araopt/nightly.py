@@ -4,6 +4,7 @@ picture. ``pipelines/nightly.py`` runs them in its single-element steps; they de
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from araopt.io.conversions import ValidationCounts, check_rejected_share
 from araopt.io.store import ParameterStore
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.optimize.tune import TuningResult, calibrate, tune
-from araopt.version import ParameterVersion
+from araopt.version import ParameterVersion, Provenance
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,13 @@ class Guardrails:
 def new_series(previous: ParameterVersion, new: ParameterVersion) -> str:
     """Why ``new`` starts a new series of versions rather than continuing ``previous`` ('' if it continues)."""
     old, now = previous.params, new.params
+    if previous.api != new.api:
+        return f"api changed {previous.api.value} -> {new.api.value}"
+    was, will = previous.attribution, new.attribution
+    if was is not None and will is not None and (was.epoch_days, was.lookback_days) != (will.epoch_days,
+                                                                                       will.lookback_days):
+        return (f"epoch / lookback changed {was.epoch_days} / {was.lookback_days} -> {will.epoch_days} / "
+                f"{will.lookback_days} days")
     if old.epsilon != now.epsilon:
         return f"epsilon changed {old.epsilon:g} -> {now.epsilon:g}"
     if (old.slice_columns, old.query_columns, old.encoding) != (now.slice_columns, now.query_columns, now.encoding):
@@ -379,3 +387,17 @@ def version_report_png(version: ParameterVersion, problems: Sequence[str],
                                  list(zip(names, taus, strict=True)), history, problems,
                                  float(period) if period is not None else None,
                                  (float(predicted), how) if predicted is not None else None)
+
+
+def private_night(version: ParameterVersion, previous: ParameterVersion | None, as_of: str, run_id: str,
+                  epsilon: float, expected_previous: str | None, guardrails: Guardrails,
+                  **inputs: Any) -> tuple[PrivateDecision, dict[str, Any]]:
+    """``nightly --private``'s decision on the version privacy-safe tuning learnt (``optimize.private_inputs``):
+    the version stamped with the run (as-of date, run id), :func:`private_decision` against the latest
+    published version ``previous``, and its run report (:func:`private_report`; ``inputs``: what it
+    learnt from). The caller publishes (``publish_version``) when the decision says so."""
+    provenance = version.provenance or Provenance()
+    version = dataclasses.replace(version, provenance=dataclasses.replace(
+        provenance, extra={**provenance.extra, "as_of": as_of, "run_id": run_id}))
+    decision = private_decision(version, previous, as_of, guardrails)
+    return decision, private_report(decision, as_of, run_id, epsilon, expected_previous, **inputs)

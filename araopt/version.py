@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import jsonschema
 
+from araopt.attribution.calibrate import Retention
 from araopt.attribution.params import AttributionParams, params_from_json, params_to_json
 from araopt.calibration.calendar import Calendar
 from araopt.calibration.model import Calibration
@@ -97,7 +98,9 @@ class ParameterVersion:
     ``api`` is the target; for ``Api.ATTRIBUTION``, ``attribution`` holds the Attribution parameters,
     ``params`` is their paper view (``AttributionParams.paper_params``: C, C_l, the slices; what a
     calibration is checked against) and ``domain`` the histogram layout (impression-side slices, the
-    queries' names). Build one with :meth:`for_attribution`."""
+    queries' names); ``retention`` the calibration to the true totals fitted on the history for exactly
+    these attribution parameters (``attribution.calibrate``: refused when fitted for others; the point
+    estimate always divides by the ratio). Build one with :meth:`for_attribution`."""
 
     params: Params
     domain: KeyDomain | None = None
@@ -108,6 +111,7 @@ class ParameterVersion:
     calendar: Calendar | None = None
     api: Api = Api.ARA
     attribution: AttributionParams | None = None
+    retention: Retention | None = None
 
     def __post_init__(self) -> None:
         _check_version(self.format_version)
@@ -123,8 +127,17 @@ class ParameterVersion:
             if self.params != self.attribution.paper_params():
                 raise InvalidParameters("the paper view (count_limit, queries, slices, epsilon) does not match the "
                                         "attribution parameters")
-        elif self.attribution is not None:
-            raise InvalidParameters("attribution parameters need api 'attribution'")
+            if self.calibration is not None:
+                raise InvalidParameters("an attribution version is calibrated by its retention, not an ARA calibration")
+            if self.retention is not None:
+                if not isinstance(self.retention, Retention):
+                    raise InvalidParameters(f"retention must be a Retention, got {type(self.retention).__name__}")
+                if self.correction != CORRECTION:
+                    raise InvalidParameters(f"an attribution retention corrects by {CORRECTION!r}, got "
+                                            f"{self.correction!r}")
+                self.retention.check_params(self.attribution)
+        elif self.attribution is not None or self.retention is not None:
+            raise InvalidParameters("attribution parameters and their retention need api 'attribution'")
         if self.domain is not None:
             if self.attribution is not None:
                 self.attribution.check_domain(self.domain)
@@ -146,11 +159,12 @@ class ParameterVersion:
 
     @classmethod
     def for_attribution(cls, attribution: AttributionParams, domain: KeyDomain | None = None,
-                        calibration: Calibration | None = None, correction: str = CORRECTION,
-                        provenance: Provenance | None = None, calendar: Calendar | None = None) -> ParameterVersion:
-        """A version of the attribution API: ``attribution`` with its paper view as ``params``."""
-        return cls(attribution.paper_params(), domain=domain, calibration=calibration, correction=correction,
-                   provenance=provenance, calendar=calendar, api=Api.ATTRIBUTION, attribution=attribution)
+                        correction: str = CORRECTION, provenance: Provenance | None = None,
+                        retention: Retention | None = None) -> ParameterVersion:
+        """A version of the attribution API: ``attribution`` with its paper view as ``params`` and the
+        ``retention`` fitted for them (or None: its releases estimate the accepted clipped values)."""
+        return cls(attribution.paper_params(), domain=domain, correction=correction, provenance=provenance,
+                   api=Api.ATTRIBUTION, attribution=attribution, retention=retention)
 
     def require_api(self, api: Api, command: str) -> None:
         """Refuse (one line) a version of another API than the one ``command`` handles."""
@@ -199,6 +213,8 @@ class ParameterVersion:
         if self.attribution is not None:  # ARA's files name no api: their bytes and checksums are as before
             out["api"] = self.api.value
             out["attribution"] = params_to_json(self.attribution)
+            if self.retention is not None:  # a version without one keeps its bytes and checksum
+                out["retention"] = self.retention.to_json()
         return out
 
     def to_bytes(self) -> bytes:
@@ -254,6 +270,7 @@ class ParameterVersion:
                 calendar=None if data.get("calendar") is None else Calendar.from_json(data["calendar"]),
                 provenance=Provenance.from_json(prov) if prov else None, format_version=data["format_version"],
                 api=api, attribution=attribution,
+                retention=None if data.get("retention") is None else Retention.from_json(data["retention"]),
             )
         except ValueError as exc:  # every refusal of the parts, said once with the file's name
             raise InvalidParameters(f"{source}: {exc}") from None

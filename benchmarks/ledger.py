@@ -4,12 +4,13 @@ and the coarse identity per id type (ids per second); and, with ``--coincidences
 coarse identity (impression id, second modulo 15 minutes) of different conversions coincides on
 realistic daily logs (the false-positive side of the lossy re-export refusal).
 
-    .venv/bin/python benchmarks/ledger.py [--sizes 1000000,10000000] [--releases 10]
+    .venv/bin/python benchmarks/ledger.py [--sizes 1000000,10000000] [--releases 10] [--figures FILE]
     .venv/bin/araopt synth --preset synth-criteo --target-conversions 1000000 --seed 1 --days 21 \
         --partition-by conversion-date --split test --output /tmp/daily
     .venv/bin/python benchmarks/ledger.py --coincidences /tmp/daily/test
 
-Conversions as in benchmarks/measure.py (~10 per impression, times over 30 days, int64 ids).
+Conversions as in benchmarks/measure.py (~10 per impression, times over 30 days, int64 ids). ``--figures``
+also writes the size and speed figures as the Markdown table ``docs/performance.md`` shows.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pyarrow as pa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from araopt.io.rowset import (  # noqa: E402
     COARSE_MARGIN_US,
@@ -33,6 +35,7 @@ from araopt.io.rowset import (  # noqa: E402
     coarse_row_ids,
     conversion_row_ids,
 )
+from figures import markdown_table, write_figure  # noqa: E402
 
 BATCH = 1 << 20
 
@@ -115,6 +118,7 @@ def main() -> None:
     parser.add_argument("--releases", type=int, default=10, help="earlier releases to check a new one against")
     parser.add_argument("--id-speed", type=int, default=0, metavar="N", help="only: ids per second over N ids per type")
     parser.add_argument("--coincidences", metavar="DIR", help="only: coarse coincidences over DIR/date=*/ daily logs")
+    parser.add_argument("--figures", help="also write the figures as a Markdown table to this file")
     args = parser.parse_args()
     if args.id_speed:
         id_speed(args.id_speed)
@@ -122,6 +126,7 @@ def main() -> None:
     if args.coincidences:
         coincidences(args.coincidences)
         return
+    rows_out: list[list[str]] = []
     for n in (int(s) for s in args.sizes.split(",")):
         rows, _, hashed, merged = release(n, seed=0)
         data = rows.to_parquet_bytes()
@@ -132,6 +137,9 @@ def main() -> None:
               f"merge {merged:5.2f} s, "
               f"row set {len(data):>11,} bytes = {len(data) / len(rows):.2f} bytes per conversion "
               f"({len(data) * 1e6 / len(rows) / 2**20:.2f} MiB per 10^6; read back {read:.2f} s)")
+        rows_out.append([f"row set of one release of {n:,} conversions (sorted 64-bit ids, delta-packed Parquet: the "
+                        f"exact and the coarse identities)", f"{len(data) / len(rows):.2f} bytes per conversion; exact "
+                        f"+ coarse ids {n / hashed / 1e6:.1f}M per CPU second"])
     n = int(args.sizes.split(",")[0])
     with tempfile.TemporaryDirectory() as root:
         os.environ["ARAOPT_LEDGER"] = root
@@ -151,6 +159,13 @@ def main() -> None:
     print(f"check + record (exact and coarse) of {n:,} conversions against those {args.releases} releases: "
           f"{took:.2f} s CPU (overlap found: {recorded.rows_released_before:,} exact, "
           f"{recorded.entry['coarse_rows_released_before']:,} coarse)")
+    rows_out.append([f"ledger of {args.releases} releases of {n:,} conversions (index included)",
+                    f"{ledger_bytes / (args.releases * n):.2f} bytes per released conversion"])
+    rows_out.append([f"check + record (exact and coarse) of {n:,} conversions against those {args.releases} releases, "
+                    f"whose windows meet", f"{took:.2f} s CPU"])
+    if args.figures:
+        write_figure(args.figures, markdown_table(["what (`benchmarks/ledger.py`)", "figure"], rows_out))
+        print(f"wrote {args.figures}")
 
 
 if __name__ == "__main__":

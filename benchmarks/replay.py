@@ -1,6 +1,7 @@
 """Privacy-safe tuning against the fully informed nightly and the baselines: `araopt replay` on daily logs.
 
     python benchmarks/replay.py [--per-day 40000] [--days 28] [--epsilons 1,8] [--jobs 2] [--logs ...]
+                                [--figures docs/figures/replay.md]
 
 Four joined daily logs, written as date=YYYY-MM-DD/ partitions by conversion date: the three synthetic
 presets in daily form (Poisson(10) conversions per impression, uniform delays over 30 days) and a log
@@ -14,7 +15,8 @@ window and the replayed days; conversions after the last replayed day are cut (a
 `araopt replay` runs on each at each epsilon; printed per (log, epsilon): the median over the last
 14 replayed days of private_safe / fully_informed and / cold_start RMSRE_tau (Def. 3.2), the share of
 those days private_safe is below both baselines, its intervals' coverage of the true totals (count,
-every value) and the mean of its realised / published predicted RMSRE_tau.
+every value) and the mean of its realised / published predicted RMSRE_tau. ``--figures`` also writes
+them as the Markdown table that ``docs/private-tuning.md`` shows.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from araopt.data import synthetic
 from araopt.io.conversions import Conversions
+from figures import markdown_table, write_figure
 from release_period import DAY_US, SLICES, DailyLog, daily_log, geometric_log
 
 WARMUP_DAYS = 30
@@ -154,6 +157,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", help="Keep the logs and outputs in this folder.")
+    parser.add_argument("--figures", help="Also write the figures as a Markdown table to this file.")
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="araopt-replay-"))
     logs = args.logs.split(",")
@@ -173,7 +177,28 @@ def main() -> None:
               f"below baselines {r['private_below_baselines']:.2f}  private/best baseline "
               f"{r['median_private_over_best_baseline']:.3f}  coverage {coverage}  realised/predicted "
               f"{r.get('private_realised_over_predicted', float('nan')):.2f}  ({r['seconds']:.0f} s)")
+    if args.figures:
+        write_figure(args.figures, figure_table(results, args))
+        print(f"wrote {args.figures}")
     print(f"outputs under {root}")
+
+
+def figure_table(results: list[dict], args: argparse.Namespace) -> str:
+    """The printed figures as the manual's table (one row per log and epsilon)."""
+    def cell(r: dict, key: str) -> str:
+        return f"{r[key]:.2f}" if key in r else "–"
+
+    rows = []
+    for r in results:
+        coverage = [k for k in r if k.startswith("private_coverage_")]
+        rows.append([r["log"], f"{r['epsilon']:g}", cell(r, "median_private_over_full"),
+                     cell(r, "median_private_over_cold_start"), cell(r, "private_below_baselines"),
+                     cell(r, coverage[0]) if coverage else "–", ", ".join(cell(r, k) for k in coverage[1:]) or "–",
+                     cell(r, "private_realised_over_predicted")])
+    header = ["log", "ε", "private / fully informed", "private / cold start", "days below both baselines",
+              "coverage count", "coverage value(s)", "realised / predicted"]
+    return (f"{args.per_day:,} conversions a day, {args.days} replayed days, window {WINDOW_DAYS} days; medians and "
+            f"shares over the last 14 replayed days.\n\n" + markdown_table(header, rows))
 
 
 if __name__ == "__main__":

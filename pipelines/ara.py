@@ -24,13 +24,13 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from araopt.ara import exploration as arms
+from araopt.ara.exploration import domain_from_conversions
 from araopt.ara.reconstruct import estimates_from_summary_report
 from araopt.ara.registrations import (
     ARA_CONTRIBUTION_BUDGET,
@@ -38,7 +38,6 @@ from araopt.ara.registrations import (
     REGISTER_TRIGGER,
     KeyMap,
     SourceEncoder,
-    TriggerBatch,
     TriggerEncoder,
     ara_warnings,
     check_ara_limits,
@@ -52,19 +51,15 @@ from araopt.io import avro, jsonio, outputs
 from araopt.io.conversions import Conversions
 from araopt.io.files import atomic_write
 from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_output_file, check_target
-from araopt.mechanism.encoding import encode
-from araopt.mechanism.exploration import Exploration
-from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.measure import encode_and_bound, rounding_uniforms
-from araopt.mechanism.params import Encoding, Params
-from araopt.mechanism.randomness import secure_generator
+from araopt.mechanism.measure import encode_and_bound
+from araopt.mechanism.params import Params
 from araopt.publication import histogram_buckets
 from araopt.version import Api, ParameterVersion
 
 from . import options
-from .options import parse_days_option
 from .partitions import partition_days
 from .runner import localize
+from .values import parse_days_option
 
 
 def _warn(prog: str, message: str) -> None:
@@ -80,15 +75,6 @@ def read_conversion_log(pattern: str, params: Params) -> tuple[Conversions, dict
     conv, counts, _ = load_conversions(pattern, params.slice_columns, params.query_columns,
                                        impression_slice_columns=params.impression_slice_columns)
     return conv, dict(counts.rejected_by_reason), counts.rows_read
-
-
-def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
-    """The slices present in the log (as ``araopt measure`` without --domain), after the key-bit limit check."""
-    cards = [int(pd.Series(conv.slices[c]).nunique()) for c in params.slice_columns]
-    check_ara_limits_for_cardinalities(params, cards)  # before KeyDomain, which also refuses > 128 bits
-    return KeyDomain.from_slice_values(params.slice_columns, conv.slices, params.query_columns,
-                                       baseline=params.encoding == Encoding.BASELINE,
-                                       conversion_slice_columns=params.conversion_slice_columns)
 
 
 # ---- export-ara ----------------------------------------------------------------------------------
@@ -162,7 +148,7 @@ def _export(args: argparse.Namespace) -> int:
         batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices, contributions, conv.record_keys(),
                               sources, triggers)
     elif conv is not None:  # every configuration's encoding of every conversion: the browser picks by the arm
-        encodings = configuration_encodings(conv, params, args.simulation_seed)
+        encodings = arms.configuration_encodings(conv, params, args.simulation_seed)
         batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices,
                               encodings.reshape(len(conv), -1), conv.record_keys(), sources, triggers)
     # --- every check passed: write, whole or not at all ---
@@ -187,7 +173,7 @@ def _export(args: argparse.Namespace) -> int:
         avro.write_output_domain(out("output_domain.avro"), histogram_buckets(params, domain))
         if batch is not None:
             lines = (batch.lines(triggers) if exploration is None
-                     else exploring_lines(batch, triggers, exploration, len(sources)))
+                     else arms.exploring_lines(batch, triggers, exploration, len(sources)))
             os.makedirs(out(outputs.PRIVATE_DIR))
             with open(out(outputs.private_file(outputs.PRIVATE_README)), "w", encoding="utf-8") as fh:
                 fh.write(outputs.EXPORT_PRIVATE_README_TEXT)
@@ -226,32 +212,6 @@ def _export(args: argparse.Namespace) -> int:
         print(f"  operator-private (raw impression ids and conversion times, never publish): "
               f"{os.path.join(args.output, outputs.private_file(outputs.TRIGGERS_JSONL))}")
     return 0
-
-
-def configuration_encodings(conv: Conversions, params: Params, simulation_seed: int | None) -> np.ndarray:
-    """(n, k + 1, d + 1): every conversion encoded for the main configuration and for each of the k
-    arms (Alg. 3 / 6 at C, then at each C_a), with the same rounding uniforms a measure of the record
-    uses (in simulation: the record's keyed uniforms; else one secure draw per record)."""
-    assert params.exploration is not None
-    uniforms = rounding_uniforms(conv.record_keys(), params.num_queries, simulation_seed)
-    if uniforms is None:
-        uniforms = secure_generator().random((len(conv), params.num_queries))
-    configurations = [params] + [params.for_arm(a) for a in range(params.exploration.num_arms)]
-    return np.stack([encode(conv.values, p, None, uniforms=uniforms) for p in configurations], axis=1)
-
-
-def exploring_lines(batch: TriggerBatch, triggers: TriggerEncoder, exploration: Exploration, num_sources: int
-                    ) -> Iterator[str]:
-    """triggers.jsonl with arms: each conversion's source is its impression's arm source, or its slice's."""
-    arm = exploration.assign(batch.impression_id)
-    source_index = np.where(arm >= 0, num_sources + arm, batch.source_index)
-    shape = (exploration.num_arms + 1, triggers.params.num_queries + 1)
-    for i, (imp, t) in enumerate(zip(batch.impression_id.tolist(), batch.conversion_time.tolist(), strict=True)):
-        registration = arms.trigger_registration(triggers, exploration,
-                                                 batch.contributions[i].reshape(shape).tolist(),
-                                                 batch.pieces[batch.piece_index[i]])
-        yield jsonio.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": int(source_index[i]),
-                            "arm": arms.arm_label(int(arm[i])), "registration": registration}, separators=(",", ":"))
 
 
 # ---- reconstruct ---------------------------------------------------------------------------------

@@ -217,9 +217,11 @@ def _export(args: argparse.Namespace) -> int:
 def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion, sides: tuple[str, ...]) -> int:
     """``araopt reconstruct`` for an attribution parameter version: the aggregation service's noisy
     histograms (CSV: ``query,histogram_index,noisy_sum``) -> Alg. 4's estimates with noise intervals per
-    histogram index, through the histogram layout (--key-map: measure's key_map.json; else the
-    version's layout; else --conversions' slices)."""
-    from araopt.attribution.reconstruct import estimates_frame, read_histograms, reconstruct_histograms
+    histogram index (of the true totals when the version carries a retention calibration), through the
+    histogram layout (--key-map: measure's key_map.json; else the version's layout; else --conversions'
+    slices)."""
+    from araopt.attribution.calibrate import estimates_of, published_frame
+    from araopt.attribution.reconstruct import read_histograms, reconstruct_histograms
     from araopt.io.files import atomic_write
 
     prog = "araopt reconstruct"
@@ -250,16 +252,18 @@ def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion,
     histograms, missing = read_histograms(pd.concat(frames, ignore_index=True), params, domain.num_slices,
                                           source=", ".join(paths))
     estimates = reconstruct_histograms(params, histograms, args.confidence)
-    frame = estimates_frame(estimates, domain, bool(params.conversion_slice_columns))
+    frame = published_frame(estimates, domain, params, version.retention)
     atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary = {"api": "attribution", "histograms": len(histograms), "histogram_size": domain.num_slices,
-               "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output}
+               "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output,
+               "bias_corrected": version.retention is not None}
     atomic_write(sides[0], lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
     if missing:
         print(f"{prog}: warning: {missing} (query, histogram index) entries are missing from the histograms: their "
               f"estimates are NaN", file=sys.stderr)
     print(f"{prog}: {len(histograms)} histogram(s) x {domain.num_slices:,} indices; estimates with "
-          f"{args.confidence:.0%} noise intervals written to {args.output} (summary in {sides[0]})")
+          f"{args.confidence:.0%} intervals written to {args.output} (summary in {sides[0]})")
+    print(f"  estimates are of {estimates_of(version.retention)}")
     return 0
 
 

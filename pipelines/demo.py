@@ -25,8 +25,10 @@ from collections.abc import Sequence
 import pandas as pd
 
 from araopt.errors import InvalidParameters
+from araopt.evaluation.metrics import realised_rmsre_of_estimates
 from araopt.io import outputs
 from araopt.publication import ESTIMATE_COLUMNS
+from araopt.release_summary import estimates_line
 
 from . import options
 
@@ -107,7 +109,10 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     plots = copy_plots(result_dir, os.path.join(out, "plots"))
     shutil.copy(os.path.join(report_dir, "report.png"), os.path.join(out, "plots", "nightly_report.png"))
     print_results(report, summary, estimates)
-    realised = realised_rmsre(estimates, os.path.join(history, f"date={today}"), report["taus"])
+    slice_cols = SLICES.split(",")
+    truth = pd.read_parquet(os.path.join(history, f"date={today}"), columns=[*slice_cols, "value"]).groupby(
+        slice_cols).agg(count=("value", "size"), value=("value", "sum"))
+    realised = realised_rmsre_of_estimates(estimates, truth, slice_cols, ("count", "value"), report["taus"])
     print(f"\nthe day's release: predicted RMSRE_tau {report['predicted_rmsre_tau']:.4f} ({report['prediction']}), "
           f"realised {realised:.4f} (against the synthetic truth, which only a demo knows)")
     print("\noutputs:")
@@ -121,22 +126,6 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
                                                     os.path.join(report_dir, "report.html")]))]:
         print(f"  {label:<22} {path}")
     return 0
-
-
-def realised_rmsre(estimates: pd.DataFrame, day: str, taus: Sequence[float]) -> float:
-    """RMSRE_tau (Def. 3.2) of the released estimates against the true totals of the day's conversions."""
-    import numpy as np
-
-    from araopt.evaluation.metrics import realised_rmsre_tau
-
-    slice_cols = SLICES.split(",")
-    truth = pd.read_parquet(day, columns=[*slice_cols, "value"]).groupby(slice_cols).agg(
-        count=("value", "size"), value=("value", "sum"))
-    queries = ("count", "value")
-    released = estimates[estimates["query"].isin(queries)].pivot_table(
-        index=slice_cols, columns="query", values="estimate", aggfunc="sum").reindex(columns=list(queries))
-    true = truth.reindex(released.index, fill_value=0.0)[list(queries)]
-    return realised_rmsre_tau(released.to_numpy(dtype=float), true.to_numpy(dtype=float), np.asarray(taus)).combined
 
 
 def print_results(report: dict, summary: dict, estimates: pd.DataFrame) -> None:
@@ -164,17 +153,6 @@ def print_results(report: dict, summary: dict, estimates: pd.DataFrame) -> None:
             cells.append(f"{row[('estimate', q)]:,.0f} [{row[('ci_low', q)]:,.0f}, {row[('ci_high', q)]:,.0f}] "
                          f"({row[('capped_estimate', q)]:,.0f})")
         print(f"  {name:<12} {cells[0]:>34} {cells[1]:>46}")
-
-
-def estimates_line(calibration: dict | None) -> str:
-    """One line saying what the printed estimates estimate."""
-    if not calibration:
-        return ("estimates: of the capped-and-clipped sums (Alg. 4); the parameters carry no calibration, so they "
-                "are not corrected for conversions dropped by the count limit or value clipped away")
-    point = ("the capped estimate divided by the retention ratio" if calibration["correction"] == "ratio" else
-             "the capped estimate (correcting would add more noise than it removes bias here)")
-    return (f"estimates: of the TRUE totals (all conversions, full value): {point}, with ratios calibrated on "
-            f"{calibration['history_blocks']} days of history; the intervals include the calibration's uncertainty")
 
 
 def copy_plots(result_dir: str, plot_dir: str) -> list[str]:

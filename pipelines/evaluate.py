@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from araopt.errors import InvalidParameters
 
 from . import options
-from .options import parse_tau, split_columns
+from .values import parse_tau, split_columns
 
 PROG = "araopt evaluate"
 

@@ -126,18 +126,6 @@ class TunedHistoryRun:
     dead_letter: str | None = None
 
 
-def _gate_and_choose(statistics: SufficientStatistics, counts: ValidationCounts,
-                     choose: Callable[[SufficientStatistics, ValidationCounts], tuple[Any, tuple[ParameterVersion, ...]]],
-                     max_rejected_fraction: float) -> tuple[Any, tuple[ParameterVersion, ...]]:
-    """``choose`` on a history that passes the rejected-share gate; nothing (and no candidate to
-    calibrate) on one that does not: the driver refuses it after the job, in one line."""
-    from araopt.io.conversions import rejected_share_refusal
-
-    if rejected_share_refusal(counts, max_rejected_fraction, what="history") is not None:
-        return None, ()
-    return choose(statistics, counts)
-
-
 def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
                           choose: Callable[[SufficientStatistics, ValidationCounts],
                                            tuple[Any, tuple[ParameterVersion, ...]]],
@@ -152,6 +140,7 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
     refused after the job (``check_rejected_share``) without being tuned."""
 
     from araopt.io.conversions import check_rejected_share
+    from araopt.optimize.workflow import gated_choice
     from transforms.io import auto_num_shards
     from transforms.tuning import StatisticsAndCalibration
     from transforms.validate import ReadAndValidate
@@ -168,7 +157,7 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
                                                             dead_letter, num_shards=shards, spill_dir=shuffle_dir,
                                                             one_dead_letter_file=local,
                                                             lookback_paths=lookback.paths if lookback else ())
-        tuned = read["grouped"] | "Tune" >> StatisticsAndCalibration(spec, _gate_and_choose, read["counts"], choose,
+        tuned = read["grouped"] | "Tune" >> StatisticsAndCalibration(spec, gated_choice, read["counts"], choose,
                                                                      max_rejected_fraction)
         return {"counts": read["counts"], **tuned}
 

@@ -35,17 +35,19 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.constants import MAX_SLICES
-from araopt.errors import InvalidInput, InvalidParameters, check_epsilon, one_line
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import type_family
 from araopt.io.progress import Progress
 from araopt.io.rowset import COARSE_MARGIN_US, RowSet, RowSetPart
+from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.params import Encoding, Params
-from araopt.mechanism.release import release_domain
-from araopt.publication import Publication, publish
+from araopt.publication import Publication
+from araopt.release_summary import summary_lines
+from araopt.release_workflow import ReleaseSpec, publish_release, release_epsilon, resolve_release_domain
 from araopt.version import Api, ParameterVersion
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.io import InputFiles, check_input, footer_summary, match_files
@@ -57,7 +59,6 @@ from . import options
 from .inputs import LoadedParams, load_params, read_domain
 from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
 from .partitions import files_in_days, partition_day, partition_days, partition_root, rows_outside_days
-from .run_folder import ROW_IDS, RunFolder
 from .runner import (
     check_workers_can_write,
     dry_run_sentence,
@@ -78,39 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
     return options.build_parser("measure")
 
 
-def apply_epsilon(loaded: LoadedParams, epsilon: float | None, override: bool) -> tuple[ParameterVersion, dict]:
-    """The release's epsilon: the parameter file's, unless --epsilon differs and --override-epsilon says so."""
-    version = loaded.version
-    params = version.params
-    if epsilon is None:
-        return version, {}
-    eps = check_epsilon(epsilon, "--epsilon")
-    if eps == params.epsilon:
-        return version, {}
-    if not override:
-        raise InvalidParameters(f"--epsilon {eps:g} differs from the parameter file's epsilon {params.epsilon:g} "
-                                f"({loaded.source.get('path')}); pass --override-epsilon to release at {eps:g} (it is "
-                                f"recorded)")
-    return version.with_epsilon(eps), {"epsilon_overridden": {"from": params.epsilon, "to": eps}}
-
-
 def load_domain(path: str, params: Params, inputs: InputFiles) -> KeyDomain:
     """--domain: a key map JSON (with its layout checksum) or a .csv / .json list of slice values."""
-    domain = read_domain(path, params.slice_columns, params.query_columns, inputs, params.encoding == Encoding.BASELINE,
-                         params.conversion_slice_columns)
-    params.check_domain(domain, source=f"domain {path}")
-    return domain
+    return read_domain(path, params.slice_columns, params.query_columns, inputs, params.encoding == Encoding.BASELINE,
+                       params.conversion_slice_columns)
 
 
 def resolve_domain(args: argparse.Namespace, version: ParameterVersion, inputs: InputFiles
                    ) -> tuple[KeyDomain | None, str]:
     """(declared domain or None for the simulation-only data-derived one, where it came from): the
-    release step's ``release_domain`` over --domain and the parameter version's domain."""
+    release workflow's ``resolve_release_domain`` over --domain and the parameter version's domain."""
     params = version.params
     given = None if args.domain is None else load_domain(args.domain, params, inputs)
     families = {c: type_family(inputs.schema.field(c).type) for c in params.slice_columns}
-    domain, origin = release_domain(given, f"--domain {args.domain}", version.domain, families, args.simulation_seed,
-                                    args.max_slices, "--max-slices")
+    domain, origin = resolve_release_domain(given, f"--domain {args.domain}", version, families, args.simulation_seed,
+                                            args.max_slices, "--max-slices", f"domain {args.domain}")
     if domain is None:
         print("WARNING: SIMULATION: the key domain is derived from the data being measured (allowed only in "
               "simulation mode; a real release needs --domain)", file=sys.stderr)
@@ -165,7 +148,8 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramet
                                                       read.get(LOOKBACK_COUNTS))
     if days is ...:
         days = release_days(inputs)[0]
-    published = release | "Publish" >> beam.Map(publish, version, days).with_output_types(Publication)
+    spec = ReleaseSpec(version, simulation_seed, max_rejected_fraction, history, coverage_start, days)
+    published = release | "Publish" >> beam.Map(publish_release, spec).with_output_types(Publication)
     published | "WriteRelease" >> WriteRelease(folder.staging, version.checksum(), debug_run, simulation_seed is not None)
     return release
 
@@ -281,7 +265,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         from .measure_attribution import run_attribution
 
         return run_attribution(args, beam_args, loaded, started)
-    version, epsilon_note = apply_epsilon(loaded, args.epsilon, args.override_epsilon)
+    version, epsilon_note = release_epsilon(loaded.version, args.epsilon, args.override_epsilon,
+                                            str(loaded.source.get("path")))
     params = version.params
     if not 0.0 <= args.max_rejected_fraction <= 1.0:
         raise InvalidParameters(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
@@ -301,21 +286,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     domain, domain_origin = resolve_domain(args, version, inputs)
     history = lookback_history(args, loaded, version, lookback)
     folder = RunFolder.prepare(args.output, args.overwrite)  # the output first, locked for the whole run
-    try:  # from here on every failure removes the staging folder (RunFolder.fail / abandon)
+    with failures_settled(folder, (StoreError, LedgerRefusal)):  # a ledger refusal: nothing to debug, nothing kept
         summary = _measure(args, opts, pipeline, loaded, version, epsilon_note, inputs, domain, domain_origin, folder,
                            started, simulation, lookback, history, days, days_note)
-    except (StoreError, LedgerRefusal):  # a refusal of the ledger: nothing to debug, nothing kept
-        folder.abandon()
-        raise
-    except Exception as exc:
-        kept = folder.fail()
-        if kept is None:
-            raise
-        raise InvalidInput(f"{one_line(exc)} (nothing was released; the operator-private files of the failed "
-                           f"run are in {kept})") from exc
-    except BaseException:
-        folder.abandon()
-        raise
     if summary is not None:
         print_summary(summary, folder.target, simulation)
         if summary.get("report_page", True):
@@ -459,9 +432,8 @@ ACCOUNTING_FILE = outputs.private_file(outputs.ACCOUNTING)
 
 
 def _read_accounting(folder: RunFolder) -> dict:
-    with FileSystems.open(folder.path(ACCOUNTING_FILE)) as fh:
-        accounting = json.loads(fh.read().decode())
-    FileSystems.delete([folder.path(ACCOUNTING_FILE)])
+    accounting = json.loads(folder.read(ACCOUNTING_FILE).decode())
+    folder.remove([ACCOUNTING_FILE])
     if not accounting.get("accounting_closes"):
         raise RuntimeError(f"row accounting does not close: {accounting}")
     return accounting
@@ -472,64 +444,6 @@ def _read_accounting(folder: RunFolder) -> dict:
 def print_summary(summary: dict, output: str, simulation: bool) -> None:
     for line in summary_lines(summary, output, simulation):
         print(line)
-
-
-def summary_lines(summary: dict, output: str, simulation: bool) -> list[str]:
-    """What the console says after a run (also shown, with its WARNING and NOTE lines as warnings, on the
-    run's report page): the release, the operator-private accounting, and what the estimates estimate."""
-    rel = outputs.release_dir(simulation)
-    mark = "SIMULATION (not private) " if simulation else ""
-    lines = [f"araopt measure: {mark}release of {summary['keys']:,} keys at epsilon={summary['epsilon']:g} "
-             f"written to {output}/{rel}/ in {summary['wall_time_s']:.1f} s (domain: {summary['domain']})"]
-    by_reason = ", ".join(f"{k} {v:,}" for k, v in summary["rows_rejected_by_reason"].items()) or "none"
-    lines.append(f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = "
-                 f"{summary['conversions_kept']:,} kept + {summary['conversions_dropped_by_cap']:,} dropped by the cap + "
-                 f"{summary['conversions_kept_outside_domain']:,} outside the domain + {summary['rows_rejected']:,} "
-                 f"rejected ({by_reason}); details in {output}/{outputs.PRIVATE_DIR}/")
-    if summary["conversions_kept_outside_domain"]:
-        lines.append(f"  NOTE: conversions of slices outside the declared domain ({summary['domain']}) are counted, "
-                     f"not released; to release a new campaign, list every slice to release in a file of your own "
-                     f"and pass --domain slices.csv (docs/privacy.md, 'A new campaign')")
-    lines += lookback_note_lines(summary)
-    calibration = summary.get("calibration")
-    if not calibration:
-        lines.append("  estimates are of the capped-and-clipped sums (Alg. 4): the parameters carry no calibration, so "
-                     "bias_corrected is false (araopt optimize / nightly fit one on the history)")
-    else:
-        point = "capped / retention ratio" if calibration["correction"] == "ratio" else "the capped sum"
-        unseen = calibration["fallback_slices"]
-        lines.append(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the "
-                     f"calibration's uncertainty for a period of {calibration['period_blocks']} history block(s))"
-                     + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)"
-                        if unseen else ""))
-        if calibration.get("calendar_note"):
-            lines.append(f"  NOTE: {calibration['calendar_note']}")
-    return lines
-
-
-def print_lookback_note(summary: dict) -> None:
-    for line in lookback_note_lines(summary):
-        print(line)
-
-
-def lookback_note_lines(summary: dict) -> list[str]:
-    """Once per run: whether Alg. 1 saw each impression's earlier conversions (the browser's cap is per
-    source lifetime), and how many of the measured conversions may be over-counted."""
-    before = summary.get("conversions_of_impressions_older_than_the_lookback", 0)
-    if summary.get("lookback_files"):
-        tail = (f"; {before:,} measured conversion(s) belong to impressions shown before the lookback's first day and "
-                f"may be over-counted (lengthen --lookback)" if before else "")
-        return [f"  lifetime cap: {summary['lookback_rows_used']:,} earlier conversion(s) from the lookback consumed "
-                f"budget (not released){tail}"]
-    if summary.get("impression_times_known"):
-        if before:
-            return [f"  WARNING: no --lookback: {before:,} measured conversion(s) belong to impressions shown before "
-                    f"the input's first day; their earlier conversions did not consume budget, so the release may "
-                    f"keep more of them than the browser does (pass the days before as --lookback)"]
-        return []
-    return ["  WARNING: no --lookback and no impression_time: conversions of impressions that converted before "
-            "this input are capped as if these were their first, so the release may keep more than the browser "
-            "does (pass the days before as --lookback)"]
 
 
 def write_report(folder: RunFolder, summary: dict, loaded: LoadedParams, version: ParameterVersion,

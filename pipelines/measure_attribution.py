@@ -32,12 +32,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from araopt.attribution.calibrate import Retention, estimates_of
 from araopt.attribution.params import AttributionParams
 from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal, Unsupported
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import IMPRESSION_TIME, check_attribution_schema, type_family
 from araopt.io.progress import Progress
 from araopt.io.rowset import RowSet, RowSetPart
+from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
 from araopt.mechanism.keys import DATA, KeyDomain
 from araopt.mechanism.release import release_domain
@@ -49,7 +51,6 @@ from transforms.validate import ReadAndValidate
 
 from .inputs import LoadedParams, read_domain
 from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, ledger_root
-from .run_folder import ROW_IDS, RunFolder, failures_settled
 from .runner import (
     check_workers_can_write,
     dry_run_sentence,
@@ -104,9 +105,9 @@ class _WriteRelease(beam.DoFn):
     """The release's files into the staging folder (names and visibility: ``araopt.io.outputs``)."""
 
     def __init__(self, staging: str, params_sha256: str, simulation: bool, debug_run: bool,
-                 max_rejected_fraction: float):
+                 max_rejected_fraction: float, retention: Retention | None = None):
         self._staging, self._sha, self._simulation = staging, params_sha256, simulation
-        self._debug, self._max_rejected = debug_run, max_rejected_fraction
+        self._debug, self._max_rejected, self._retention = debug_run, max_rejected_fraction, retention
 
     def _put(self, relative: str, data: bytes) -> None:
         with FileSystems.create(FileSystems.join(self._staging, *relative.split("/"))) as fh:
@@ -121,7 +122,7 @@ class _WriteRelease(beam.DoFn):
             raise InvalidInput(f"{counts.rows_rejected:,} of {counts.rows_read:,} rows are invalid (more than "
                                f"--max-rejected-fraction {self._max_rejected:g}): nothing released; see the dead letter")
         name = lambda n: outputs.release_file(n, self._simulation)  # noqa: E731
-        frame = rel.estimates_frame()
+        frame = rel.estimates_frame(self._retention)
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
         self._put(name(outputs.ESTIMATES_PARQUET), buf.getvalue())
@@ -131,14 +132,15 @@ class _WriteRelease(beam.DoFn):
 
         layout = pd.DataFrame({"histogram_index": range(rel.domain.num_slices), **rel.domain.slice_values()})
         self._put(name(HISTOGRAM_LAYOUT_CSV), outputs.csv_bytes(layout))
-        self._put(name(outputs.RELEASE_JSON), jsonio.dumps(release_json(rel, self._sha), indent=1).encode())
+        self._put(name(outputs.RELEASE_JSON), jsonio.dumps(release_json(rel, self._sha, self._retention),
+                                                            indent=1).encode())
         if self._debug:
             self._put(outputs.private_file(DEBUG_HISTOGRAMS_CSV), outputs.csv_bytes(rel.debug_frame()))
         self._put(ACCOUNTING_FILE, jsonio.dumps(rel.accounting(), indent=1).encode())
         yield "done"
 
 
-def release_json(rel: AttributionRelease, params_sha256: str) -> dict[str, Any]:
+def release_json(rel: AttributionRelease, params_sha256: str, retention: Retention | None = None) -> dict[str, Any]:
     """What release.json says: public facts only (no exact counts)."""
     p = rel.params
     level = next(iter(rel.estimates.values())).level
@@ -149,8 +151,12 @@ def release_json(rel: AttributionRelease, params_sha256: str) -> dict[str, Any]:
             "histogram_size": rel.domain.num_slices, "layout_sha256": rel.domain.layout_checksum(),
             "domain": "data" if rel.domain.origin == DATA else rel.domain.origin,
             "interval_level": level, "simulation": rel.simulation_seed is not None,
-            "estimates": "noisy sum / value scale (Alg. 4) of the clipped values the browsers accepted; the interval "
-                         "covers the aggregation's noise"}
+            "bias_corrected": retention is not None, "estimates": estimates_of(retention),
+            "retention": None if retention is None else {"ratios": dict(zip(p.query_names, retention.ratios,
+                                                                            strict=True)),
+                                                         "spreads": dict(zip(p.query_names, retention.spreads,
+                                                                             strict=True)),
+                                                         "level": retention.level}}
 
 
 def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: ParameterVersion, folder: RunFolder,
@@ -172,7 +178,7 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramet
         params, read["counts"], domain, simulation_seed, num_shards, unit_column(present), shuffle_dir)
     _ = release | "WriteRelease" >> beam.ParDo(_WriteRelease(folder.staging, version.checksum(),
                                                              simulation_seed is not None, debug_run,
-                                                             max_rejected_fraction))
+                                                             max_rejected_fraction, version.retention))
     return release
 
 
@@ -257,15 +263,16 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
             folder.abandon()
             print(dry_run_sentence("araopt measure", [translated]))
             return 0
-        with FileSystems.open(folder.path(ACCOUNTING_FILE)) as fh:
-            accounting = jsonio.loads(fh.read(), "accounting")
-        FileSystems.delete([folder.path(ACCOUNTING_FILE)])
+        accounting = jsonio.loads(folder.read(ACCOUNTING_FILE), "accounting")
+        folder.remove([ACCOUNTING_FILE])
         if not accounting.get("accounting_closes"):
             raise RuntimeError(f"row accounting does not close: {accounting}")
         summary = {"OPERATOR_PRIVATE": "exact, un-noised counts: never publish", **accounting,
                    "api": Api.ATTRIBUTION.value, "per_site_budget": params.per_site_budget,
                    "queries": list(params.query_names), "parameters": loaded.source, "simulation": simulation,
                    "simulation_seed": args.simulation_seed, "domain": origin, "num_shards": num_shards,
+                   "bias_corrected": version.retention is not None,
+                   "retention": None if version.retention is None else version.retention.to_json(),
                    "runner": runner_name(opts), "wall_time_s": round(time.time() - started, 3)}
         folder.write(outputs.private_file(outputs.PRIVATE_README), outputs.PRIVATE_README_TEXT.encode())
         folder.write(outputs.private_file(outputs.RUN_SUMMARY), jsonio.dumps(summary, indent=1).encode())
@@ -280,5 +287,6 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
     print(f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = {summary['conversions_kept']:,} "
           f"kept + {summary['conversions_outside_domain']:,} outside the layout + {summary['rows_rejected']:,} rejected; "
           f"{summary['reports_refused_for_budget']:,} of {summary['reports']:,} reports refused for budget")
+    print(f"  estimates are of {estimates_of(version.retention)}")
     return 0
 

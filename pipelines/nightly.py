@@ -15,7 +15,6 @@ runs in the same process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import time
@@ -36,8 +35,7 @@ from araopt.nightly import (
     nightly_decision,
     nightly_report,
     nightly_report_png,
-    private_decision,
-    private_report,
+    private_night,
     publish_version,
     version_history,
     version_report_png,
@@ -52,10 +50,10 @@ from transforms.tuning import StatisticsAndCalibration
 from transforms.validate import ReadAndValidate
 
 from . import options
-from .options import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
 from .partitions import partition_day
 from .private import check_mode
 from .runner import dry_run_sentence, make_runner, pipeline_options, run_pipeline, spill_folder
+from .values import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,9 +136,9 @@ def _write_report(directory: str, report: dict, decision: NightlyDecision | None
     privacy-safe run; none for its cold start) and report.html, the page a person opens
     (``araopt.evaluation.report_html``), beside them."""
     from araopt.evaluation.report_html import Figure, nightly_page
+    from araopt.io.folders import REPORT_FOLDER, write_folder
 
-    with FileSystems.create(FileSystems.join(directory, "report.json")) as fh:
-        fh.write(jsonio.dumps(report, indent=1, default=str).encode())
+    files = {"report.json": jsonio.dumps(report, indent=1, default=str).encode()}
     figures, links = [], [("report.json (the run report)", "report.json")]
     if decision is not None:
         png: bytes | None = nightly_report_png(decision, version_history(store))
@@ -148,15 +146,14 @@ def _write_report(directory: str, report: dict, decision: NightlyDecision | None
         png = None if version is None else version_report_png(version, report.get("problems", ()),
                                                                version_history(store))
     if png is not None:
-        with FileSystems.create(FileSystems.join(directory, "report.png")) as fh:
-            fh.write(png)
+        files["report.png"] = png
         figures.append(Figure("The nightly choice (report.png)", png, "report.png"))
         links.append(("report.png", "report.png"))
     if report.get("published") and report.get("version"):
         links.append((f"published parameters {report['version']}", f"../../versions/{report['version']}/params.json"))
-    page = nightly_page(report, version_table(store), figures, links)
-    with FileSystems.create(FileSystems.join(directory, "report.html")) as fh:
-        fh.write(page.encode("utf-8"))
+    files["report.html"] = nightly_page(report, version_table(store), figures, links).encode("utf-8")
+    # whole or absent, like every output folder; a re-run with the same --run-id replaces its own report
+    write_folder(directory, files, "araopt nightly report", REPORT_FOLDER, {"command": "nightly"}, overwrite=True)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -174,7 +171,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         if args.history is None:
             raise InvalidParameters("--history is required with --api attribution")
         files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
-        return run_attribution(args, "araopt nightly", as_of, files, dates)
+        return run_attribution(args, "araopt nightly", as_of, files, dates, _write_report)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
@@ -236,8 +233,9 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     the inputs are a few noised tables and the advertiser's conversion values."""
     from araopt.io.stores import open_store
     from araopt.mechanism.exploration import default_exploration
+    from araopt.optimize.private_inputs import describe
 
-    from .private import describe, load_declared_domain, tune_privately
+    from .private import load_declared_domain, tune_privately
     from .verified_releases import ReleaseVerifier
 
     store = open_store(args.store)
@@ -252,23 +250,17 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
             else previous.params.exploration if previous is not None else None)
     tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, as_of, args.window_days,
                             args.max_count_limit, verifier, plan)
-    version = tuning.version
-    provenance = version.provenance
-    assert provenance is not None  # (tune_privately records what it learnt from)
-    version = dataclasses.replace(version, provenance=dataclasses.replace(
-        provenance, extra={**provenance.extra, "as_of": as_of, "run_id": run_id}))
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
-    decision = private_decision(version, previous, as_of, guardrails)
-    if decision.idempotent:
-        print(f"araopt nightly --private {as_of}: already published as {pointer.version if pointer else '?'} "
-              f"(idempotent re-run)")
-        return 0
     expected = pointer.version if pointer else None
-    report = private_report(decision, as_of, run_id, epsilon, expected, window_days=args.window_days,
-                            release_dates=list(tuning.dates), cold_start=tuning.cold_start,
-                            first_party_rows_read=tuning.first_party.rows_read,
-                            first_party_rows_rejected=tuning.first_party.rejected,
-                            first_party_rows_after_as_of=tuning.first_party.after_last_day)
+    decision, report = private_night(tuning.version, previous, as_of, run_id, epsilon, expected, guardrails,
+                                     window_days=args.window_days, release_dates=list(tuning.dates),
+                                     cold_start=tuning.cold_start, first_party_rows_read=tuning.first_party.rows_read,
+                                     first_party_rows_rejected=tuning.first_party.rejected,
+                                     first_party_rows_after_as_of=tuning.first_party.after_last_day)
+    version = decision.version
+    if decision.idempotent:
+        print(f"araopt nightly --private {as_of}: already published as {expected or '?'} (idempotent re-run)")
+        return 0
     report_dir = FileSystems.join(args.store, "reports", f"{as_of}-{run_id}")
     if decision.publish:
         publish_version(store, version, report, as_of, run_id, expected)

@@ -12,7 +12,6 @@ import functools
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,13 +19,7 @@ import pandas as pd
 from araopt.errors import InvalidInput
 
 from . import options
-from .options import check_loss_factor, parse_special_days_option, parse_tau, split_columns
-
-if TYPE_CHECKING:  # typing only: keep `araopt optimize --help` fast
-    from araopt.io.conversions import ValidationCounts
-    from araopt.optimize.statistics import SufficientStatistics
-    from araopt.optimize.tune import TuningResult
-    from araopt.version import ParameterVersion
+from .values import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
 
 PROG = "araopt optimize"
 
@@ -54,6 +47,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.io.progress import Progress
     from araopt.optimize.statistics import StatisticsSpec
     from araopt.optimize.tune import calibrate
+    from araopt.optimize.workflow import tune_with_accounting
     from transforms.io import check_input
 
     from .history import TunedHistoryRun, compute_tuned_history
@@ -85,7 +79,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
              f"ParameterOptimization (Alg. 5) and the baselines for C = 1..{args.max_count_limit}, calibration of "
              f"the candidates")
     choose = functools.partial(
-        _tune_on_history, epsilon=epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit,
+        tune_with_accounting, epsilon=epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit,
         objective=args.objective, l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
         tau_overrides=tau_overrides, progress=not args.no_progress, release_period_days=period,
         provenance={"history": args.history, "lookback": args.lookback})
@@ -142,10 +136,11 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
     from araopt.io.folders import check_output_file
     from araopt.mechanism.exploration import default_exploration
     from araopt.nightly import Guardrails, private_problems
+    from araopt.optimize.private_inputs import describe
     from araopt.version import ParameterVersion
 
     from .ledger import ledger_root
-    from .private import describe, load_declared_domain, read_first_party, release_folders, tune_privately
+    from .private import load_declared_domain, read_first_party, release_folders, tune_privately
     from .verified_releases import ReleaseVerifier
 
     domain = load_declared_domain(args.domain, slices, values)
@@ -161,7 +156,7 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
                 raise InvalidInput(f"--first-party {args.first_party}: no valid conversion")
             as_of = str(np.datetime64(int(days.max()), "D"))
     plan = None if args.exploration_share is None else default_exploration(share=args.exploration_share)
-    tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, options.resolve_as_of(as_of),
+    tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, resolve_as_of(as_of),
                             args.window_days, args.max_count_limit, verifier, plan)
     version = tuning.version
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
@@ -174,18 +169,6 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
     version.save(args.output)  # whole or absent (a temporary file renamed over it)
     print(f"{PROG}: wrote {args.output}: {describe(tuning)}")
     return 0
-
-
-def _tune_on_history(statistics: SufficientStatistics, counts: ValidationCounts, *, provenance: dict[str, Any],
-                     **options: Any) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
-    """In the job, once: ``tune`` on the history's statistics (the row accounting into the parameter
-    file's provenance) and the candidate versions whose calibration the same job computes."""
-    from araopt.optimize.tune import tune
-
-    tuning = tune(statistics, rows=counts.rows_valid, provenance={**provenance, "row_accounting": {
-        "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected,
-        "rows_rejected_by_reason": dict(counts.rejected_by_reason)}}, **options)
-    return tuning, tuple(v for v, _ in tuning.candidates)
 
 
 if __name__ == "__main__":

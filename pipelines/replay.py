@@ -20,7 +20,7 @@ from pathlib import Path
 from araopt.io.folders import MANIFEST, FolderKind
 
 from . import options
-from .options import split_columns
+from .values import split_columns
 
 PROG = "araopt replay"
 REPLAY_FOLDER = FolderKind("replay folder", "a replay", (MANIFEST, "replay.csv"))
@@ -66,13 +66,14 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     frame = replay(conversions, domain, config, progress=progress)
     found = summary(frame)
     with OutputFolder.prepare(args.output, args.overwrite, PROG, REPLAY_FOLDER) as folder:  # whole or not at all
-        frame.to_csv(folder.staging / "replay.csv", index=False)
-        (folder.staging / "summary.json").write_text(json.dumps({"label": LABEL, "epsilon": args.epsilon, **found},
+        staging = Path(folder.staging)
+        frame.to_csv(staging / "replay.csv", index=False)
+        (staging / "summary.json").write_text(json.dumps({"label": LABEL, "epsilon": args.epsilon, **found},
                                                                 indent=2))
-        replay_plot(frame, folder.staging / "replay.png", f"\u03b5 = {args.epsilon:g}")
+        replay_plot(frame, staging / "replay.png", f"\u03b5 = {args.epsilon:g}")
         if rejected.num_rows:  # the rows the replay could not read, with their reasons
-            (folder.staging / "dead_letter").mkdir()
-            pq.write_table(rejected, folder.staging / DEAD_LETTER)
+            (staging / "dead_letter").mkdir()
+            pq.write_table(rejected, staging / DEAD_LETTER)
         folder.commit({"command": "replay", "label": LABEL, "rows_read": counts.rows_read,
                        "rows_rejected": counts.rows_rejected})
     out = Path(args.output)

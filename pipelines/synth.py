@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from araopt.errors import InvalidParameters
 
 from . import options
+from .values import split_columns
 
 # ---------------------------------------------------------------------------------------------- synth
 
@@ -62,11 +63,11 @@ def run_fit_synthetic(argv: Sequence[str] | None = None) -> int:
         from araopt.io.folders import check_output_file
 
         check_output_file(a.output, a.overwrite)
-        values = options.split_columns(a.values, "--values")
+        values = split_columns(a.values, "--values")
         if len(values) != 1:
             raise InvalidParameters(f"fit-synthetic models one value column, got --values {a.values!r}")
         fit = fit_synthetic_report(
-            a.input, name=a.name, slice_columns=list(options.split_columns(a.slices, "--slices")),
+            a.input, name=a.name, slice_columns=list(split_columns(a.slices, "--slices")),
             value_column=values[0], impression_column=a.impression_column, k_min=a.k_min, k_max=a.k_max,
             attribution_window_days=a.attribution_window_days)
         synthetic.save_preset(fit.preset, a.output, fit=fit.diagnostics(), overwrite=a.overwrite)

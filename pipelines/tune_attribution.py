@@ -5,13 +5,14 @@ W3C Attribution Level 1 (``araopt.optimize.attribution``) and its comparison wit
 In memory: the error model simulates the browsers over the log's rows (``--epsilon`` is the per-site
 epoch budget). The parameter version written or published has ``api: attribution`` and carries the
 ``AttributionParams`` (``ParameterVersion.for_attribution``), with the history's histogram layout as
-its domain.
+its domain, and the retention calibration of those parameters fitted on the same history, so that
+``measure`` publishes estimates of the true totals.
 """
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,7 +20,7 @@ import pandas as pd
 
 from araopt.errors import InvalidParameters, Unsupported
 
-from .options import split_columns
+from .values import split_columns
 
 if TYPE_CHECKING:
     from araopt.mechanism.keys import KeyDomain
@@ -47,7 +48,10 @@ def history_domain(rows: pd.DataFrame, slices: Sequence[str], values: Sequence[s
 def tune(prog: str, pattern: str | list[str], slices: Sequence[str], values: Sequence[str], budget: float,
          max_count_limit: int, seed: int) -> tuple[AttributionOptimization, AttributionProblem, pd.DataFrame,
                                                    KeyDomain, ParameterVersion]:
-    """Read the history, optimize, and build the parameter version (api attribution)."""
+    """Read the history, optimize, fit the retention calibration of the chosen parameters on the same
+    history (``attribution.calibrate``: estimates of the true totals) and build the parameter version
+    (api attribution) that carries both."""
+    from araopt.attribution.calibrate import retention
     from araopt.optimize.attribution import AttributionProblem, optimize_attribution
     from araopt.version import ParameterVersion
 
@@ -61,7 +65,9 @@ def tune(prog: str, pattern: str | list[str], slices: Sequence[str], values: Seq
     domain = history_domain(rows, slices, values)
     problem = AttributionProblem(budget, tuple(values), tuple(slices), max_count_limit=max_count_limit)
     result = optimize_attribution(problem, rows, domain, simulation_seed=seed)
-    return result, problem, rows, domain, ParameterVersion.for_attribution(result.params, domain=domain)
+    fitted = retention(result.params, rows, domain, seed)
+    return result, problem, rows, domain, ParameterVersion.for_attribution(result.params, domain=domain,
+                                                                           retention=fitted)
 
 
 def comparison(result: AttributionOptimization, problem: AttributionProblem, rows: pd.DataFrame,
@@ -101,19 +107,34 @@ def run_optimize(args: argparse.Namespace, prog: str) -> int:
           f"C = {p.count_limit(multi_epoch=True)}, epsilon per query "
           + ", ".join(f"{q.name} {q.epsilon:g}" for q in p.queries)
           + f", predicted training RMSRE_tau {result.rmsre_tau:.4g}; wrote {args.output} (api attribution)")
+    assert version.retention is not None  # (tune fits it)
+    print(f"{prog}: retention (kept / true on the history) "
+          + ", ".join(f"{n} {r:.3g} (spread {d:.3g})" for n, r, d in zip(version.retention.query_names,
+                                                                        version.retention.ratios,
+                                                                        version.retention.spreads, strict=True))
+          + ": measure with this version publishes estimates of the TRUE totals")
     return 0
 
 
-def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str], dates: Sequence[str]) -> int:
-    """``araopt nightly --api attribution``: optimize on the window's ``files`` (``nightly.select_window``)
-    and publish the version to the store (a compare-and-swap of ``latest``, as for ARA; no guardrails,
-    calibration or run report yet)."""
+def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str], dates: Sequence[str],
+                write_report: Callable[..., None]) -> int:
+    """``araopt nightly --api attribution``: optimize on the window's ``files`` (``nightly.select_window``),
+    fit the retention calibration on them, apply ARA's guardrails (``nightly.Guardrails``: beat the best
+    baseline on the window; bounded moves of C and C_l within a series; a re-run of the same as-of date
+    publishes nothing) and publish the version to the store (a compare-and-swap of ``latest``); the run
+    report (``nightly.run_report``'s schema, with the retention ratios) goes to ``STORE/reports/`` through
+    ``write_report(directory, report, None, store)`` (``pipelines.nightly``'s, passed in: commands do not
+    import each other)."""
+    import dataclasses
     import datetime as dt
     import uuid
 
-    from araopt.errors import check_epsilon
+    from apache_beam.io.filesystems import FileSystems
+
+    from araopt.errors import InvalidInput, check_epsilon
     from araopt.io.stores import open_store
-    from araopt.nightly import publish_version
+    from araopt.nightly import Guardrails, new_series, publish_version, run_report, same_release
+    from araopt.version import ParameterVersion, Provenance
 
     refuse_ara_only(args, prog, ("private", "tau", "special_days"))
     budget = check_epsilon(args.epsilon, "--epsilon")
@@ -121,15 +142,48 @@ def run_nightly(args: argparse.Namespace, prog: str, as_of: str, files: list[str
     values = split_columns(args.values, "--values")
     store = open_store(args.store)
     pointer = store.read_latest_pointer()
-    result, _, rows, domain, version = tune(prog, files, slices, values, budget, args.max_count_limit, args.seed)
+    previous = ParameterVersion.from_bytes(store.resolve("latest").payload, "previous latest") if pointer else None
+    expected = pointer.version if pointer else None
+    result, problem, rows, domain, version = tune(prog, files, slices, values, budget, args.max_count_limit,
+                                                  args.seed)
     run_id = args.run_id or uuid.uuid4().hex[:8]
     window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
-    report = {"api": "attribution", "as_of": as_of, "window": [window_start, as_of], "dates": list(dates),
-              "rows": len(rows), "predicted_rmsre_tau": result.rmsre_tau, "taus": list(result.taus)}
-    report = publish_version(store, version, report, as_of, run_id, pointer.version if pointer else None)
+    table = comparison(result, problem, rows, domain)
+    baselines = {str(r["method"]): float(r["train RMSRE_tau"]) for _, r in table.iterrows() if r["method"] != "optimized"}
+    version = dataclasses.replace(version, provenance=Provenance(
+        training_start=window_start, training_end=as_of, rows=len(rows),
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        predicted_rmsre_tau=result.rmsre_tau, baseline_rmsre_tau=min(baselines.values()), objective="rmsre_tau",
+        extra={"as_of": as_of, "run_id": run_id, "api": "attribution", "taus": list(result.taus),
+               "baselines": {k: {"rmsre_tau": v} for k, v in baselines.items()}}))
+    idempotent = previous is not None and same_release(previous, version, as_of)
+    guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
+    problems = [] if idempotent else guardrails.check(version, result.rmsre_tau, baselines, previous)
+    series = "" if previous is None or idempotent else new_series(previous, version)
+    assert version.retention is not None  # (tune fits it)
+    report = run_report("joined history", as_of, run_id, budget, version, result.rmsre_tau, baselines, expected,
+                        problems, idempotent, series, api="attribution", window=[window_start, as_of],
+                        history_dates=list(dates), rows_read=len(rows), taus=list(result.taus),
+                        retention=version.retention.to_json(),
+                        per_count_limit=result.table().to_dict(orient="records"))
+    report_dir = FileSystems.join(args.store, "reports", f"{as_of}-{run_id}")
+    if idempotent:
+        report.update(version=expected)
+    elif not problems:
+        publish_version(store, version, report, as_of, run_id, expected)
+    write_report(report_dir, report, None, store)
+    if problems:
+        raise InvalidInput("not published: " + "; ".join(problems) + f" (report: {report_dir})")
+    status = (f"already published as {expected} (idempotent re-run)" if idempotent
+              else f"published {report['version']} to {args.store}")
     print(f"{prog}: api attribution, {len(rows):,} conversions in {len(dates)} day(s): C = "
-          f"{result.params.count_limit(multi_epoch=True)}, predicted RMSRE_tau {result.rmsre_tau:.4g}; published "
-          f"{report['version']} to {args.store}")
+          f"{result.params.count_limit(multi_epoch=True)}, predicted RMSRE_tau {result.rmsre_tau:.4g} vs best "
+          f"baseline {min(baselines.values()):.4g}; retention "
+          + ", ".join(f"{n} {r:.3g}" for n, r in zip(version.retention.query_names, version.retention.ratios,
+                                                   strict=True))
+          + f"; {status}; report {report_dir}/report.json")
+    if series:
+        print(f"  a new series of versions: {series}")
     return 0
 
 

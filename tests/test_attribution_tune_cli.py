@@ -56,7 +56,7 @@ def test_nightly_publishes_an_attribution_version(logs, tmp_path, capsys) -> Non
     dates = sorted(d.split("=")[1] for d in os.listdir(f"{logs}/train") if d.startswith("date="))
     assert main(["nightly", "--api", "attribution", "--history", f"{logs}/train", "--as-of", dates[-1],
                  "--window-days", str(len(dates)), "--store", store, "--slices", "campaignId", "--values", "value",
-                 "--epsilon", "4", "--max-count-limit", "4"]) == 0
+                 "--epsilon", "4", "--max-count-limit", "12"]) == 0
     assert "published" in capsys.readouterr().out
     latest = ParameterVersion.from_bytes(open_store(store).resolve("latest").payload)
     assert latest.api == Api.ATTRIBUTION and latest.attribution is not None

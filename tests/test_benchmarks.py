@@ -4,7 +4,8 @@ Nothing else runs the benchmark scripts, so a renamed function or a changed sign
 time breaks them silently (benchmarks/statistics.py and benchmarks/naive_measure.py both did). Each
 script runs here as a subprocess from the repository root, with its outputs, temporary files and ledger
 in a test folder, and must exit 0 and print the figures it exists to print (the words that label them;
-never the timings). A new script in benchmarks/ without an entry in QUICK fails the suite.
+never the timings). A new script in benchmarks/ without an entry in QUICK fails the suite. The scripts whose
+figures the manual includes (FIGURE_FILES) also write their figure file, checked here as the manual reads it.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 
+# script -> the figure file its quick run writes with --figures (the manual includes the real runs' files).
+FIGURE_FILES = {"core": "core.md", "ledger": "ledger.md", "replay": "replay.md"}
 # script -> (quick arguments, "{tmp}" standing for the test's folder; words its output must contain).
 QUICK: dict[str, tuple[list[str], list[str]]] = {
     "ara": (["--repeat", "1", "--number", "10"], ["µs/call", "baseline", "l1-randomized"]),
@@ -31,10 +34,12 @@ QUICK: dict[str, tuple[list[str], list[str]]] = {
     "calibration": (["--conversions", "1000", "--draws", "1"],
                     ["Test RMSRE_tau of the TRUE test totals", "Coverage of nominal 95% intervals",
                      "Summary per dataset"]),
-    "core": (["--records", "10000", "--samples", "10000"],
-             ["encode L-inf:", "bound (Alg. 1):", "encode+bound+sum:", "DLap sampler secure", "DLap sampler numpy"]),
-    "ledger": (["--sizes", "1000", "--releases", "2"],
-               ["bytes per conversion", "bytes per released conversion", "check + record"]),
+    "core": (["--records", "10000", "--samples", "10000", "--figures", "{tmp}/figures/core.md"],
+             ["encode L-inf:", "bound (Alg. 1):", "encode+bound+sum:", "DLap sampler secure", "DLap sampler numpy",
+              "wrote "]),
+    "figures": (["--check"], ["figure(s) in docs/figures, 0 problem(s)"]),
+    "ledger": (["--sizes", "1000", "--releases", "2", "--figures", "{tmp}/figures/ledger.md"],
+               ["bytes per conversion", "bytes per released conversion", "check + record", "wrote "]),
     "measure": (["--sizes", "2000", "--naive-rows", "1000"],
                 ["araopt measure,", "strict per-element Beam", "per-shard working set", "x the per-element pipeline"]),
     "naive_measure": (["--quick"], ["naive per-element pipeline: 1,000 conversions measured"]),
@@ -46,8 +51,8 @@ QUICK: dict[str, tuple[list[str], list[str]]] = {
                         "--coverage-runs", "1"],
                        ["geometric-weekday", "released <= best baseline in", "realised/predicted"]),
     "replay": (["--per-day", "300", "--days", "3", "--epsilons", "8", "--logs", "geometric", "--jobs", "1",
-                "--keep", "{tmp}/replay"],
-               ["geometric", "median private/full", "below baselines", "coverage", "realised/predicted"]),
+                "--keep", "{tmp}/replay", "--figures", "{tmp}/figures/replay.md"],
+               ["geometric", "median private/full", "below baselines", "coverage", "realised/predicted", "wrote "]),
     "retail_log": (["--out", "{tmp}/retail", "--per-day", "100"], ["conversions over 35 days", "sale days"]),
     "scale": (["--conversions", "2000", "--days", "6", "--train-days", "3", "--commands", "optimize,measure",
                "--workdir", "{tmp}/scale"],
@@ -80,3 +85,30 @@ def test_benchmark_quick_run(script, tmp_path):
     assert done.returncode == 0, f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr[-3000:]}"
     missing = [word for word in expected if word not in done.stdout]
     assert missing == [], f"{script} did not print {missing}:\n{done.stdout[-3000:]}"
+    if script in FIGURE_FILES:
+        check_figure_file(script, tmp_path)
+
+
+
+def check_figure_file(script: str, tmp_path: Path) -> None:
+    """The figure file a quick run wrote (``--figures``) as the manual includes it: the generated-by line
+    naming the script and the arguments that reproduce it, then a Markdown table."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import figures  # benchmarks/figures.py
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    first, *rest = (tmp_path / "figures" / FIGURE_FILES[script]).read_text(encoding="utf-8").splitlines()
+    header = figures.HEADER.match(first)
+    assert header is not None and header.group("command").startswith(f"python benchmarks/{script}.py ")
+    assert "--figures" not in header.group("command")  # the command that reproduces it, not where it went
+    table = [line for line in rest if line.startswith("|")]  # header, separator, at least one row
+    assert len(table) >= 3 and all(line.count("|") == table[0].count("|") for line in table)
+
+
+def test_the_manual_shows_every_figure_file_and_each_names_its_script(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import figures
+
+    assert figures.problems() == []
+    assert (ROOT / "docs" / "figures" / "core.md").is_file()  # performance.md's core table is generated

@@ -231,8 +231,8 @@ def _estimates(cal) -> Estimates:
 
 
 def test_cli_special_days_and_partition_days():
-    from pipelines.options import parse_special_days_option
     from pipelines.partitions import partition_days
+    from pipelines.values import parse_special_days_option
 
     assert parse_special_days_option("2026-12-24,2026-11-27") == ("2026-11-27", "2026-12-24")
     assert parse_special_days_option(None) == ()
@@ -307,7 +307,7 @@ def test_a_special_day_seen_on_fewer_than_three_days_keeps_the_band_around_its_e
 
 
 def test_the_operators_special_day_loss_factor_reaches_the_calendar_and_its_band():
-    from pipelines.options import check_loss_factor
+    from pipelines.values import check_loss_factor
 
     conv = daily_log(28, weekend=1.0, seed=3)
     p = params()

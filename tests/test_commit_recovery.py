@@ -14,11 +14,12 @@ import sys
 import pytest
 
 from araopt.io import outputs
+from araopt.io.folders import PENDING_TAG, STAGING_TAG
+from araopt.io.run_folder import RunFolder, settle_pending
 from araopt.io.stores import open_store
 from factories import domain_csv, error_line, read_json, setup
 from pipelines import measure as measure_pipeline
 from pipelines.ledger import Ledger
-from pipelines.run_folder import PENDING_TAG, STAGING_TAG, RunFolder, settle_pending
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ _KILLED_AT = {
     # right after the ledger's index records the release (before the manifests and the rename)
     "ledger record": ("araopt.io.store", "ParameterStore", "append_release"),
     # after the manifests are written, at the rename into place
-    "rename": ("pipelines.run_folder", None, "move_into_place"),
+    "rename": ("araopt.io.folders", None, "move_into_place"),
 }
 _CHILD = """
 import importlib, os, signal, sys

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from deploy import flex_main, gen_metadata
-from pipelines.options import OPTIONS_BY_JOB, CliOption, add_options, resolve_as_of
+from pipelines.options import OPTIONS_BY_JOB, CliOption, add_options
+from pipelines.values import resolve_as_of
 
 NIGHTLY_OPTIONS, MEASURE_OPTIONS = OPTIONS_BY_JOB["nightly"], OPTIONS_BY_JOB["measure"]
 

@@ -28,7 +28,7 @@ from araopt.mechanism.noise import noise_parameter
 from araopt.optimize.statistics import StatisticsSpec
 from factories import conversions, params
 from pipelines.ledger import LedgerRefusal
-from pipelines.options import split_columns
+from pipelines.values import split_columns
 
 
 def test_the_kinds_are_value_errors():

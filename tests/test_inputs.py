@@ -330,13 +330,29 @@ def test_ctrl_c_while_a_command_imports_its_modules_is_one_line(monkeypatch, cap
     assert capsys.readouterr().err == "araopt measure: interrupted\n"
 
 
+def _wait_until_loaded(pid: int, library: str, timeout: float = 300.0) -> None:
+    """Until the process ``pid`` has mapped a shared object whose path contains ``library`` (it is then
+    importing the command's modules: nothing heavy is imported before `cli.main`'s guard)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/maps") as fh:
+            if library in fh.read():
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"{library} never loaded in {pid}")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.4, 1.0])  # importing Beam alone takes longer
-def test_ctrl_c_during_start_up_prints_one_line(delay, tmp_path):
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc to see what the process loaded")
+@pytest.mark.parametrize("library", ["_multiarray_umath", "coder_impl"])  # numpy (early), then Beam's coders
+def test_ctrl_c_during_start_up_prints_one_line(library, tmp_path):
+    """Ctrl-C while the command's modules import (the moment is read from the process's memory map, not a
+    sleep, so a loaded machine cannot move it before the guard): one line and exit 130."""
     import signal
     import subprocess
     import sys
-    import time
 
     write_log(tmp_path)
     ParameterVersion(params()).save(tmp_path / "p.json")
@@ -345,8 +361,10 @@ def test_ctrl_c_during_start_up_prints_one_line(delay, tmp_path):
                              "--params", str(tmp_path / "p.json"), "--output", str(tmp_path / "out"),
                              "--simulation-seed", "1"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(delay)
-    proc.send_signal(signal.SIGINT)
+    try:
+        _wait_until_loaded(proc.pid, library)
+    finally:
+        proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     lines = [ln for ln in err.splitlines() if not ln.startswith("WARNING")]
     assert proc.returncode == 130 and lines == ["araopt measure: interrupted"], err[-2000:]

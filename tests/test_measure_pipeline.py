@@ -18,12 +18,12 @@ from araopt import Conversions, KeyDomain, measure
 from araopt.io import avro, outputs
 from araopt.io.conversions import ValidationCounts
 from araopt.io.ids import ID_HASH, canonical_id_hash
+from araopt.io.run_folder import RunFolder
 from araopt.mechanism import aggregate
 from araopt.mechanism.measure import encode_and_bound
 from araopt.version import ParameterVersion
 from factories import make_frame, make_params, write_parts
 from pipelines import measure as measure_pipeline
-from pipelines.run_folder import RunFolder
 from pipelines.runner import make_runner
 from transforms import aggregate as agg_transforms
 from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise

@@ -43,9 +43,9 @@ def _staged(parent: Path) -> list[str]:
 
 def test_a_folder_is_published_whole_with_its_manifest_last(tmp_path):
     with OutputFolder.prepare(tmp_path / "out", False, "test") as folder:
-        (folder.staging / "a.txt").write_text("a")
-        (folder.staging / "sub").mkdir()
-        (folder.staging / "sub" / "b.txt").write_text("bb")
+        (Path(folder.staging) / "a.txt").write_text("a")
+        (Path(folder.staging) / "sub").mkdir()
+        (Path(folder.staging) / "sub" / "b.txt").write_text("bb")
         assert not (tmp_path / "out").exists()  # nothing is visible before the commit
         manifest = folder.commit({"command": "test"})
     written = json.loads((tmp_path / "out" / MANIFEST).read_text())
@@ -56,15 +56,15 @@ def test_a_folder_is_published_whole_with_its_manifest_last(tmp_path):
 
 def test_an_exception_mid_write_leaves_nothing_and_keeps_the_previous_folder(tmp_path):
     with OutputFolder.prepare(tmp_path / "out", False, "test") as folder:
-        (folder.staging / "a.txt").write_text("old")
+        (Path(folder.staging) / "a.txt").write_text("old")
         folder.commit()
     before = _tree(tmp_path / "out")
     with pytest.raises(RuntimeError, match="injected"), OutputFolder.prepare(tmp_path / "out", True, "test") as folder:
-        (folder.staging / "a.txt").write_text("new")
+        (Path(folder.staging) / "a.txt").write_text("new")
         raise RuntimeError("injected")
     assert _tree(tmp_path / "out") == before and _staged(tmp_path) == []
     with OutputFolder.prepare(tmp_path / "new", False, "test") as folder:  # never committed
-        (folder.staging / "a.txt").write_text("x")
+        (Path(folder.staging) / "a.txt").write_text("x")
     assert not (tmp_path / "new").exists() and _staged(tmp_path) == []
 
 
@@ -98,7 +98,7 @@ def test_the_overwrite_rule(tmp_path):
 def test_a_target_that_appears_during_the_run_is_refused_at_commit(tmp_path):
     folder = OutputFolder.prepare(tmp_path / "out", False, "test")
     with pytest.raises(OutputRefused, match="appeared while this run was running"), folder:
-        (folder.staging / "a.txt").write_text("mine")
+        (Path(folder.staging) / "a.txt").write_text("mine")
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / MANIFEST).write_text("{}")
         folder.commit()
@@ -118,15 +118,16 @@ def test_a_killed_run_leaves_no_folder_and_the_next_run_sweeps_its_staging(tmp_p
     holder of the lock removes the dead run's staging folder."""
     script = textwrap.dedent(f"""
         import sys, time
+        from pathlib import Path
         from araopt.io.folders import OutputFolder
         folder = OutputFolder.prepare({str(tmp_path / "out")!r}, True, "the killed run")
-        (folder.staging / "part-0.parquet").write_bytes(b"x" * 1000)
+        (Path(folder.staging) / "part-0.parquet").write_bytes(b"x" * 1000)
         print("writing", flush=True)
         time.sleep(60)
         folder.commit()
     """)
     with OutputFolder.prepare(tmp_path / "out", False, "test") as folder:
-        (folder.staging / "a.txt").write_text("previous")
+        (Path(folder.staging) / "a.txt").write_text("previous")
         folder.commit()
     before = _tree(tmp_path / "out")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
@@ -270,9 +271,10 @@ def test_a_run_ended_by_a_signal_leaves_no_staging_folder_and_frees_the_target(t
     # a run killed politely (timeout, kill, a closed terminal) while writing: the staging folder goes with it
     script = textwrap.dedent(f"""
         import sys, time
+        from pathlib import Path
         from araopt.io.folders import OutputFolder
         with OutputFolder.prepare({str(tmp_path / "out")!r}, False, "test") as folder:
-            (folder.staging / "part.txt").write_text("half")
+            (Path(folder.staging) / "part.txt").write_text("half")
             print("ready", flush=True)
             time.sleep(60)
     """)

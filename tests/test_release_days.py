@@ -102,7 +102,7 @@ def test_reconstruct_cli_reads_the_days_from_days_or_the_reports_date_folder(sat
 
 
 def test_days_option_takes_a_list_or_a_range_and_refuses_a_bad_date():
-    from pipelines.options import parse_days_option
+    from pipelines.values import parse_days_option
 
     assert parse_days_option("2026-11-28,2026-11-27") == ("2026-11-27", "2026-11-28")
     assert parse_days_option("2026-11-30..2026-12-02") == ("2026-11-30", "2026-12-01", "2026-12-02")

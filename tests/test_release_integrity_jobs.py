@@ -15,11 +15,12 @@ import pytest
 
 from araopt.errors import OutputRefused
 from araopt.io import outputs
+from araopt.io.folders import STAGING_TAG
+from araopt.io.run_folder import RunFolder
 from araopt.io.stores import open_store
 from araopt.version import ParameterVersion
 from factories import conversions, domain_csv, error_line, params, read_json, setup, write
 from pipelines import measure as measure_pipeline
-from pipelines.run_folder import STAGING_TAG, RunFolder
 
 pytestmark = pytest.mark.slow  # whole jobs end to end: `make test` runs them, `make test-fast` does not
 

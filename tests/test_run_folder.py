@@ -12,10 +12,11 @@ import pytest
 
 from araopt.errors import InvalidInput, OutputRefused
 from araopt.io import outputs
+from araopt.io.folders import REPLACED_TAG, STAGING_TAG
+from araopt.io.run_folder import RunFolder, wait_for_manifest
 from araopt.io.stores import open_store
 from araopt.version import ParameterVersion
 from factories import RACES, conversions_table
-from pipelines.run_folder import REPLACED_TAG, STAGING_TAG, RunFolder, wait_for_manifest
 
 
 def commit_run(folder: RunFolder, tag: str) -> None:
@@ -86,7 +87,7 @@ def test_a_failed_commit_step_is_undone(tmp_path, monkeypatch):
     def boom(staging, target):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr("pipelines.run_folder.move_into_place", boom)
+    monkeypatch.setattr("araopt.io.folders.move_into_place", boom)
     with pytest.raises(OSError):
         folder.commit(False, {}, before_move=lambda: lambda: undone.append(1))
     folder.abandon()

@@ -5,23 +5,21 @@ derived from the data by ``DomainFromData``).
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import apache_beam as beam
-import pandas as pd
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
 
 from araopt.errors import Unsupported
-from araopt.io.conversions import Conversions, ValidationCounts, check_rejected_share, concat_periods, split_periods
+from araopt.io.conversions import Conversions, ValidationCounts
 from araopt.mechanism import aggregate
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
-from araopt.mechanism.measure import encode_and_bound, histogram_rows
+from araopt.mechanism.measure import shard_sums
 from araopt.mechanism.params import Encoding, Params
-from araopt.mechanism.release import Accounting, Release, histogram_height, noisy_release
+from araopt.mechanism.release import Release, release_step
 
 from .combine import CombinerFn
 
@@ -38,8 +36,8 @@ def check_global_windowing(pcoll: beam.PCollection) -> None:
 
 
 class _EncodeAndBound(beam.DoFn):
-    """Per shard of complete impressions: encoding (Alg. 3 / Alg. 6), capping (Alg. 1) over the
-    period's rows and their lookback, per-key sums of the period's rows."""
+    """Per shard of complete impressions: the release workflow's distributed step
+    (``araopt.mechanism.measure.shard_sums``: encode, cap, per-key sums), with counters."""
 
     def __init__(self, params: Params, simulation_seed: int | None, coverage_start_us: int | None = None,
                  history: ReleaseHistory | None = None):
@@ -57,30 +55,11 @@ class _EncodeAndBound(beam.DoFn):
         _, table = item
         params = self._params
         conv = Conversions.from_table(table, params.slice_columns, params.query_columns, categorical_slices=True)
-        lookback_rows = 0
-        if conv.in_period is not None:  # lookback rows of impressions without a period row cannot change anything
-            lookback_rows = int((~conv.period_mask()).sum())
-            conv = concat_periods(*split_periods(conv))
-        contributions, kept = encode_and_bound(conv, params, self._seed, history=self._history)
-        period = conv.period_mask()
-        sums = aggregate.domain_sums(histogram_rows(conv, params, domain), contributions, kept,
-                                     histogram_height(params, domain),
-                                     impressions=len(pd.unique(conv.impression_sort_keys()[period])), in_period=period,
-                                     rows_before_lookback=rows_before_coverage(conv, self._coverage_start))
-        if conv.in_period is not None:
-            sums = dataclasses.replace(sums, lookback_rows=lookback_rows)
+        sums = shard_sums(conv, params, domain, self._seed, self._history, self._coverage_start)
         self._kept.inc(sums.kept)
         self._capped.inc(sums.capped)
         self._outside.inc(sums.outside_domain)
         yield sums
-
-
-def rows_before_coverage(conversions: Conversions, coverage_start_us: int | None) -> int:
-    """Period rows of impressions shown before ``coverage_start_us`` (the earliest conversion the job
-    reads): their earlier conversions may be missing. 0 when impression times are unknown."""
-    if coverage_start_us is None or conversions.impression_time is None:
-        return 0
-    return int((conversions.period_mask() & (conversions.impression_time < coverage_start_us)).sum())
 
 
 @beam.typehints.with_input_types(beam.typehints.Tuple[int, pa.Table])
@@ -110,7 +89,7 @@ class EncodeBoundAndSum(beam.PTransform):
 
 
 class _AddNoise(beam.DoFn):
-    """Runs once, on the single combined element: the release step of ``araopt.mechanism.release``."""
+    """Runs once, on the single combined element: the release step (``araopt.mechanism.release.release_step``)."""
 
     def __init__(self, params: Params, simulation_seed: int | None, max_rejected_fraction: float):
         self._params = params
@@ -119,17 +98,10 @@ class _AddNoise(beam.DoFn):
 
     def process(self, sums: aggregate.DomainSums | None, counts: ValidationCounts, domain: KeyDomain,
                 lookback_counts: ValidationCounts | None = None) -> Iterator[Release]:
-        check_rejected_share(counts, self._max_rejected)
-        if sums is None:  # every valid row was in shards that produced nothing: cannot happen with rows > 0
-            sums = aggregate.empty(histogram_height(self._params, domain), domain.num_columns)
-        lookback = lookback_counts or ValidationCounts()
-        accounting = Accounting(counts.rows_read, counts.rows_rejected, sums.kept, sums.capped, sums.outside_domain,
-                                sums.impressions, counts.rejected_by_reason, counts.times_floored,
-                                lookback.rows_read, lookback.rows_rejected, sums.lookback_rows,
-                                sums.rows_before_lookback)
+        release = release_step(sums, counts, self._params, domain, simulation_seed=self._seed,
+                               max_rejected_fraction=self._max_rejected, lookback_counts=lookback_counts)
         Metrics.counter(NAMESPACE, "keys_released").inc(domain.num_keys)
-        yield noisy_release(sums, self._params, domain, accounting, simulation_seed=self._seed,
-                            max_rejected_fraction=self._max_rejected)
+        yield release
 
 
 @beam.typehints.with_input_types(beam.typehints.Optional[aggregate.DomainSums])

@@ -20,9 +20,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from araopt.attribution.calibrate import Retention, published_frame
 from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import Estimate, estimates_frame
+from araopt.attribution.reconstruct import Estimate
 from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
@@ -95,9 +96,10 @@ class AttributionRelease:
     counts: ValidationCounts
     simulation_seed: int | None
 
-    def estimates_frame(self) -> pd.DataFrame:
-        """The published table (``araopt.attribution.reconstruct.estimates_frame``)."""
-        return estimates_frame(self.estimates, self.domain, bool(self.params.conversion_slice_columns))
+    def estimates_frame(self, retention: Retention | None = None) -> pd.DataFrame:
+        """The published table (``araopt.attribution.calibrate.published_frame``): of the true totals
+        with the version's ``retention``, else of the accepted clipped values."""
+        return published_frame(self.estimates, self.domain, self.params, retention)
 
     def debug_frame(self) -> pd.DataFrame:
         """OPERATOR-PRIVATE: the unnoised sums per (query, histogram index) (``query,histogram_index,

@@ -14,18 +14,30 @@ Alg. 1 in the browser then caps every source at Gamma as before: each report sta
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
+import pandas as pd
 
 from araopt.ara.registrations import (
     SourceEncoder,
+    TriggerBatch,
     TriggerEncoder,
     aggregatable_values,
+    check_ara_limits_for_cardinalities,
     key_piece_hex,
     with_extra,
 )
 from araopt.errors import InvalidParameters
+from araopt.io import jsonio
+from araopt.io.conversions import Conversions
+from araopt.mechanism.encoding import encode
 from araopt.mechanism.exploration import EXPLORATION_BIT, Exploration
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.measure import rounding_uniforms
+from araopt.mechanism.params import Encoding, Params
+from araopt.mechanism.randomness import secure_generator
 
 ARM_FILTER = "araopt_arm"
 """The filter-data key of a source's arm."""
@@ -79,3 +91,38 @@ def trigger_registration(triggers: TriggerEncoder, exploration: Exploration, con
     values = [{"values": aggregatable_values(names, contribution), "filters": {ARM_FILTER: [arm_label(a - 1)]}}
               for a, contribution in enumerate(contributions)]
     return with_extra({"aggregatable_trigger_data": data, "aggregatable_values": values}, extra)
+
+
+def domain_from_conversions(params: Params, conv: Conversions) -> KeyDomain:
+    """The slices present in the log (as ``araopt measure`` without --domain), after the key-bit limit check."""
+    cards = [int(pd.Series(conv.slices[c]).nunique()) for c in params.slice_columns]
+    check_ara_limits_for_cardinalities(params, cards)  # before KeyDomain, which also refuses > 128 bits
+    return KeyDomain.from_slice_values(params.slice_columns, conv.slices, params.query_columns,
+                                       baseline=params.encoding == Encoding.BASELINE,
+                                       conversion_slice_columns=params.conversion_slice_columns)
+
+
+def configuration_encodings(conv: Conversions, params: Params, simulation_seed: int | None) -> np.ndarray:
+    """(n, k + 1, d + 1): every conversion encoded for the main configuration and for each of the k
+    arms (Alg. 3 / 6 at C, then at each C_a), with the same rounding uniforms a measure of the record
+    uses (in simulation: the record's keyed uniforms; else one secure draw per record)."""
+    assert params.exploration is not None
+    uniforms = rounding_uniforms(conv.record_keys(), params.num_queries, simulation_seed)
+    if uniforms is None:
+        uniforms = secure_generator().random((len(conv), params.num_queries))
+    configurations = [params] + [params.for_arm(a) for a in range(params.exploration.num_arms)]
+    return np.stack([encode(conv.values, p, None, uniforms=uniforms) for p in configurations], axis=1)
+
+
+def exploring_lines(batch: TriggerBatch, triggers: TriggerEncoder, exploration: Exploration, num_sources: int
+                    ) -> Iterator[str]:
+    """triggers.jsonl with arms: each conversion's source is its impression's arm source, or its slice's."""
+    arm = exploration.assign(batch.impression_id)
+    source_index = np.where(arm >= 0, num_sources + arm, batch.source_index)
+    shape = (exploration.num_arms + 1, triggers.params.num_queries + 1)
+    for i, (imp, t) in enumerate(zip(batch.impression_id.tolist(), batch.conversion_time.tolist(), strict=True)):
+        registration = trigger_registration(triggers, exploration,
+                                                 batch.contributions[i].reshape(shape).tolist(),
+                                                 batch.pieces[batch.piece_index[i]])
+        yield jsonio.dumps({"impression_id": imp, "conversion_time_us": t, "source_index": int(source_index[i]),
+                            "arm": arm_label(int(arm[i])), "registration": registration}, separators=(",", ":"))

@@ -155,9 +155,9 @@ class AttributionParams:
         """The paper's view of this configuration (Sec. 4.1) as ARA ``Params``: C = the full reports that
         fit a site-epoch across epochs (at most Gamma), the value queries' clip thresholds C_l, the
         impression- and conversion-side slices; L1 encoding (no fractions: the split of the budget is
-        in the queries' ``epsilon``). What a parameter version keeps beside the Attribution parameters so
-        that a calibration's bounding checksum covers C and C_l. Needs at least one value query, each
-        on its own column."""
+        in the queries' ``epsilon``). What a parameter version keeps beside the Attribution parameters (the
+        nightly guardrails compare C and C_l; the retention calibration checks the full parameters). Needs
+        at least one value query, each on its own column."""
         values = [q for q in self.queries if q.column is not None]
         if not values:
             raise InvalidParameters("a parameter version for the attribution API needs at least one value query "

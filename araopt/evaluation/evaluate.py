@@ -35,7 +35,6 @@ from araopt.evaluation.metrics import realised_rmsre_tau
 from araopt.io.conversions import Conversions
 from araopt.io.progress import Stages
 from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.measure import measure
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.report import Estimates
 from araopt.optimize.baselines import baselines
@@ -52,7 +51,8 @@ from araopt.optimize.objective import predicted_rmsre_tau
 from araopt.optimize.search import CORRECTED, SearchContext, optimize, prepare_search
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
-from araopt.publication import publish, true_totals
+from araopt.publication import true_totals
+from araopt.release_workflow import InMemoryReleaseBackend, ReleaseSpec, release_and_publish
 from araopt.version import ParameterVersion
 
 
@@ -125,7 +125,8 @@ def monte_carlo_rmsre(params: Params, conversions: Conversions, runs: int, seed:
     analytic = rmsre_tau(model, t).combined
     sq = np.empty(runs)
     for r in range(runs):
-        est = measure(conversions, params, domain, simulation_seed=seed + r).estimates.estimate
+        est = release_and_publish(InMemoryReleaseBackend(conversions), ReleaseSpec(ParameterVersion(params),
+                                  simulation_seed=seed + r), domain).release.estimates.estimate
         sq[r] = realised_rmsre_tau(est, model.truth, t).combined ** 2
     mean_sq = float(sq.mean())
     se_sq = float(sq.std(ddof=1) / math.sqrt(runs))
@@ -173,8 +174,9 @@ def interval_coverage(version: ParameterVersion, conversions: Conversions, runs:
     truth = conversions_breakdown(params, conversions).truth.reshape(-1)
     released, capped = [], []
     for r in range(runs):
-        rel = measure(conversions, params, domain, simulation_seed=seed + r).release
-        frame = publish(rel, version).frame()
+        publication = release_and_publish(InMemoryReleaseBackend(conversions), ReleaseSpec(version,
+                                          simulation_seed=seed + r), domain)
+        rel, frame = publication.release, publication.frame()
         released.append((frame["ci_low"].to_numpy() <= truth) & (truth <= frame["ci_high"].to_numpy()))
         capped.append((rel.estimates.ci_low.reshape(-1) <= truth) & (truth <= rel.estimates.ci_high.reshape(-1)))
     k = params.num_queries + 1

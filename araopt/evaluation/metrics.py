@@ -5,9 +5,11 @@ Closed forms from bias and variance where one exists (RMSE, RMSRE, RMSRE_tau); t
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
+import pandas as pd
 
 from araopt.errors import InvalidInput
 from araopt.optimize.error_model import ErrorBreakdown, RmsreTau, realised_rmsre_tau
@@ -112,3 +114,14 @@ def metrics_table(samples: np.ndarray, truth: np.ndarray, alpha: float = 0.1, ta
     out = {k: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for k, v in per.items()}
     out[f"RMSRE_{tau:g}"] = float(np.sqrt(np.mean(rmsre_tau_samples(s, t, tau) ** 2)))
     return out
+
+
+def realised_rmsre_of_estimates(estimates: pd.DataFrame, truth: pd.DataFrame, slice_columns: Sequence[str],
+                                queries: Sequence[str], taus: Sequence[float]) -> float:
+    """RMSRE_tau (Def. 3.2, ``realised_rmsre_tau``) of a release's long-format estimates table (the one
+    ``publication.estimates_frame`` makes) against the true totals ``truth`` (indexed by the slice
+    columns, one column per query); a released slice absent from the truth has true total 0."""
+    released = estimates[estimates["query"].isin(queries)].pivot_table(
+        index=list(slice_columns), columns="query", values="estimate", aggfunc="sum").reindex(columns=list(queries))
+    true = truth.reindex(released.index, fill_value=0.0)[list(queries)]
+    return realised_rmsre_tau(released.to_numpy(dtype=float), true.to_numpy(dtype=float), np.asarray(taus)).combined

@@ -38,7 +38,6 @@ from araopt.io.rowset import hashed_row_ids
 from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
-from araopt.mechanism.measure import measure
 from araopt.mechanism.params import Params
 from araopt.optimize.private import (
     DAY_US,
@@ -52,7 +51,7 @@ from araopt.optimize.search import CORRECTED
 from araopt.optimize.statistics import StatisticsSpec
 from araopt.optimize.tune import TuningResult
 from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
-from araopt.publication import publish
+from araopt.release_workflow import InMemoryReleaseBackend, ReleaseSpec, release_and_publish
 from araopt.version import ParameterVersion
 
 PRIVATE_SAFE = "private_safe"
@@ -143,12 +142,13 @@ def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDo
     ``earlier``: the method's earlier replayed releases (parameters, released row ids): the lookback
     rows cost what those releases spent (Alg. 1 over the impression's life); this day is added to it."""
     history = None if earlier is None else ReleaseHistory.of(earlier)
-    release = measure(conversions, version.params, domain, simulation_seed=seed, history=history).release
+    publication = release_and_publish(InMemoryReleaseBackend(conversions),
+                                      ReleaseSpec(version, simulation_seed=seed, history=history), domain)
+    release = publication.release
     if earlier is not None:
         period = conversions.period_mask()
         earlier.append((version.params, hashed_row_ids(conversions.id_hashes()[period],
                                                        conversions.conversion_time[period])))
-    publication = publish(release, version)
     frame = publication.frame()
     shape = release.estimates.estimate.shape
     point = frame["estimate"].to_numpy().reshape(shape)

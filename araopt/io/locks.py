@@ -25,10 +25,12 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from araopt.errors import InvalidParameters, OutputRefused
+from araopt.errors import OutputRefused
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from google.cloud import storage
+
+    from araopt.io.gcs import GcsPrefix
 
 LOCK_SUFFIX: Final = ".lock"
 
@@ -242,67 +244,45 @@ def sweep_unlocked(parent: str, prefix: str) -> list[str]:
 DEFAULT_LEASE_SECONDS: Final = 900.0
 
 
-def split_gs(uri: str) -> tuple[str, str]:
-    """``gs://bucket/key`` -> (bucket, key)."""
-    if not uri.startswith("gs://"):
-        raise InvalidParameters(f"not a gs:// URI: {uri!r}")
-    bucket, _, key = uri[len("gs://"):].partition("/")
-    if not bucket or not key:
-        raise InvalidParameters(f"a gs:// object URI needs a bucket and a name: {uri!r}")
-    return bucket, key
-
-
 class GcsLease:
-    """A lease on the object ``gs://bucket/key`` (see module doc). Holding it for longer than ``seconds``
-    lets another process take it over: use it around short critical sections (a commit)."""
+    """A lease on the object ``gs://bucket/key`` (see module doc), through the one Cloud Storage adapter
+    (:class:`araopt.io.gcs.GcsPrefix`). Holding it for longer than ``seconds`` lets another process take
+    it over: use it around short critical sections (a commit)."""
 
-    def __init__(self, client: storage.Client, uri: str, generation: int) -> None:
-        self._client = client
-        self.uri = uri
+    def __init__(self, objects: GcsPrefix, name: str, generation: int) -> None:
+        self._objects = objects
+        self._name = name
+        self.uri = objects.object_uri(name)
         self.generation = generation
 
     @classmethod
-    def acquire(cls, client: storage.Client, uri: str, what: str,
+    def acquire(cls, client: storage.Client | None, uri: str, what: str,
                 seconds: float = DEFAULT_LEASE_SECONDS) -> GcsLease:
-        from google.api_core import exceptions as api
+        from araopt.io.gcs import GcsPrefix
 
-        bucket_name, key = split_gs(uri)
-        bucket = client.bucket(bucket_name)
+        objects, name = GcsPrefix.parent_of(uri, client=client)
         now = _dt.datetime.now(_dt.UTC)
         record = {**owner_record(what), "expires": (now + _dt.timedelta(seconds=seconds)).isoformat()}
         body = json.dumps(record).encode()
         for _ in range(3):
-            blob = bucket.blob(key)
-            try:
-                blob.upload_from_string(body, content_type="application/json", if_generation_match=0)
-                return cls(client, uri, int(blob.generation or 0))
-            except api.PreconditionFailed:
-                pass
-            current = bucket.get_blob(key)
-            if current is None:
+            generation = objects.create(name, body)
+            if generation is not None:
+                return cls(objects, name, generation)
+            data, current = objects.read_generation(name)
+            if data is None:
                 continue  # released meanwhile: try to create again
             try:
-                owner = json.loads(current.download_as_bytes(if_generation_match=current.generation))
+                owner = json.loads(data)
                 expires = _dt.datetime.fromisoformat(owner["expires"])
-            except (api.PreconditionFailed, api.NotFound):
-                continue
             except (ValueError, KeyError, TypeError):
                 owner, expires = None, now  # unreadable lease: treat as expired
             if expires > now:
                 raise LockHeld(uri, owner)
-            taker = bucket.blob(key)
-            try:  # take over the expired lease; of two takers the generation admits one
-                taker.upload_from_string(body, content_type="application/json",
-                                         if_generation_match=int(current.generation))
-                return cls(client, uri, int(taker.generation or 0))
-            except api.PreconditionFailed:
-                continue
+            generation = objects.swap(name, body, current)  # take over: of two takers the generation admits one
+            if generation is not None:
+                return cls(objects, name, generation)
         raise LockHeld(uri, None)
 
     def release(self) -> None:
         """Delete the lease object if it is still ours (a taken-over lease is left to its new owner)."""
-        from google.api_core import exceptions as api
-
-        bucket_name, key = split_gs(self.uri)
-        with contextlib.suppress(api.NotFound, api.PreconditionFailed):
-            self._client.bucket(bucket_name).blob(key).delete(if_generation_match=self.generation)
+        self._objects.delete([self._name], generation=self.generation)

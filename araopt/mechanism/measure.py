@@ -5,14 +5,15 @@ shard (``encode_and_bound``, ``aggregate.domain_sums``) and after its combine (`
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from araopt.errors import InvalidInput
-from araopt.io.conversions import Conversions
-from araopt.mechanism.aggregate import domain_sums
+from araopt.io.conversions import Conversions, ValidationCounts, concat_periods, split_periods
+from araopt.mechanism.aggregate import DomainSums, domain_sums
 from araopt.mechanism.bounding import bound_contributions
 from araopt.mechanism.encoding import encode
 from araopt.mechanism.exploration import exploration_rows
@@ -20,7 +21,7 @@ from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory, lifetime_norms
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.randomness import keyed_uniforms, secure_generator
-from araopt.mechanism.release import Accounting, Release, histogram_height, noisy_release, release_domain
+from araopt.mechanism.release import Release, histogram_height, release_domain, release_step
 from araopt.mechanism.report import Estimates, SummaryReport
 from araopt.mechanism.sources import impression_slice_conflicts
 
@@ -73,6 +74,21 @@ def histogram_rows(conversions: Conversions, params: Params, domain: KeyDomain) 
     if params.exploration is None:
         return slice_index
     return exploration_rows(params.exploration.assign(conversions.impression_id), domain.num_slices, slice_index)
+
+
+def check_measurable(conversions: Conversions, params: Params) -> None:
+    """An in-memory log the mechanism can measure: the parameters' value columns, and every impression's
+    conversions with its first conversion's impression-side slice (one source, one slice); refused
+    otherwise (the jobs dead-letter such rows)."""
+    if tuple(conversions.value_columns) != params.query_columns:
+        raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
+                           f"params expect {params.query_columns}")
+    inconsistent = impression_slice_conflicts(conversions, params.impression_slice_columns)
+    if inconsistent.any():
+        raise InvalidInput(f"{int(inconsistent.sum())} conversion(s) have impression-side slice values "
+                           f"({', '.join(params.impression_slice_columns)}) that differ from their impression's first "
+                           f"conversion (e.g. impression {conversions.impression_id[np.flatnonzero(inconsistent)[0]]!r}): "
+                           f"an impression is one source with one slice; remove them (the jobs dead-letter them)")
 
 
 @dataclass(frozen=True)
@@ -129,15 +145,7 @@ def measure(
     derived from the data it releases would reveal which slices occur in it (the release step refuses
     a domain of origin ``data`` outside simulation, however it was made).
     """
-    if tuple(conversions.value_columns) != params.query_columns:
-        raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
-                           f"params expect {params.query_columns}")
-    inconsistent = impression_slice_conflicts(conversions, params.impression_slice_columns)
-    if inconsistent.any():
-        raise InvalidInput(f"{int(inconsistent.sum())} conversion(s) have impression-side slice values "
-                           f"({', '.join(params.impression_slice_columns)}) that differ from their impression's first "
-                           f"conversion (e.g. impression {conversions.impression_id[np.flatnonzero(inconsistent)[0]]!r}): "
-                           f"an impression is one source with one slice; remove them (the jobs dead-letter them)")
+    check_measurable(conversions, params)
     domain, _ = release_domain(domain, "the domain given", None, {}, simulation_seed)  # the release step's rules
     if domain is None:  # simulation only
         domain = KeyDomain.from_slice_values(params.slice_columns, conversions.slices, params.query_columns,
@@ -148,8 +156,35 @@ def measure(
     period = conversions.period_mask()
     sums = domain_sums(slice_idx, contributions, kept, histogram_height(params, domain),
                        impressions=len(pd.unique(conversions.impression_sort_keys()[period])), in_period=period)
-    accounting = Accounting(rows_read=int(period.sum()), rows_rejected=0, rows_kept=sums.kept, rows_capped=sums.capped,
-                            rows_outside_domain=sums.outside_domain, impressions=sums.impressions,
-                            lookback_rows_read=sums.lookback_rows, lookback_rows_used=sums.lookback_rows)
-    release = noisy_release(sums, params, domain, accounting, simulation_seed=simulation_seed, rng=noise_rng)
+    release = release_step(sums, ValidationCounts(int(period.sum())), params, domain, simulation_seed=simulation_seed,
+                           lookback_counts=ValidationCounts(sums.lookback_rows), rng=noise_rng)
     return Measurement(release, sums.histogram, kept, (slice_idx >= 0) & (slice_idx < domain.num_slices))
+
+
+def shard_sums(conversions: Conversions, params: Params, domain: KeyDomain, simulation_seed: int | None = None,
+               history: ReleaseHistory | None = None, coverage_start_us: int | None = None) -> DomainSums:
+    """One shard of complete impressions (the release workflow's distributed step): encoding (Alg. 3 /
+    Alg. 6), capping (Alg. 1) over the period's rows and their lookback, per-key sums of the period's
+    rows over ``domain``. Lookback rows of impressions without a period row are left out (they cannot
+    change anything) but counted in ``lookback_rows``; ``rows_before_lookback``: period rows of
+    impressions shown before ``coverage_start_us`` (the earliest conversion read)."""
+    lookback_rows = 0
+    if conversions.in_period is not None:
+        lookback_rows = int((~conversions.period_mask()).sum())
+        conversions = concat_periods(*split_periods(conversions))
+    contributions, kept = encode_and_bound(conversions, params, simulation_seed, history=history)
+    period = conversions.period_mask()
+    sums = domain_sums(histogram_rows(conversions, params, domain), contributions, kept, histogram_height(params, domain),
+                       impressions=len(pd.unique(conversions.impression_sort_keys()[period])), in_period=period,
+                       rows_before_lookback=rows_before_coverage(conversions, coverage_start_us))
+    if conversions.in_period is not None:
+        sums = dataclasses.replace(sums, lookback_rows=lookback_rows)
+    return sums
+
+
+def rows_before_coverage(conversions: Conversions, coverage_start_us: int | None) -> int:
+    """Period rows of impressions shown before ``coverage_start_us`` (the earliest conversion the job
+    reads): their earlier conversions may be missing. 0 when impression times are unknown."""
+    if coverage_start_us is None or conversions.impression_time is None:
+        return 0
+    return int((conversions.period_mask() & (conversions.impression_time < coverage_start_us)).sum())

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from araopt.errors import InvalidInput, PrivacyRefusal
-from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION
-from araopt.mechanism.aggregate import DomainSums
+from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts, check_rejected_share
+from araopt.mechanism.aggregate import DomainSums, empty
 from araopt.mechanism.keys import DATA, KeyDomain, check_domain_families
 from araopt.mechanism.params import Params
 from araopt.mechanism.report import Estimates, SummaryReport, reconstruct, summary_report
@@ -165,3 +165,22 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
         exploration = Estimates(stacked("estimate"), stacked("std_error"), stacked("ci_low"), stacked("ci_high"),
                                 query_names=estimates.query_names, confidence=estimates.confidence)
     return Release(params, domain, report, estimates, accounting, simulation_seed, exploration)
+
+
+def release_step(sums: DomainSums | None, counts: ValidationCounts, params: Params, domain: KeyDomain, *,
+                 simulation_seed: int | None = None, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
+                 lookback_counts: ValidationCounts | None = None, rng: np.random.Generator | None = None) -> Release:
+    """The release step of every path (the release workflow's, ``araopt.release_workflow``), run once on
+    the merged per-key sums: the validation's rejected share first (``check_rejected_share``: nothing is
+    noised over an input that failed validation), the exact accounting from the validation ``counts``
+    (and the lookback's) and the sums, then :func:`noisy_release` (its rules, noise once per key: Alg. 2;
+    Alg. 4). ``sums`` None: no shard produced any (an empty histogram over the domain)."""
+    check_rejected_share(counts, max_rejected_fraction)
+    if sums is None:
+        sums = empty(histogram_height(params, domain), domain.num_columns)
+    lookback = lookback_counts or ValidationCounts()
+    accounting = Accounting(counts.rows_read, counts.rows_rejected, sums.kept, sums.capped, sums.outside_domain,
+                            sums.impressions, counts.rejected_by_reason, counts.times_floored,
+                            lookback.rows_read, lookback.rows_rejected, sums.lookback_rows, sums.rows_before_lookback)
+    return noisy_release(sums, params, domain, accounting, simulation_seed=simulation_seed, rng=rng,
+                         max_rejected_fraction=max_rejected_fraction)

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from araopt.calibration import MIN_RATIO, Calibration, calibration_statistics, day_blocks, retention_checksum
+from araopt.calibration import MIN_RATIO, Calibration, retention_checksum
 from araopt.constants import COUNT_TAU, MAX_COUNT_LIMIT, PRIVATE_WINDOW_DAYS
 from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
@@ -62,8 +62,9 @@ from araopt.optimize.heterogeneity import (
 )
 from araopt.optimize.retention import RetentionCurve, fit_retention_curve, ratio_variance
 from araopt.optimize.search import CORRECTED
-from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics, compute_statistics_in_memory
 from araopt.optimize.tune import TuningResult, calibrate, tune
+from araopt.optimize.workflow import InMemoryBackend
 from araopt.version import ParameterVersion, Provenance
 
 DAY_US = 86_400_000_000
@@ -356,6 +357,17 @@ def inputs_seed(records: Sequence[ReleaseRecord]) -> int:
     return int.from_bytes(digest.digest()[:8], "big")
 
 
+@dataclass(frozen=True)
+class _Candidates:
+    """What privacy-safe tuning's ``choose`` made of the pseudo-history: the tuning, the cold-start rule,
+    and the candidate versions with the search each came from (in the calibration's order)."""
+
+    result: TuningResult
+    cold: ParameterVersion
+    versions: tuple[ParameterVersion, ...]
+    searches: tuple[Any, ...]
+
+
 def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDomain, value_columns: Sequence[str], *,
                  window: int = WINDOW, max_count_limit: int = MAX_COUNT_LIMIT, release_period_days: float = 1.0,
                  exploration: Exploration | None = None, taus: Sequence[float] | None = None,
@@ -375,25 +387,9 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     plan = exploration if exploration is not None else (recent[-1].exploration or default_exploration())
     model = learn(recent, domain, older)
     pseudo = pseudo_history(model, domain.slice_columns, value_columns, inputs_seed(recent), spread_days)
-    stats = compute_statistics_in_memory(pseudo, StatisticsSpec(domain.slice_columns, tuple(value_columns),
-                                                                max_count_limit=max_count_limit))
     if taus is None:
         taus = first_party_taus(model.values)
-    result = tune(stats, epsilon, objective=CORRECTED, taus=list(taus), release_period_days=release_period_days,
-                  history_days=model.days, slice_columns=domain.slice_columns, max_count_limit=max_count_limit,
-                  provenance={"tuning": "privacy-safe: DP releases and first-party conversions only",
-                              "releases": len(recent), "exploration_share": plan.total_share})
-    # the same tuning where every slice keeps all it converts (theta = 0): the smallest true totals the
-    # releases allow, so the candidates span what the releases cannot tell apart
-    low = dataclasses.replace(model, exponents={k: (0.0, 0.0) for k in model.slice_totals},
-                              slice_totals=learn(recent, domain, older, exponent=0.0).slice_totals)
-    low_pseudo = pseudo_history(low, domain.slice_columns, value_columns, inputs_seed(recent) ^ 1, spread_days)
-    low_result = tune(compute_statistics_in_memory(low_pseudo, StatisticsSpec(
-        domain.slice_columns, tuple(value_columns), max_count_limit=max_count_limit)), epsilon, objective=CORRECTED,
-        taus=list(taus), release_period_days=release_period_days, history_days=model.days,
-        slice_columns=domain.slice_columns, max_count_limit=max_count_limit,
-        provenance={"tuning": "privacy-safe: DP releases and first-party conversions only (slices' retention 1)",
-                    "releases": len(recent), "exploration_share": plan.total_share})
+    taus = list(taus)
 
     def explored(version: ParameterVersion) -> ParameterVersion:
         params = dataclasses.replace(version.params, exploration=plan,
@@ -404,18 +400,45 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
                 k: v for k, v in provenance.extra.items() if k != "optimizer_seconds"})
         return dataclasses.replace(version, params=params, domain=domain, provenance=provenance)
 
-    pooled_first_party = FirstParty.of(recent[-1].first_party.day, model.values)
-    cold = cold_start(pooled_first_party, epsilon, domain, value_columns, plan)
-    cold = dataclasses.replace(cold, params=dataclasses.replace(
-        cold.params, queries=tuple(dataclasses.replace(q, tau=float(t)) for q, t in zip(cold.params.queries, taus[1:],
-                                                                                           strict=True))))
-    tuned = explored(result.version).provenance
-    if tuned is not None:  # the cold-start rule as a candidate of this tuning: it carries the tuning's record
-        cold = dataclasses.replace(cold, provenance=dataclasses.replace(tuned, extra={
-            **tuned.extra, "tuning": "privacy-safe: the cold-start rule, chosen against the tuned candidates"}))
-    candidates = ([(explored(v), o) for v, o in result.candidates] + [(explored(v), o) for v, o in low_result.candidates]
-                  + [(cold, result.optimization)])
-    blocks = day_blocks(pseudo)
+    def choose(stats: SufficientStatistics) -> tuple[_Candidates, tuple[ParameterVersion, ...]]:
+        """Alg. 5 on the pseudo-history's statistics, and on the low-retention one's; with the cold-start
+        rule, the candidates the tuning workflow calibrates on the pseudo-history."""
+        result = tune(stats, epsilon, objective=CORRECTED, taus=taus, release_period_days=release_period_days,
+                      history_days=model.days, slice_columns=domain.slice_columns, max_count_limit=max_count_limit,
+                      provenance={"tuning": "privacy-safe: DP releases and first-party conversions only",
+                                  "releases": len(recent), "exploration_share": plan.total_share})
+        # the same tuning where every slice keeps all it converts (theta = 0): the smallest true totals the
+        # releases allow, so the candidates span what the releases cannot tell apart
+        low = dataclasses.replace(model, exponents={k: (0.0, 0.0) for k in model.slice_totals},
+                                  slice_totals=learn(recent, domain, older, exponent=0.0).slice_totals)
+        low_pseudo = pseudo_history(low, domain.slice_columns, value_columns, inputs_seed(recent) ^ 1, spread_days)
+        low_result = tune(compute_statistics_in_memory(low_pseudo, spec), epsilon, objective=CORRECTED, taus=taus,
+                          release_period_days=release_period_days, history_days=model.days,
+                          slice_columns=domain.slice_columns, max_count_limit=max_count_limit,
+                          provenance={"tuning": "privacy-safe: DP releases and first-party conversions only "
+                                                "(slices' retention 1)",
+                                      "releases": len(recent), "exploration_share": plan.total_share})
+        pooled_first_party = FirstParty.of(recent[-1].first_party.day, model.values)
+        cold = cold_start(pooled_first_party, epsilon, domain, value_columns, plan)
+        cold = dataclasses.replace(cold, params=dataclasses.replace(
+            cold.params, queries=tuple(dataclasses.replace(q, tau=float(t))
+                                       for q, t in zip(cold.params.queries, taus[1:], strict=True))))
+        tuned = explored(result.version).provenance
+        if tuned is not None:  # the cold-start rule as a candidate of this tuning: it carries the tuning's record
+            cold = dataclasses.replace(cold, provenance=dataclasses.replace(tuned, extra={
+                **tuned.extra, "tuning": "privacy-safe: the cold-start rule, chosen against the tuned candidates"}))
+        versions = tuple([explored(v) for v, _ in result.candidates] + [explored(v) for v, _ in low_result.candidates]
+                         + [cold])
+        searches = tuple([o for _, o in result.candidates] + [o for _, o in low_result.candidates]
+                         + [result.optimization])
+        return _Candidates(result, cold, versions, searches), versions
+
+    # the tuning workflow's two distributed steps on the pseudo-history (``optimize.workflow``): its
+    # statistics -> ``choose``, then the calibration of every candidate on it
+    spec = StatisticsSpec(domain.slice_columns, tuple(value_columns), max_count_limit=max_count_limit)
+    run = InMemoryBackend(pseudo).statistics_and_calibration(spec, choose)
+    result, cold = run.chosen.result, run.chosen.cold
+    candidates = list(zip(run.chosen.versions, run.chosen.searches, run.calibration, strict=True))
     day = last_pseudo_day(pseudo)
     day_index = domain.slice_index(day.slices)
     keys = [slice_key(list(k)) for k in _domain_keys(domain)]
@@ -423,8 +446,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     scored: list[tuple[float, int, bool, ParameterVersion]] = []
     learnt = float(np.exp(np.mean([np.log(max(float(model.curve.ratio(kept_per_impression(r.count_limit))[0]), MIN_RATIO))
                                    for r in recent])))
-    for number, (version, search) in enumerate(candidates):
-        cal = calibration_statistics(pseudo, version.params, blocks, fitted_for=version.checksum())
+    for number, (version, search, cal) in enumerate(candidates):
         one = calibrate(dataclasses.replace(result, version=version, optimization=search, alternatives=()), [cal],
                         release_period_days)
         released = with_release_ratios(one.version, recent, model)

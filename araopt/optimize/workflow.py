@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from araopt.calibration.accumulator import CalibrationStatistics, candidates_statistics, day_blocks
-from araopt.io.conversions import Conversions
+from araopt.io.conversions import Conversions, ValidationCounts, rejected_share_refusal
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics, compute_statistics_in_memory
 from araopt.optimize.tune import TuningResult, calibrate, tune
 from araopt.version import ParameterVersion
@@ -91,3 +91,23 @@ def tune_and_calibrate(backend: TuningBackend, spec: StatisticsSpec, choose: Tun
     prefers (``calibrate``)."""
     run = backend.statistics_and_calibration(spec, choose)
     return calibrate(run.chosen, run.calibration, release_period_days, special_days)
+
+
+def gated_choice(statistics: SufficientStatistics, counts: ValidationCounts,
+                 choose: Callable[[SufficientStatistics, ValidationCounts], tuple[T, tuple[ParameterVersion, ...]]],
+                 max_rejected_fraction: float) -> tuple[T | None, tuple[ParameterVersion, ...]]:
+    """``choose`` on a history that passes the rejected-share gate (``io.conversions.rejected_share_refusal``);
+    nothing (and no candidate to calibrate) on one that does not: the caller refuses it, in one line."""
+    if rejected_share_refusal(counts, max_rejected_fraction, what="history") is not None:
+        return None, ()
+    return choose(statistics, counts)
+
+
+def tune_with_accounting(statistics: SufficientStatistics, counts: ValidationCounts, *, provenance: dict[str, Any],
+                         **options: Any) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
+    """``choose`` for ``optimize`` on a joined history: ``tune`` on its statistics with the row accounting
+    in the parameter file's provenance, and the candidate versions to calibrate on the same history."""
+    tuning = tune(statistics, rows=counts.rows_valid, provenance={**provenance, "row_accounting": {
+        "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected,
+        "rows_rejected_by_reason": dict(counts.rejected_by_reason)}}, **options)
+    return tuning, tuple(v for v, _ in tuning.candidates)

@@ -1,0 +1,73 @@
+"""What a release's run says to its operator, decided once: the console's lines after ``measure`` (also
+on the run's report page, its WARNING and NOTE lines as warnings) and the demo's line on what the
+printed estimates estimate. From the operator-private run summary (exact counts: never published).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from araopt.io import outputs
+
+
+def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> list[str]:
+    """What the console says after a run (also shown, with its WARNING and NOTE lines as warnings, on the
+    run's report page): the release, the operator-private accounting, and what the estimates estimate."""
+    rel = outputs.release_dir(simulation)
+    mark = "SIMULATION (not private) " if simulation else ""
+    lines = [f"araopt measure: {mark}release of {summary['keys']:,} keys at epsilon={summary['epsilon']:g} "
+             f"written to {output}/{rel}/ in {summary['wall_time_s']:.1f} s (domain: {summary['domain']})"]
+    by_reason = ", ".join(f"{k} {v:,}" for k, v in summary["rows_rejected_by_reason"].items()) or "none"
+    lines.append(f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = "
+                 f"{summary['conversions_kept']:,} kept + {summary['conversions_dropped_by_cap']:,} dropped by the cap + "
+                 f"{summary['conversions_kept_outside_domain']:,} outside the domain + {summary['rows_rejected']:,} "
+                 f"rejected ({by_reason}); details in {output}/{outputs.PRIVATE_DIR}/")
+    if summary["conversions_kept_outside_domain"]:
+        lines.append(f"  NOTE: conversions of slices outside the declared domain ({summary['domain']}) are counted, "
+                     f"not released; to release a new campaign, list every slice to release in a file of your own "
+                     f"and pass --domain slices.csv (docs/privacy.md, 'A new campaign')")
+    lines += lookback_note_lines(summary)
+    calibration = summary.get("calibration")
+    if not calibration:
+        lines.append("  estimates are of the capped-and-clipped sums (Alg. 4): the parameters carry no calibration, so "
+                     "bias_corrected is false (araopt optimize / nightly fit one on the history)")
+    else:
+        point = "capped / retention ratio" if calibration["correction"] == "ratio" else "the capped sum"
+        unseen = calibration["fallback_slices"]
+        lines.append(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the "
+                     f"calibration's uncertainty for a period of {calibration['period_blocks']} history block(s))"
+                     + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)"
+                        if unseen else ""))
+        if calibration.get("calendar_note"):
+            lines.append(f"  NOTE: {calibration['calendar_note']}")
+    return lines
+
+
+def lookback_note_lines(summary: dict[str, Any]) -> list[str]:
+    """Once per run: whether Alg. 1 saw each impression's earlier conversions (the browser's cap is per
+    source lifetime), and how many of the measured conversions may be over-counted."""
+    before = summary.get("conversions_of_impressions_older_than_the_lookback", 0)
+    if summary.get("lookback_files"):
+        tail = (f"; {before:,} measured conversion(s) belong to impressions shown before the lookback's first day and "
+                f"may be over-counted (lengthen --lookback)" if before else "")
+        return [f"  lifetime cap: {summary['lookback_rows_used']:,} earlier conversion(s) from the lookback consumed "
+                f"budget (not released){tail}"]
+    if summary.get("impression_times_known"):
+        if before:
+            return [f"  WARNING: no --lookback: {before:,} measured conversion(s) belong to impressions shown before "
+                    f"the input's first day; their earlier conversions did not consume budget, so the release may "
+                    f"keep more of them than the browser does (pass the days before as --lookback)"]
+        return []
+    return ["  WARNING: no --lookback and no impression_time: conversions of impressions that converted before "
+            "this input are capped as if these were their first, so the release may keep more than the browser "
+            "does (pass the days before as --lookback)"]
+
+
+def estimates_line(calibration: dict[str, Any] | None) -> str:
+    """One line saying what the printed estimates estimate."""
+    if not calibration:
+        return ("estimates: of the capped-and-clipped sums (Alg. 4); the parameters carry no calibration, so they "
+                "are not corrected for conversions dropped by the count limit or value clipped away")
+    point = ("the capped estimate divided by the retention ratio" if calibration["correction"] == "ratio" else
+             "the capped estimate (correcting would add more noise than it removes bias here)")
+    return (f"estimates: of the TRUE totals (all conversions, full value): {point}, with ratios calibrated on "
+            f"{calibration['history_blocks']} days of history; the intervals include the calibration's uncertainty")

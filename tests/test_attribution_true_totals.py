@@ -1,0 +1,254 @@
+"""The retention calibration of an attribution parameter version (``attribution.calibrate``): stored,
+checksummed and refused for other parameters; ``measure`` publishes estimates of the TRUE totals with
+it (seeded end to end: coverage over many histogram indices) and says that the estimates are of the
+accepted clipped values without it; ``nightly --api attribution``'s guardrails and run report."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from araopt.attribution.calibrate import Retention, params_checksum, published_frame, retention
+from araopt.attribution.measure import measure
+from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
+from araopt.errors import InvalidInput, InvalidParameters
+from araopt.evaluation.attribution import true_totals
+from araopt.io.stores import open_store
+from araopt.mechanism.keys import DECLARED, KeyDomain
+from araopt.nightly import Guardrails, new_series
+from araopt.version import Api, ParameterVersion
+from pipelines.cli import main
+from w3c import log_parquet
+
+DAY = 86_400_000_000
+START = 1_767_225_600_000_000
+CAMPAIGNS = 40
+QUERIES = (AttributionQuery(COUNT, None), AttributionQuery("value", "value", max_value=255, clip=30.0))
+
+
+def users_log(seed: int, browsers: int = 2500) -> pd.DataFrame:
+    """Browsers with 1-2 impressions (40 campaigns) in 20 days, each with Geometric(0.3) conversions
+    within 10 days (several per site-epoch: the budget refuses some), values LogNormal(2.5, 1) (some
+    above the clip)."""
+    rng = np.random.default_rng(seed)
+    impressions = rng.integers(1, 3, browsers)
+    browser = np.repeat(np.arange(browsers), impressions)
+    n = len(browser)
+    shown = START + rng.integers(0, 20 * 86_400, n) * 1_000_000
+    campaign = rng.integers(0, CAMPAIGNS, n)
+    conversions = rng.geometric(0.3, n)
+    imp = np.repeat(np.arange(n), conversions)
+    m = len(imp)
+    return pd.DataFrame({"browser_id": browser[imp], "impression_id": imp, "campaign": campaign[imp],
+                         "impression_time_us": shown[imp],
+                         "conversion_time_us": shown[imp] + rng.integers(60, 10 * 86_400, m) * 1_000_000,
+                         "value": np.round(rng.lognormal(2.5, 1.0, m), 2)})
+
+
+def params(epsilon_share: float = 0.3, clip: float = 30.0) -> AttributionParams:
+    queries = (QUERIES[0], dataclasses.replace(QUERIES[1], clip=clip))
+    return AttributionParams.from_paper(4.0, 3, {COUNT: epsilon_share, "value": 1 - epsilon_share}, queries,
+                                        ("campaign",))
+
+
+def layout(p: AttributionParams) -> KeyDomain:
+    return KeyDomain.from_slice_values(p.slice_columns, {"campaign": np.arange(CAMPAIGNS)},
+                                       p.query_names).with_origin(DECLARED)
+
+
+@pytest.fixture(scope="module")
+def train() -> pd.DataFrame:
+    return users_log(1)
+
+
+@pytest.fixture(scope="module")
+def fitted(train) -> Retention:
+    return retention(params(), train, layout(params()), 0)
+
+
+# ---- the version ---------------------------------------------------------------------------------
+def test_a_version_carries_its_retention_through_a_round_trip(fitted) -> None:
+    p = params()
+    assert fitted.params_checksum == params_checksum(p) and fitted.query_names == p.query_names
+    assert all(0 < r < 1 for r in fitted.ratios)  # the budget refuses reports, the clip cuts values
+    version = ParameterVersion.for_attribution(p, domain=layout(p), retention=fitted)
+    again = ParameterVersion.from_bytes(version.to_bytes())
+    assert again == version and again.retention == fitted and again.checksum() == version.checksum()
+    plain = ParameterVersion.for_attribution(p, domain=layout(p))
+    assert "retention" not in plain.to_json() and plain.checksum() != version.checksum()
+    doc = version.to_json()
+    doc["retention"]["ratios"][1] = fitted.ratios[1] / 2
+    assert ParameterVersion.from_json(doc).checksum() != version.checksum()  # the checksum covers it
+
+
+def test_a_retention_fitted_for_other_parameters_is_refused(fitted) -> None:
+    # another epsilon split keeps the paper view (C, C_l) but changes what the budget refuses
+    other = params(epsilon_share=0.25)
+    assert other.paper_params() == params().paper_params()
+    with pytest.raises(InvalidInput, match="fitted for other attribution parameters"):
+        ParameterVersion.for_attribution(other, retention=fitted)
+    with pytest.raises(InvalidInput, match="fitted for other attribution parameters"):
+        ParameterVersion.for_attribution(params(clip=31.0), retention=fitted)
+    doc = ParameterVersion.for_attribution(params(), retention=fitted).to_json()
+    doc["attribution"] = ParameterVersion.for_attribution(other).to_json()["attribution"]
+    with pytest.raises(InvalidParameters, match="fitted for other attribution parameters"):
+        ParameterVersion.from_json(doc)  # an edited file: one line, with the file's name
+    with pytest.raises(InvalidParameters, match="need api 'attribution'"):
+        ParameterVersion(params().paper_params(), retention=fitted)
+    with pytest.raises(InvalidParameters, match="corrects by 'ratio'"):
+        ParameterVersion.for_attribution(params(), retention=fitted, correction="none")
+    bad = fitted.to_json()
+    bad["ratios"] = [0.0, 0.5]
+    with pytest.raises(InvalidParameters, match="ratios must lie in"):
+        Retention.from_json(bad)
+    with pytest.raises(InvalidParameters, match="'extra' is unknown"):
+        Retention.from_json({**fitted.to_json(), "extra": 1})
+
+
+def test_the_published_table_divides_by_the_ratio_and_widens_by_the_spread(fitted, train) -> None:
+    p = params()
+    result = measure(p, train, layout(p), simulation_seed=3)
+    plain = published_frame(result.estimates, layout(p), p, None)
+    assert not plain["bias_corrected"].any()
+    assert (plain["estimate"] == plain["capped_estimate"]).all()
+    frame = published_frame(result.estimates, layout(p), p, fitted)
+    assert frame["bias_corrected"].all() and (frame["capped_estimate"] == plain["estimate"]).all()
+    for q, (ratio, spread) in enumerate(zip(fitted.ratios, fitted.spreads, strict=True)):
+        mine, alg4 = frame[frame["query"] == p.query_names[q]], result.estimates[(p.query_names[q], 0)]
+        assert np.allclose(mine["estimate"], alg4.values / ratio)
+        half = alg4.half_width / ratio + spread * np.abs(alg4.values / ratio)
+        assert np.allclose(mine["ci_high"] - mine["estimate"], half)
+        assert np.allclose(mine["estimate"] - mine["ci_low"], half)
+        assert (mine["std_error"] >= alg4.noise_sd / ratio).all()
+    with pytest.raises(InvalidInput, match="fitted for other"):
+        published_frame(result.estimates, layout(p), params(clip=31.0), fitted)
+
+
+# ---- measure, end to end (simulation mode: every draw seeded) --------------------------------------
+def _measure(tmp_path, version: ParameterVersion, log: pd.DataFrame, name: str, seed: int):
+    path = tmp_path / f"{name}.json"
+    version.save(path)
+    out = tmp_path / name
+    code = main(["measure", "--input", log_parquet(log, tmp_path / f"{name}.parquet"), "--params", str(path),
+                 "--output", str(out), "--simulation-seed", str(seed), "--no-progress"])
+    assert code == 0
+    folder = os.path.join(out, "simulation")
+    return (pd.read_csv(os.path.join(folder, "SIMULATION-estimates.csv")),
+            json.load(open(os.path.join(folder, "SIMULATION-release.json"))))
+
+
+def _coverage(frame: pd.DataFrame, truth: np.ndarray, p: AttributionParams) -> float:
+    hits = []
+    for q, name in enumerate(p.query_names):
+        mine = frame[frame["query"] == name].sort_values("histogram_index")
+        hits.append((mine["ci_low"].to_numpy() <= truth[:, q]) & (truth[:, q] <= mine["ci_high"].to_numpy()))
+    return float(np.mean(hits))
+
+
+def test_measure_publishes_intervals_that_cover_the_true_totals(tmp_path, capsys, fitted) -> None:
+    """Train and test logs from the same distribution; the version calibrated on train; measure on test
+    (seeded: deterministic). Over the 80 (query, index) cells the intervals of the true totals cover
+    at least 90%; the same release without the calibration (Alg. 4's intervals of the accepted clipped
+    values) covers far fewer true totals."""
+    p = params()
+    test = users_log(2)
+    truth = true_totals(p, test, layout(p))
+    frame, release = _measure(tmp_path, ParameterVersion.for_attribution(p, domain=layout(p), retention=fitted),
+                              test, "calibrated", 11)
+    assert frame["bias_corrected"].all() and release["bias_corrected"] is True
+    assert release["estimates"].startswith("the TRUE totals") and release["retention"]["level"] == 0.95
+    assert "estimates are of the TRUE totals" in capsys.readouterr().out
+    calibrated = _coverage(frame, truth, p)
+    plain, release = _measure(tmp_path, ParameterVersion.for_attribution(p, domain=layout(p)), test, "plain", 11)
+    assert np.allclose(frame["capped_estimate"], plain["estimate"])  # the same noise: only the estimand differs
+    uncalibrated = _coverage(plain, truth, p)
+    assert calibrated >= 0.9 and uncalibrated < 0.5, (calibrated, uncalibrated)
+
+
+def test_a_version_without_calibration_says_its_estimates_are_of_the_accepted_clipped_values(tmp_path, capsys) -> None:
+    p = params()
+    frame, release = _measure(tmp_path, ParameterVersion.for_attribution(p, domain=layout(p)), users_log(3, 200),
+                              "plain", 1)
+    assert not frame["bias_corrected"].any() and release["bias_corrected"] is False and release["retention"] is None
+    assert (frame["estimate"] == frame["capped_estimate"]).all()
+    assert release["estimates"].startswith("the clipped values the browsers accepted")
+    assert "estimates are of the clipped values the browsers accepted" in capsys.readouterr().out
+
+
+def test_reconstruct_on_a_calibrated_version_gives_the_same_table(tmp_path, capsys, fitted, train) -> None:
+    p = params()
+    version = ParameterVersion.for_attribution(p, domain=layout(p), retention=fitted)
+    version.save(tmp_path / "v.json")
+    result = measure(p, train, layout(p), simulation_seed=5)
+    pd.DataFrame([{"query": q, "histogram_index": i, "noisy_sum": int(v)} for (q, _), noisy in result.noisy.items()
+                  for i, v in enumerate(noisy)]).to_csv(tmp_path / "h.csv", index=False)
+    assert main(["reconstruct", "--summary-report", str(tmp_path / "h.csv"), "--params", str(tmp_path / "v.json"),
+                 "--output", str(tmp_path / "est.csv")]) == 0
+    assert "estimates are of the TRUE totals" in capsys.readouterr().out
+    got = pd.read_csv(tmp_path / "est.csv")
+    want = published_frame(result.estimates, layout(p), p, fitted)
+    assert got["bias_corrected"].all() and np.allclose(got["estimate"], want["estimate"])
+    assert np.allclose(got["ci_low"], want["ci_low"]) and np.allclose(got["ci_high"], want["ci_high"])
+
+
+# ---- optimize / nightly --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> str:
+    """Two days of a users log as date partitions (the contract's Parquet)."""
+    root = tmp_path_factory.mktemp("history")
+    log = users_log(4, 600)
+    day = pd.to_datetime(log["conversion_time_us"], unit="us", utc=True).dt.date
+    for i, d in enumerate(sorted(day.unique())[:2]):
+        os.makedirs(root / f"date={d}")
+        log_parquet(log[day == d], root / f"date={d}" / f"part-{i}.parquet")
+    return str(root)
+
+
+def test_optimize_stores_the_retention_fitted_for_the_chosen_parameters(history, tmp_path, capsys) -> None:
+    out = tmp_path / "v.json"
+    assert main(["optimize", "--api", "attribution", "--history", history, "--slices", "campaign", "--values",
+                 "value", "--epsilon", "4", "--max-count-limit", "3", "--output", str(out)]) == 0
+    version = ParameterVersion.load(out)
+    assert version.api == Api.ATTRIBUTION and version.retention is not None and version.attribution is not None
+    version.retention.check_params(version.attribution)
+    assert version.retention.rows > 0 and version.retention.indices == version.domain.num_slices
+    assert "retention" in capsys.readouterr().out
+
+
+def test_nightly_guards_reports_and_recognises_a_rerun(history, tmp_path, capsys) -> None:
+    store = str(tmp_path / "store")
+    dates = sorted(d.split("=")[1] for d in os.listdir(history))
+    argv = ["nightly", "--api", "attribution", "--history", history, "--as-of", dates[-1], "--window-days", "2",
+            "--store", store, "--slices", "campaign", "--values", "value", "--epsilon", "4",
+            "--max-count-limit", "3"]
+    assert main([*argv, "--run-id", "r1"]) == 0
+    assert "published" in capsys.readouterr().out
+    latest = ParameterVersion.from_bytes(open_store(store).resolve("latest").payload)
+    assert latest.retention is not None and latest.provenance is not None
+    report = json.load(open(os.path.join(store, "reports", f"{dates[-1]}-r1", "report.json")))
+    assert report["published"] and report["api"] == "attribution" and report["problems"] == []
+    assert report["predicted_rmsre_tau"] < min(report["baselines"].values())
+    assert report["retention"]["ratios"] == list(latest.retention.ratios)
+    assert os.path.exists(os.path.join(store, "reports", f"{dates[-1]}-r1", "report.html"))
+    assert main([*argv, "--run-id", "r2"]) == 0
+    assert "idempotent re-run" in capsys.readouterr().out
+    assert ParameterVersion.from_bytes(open_store(store).resolve("latest").payload) == latest
+
+
+def test_the_guardrails_judge_attribution_versions_by_their_paper_view(fitted) -> None:
+    small = ParameterVersion.for_attribution(params())
+    large = ParameterVersion.for_attribution(AttributionParams.from_paper(4.0, 12, {COUNT: 0.3, "value": 0.7},
+                                                                          QUERIES, ("campaign",)))
+    guard = Guardrails(max_count_limit_change=2)
+    assert guard.check(large, 1.0, {"spec_defaults": 2.0}, small)[0].startswith("count limit moves 3 -> 12")
+    assert guard.check(large, 2.0, {"spec_defaults": 2.0}, None)[0].startswith("the error model's RMSRE_tau 2")
+    assert guard.check(large, 1.0, {"spec_defaults": 2.0}, None) == []
+    shorter = ParameterVersion.for_attribution(dataclasses.replace(params(), lookback_days=7))
+    assert new_series(small, shorter) == "epoch / lookback changed 7 / 30 -> 7 / 7 days"
+    ara = ParameterVersion(params().paper_params())
+    assert new_series(ara, small) == "api changed ara -> attribution"
+    assert guard.check(large, 1.0, {"spec_defaults": 2.0}, ara) == []  # a new series: no move guards
