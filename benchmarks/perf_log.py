@@ -29,10 +29,11 @@ VALUES = "revenue,items"
 GEOS = ("US", "GB", "DE", "FR", "JP", "BR")
 
 
-def generate(conversions: int, days: int, seed: int) -> pa.Table:
-    """About ``conversions`` rows over conversion days [0, days)."""
+def generate(conversions: int, days: int, seed: int, warmup: int = 30, mean_delay_days: float = 4.0) -> pa.Table:
+    """About ``conversions`` rows over conversion days [0, days) (fewer with the default ``warmup`` and
+    delay: many land outside the days; ``warmup=0, mean_delay_days=0.05`` keeps nearly all of one day's)."""
     rng = np.random.default_rng(seed)
-    warmup, mean_size, mean_delay_days = 30, 3.0, 4.0
+    mean_size = 3.0
     weekday = np.array([0.85, 0.9, 0.95, 1.0, 1.05, 1.3, 0.95])
     # impressions over days [-warmup, days); about days/(days+warmup/mean_delay...) of conversions land inside
     n_imp = int(conversions / mean_size * 1.63)

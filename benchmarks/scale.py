@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/scale.py [--conversions 120000] [--commands optimize,replay,evaluate,measure]
                                          [--lookback-days 4] [--replay-days 1,3] [--epsilons 1,8] [--code OTHER_CHECKOUT]
-                                         [--window-days 7,14,28] [--release] [--chunk-days 7]
+                                         [--window-days 7,14,28] [--release] [--chunk-days 7] [--measure-conversions N]
 
 The log: ``benchmarks/perf_log.py`` (string ids, 40 x 6 = 240 slices, revenue and items, weekday
 cycle) over ``--days`` days, as date= partitions; evaluate trains on the 12 days before the last and
@@ -17,7 +17,10 @@ two chunks), so long logs need not fit in the generator's memory. Every command 
 (``os.wait4``), peak RSS the largest sum of VmRSS over the process and its descendants, sampled every
 0.1 s from /proc (Linux). ``replay`` runs once per ``--replay-days`` value: the CPU per replayed day is
 the difference of the CPU times over the difference of the days (start-up, reading and the plot
-cancel). ``--code``: run the commands of another checkout (its folder first on PYTHONPATH), for
+cancel). ``measure`` is followed by ``benchmarks/reference_measure.py`` (plain numpy/pyarrow: shard ->
+sort -> encode -> Alg. 1 -> bincount, no validation, ledger or outputs) on the same day and parameter
+file, and the ratio of their CPU times; ``--measure-conversions N`` measures a one-day log of about N
+conversions instead of the last day. ``--code``: run the commands of another checkout (its folder first on PYTHONPATH), for
 before/after figures on the same log and machine.
 """
 from __future__ import annotations
@@ -131,6 +134,9 @@ def main() -> None:
     ap.add_argument("--replay-days", default="1,3", help="replay runs (comma-separated day counts)")
     ap.add_argument("--epsilons", default="1,8", help="evaluate's epsilons")
     ap.add_argument("--epsilon", default="8", help="optimize's, measure's and replay's epsilon")
+    ap.add_argument("--measure-conversions", type=int, default=0,
+                    help="measure (and the reference) a one-day log of about this many conversions instead of the "
+                         "last day of the log")
     ap.add_argument("--code", default=None, help="another checkout whose commands to run")
     ap.add_argument("--window-days", default="7", help="nightly's windows (comma-separated day counts)")
     ap.add_argument("--release", action="store_true",
@@ -156,7 +162,7 @@ def main() -> None:
         cols = ["--slices", SLICES, "--values", VALUES]
         results: list[tuple[str, dict[str, float]]] = []
 
-        def timed(name: str, argv: list[str]) -> dict[str, float]:
+        def timed(name: str, argv: list[str], base: list[str] = base) -> dict[str, float]:
             figures = run(base + argv, env, root / f"{name}.log")
             results.append((name, figures))
             print(f"{name:<24} wall {figures['wall']:8.1f} s   cpu {figures['cpu']:8.1f} s   "
@@ -177,9 +183,22 @@ def main() -> None:
                                "--output", str(root / "params.json"), "--overwrite", "--no-progress"])
         if "measure" in commands:
             last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
-            timed("measure", ["measure", "--input", str(root / "log" / f"date={last}"), "--params",
-                              str(root / "params.json"), "--output", str(root / "run"), *release_mode("measure"),
-                              "--overwrite", "--no-progress"])
+            day = root / "log" / f"date={last}"
+            if args.measure_conversions:
+                day = root / "measure_day"
+                day.mkdir(exist_ok=True)
+                table = generate(args.measure_conversions, 1, args.seed + 1, warmup=0, mean_delay_days=0.05)
+                pq.write_table(table, day / "part-0.parquet")
+                print(f"measure's log: {table.num_rows:,} conversions in one day", flush=True)
+                del table
+            measured = timed("measure", ["measure", "--input", str(day), "--params", str(root / "params.json"),
+                                         "--output", str(root / "run"), *release_mode("measure"),
+                                         "--overwrite", "--no-progress"])
+            # the plain numpy/pyarrow floor: shard -> sort -> encode -> Alg. 1 -> bincount (this checkout's script)
+            reference = timed("reference (numpy)", [os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                 "reference_measure.py"),
+                                                    str(day), str(root / "params.json")], base=[sys.executable])
+            print(f"measure / reference cpu: {measured['cpu'] / reference['cpu']:.2f}", flush=True)
         if "measure-all" in commands:
             timed("measure all days", ["measure", "--input", str(root / "log"), "--params", str(root / "params.json"),
                                        "--output", str(root / "run-all"), *release_mode("all"), "--overwrite",

@@ -17,6 +17,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from araopt import Conversions, KeyDomain, measure
 from araopt.io import avro, outputs
 from araopt.io.conversions import ValidationCounts
+from araopt.io.ids import ID_HASH, canonical_id_hash
 from araopt.io.run_folder import RunFolder
 from araopt.mechanism import aggregate
 from araopt.mechanism.measure import encode_and_bound
@@ -107,7 +108,10 @@ def test_shards_of_a_batch_are_its_rows_and_travel_as_their_rows_only():
     coder = ArrowTableCoder()
     for shard, part in shards:
         want = table.filter(pa.array(shard_of(ids, 8) == shard))
-        assert part.equals(want)  # the shard's rows, in batch order
+        # the shard's rows, in batch order, with their id hash (hashed once, reused after the shuffle)
+        assert part.drop_columns([ID_HASH]).equals(want)
+        assert np.array_equal(part.column(ID_HASH).to_numpy(), canonical_id_hash(want.column("impression_id")))
+        want = want.append_column(ID_HASH, part.column(ID_HASH))
         encoded = coder.encode(part)  # what the shuffle moves: the slice's rows, not the whole batch
         assert coder.decode(encoded).equals(want) and len(encoded) < 2 * len(coder.encode(want))
 

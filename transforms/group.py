@@ -30,12 +30,15 @@ from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidParameters
 from araopt.io.conversions import IMPRESSION_ID
-from araopt.io.ids import canonical_id_hash
+from araopt.io.ids import canonical_id_hash, with_id_hash
 
 
 def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:
     """Stable across processes and machines (the canonical id hash, ``araopt.io.ids``), in [0, num_shards)."""
-    hashed = canonical_id_hash(impression_ids)
+    return _shards(canonical_id_hash(impression_ids), num_shards)
+
+
+def _shards(hashed: np.ndarray, num_shards: int) -> np.ndarray:
     return (hashed % np.uint64(num_shards)).astype(np.int64)
 
 
@@ -43,9 +46,15 @@ def split_by_shard(table: pa.Table, num_shards: int, column: str = IMPRESSION_ID
     """(shard, rows of that shard) for every shard present in the batch, sharded by the id in ``column``
     (the impression; the browser for the Attribution API): zero-copy slices of one reordered copy of the
     batch. Arrow IPC (the spill files, and the shuffle's coder, ``transforms.coders``) writes only a
-    slice's rows; a pickled slice would carry the whole batch."""
-    ids = table.column(column).to_numpy(zero_copy_only=False)
-    shards = shard_of(ids, num_shards)
+    slice's rows; a pickled slice would carry the whole batch.
+
+    Sharded by the impression, the rows carry their id hash (``araopt.io.ids.ID_HASH``) from here on:
+    the id is hashed once per row, for the shard, the record keys and the ledger's identities."""
+    if column == IMPRESSION_ID:
+        table, hashed = with_id_hash(table, IMPRESSION_ID)
+        shards = _shards(hashed, num_shards)
+    else:
+        shards = shard_of(table.column(column).to_numpy(zero_copy_only=False), num_shards)
     small = np.int16 if num_shards <= np.iinfo(np.int16).max else np.int32  # a stable sort of small ints is a radix sort
     order = np.argsort(shards.astype(small), kind="stable")
     sorted_shards = shards[order]

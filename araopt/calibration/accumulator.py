@@ -14,7 +14,6 @@ import pandas as pd
 from araopt.calibration.model import retention_checksum
 from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
-from araopt.io.ids import canonical_id_hash
 from araopt.mechanism.bounding import ImpressionRanks, kept_mask_ordered
 from araopt.mechanism.encoding import check_values, expected_contribution, query_scales
 from araopt.mechanism.keys import register_slices, slice_sort_key
@@ -311,7 +310,7 @@ def history_blocks(conversions: Conversions, impression_time_us: np.ndarray | No
     conversions convert early, which makes the ratio depend on the block)."""
     if impression_time_us is not None:
         return np.floor_divide(np.asarray(impression_time_us, dtype=np.int64), 86_400_000_000)
-    return (canonical_id_hash(conversions.impression_id) % np.uint64(HASH_BLOCKS)).astype(np.int64)
+    return (conversions.id_hashes() % np.uint64(HASH_BLOCKS)).astype(np.int64)
 
 
 def day_blocks(conversions: Conversions, times: np.ndarray | None = None) -> np.ndarray:

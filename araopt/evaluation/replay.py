@@ -33,8 +33,8 @@ import pandas as pd
 from araopt.constants import MAX_COUNT_LIMIT
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.evaluation.metrics import realised_rmsre_tau
-from araopt.io.conversions import Conversions, isin_ids
-from araopt.io.rowset import conversion_row_ids
+from araopt.io.conversions import Conversions
+from araopt.io.rowset import hashed_row_ids
 from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
@@ -90,8 +90,10 @@ class DailyLog:
 
     @classmethod
     def of(cls, conversions: Conversions) -> DailyLog:
-        return cls(dataclasses.replace(conversions, in_period=None),
-                   np.floor_divide(conversions.conversion_time, DAY_US).astype(np.int64))
+        log = conversions.with_in_period(None)
+        log.record_keys()  # hashed once for the whole log: every window (a subset) carries its rows' keys
+        log.impression_sort_keys()
+        return cls(log, np.floor_divide(conversions.conversion_time, DAY_US).astype(np.int64))
 
     @property
     def days(self) -> np.ndarray:
@@ -102,9 +104,10 @@ class DailyLog:
         period's impressions (the only earlier rows that change a period row's rank in Alg. 1)."""
         period = (self.day >= first) & (self.day <= last)
         before = (self.day >= first - lookback_days) & (self.day < first)
-        before &= isin_ids(self.conversions.impression_id, self.conversions.impression_id[period])
+        keys = self.conversions.impression_sort_keys()  # integers equal exactly where the ids are
+        before &= np.isin(keys, keys[period])
         rows = np.flatnonzero(period | before)
-        return dataclasses.replace(self.conversions.take(rows), in_period=period[rows])
+        return self.conversions.take(rows).with_in_period(period[rows])
 
     def first_party(self, first: int, last: int | None = None) -> FirstParty:
         """What the advertiser knows of days [first, last] without the impression join: its conversions'
@@ -144,8 +147,8 @@ def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDo
     release = publication.release
     if earlier is not None:
         period = conversions.period_mask()
-        earlier.append((version.params, conversion_row_ids(conversions.impression_id[period],
-                                                           conversions.conversion_time[period])))
+        earlier.append((version.params, hashed_row_ids(conversions.id_hashes()[period],
+                                                       conversions.conversion_time[period])))
     frame = publication.frame()
     shape = release.estimates.estimate.shape
     point = frame["estimate"].to_numpy().reshape(shape)

@@ -18,9 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from araopt.errors import AraoptError, InvalidInput, InvalidParameters, PrivacyRefusal
-from araopt.io.ids import canonical_id_hash
+from araopt.io.ids import ID_HASH, canonical_id_hash, id_sort_keys, table_id_hash
 
 IMPRESSION_ID = "impression_id"
+_SORT_KEYS = "impression_sort_keys"
+_RECORD_KEYS = "record_keys"
 CONVERSION_TIME = "conversion_time"
 IMPRESSION_TIME = "impression_time"
 """Optional column: when the impression was shown (any timestamp unit or zone, like conversion_time)."""
@@ -413,7 +415,7 @@ class Conversions:
                 return None
             return cast(np.ndarray, table.column(name).to_numpy(zero_copy_only=False).astype(dtype, copy=False))
 
-        return cls(
+        out = cls(
             impression_id=table.column(IMPRESSION_ID).to_numpy(zero_copy_only=False),
             conversion_time=table.column("conversion_time_us").to_numpy(zero_copy_only=False).astype(np.int64),
             slices={c: _slice_array(table.column(c), categorical_slices) for c in slice_columns},
@@ -422,12 +424,51 @@ class Conversions:
             in_period=optional(IN_PERIOD, np.bool_),
             impression_time=optional(IMPRESSION_TIME_US, np.int64),
         )
+        if ID_HASH in table.column_names:  # hashed once, by the grouping step (``araopt.io.ids.ID_HASH``)
+            out._keep(ID_HASH, table_id_hash(table))
+        ids = table.column(IMPRESSION_ID)
+        if table.num_rows and pa.types.is_string(ids.type):  # from Arrow's strings: no Python objects compared
+            out._keep(_SORT_KEYS, id_sort_keys(ids))
+        return out
+
+    def _keep(self, name: str, array: np.ndarray) -> np.ndarray:
+        array.setflags(write=False)
+        self._cache[name] = array
+        return array
+
+    def id_hashes(self) -> np.ndarray:
+        """``canonical_id_hash`` of the impression ids (read-only), computed once per instance (or
+        carried from the grouping step's column)."""
+        cached = self._cache.get(ID_HASH)
+        if cached is not None:
+            return cached
+        return self._keep(ID_HASH, canonical_id_hash(self.impression_id))
+
+    def impression_sort_keys(self) -> np.ndarray:
+        """Keys that order and group the rows as their impression ids do (``araopt.io.ids.id_sort_keys``:
+        integers for string ids), computed once per instance: what Alg. 1's order sorts."""
+        cached = self._cache.get(_SORT_KEYS)
+        if cached is not None:
+            return cached
+        return self._keep(_SORT_KEYS, np.array(id_sort_keys(self.impression_id)))
+
+    def with_in_period(self, in_period: np.ndarray | None) -> Conversions:
+        """The same rows with ``in_period`` replaced, keeping what was computed of them (the record keys,
+        id hashes and sort keys depend on the rows' content only)."""
+        out = dataclasses.replace(self, in_period=in_period)
+        out._cache.update(self._cache)
+        return out
 
     def take(self, index: np.ndarray) -> Conversions:
-        return Conversions(self.impression_id[index], self.conversion_time[index],
-                           {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns,
-                           None if self.in_period is None else self.in_period[index],
-                           None if self.impression_time is None else self.impression_time[index])
+        out = Conversions(self.impression_id[index], self.conversion_time[index],
+                          {k: v[index] for k, v in self.slices.items()}, self.values[index], self.value_columns,
+                          None if self.in_period is None else self.in_period[index],
+                          None if self.impression_time is None else self.impression_time[index])
+        for name in (ID_HASH, _SORT_KEYS, _RECORD_KEYS):  # a subset keeps its hashes and its ids' order
+            cached = self._cache.get(name)
+            if cached is not None:
+                out._keep(name, cached[index])
+        return out
 
     def record_keys(self) -> np.ndarray:
         """A 64-bit content hash per record: the deterministic tie-break and simulation RR key.
@@ -439,17 +480,14 @@ class Conversions:
         hashes the record's content only (not ``in_period``): a conversion read as lookback on one day
         gets the key it had when it was released, so its rounding and its place in Alg. 1's order are
         the same. Computed once per instance (the arrays of a ``Conversions`` are not changed in place)."""
-        cached = self._cache.get("record_keys")
+        cached = self._cache.get(_RECORD_KEYS)
         if cached is not None:
             return cached
         columns = [self.conversion_time.astype(np.int64)]
         columns += [self.values[:, j].astype(np.float64) for j in range(self.values.shape[1])]
         columns += [_normalise(v) for v in self.slices.values()]
-        hashes = [canonical_id_hash(self.impression_id), *(pd.util.hash_array(c) for c in columns)]
-        keys = _combine_hashes(hashes, len(self))
-        keys.setflags(write=False)
-        self._cache["record_keys"] = keys
-        return keys
+        hashes = [self.id_hashes(), *(pd.util.hash_array(c) for c in columns)]
+        return self._keep(_RECORD_KEYS, _combine_hashes(hashes, len(self)))
 
 
 def _slice_array(column: pa.ChunkedArray, categorical: bool) -> np.ndarray:
@@ -480,8 +518,8 @@ def _combine_hashes(hashes: Sequence[np.ndarray], n: int) -> np.ndarray:
 def split_periods(conversions: Conversions) -> tuple[Conversions, Conversions]:
     """(the period's rows, the lookback rows) of a batch with ``in_period`` (inverse of ``concat_periods``)."""
     mask = conversions.period_mask()
-    return (dataclasses.replace(conversions.take(np.flatnonzero(mask)), in_period=None),
-            dataclasses.replace(conversions.take(np.flatnonzero(~mask)), in_period=None))
+    return (conversions.take(np.flatnonzero(mask)).with_in_period(None),
+            conversions.take(np.flatnonzero(~mask)).with_in_period(None))
 
 
 def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
@@ -491,7 +529,7 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
         raise InvalidInput("the period and its lookback must carry the same slice and value columns")
     lookback = lookback.take(np.flatnonzero(isin_ids(lookback.impression_id, period.impression_id)))
     both_times = period.impression_time is not None and lookback.impression_time is not None
-    return Conversions(
+    out = Conversions(
         np.concatenate([_normalise(period.impression_id), _normalise(lookback.impression_id)]),
         np.concatenate([period.conversion_time, lookback.conversion_time]).astype(np.int64),
         {k: np.concatenate([_normalise(v), _normalise(lookback.slices[k])]) for k, v in period.slices.items()},
@@ -501,6 +539,10 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
         np.concatenate([cast(np.ndarray, period.impression_time), cast(np.ndarray, lookback.impression_time)])
         if both_times else None,
     )
+    first, second = period._cache.get(ID_HASH), lookback._cache.get(ID_HASH)
+    if first is not None and second is not None:
+        out._keep(ID_HASH, np.concatenate([first, second]))
+    return out
 
 
 def isin_ids(ids: np.ndarray, among: np.ndarray) -> np.ndarray:

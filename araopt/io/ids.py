@@ -40,6 +40,11 @@ _INT64_MIN_DIGITS: Final = "9223372036854775808"
 
 IdArray: TypeAlias = "np.ndarray | pa.Array | pa.ChunkedArray | pd.Categorical"
 
+ID_HASH: Final = "_araopt_impression_id_hash"
+"""The column the grouping step (``transforms.group``) adds to the rows it shards: ``canonical_id_hash``
+of ``impression_id`` (uint64), computed once per row and reused after the shuffle by the record keys
+(``Conversions.record_keys``) and the release ledger's identities (``araopt.io.rowset``)."""
+
 
 def mix_in_place(x: np.ndarray, tmp: np.ndarray) -> None:
     """splitmix64's finalizer (pandas' integer hash), in place (uint64 arithmetic wraps)."""
@@ -65,8 +70,25 @@ def _mixed_ints(values: np.ndarray) -> np.ndarray:
 
 def decimal_int64(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(mask, int64 values) over ``text`` (strings): which are decimal integers in the int64 range
-    (optional ``-``, leading zeros allowed: see module doc), and their values (0 where not)."""
+    (optional ``-``, leading zeros allowed: see module doc), and their values (0 where not).
+
+    Only the candidates (all ASCII digits, or a leading ``-``) go through the full parse: ids of
+    another form (``"imp-00000001"``) cost one cheap pass."""
     text = text.cast(pa.string())
+    candidate = np.asarray(pc.fill_null(pc.or_(pc.ascii_is_decimal(text), pc.starts_with(text, "-")), False)
+                           .to_numpy(zero_copy_only=False), dtype=bool)
+    mask = np.zeros(len(text), dtype=bool)
+    values = np.zeros(len(text), dtype=np.int64)
+    if candidate.all():
+        return _parse_decimal_int64(text)
+    if candidate.any():
+        rows = np.flatnonzero(candidate)
+        mask[rows], values[rows] = _parse_decimal_int64(text.take(pa.array(rows)))
+    return mask, values
+
+
+def _parse_decimal_int64(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``decimal_int64`` of every string (no pre-filter)."""
     negative = pc.fill_null(pc.starts_with(text, "-"), False)
     digits = pc.if_else(negative, pc.utf8_slice_codeunits(text, 1), text)
     is_decimal = pc.fill_null(pc.match_substring_regex(digits, r"^[0-9]+$"), False)
@@ -119,3 +141,43 @@ def canonical_id_hash(impression_id: IdArray) -> np.ndarray:
         words = np.append(words, np.asarray(pd.util.hash_array(np.array([None], dtype=object)), dtype=np.uint64))
         indices = pc.fill_null(indices, len(distinct))
     return cast(np.ndarray, words[indices.to_numpy(zero_copy_only=False)])
+
+
+def table_id_hash(table: pa.Table, id_column: str = "impression_id") -> np.ndarray:
+    """``canonical_id_hash`` of a table's ids: its ``ID_HASH`` column when the grouping step added one
+    (the same values, computed before the shuffle), else computed (a fresh, writable array)."""
+    if ID_HASH in table.column_names:
+        return np.array(table.column(ID_HASH).to_numpy(zero_copy_only=False), dtype=np.uint64)
+    return canonical_id_hash(table.column(id_column))
+
+
+def with_id_hash(table: pa.Table, id_column: str = "impression_id") -> tuple[pa.Table, np.ndarray]:
+    """(``table`` with its ``ID_HASH`` column, the hashes): the column added if missing."""
+    if ID_HASH in table.column_names:
+        return table, table_id_hash(table)
+    hashed = canonical_id_hash(table.column(id_column))
+    return table.append_column(ID_HASH, pa.array(hashed, type=pa.uint64())), hashed
+
+
+def id_sort_keys(impression_id: IdArray) -> np.ndarray:
+    """Keys that order and group rows exactly as their ids do (Alg. 1's impression order): for string
+    ids their dense rank in UTF-8 byte (= code point) order, computed by Arrow over the distinct ids
+    (int64; no Python comparison per row); any other ids are returned as they are. Not canonical
+    (``"007"`` and ``"7"`` stay two ids, as in Alg. 1's order) and comparable only within one call."""
+    if isinstance(impression_id, pa.ChunkedArray):
+        impression_id = impression_id.combine_chunks()
+    if not isinstance(impression_id, pa.Array):
+        arr = np.asarray(impression_id)
+        if arr.dtype != object or not len(arr):
+            return arr
+        try:
+            impression_id = pa.array(arr, from_pandas=False)
+        except (pa.ArrowException, TypeError, ValueError):  # mixed or non-string objects
+            return arr
+    if not (pa.types.is_string(impression_id.type) or pa.types.is_large_string(impression_id.type)) \
+            or impression_id.null_count or not len(impression_id):
+        return np.asarray(impression_id.to_numpy(zero_copy_only=False))
+    encoded = pc.dictionary_encode(impression_id)
+    rank = np.asarray(pc.rank(encoded.dictionary, sort_keys="ascending").to_numpy(), dtype=np.int64)
+    rank -= 1
+    return cast(np.ndarray, rank[encoded.indices.to_numpy(zero_copy_only=False)])

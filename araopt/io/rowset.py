@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from araopt.errors import InvalidInput
 from araopt.io.conversions import IMPRESSION_ID
-from araopt.io.ids import canonical_id_hash, mix_in_place
+from araopt.io.ids import canonical_id_hash, mix_in_place, table_id_hash
 
 TIME_US: Final = "conversion_time_us"
 ROW_ID: Final = "row_id"
@@ -77,6 +77,11 @@ def conversion_row_ids(impression_id: np.ndarray | pa.Array | pa.ChunkedArray,
                        conversion_time_us: np.ndarray | pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The 64-bit identity of each conversion (see module doc), vectorised in cache-sized blocks."""
     return _exact_ids(canonical_id_hash(impression_id), _times(conversion_time_us))
+
+
+def hashed_row_ids(id_hashes: np.ndarray, conversion_time_us: np.ndarray) -> np.ndarray:
+    """``conversion_row_ids`` from the ids' canonical hashes (``Conversions.id_hashes``), not consumed."""
+    return _exact_ids(np.array(id_hashes, dtype=np.uint64), _times(conversion_time_us))
 
 
 def coarse_row_ids(impression_id: np.ndarray | pa.Array | pa.ChunkedArray,
@@ -150,7 +155,7 @@ class RowSetPart:
         if table.num_rows == 0:
             return cls(np.empty(0, dtype=np.uint64), None, None, np.empty(0, dtype=np.uint64))
         bounds = pc.min_max(table.column(TIME_US))
-        words, times = canonical_id_hash(table.column(IMPRESSION_ID)), _times(table.column(TIME_US))
+        words, times = table_id_hash(table, IMPRESSION_ID), _times(table.column(TIME_US))
         coarse = _coarse_ids(words.copy(), times)  # the id hashed once for both identities
         return cls(_exact_ids(words, times), bounds["min"].as_py(), bounds["max"].as_py(), coarse)
 

@@ -346,8 +346,9 @@ class ImpressionRanks:
 
     @classmethod
     def of(cls, conversions: Conversions, tie_breaker: np.ndarray | None = None) -> ImpressionRanks:
-        order = impression_order(conversions.impression_id, conversions.conversion_time, tie_breaker)
-        rank, group = ranks_within_impression(conversions.impression_id[order])
+        keys = conversions.impression_sort_keys()  # orders and groups as the ids do, compared as integers
+        order = impression_order(keys, conversions.conversion_time, tie_breaker)
+        rank, group = ranks_within_impression(keys[order])
         return cls(order, rank, group)
 
 

@@ -59,10 +59,10 @@ def encode_and_bound(
                                              rng, uniforms=None if uniforms is None else uniforms[rows])
     if conversions.has_lookback:  # Alg. 1 over the impression's life: earlier rows at what they really cost
         low, high = lifetime_norms(conversions, params, contributions, history, uniforms)
-        kept = bound_contributions(conversions.impression_id, conversions.conversion_time, low,
+        kept = bound_contributions(conversions.impression_sort_keys(), conversions.conversion_time, low,
                                    params.contribution_budget, tie_breaker=keys, upper_norms=high)
     else:
-        kept = bound_contributions(conversions.impression_id, conversions.conversion_time, contributions,
+        kept = bound_contributions(conversions.impression_sort_keys(), conversions.conversion_time, contributions,
                                    params.contribution_budget, tie_breaker=keys)
     return contributions, kept
 
@@ -155,7 +155,7 @@ def measure(
     slice_idx = histogram_rows(conversions, params, domain)
     period = conversions.period_mask()
     sums = domain_sums(slice_idx, contributions, kept, histogram_height(params, domain),
-                       impressions=len(np.unique(conversions.impression_id[period])), in_period=period)
+                       impressions=len(pd.unique(conversions.impression_sort_keys()[period])), in_period=period)
     release = release_step(sums, ValidationCounts(int(period.sum())), params, domain, simulation_seed=simulation_seed,
                            lookback_counts=ValidationCounts(sums.lookback_rows), rng=noise_rng)
     return Measurement(release, sums.histogram, kept, (slice_idx >= 0) & (slice_idx < domain.num_slices))
@@ -175,7 +175,7 @@ def shard_sums(conversions: Conversions, params: Params, domain: KeyDomain, simu
     contributions, kept = encode_and_bound(conversions, params, simulation_seed, history=history)
     period = conversions.period_mask()
     sums = domain_sums(histogram_rows(conversions, params, domain), contributions, kept, histogram_height(params, domain),
-                       impressions=len(pd.unique(conversions.impression_id[period])), in_period=period,
+                       impressions=len(pd.unique(conversions.impression_sort_keys()[period])), in_period=period,
                        rows_before_lookback=rows_before_coverage(conversions, coverage_start_us))
     if conversions.in_period is not None:
         sums = dataclasses.replace(sums, lookback_rows=lookback_rows)

@@ -56,7 +56,7 @@ def impression_slice_conflicts(records: pa.Table | Conversions, impression_slice
     rows = np.flatnonzero(suspect[impression])
     sub = (Conversions.from_table(table.take(pa.array(rows)), slice_columns, value_columns) if table is not None
            else cast(Conversions, records).take(rows))
-    order, sorted_impressions = sort_by_impression(sub.impression_id, sub.conversion_time, sub.record_keys())
+    order, sorted_impressions = sort_by_impression(sub.impression_sort_keys(), sub.conversion_time, sub.record_keys())
     rank, group = ranks_within_impression(sorted_impressions)
     first_row = order[rank == 0][group]  # for each sorted position: the first row of its impression
     differs = np.zeros(len(rows), dtype=bool)

@@ -495,9 +495,9 @@ def last_pseudo_day(pseudo: Conversions) -> Conversions:
     """The pseudo-history's last day as the period, its earlier rows of the same impressions as lookback."""
     last = int(np.floor_divide(int(pseudo.conversion_time.max()), DAY_US))
     period = np.floor_divide(pseudo.conversion_time, DAY_US) == last
-    ids = np.unique(pseudo.impression_id[period])
-    rows = np.flatnonzero(period | np.isin(pseudo.impression_id, ids))
-    return dataclasses.replace(pseudo.take(rows), in_period=period[rows])
+    keys = pseudo.impression_sort_keys()  # integers equal where the ids are: np.isin on objects is quadratic
+    rows = np.flatnonzero(period | np.isin(keys, np.unique(keys[period])))
+    return pseudo.take(rows).with_in_period(period[rows])
 
 
 def _domain_keys(domain: KeyDomain) -> list[tuple[Any, ...]]:

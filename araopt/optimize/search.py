@@ -120,11 +120,26 @@ class _QueryModel:
         i = np.clip(np.searchsorted(self.g, c, side="right") - 1, 0, len(self.g) - 2)
         return i, c - self.g[i]
 
+    def _locate_scalar(self, c: float) -> tuple[int, float]:
+        """``locate`` of one value without numpy's per-call overhead (the same comparisons and
+        subtraction, so the same floats): the search evaluates single points thousands of times."""
+        g = self.g
+        c = min(max(float(c), float(g[0])), float(g[-1]))
+        i = min(max(int(np.searchsorted(g, c, side="right")) - 1, 0), len(g) - 2)
+        return i, c - float(g[i])
+
     def bias_at(self, c: np.ndarray) -> np.ndarray:
+        if np.ndim(c) == 0:
+            j, u = self._locate_scalar(float(c))
+            return cast(np.ndarray, np.float64(self.bias[j] + self.q1[j] * u + self.q2[j] * u * u))
         i, t = self.locate(c)
         return cast(np.ndarray, self.bias[i] + self.q1[i] * t + self.q2[i] * t * t)
 
     def rho_at(self, c: np.ndarray) -> np.ndarray:
+        if np.ndim(c) == 0:
+            j, u = self._locate_scalar(float(c))
+            return cast(np.ndarray, np.float64(self.rho[j] + (self.rho[j + 1] - self.rho[j]) * u
+                                               / (self.g[j + 1] - self.g[j])))
         i, t = self.locate(c)
         h = self.g[i + 1] - self.g[i]
         return cast(np.ndarray, self.rho[i] + (self.rho[i + 1] - self.rho[i]) * t / h)
@@ -178,10 +193,19 @@ class _LinfModel:
     queries: tuple[_QueryModel, ...]
     count_term: float
     contribution_budget: int = CONTRIBUTION_BUDGET
+    _cache: dict[object, object] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    """What the search re-reads at every step and does not depend on c or alpha: the noise variance and,
+    per query, ``c_step``'s segment coefficients (computed once per model, the same floats)."""
 
     @property
     def d(self) -> int:
         return len(self.queries)
+
+    def _noise_variance(self) -> float:
+        v = self._cache.get("v")
+        if v is None:
+            v = self._cache["v"] = discrete_laplace_variance(noise_parameter(self.epsilon, self.contribution_budget))
+        return cast(float, v)
 
     def w_coeffs(self, q: int) -> tuple[np.ndarray, np.ndarray]:
         """W(c) = w0 + w1 t on every segment, so that Var term = W(c) c^2 / alpha^2."""
@@ -190,7 +214,7 @@ class _LinfModel:
         if self.kind == "relaxed":
             w0 = np.full(len(qm.g) - 1, 2.0 * C * C * qm.p / self.epsilon**2)
             return w0, np.zeros_like(w0)
-        v = discrete_laplace_variance(noise_parameter(self.epsilon, G))
+        v = self._noise_variance()
         f = (C / G) ** 2
         w0 = (v * qm.p + qm.rho[:-1] / 6.0) * f
         w1 = (np.diff(qm.rho) / 6.0 / np.diff(qm.g)) * f
@@ -205,8 +229,7 @@ class _LinfModel:
         if self.kind == "relaxed":
             w = 2.0 * C * C * qm.p / self.epsilon**2
         else:
-            v = discrete_laplace_variance(noise_parameter(self.epsilon, G))
-            w = (v * qm.p + qm.rho_at(c) / 6.0) * (C / G) ** 2
+            w = (self._noise_variance() * qm.p + qm.rho_at(c) / 6.0) * (C / G) ** 2
         return cast(np.ndarray, w * c * c)
 
     def value(self, c: np.ndarray, alpha: np.ndarray) -> float:
@@ -218,11 +241,16 @@ class _LinfModel:
     def c_step(self, q: int, alpha: float) -> tuple[float, float]:
         """Global minimiser over c of bias_q(c) + K_q(c)/alpha^2 (closed form on every segment)."""
         qm = self.queries[q]
-        g, h = qm.g[:-1], np.diff(qm.g)
-        w0, w1 = self.w_coeffs(q)
+        segments = self._cache.get(("segments", q))
+        if segments is None:
+            g, h = qm.g[:-1], np.diff(qm.g)
+            w0, w1 = self.w_coeffs(q)
+            segments = self._cache[("segments", q)] = (
+                g, h, w0, w1, w1 * g * g + 2 * w0 * g, 2 * qm.q2, 4 * w1 * g + 2 * w0, 3 * w1, np.zeros_like(h))
+        g, h, w0, w1, b0, q2x2, b1, b2, zeros = cast(tuple[np.ndarray, ...], segments)
         ia = 1.0 / alpha**2
-        a0, a1, a2 = qm.q1 + (w1 * g * g + 2 * w0 * g) * ia, 2 * qm.q2 + (4 * w1 * g + 2 * w0) * ia, 3 * w1 * ia
-        cands = [np.zeros_like(h), h]
+        a0, a1, a2 = qm.q1 + b0 * ia, q2x2 + b1 * ia, b2 * ia
+        cands = [zeros, h]
         with np.errstate(divide="ignore", invalid="ignore"):
             lin = np.where(a1 != 0, -a0 / a1, 0.0)
             disc = a1 * a1 - 4 * a2 * a0
