@@ -23,10 +23,14 @@ BENCHMARKS = ROOT / "benchmarks"
 
 # script -> the figure file its quick run writes with --figures (the manual includes the real runs' files).
 FIGURE_FILES = {"core": "core.md", "ledger": "ledger.md", "replay": "replay.md"}
+# scripts another script's quick run runs (script -> that script): the numpy reference is run by scale's measure.
+RUN_BY = {"reference_measure": "scale"}
 # script -> (quick arguments, "{tmp}" standing for the test's folder; words its output must contain).
 QUICK: dict[str, tuple[list[str], list[str]]] = {
     "ara": (["--repeat", "1", "--number", "10"], ["µs/call", "baseline", "l1-randomized"]),
     "attribution": (["--rows", "1000"], ["1000 rows: ARA measure", "Attribution measure"]),
+    "attribution_tune": (["--conversions", "2000", "--runs", "2", "--budgets", "4", "--logs", "synth-criteo"],
+                         ["== checks", "optimized <= best baseline in every cell:", "generalization <= 1.25:"]),
     "calendar_coverage": (["--per-day", "300", "--weeks", "1", "--seeds", "1", "--epsilons", "8", "--draws", "1",
                            "--variants", "with"],
                           ["[calendar] coverage of the released 95% intervals", "[marginal] test RMSRE_tau released",
@@ -56,7 +60,7 @@ QUICK: dict[str, tuple[list[str], list[str]]] = {
     "retail_log": (["--out", "{tmp}/retail", "--per-day", "100"], ["conversions over 35 days", "sale days"]),
     "scale": (["--conversions", "2000", "--days", "6", "--train-days", "3", "--commands", "optimize,measure",
                "--workdir", "{tmp}/scale"],
-              ["log: ", "optimize ", "measure ", "peak rss"]),
+              ["log: ", "optimize ", "measure ", "peak rss", "reference (numpy)", "measure / reference cpu:"]),
     "seeded_outputs": (["--keep", "{tmp}/seeded"],
                        ["measure/", "evaluate/", "store/versions/", "replay/summary.json"]),
     "spike_cli": (["--per-day", "200", "--days", "1", "--work", "{tmp}/spike"],
@@ -70,7 +74,8 @@ QUICK: dict[str, tuple[list[str], list[str]]] = {
 
 def test_every_benchmark_script_has_a_quick_run():
     scripts = {path.stem for path in BENCHMARKS.glob("*.py")}
-    assert scripts - QUICK.keys() == set(), "add a quick run to QUICK for each new script in benchmarks/"
+    assert scripts - QUICK.keys() - RUN_BY.keys() == set(), "add a quick run to QUICK for each new script in benchmarks/"
+    assert set(RUN_BY.values()) <= QUICK.keys() and RUN_BY.keys() <= scripts
     assert QUICK.keys() - scripts == set(), "QUICK names a script that is not in benchmarks/"
 
 
