@@ -157,6 +157,11 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     ci_high = np.where(pos, est + np.maximum(w_hi - mean_loss, 0.0), est + z * std)
     noise = z * se / ratio  # never narrower than the uncorrected interval's noise part (until cut at 0)
     ci_low, ci_high = np.minimum(ci_low, est - noise), np.maximum(ci_high, est + noise)
+    # never narrower than the Fieller interval of U / R: X2 above drops the ratio's uncertainty when U is at
+    # noise level, where a small, uncertain ratio makes plausible true totals far above U / r (module docstring)
+    f_low, f_high = fieller_interval(U, se, ratio, np.sqrt(var_other), z)
+    ci_low, ci_high = np.minimum(ci_low, f_low), np.maximum(ci_high, f_high)
+    std = np.maximum(std, (ci_high - ci_low) / (2.0 * z))
     if adjustment is not None and adjustment.unseen_special_weight > 0:
         # a special day unlike any in the history: the union of the intervals over its ratio band
         # (``calibration.calendar``): the interval scales by r / r' for a period ratio r'
@@ -174,6 +179,29 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
         period_blocks=int(period_blocks), retention_checksum=calibration.retention_checksum,
         calendar_note=note, calendar_applied=applied,
     )
+
+
+def fieller_interval(estimate: np.ndarray, std_error: np.ndarray, ratio: np.ndarray, ratio_sd: np.ndarray,
+                     z: float) -> tuple[np.ndarray, np.ndarray]:
+    """Fieller's confidence set of T = X / R from U ~ N(X, se^2) and r ~ N(R, s^2), independent:
+    {T : (U - T r)^2 <= z^2 (se^2 + T^2 s^2)}, i.e. a T^2 - 2 U r T + (U^2 - z^2 se^2) <= 0 with
+    a = r^2 - z^2 s^2, so
+
+        T = (U r -/+ sqrt(U^2 (r^2 - a) + a z^2 se^2)) / a.
+
+    At U = 0 it is +/- z se / sqrt(a), wider than z se / r by the ratio's uncertainty (the delta method's
+    max(U^2 - se^2, 0) s^2 term is 0 there). When the ratio is not significantly above 0 (a <= 0) the set
+    is unbounded; a retention ratio is positive with a multiplicative uncertainty there, so a is floored at
+    the square of its log-scale lower bound r exp(-z s / r), which is below r^2 - z^2 s^2 whenever
+    z s / r <= 0.9 (the floor only acts where Fieller's set would be near-unbounded)."""
+    r = np.asarray(ratio, dtype=np.float64)
+    s = np.asarray(ratio_sd, dtype=np.float64)
+    U = np.asarray(estimate, dtype=np.float64)
+    se = np.asarray(std_error, dtype=np.float64)
+    floor = (r * np.exp(-z * s / r)) ** 2
+    a = np.maximum(r * r - (z * s) ** 2, floor)
+    half = np.sqrt(np.maximum(U * U * (r * r - a), 0.0) + a * (z * se) ** 2)
+    return (U * r - half) / a, (U * r + half) / a
 
 
 _EDGES = np.concatenate([[0.0], sp_special.ndtr(np.linspace(-4.5, 4.5, 63)), [1.0]])
