@@ -159,7 +159,9 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     ci_low, ci_high = np.minimum(ci_low, est - noise), np.maximum(ci_high, est + noise)
     # never narrower than the Fieller interval of U / R: X2 above drops the ratio's uncertainty when U is at
     # noise level, where a small, uncertain ratio makes plausible true totals far above U / r (module docstring)
-    f_low, f_high = fieller_interval(U, se, ratio, np.sqrt(var_other), z)
+    ratio_sd = np.sqrt(var_other + var_sampling)
+    f_low, _ = fieller_interval(U, se, ratio, ratio_sd, z)
+    _, f_high = fieller_interval(np.maximum(U, 0.0), se, ratio, ratio_sd, z)  # X >= 0: a negative U says no less
     ci_low, ci_high = np.minimum(ci_low, f_low), np.maximum(ci_high, f_high)
     std = np.maximum(std, (ci_high - ci_low) / (2.0 * z))
     if adjustment is not None and adjustment.unseen_special_weight > 0:
