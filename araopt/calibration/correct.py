@@ -95,7 +95,9 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     marginal period variance (``calibration.calendar``); without them the period is any P blocks and
     ``calendar_note`` says the calendar was not applied. A declared special day with fewer than
     ``MIN_SPECIAL_DAYS`` special days in the history widens the interval to the union over its
-    ratio band (``CalendarAdjustment.band``).
+    ratio band (``CalendarAdjustment.band``). The interval is never narrower than Fieller's set of
+    U / R (``fieller_interval``, ``calibration.model``'s docstring): at noise level (|U| <= se) the
+    delta method's X2 = max(U^2 - se^2, 0) drops the ratio's uncertainty, Fieller's set does not.
     """
     if params is not None:
         calibration.check_params(params)
