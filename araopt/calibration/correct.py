@@ -169,8 +169,8 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     f_low, _ = fieller_interval(U, se, ratio, ratio_sd, z, linear)
     _, f_high = fieller_interval(np.maximum(U, 0.0), se, ratio, ratio_sd, z, linear)  # X >= 0: U < 0 says no less
     # only where the ratio is significantly positive (z s / r <= 0.9: Fieller's set is bounded, its floor
-    # inactive); beyond, the private calibration's s of near-empty slices (z s / r ~ 1-16 on synth-criteo)
-    # made the set span 10^5 x the truth, and the convolved interval stays
+    # inactive); beyond, the private calibration's s of near-empty slices (synth-criteo: z ratio_std_error / r 1-16)
+    # made the set ~10^3 x wider than the truth, and the convolved interval stays
     bounded = z * ratio_sd <= 0.9 * ratio
     ci_low = np.where(bounded, np.minimum(ci_low, f_low), ci_low)
     ci_high = np.where(bounded, np.maximum(ci_high, f_high), ci_high)

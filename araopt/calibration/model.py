@@ -73,7 +73,7 @@ above U / r_hat: at U = 0 (c = 0) Fieller gives +/- z se / sqrt(a), not z se / r
 not significantly above 0 (a <= 0, the set unbounded) ``fieller_interval`` floors a at
 (r_hat exp(-z s / r_hat))^2, the log-scale lower bound of a positive ratio (inactive while
 z s / r_hat <= 0.9); ``correct`` applies the set only where z s / r_hat <= 0.9: the private
-calibration's s of near-empty slices (z s / r_hat 1-16 on synth-criteo) made the floored set 10^5 x the
+calibration's s of near-empty slices (synth-criteo: z ratio_std_error / r_hat 1-16) made the set ~10^3 x the
 truth, so there the convolved interval stays (a documented gap). For U >> se and s << r_hat it is the
 delta method's interval and the convolved one above is the wider.
 
