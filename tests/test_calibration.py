@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import araopt.calibration as cb
+from araopt.calibration.correct import fieller_interval
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_mask
 from araopt.mechanism.keys import KeyDomain
@@ -282,6 +283,56 @@ def test_interval_never_narrower_than_the_noise_part(u, se, seen, period):
     assert np.all((ce.ci_low == 0) | (ce.estimate - ce.ci_low >= z * S - 1e-6 * (1 + np.abs(U))))
     assert np.all((ce.ci_high == 0) | (ce.ci_high - ce.estimate >= z * S - 1e-6 * (1 + np.abs(U))))
     np.testing.assert_array_equal(ce.capped_estimate, U)
+
+
+def _fixed_ratio(cal: cb.Calibration, ratio: float, sd: float) -> cb.Calibration:
+    """``cal`` with every slice's and the pooled ratio ``ratio`` and ratio variance ``sd``^2 from the long-run
+    term alone (no period, interaction or sampling variance): var_other = sd^2 in ``correct``."""
+    full = np.full_like(cal.ratio, ratio)
+    return dataclasses.replace(
+        cal, ratio=full, variance=np.full_like(cal.variance, sd * sd), kappa=np.zeros_like(cal.kappa),
+        pooled_ratio=np.full_like(cal.pooled_ratio, ratio), unseen_variance=np.full_like(cal.unseen_variance, sd * sd),
+        pooled_variance=np.zeros_like(cal.pooled_variance),
+        interaction_variance=np.zeros_like(cal.interaction_variance), pooled_kappa=np.zeros_like(cal.pooled_kappa),
+        period_variance=np.zeros_like(cal.period_variance))
+
+
+def test_interval_keeps_the_ratios_uncertainty_when_the_capped_estimate_is_at_noise_level():
+    """A small slice whose impressions convert many times: r_hat = 0.06 +/- 0.02, the capped estimate
+    U = 0.8 at noise level (se = 0.5). A true total of 40 (R = 0.04, one sd below r_hat; X = 1.6, 1.6 se
+    above U) is plausible, and Fieller's set (U - T r)^2 <= z^2 (se^2 + T^2 s^2) holds it. The delta
+    method with X2 = max(U^2 - se^2, 0) gives est + z sd = 13.3 + 17.7 = 31 < 40 (fixed arrays, no draws)."""
+    params, cal = fitted()
+    r, s, z = 0.06, 0.02, 1.959963984540054
+    cal = _fixed_ratio(cal, r, s)
+    U = np.array([[0.8, 0.8], [0.0, 0.0]])
+    se = np.full_like(U, 0.5)
+    est = Estimates(U, se, U - z * se, U + z * se, ("count", "value"), 0.95)
+    ce = cb.correct(est, cal, {"s": [0, 1]}, params=params, period_blocks=1)
+    np.testing.assert_allclose(ce.ratio, r)
+    # the old formula's upper bound, delta method with X2 = U^2 - se^2 (0.39): about 31
+    old_sd = math.sqrt(0.25 / r**2 + (0.64 - 0.25) * s**2 / r**4)
+    assert 0.8 / r + z * old_sd < 32.0
+    assert (ce.ci_high[0] >= 40.0).all()
+    a = r * r - (z * s) ** 2  # Fieller's roots, written out (z s / r = 0.65: the log-scale floor is inactive)
+    high = (0.8 * r + math.sqrt(0.64 * (z * s) ** 2 + a * (z * 0.5) ** 2)) / a
+    assert (ce.ci_high[0] >= high - 1e-9).all() and high > 40.0
+    # U = 0: +/- z se / sqrt(r^2 - z^2 s^2), wider than the noise part z se / r (the old interval at U = 0)
+    assert (ce.ci_high[1] >= z * 0.5 / math.sqrt(a) - 1e-9).all()
+    assert (ce.ci_high[1] > 1.3 * z * 0.5 / r).all()
+    assert (ce.std_error[1] >= (z * 0.5 / math.sqrt(a)) / z - 1e-9).all()
+
+
+def test_fieller_interval_is_floored_where_the_ratio_is_not_significant():
+    """z s / r >= 1: Fieller's set is unbounded; the denominator is the log-scale lower bound r exp(-z s / r)."""
+    z = 1.959963984540054
+    low, high = fieller_interval(np.array([2.0]), np.array([1.0]), np.array([0.1]),
+                               np.array([0.1]), z)
+    floor = 0.1 * math.exp(-z)
+    half = math.sqrt(4.0 * (0.01 - floor**2) + floor**2 * z**2)
+    np.testing.assert_allclose(high, (0.2 + half) / floor**2)
+    np.testing.assert_allclose(low, (0.2 - half) / floor**2)
+    assert np.isfinite(high).all() and high[0] > 2.0 / 0.1
 
 
 @pytest.mark.statistical
