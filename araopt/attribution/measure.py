@@ -43,14 +43,20 @@ def browser_keys(ids: np.ndarray) -> np.ndarray:
     return pd.util.hash_array(np.asarray(ids, dtype=object)).astype(np.uint64)
 
 
+def simulated_columns(params: AttributionParams) -> tuple[str, ...]:
+    """Every column :func:`simulate_browsers` reads (the row hash's and the simulation's): a Beam shard
+    converts only these to pandas."""
+    return tuple(dict.fromkeys((IMPRESSION_ID, BROWSER_ID, CONVERSION_TIME_US, IMPRESSION_TIME_US, IMPRESSION_SITE,
+                                CONVERSION_SITE, *params.value_columns, *params.slice_columns,
+                                *params.conversion_slice_columns)))
+
+
 def draws(params: AttributionParams, rows: pd.DataFrame, simulation_seed: int | None) -> tuple[pd.DataFrame, np.ndarray]:
     """``rows`` (the columns the simulation reads) in content-hash order and their value-rounding
     uniforms (n, queries)."""
     keys = row_keys(params, rows)
     order = np.argsort(keys, kind="stable")
-    read = dict.fromkeys((IMPRESSION_ID, BROWSER_ID, CONVERSION_TIME_US, IMPRESSION_TIME_US, IMPRESSION_SITE,
-                          CONVERSION_SITE, *params.value_columns, *params.slice_columns, *params.conversion_slice_columns))
-    rows, keys = rows[[c for c in read if c in rows]].take(order).reset_index(drop=True), keys[order]
+    rows, keys = rows[[c for c in simulated_columns(params) if c in rows]].take(order).reset_index(drop=True), keys[order]
     if simulation_seed is None:
         return rows, secure_generator().random((len(rows), len(params.queries)))
     Simulation(simulation_seed)  # validates the seed
