@@ -56,7 +56,10 @@ def draws(params: AttributionParams, rows: pd.DataFrame, simulation_seed: int | 
     uniforms (n, queries)."""
     keys = row_keys(params, rows)
     order = np.argsort(keys, kind="stable")
-    rows, keys = rows[[c for c in simulated_columns(params) if c in rows]].take(order).reset_index(drop=True), keys[order]
+    read = [c for c in simulated_columns(params) if c in rows]
+    if list(rows.columns) != read:  # (a shard's frame already holds just these: no copy then)
+        rows = rows[read]
+    rows, keys = rows.take(order).reset_index(drop=True), keys[order]
     if simulation_seed is None:
         return rows, secure_generator().random((len(rows), len(params.queries)))
     Simulation(simulation_seed)  # validates the seed
