@@ -40,6 +40,11 @@ def row_keys(params: AttributionParams, rows: pd.DataFrame) -> np.ndarray:
 
 
 def browser_keys(ids: np.ndarray) -> np.ndarray:
+    """A 64-bit hash per browser id: pandas' hash of the id as an object (an integer id hashes as its
+    decimal string, so integer ids take that path directly, without pandas' object factorization)."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu":
+        return pd.util.hash_array(ids.astype(str).astype(object), categorize=False).astype(np.uint64)
     return pd.util.hash_array(np.asarray(ids, dtype=object)).astype(np.uint64)
 
 
