@@ -94,3 +94,17 @@ def test_epoch_start_draws_are_whole_seconds_of_the_epoch(epoch_days):
         starts = epoch_starts(plan, BrowserConfig(epoch_days=epoch_days), seed)
         assert len(starts) == len(log) and ((starts >= 0) & (starts < 1)).all()
         assert (starts * period == np.floor(starts * period)).all()
+
+
+def test_browser_keys_of_integer_ids_equal_pandas_object_hash() -> None:
+    """The epoch-start draws are keyed by pandas' hash of each browser id as an object; the integer
+    fast path must give the same 64 bits (extremes, negatives, unsigned), or every seeded run moves."""
+    from araopt.attribution.measure import browser_keys
+
+    signed = np.array([0, 1, -1, 7, 2**63 - 1, -2**63, 123_456_789_012], dtype=np.int64)
+    unsigned = np.array([0, 1, 2**64 - 1, 2**63], dtype=np.uint64)
+    for ids in (signed, unsigned, signed.astype(np.int32)):
+        expected = pd.util.hash_array(np.asarray(ids, dtype=object)).astype(np.uint64)
+        assert browser_keys(ids).tolist() == expected.tolist()
+    strings = np.array(["b1", "b2", "b1"], dtype=object)
+    assert browser_keys(strings).tolist() == pd.util.hash_array(strings).astype(np.uint64).tolist()

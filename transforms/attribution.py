@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from araopt.attribution.calibrate import Retention, published_frame
-from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers
+from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers, simulated_columns
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate
 from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
@@ -55,6 +55,8 @@ class _SimulateShard(beam.DoFn):
 
     def process(self, item: tuple[int, pa.Table], domain: KeyDomain) -> Iterator[BrowserSums]:
         _, table = item
+        present = set(table.column_names)  # only what the simulation reads: the others' conversion costs ~10%
+        table = table.select([c for c in simulated_columns(self._params) if c in present])
         rows = shard_frame(table, (*self._params.slice_columns, *self._params.conversion_slice_columns))
         sums, _ = simulate_browsers(self._params, rows, domain, task_domain=self._task_domain,
                                     simulation_seed=self._seed)

@@ -132,7 +132,7 @@ def schedule(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, u
     by_imp = np.argsort(imp_key, kind="stable")
     by_row = np.argsort(row_key, kind="stable")
     imp_key, row_key, row_in_order = imp_key[by_imp], row_key[by_row], rows_in[by_row]
-    calls = sent[row_in_order] > 0  # (m, queries), rows in event order
+    calls = (sent > 0)[row_in_order]  # (m, queries), rows in event order (compare, then gather bytes)
     call_pos, call_q = np.nonzero(calls)
     calls_before = np.concatenate([[0], np.cumsum(calls.sum(axis=1))])
     imp_at = np.arange(len(by_imp)) + calls_before[np.searchsorted(row_key, imp_key, side="left")]

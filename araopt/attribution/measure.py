@@ -40,7 +40,20 @@ def row_keys(params: AttributionParams, rows: pd.DataFrame) -> np.ndarray:
 
 
 def browser_keys(ids: np.ndarray) -> np.ndarray:
+    """A 64-bit hash per browser id: pandas' hash of the id as an object (an integer id hashes as its
+    decimal string, so integer ids take that path directly, without pandas' object factorization)."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu":
+        return pd.util.hash_array(ids.astype(str).astype(object), categorize=False).astype(np.uint64)
     return pd.util.hash_array(np.asarray(ids, dtype=object)).astype(np.uint64)
+
+
+def simulated_columns(params: AttributionParams) -> tuple[str, ...]:
+    """Every column :func:`simulate_browsers` reads (the row hash's and the simulation's): a Beam shard
+    converts only these to pandas."""
+    return tuple(dict.fromkeys((IMPRESSION_ID, BROWSER_ID, CONVERSION_TIME_US, IMPRESSION_TIME_US, IMPRESSION_SITE,
+                                CONVERSION_SITE, *params.value_columns, *params.slice_columns,
+                                *params.conversion_slice_columns)))
 
 
 def draws(params: AttributionParams, rows: pd.DataFrame, simulation_seed: int | None) -> tuple[pd.DataFrame, np.ndarray]:
@@ -48,9 +61,10 @@ def draws(params: AttributionParams, rows: pd.DataFrame, simulation_seed: int | 
     uniforms (n, queries)."""
     keys = row_keys(params, rows)
     order = np.argsort(keys, kind="stable")
-    read = dict.fromkeys((IMPRESSION_ID, BROWSER_ID, CONVERSION_TIME_US, IMPRESSION_TIME_US, IMPRESSION_SITE,
-                          CONVERSION_SITE, *params.value_columns, *params.slice_columns, *params.conversion_slice_columns))
-    rows, keys = rows[[c for c in read if c in rows]].take(order).reset_index(drop=True), keys[order]
+    read = [c for c in simulated_columns(params) if c in rows]
+    if list(rows.columns) != read:  # (a shard's frame already holds just these: no copy then)
+        rows = rows[read]
+    rows, keys = rows.take(order).reset_index(drop=True), keys[order]
     if simulation_seed is None:
         return rows, secure_generator().random((len(rows), len(params.queries)))
     Simulation(simulation_seed)  # validates the seed

@@ -86,7 +86,7 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
     draw on [0, 1) of the epoch start."""
     m = plan.kind == 1
     b, r, q, now, imp_t = plan.browser[m], plan.row[m], plan.query[m], plan.time_ms[m], plan.impression_time_ms[m]
-    value = plan.sent[r, q]
+    value = np.ravel(plan.sent)[r * plan.sent.shape[1] + q]  # = plan.sent[r, q], one flat gather (several x faster)
     draws = np.asarray(epoch_starts, dtype=np.float64)
     if draws.shape != (len(plan.browsers),) or (len(draws) and not ((draws >= 0) & (draws < 1)).all()):
         raise InvalidInput("epoch_starts must hold one draw on [0, 1) per browser")
