@@ -61,12 +61,10 @@ from .inputs import LoadedParams, load_params, read_domain
 from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
 from .partitions import files_in_days, partition_day, partition_days, partition_root, rows_outside_days
 from .runner import (
-    check_workers_can_write,
     dry_run_sentence,
     is_local_runner,
     is_remote,
-    make_runner,
-    pipeline_options,
+    measure_job,
     run_pipeline,
     runner_name,
     spill_folder,
@@ -269,13 +267,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     version, epsilon_note = release_epsilon(loaded.version, args.epsilon, args.override_epsilon,
                                             str(loaded.source.get("path")))
     params = version.params
-    if not 0.0 <= args.max_rejected_fraction <= 1.0:
-        raise InvalidParameters(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
-    if args.num_shards is not None and args.num_shards < 1:
-        raise InvalidParameters(f"--num-shards must be >= 1, got {args.num_shards}")
-    opts = pipeline_options(beam_args)
-    check_workers_can_write(opts, args.output, "--output")
-    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
+    opts, pipeline = measure_job(args, beam_args)  # Beam checks its options here: before any work
     inputs = check_input(args.input, params.slice_columns, params.query_columns)
     lookback = load_lookback(args.lookback, params, inputs, args.lookback_days)
     days, days_note = release_days(inputs)  # a malformed partition date is refused here, before any work

@@ -52,11 +52,9 @@ from transforms.validate import ReadAndValidate
 from .inputs import LoadedParams, read_domain
 from .ledger import RELEASE_FILES, Ledger, LedgerRefusal, ledger_root
 from .runner import (
-    check_workers_can_write,
     dry_run_sentence,
     is_local_runner,
-    make_runner,
-    pipeline_options,
+    measure_job,
     run_pipeline,
     runner_name,
     spill_folder,
@@ -235,13 +233,7 @@ def run_attribution(args: argparse.Namespace, beam_args: list[str], loaded: Load
         raise InvalidParameters(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if not simulation and args.debug_run:
         raise PrivacyRefusal("--debug-run writes unnoised sums: it needs --simulation-seed (a simulation)")
-    if not 0.0 <= args.max_rejected_fraction <= 1.0:
-        raise InvalidParameters(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
-    if args.num_shards is not None and args.num_shards < 1:
-        raise InvalidParameters(f"--num-shards must be >= 1, got {args.num_shards}")
-    opts = pipeline_options(beam_args)
-    check_workers_can_write(opts, args.output, "--output")
-    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+    opts, pipeline = measure_job(args, beam_args)
     inputs = check_input(args.input, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns)
     attribution_columns(inputs)
     domain, origin = resolve_layout(args, version, params, inputs)

@@ -40,6 +40,20 @@ def pipeline_options(beam_args: Sequence[str]) -> PipelineOptions:
     return opts
 
 
+def measure_job(args: Any, beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
+    """``measure``'s job, for either API: its shared option checks (rejected share, shards, a writable
+    output), then the pipeline; Beam checks its options when the pipeline is made, before any work."""
+    import apache_beam as beam
+
+    if not 0.0 <= args.max_rejected_fraction <= 1.0:
+        raise InvalidParameters(f"--max-rejected-fraction must lie in [0, 1], got {args.max_rejected_fraction}")
+    if args.num_shards is not None and args.num_shards < 1:
+        raise InvalidParameters(f"--num-shards must be >= 1, got {args.num_shards}")
+    opts = pipeline_options(beam_args)
+    check_workers_can_write(opts, args.output, "--output")
+    return opts, beam.Pipeline(runner=make_runner(opts), options=opts)
+
+
 def is_local_runner(opts: PipelineOptions) -> bool:
     """A runner whose workers are this machine (ours or one of Beam's local runners), as opposed to
     one with remote workers (Dataflow)."""
