@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.attribution.calibrate import Retention, estimates_of
+from araopt.attribution.lifetime import CHARGED, ChargedWindow
 from araopt.attribution.params import AttributionParams
 from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal, Unsupported
 from araopt.io import jsonio, outputs
@@ -193,18 +194,23 @@ def attribution_params(version: ParameterVersion) -> AttributionParams:
 def _recorder(ledger: Ledger, folder: RunFolder, version: ParameterVersion, summary: dict[str, Any],
               private: dict[str, Any]) -> Callable[[], Callable[[], None] | None]:
     """At commit (exclusive): refuse conversions released before (the ledger's rule, as ARA's releases)
-    and record this release's; returns the undo if the commit then fails."""
+    and a release charging an epoch an earlier attribution release charged (``araopt.attribution.lifetime``:
+    each release simulates fresh budgets), and record this release's; returns the undo if the commit
+    then fails."""
     parts = [RowSetPart.from_arrow_bytes(b) for b in folder.read_all(ROW_IDS)]
     rows, coarse = RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts)
+    window = summary.get(CHARGED)
+    charged = None if window is None else ChargedWindow.from_json(window)  # no epoch charged twice over releases
 
     def record() -> Callable[[], None] | None:
         entry = {"output": folder.target, "staging": folder.staging, "params_sha256": version.checksum(),
                  "api": Api.ATTRIBUTION.value, "epsilon": version.params.epsilon, "mechanism": version.to_json(),
-                 RELEASE_FILES: folder.release_digests()}
+                 CHARGED: window, RELEASE_FILES: folder.release_digests()}
         entry_id = uuid.uuid4().hex
         folder.mark_pending(ledger.store.uri, entry_id)
         try:
-            recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry, entry_id=entry_id, coarse=coarse)
+            recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), entry, entry_id=entry_id, coarse=coarse,
+                                               charged=charged)
         except BaseException:
             if ledger.rollback_entry(entry_id):
                 folder.clear_pending()

@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from araopt.attribution.calibrate import Retention, published_frame
+from araopt.attribution.lifetime import CHARGED
 from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers, simulated_columns
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate
@@ -115,13 +116,16 @@ class AttributionRelease:
         return pd.concat(frames, ignore_index=True)
 
     def accounting(self) -> dict[str, Any]:
-        """OPERATOR-PRIVATE exact counts; rows read = kept + outside the layout + rejected."""
+        """OPERATOR-PRIVATE exact counts; rows read = kept + outside the layout + rejected; ``CHARGED``:
+        the impression times whose epochs the accepted reports charged (``araopt.attribution.lifetime``)."""
         c, s = self.counts, self.sums
+        charged = s.charged_window(self.params.epoch_days)
         return {"rows_read": c.rows_read, "rows_rejected": c.rows_rejected,
                 "rows_rejected_by_reason": dict(c.rejected_by_reason), "conversions_kept": s.rows - s.rows_outside_domain,
                 "conversions_outside_domain": s.rows_outside_domain, "browsers": s.browsers,
                 "histogram_size": self.domain.num_slices,
                 "reports": s.reports, "reports_matched": s.reports_matched, "reports_refused_for_budget": s.reports_refused,
+                CHARGED: None if charged is None else charged.to_json(),
                 "accounting_closes": c.rows_read - c.rows_rejected == s.rows}
 
 

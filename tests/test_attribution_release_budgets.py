@@ -1,0 +1,151 @@
+"""A W3C Attribution privacy unit (browser x conversion site x epoch) over several releases: each
+release simulates fresh browsers (full budgets, a new epoch start), so two releases whose reports use
+the same impressions would each spend a whole per-site budget on the same epoch. The ledger refuses
+a release whose charged impressions lie within one epoch of an earlier attribution release's
+(``araopt.attribution.lifetime``), unless ``--allow-rerelease`` (recorded)."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from araopt.attribution.lifetime import ChargedWindow
+from araopt.attribution.measure import measure
+from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
+from araopt.errors import InvalidInput
+from araopt.mechanism.keys import DECLARED, KeyDomain
+from araopt.version import ParameterVersion
+from pipelines.cli import main
+from w3c import log_parquet
+
+HOUR_US = 3_600_000_000
+DAY_US = 24 * HOUR_US
+T0 = 1_767_225_600_000_000  # 2026-01-01
+QUERIES = (AttributionQuery(COUNT, None), AttributionQuery("value", "value", max_value=255, clip=20.0))
+
+
+def _params() -> AttributionParams:
+    return AttributionParams.from_paper(1.0, 2, {COUNT: 0.3, "value": 0.7}, QUERIES, ("campaign",))
+
+
+def _log(shown_us: int, first_conversion_us: int, browsers: int = 30, conversions: int = 24, seed: int = 0):
+    """Each browser: one impression at ``shown_us`` (id ``1000 seed + browser``), then ``conversions``
+    conversions an hour apart, each at a random second of the hour after (drawn by the conversion
+    time: another day's conversions of the impression share a coarse identity only by chance)."""
+    rng = np.random.default_rng(first_conversion_us)
+    rows = [{"browser_id": b, "impression_id": 1000 * seed + b, "campaign": b % 2, "value": 20.0,
+             "impression_time_us": shown_us,
+             "conversion_time_us": first_conversion_us + h * HOUR_US + int(rng.integers(0, 3_000_000_000))}
+            for b in range(browsers) for h in range(conversions)]
+    return pd.DataFrame(rows)
+
+
+def _version(tmp_path) -> str:
+    params = _params()
+    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])},
+                                         params.query_names).with_origin(DECLARED)
+    path = tmp_path / "v.json"
+    ParameterVersion.for_attribution(params, domain=domain).save(path)
+    return str(path)
+
+
+def _release(tmp_path, name, log, version, extra=()):
+    return main(["measure", "--input", log_parquet(log, tmp_path / f"{name}.parquet"), "--params", version,
+                 "--output", str(tmp_path / name), "--ledger", str(tmp_path / "ledger"), "--no-progress", *extra])
+
+
+def _ledger(tmp_path) -> list[dict]:
+    return json.load(open(tmp_path / "ledger" / "ledger" / "index.json"))["releases"]
+
+
+def test_a_second_release_of_the_same_impressions_is_refused(tmp_path, capsys):
+    """Day 1 and day 2 of the same impressions (new conversions: the row ledger sees nothing twice):
+    released one after the other each spent a whole budget on the impression's epoch (the whole life
+    simulated at once keeps half of what the two releases keep). The second is refused, nothing is
+    released, and the ledger holds the first only."""
+    version = _version(tmp_path)
+    day1 = _log(T0 + 5 * HOUR_US, T0 + 6 * HOUR_US)
+    day2 = _log(T0 + 5 * HOUR_US, T0 + 30 * HOUR_US)
+    params = _params()
+    domain = ParameterVersion.load(version).domain
+    apart = sum(int(measure(params, d, domain).reports.accepted.sum()) for d in (day1, day2))
+    together = int(measure(params, pd.concat([day1, day2], ignore_index=True), domain).reports.accepted.sum())
+    assert apart == 2 * together  # what two budget-blind releases would keep
+    assert _release(tmp_path, "day1", day1, version) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert _release(tmp_path, "day2", day2, version) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("araopt measure: error:") and "epoch" in err and "budget" in err
+    assert not (tmp_path / "day2").exists() and len(_ledger(tmp_path)) == 1
+
+
+def test_releases_an_epoch_apart_are_both_made(tmp_path, capsys):
+    """Impressions more than an epoch (7 days) apart share no epoch under any epoch start: both made,
+    each recording the impression times its accepted reports charged."""
+    version = _version(tmp_path)
+    assert _release(tmp_path, "first", _log(T0, T0 + HOUR_US, seed=1), version) == 0, capsys.readouterr().err
+    later = T0 + 8 * DAY_US
+    assert _release(tmp_path, "later", _log(later, later + HOUR_US, seed=2), version) == 0, capsys.readouterr().err
+    first, second = _ledger(tmp_path)
+    assert first["charged_impressions"]["first_us"] == T0  # (to the ms: the simulation's event times)
+    assert second["charged_impressions"]["first_us"] == later and second["epochs_shared_with"] == []
+
+
+def test_allow_rerelease_makes_it_and_records_the_shared_epochs(tmp_path, capsys):
+    version = _version(tmp_path)
+    assert _release(tmp_path, "day1", _log(T0, T0 + HOUR_US), version) == 0, capsys.readouterr().err
+    day2 = _log(T0, T0 + DAY_US + HOUR_US)
+    assert _release(tmp_path, "day2", day2, version, ("--allow-rerelease",)) == 0, capsys.readouterr().err
+    first, second = _ledger(tmp_path)
+    assert second["epochs_shared_with"] == [first["id"]]
+
+
+# ---- the rule ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gap_us, shares", [(7 * DAY_US, False), (7 * DAY_US - 1, True), (0, True),
+                                            (-3 * DAY_US, True)])
+def test_two_windows_share_an_epoch_iff_less_than_an_epoch_apart(gap_us, shares):
+    """Two impression times less than an epoch apart lie in one epoch under some epoch start; an
+    epoch or more apart, under none. Either order."""
+    a = ChargedWindow(T0, T0 + DAY_US, 7 * DAY_US)
+    b = ChargedWindow(T0 + DAY_US + gap_us, T0 + 2 * DAY_US + gap_us, 7 * DAY_US)
+    assert a.shares_epochs_with(b) is shares and b.shares_epochs_with(a) is shares
+
+
+def test_the_longer_epoch_decides():
+    a = ChargedWindow(T0, T0, 7 * DAY_US)
+    b = ChargedWindow(T0 + 10 * DAY_US, T0 + 10 * DAY_US, 14 * DAY_US)
+    assert a.shares_epochs_with(b) and b.shares_epochs_with(a)
+
+
+def test_a_window_is_checked():
+    with pytest.raises(InvalidInput):
+        ChargedWindow(T0 + 1, T0, 7 * DAY_US)
+    with pytest.raises(InvalidInput):
+        ChargedWindow(T0, T0, 0)
+    assert ChargedWindow.from_json(ChargedWindow(T0, T0 + 5, DAY_US).to_json()) == ChargedWindow(T0, T0 + 5, DAY_US)
+
+
+def test_an_entry_without_its_window_charged_what_its_conversions_could_use():
+    """A ledger entry recorded before the windows were kept: every impression within its lookback
+    (30 days) before its conversions; an ARA release charges no attribution budget."""
+    from pipelines.ledger import shares_epochs
+
+    mechanism = ParameterVersion.for_attribution(_params()).to_json()
+    old = {"id": "e1", "api": "attribution", "mechanism": mechanism, "first_time_us": T0, "last_time_us": T0 + DAY_US}
+    week = 7 * DAY_US
+    assert shares_epochs(old, ChargedWindow(T0 - 36 * DAY_US, T0 - 36 * DAY_US, week))  # 30 + 6 days before
+    assert not shares_epochs(old, ChargedWindow(T0 - 37 * DAY_US, T0 - 37 * DAY_US, week))
+    assert not shares_epochs({**old, "charged_impressions": None}, ChargedWindow(T0, T0, week))
+    assert not shares_epochs({**old, "api": "ara"}, ChargedWindow(T0, T0, week))
+
+
+def test_shards_charged_windows_merge_to_the_first_and_last():
+    from araopt.attribution.measure import BrowserSums
+
+    sums = {(COUNT, 0): np.zeros(2, dtype=np.int64)}
+    parts = [BrowserSums(sums, charged_first_ms=5, charged_last_ms=9), BrowserSums(sums),
+             BrowserSums(sums, charged_first_ms=2, charged_last_ms=7)]
+    merged = BrowserSums.merge(parts)
+    assert (merged.charged_first_ms, merged.charged_last_ms) == (2, 9)
+    assert merged.charged_window(7) == ChargedWindow(2000, 9000, 7 * DAY_US)
+    assert BrowserSums.merge([BrowserSums(sums)]).charged_window(7) is None
