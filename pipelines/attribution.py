@@ -32,6 +32,7 @@ import pandas as pd
 from araopt.attribution.encoder import DEFAULT_CONVERSION_SITE, DEFAULT_IMPRESSION_SITE, browser_config
 from araopt.attribution.measure import export_cases
 from araopt.attribution.params import PARAMS_FORMAT, AttributionParams
+from araopt.attribution.reconstruct import layout_frame
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import ATTRIBUTION_COLUMNS, IMPRESSION_TIME, IMPRESSION_TIME_US, ValidationCounts
@@ -171,9 +172,8 @@ def _export(args: argparse.Namespace) -> int:
         out = lambda name: os.path.join(folder.staging, name)  # noqa: E731
         with open(out(CALLS_JSON), "w", encoding="utf-8") as fh:
             fh.write(jsonio.dumps(calls_json(params, domain), indent=1))
-        layout = pd.DataFrame({"histogram_index": range(domain.num_slices), **domain.slice_values()})
         with open(out(LAYOUT_CSV), "wb") as fh:
-            fh.write(outputs.csv_bytes(layout))
+            fh.write(outputs.csv_bytes(layout_frame(domain)))
         reports = 0
         if cases is not None:
             os.makedirs(out(outputs.PRIVATE_DIR))

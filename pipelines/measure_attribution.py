@@ -35,6 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 from araopt.attribution.calibrate import Retention, estimates_of
 from araopt.attribution.lifetime import CHARGED, ChargedWindow
 from araopt.attribution.params import AttributionParams
+from araopt.attribution.reconstruct import layout_frame
 from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal, Unsupported
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import IMPRESSION_TIME, check_attribution_schema, type_family
@@ -127,10 +128,7 @@ class _WriteRelease(beam.DoFn):
         self._put(name(outputs.ESTIMATES_PARQUET), buf.getvalue())
         self._put(name(outputs.ESTIMATES_CSV), outputs.csv_bytes(frame))
         self._put(name(outputs.KEY_MAP_JSON), jsonio.dumps(rel.domain.to_json(self._sha), indent=1).encode())
-        import pandas as pd
-
-        layout = pd.DataFrame({"histogram_index": range(rel.domain.num_slices), **rel.domain.slice_values()})
-        self._put(name(HISTOGRAM_LAYOUT_CSV), outputs.csv_bytes(layout))
+        self._put(name(HISTOGRAM_LAYOUT_CSV), outputs.csv_bytes(layout_frame(rel.domain)))
         self._put(name(outputs.RELEASE_JSON), jsonio.dumps(release_json(rel, self._sha, self._retention),
                                                             indent=1).encode())
         if self._debug:

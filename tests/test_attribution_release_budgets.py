@@ -149,3 +149,60 @@ def test_shards_charged_windows_merge_to_the_first_and_last():
     assert (merged.charged_first_ms, merged.charged_last_ms) == (2, 9)
     assert merged.charged_window(7) == ChargedWindow(2000, 9000, 7 * DAY_US)
     assert BrowserSums.merge([BrowserSums(sums)]).charged_window(7) is None
+
+
+# ---- a data-derived layout stays data-derived in araopt's own CSV files --------------------------
+def _nodomain_version(tmp_path) -> str:
+    path = tmp_path / "nodomain.json"
+    ParameterVersion.for_attribution(_params()).save(path)
+    return str(path)
+
+
+def test_a_simulations_data_derived_layout_csv_is_refused_as_a_release_domain(tmp_path, capsys):
+    """A simulation without a declared layout derives it from the data and writes it twice, as
+    SIMULATION-key_map.json (origin ``data``: refused as --domain) and as
+    SIMULATION-histogram_layout.csv: the CSV must not turn it into a declared layout either."""
+    log = _log(T0, T0 + HOUR_US)
+    version = _nodomain_version(tmp_path)
+    sim = tmp_path / "sim"
+    assert main(["measure", "--input", log_parquet(log, tmp_path / "log.parquet"), "--params", version, "--output",
+                 str(sim), "--simulation-seed", "3", "--no-progress"]) == 0, capsys.readouterr().err
+    for name in ("SIMULATION-histogram_layout.csv", "SIMULATION-key_map.json"):
+        capsys.readouterr()
+        assert _release(tmp_path, "rel", log, version, ("--domain", str(sim / "simulation" / name))) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "derived from the data" in err and not (tmp_path / "rel").exists(), name
+
+
+def test_export_attributions_layout_of_a_log_is_refused_as_a_release_domain(tmp_path, capsys):
+    """``export-attribution --conversions LOG`` without --domain lists the log's slices: as --domain of a
+    release it is a data-derived layout (refused outside simulation), while the same export over a
+    declared --domain stays declared."""
+    log = _log(T0, T0 + HOUR_US)
+    (tmp_path / "p.json").write_text(json.dumps(_params().to_json()))
+    path = log_parquet(log, tmp_path / "log.parquet")
+    assert main(["export-attribution", "--params", str(tmp_path / "p.json"), "--output", str(tmp_path / "exp"),
+                 "--conversions", path, "--simulation-seed", "1"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    version = _nodomain_version(tmp_path)
+    assert _release(tmp_path, "rel", log, version, ("--domain", str(tmp_path / "exp" / "histogram_layout.csv"))) == 2
+    assert "derived from the data" in capsys.readouterr().err and not (tmp_path / "rel").exists()
+    (tmp_path / "slices.csv").write_text("campaign\n0\n1\n")
+    assert main(["export-attribution", "--params", str(tmp_path / "p.json"), "--output", str(tmp_path / "dec"),
+                 "--domain", str(tmp_path / "slices.csv")]) == 0, capsys.readouterr().err
+    assert _release(tmp_path, "rel", log, version, ("--domain", str(tmp_path / "dec" / "histogram_layout.csv"))) == 0, \
+        capsys.readouterr().err
+
+
+def test_a_layout_lists_one_known_origin():
+    from araopt.mechanism.keys import domain_from_rows
+
+    rows = pd.DataFrame({"campaign": ["0", "1"], "origin": ["data", "declared"]})
+    with pytest.raises(InvalidInput, match="origin"):
+        domain_from_rows(rows, ("campaign",), (COUNT,), False, (), {"campaign": "integer"})
+    with pytest.raises(InvalidInput, match="origin"):
+        domain_from_rows(rows.assign(origin="made-up"), ("campaign",), (COUNT,), False, (), {"campaign": "integer"})
+    assert domain_from_rows(rows.assign(origin="data"), ("campaign",), (COUNT,), False, (),
+                            {"campaign": "integer"}).origin == "data"
+    assert domain_from_rows(rows[["campaign"]], ("campaign",), (COUNT,), False, (),
+                            {"campaign": "integer"}).origin == DECLARED
