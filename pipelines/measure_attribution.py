@@ -168,7 +168,7 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramet
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns,
         folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")], passthrough=present,
-        one_dead_letter_file=one_dead_letter_file)
+        one_dead_letter_file=one_dead_letter_file, attribution=True)
     if row_ids is not None:
         _ = read["valid"] | "ReleasedRowIds" >> WriteRowIds(row_ids)
     release = read["valid"] | "MeasureAttribution" >> MeasureAttribution(

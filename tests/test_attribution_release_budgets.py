@@ -206,3 +206,41 @@ def test_a_layout_lists_one_known_origin():
                             {"campaign": "integer"}).origin == "data"
     assert domain_from_rows(rows[["campaign"]], ("campaign",), (COUNT,), False, (),
                             {"campaign": "integer"}).origin == DECLARED
+
+
+# ---- rows the browsers cannot take: dead letter, not a failed job or a merged browser -------------
+def test_rows_without_a_browser_or_converting_before_their_impression_are_dead_lettered(tmp_path, capsys):
+    """A null browser_id (the privacy unit unknown: before, the rows of every such browser were merged
+    into one, or the job failed) and a conversion before its impression (before, the whole release
+    failed late in the job) are rejected with their reason; the rest is released."""
+    log = _log(T0, T0 + HOUR_US, browsers=10, conversions=3)
+    log["browser_id"] = log["browser_id"].astype("Int64")
+    log.loc[0, "browser_id"] = pd.NA
+    log.loc[4, "impression_time_us"] = log.loc[4, "conversion_time_us"] + 1
+    path = log_parquet(log, tmp_path / "log.parquet")
+    out = tmp_path / "out"
+    assert main(["measure", "--input", path, "--params", _version(tmp_path), "--output", str(out),
+                 "--simulation-seed", "1", "--no-progress"]) == 0, capsys.readouterr().err
+    summary = json.load(open(out / "private" / "run_summary.json"))
+    assert summary["rows_rejected_by_reason"] == {"null_browser_id": 1, "conversion_before_impression": 1}
+    assert summary["rows_read"] == len(log) and summary["conversions_kept"] == len(log) - 2
+    dead = pd.read_parquet(out / "private" / "dead_letter" / "rejected.parquet")
+    assert sorted(dead["reason"]) == ["conversion_before_impression", "null_browser_id"]
+
+
+def test_an_ara_release_ignores_the_attribution_columns_rules(tmp_path, capsys):
+    """ARA runs ignore browser_id and keep impression_time as they did (the contract's attribution
+    columns' rules are the attribution target's)."""
+    from araopt.mechanism.params import Params, QueryParams
+
+    log = _log(T0, T0 + HOUR_US, browsers=10, conversions=3)
+    log["browser_id"] = log["browser_id"].astype("Int64")
+    log.loc[0, "browser_id"] = pd.NA
+    log.loc[4, "impression_time_us"] = log.loc[4, "conversion_time_us"] + 1
+    version = tmp_path / "ara.json"
+    ParameterVersion(Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("campaign",),
+                            queries=(QueryParams("value", 20.0, 1.0),))).save(version)
+    out = tmp_path / "out"
+    assert main(["measure", "--input", log_parquet(log, tmp_path / "log.parquet"), "--params", str(version),
+                 "--output", str(out), "--simulation-seed", "1", "--no-progress"]) == 0, capsys.readouterr().err
+    assert json.load(open(out / "private" / "run_summary.json"))["rows_rejected"] == 0
