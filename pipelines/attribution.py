@@ -221,7 +221,7 @@ def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion,
     histogram layout (--key-map: measure's key_map.json; else the version's layout; else --conversions'
     slices)."""
     from araopt.attribution.calibrate import estimates_of, published_frame
-    from araopt.attribution.reconstruct import read_histograms, reconstruct_histograms
+    from araopt.attribution.reconstruct import check_noise_rates, read_histograms, reconstruct_histograms
     from araopt.io.files import atomic_write
 
     prog = "araopt reconstruct"
@@ -230,6 +230,7 @@ def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion,
         raise InvalidParameters("the parameter version carries no attribution parameters")
     if args.epsilon is not None:
         raise InvalidParameters("--epsilon does not apply to an attribution version (each query's epsilon is in it)")
+    check_noise_rates(params)  # (the intervals are the noise's)
     if args.key_map:
         domain = KeyDomain.load(args.key_map)
         params.check_domain(domain, source=f"key map {args.key_map}")

@@ -35,7 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 from araopt.attribution.calibrate import Retention, estimates_of
 from araopt.attribution.lifetime import CHARGED, ChargedWindow
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import layout_frame
+from araopt.attribution.reconstruct import check_noise_rates, layout_frame
 from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal, Unsupported
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import IMPRESSION_TIME, check_attribution_schema, type_family
@@ -186,6 +186,7 @@ def attribution_params(version: ParameterVersion) -> AttributionParams:
     if version.attribution.conversion_slice_columns:
         raise Unsupported("measure --api attribution: conversion-side slices (aggregation tasks) need a declared task "
                           "layout, not supported yet")
+    check_noise_rates(version.attribution)  # before any work, not at the job's noise step
     return version.attribution
 
 

@@ -244,3 +244,28 @@ def test_an_ara_release_ignores_the_attribution_columns_rules(tmp_path, capsys):
     assert main(["measure", "--input", log_parquet(log, tmp_path / "log.parquet"), "--params", str(version),
                  "--output", str(out), "--simulation-seed", "1", "--no-progress"]) == 0, capsys.readouterr().err
     assert json.load(open(out / "private" / "run_summary.json"))["rows_rejected"] == 0
+
+
+# ---- parameters araopt cannot run: refused in one line before any work ---------------------------
+def test_an_epoch_beyond_the_browsers_range_is_refused_with_the_parameters():
+    from araopt.errors import InvalidParameters
+
+    for field in ("epoch_days", "lookback_days"):
+        with pytest.raises(InvalidParameters, match=field):
+            AttributionParams(1.0, QUERIES[:1], ("campaign",), **{field: 2**32})
+    assert AttributionParams(1.0, QUERIES[:1], ("campaign",), epoch_days=2**32 - 1).epoch_days == 2**32 - 1
+
+
+def test_a_query_whose_noise_araopt_cannot_sample_is_refused_before_the_job(tmp_path, capsys):
+    """epsilon / (2 maxValue) below 2^-36 (here one microepsilon at maxValue 2^32 - 1): the exact
+    sampler's floor. Before, the whole job ran and failed at the noise step with ARA's wording."""
+    params = AttributionParams(1.0, (AttributionQuery(COUNT, None, 1e-6),
+                                     AttributionQuery("value", "value", 1e-6, 2**32 - 1, 20.0)), ("campaign",))
+    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])},
+                                         params.query_names).with_origin(DECLARED)
+    version = tmp_path / "tiny.json"
+    ParameterVersion.for_attribution(params, domain=domain).save(version)
+    assert _release(tmp_path, "out", _log(T0, T0 + HOUR_US), str(version)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "queries['value']" in err[0] and "2^-36" in err[0] and "while running" not in err[0]
+    assert not (tmp_path / "out").exists()
