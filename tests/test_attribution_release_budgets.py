@@ -40,10 +40,15 @@ def _log(shown_us: int, first_conversion_us: int, browsers: int = 30, conversion
     return pd.DataFrame(rows)
 
 
+def _domain(params: AttributionParams) -> KeyDomain:
+    """The declared histogram layout: campaigns 0 and 1."""
+    return KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])},
+                                       params.query_names).with_origin(DECLARED)
+
+
 def _version(tmp_path) -> str:
     params = _params()
-    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])},
-                                         params.query_names).with_origin(DECLARED)
+    domain = _domain(params)
     path = tmp_path / "v.json"
     ParameterVersion.for_attribution(params, domain=domain).save(path)
     return str(path)
@@ -261,11 +266,80 @@ def test_a_query_whose_noise_araopt_cannot_sample_is_refused_before_the_job(tmp_
     sampler's floor. Before, the whole job ran and failed at the noise step with ARA's wording."""
     params = AttributionParams(1.0, (AttributionQuery(COUNT, None, 1e-6),
                                      AttributionQuery("value", "value", 1e-6, 2**32 - 1, 20.0)), ("campaign",))
-    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])},
-                                         params.query_names).with_origin(DECLARED)
+    domain = _domain(params)
     version = tmp_path / "tiny.json"
     ParameterVersion.for_attribution(params, domain=domain).save(version)
     assert _release(tmp_path, "out", _log(T0, T0 + HOUR_US), str(version)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "queries['value']" in err[0] and "2^-36" in err[0] and "while running" not in err[0]
     assert not (tmp_path / "out").exists()
+
+
+# ---- one browser, one budget, whatever its id's spelling ------------------------------------------
+def test_a_browser_whose_id_is_spelt_two_ways_has_one_budget():
+    """The grouping step shards browsers by the canonical id hash ("007" is 7: ``araopt.io.ids``), but
+    the simulation took "7" and "007" for two browsers, each with a whole per-site budget. One
+    browser's rows under both spellings keep what they keep under one."""
+    log = _log(T0, T0 + HOUR_US, browsers=20)
+    log["browser_id"] = log["browser_id"].astype(str)
+    padded = log.copy()
+    padded.loc[padded.index % 2 == 1, "browser_id"] = padded["browser_id"].map(lambda b: b.zfill(4))
+    params = _params()
+    domain = _domain(params)
+    one = measure(params, log, domain, simulation_seed=4)
+    two = measure(params, padded, domain, simulation_seed=4)
+    assert int(two.reports.accepted.sum()) == int(one.reports.accepted.sum())
+    assert {k: v.tolist() for k, v in two.unnoised.items()} == {k: v.tolist() for k, v in one.unnoised.items()}
+
+
+def test_input_files_whose_browser_ids_differ_in_type_are_refused_before_the_job(tmp_path, capsys):
+    """int64 browser ids in one file and strings in another: one line before any work (before, the
+    job failed late merging the shards' tables)."""
+    log = _log(T0, T0 + HOUR_US, browsers=6)
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    log_parquet(log.iloc[::2], folder / "a.parquet")
+    log_parquet(log.iloc[1::2].assign(browser_id=log["browser_id"].iloc[1::2].astype(str)), folder / "b.parquet")
+    assert main(["measure", "--input", str(folder), "--params", _version(tmp_path), "--output", str(tmp_path / "o"),
+                 "--simulation-seed", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "browser_id" in err and "while running" not in err and not (tmp_path / "o").exists()
+
+
+def test_input_files_of_which_only_some_name_the_browser_are_refused(tmp_path, capsys):
+    """Files with ``browser_id`` and files without: the job used only the columns every file has, so
+    each impression became its own browser (a budget each) also where the browser was known."""
+    log = _log(T0, T0 + HOUR_US, browsers=6)
+    folder = tmp_path / "some"
+    folder.mkdir()
+    log_parquet(log.iloc[::2], folder / "a.parquet")
+    log_parquet(log.iloc[1::2].drop(columns=["browser_id"]), folder / "b.parquet")
+    assert main(["measure", "--input", str(folder), "--params", _version(tmp_path), "--output", str(tmp_path / "o"),
+                 "--simulation-seed", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "browser_id" in err and "every input file" in err and not (tmp_path / "o").exists()
+
+
+def test_a_conversion_site_spelt_as_a_host_has_the_sites_budget():
+    """The per-site budget is the registrable domain's (``araopt.attribution.sites``): "www.adv.example",
+    "ADV.example" and "https://shop.adv.example/cart" all measure on the site "adv.example" in a browser,
+    but the simulation gave each spelling a budget of its own."""
+    log = _log(T0, T0 + HOUR_US, browsers=20).assign(conversion_site="adv.example", impression_site="pub.example")
+    spelt = log.copy()
+    spellings = np.array(["adv.example", "www.adv.example", "ADV.example", "https://shop.adv.example/cart"], dtype=object)
+    spelt["conversion_site"] = spellings[np.arange(len(spelt)) % 4]
+    spelt["impression_site"] = np.array(["pub.example", "news.PUB.example"], dtype=object)[np.arange(len(spelt)) % 2]
+    params = _params()
+    domain = _domain(params)
+    one = measure(params, log, domain, simulation_seed=4)
+    many = measure(params, spelt, domain, simulation_seed=4)
+    assert int(many.reports.accepted.sum()) == int(one.reports.accepted.sum())
+
+
+def test_a_conversion_site_that_is_no_site_is_refused_in_one_line():
+    from araopt.attribution.simulate import site_codes
+
+    with pytest.raises(InvalidInput, match="conversion_site.*10.0.0.1"):
+        site_codes(np.array(["adv.example", "10.0.0.1"], dtype=object), "conversion_site")
+    codes = site_codes(np.array(["adv.example", "www.ADV.example", "pub.example"], dtype=object), "conversion_site")
+    assert codes.tolist() == [0, 0, 1]
