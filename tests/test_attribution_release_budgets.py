@@ -343,3 +343,29 @@ def test_a_conversion_site_that_is_no_site_is_refused_in_one_line():
         site_codes(np.array(["adv.example", "10.0.0.1"], dtype=object), "conversion_site")
     codes = site_codes(np.array(["adv.example", "www.ADV.example", "pub.example"], dtype=object), "conversion_site")
     assert codes.tolist() == [0, 0, 1]
+
+
+# ---- the release folder of neighbouring inputs: only the noisy numbers differ -----------------------
+def test_neighbouring_inputs_release_folders_differ_only_in_the_noisy_numbers(tmp_path, capsys):
+    """Two inputs differing in one browser, simulated with one seed (the same noise): every release
+    file but the estimates is byte-identical (key set, layout, release.json, file list), and the
+    manifest holds no time (a commit time is a timing side channel on the input's size, and made the
+    same release differ in its bytes from run to run)."""
+    log = _log(T0, T0 + HOUR_US, browsers=12)
+    version = _version(tmp_path)
+    folders = []
+    for name, frame in (("all", log), ("less", log[log["browser_id"] != 5])):
+        out = tmp_path / name
+        assert main(["measure", "--input", log_parquet(frame, tmp_path / f"{name}.parquet"), "--params", version,
+                     "--output", str(out), "--simulation-seed", "2", "--no-progress"]) == 0, capsys.readouterr().err
+        folders.append(out / "simulation")
+    noisy = {"SIMULATION-estimates.csv", "SIMULATION-estimates.parquet"}
+    names = sorted(p.name for p in folders[0].iterdir())
+    assert names == sorted(p.name for p in folders[1].iterdir())
+    for name in set(names) - noisy - {"SIMULATION-MANIFEST.json"}:
+        assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), name
+    manifests = [json.load(open(f / "SIMULATION-MANIFEST.json")) for f in folders]
+    for manifest in manifests:
+        assert "written_at" not in manifest and all("time" not in key for key in manifest)
+        manifest["files"] = [e for e in manifest["files"] if e["path"] not in noisy]
+    assert manifests[0] == manifests[1]
