@@ -117,9 +117,9 @@ class _WriteRelease(beam.DoFn):
     """The release's files into the staging folder (names and visibility: ``araopt.io.outputs``)."""
 
     def __init__(self, staging: str, params_sha256: str, simulation: bool, debug_run: bool,
-                 max_rejected_fraction: float, retention: Retention | None = None):
+                 retention: Retention | None = None):
         self._staging, self._sha, self._simulation = staging, params_sha256, simulation
-        self._debug, self._max_rejected, self._retention = debug_run, max_rejected_fraction, retention
+        self._debug, self._retention = debug_run, retention
 
     def _put(self, relative: str, data: bytes) -> None:
         with FileSystems.create(FileSystems.join(self._staging, *relative.split("/"))) as fh:
@@ -129,10 +129,6 @@ class _WriteRelease(beam.DoFn):
         if (rel.simulation_seed is not None) != self._simulation:
             raise PrivacyRefusal("a release noised with a simulation seed is written only as a simulation, and a "
                                  "simulation only with seeded noise")
-        counts = rel.counts
-        if counts.rows_read and counts.rows_rejected > self._max_rejected * counts.rows_read:
-            raise InvalidInput(f"{counts.rows_rejected:,} of {counts.rows_read:,} rows are invalid (more than "
-                               f"--max-rejected-fraction {self._max_rejected:g}): nothing released; see the dead letter")
         name = lambda n: outputs.release_file(n, self._simulation)  # noqa: E731
         frame = rel.estimates_frame(self._retention)
         buf = io.BytesIO()
@@ -184,10 +180,11 @@ def build_pipeline(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramet
     if row_ids is not None:
         _ = read["valid"] | "ReleasedRowIds" >> WriteRowIds(row_ids)
     release = read["valid"] | "MeasureAttribution" >> MeasureAttribution(
-        params, read["counts"], domain, simulation_seed, num_shards, unit_column(present), shuffle_dir)
+        params, read["counts"], domain, simulation_seed, num_shards, unit_column(present), shuffle_dir,
+        max_rejected_fraction=max_rejected_fraction)
     _ = release | "WriteRelease" >> beam.ParDo(_WriteRelease(folder.staging, version.checksum(),
                                                              simulation_seed is not None, debug_run,
-                                                             max_rejected_fraction, version.retention))
+                                                             version.retention))
     return release
 
 

@@ -369,3 +369,45 @@ def test_neighbouring_inputs_release_folders_differ_only_in_the_noisy_numbers(tm
         assert "written_at" not in manifest and all("time" not in key for key in manifest)
         manifest["files"] = [e for e in manifest["files"] if e["path"] not in noisy]
     assert manifests[0] == manifests[1]
+
+
+# ---- a graph built from transforms/ passes the release rules too -------------------------------------
+def _transform_release(log, domain, counts, seed=None):
+    import apache_beam as beam
+    import pyarrow as pa
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    from transforms.attribution import MeasureAttribution
+
+    with TestPipeline() as p:
+        counted = p | "Counts" >> beam.Create([counts])
+        _ = (p | beam.Create([pa.Table.from_pandas(log, preserve_index=False)])
+             | MeasureAttribution(_params(), counted, domain, seed, 2, "browser_id"))
+
+
+def test_a_graph_built_from_transforms_refuses_a_data_derived_layout_outside_simulation():
+    """``MeasureAttribution`` given a layout of origin ``data`` and no seed: refused at its noise step,
+    as ARA's ``NoisyRelease`` refuses (before, it released over it); a declared layout is released."""
+    from araopt.io.conversions import ValidationCounts
+
+    log = _log(T0, T0 + HOUR_US, browsers=6)
+    data = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])}, _params().query_names)
+    assert data.origin == "data"
+    with pytest.raises(Exception, match="derived from the data"):
+        _transform_release(log, data, ValidationCounts(len(log)))
+    _transform_release(log, _domain(_params()), ValidationCounts(len(log)))
+
+
+def test_a_graph_built_from_transforms_gates_the_rejected_share_and_the_accounting():
+    """At most 10% of the rows read rejected, and rows read = rejected + simulated (the release rules
+    of ``araopt.mechanism.release``), whatever path wired the graph: before, only measure's file
+    writer checked the share, and nothing the accounting."""
+    from araopt.io.conversions import ValidationCounts
+
+    log = _log(T0, T0 + HOUR_US, browsers=6)
+    n = len(log)
+    rejected = n // 5  # 1/6 of the rows read
+    with pytest.raises(Exception, match="failed validation"):
+        _transform_release(log, _domain(_params()), ValidationCounts(n + rejected, rejected, {"null_value": rejected}))
+    with pytest.raises(Exception, match="accounting"):
+        _transform_release(log, _domain(_params()), ValidationCounts(n + 1))

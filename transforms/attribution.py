@@ -22,10 +22,10 @@ import pyarrow as pa
 
 from araopt.attribution.calibrate import Retention, published_frame
 from araopt.attribution.lifetime import CHARGED
-from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers, simulated_columns
+from araopt.attribution.measure import BrowserSums, data_domain, release_step, simulate_browsers, simulated_columns
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate
-from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
+from araopt.io.conversions import BROWSER_ID, DEFAULT_MAX_REJECTED_FRACTION, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
 
@@ -130,9 +130,12 @@ class AttributionRelease:
 
 
 def release(sums: list[BrowserSums], params: AttributionParams, domain: KeyDomain, counts: ValidationCounts,
-            simulation_seed: int | None, num_tasks: int = 1, level: float = 0.95) -> AttributionRelease:
+            simulation_seed: int | None, num_tasks: int = 1, level: float = 0.95,
+            max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION) -> AttributionRelease:
+    """The merged sums through the release step (``araopt.attribution.measure.release_step``: the release
+    rules, then noise once per index and Alg. 4)."""
     merged = BrowserSums.merge([_empty_sums(params, domain, num_tasks), *sums])
-    noisy, estimates = noisy_release(params, merged.unnoised, simulation_seed, level)
+    noisy, estimates = release_step(merged, counts, params, domain, simulation_seed, level, max_rejected_fraction)
     return AttributionRelease(params, domain, noisy, estimates, merged, counts, simulation_seed)
 
 
@@ -172,12 +175,14 @@ class MeasureAttribution(beam.PTransform):
 
     def __init__(self, params: AttributionParams, counts: beam.PCollection[ValidationCounts],
                  domain: KeyDomain | None, simulation_seed: int | None, num_shards: int, unit: str,
-                 spill_dir: str | None = None, task_domain: KeyDomain | None = None):
+                 spill_dir: str | None = None, task_domain: KeyDomain | None = None,
+                 max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION):
         super().__init__()
         if domain is None and simulation_seed is None:
             data_domain(params, pd.DataFrame(), None)  # refuses: a data-derived layout only in simulation
         self._params, self._counts, self._domain, self._seed = params, counts, domain, simulation_seed
         self._num_shards, self._unit, self._spill, self._tasks = num_shards, unit, spill_dir, task_domain
+        self._max_rejected = max_rejected_fraction
 
     def expand(self, valid: beam.PCollection[pa.Table]) -> beam.PCollection[AttributionRelease]:
         params, seed = self._params, self._seed
@@ -192,4 +197,5 @@ class MeasureAttribution(beam.PTransform):
                 | "SumShards" >> beam.CombineGlobally(_MergeSums()))
         num_tasks = 1 if self._tasks is None else self._tasks.num_slices
         return sums | "Noise" >> beam.Map(release, params, beam.pvalue.AsSingleton(domain),
-                                          beam.pvalue.AsSingleton(self._counts), seed, num_tasks)
+                                          beam.pvalue.AsSingleton(self._counts), seed, num_tasks,
+                                          max_rejected_fraction=self._max_rejected)
