@@ -411,3 +411,17 @@ def test_a_graph_built_from_transforms_gates_the_rejected_share_and_the_accounti
         _transform_release(log, _domain(_params()), ValidationCounts(n + rejected, rejected, {"null_value": rejected}))
     with pytest.raises(Exception, match="accounting"):
         _transform_release(log, _domain(_params()), ValidationCounts(n + 1))
+
+
+def test_rows_with_a_null_site_are_dead_lettered(tmp_path, capsys):
+    """A null conversion_site or impression_site (the unit's site unknown) is rejected with its reason,
+    not taken for another site's budget."""
+    log = _log(T0, T0 + HOUR_US, browsers=10, conversions=3).assign(conversion_site="adv.example",
+                                                                     impression_site="pub.example")
+    log.loc[0, "conversion_site"] = None
+    log.loc[7, "impression_site"] = None
+    out = tmp_path / "out"
+    assert main(["measure", "--input", log_parquet(log, tmp_path / "log.parquet"), "--params", _version(tmp_path),
+                 "--output", str(out), "--simulation-seed", "1", "--no-progress"]) == 0, capsys.readouterr().err
+    summary = json.load(open(out / "private" / "run_summary.json"))
+    assert summary["rows_rejected_by_reason"] == {"null_site": 2}

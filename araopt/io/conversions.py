@@ -58,6 +58,7 @@ REJECT_REASONS = (
     "value_above_2pow53",
     "bad_impression_time",
     "null_browser_id",
+    "null_site",
     "conversion_before_impression",
     "impression_slice_inconsistent",
 )
@@ -224,7 +225,8 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
     original time column is dropped), ids and integer slices as int64, strings as string, values
     as float64, so that files of different widths compare equal. ``attribution``: also the W3C
     Attribution columns' rules (``schemas/conversion_log.md``; ARA runs ignore those columns): a
-    ``browser_id`` is never null (the privacy unit) and no conversion precedes its ``impression_time``."""
+    ``browser_id`` and the sites are never null (the privacy unit) and no conversion precedes its
+    ``impression_time``."""
     check_schema(table.schema, slice_columns, value_columns)
     n = table.num_rows
     reason = np.zeros(n, dtype=np.uint8)  # 0: valid, else 1 + index into REJECT_REASONS
@@ -261,6 +263,9 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
         floored = floored | imp_floored
     if attribution and BROWSER_ID in passthrough and BROWSER_ID in table.column_names:
         flag(_as_numpy(table.column(BROWSER_ID).is_null()), "null_browser_id")
+    for site in (CONVERSION_SITE, IMPRESSION_SITE):
+        if attribution and site in passthrough and site in table.column_names:
+            flag(_as_numpy(table.column(site).is_null()), "null_site")
     if attribution and len(imp_micros):
         flag(micros < imp_micros, "conversion_before_impression")
     values = []
