@@ -1,8 +1,16 @@
-"""A W3C Attribution privacy unit (browser x conversion site x epoch) over several releases: each
-release simulates fresh browsers (full budgets, a new epoch start), so two releases whose reports use
-the same impressions would each spend a whole per-site budget on the same epoch. The ledger refuses
-a release whose charged impressions lie within one epoch of an earlier attribution release's
-(``araopt.attribution.lifetime``), unless ``--allow-rerelease`` (recorded)."""
+"""Release integrity of the W3C Attribution target (red-team findings, each failing before its fix).
+
+* A privacy unit (browser x conversion site x epoch) over several releases: each release simulates
+  fresh browsers (full budgets, a new epoch start), so two releases whose reports use the same
+  impressions would each spend a whole per-site budget on the same epoch. The ledger refuses a release
+  whose charged impressions lie within one epoch of an earlier attribution release's
+  (``araopt.attribution.lifetime``), unless ``--allow-rerelease`` (recorded).
+* One unit however it is spelt (browser ids in canonical form, sites as registrable domains), input
+  files that agree on ``browser_id``, rows the browsers cannot take in the dead letter.
+* A data-derived layout stays data-derived in araopt's own CSVs; a graph wired from ``transforms/``
+  passes the release rules; parameters araopt cannot run are refused before any work; neighbouring
+  inputs' release folders differ only in the noisy numbers.
+"""
 import json
 
 import numpy as np
