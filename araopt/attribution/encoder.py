@@ -174,7 +174,7 @@ def browser_codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     browser's rows would be two browsers with a budget each."""
     codes, _ = pd.factorize(canonical_id_hash(ids))
     codes = codes.astype(np.int64)
-    _, first = np.unique(codes, return_index=True)
+    first = np.flatnonzero(codes > np.maximum.accumulate(np.concatenate([[-1], codes[:-1]])))  # a new code is the next
     return codes, np.asarray(ids)[first]
 
 
