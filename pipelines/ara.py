@@ -51,13 +51,13 @@ from araopt.io import avro, jsonio, outputs
 from araopt.io.conversions import Conversions
 from araopt.io.files import atomic_write
 from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_output_file, check_target
+from araopt.io.partitions import partition_days
 from araopt.mechanism.measure import encode_and_bound
 from araopt.mechanism.params import Params
 from araopt.publication import histogram_buckets
 from araopt.version import Api, ParameterVersion
 
 from . import options
-from .partitions import partition_days
 from .runner import localize
 from .values import parse_days_option
 

@@ -27,6 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.io import jsonio
 from araopt.io.conversions import ValidationCounts
+from araopt.io.partitions import partition_day
 from araopt.io.progress import Progress
 from araopt.nightly import (
     Guardrails,
@@ -50,7 +51,6 @@ from transforms.tuning import StatisticsAndCalibration
 from transforms.validate import ReadAndValidate
 
 from . import options
-from .partitions import partition_day
 from .private import check_mode
 from .runner import dry_run_sentence, make_runner, pipeline_options, run_pipeline, spill_folder
 from .values import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
@@ -233,11 +233,11 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     conversions (``pipelines.private``), guarded and published like any nightly version. No Beam job:
     the inputs are a few noised tables and the advertiser's conversion values."""
     from araopt.io.stores import open_store
+    from araopt.ledger.verify import ReleaseVerifier
     from araopt.mechanism.exploration import default_exploration
     from araopt.optimize.private_inputs import describe
 
     from .private import load_declared_domain, tune_privately
-    from .verified_releases import ReleaseVerifier
 
     store = open_store(args.store)
     pointer = store.read_latest_pointer()

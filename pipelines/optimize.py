@@ -134,14 +134,14 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
     with --store, the store's published versions), first-party conversions and the declared domain,
     under nightly's guardrails against the parameters of the last release learnt from."""
     from araopt.io.folders import check_output_file
+    from araopt.ledger.ledger import ledger_root
+    from araopt.ledger.verify import ReleaseVerifier
     from araopt.mechanism.exploration import default_exploration
     from araopt.nightly import Guardrails, private_problems
     from araopt.optimize.private_inputs import describe
     from araopt.version import ParameterVersion
 
-    from .ledger import ledger_root
     from .private import load_declared_domain, read_first_party, release_folders, tune_privately
-    from .verified_releases import ReleaseVerifier
 
     domain = load_declared_domain(args.domain, slices, values)
     verifier = ReleaseVerifier.open(ledger_root(args.store, args.ledger), args.store)

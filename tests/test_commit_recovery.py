@@ -19,7 +19,7 @@ from araopt.io.run_folder import RunFolder, settle_pending
 from araopt.io.stores import open_store
 from factories import domain_csv, error_line, read_json, setup
 from pipelines import measure as measure_pipeline
-from pipelines.ledger import Ledger
+from araopt.ledger.ledger import Ledger
 
 pytestmark = pytest.mark.slow
 

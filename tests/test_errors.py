@@ -27,7 +27,7 @@ from araopt.mechanism.measure import measure
 from araopt.mechanism.noise import noise_parameter
 from araopt.optimize.statistics import StatisticsSpec
 from factories import conversions, params
-from pipelines.ledger import LedgerRefusal
+from araopt.ledger.ledger import LedgerRefusal
 from pipelines.values import split_columns
 
 

@@ -360,7 +360,7 @@ def test_a_release_folder_tells_the_tuner_its_clip_thresholds(daily):
     does, or every slice's value scale stays at 1."""
     from araopt.optimize.private import FirstParty
     from pipelines.private import read_release
-    from pipelines.verified_releases import ReleaseVerifier
+    from araopt.ledger.verify import ReleaseVerifier
 
     root, _, _, _, versions = daily
     version = versions[1]  # the parameters day 2 was released with

@@ -1,6 +1,7 @@
 """Date partitions (``date=YYYY-MM-DD/``): the one reading of a partition folder's day, checked where it
-is read (a malformed or impossible date is one line, before any work), and the check that a release's
-rows fall on the days its folders name (``measure`` uses those days for the calibration's calendar).
+is read (a malformed or impossible date is one line, before any work), the days before an input's
+partitions (``measure --lookback-days``), and the check that a release's rows fall on the days its
+folders name (``measure`` uses those days for the calibration's calendar).
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import datetime as dt
 import re
 from collections.abc import Sequence
 
-from araopt.errors import InvalidInput
+from araopt.errors import InvalidInput, InvalidParameters
 
 _ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 DAY_US = 86_400_000_000
@@ -71,5 +72,25 @@ def rows_outside_days(first_us: int | None, last_us: int | None, days: Sequence[
     lo, hi = first_us // DAY_US, last_us // DAY_US
     if lo in allowed and hi in allowed:
         return None
-    name = lambda n: dt.date.fromordinal(n + epoch).isoformat()  # noqa: E731
-    return f"its rows' conversion times run from {name(lo)} to {name(hi)} (UTC)"
+    first, last = (dt.date.fromordinal(n + epoch).isoformat() for n in (lo, hi))
+    return f"its rows' conversion times run from {first} to {last} (UTC)"
+
+
+def days_before(paths: Sequence[str], days: int, flag: str = "--lookback-days") -> tuple[str, dt.date, dt.date]:
+    """The ``days`` days before the first ``date=`` partition of ``paths``, and the folder holding those
+    partitions (``logs`` for ``logs/date=2026-11-25/``), where the earlier days' partitions are looked
+    for: (root, first day, last day). Refused (one line): a negative count, files outside partitions or
+    in partitions under more than one folder."""
+    if days < 0:
+        raise InvalidParameters(f"{flag} must be >= 0, got {days}")
+    dates = [partition_day(p) for p in paths]
+    roots = {partition_root(p) for p in paths}
+    if any(d is None for d in dates) or len(roots) != 1:
+        raise InvalidInput(f"{flag} needs an input in date=YYYY-MM-DD/ partition folders under one folder "
+                           f"(e.g. --input logs/date=2026-11-25/); got {paths[0]!r}"
+                           + (f" and {len(roots)} partition folders' parents" if len(roots) > 1 else "")
+                           + "; name the earlier files with --lookback instead")
+    first = dt.date.fromisoformat(min(d for d in dates if d is not None))
+    (root,) = roots
+    assert root is not None
+    return root, first - dt.timedelta(days=days), first - dt.timedelta(days=1)
