@@ -3,7 +3,8 @@ file, measure's release (simulation seed), evaluate's CSV files, nightly's publi
 (a local store, a fixed run id), replay's CSV and summary and the demo's nightly version and report (its
 measure step uses secure noise, as in production), and the same commands with ``--api attribution`` (the
 W3C Attribution target: optimize's version, measure's simulated release, nightly's published version and
-report, evaluate's table), each printed as the sha256 of its normalised content. Run it on two checkouts and compare the lines:
+report, evaluate's table), each printed as the sha256 of its normalised content. Run it on two checkouts
+and compare the lines:
 
     .venv/bin/python benchmarks/seeded_outputs.py --keep /tmp/after
     (cd OTHER_CHECKOUT && PYTHONPATH=. /path/to/.venv/bin/python benchmarks/seeded_outputs.py --keep /tmp/before)

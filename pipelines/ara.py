@@ -1,5 +1,6 @@
 """`araopt export-ara` and `araopt reconstruct`: from parameters to ARA registrations, and from
-Aggregation Service summary reports back to estimates (see docs/ara.md).
+Aggregation Service summary reports back to estimates (see docs/ara.md); ``reconstruct`` of a W3C
+Attribution version reads the aggregated histograms instead (docs/attribution.md).
 
     araopt export-ara --params P --out DIR [--conversions LOG | --key-map M] [--destination URL]
                       [--simulation-seed S] [--overwrite]
@@ -52,6 +53,7 @@ from araopt.io.conversions import Conversions
 from araopt.io.files import atomic_write
 from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_output_file, check_target
 from araopt.io.partitions import partition_days
+from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.measure import encode_and_bound
 from araopt.mechanism.params import Params
 from araopt.publication import histogram_buckets
@@ -239,9 +241,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if args.api is not None:
         file_version.require_api(Api(args.api), f"reconstruct --api {args.api}")
     if file_version.api == Api.ATTRIBUTION:  # W3C Attribution Level 1: aggregated histograms, not ARA's Avro
-        from .attribution import reconstruct_attribution
-
-        return reconstruct_attribution(args, file_version, (side_summary,))
+        return _reconstruct_attribution(args, file_version, (side_summary,))
     version = (file_version if args.epsilon is None
                else file_version.with_epsilon(check_epsilon(args.epsilon, "--epsilon")))
     params = version.params
@@ -300,6 +300,62 @@ def _reconstruct(args: argparse.Namespace) -> int:
               + ("applied" if counters.calendar_applied else "not fitted (history shorter than two weeks)"))
     if counters.calendar_note:
         print(f"  NOTE: {counters.calendar_note}")
+    return 0
+
+
+def _reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion, sides: tuple[str, ...]) -> int:
+    """``araopt reconstruct`` for an attribution parameter version: the aggregation service's noisy
+    histograms (CSV: ``query,histogram_index,noisy_sum``) -> Alg. 4's estimates with noise intervals per
+    histogram index (of the true totals when the version carries a retention calibration), through the
+    histogram layout (--key-map: measure's key_map.json; else the version's layout; else --conversions'
+    slices)."""
+    from araopt.attribution.calibrate import estimates_of, published_frame
+    from araopt.attribution.reconstruct import read_histograms, reconstruct_histograms
+    from araopt.io.files import atomic_write
+
+    prog = "araopt reconstruct"
+    params = version.attribution
+    if params is None:
+        raise InvalidParameters("the parameter version carries no attribution parameters")
+    if args.epsilon is not None:
+        raise InvalidParameters("--epsilon does not apply to an attribution version (each query's epsilon is in it)")
+    if args.key_map:
+        domain = KeyDomain.load(args.key_map)
+        params.check_domain(domain, source=f"key map {args.key_map}")
+    elif version.domain is not None:
+        domain = version.domain
+    elif args.conversions:
+        from .inputs import read_attribution_log
+
+        rows, _, _ = read_attribution_log(args.conversions, (*params.slice_columns, *params.conversion_slice_columns),
+                                          params.value_columns)
+        domain = KeyDomain.from_slice_values(params.slice_columns, {c: rows[c].to_numpy() for c in params.slice_columns},
+                                             params.query_names)
+    else:
+        raise InvalidParameters("reconstruct needs the histogram layout: pass --key-map M (measure's key_map.json), a "
+                                "version that carries one, or --conversions LOG")
+    paths = args.summary_report if isinstance(args.summary_report, list) else [args.summary_report]
+    frames = []
+    for path in paths:
+        try:
+            frames.append(pd.read_csv(path))
+        except Exception as exc:  # noqa: BLE001 - a parser error is bad input
+            raise InvalidInput(f"cannot read the aggregated histograms {path}: {str(exc).splitlines()[0]}") from None
+    histograms, missing = read_histograms(pd.concat(frames, ignore_index=True), params, domain.num_slices,
+                                          source=", ".join(paths))
+    estimates = reconstruct_histograms(params, histograms, args.confidence)
+    frame = published_frame(estimates, domain, params, version.retention)
+    atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
+    summary = {"api": "attribution", "histograms": len(histograms), "histogram_size": domain.num_slices,
+               "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output,
+               "bias_corrected": version.retention is not None}
+    atomic_write(sides[0], lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
+    if missing:
+        print(f"{prog}: warning: {missing} (query, histogram index) entries are missing from the histograms: their "
+              f"estimates are NaN", file=sys.stderr)
+    print(f"{prog}: {len(histograms)} histogram(s) x {domain.num_slices:,} indices; estimates with "
+          f"{args.confidence:.0%} intervals written to {args.output} (summary in {sides[0]})")
+    print(f"  estimates are of {estimates_of(version.retention)}")
     return 0
 
 

@@ -25,7 +25,6 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
-from araopt.io import jsonio
 from araopt.io.conversions import ValidationCounts
 from araopt.io.partitions import partition_day
 from araopt.io.progress import Progress
@@ -33,15 +32,10 @@ from araopt.nightly import (
     Guardrails,
     NightlyConfig,
     NightlyDecision,
+    close_night,
+    conclude_night,
     nightly_decision,
-    nightly_report,
-    nightly_report_png,
     private_night,
-    publish_version,
-    version_history,
-    version_report_png,
-    version_table,
-    with_calibration,
 )
 from araopt.optimize import statistics as stats
 from araopt.optimize.statistics import SufficientStatistics
@@ -99,8 +93,8 @@ def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: 
 
 
 class _CalibrateReportAndPublish(beam.DoFn):
-    """The single-element publish step: the parameters with the window's calibration attached, the
-    run report, and the publish (only if the decision says so)."""
+    """The single-element publish step: ``araopt.nightly.close_night`` (the parameters with the window's
+    calibration attached, the run report, the publish only if the decision says so)."""
 
     def __init__(self, config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None):
         self._config = config
@@ -113,47 +107,9 @@ class _CalibrateReportAndPublish(beam.DoFn):
         self._store = open_store(self._config.store)
 
     def process(self, decision: NightlyDecision, calibration_statistics, counts: ValidationCounts):
-        config = self._config
         previous = ParameterVersion.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
-        decision = with_calibration(decision, calibration_statistics, previous, config)
-        report = nightly_report(decision, config, counts, self._expected_previous)
-        report_dir = FileSystems.join(config.store, "reports", f"{config.as_of}-{config.run_id}")
-        if decision.idempotent:  # the same as-of date on the same history: nothing new to publish
-            report.update(version=self._expected_previous)
-        elif decision.problems:
-            _write_report(report_dir, report, decision, self._store)
-            raise InvalidInput("not published: " + "; ".join(decision.problems) + f" (report: {report_dir})")
-        else:
-            publish_version(self._store, decision.tuning.version, report, config.as_of, config.run_id,
-                            self._expected_previous)
-        _write_report(report_dir, report, decision, self._store)
-        yield report
-
-
-def _write_report(directory: str, report: dict, decision: NightlyDecision | None, store,
-                  version: ParameterVersion | None = None) -> None:
-    """report.json, report.png (from the decision, or from what ``version`` records of its tuning: the
-    privacy-safe run; none for its cold start) and report.html, the page a person opens
-    (``araopt.evaluation.report_html``), beside them."""
-    from araopt.evaluation.report_html import Figure, nightly_page
-    from araopt.io.folders import REPORT_FOLDER, write_folder
-
-    files = {"report.json": jsonio.dumps(report, indent=1, default=str).encode()}
-    figures, links = [], [("report.json (the run report)", "report.json")]
-    if decision is not None:
-        png: bytes | None = nightly_report_png(decision, version_history(store))
-    else:
-        png = None if version is None else version_report_png(version, report.get("problems", ()),
-                                                               version_history(store))
-    if png is not None:
-        files["report.png"] = png
-        figures.append(Figure("The nightly choice (report.png)", png, "report.png"))
-        links.append(("report.png", "report.png"))
-    if report.get("published") and report.get("version"):
-        links.append((f"published parameters {report['version']}", f"../../versions/{report['version']}/params.json"))
-    files["report.html"] = nightly_page(report, version_table(store), figures, links).encode("utf-8")
-    # whole or absent, like every output folder; a re-run with the same --run-id replaces its own report
-    write_folder(directory, files, "araopt nightly report", REPORT_FOLDER, {"command": "nightly"}, overwrite=True)
+        yield close_night(decision, calibration_statistics, counts, self._config, previous, self._expected_previous,
+                          self._store)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -166,12 +122,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     started = time.time()
     as_of = resolve_as_of(args.as_of)
     if args.api == "attribution":
-        from .tune_attribution import run_nightly as run_attribution
-
         if args.history is None:
             raise InvalidParameters("--history is required with --api attribution")
-        files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
-        return run_attribution(args, "araopt nightly", as_of, files, dates, _write_report)
+        return _run_attribution(args, as_of)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
@@ -262,17 +215,58 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     if decision.idempotent:
         print(f"araopt nightly --private {as_of}: already published as {expected or '?'} (idempotent re-run)")
         return 0
-    report_dir = FileSystems.join(args.store, "reports", f"{as_of}-{run_id}")
-    if decision.publish:
-        publish_version(store, version, report, as_of, run_id, expected)
-    _write_report(report_dir, report, None, store, version)
-    problems, series = decision.problems, decision.series
-    if problems:
-        raise InvalidInput("not published: " + "; ".join(problems) + f" (report: {report_dir})")
+    conclude_night(store, args.store, report, version, False, decision.problems, as_of, run_id, expected,
+                   figure_from=version)
+    series = decision.series
     print(f"araopt nightly --private {as_of}: published {report['version']} in {time.time() - started:.1f} s; "
           f"{describe(tuning)}")
     if series:
         print(f"  a new series of versions: {series}")
+    return 0
+
+
+def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
+    """``nightly --api attribution``: the window's files (``select_window``) read in memory, tuned
+    (``optimize.attribution_workflow``), decided (``araopt.nightly.attribution_night``: ARA's guardrails,
+    the re-run rule) and concluded (``conclude_night``: published to the store, the run report written)."""
+    from araopt.io.stores import open_store
+    from araopt.nightly import attribution_night
+    from araopt.optimize.attribution_workflow import tune_attribution
+
+    from .inputs import read_attribution_log, refuse_ara_only, report_rejections
+
+    prog = "araopt nightly"
+    files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
+    refuse_ara_only(args, prog, ("private", "tau", "special_days"))
+    budget = check_epsilon(args.epsilon, "--epsilon")
+    slices = split_columns(args.slices, "--slices")
+    values = split_columns(args.values, "--values")
+    store = open_store(args.store)
+    pointer = store.read_latest_pointer()
+    previous = ParameterVersion.from_bytes(store.resolve("latest").payload, "previous latest") if pointer else None
+    expected = pointer.version if pointer else None
+    rows, counts, _ = read_attribution_log(files, slices, values)
+    report_rejections(prog, counts)
+    tuning = tune_attribution(rows, slices, values, budget, args.max_count_limit, args.seed, f"{prog}: the history")
+    run_id = args.run_id or uuid.uuid4().hex[:8]
+    window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
+    guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
+    decision, report = attribution_night(tuning, previous, as_of, run_id, budget, window_start, dates, expected,
+                                         guardrails, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    directory = conclude_night(store, args.store, report, decision.version, decision.idempotent, decision.problems,
+                               as_of, run_id, expected)
+    version, result = decision.version, tuning.optimization
+    assert version.retention is not None  # (the workflow fits it)
+    status = (f"already published as {expected} (idempotent re-run)" if decision.idempotent
+              else f"published {report['version']} to {args.store}")
+    print(f"{prog}: api attribution, {tuning.rows:,} conversions in {len(dates)} day(s): C = "
+          f"{result.params.count_limit(multi_epoch=True)}, predicted RMSRE_tau {result.rmsre_tau:.4g} vs best "
+          f"baseline {min(tuning.baselines.values()):.4g}; retention "
+          + ", ".join(f"{n} {r:.3g}" for n, r in zip(version.retention.query_names, version.retention.ratios,
+                                                   strict=True))
+          + f"; {status}; report {directory}/report.json")
+    if decision.series:
+        print(f"  a new series of versions: {decision.series}")
     return 0
 
 

@@ -19,8 +19,8 @@ from araopt.io.conversions import validate_table
 from araopt.io.locks import FileLock, LockedDir, LockHeld, sweep_unlocked
 from araopt.io.rowset import RowSet, RowSetPart, conversion_row_ids, sorted_unique, table_row_ids
 from araopt.io.stores import open_store
-from factories import RACES, conversions_table
 from araopt.ledger.ledger import Ledger, LedgerRefusal, ledger_root
+from factories import RACES, conversions_table
 from pipelines.runner import SPILL_PREFIX, spill_folder
 
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from araopt.io import outputs
+from araopt.io.partitions import files_in_days, partition_day, partition_root
 from araopt.mechanism.params import Params, QueryParams
 from araopt.version import ParameterVersion
-from araopt.io.partitions import files_in_days, partition_day, partition_root
 from transforms.io import check_input, match_files
 
 DAYS = [dt.date(2026, 10, 29) + dt.timedelta(days=i) for i in range(6)]  # Oct 29 .. Nov 3

@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 
 from araopt import Params, QueryParams
+from araopt.ledger.ledger import Ledger
+from araopt.ledger.verify import ReleaseVerifier
 from araopt.mechanism.keys import KeyDomain
 from araopt.nightly import Guardrails, new_series
 from araopt.version import ParameterVersion, Provenance
 from pipelines import measure as measure_cli
-from araopt.ledger.ledger import Ledger
 from pipelines.private import read_first_party, tune_privately
-from araopt.ledger.verify import ReleaseVerifier
 
 DAY_US = 86_400_000_000
 
