@@ -16,7 +16,8 @@ import pandas as pd
 from araopt.attribution.calibrate import Retention, published_frame
 from araopt.attribution.measure import BrowserSums, noisy_release
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import Estimate
+from araopt.attribution.reconstruct import Estimate, read_histograms, reconstruct_histograms
+from araopt.errors import InvalidParameters
 from araopt.io.conversions import ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 
@@ -78,3 +79,31 @@ def release(sums: Sequence[BrowserSums], params: AttributionParams, domain: KeyD
     merged = BrowserSums.merge([empty_sums(params, domain, num_tasks), *sums])
     noisy, estimates = noisy_release(params, merged.unnoised, simulation_seed, level)
     return AttributionRelease(params, domain, noisy, estimates, merged, counts, simulation_seed)
+
+
+def reconstruction_layout(params: AttributionParams, key_map: KeyDomain | None, key_map_source: str | None,
+                          carried: KeyDomain | None, rows: pd.DataFrame | None) -> KeyDomain:
+    """The histogram layout an aggregation's histograms are read through (``reconstruct`` of an attribution
+    version): the key map (measure's key_map.json, checked against ``params``), else the one the version
+    carries, else the slices of a conversion log's ``rows``."""
+    if key_map is not None:
+        params.check_domain(key_map, source=f"key map {key_map_source}")
+        return key_map
+    if carried is not None:
+        return carried
+    if rows is not None:
+        return KeyDomain.from_slice_values(params.slice_columns, {c: rows[c].to_numpy() for c in params.slice_columns},
+                                           params.query_names)
+    raise InvalidParameters("reconstruct needs the histogram layout: pass --key-map M (measure's key_map.json), a "
+                            "version that carries one, or --conversions LOG")
+
+
+def estimates_from_histograms(params: AttributionParams, retention: Retention | None, histograms: pd.DataFrame,
+                              domain: KeyDomain, level: float = 0.95, source: str = "histograms"
+                              ) -> tuple[pd.DataFrame, int, int]:
+    """Alg. 4 on a real aggregation's noisy histograms (``query,histogram_index,noisy_sum``) through the
+    layout ``domain``: the published estimates table (of the true totals with ``retention``), how many
+    histograms, how many (query, task, index) entries are missing (NaN estimates)."""
+    noisy, missing = read_histograms(histograms, params, domain.num_slices, source=source)
+    estimates = reconstruct_histograms(params, noisy, level)
+    return published_frame(estimates, domain, params, retention), len(noisy), missing
