@@ -42,9 +42,10 @@ def _run_to_driver(pipeline_args: Sequence[str], shuffle: str, build: Callable[[
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
+    from araopt.io.spill import remove_dir
     from transforms.statistics import SaveElement
 
-    from .runner import make_runner, pipeline_options, remove_dir, run_pipeline, spill_folder
+    from .runner import make_runner, pipeline_options, run_pipeline, spill_folder
 
     opts = pipeline_options(list(pipeline_args))
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here

@@ -24,25 +24,19 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
-from araopt.io.conversions import ValidationCounts
-from araopt.io.partitions import partition_day
+from araopt.errors import InvalidParameters, check_epsilon
+from araopt.io.partitions import window, window_partitions
 from araopt.io.progress import Progress
 from araopt.nightly import (
     Guardrails,
     NightlyConfig,
-    NightlyDecision,
-    close_night,
     conclude_night,
-    nightly_decision,
     private_night,
 )
 from araopt.optimize import statistics as stats
-from araopt.optimize.statistics import SufficientStatistics
 from araopt.version import ParameterVersion
 from transforms.io import auto_num_shards, check_input, match_files
-from transforms.tuning import StatisticsAndCalibration
-from transforms.validate import ReadAndValidate
+from transforms.tuning import build_nightly
 
 from . import options
 from .private import check_mode
@@ -56,60 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def select_window(history: str, as_of: str, window_days: int, lookback_days: int = 0
                   ) -> tuple[list[str], list[str], list[str]]:
-    """Files of the conversion-date partitions in [as_of - window_days + 1, as_of], the dates found, and
-    the files of the ``lookback_days`` partitions before the window (read only for lifetime ranks)."""
-    if window_days < 1:
-        raise InvalidParameters(f"--window-days must be >= 1, got {window_days}")
-    if lookback_days < 0:
-        raise InvalidParameters(f"--lookback-days must be >= 0, got {lookback_days}")
-    end = dt.date.fromisoformat(as_of)
-    start = end - dt.timedelta(days=window_days - 1)
-    lookback_start = start - dt.timedelta(days=lookback_days)
-    files = match_files(history)
-    chosen, lookback, dates = [], [], set()
-    for path in files:
-        found = partition_day(path)  # a malformed date= folder is refused, not skipped
-        if found is None:
-            continue
-        day = dt.date.fromisoformat(found)
-        if start <= day <= end:
-            chosen.append(path)
-            dates.add(found)
-        elif lookback_start <= day < start:
-            lookback.append(path)
-    if not chosen:
-        raise InvalidInput(f"no history in the window {start}..{end} under {history!r} "
-                           f"({len(files)} files found, partitions must look like date=YYYY-MM-DD/)")
-    return chosen, sorted(dates), lookback
-
-
-def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
-            previous_payload: bytes | None) -> tuple[NightlyDecision, tuple[ParameterVersion, ...]]:
-    """The single-element decision step: ``araopt.nightly.nightly_decision`` (gate, tune, guardrails),
-    and the candidate versions to calibrate."""
-    previous = ParameterVersion.from_bytes(previous_payload, "previous latest") if previous_payload else None
-    decision = nightly_decision(statistics, counts, config, previous)
-    return decision, tuple(v for v, _ in decision.tuning.candidates)
-
-
-class _CalibrateReportAndPublish(beam.DoFn):
-    """The single-element publish step: ``araopt.nightly.close_night`` (the parameters with the window's
-    calibration attached, the run report, the publish only if the decision says so)."""
-
-    def __init__(self, config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None):
-        self._config = config
-        self._previous_payload = previous_payload
-        self._expected_previous = expected_previous
-
-    def setup(self):
-        from araopt.io.stores import open_store
-
-        self._store = open_store(self._config.store)
-
-    def process(self, decision: NightlyDecision, calibration_statistics, counts: ValidationCounts):
-        previous = ParameterVersion.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
-        yield close_night(decision, calibration_statistics, counts, self._config, previous, self._expected_previous,
-                          self._store)
+    """The window's files, its dates and its lookback's files under ``history``
+    (``araopt.io.partitions.window_partitions``; the window's bounds checked before any listing)."""
+    days = window(as_of, window_days, lookback_days)
+    return window_partitions(match_files(history), days, repr(history))
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -141,7 +85,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     files, dates, lookback_files = select_window(args.history, as_of, args.window_days, args.lookback_days)
     inputs = check_input(files, slices, values)
     lookback = check_input(lookback_files, slices, values) if lookback_files else None
-    window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
+    window_start = window(as_of, args.window_days).start.isoformat()
     config = NightlyConfig(
         store=args.store, as_of=as_of, run_id=args.run_id or uuid.uuid4().hex[:8], epsilon=epsilon,
         slice_columns=slices, window=(window_start, as_of), dates=tuple(dates), encoding=args.encoding,
@@ -154,17 +98,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
     num_shards = args.num_shards or auto_num_shards(inputs.rows)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
-        read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, num_shards=num_shards,
-                                                          spill_dir=shuffle_dir,
-                                                          lookback_paths=lookback.paths if lookback else (),
-                                                          shard_files=True)  # the calibration reads the shards again
-        counts = read["counts"]
-        tuned = read["grouped"] | "OptimizeAndGuard" >> StatisticsAndCalibration(spec, _decide, counts, config,
-                                                                                 previous_payload)
-        decision, calibration = tuned["chosen"], tuned["calibration"]
-        _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
-            _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
-            beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
+        build_nightly(pipeline, inputs.paths, lookback.paths if lookback else (), spec, config, previous_payload,
+                      pointer.version if pointer else None, num_shards, shuffle_dir)
         Progress("araopt nightly", enabled=not args.no_progress)(
             f"one Beam job: validate, group by impression, statistics, ParameterOptimization (Alg. 5), guardrails, "
             f"calibration, publish ({len(inputs.paths)} file(s), {inputs.rows:,} rows"
@@ -249,7 +184,7 @@ def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
     report_rejections(prog, counts)
     tuning = tune_attribution(rows, slices, values, budget, args.max_count_limit, args.seed, f"{prog}: the history")
     run_id = args.run_id or uuid.uuid4().hex[:8]
-    window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
+    window_start = window(as_of, args.window_days).start.isoformat()
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
     decision, report = attribution_night(tuning, previous, as_of, run_id, budget, window_start, dates, expected,
                                          guardrails, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from araopt.errors import InvalidInput, InvalidParameters
 
@@ -94,3 +95,46 @@ def days_before(paths: Sequence[str], days: int, flag: str = "--lookback-days") 
     (root,) = roots
     assert root is not None
     return root, first - dt.timedelta(days=days), first - dt.timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Window:
+    """``nightly``'s window of conversion days [start, end] and the lookback's days [lookback_start, start)."""
+
+    start: dt.date
+    end: dt.date
+    lookback_start: dt.date
+
+
+def window(as_of: str, window_days: int, lookback_days: int = 0) -> Window:
+    """The ``window_days`` days up to ``as_of`` and the ``lookback_days`` before them (refused, one line: a
+    window shorter than a day, a negative lookback)."""
+    if window_days < 1:
+        raise InvalidParameters(f"--window-days must be >= 1, got {window_days}")
+    if lookback_days < 0:
+        raise InvalidParameters(f"--lookback-days must be >= 0, got {lookback_days}")
+    end = dt.date.fromisoformat(as_of)
+    start = end - dt.timedelta(days=window_days - 1)
+    return Window(start, end, start - dt.timedelta(days=lookback_days))
+
+
+def window_partitions(paths: Sequence[str], days: Window, source: str = "the history"
+                      ) -> tuple[list[str], list[str], list[str]]:
+    """Of ``paths`` (a history's files), those of the conversion-date partitions in the window, the dates
+    found, and the files of the lookback's partitions (read only for lifetime ranks). Refused (one line): a
+    malformed ``date=`` folder, a window without any partition."""
+    chosen, lookback, dates = [], [], set()
+    for path in paths:
+        found = partition_day(path)  # a malformed date= folder is refused, not skipped
+        if found is None:
+            continue
+        day = dt.date.fromisoformat(found)
+        if days.start <= day <= days.end:
+            chosen.append(path)
+            dates.add(found)
+        elif days.lookback_start <= day < days.start:
+            lookback.append(path)
+    if not chosen:
+        raise InvalidInput(f"no history in the window {days.start}..{days.end} under {source} "
+                           f"({len(paths)} files found, partitions must look like date=YYYY-MM-DD/)")
+    return chosen, sorted(dates), lookback
