@@ -15,6 +15,7 @@ import apache_beam as beam
 from araopt.io.conversions import ValidationCounts
 from araopt.nightly import NightlyConfig, NightlyDecision, close_night, nightly_decision
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
+from araopt.optimize.workflow import gated_choice
 from araopt.version import ParameterVersion
 
 from .calibration import ComputeCalibration
@@ -98,3 +99,23 @@ def build_nightly(pipeline: beam.Pipeline, paths: Sequence[str], lookback_paths:
     _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
         _CalibrateReportAndPublish(config, previous_payload, expected_previous),
         beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
+
+
+def build_history(pipeline: beam.Pipeline, paths: Sequence[str], spec: StatisticsSpec, dead_letter: str | None,
+                  num_shards: int, shuffle_dir: str | None, one_dead_letter_file: bool,
+                  lookback_paths: Sequence[str] = (), choose: Callable[..., Any] | None = None,
+                  max_rejected_fraction: float = 0.10) -> dict[str, beam.PCollection]:
+    """``optimize``'s job over a history (``pipelines.history``): read, validate and group by impression
+    once -> ``{"counts", "statistics"}``; with ``choose`` the tuning workflow's Beam backend on the same
+    grouped shards (``StatisticsAndCalibration`` with ``optimize.workflow.gated_choice``: the rejected
+    share gated before ``choose``) -> also ``"chosen"`` and ``"calibration"``."""
+    read = pipeline | "ReadHistory" >> ReadAndValidate(paths, spec.slice_columns, spec.value_columns, dead_letter,
+                                                        num_shards=num_shards, spill_dir=shuffle_dir,
+                                                        one_dead_letter_file=one_dead_letter_file,
+                                                        lookback_paths=lookback_paths,
+                                                        shard_files=choose is not None)  # read again by the calibration
+    if choose is None:
+        return {"counts": read["counts"], "statistics": read["grouped"] | "Statistics" >> StatisticsFromShards(spec)}
+    tuned = read["grouped"] | "Tune" >> StatisticsAndCalibration(spec, gated_choice, read["counts"], choose,
+                                                                 max_rejected_fraction)
+    return {"counts": read["counts"], **tuned}
