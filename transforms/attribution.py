@@ -12,18 +12,15 @@ replayed through the reference implementation).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from araopt.attribution.calibrate import Retention, published_frame
-from araopt.attribution.measure import BrowserSums, data_domain, noisy_release, simulate_browsers, simulated_columns
+from araopt.attribution.measure import BrowserSums, data_domain, simulate_browsers, simulated_columns
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import Estimate
+from araopt.attribution.release import AttributionRelease, release
 from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
@@ -63,11 +60,6 @@ class _SimulateShard(beam.DoFn):
         yield sums
 
 
-def _empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int) -> BrowserSums:
-    return BrowserSums({(q.name, t): np.zeros(domain.num_slices, dtype=np.int64)
-                        for q in params.queries for t in range(num_tasks)})
-
-
 class _MergeSums(beam.CombineFn):
     """Sums of disjoint browser sets added (exact integers); the identity is no sums at all."""
 
@@ -83,53 +75,6 @@ class _MergeSums(beam.CombineFn):
 
     def extract_output(self, acc: list[BrowserSums]) -> list[BrowserSums]:
         return acc
-
-
-@dataclass(frozen=True)
-class AttributionRelease:
-    """One measurement's release: the noisy histograms and estimates per (query, task) over the
-    domain's histogram indices, and the operator-private sums and counts."""
-
-    params: AttributionParams
-    domain: KeyDomain
-    noisy: dict[tuple[str, int], np.ndarray]
-    estimates: dict[tuple[str, int], Estimate]
-    sums: BrowserSums
-    counts: ValidationCounts
-    simulation_seed: int | None
-
-    def estimates_frame(self, retention: Retention | None = None) -> pd.DataFrame:
-        """The published table (``araopt.attribution.calibrate.published_frame``): of the true totals
-        with the version's ``retention``, else of the accepted clipped values."""
-        return published_frame(self.estimates, self.domain, self.params, retention)
-
-    def debug_frame(self) -> pd.DataFrame:
-        """OPERATOR-PRIVATE: the unnoised sums per (query, histogram index) (``query,histogram_index,
-        unnoised_sum``; with conversion-side slices also ``task``)."""
-        frames = []
-        for (name, task), sums in sorted(self.sums.unnoised.items()):
-            frame = pd.DataFrame({"query": name, "histogram_index": np.arange(len(sums)), "unnoised_sum": sums})
-            if self.params.conversion_slice_columns:
-                frame.insert(1, "task", task)
-            frames.append(frame)
-        return pd.concat(frames, ignore_index=True)
-
-    def accounting(self) -> dict[str, Any]:
-        """OPERATOR-PRIVATE exact counts; rows read = kept + outside the layout + rejected."""
-        c, s = self.counts, self.sums
-        return {"rows_read": c.rows_read, "rows_rejected": c.rows_rejected,
-                "rows_rejected_by_reason": dict(c.rejected_by_reason), "conversions_kept": s.rows - s.rows_outside_domain,
-                "conversions_outside_domain": s.rows_outside_domain, "browsers": s.browsers,
-                "histogram_size": self.domain.num_slices,
-                "reports": s.reports, "reports_matched": s.reports_matched, "reports_refused_for_budget": s.reports_refused,
-                "accounting_closes": c.rows_read - c.rows_rejected == s.rows}
-
-
-def release(sums: list[BrowserSums], params: AttributionParams, domain: KeyDomain, counts: ValidationCounts,
-            simulation_seed: int | None, num_tasks: int = 1, level: float = 0.95) -> AttributionRelease:
-    merged = BrowserSums.merge([_empty_sums(params, domain, num_tasks), *sums])
-    noisy, estimates = noisy_release(params, merged.unnoised, simulation_seed, level)
-    return AttributionRelease(params, domain, noisy, estimates, merged, counts, simulation_seed)
 
 
 class _DistinctSlices(beam.CombineFn):
