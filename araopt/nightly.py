@@ -1,6 +1,9 @@
 """The nightly job's decisions, engine-free: the guardrails (beat the best baseline; large moves need an
-explicit allowance), the "same release" rule that makes a re-run a no-op, the run report and its
-picture. ``pipelines/nightly.py`` runs them in its single-element steps; they decide, it wires.
+explicit allowance), the "same release" rule that makes a re-run a no-op, the run report, its picture
+and its page, and the end of a night (publish or refuse, the report written: ``conclude_night``), for
+each kind of run: tuning on a joined history (``nightly_decision``, ``with_calibration``, ``close_night``:
+the Beam job's single-element steps), privacy-safe tuning (``private_night``) and the W3C Attribution
+target (``attribution_night``). ``pipelines/nightly.py`` runs them; they decide, it wires.
 """
 from __future__ import annotations
 
@@ -20,9 +23,12 @@ from araopt.constants import (
     MAX_THRESHOLD_CHANGE_FACTOR,
     OBJECTIVE,
 )
+from araopt.errors import InvalidInput
 from araopt.evaluation.plots import nightly_report_png as render_nightly_report
 from araopt.io.conversions import ValidationCounts, check_rejected_share
+from araopt.io.folders import REPORT_FOLDER, FolderFiles, write_folder
 from araopt.io.store import ParameterStore
+from araopt.optimize.attribution_workflow import AttributionTuning
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.optimize.tune import TuningResult, calibrate, tune
 from araopt.version import ParameterVersion, Provenance
@@ -401,3 +407,98 @@ def private_night(version: ParameterVersion, previous: ParameterVersion | None, 
         provenance, extra={**provenance.extra, "as_of": as_of, "run_id": run_id}))
     decision = private_decision(version, previous, as_of, guardrails)
     return decision, private_report(decision, as_of, run_id, epsilon, expected_previous, **inputs)
+
+
+def attribution_night(tuning: AttributionTuning, previous: ParameterVersion | None, as_of: str, run_id: str,
+                      budget: float, window_start: str, dates: Sequence[str], expected_previous: str | None,
+                      guardrails: Guardrails, created_at: str) -> tuple[PrivateDecision, dict[str, Any]]:
+    """``nightly --api attribution``'s decision on the version tuned on the window
+    (``optimize.attribution_workflow``): the version stamped with the run (window, rows, its prediction and
+    the baselines', as-of date, run id), then the rules every night applies to a version that records
+    its prediction and baselines (:func:`private_decision`: a re-run recognised, the guardrails against
+    the latest published version ``previous``, a new series) and its run report (:func:`run_report`'s
+    schema, with the retention ratios). The caller concludes it (:func:`conclude_night`)."""
+    result, baselines = tuning.optimization, tuning.baselines
+    version = dataclasses.replace(tuning.version, provenance=Provenance(
+        training_start=window_start, training_end=as_of, rows=tuning.rows, created_at=created_at,
+        predicted_rmsre_tau=result.rmsre_tau, baseline_rmsre_tau=min(baselines.values()), objective="rmsre_tau",
+        extra={"as_of": as_of, "run_id": run_id, "api": "attribution", "taus": list(result.taus),
+               "baselines": {k: {"rmsre_tau": v} for k, v in baselines.items()}}))
+    decision = private_decision(version, previous, as_of, guardrails)
+    assert version.retention is not None  # (the workflow fits it)
+    report = run_report("joined history", as_of, run_id, budget, version, result.rmsre_tau, baselines,
+                        expected_previous, decision.problems, decision.idempotent, decision.series, api="attribution",
+                        window=[window_start, as_of], history_dates=list(dates), rows_read=tuning.rows,
+                        taus=list(result.taus), retention=version.retention.to_json(),
+                        per_count_limit=result.table().to_dict(orient="records"))
+    return decision, report
+
+
+def report_dir(store: str, as_of: str, run_id: str) -> str:
+    """Where a night's run report goes: ``STORE/reports/<as-of>-<run id>``."""
+    return FolderFiles(store).path(f"reports/{as_of}-{run_id}")
+
+
+def run_report_files(report: dict[str, Any], store: ParameterStore, decision: NightlyDecision | None = None,
+                     version: ParameterVersion | None = None) -> dict[str, bytes]:
+    """report.json, report.png (from the decision, or from what ``version`` records of its tuning: the
+    privacy-safe run; none for its cold start nor without either) and report.html, the page a person
+    opens (``araopt.evaluation.report_html``), beside them."""
+    from araopt.evaluation.report_html import Figure, nightly_page
+    from araopt.io import jsonio
+
+    files = {"report.json": jsonio.dumps(report, indent=1, default=str).encode()}
+    figures, links = [], [("report.json (the run report)", "report.json")]
+    if decision is not None:
+        png: bytes | None = nightly_report_png(decision, version_history(store))
+    else:
+        png = None if version is None else version_report_png(version, report.get("problems", ()),
+                                                               version_history(store))
+    if png is not None:
+        files["report.png"] = png
+        figures.append(Figure("The nightly choice (report.png)", png, "report.png"))
+        links.append(("report.png", "report.png"))
+    if report.get("published") and report.get("version"):
+        links.append((f"published parameters {report['version']}", f"../../versions/{report['version']}/params.json"))
+    files["report.html"] = nightly_page(report, version_table(store), figures, links).encode("utf-8")
+    return files
+
+
+def write_run_report(directory: str, report: dict[str, Any], store: ParameterStore,
+                     decision: NightlyDecision | None = None, version: ParameterVersion | None = None) -> None:
+    """The run report's folder (:func:`run_report_files`), whole or absent like every output folder; a
+    re-run with the same run id replaces its own report."""
+    write_folder(directory, run_report_files(report, store, decision, version), "araopt nightly report",
+                 REPORT_FOLDER, {"command": "nightly"}, overwrite=True)
+
+
+def conclude_night(store: ParameterStore, store_uri: str, report: dict[str, Any], version: ParameterVersion,
+                   idempotent: bool, problems: Sequence[str], as_of: str, run_id: str, expected_previous: str | None,
+                   decision: NightlyDecision | None = None, figure_from: ParameterVersion | None = None) -> str:
+    """The end of a night, for every kind of run: a re-run of the same as-of date names the version
+    already published; a version the guardrails refuse is not published; else it is published with a
+    compare-and-swap of ``latest`` (:func:`publish_version`). The run report is written either way
+    (:func:`write_run_report`, its picture from ``decision`` or from what ``figure_from`` records); a
+    refusal then raises (one line naming the report). Returns the report's folder."""
+    directory = report_dir(store_uri, as_of, run_id)
+    if idempotent:  # the same as-of date on the same history: nothing new to publish
+        report.update(version=expected_previous)
+    elif not problems:
+        publish_version(store, version, report, as_of, run_id, expected_previous)
+    write_run_report(directory, report, store, decision, figure_from)
+    if problems:
+        raise InvalidInput("not published: " + "; ".join(problems) + f" (report: {directory})")
+    return directory
+
+
+def close_night(decision: NightlyDecision, calibration_statistics: Sequence[CalibrationStatistics] | None,
+                counts: ValidationCounts, config: NightlyConfig, previous: ParameterVersion | None,
+                expected_previous: str | None, store: ParameterStore) -> dict[str, Any]:
+    """The nightly job's last single-element step (tuning on a joined history): the decision for the
+    parameters with the window's calibration attached (:func:`with_calibration`), its run report, and the
+    conclusion (:func:`conclude_night`). Returns the report."""
+    decision = with_calibration(decision, calibration_statistics, previous, config)
+    report = nightly_report(decision, config, counts, expected_previous)
+    conclude_night(store, config.store, report, decision.tuning.version, decision.idempotent, decision.problems,
+                   config.as_of, config.run_id, expected_previous, decision)
+    return report

@@ -7,7 +7,11 @@ in-memory ``mechanism.measure``, ``reconstruct`` of the Aggregation Service's re
 * what ``release.json`` says about the release (public facts only, no exact counts);
 * the operator-private accounting (exact counts) and the calibration that made the estimates;
 * the Aggregation Service records of the release (``io.avro``'s checked builders) and the debug
-  run's annotation rule.
+  run's annotation rule;
+* for the W3C Attribution target (``measure --api attribution``), its release's files: the estimates
+  table, the histogram layout, release.json and the operator-private accounting
+  (``attribution_release_files``), under the same rules (a seeded release only as a simulation, the
+  rejected share).
 """
 from __future__ import annotations
 
@@ -19,17 +23,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from araopt.attribution.calibrate import Retention, estimates_of
+from araopt.attribution.release import AttributionRelease, histogram_layout
 from araopt.calibration.calendar import Calendar
 from araopt.calibration.correct import CorrectedEstimates, correct, period_blocks_for
 from araopt.calibration.model import Calibration, retention_checksum
-from araopt.errors import InvalidParameters
-from araopt.io import avro
+from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
+from araopt.io import avro, jsonio, outputs
 from araopt.mechanism.exploration import EXPLORATION_BIT
-from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.keys import DATA, KeyDomain
 from araopt.mechanism.params import Params
 from araopt.mechanism.release import Release
 from araopt.mechanism.report import Estimates
-from araopt.version import ParameterVersion
+from araopt.version import Api, ParameterVersion
 
 ESTIMATE_COLUMNS = ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error",
                     "bias_corrected")
@@ -238,3 +244,53 @@ def exploration_frame(release: Release) -> pd.DataFrame | None:
         "query": np.tile(np.asarray(estimates.query_names, dtype=object), k),
         **{f: getattr(estimates, f).reshape(-1) for f in ("estimate", "std_error", "ci_low", "ci_high")},
     })
+
+
+def attribution_release_json(rel: AttributionRelease, params_sha256: str, retention: Retention | None = None
+                             ) -> dict[str, Any]:
+    """What a W3C Attribution release's release.json says: public facts only (no exact counts)."""
+    p = rel.params
+    level = next(iter(rel.estimates.values())).level
+    return {"api": Api.ATTRIBUTION.value, "params_sha256": params_sha256, "per_site_budget": p.per_site_budget,
+            "epoch_days": p.epoch_days, "lookback_days": p.lookback_days,
+            "queries": [{"name": q.name, "column": q.column, "epsilon": q.epsilon, "max_value": q.max_value,
+                         "clip": q.clip, "value_scale": q.value_scale, "noise_scale": q.noise_scale} for q in p.queries],
+            "histogram_size": rel.domain.num_slices, "layout_sha256": rel.domain.layout_checksum(),
+            "domain": "data" if rel.domain.origin == DATA else rel.domain.origin,
+            "interval_level": level, "simulation": rel.simulation_seed is not None,
+            "bias_corrected": retention is not None, "estimates": estimates_of(retention),
+            "retention": None if retention is None else {"ratios": dict(zip(p.query_names, retention.ratios,
+                                                                            strict=True)),
+                                                         "spreads": dict(zip(p.query_names, retention.spreads,
+                                                                             strict=True)),
+                                                         "level": retention.level}}
+
+
+def attribution_release_files(rel: AttributionRelease, params_sha256: str, simulation: bool, debug_run: bool,
+                              max_rejected_fraction: float, retention: Retention | None = None) -> dict[str, bytes]:
+    """A W3C Attribution release's files by their path in the run folder (``io.outputs``: ``release/`` or
+    the simulation's names, ``private/``), in the order they are written: the estimates (Parquet, CSV),
+    the histogram layout (key_map.json, histogram_layout.csv), release.json, with ``debug_run`` the
+    unnoised sums, and the exact accounting the driver reads back. Refused: a seeded release outside a
+    simulation (or secure noise inside one), more than ``max_rejected_fraction`` of the rows rejected."""
+    if (rel.simulation_seed is not None) != simulation:
+        raise PrivacyRefusal("a release noised with a simulation seed is written only as a simulation, and a "
+                             "simulation only with seeded noise")
+    counts = rel.counts
+    if counts.rows_read and counts.rows_rejected > max_rejected_fraction * counts.rows_read:
+        raise InvalidInput(f"{counts.rows_rejected:,} of {counts.rows_read:,} rows are invalid (more than "
+                           f"--max-rejected-fraction {max_rejected_fraction:g}): nothing released; see the dead letter")
+    def name(file: str) -> str:
+        return outputs.release_file(file, simulation)
+
+    frame = rel.estimates_frame(retention)
+    files = {name(outputs.ESTIMATES_PARQUET): outputs.parquet_bytes(frame),
+             name(outputs.ESTIMATES_CSV): outputs.csv_bytes(frame),
+             name(outputs.KEY_MAP_JSON): jsonio.dumps(rel.domain.to_json(params_sha256), indent=1).encode(),
+             name(outputs.HISTOGRAM_LAYOUT_CSV): outputs.csv_bytes(histogram_layout(rel.domain)),
+             name(outputs.RELEASE_JSON): jsonio.dumps(attribution_release_json(rel, params_sha256, retention),
+                                                      indent=1).encode()}
+    if debug_run:
+        files[outputs.private_file(outputs.DEBUG_HISTOGRAMS_CSV)] = outputs.csv_bytes(rel.debug_frame())
+    files[outputs.private_file(outputs.ACCOUNTING)] = jsonio.dumps(rel.accounting(), indent=1).encode()
+    return files

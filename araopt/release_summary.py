@@ -1,12 +1,55 @@
-"""What a release's run says to its operator, decided once: the console's lines after ``measure`` (also
-on the run's report page, its WARNING and NOTE lines as warnings) and the demo's line on what the
-printed estimates estimate. From the operator-private run summary (exact counts: never published).
+"""What a release's run says to its operator, decided once for both targets: the operator-private run
+summary (exact counts: never published; ``run_summary``), the console's lines after ``measure`` (also on
+the run's report page, its WARNING and NOTE lines as warnings; ``summary_lines``, and
+``attribution_summary_lines`` for the W3C Attribution target) and the demo's line on what the printed
+estimates estimate.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from araopt.attribution.calibrate import estimates_of
 from araopt.io import outputs
+from araopt.version import Api, ParameterVersion
+
+OPERATOR_PRIVATE = {"OPERATOR_PRIVATE": "exact, un-noised counts: never publish"}
+
+
+def run_summary(version: ParameterVersion, accounting: dict[str, Any], parameters: dict[str, Any],
+                simulation_seed: int | None, run: dict[str, Any]) -> dict[str, Any]:
+    """The operator-private run summary of a release: its exact ``accounting`` (the job's), what it was
+    made with (per target: ARA's epsilon, encoding and count limit; Attribution's per-site budget,
+    queries and retention calibration), where the parameters came from (``parameters``), the
+    simulation, then how it ran (``run``: runner, wall time, domain, shards, ...)."""
+    if version.api == Api.ATTRIBUTION:
+        assert version.attribution is not None  # (an attribution version carries them)
+        made_with: dict[str, Any] = {
+            "api": Api.ATTRIBUTION.value, "per_site_budget": version.attribution.per_site_budget,
+            "queries": list(version.attribution.query_names), "parameters": parameters,
+            "simulation": simulation_seed is not None, "simulation_seed": simulation_seed,
+            "bias_corrected": version.retention is not None,
+            "retention": None if version.retention is None else version.retention.to_json()}
+    else:
+        params = version.params
+        made_with = {"epsilon": params.epsilon, "encoding": params.encoding, "count_limit": params.count_limit,
+                     "parameters": parameters, "simulation": simulation_seed is not None,
+                     "simulation_seed": simulation_seed}
+    return {**OPERATOR_PRIVATE, **accounting, **made_with, **run}
+
+
+def attribution_summary_lines(summary: dict[str, Any], output: str, simulation: bool, queries: int,
+                              version: ParameterVersion) -> list[str]:
+    """What the console says after a W3C Attribution release: the release, the operator-private
+    accounting and what the estimates estimate."""
+    mark = "SIMULATION (not private) " if simulation else ""
+    return [f"araopt measure: {mark}attribution release of {queries} histogram(s) x "
+            f"{summary['histogram_size']:,} indices written to {output}/"
+            f"{outputs.release_dir(simulation)}/ in {summary['wall_time_s']:.1f} s (domain: {summary['domain']})",
+            f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = "
+            f"{summary['conversions_kept']:,} kept + {summary['conversions_outside_domain']:,} outside the layout + "
+            f"{summary['rows_rejected']:,} rejected; {summary['reports_refused_for_budget']:,} of "
+            f"{summary['reports']:,} reports refused for budget",
+            f"  estimates are of {estimates_of(version.retention)}"]
 
 
 def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> list[str]:

@@ -33,6 +33,7 @@ from araopt.mechanism.measure import check_measurable, shard_sums
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.release import Release, release_domain, release_step
 from araopt.publication import Publication, publish
+from araopt.targets import check_domain
 from araopt.version import ParameterVersion
 
 
@@ -112,8 +113,8 @@ def resolve_release_domain(given: KeyDomain | None, given_source: str, version: 
     """The domain a release is over (``mechanism.release.release_domain``'s rules: declared, else the
     version's, else in simulation only none, derived from the data), checked against the version's
     slice and query columns when given (its errors name it ``given_name``, by default ``given_source``)."""
-    if given is not None:
-        version.params.check_domain(given, source=given_name or given_source)
+    if given is not None:  # its columns: those of the version's target (ARA's keys, Attribution's histograms)
+        check_domain(version, given, given_name or given_source)
     return release_domain(given, given_source, version.domain, families, simulation_seed, max_slices,
                           max_slices_source)
 

@@ -143,7 +143,7 @@ def main() -> None:
     n = int(args.sizes.split(",")[0])
     with tempfile.TemporaryDirectory() as root:
         os.environ["ARAOPT_LEDGER"] = root
-        from pipelines.ledger import Ledger
+        from araopt.ledger.ledger import Ledger
 
         ledger = Ledger.open(root, allow_rerelease=True)
         for k in range(args.releases):

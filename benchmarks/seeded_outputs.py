@@ -1,8 +1,10 @@
 """Seeded outputs of the commands whose results a refactoring must not change: optimize's parameter
 file, measure's release (simulation seed), evaluate's CSV files, nightly's published version and report
 (a local store, a fixed run id), replay's CSV and summary and the demo's nightly version and report (its
-measure step uses secure noise, as in production), each printed as the sha256 of its
-normalised content. Run it on two checkouts and compare the lines:
+measure step uses secure noise, as in production), and the same commands with ``--api attribution`` (the
+W3C Attribution target: optimize's version, measure's simulated release, nightly's published version and
+report, evaluate's table), each printed as the sha256 of its normalised content. Run it on two checkouts
+and compare the lines:
 
     .venv/bin/python benchmarks/seeded_outputs.py --keep /tmp/after
     (cd OTHER_CHECKOUT && PYTHONPATH=. /path/to/.venv/bin/python benchmarks/seeded_outputs.py --keep /tmp/before)
@@ -10,9 +12,9 @@ normalised content. Run it on two checkouts and compare the lines:
 
 Only the commands' own command lines are used (``pipelines.cli.main``), so the script runs unchanged on
 any version of the code. Normalised: the fields that say when or how long (``created_at``,
-``written_at``, ``sealed_at``, ``recorded_at``, ``optimizer_seconds``, ``wall_seconds``) and the temporary folder's
-path. measure runs with optimize's parameter file after that normalisation, so its release is a
-function of the optimizer's output and the seed only.
+``written_at``, ``sealed_at``, ``recorded_at``, ``optimizer_seconds``, ``wall_seconds``, a run summary's ``wall_time_s``
+and ``ledger_entry`` id) and the temporary folder's path. measure runs with optimize's parameter file
+after that normalisation, so its release is a function of the optimizer's output and the seed only.
 
 The jobs are not bit-reproducible even on one checkout: Beam merges the float sums of the statistics
 and calibration combiners in a runner-dependent order (last-digit differences), and Avro files carry
@@ -31,7 +33,7 @@ import tempfile
 from typing import Any
 
 VOLATILE = {"created_at", "written_at", "sealed_at", "recorded_at", "optimizer_seconds", "wall_seconds",
-            "wall_time_seconds", "seconds"}
+            "wall_time_seconds", "seconds", "wall_time_s", "ledger_entry"}
 SLICES = "campaignId,geography,productCategory"
 
 
@@ -107,13 +109,18 @@ def compare(before: str, after: str) -> int:
 
 def files_of(root: str) -> list[str]:
     out = ["params.json"]
-    for folder in ("measure/simulation", "measure/private"):
+    if os.path.exists(os.path.join(root, "attribution")):  # (kept folders from before the attribution steps)
+        out += ["attribution/params.json", os.path.join("attribution", "evaluate", "attribution.csv")]
+    for folder in ("measure/simulation", "measure/private", "attribution/measure/simulation",
+                   "attribution/measure/private"):
         for base, _, names in sorted(os.walk(os.path.join(root, folder))):
             out += [os.path.relpath(os.path.join(base, n), root) for n in sorted(names)
-                    if n not in ("run_summary.json", "run_manifest.json")]
+                    if n != "run_manifest.json"]
     out += [os.path.join("evaluate", n) for n in sorted(os.listdir(os.path.join(root, "evaluate"))) if n.endswith(".csv")]
+    out += [p for p in ["demo/measure/private/run_summary.json"] if os.path.exists(os.path.join(root, p))]
     for folder, names in (("store", ("params.json", "report.json")), ("replay", ("replay.csv", "summary.json")),
-                          ("demo/store", ("params.json", "report.json"))):
+                          ("demo/store", ("params.json", "report.json")),
+                          ("attribution/store", ("params.json", "report.json"))):
         for base, _, found in sorted(os.walk(os.path.join(root, folder))):
             out += [os.path.relpath(os.path.join(base, n), root) for n in sorted(found) if n in names]
     return out
@@ -164,6 +171,26 @@ def main() -> int:
     run(["replay", "--history", history, "--slices", SLICES, "--values", "value", "--epsilon", "8", "--output",
          os.path.join(root, "replay"), "--window-days", "3", "--replay-days", "2"])
     run(["demo", "--output", os.path.join(root, "demo"), "--conversions-per-day", "4000"])
+    # the W3C Attribution target: the same commands with --api attribution (its optimizer simulates the
+    # browsers in memory: one training day and a small count limit keep it short)
+    w3c = os.path.join(root, "attribution")
+    os.makedirs(w3c, exist_ok=True)
+    w3c_params = os.path.join(w3c, "params.json")
+    w3c_args = ["--slices", "campaignId", "--values", "value", "--max-count-limit", "4"]
+    run(["optimize", "--api", "attribution", "--history", train_days[-1], *w3c_args, "--epsilon", "8", "--output",
+         w3c_params, "--overwrite", "--no-progress"])
+    with open(w3c_params) as fh:
+        fixed = normalise(json.load(fh), root)
+    w3c_fixed = os.path.join(w3c, "params-fixed.json")
+    with open(w3c_fixed, "w") as fh:
+        json.dump(fixed, fh, indent=2)
+    run(["measure", "--api", "attribution", "--input", test_day, "--params", w3c_fixed, "--output",
+         os.path.join(w3c, "measure"), "--simulation-seed", "5", "--overwrite", "--no-progress", "--debug-run"])
+    run(["evaluate", "--api", "attribution", "--train", train_days[-1], "--test", test_day, *w3c_args,
+         "--epsilons", "8", "--output", os.path.join(w3c, "evaluate"), "--overwrite", "--no-progress"])
+    run(["nightly", "--api", "attribution", "--history", history, "--as-of", dates[-1].split("=", 1)[1],
+         "--window-days", "1", "--store", os.path.join(w3c, "store"), *w3c_args, "--epsilon", "8", "--run-id",
+         "seeded", "--no-progress"])
     print(f"seeded outputs under {root}", file=sys.stderr)
     for rel in files_of(root):
         print(f"{digest(os.path.join(root, rel), root)}  {rel}")

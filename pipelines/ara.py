@@ -1,5 +1,6 @@
 """`araopt export-ara` and `araopt reconstruct`: from parameters to ARA registrations, and from
-Aggregation Service summary reports back to estimates (see docs/ara.md).
+Aggregation Service summary reports back to estimates (see docs/ara.md); ``reconstruct`` of a W3C
+Attribution version reads the aggregated histograms instead (docs/attribution.md).
 
     araopt export-ara --params P --out DIR [--conversions LOG | --key-map M] [--destination URL]
                       [--simulation-seed S] [--overwrite]
@@ -29,35 +30,26 @@ from typing import Any
 
 import pandas as pd
 
-from araopt.ara import exploration as arms
 from araopt.ara.exploration import domain_from_conversions
-from araopt.ara.reconstruct import estimates_from_summary_report
+from araopt.ara.export import check_exportable, export_ara, export_domain
+from araopt.ara.reconstruct import check_report_matches, estimates_from_summary_report, key_map_domain, report_warnings
 from araopt.ara.registrations import (
-    ARA_CONTRIBUTION_BUDGET,
-    REGISTER_SOURCE,
-    REGISTER_TRIGGER,
     KeyMap,
-    SourceEncoder,
-    TriggerEncoder,
     ara_warnings,
-    check_ara_limits,
     check_ara_limits_for_cardinalities,
     destination_site,
-    key_map_json,
-    trigger_batch,
 )
 from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.io import avro, jsonio, outputs
 from araopt.io.conversions import Conversions
 from araopt.io.files import atomic_write
 from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_output_file, check_target
-from araopt.mechanism.measure import encode_and_bound
+from araopt.io.partitions import partition_days
+from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
-from araopt.publication import histogram_buckets
 from araopt.version import Api, ParameterVersion
 
 from . import options
-from .partitions import partition_days
 from .runner import localize
 from .values import parse_days_option
 
@@ -116,83 +108,37 @@ def _export(args: argparse.Namespace) -> int:
         raise InvalidParameters(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
     if args.simulation_seed is not None and args.conversions is None:
         raise InvalidParameters("--simulation-seed only applies to triggers, which need --conversions")
-    if params.contribution_budget != ARA_CONTRIBUTION_BUDGET:
-        raise InvalidParameters(f"contribution_budget Γ = {params.contribution_budget}: Chrome's budget per source is "
-                                f"fixed at {ARA_CONTRIBUTION_BUDGET} (and the Aggregation Service noises at "
-                                f"ε/{ARA_CONTRIBUTION_BUDGET}), so registrations for another Γ would not do what "
-                                f"measure simulates; export parameters with Γ = {ARA_CONTRIBUTION_BUDGET}")
+    check_exportable(version)
     check_target(args.output, args.overwrite, EXPORT_FOLDER)  # before any work; again at commit
     destination = destination_site(args.destination)
     if destination != args.destination.rstrip("/"):
         _warn(prog, f"--destination {args.destination} is registered as its site {destination} (as Chrome does)")
     check_ara_limits_for_cardinalities(params, [])  # limits that do not depend on the slices, before reading data
     conv, rejected, rows_read = (read_conversion_log(args.conversions, params) if args.conversions else (None, {}, 0))
-    if args.key_map:
-        domain = KeyMap.load(args.key_map).domain_for(version, args.params)
-    elif version.domain is not None:  # the domain the parameter version carries (the training history's slices)
-        domain = version.domain
-    elif conv is not None:
-        domain = domain_from_conversions(params, conv)
-        _warn(prog, f"the output domain lists exactly the slices present in {args.conversions}: use it for the "
-                    f"Aggregation Service only if that log is history, never the data being released")
-    else:
-        raise InvalidParameters("export-ara needs the key domain: pass --key-map M, parameters that carry a domain "
-                                "(araopt nightly / optimize), or --conversions LOG (its slices)")
-    check_ara_limits(params, domain)
-    sources = SourceEncoder(version, domain, destination)
-    triggers = TriggerEncoder(version, domain)
-    batch = None
-    exploration = params.exploration
-    if conv is not None and exploration is None:
-        contributions, _ = encode_and_bound(conv, params, simulation_seed=args.simulation_seed)
-        batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices, contributions, conv.record_keys(),
-                              sources, triggers)
-    elif conv is not None:  # every configuration's encoding of every conversion: the browser picks by the arm
-        encodings = arms.configuration_encodings(conv, params, args.simulation_seed)
-        batch = trigger_batch(conv.impression_id, conv.conversion_time, conv.slices,
-                              encodings.reshape(len(conv), -1), conv.record_keys(), sources, triggers)
+    domain, warning = export_domain(version, KeyMap.load(args.key_map) if args.key_map else None, args.params, conv,
+                                    args.conversions)
+    if warning is not None:
+        _warn(prog, warning)
+    export = export_ara(version, domain, destination, conv, rejected, rows_read, args.simulation_seed)
+    batch, summary = export.triggers, export.summary
     # --- every check passed: write, whole or not at all ---
     with OutputFolder.prepare(args.output, args.overwrite, prog, EXPORT_FOLDER) as folder:
         out = lambda name: os.path.join(folder.staging, name)  # noqa: E731
         with open(out("key_map.json"), "w", encoding="utf-8") as fh:
-            fh.write(jsonio.dumps(key_map_json(version, domain), indent=1))
+            fh.write(jsonio.dumps(export.key_map, indent=1))
         with open(out("key_map.csv"), "wb") as fh:
-            fh.write(outputs.csv_bytes(domain.key_table()))
-        registrations = (sources.all_registrations() if exploration is None
-                         else arms.source_registrations(sources, exploration))
-        source_doc: dict[str, Any] = {
-            "header": REGISTER_SOURCE, "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(),
-            "impression_slice_columns": list(sources.columns), "key_names": list(sources.key_names),
-            "registrations": registrations}
-        if exploration is not None:
-            source_doc["exploration"] = {**exploration.to_json(), "filter_data_key": arms.ARM_FILTER,
-                                         "rule": "an impression of arm a (Exploration.assign: a keyed hash of its id) "
-                                                 "registers source n + a; a main impression its slice's source"}
+            fh.write(outputs.csv_bytes(export.key_table))
         with open(out("sources.json"), "w", encoding="utf-8") as fh:
-            fh.write(jsonio.dumps(source_doc, indent=1))
-        avro.write_output_domain(out("output_domain.avro"), histogram_buckets(params, domain))
+            fh.write(jsonio.dumps(export.sources, indent=1))
+        avro.write_output_domain(out("output_domain.avro"), export.buckets)
         if batch is not None:
-            lines = (batch.lines(triggers) if exploration is None
-                     else arms.exploring_lines(batch, triggers, exploration, len(sources)))
             os.makedirs(out(outputs.PRIVATE_DIR))
             with open(out(outputs.private_file(outputs.PRIVATE_README)), "w", encoding="utf-8") as fh:
                 fh.write(outputs.EXPORT_PRIVATE_README_TEXT)
             with open(out(outputs.private_file(outputs.TRIGGERS_JSONL)), "w", encoding="utf-8") as fh:
-                for line in lines:
+                for line in export.trigger_lines(version):
                     fh.write(line)
                     fh.write("\n")
-        summary = {
-            "params_sha256": version.checksum(), "layout_sha256": domain.layout_checksum(), "encoding": params.encoding,
-            "slices": domain.num_slices, "keys": domain.num_keys,
-            "buckets": len(histogram_buckets(params, domain)),  # the output domain: the keys and the arms' keys
-            "sources": len(sources),
-            "key_bits": domain.total_bits, "keys_per_source": len(sources.key_names),
-            "trigger_header": REGISTER_TRIGGER, "conversions_read": rows_read, "conversions_rejected": rejected,
-            "triggers": len(batch) if batch is not None else 0,
-            "triggers_skipped": dict(batch.skipped) if batch is not None else {},
-            "triggers_outside_domain": batch.outside_domain if batch is not None else 0,
-            "simulation_seed": args.simulation_seed,
-        }
         with open(out("export.json"), "w", encoding="utf-8") as fh:
             fh.write(jsonio.dumps(summary, indent=1))
         folder.commit({"command": "export-ara", "params_sha256": version.checksum()})
@@ -203,9 +149,10 @@ def _export(args: argparse.Namespace) -> int:
     if rejected:
         _warn(prog, f"invalid conversion rows skipped: {rejected}")
     files = "key_map.json/.csv, sources.json, output_domain.avro, export.json, _manifest.json"
+    exploration = params.exploration
     arm_note = ("" if exploration is None else
                 f" + {exploration.num_arms} exploration arms x {domain.num_columns} keys")
-    print(f"{prog}: {len(sources)} source registrations, {summary['buckets']} buckets ({domain.num_slices} slices x "
+    print(f"{prog}: {summary['sources']} source registrations, {summary['buckets']} buckets ({domain.num_slices} slices x "
           f"{domain.num_columns} keys{arm_note}, {domain.total_bits} bits), {summary['triggers']} triggers; wrote "
           f"{files} under {args.output}")
     if batch is not None:
@@ -239,19 +186,12 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if args.api is not None:
         file_version.require_api(Api(args.api), f"reconstruct --api {args.api}")
     if file_version.api == Api.ATTRIBUTION:  # W3C Attribution Level 1: aggregated histograms, not ARA's Avro
-        from .attribution import reconstruct_attribution
-
-        return reconstruct_attribution(args, file_version, (side_summary,))
+        return _reconstruct_attribution(args, file_version, (side_summary,))
     version = (file_version if args.epsilon is None
                else file_version.with_epsilon(check_epsilon(args.epsilon, "--epsilon")))
     params = version.params
     if args.key_map:
-        key_map = KeyMap.load(args.key_map)
-        # export-ara records the parameter file as is; measure records it after its --epsilon override
-        if key_map.matches(file_version) or version is file_version:
-            domain = key_map.domain_for(file_version, args.params)
-        else:
-            domain = key_map.domain_for(version, f"{args.params} with --epsilon {args.epsilon:g}")
+        domain = key_map_domain(KeyMap.load(args.key_map), file_version, version, args.params, args.epsilon)
     elif args.conversions:
         conv, _, _ = read_conversion_log(args.conversions, params)
         domain = domain_from_conversions(params, conv)
@@ -262,9 +202,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     days = report_days(args.days, list(data.paths), getattr(args, "summary_report_as_given", []))
     frame, counters = estimates_from_summary_report(data.buckets, data.metrics, version, domain, args.confidence,
                                                     period_days=days)
-    if counters.rows and counters.unknown_buckets == counters.rows:
-        raise InvalidInput(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or "
-                           f"parameter file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
+    check_report_matches(counters)
     atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary: dict[str, Any] = {"report_kind": data.kind, "files": len(data.paths), **counters.to_json(),
                                "slices": domain.num_slices, "estimates": args.output}
@@ -280,15 +218,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
         os.remove(side_unknown)
     if data.kind == avro.DEBUG and data.annotations is not None:
         summary["debug_rows_not_in_domain"] = sum(1 for a in data.annotations if "in_domain" not in a)
-    if counters.missing_buckets:
-        _warn(prog, f"{counters.missing_buckets} bucket(s) of the key map are missing from the report: "
-                    f"{counters.incomplete_slices} slice(s) get NaN estimates")
-    if counters.huge_metrics:
-        _warn(prog, f"{counters.huge_metrics} metric(s) beyond ±2^53 skipped (their estimates are NaN): "
-                    f"e.g. bucket 0x{counters.huge[0][0]:x} metric {counters.huge[0][1]}")
-    if counters.implausible_negative_metrics:
-        _warn(prog, f"{counters.implausible_negative_metrics} metric(s) are more negative than noise at epsilon="
-                    f"{params.epsilon:g} makes plausible (wrong epsilon or a corrupt report?)")
+    for warning in report_warnings(counters, params.epsilon):
+        _warn(prog, warning)
     atomic_write(side_summary, lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
     arms = (f" ({counters.exploration_buckets:,} more are the exploration arms' keys)"
             if counters.exploration_buckets else "")
@@ -300,6 +231,54 @@ def _reconstruct(args: argparse.Namespace) -> int:
               + ("applied" if counters.calendar_applied else "not fitted (history shorter than two weeks)"))
     if counters.calendar_note:
         print(f"  NOTE: {counters.calendar_note}")
+    return 0
+
+
+def _reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion, sides: tuple[str, ...]) -> int:
+    """``araopt reconstruct`` for an attribution parameter version: the aggregation service's noisy
+    histograms (CSV: ``query,histogram_index,noisy_sum``) -> Alg. 4's estimates with noise intervals per
+    histogram index (of the true totals when the version carries a retention calibration), through the
+    histogram layout (--key-map: measure's key_map.json; else the version's layout; else --conversions'
+    slices)."""
+    from araopt.attribution.calibrate import estimates_of
+    from araopt.attribution.release import estimates_from_histograms, reconstruction_layout
+    from araopt.io.files import atomic_write
+
+    prog = "araopt reconstruct"
+    params = version.attribution
+    if params is None:
+        raise InvalidParameters("the parameter version carries no attribution parameters")
+    if args.epsilon is not None:
+        raise InvalidParameters("--epsilon does not apply to an attribution version (each query's epsilon is in it)")
+    rows = None
+    if not args.key_map and version.domain is None and args.conversions:
+        from .inputs import read_attribution_log
+
+        rows, _, _ = read_attribution_log(args.conversions, (*params.slice_columns, *params.conversion_slice_columns),
+                                          params.value_columns)
+    domain = reconstruction_layout(params, KeyDomain.load(args.key_map) if args.key_map else None, args.key_map,
+                                   version.domain, rows)
+    paths = args.summary_report if isinstance(args.summary_report, list) else [args.summary_report]
+    frames = []
+    for path in paths:
+        try:
+            frames.append(pd.read_csv(path))
+        except Exception as exc:  # noqa: BLE001 - a parser error is bad input
+            raise InvalidInput(f"cannot read the aggregated histograms {path}: {str(exc).splitlines()[0]}") from None
+    frame, histograms, missing = estimates_from_histograms(params, version.retention,
+                                                           pd.concat(frames, ignore_index=True), domain,
+                                                           args.confidence, ", ".join(paths))
+    atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
+    summary = {"api": "attribution", "histograms": histograms, "histogram_size": domain.num_slices,
+               "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output,
+               "bias_corrected": version.retention is not None}
+    atomic_write(sides[0], lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
+    if missing:
+        print(f"{prog}: warning: {missing} (query, histogram index) entries are missing from the histograms: their "
+              f"estimates are NaN", file=sys.stderr)
+    print(f"{prog}: {histograms} histogram(s) x {domain.num_slices:,} indices; estimates with "
+          f"{args.confidence:.0%} intervals written to {args.output} (summary in {sides[0]})")
+    print(f"  estimates are of {estimates_of(version.retention)}")
     return 0
 
 

@@ -25,20 +25,19 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from araopt.attribution.encoder import DEFAULT_CONVERSION_SITE, DEFAULT_IMPRESSION_SITE, browser_config
+from araopt.attribution.encoder import DEFAULT_CONVERSION_SITE, DEFAULT_IMPRESSION_SITE, calls_json
 from araopt.attribution.measure import export_cases
 from araopt.attribution.params import PARAMS_FORMAT, AttributionParams
-from araopt.attribution.reconstruct import layout_frame
-from araopt.errors import InvalidInput, InvalidParameters
+from araopt.attribution.release import histogram_layout
+from araopt.errors import InvalidParameters
 from araopt.io import jsonio, outputs
-from araopt.io.conversions import ATTRIBUTION_COLUMNS, IMPRESSION_TIME, IMPRESSION_TIME_US, ValidationCounts
+from araopt.io.conversions import ValidationCounts
 from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_target
 from araopt.mechanism.keys import DATA, KeyDomain
-from araopt.version import ParameterVersion
 
 from . import options
 
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
 
 EVENTS_JSONL = "events.jsonl"
 CALLS_JSON = "calls.json"
-LAYOUT_CSV = "histogram_layout.csv"
+LAYOUT_CSV = outputs.HISTOGRAM_LAYOUT_CSV
 
 EVENTS_PRIVATE_README_TEXT = """OPERATOR-PRIVATE - DO NOT PUBLISH
 
@@ -70,71 +69,12 @@ def load_params(path: str) -> AttributionParams:
 
 
 def read_rows(pattern: str, params: AttributionParams) -> tuple[pd.DataFrame, ValidationCounts, InputFiles]:
-    """Valid rows of a Parquet log with the Attribution columns (``impression_time`` required), with
-    the same validation as every job; rows in = kept + rejected (rejections counted by reason); and the
-    input's files and schema (which type a declared layout's values)."""
-    return read_log(pattern, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns)
+    """Valid rows of a Parquet log with the Attribution columns, for ``params``' columns
+    (``inputs.read_attribution_log``)."""
+    from .inputs import read_attribution_log
 
-
-def read_log(pattern: str, slices: Sequence[str], values: Sequence[str]
-             ) -> tuple[pd.DataFrame, ValidationCounts, InputFiles]:
-    """:func:`read_rows` for the columns ``slices`` and ``values`` (no parameters yet: ``optimize`` and
-    ``evaluate``)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystems import FileSystems
-
-    from araopt.io.conversions import check_attribution_schema, validate_batch
-    from transforms.io import check_input, needed_columns
-
-    slices, values = tuple(slices), tuple(values)
-    inputs = check_input(pattern, slices, values)
-    valid, counts = [], []
-    for path in inputs.paths:
-        with FileSystems.open(path) as fh:
-            present = check_attribution_schema(pq.read_schema(fh), path)
-        if IMPRESSION_TIME not in present:
-            raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
-        with FileSystems.open(path) as fh:
-            table = pq.read_table(fh, columns=[*needed_columns(slices, values), *present])
-        batch = validate_batch(table, slices, values, passthrough=ATTRIBUTION_COLUMNS, attribution=True)
-        valid.append(batch.valid)
-        counts.append(ValidationCounts.of(table.num_rows, batch))
-    rows = pa.concat_tables(valid).to_pandas()
-    for c in slices:  # dictionary-encoded strings back to plain values
-        if isinstance(rows[c].dtype, pd.CategoricalDtype):
-            rows[c] = rows[c].astype(object)
-    missing = rows[IMPRESSION_TIME_US].isna() if IMPRESSION_TIME_US in rows else pd.Series(True, index=rows.index)
-    if bool(missing.any()):
-        raise InvalidInput(f"{pattern}: {int(missing.sum())} rows without {IMPRESSION_TIME!r}")
-    return rows, ValidationCounts.merge(counts), inputs
-
-
-def calls_json(params: AttributionParams, domain: KeyDomain) -> dict[str, Any]:
-    """What the ad servers and the pages call: the saveImpression options per impression and the
-    measureConversion options of each query, in call order."""
-    config = browser_config(params, domain.num_slices)
-    return {
-        "params_format": PARAMS_FORMAT, "layout_sha256": domain.layout_checksum(),
-        "saveImpression": {
-            "histogramIndex": f"the impression's row of {LAYOUT_CSV} (its values of "
-                              f"{', '.join(params.slice_columns) or 'no slice column'})",
-            "matchValue": "an id the conversion site can name in matchValues (export: the impression's ordinal "
-                          "within its browser)",
-            "lifetimeDays": params.lookback_days, "priority": 0,
-            "conversionSites": "the advertiser sites that may measure it (export: omitted, every site)"},
-        "measureConversion": [
-            {"query": q.name, "column": q.column, "epsilon": q.epsilon, "maxValue": q.max_value, "clip": q.clip,
-             "value_scale": q.value_scale,
-             "value": ("1" if q.column is None else
-                       f"RR({q.value_scale:g} * min({q.column}, {q.clip:g})): randomized rounding to an integer "
-                       f"(eq. 2); no call when it is 0"),
-             "histogramSize": domain.num_slices, "lookbackDays": params.lookback_days,
-             "credit": list(params.credit), "aggregationService": dict(config.aggregation_services)}
-            for q in params.queries],
-        "conversion_slice_columns": list(params.conversion_slice_columns),
-        "browser_config": config.to_e2e(),
-    }
+    return read_attribution_log(pattern, (*params.slice_columns, *params.conversion_slice_columns),
+                                params.value_columns)
 
 
 def run_export_attribution(argv: Sequence[str] | None = None) -> int:
@@ -173,7 +113,7 @@ def _export(args: argparse.Namespace) -> int:
         with open(out(CALLS_JSON), "w", encoding="utf-8") as fh:
             fh.write(jsonio.dumps(calls_json(params, domain), indent=1))
         with open(out(LAYOUT_CSV), "wb") as fh:
-            fh.write(outputs.csv_bytes(layout_frame(domain)))
+            fh.write(outputs.csv_bytes(histogram_layout(domain)))
         reports = 0
         if cases is not None:
             os.makedirs(out(outputs.PRIVATE_DIR))
@@ -211,60 +151,6 @@ def _export(args: argparse.Namespace) -> int:
     if cases is not None:
         print(f"  operator-private ({len(cases)} browsers, {reports} measureConversion events; raw ids and times, never "
               f"publish): {os.path.join(args.output, outputs.private_file(EVENTS_JSONL))}")
-    return 0
-
-
-def reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion, sides: tuple[str, ...]) -> int:
-    """``araopt reconstruct`` for an attribution parameter version: the aggregation service's noisy
-    histograms (CSV: ``query,histogram_index,noisy_sum``) -> Alg. 4's estimates with noise intervals per
-    histogram index (of the true totals when the version carries a retention calibration), through the
-    histogram layout (--key-map: measure's key_map.json; else the version's layout; else --conversions'
-    slices)."""
-    from araopt.attribution.calibrate import estimates_of, published_frame
-    from araopt.attribution.reconstruct import check_noise_rates, read_histograms, reconstruct_histograms
-    from araopt.io.files import atomic_write
-
-    prog = "araopt reconstruct"
-    params = version.attribution
-    if params is None:
-        raise InvalidParameters("the parameter version carries no attribution parameters")
-    if args.epsilon is not None:
-        raise InvalidParameters("--epsilon does not apply to an attribution version (each query's epsilon is in it)")
-    check_noise_rates(params)  # (the intervals are the noise's)
-    if args.key_map:
-        domain = KeyDomain.load(args.key_map)
-        params.check_domain(domain, source=f"key map {args.key_map}")
-    elif version.domain is not None:
-        domain = version.domain
-    elif args.conversions:
-        rows, _, _ = read_rows(args.conversions, params)
-        domain = KeyDomain.from_slice_values(params.slice_columns, {c: rows[c].to_numpy() for c in params.slice_columns},
-                                             params.query_names)
-    else:
-        raise InvalidParameters("reconstruct needs the histogram layout: pass --key-map M (measure's key_map.json), a "
-                                "version that carries one, or --conversions LOG")
-    paths = args.summary_report if isinstance(args.summary_report, list) else [args.summary_report]
-    frames = []
-    for path in paths:
-        try:
-            frames.append(pd.read_csv(path))
-        except Exception as exc:  # noqa: BLE001 - a parser error is bad input
-            raise InvalidInput(f"cannot read the aggregated histograms {path}: {str(exc).splitlines()[0]}") from None
-    histograms, missing = read_histograms(pd.concat(frames, ignore_index=True), params, domain.num_slices,
-                                          source=", ".join(paths))
-    estimates = reconstruct_histograms(params, histograms, args.confidence)
-    frame = published_frame(estimates, domain, params, version.retention)
-    atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
-    summary = {"api": "attribution", "histograms": len(histograms), "histogram_size": domain.num_slices,
-               "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output,
-               "bias_corrected": version.retention is not None}
-    atomic_write(sides[0], lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
-    if missing:
-        print(f"{prog}: warning: {missing} (query, histogram index) entries are missing from the histograms: their "
-              f"estimates are NaN", file=sys.stderr)
-    print(f"{prog}: {len(histograms)} histogram(s) x {domain.num_slices:,} indices; estimates with "
-          f"{args.confidence:.0%} intervals written to {args.output} (summary in {sides[0]})")
-    print(f"  estimates are of {estimates_of(version.retention)}")
     return 0
 
 

@@ -41,6 +41,16 @@ def parse_epsilons(text: str) -> list[float]:
     return [check_epsilon(p, "--epsilons") for p in parts]
 
 
+def dataset_names(args: argparse.Namespace) -> list[str]:
+    """One --test and one name per --train (default dataset1, ...)."""
+    if len(args.train) != len(args.test):
+        raise InvalidParameters(f"give one --test per --train ({len(args.train)} vs {len(args.test)})")
+    names = args.name or [f"dataset{i + 1}" for i in range(len(args.train))]
+    if len(names) != len(args.train):
+        raise InvalidParameters(f"give one --name per --train ({len(names)} vs {len(args.train)})")
+    return list(names)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     return options.run_command("evaluate", _run, argv)
 
@@ -60,22 +70,18 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     from araopt.optimize.tune import resolve_taus
     from transforms.io import InputFiles, check_input
 
-    from .inputs import load_conversions, report_rejections
+    from .inputs import load_conversions, refuse_ara_only, report_rejections
 
     epsilons = parse_epsilons(args.epsilons)
     if args.api == "attribution":
-        from .tune_attribution import run_evaluate as run_attribution
-
         if args.monte_carlo < 0:
             raise InvalidParameters(f"--monte-carlo must be >= 0, got {args.monte_carlo}")
-        return run_attribution(args, PROG, epsilons)
-    if args.monte_carlo < 0 or args.monte_carlo == 1:
+        refuse_ara_only(args, PROG, ("lookback", "tau"))
+    elif args.monte_carlo < 0 or args.monte_carlo == 1:
         raise InvalidParameters(f"--monte-carlo must be 0 (off) or >= 2, got {args.monte_carlo}")
-    if len(args.train) != len(args.test):
-        raise InvalidParameters(f"give one --test per --train ({len(args.train)} vs {len(args.test)})")
-    names = args.name or [f"dataset{i + 1}" for i in range(len(args.train))]
-    if len(names) != len(args.train):
-        raise InvalidParameters(f"give one --name per --train ({len(names)} vs {len(args.train)})")
+    names = dataset_names(args)
+    if args.api == "attribution":
+        return _run_attribution(args, names, epsilons)
     check_target(args.output, args.overwrite, EVALUATION_FOLDER)  # before any work; again at commit
     tau_overrides = parse_tau(args.tau)
     methods = split_columns(args.methods, "--methods")
@@ -154,6 +160,48 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     print(f"{PROG}: {len(results)} (dataset, epsilon, method) results; {what} the lowest test RMSRE_tau "
           f"in {wins} of {len(best)} (dataset, epsilon) cases; wrote "
           + ", ".join(os.path.basename(p) for p in paths.values()) + f" to {args.output}")
+    return 0
+
+
+def _run_attribution(args: argparse.Namespace, names: Sequence[str], budgets: Sequence[float]) -> int:
+    """``evaluate --api attribution``: per dataset and per-site budget, the optimized parameters (tuned on
+    train) against the baselines on test (``evaluation.attribution``); writes ``attribution.csv``."""
+    import pandas as pd
+
+    from araopt.evaluation.attribution import evaluate_attribution, evaluation_table
+    from araopt.io.folders import EVALUATION_FOLDER, OutputFolder, check_target
+    from araopt.optimize.attribution_workflow import history_domain
+
+    from .inputs import read_attribution_log, report_rejections
+
+    slices = split_columns(args.slices, "--slices")
+    values = split_columns(args.values, "--values")
+    check_target(args.output, args.overwrite, EVALUATION_FOLDER)
+    tables = []
+    with OutputFolder.prepare(args.output, args.overwrite, PROG, EVALUATION_FOLDER) as folder:
+        for name, train_path, test_path in zip(names, args.train, args.test, strict=True):
+            train, counts, _ = read_attribution_log(train_path, slices, values)
+            report_rejections(f"{PROG} ({name}, training log)", counts)
+            test, counts, _ = read_attribution_log(test_path, slices, values)
+            report_rejections(f"{PROG} ({name}, test log)", counts)
+            domain = history_domain(pd.concat([train[list(slices)], test[list(slices)]]), slices, values)
+            evaluations = evaluate_attribution(train, test, domain, values, slices, budgets, runs=args.monte_carlo,
+                                               seed=args.seed)
+            table = evaluation_table(evaluations)
+            table.insert(0, "dataset", name)
+            tables.append(table)
+        results = pd.concat(tables, ignore_index=True)
+        results.to_csv(os.path.join(folder.staging, "attribution.csv"), index=False)
+        folder.commit({"command": "evaluate", "api": "attribution", "datasets": list(names),
+                       "budgets": list(budgets)})
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
+        print(results.to_string(index=False))
+    opt = results[results["method"] == "optimized"]
+    print(f"{PROG}: api attribution, {len(opt)} (dataset, budget) cells: optimized / best baseline "
+          f"max {opt['ratio_to_best_baseline'].max():.4g}, tuned-on-train / tuned-on-test max "
+          f"{opt['tuned_train/test'].max():.4g}"
+          + (f", coverage of the intervals of the true totals min {opt['coverage'].min():.4g}" if args.monte_carlo else "")
+          + f"; wrote attribution.csv to {args.output}")
     return 0
 
 

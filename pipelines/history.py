@@ -1,7 +1,8 @@
-"""Reading conversion logs for the driver-side jobs (optimize, evaluate): a history's statistics,
-tuning and calibration in one Beam job (``compute_tuned_history``), and its statistics alone
-(``compute_statistics``). Both validate every row the same way as ``araopt measure`` (dead letter with a
-reason, the rejected-share gate); small logs in memory: ``pipelines.inputs.load_conversions``.
+"""Running ``optimize``'s history job to the driver: a history's statistics, tuning and calibration in
+one Beam job (``compute_tuned_history``), and its statistics alone (``compute_statistics``), both the
+graph of ``transforms.tuning.build_history``. Both validate every row the same way as ``araopt measure``
+(dead letter with a reason, the rejected-share gate); small logs in memory:
+``pipelines.inputs.load_conversions``.
 """
 from __future__ import annotations
 
@@ -42,9 +43,10 @@ def _run_to_driver(pipeline_args: Sequence[str], shuffle: str, build: Callable[[
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
+    from araopt.io.spill import remove_dir
     from transforms.statistics import SaveElement
 
-    from .runner import make_runner, pipeline_options, remove_dir, run_pipeline, spill_folder
+    from .runner import make_runner, pipeline_options, run_pipeline, spill_folder
 
     opts = pipeline_options(list(pipeline_args))
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here
@@ -74,6 +76,35 @@ def _run_to_driver(pipeline_args: Sequence[str], shuffle: str, build: Callable[[
         remove_dir(run_dir)
 
 
+def _history_job(inputs: InputFiles, spec: StatisticsSpec, pipeline_args: Sequence[str], max_rejected_fraction: float,
+                 num_shards: int | None, shuffle: str, dead_letter: str | None, lookback: InputFiles | None, job: str,
+                 file_suffix: str, choose: Callable[..., Any] | None = None
+                 ) -> tuple[dict[str, Any], str | None] | TranslatedJob:
+    """Run ``transforms.tuning.build_history`` to the driver: its values and where the dead letter is (on a
+    dry run: the translated job); a history with too many rejected rows is refused after the job
+    (``check_rejected_share``)."""
+    from araopt.io.conversions import check_rejected_share
+    from transforms.io import auto_num_shards
+    from transforms.tuning import build_history
+
+    from .runner import is_local_runner, pipeline_options, worker_writable
+
+    shards = num_shards or auto_num_shards(inputs.rows)
+    opts = pipeline_options(list(pipeline_args))
+    local = is_local_runner(opts)
+    dead_letter = worker_writable(opts, dead_letter) if dead_letter else None
+
+    def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
+        return build_history(pipeline, inputs.paths, spec, dead_letter, shards, shuffle_dir, local,
+                             lookback.paths if lookback else (), choose, max_rejected_fraction)
+
+    values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
+    if not isinstance(values, dict):
+        return values
+    check_rejected_share(values["counts"], max_rejected_fraction, what="history")
+    return values, None if dead_letter is None else dead_letter + (".parquet" if local else "-*.parquet")
+
+
 def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline_args: Sequence[str] = (),
                        max_rejected_fraction: float = 0.10, num_shards: int | None = None, shuffle: str = "auto",
                        dead_letter: str | None = None, lookback: InputFiles | None = None, job: str = "statistics",
@@ -82,32 +113,14 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
     run to completion; the result comes back to the driver (on a dry run: the translated job). Refuses
     bad input before any work and a history with too many rejected rows after (``check_rejected_share``).
     ``lookback``: earlier conversions read only to give the history's conversions their lifetime ranks."""
-    from araopt.io.conversions import check_rejected_share
-    from transforms.io import InputFiles, auto_num_shards, check_input
-    from transforms.statistics import StatisticsFromShards
-    from transforms.validate import ReadAndValidate
-
-    from .runner import is_local_runner, pipeline_options, worker_writable
+    from transforms.io import InputFiles, check_input
 
     inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, spec.slice_columns, spec.value_columns)
-    shards = num_shards or auto_num_shards(inputs.rows)
-    opts = pipeline_options(list(pipeline_args))
-    local = is_local_runner(opts)
-    dead_letter = worker_writable(opts, dead_letter) if dead_letter else None
-
-    def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
-        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
-                                                            dead_letter, num_shards=shards, spill_dir=shuffle_dir,
-                                                            one_dead_letter_file=local,
-                                                            lookback_paths=lookback.paths if lookback else ())
-        return {"counts": read["counts"],
-                "statistics": read["grouped"] | "Statistics" >> StatisticsFromShards(spec)}
-
-    values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
-    if not isinstance(values, dict):
-        return values
-    check_rejected_share(values["counts"], max_rejected_fraction, what="history")
-    where = None if dead_letter is None else dead_letter + (".parquet" if local else "-*.parquet")
+    ran = _history_job(inputs, spec, pipeline_args, max_rejected_fraction, num_shards, shuffle, dead_letter, lookback,
+                       job, file_suffix)
+    if not isinstance(ran, tuple):
+        return ran
+    values, where = ran
     return StatisticsRun(values["statistics"], values["counts"], inputs, where)
 
 
@@ -139,33 +152,10 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
     back to the driver (on a dry run: the translated job); a history with too many rejected rows is
     refused after the job (``check_rejected_share``) without being tuned."""
 
-    from araopt.io.conversions import check_rejected_share
-    from araopt.optimize.workflow import gated_choice
-    from transforms.io import auto_num_shards
-    from transforms.tuning import StatisticsAndCalibration
-    from transforms.validate import ReadAndValidate
-
-    from .runner import is_local_runner, pipeline_options, worker_writable
-
-    shards = num_shards or auto_num_shards(inputs.rows)
-    opts = pipeline_options(list(pipeline_args))
-    local = is_local_runner(opts)
-    dead_letter = worker_writable(opts, dead_letter) if dead_letter else None
-
-    def build(pipeline: Any, shuffle_dir: str | None) -> Mapping[str, Any]:
-        read = pipeline | "ReadHistory" >> ReadAndValidate(inputs.paths, spec.slice_columns, spec.value_columns,
-                                                            dead_letter, num_shards=shards, spill_dir=shuffle_dir,
-                                                            one_dead_letter_file=local,
-                                                            lookback_paths=lookback.paths if lookback else (),
-                                                            shard_files=True)  # read again by the calibration
-        tuned = read["grouped"] | "Tune" >> StatisticsAndCalibration(spec, gated_choice, read["counts"], choose,
-                                                                     max_rejected_fraction)
-        return {"counts": read["counts"], **tuned}
-
-    values = _run_to_driver(pipeline_args, shuffle, build, job, file_suffix)
-    if not isinstance(values, dict):
-        return values
-    check_rejected_share(values["counts"], max_rejected_fraction, what="history")
-    where = None if dead_letter is None else dead_letter + (".parquet" if local else "-*.parquet")
+    ran = _history_job(inputs, spec, pipeline_args, max_rejected_fraction, num_shards, shuffle, dead_letter, lookback,
+                       job, file_suffix, choose)
+    if not isinstance(ran, tuple):
+        return ran
+    values, where = ran
     return TunedHistoryRun(values["statistics"], values["counts"], inputs, values["chosen"], values["calibration"],
                            where)

@@ -1,7 +1,9 @@
 """The inputs the commands share, read once here: a parameter file or store version (``load_params``),
-a declared key domain file (``read_domain``), and a small conversion log in memory with the same
-validation and rejected-share gate as the Beam jobs (``load_conversions``, ``report_rejections``).
-Command modules import these from here, never from each other."""
+a declared key domain file (``read_domain``), a small conversion log in memory with the same
+validation and rejected-share gate as the Beam jobs (``load_conversions``, ``report_rejections``), the
+W3C Attribution target's log in memory (``read_attribution_log``), and the one refusal of an ARA-only
+option with ``--api attribution`` (``refuse_ara_only``). Command modules import these from here, never
+from each other."""
 from __future__ import annotations
 
 import hashlib
@@ -11,12 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from araopt.errors import InvalidInput
+from araopt.errors import InvalidInput, Unsupported
 from araopt.io import jsonio
 from araopt.mechanism.keys import KeyDomain, check_domain_families, domain_from_rows
 from araopt.version import ParameterVersion
 
 if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
+    import argparse
+
+    import pandas as pd
     import pyarrow as pa
 
     from araopt.io.conversions import Conversions, ValidationCounts
@@ -145,3 +150,54 @@ def report_rejections(prog: str, counts: ValidationCounts, where: str | None = N
         reasons = ", ".join(f"{k} {v:,}" for k, v in counts.rejected_by_reason.items())
         tail = f"; dead letter: {where}" if where else ""
         print(f"{prog}: {counts.rows_rejected:,} of {counts.rows_read:,} rows rejected ({reasons}){tail}", file=sys.stderr)
+
+
+def read_attribution_log(pattern: str | Sequence[str], slices: Sequence[str], values: Sequence[str]
+                         ) -> tuple[pd.DataFrame, ValidationCounts, InputFiles]:
+    """Valid rows of a Parquet log with the W3C Attribution columns (``impression_time`` required), for the
+    columns ``slices`` and ``values``, with the same validation as every job (rows in = kept + rejected,
+    rejections counted by reason), and the input's files and schema (which type a declared layout's values)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystems import FileSystems
+
+    from araopt.io.conversions import (
+        ATTRIBUTION_COLUMNS,
+        IMPRESSION_TIME,
+        IMPRESSION_TIME_US,
+        ValidationCounts,
+        check_attribution_schema,
+        validate_batch,
+    )
+    from transforms.io import check_input, needed_columns
+
+    slices, values = tuple(slices), tuple(values)
+    inputs = check_input(pattern, slices, values)
+    valid, counts = [], []
+    for path in inputs.paths:
+        with FileSystems.open(path) as fh:
+            present = check_attribution_schema(pq.read_schema(fh), path)
+        if IMPRESSION_TIME not in present:
+            raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
+        with FileSystems.open(path) as fh:
+            table = pq.read_table(fh, columns=[*needed_columns(slices, values), *present])
+        batch = validate_batch(table, slices, values, passthrough=ATTRIBUTION_COLUMNS, attribution=True)
+        valid.append(batch.valid)
+        counts.append(ValidationCounts.of(table.num_rows, batch))
+    rows = pa.concat_tables(valid).to_pandas()
+    for c in slices:  # dictionary-encoded strings back to plain values
+        if isinstance(rows[c].dtype, pd.CategoricalDtype):
+            rows[c] = rows[c].astype(object)
+    missing = rows[IMPRESSION_TIME_US].isna() if IMPRESSION_TIME_US in rows else pd.Series(True, index=rows.index)
+    if bool(missing.any()):
+        raise InvalidInput(f"{pattern}: {int(missing.sum())} rows without {IMPRESSION_TIME!r}")
+    return rows, ValidationCounts.merge(counts), inputs
+
+
+def refuse_ara_only(args: argparse.Namespace, prog: str, names: Sequence[str]) -> None:
+    """One line for an ARA-only option given with ``--api attribution``."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value not in (None, False, [], ()):
+            raise Unsupported(f"{prog}: --{name.replace('_', '-')} is not supported with --api attribution")

@@ -24,33 +24,21 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
-from araopt.io import jsonio
-from araopt.io.conversions import ValidationCounts
+from araopt.errors import InvalidParameters, check_epsilon
+from araopt.io.partitions import window, window_partitions
 from araopt.io.progress import Progress
 from araopt.nightly import (
     Guardrails,
     NightlyConfig,
-    NightlyDecision,
-    nightly_decision,
-    nightly_report,
-    nightly_report_png,
+    conclude_night,
     private_night,
-    publish_version,
-    version_history,
-    version_report_png,
-    version_table,
-    with_calibration,
 )
 from araopt.optimize import statistics as stats
-from araopt.optimize.statistics import SufficientStatistics
 from araopt.version import ParameterVersion
 from transforms.io import auto_num_shards, check_input, match_files
-from transforms.tuning import StatisticsAndCalibration
-from transforms.validate import ReadAndValidate
+from transforms.tuning import build_nightly
 
 from . import options
-from .partitions import partition_day
 from .private import check_mode
 from .runner import dry_run_sentence, make_runner, pipeline_options, run_pipeline, spill_folder
 from .values import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
@@ -62,98 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def select_window(history: str, as_of: str, window_days: int, lookback_days: int = 0
                   ) -> tuple[list[str], list[str], list[str]]:
-    """Files of the conversion-date partitions in [as_of - window_days + 1, as_of], the dates found, and
-    the files of the ``lookback_days`` partitions before the window (read only for lifetime ranks)."""
-    if window_days < 1:
-        raise InvalidParameters(f"--window-days must be >= 1, got {window_days}")
-    if lookback_days < 0:
-        raise InvalidParameters(f"--lookback-days must be >= 0, got {lookback_days}")
-    end = dt.date.fromisoformat(as_of)
-    start = end - dt.timedelta(days=window_days - 1)
-    lookback_start = start - dt.timedelta(days=lookback_days)
-    files = match_files(history)
-    chosen, lookback, dates = [], [], set()
-    for path in files:
-        found = partition_day(path)  # a malformed date= folder is refused, not skipped
-        if found is None:
-            continue
-        day = dt.date.fromisoformat(found)
-        if start <= day <= end:
-            chosen.append(path)
-            dates.add(found)
-        elif lookback_start <= day < start:
-            lookback.append(path)
-    if not chosen:
-        raise InvalidInput(f"no history in the window {start}..{end} under {history!r} "
-                           f"({len(files)} files found, partitions must look like date=YYYY-MM-DD/)")
-    return chosen, sorted(dates), lookback
-
-
-def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
-            previous_payload: bytes | None) -> tuple[NightlyDecision, tuple[ParameterVersion, ...]]:
-    """The single-element decision step: ``araopt.nightly.nightly_decision`` (gate, tune, guardrails),
-    and the candidate versions to calibrate."""
-    previous = ParameterVersion.from_bytes(previous_payload, "previous latest") if previous_payload else None
-    decision = nightly_decision(statistics, counts, config, previous)
-    return decision, tuple(v for v, _ in decision.tuning.candidates)
-
-
-class _CalibrateReportAndPublish(beam.DoFn):
-    """The single-element publish step: the parameters with the window's calibration attached, the
-    run report, and the publish (only if the decision says so)."""
-
-    def __init__(self, config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None):
-        self._config = config
-        self._previous_payload = previous_payload
-        self._expected_previous = expected_previous
-
-    def setup(self):
-        from araopt.io.stores import open_store
-
-        self._store = open_store(self._config.store)
-
-    def process(self, decision: NightlyDecision, calibration_statistics, counts: ValidationCounts):
-        config = self._config
-        previous = ParameterVersion.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
-        decision = with_calibration(decision, calibration_statistics, previous, config)
-        report = nightly_report(decision, config, counts, self._expected_previous)
-        report_dir = FileSystems.join(config.store, "reports", f"{config.as_of}-{config.run_id}")
-        if decision.idempotent:  # the same as-of date on the same history: nothing new to publish
-            report.update(version=self._expected_previous)
-        elif decision.problems:
-            _write_report(report_dir, report, decision, self._store)
-            raise InvalidInput("not published: " + "; ".join(decision.problems) + f" (report: {report_dir})")
-        else:
-            publish_version(self._store, decision.tuning.version, report, config.as_of, config.run_id,
-                            self._expected_previous)
-        _write_report(report_dir, report, decision, self._store)
-        yield report
-
-
-def _write_report(directory: str, report: dict, decision: NightlyDecision | None, store,
-                  version: ParameterVersion | None = None) -> None:
-    """report.json, report.png (from the decision, or from what ``version`` records of its tuning: the
-    privacy-safe run; none for its cold start) and report.html, the page a person opens
-    (``araopt.evaluation.report_html``), beside them."""
-    from araopt.evaluation.report_html import Figure, nightly_page
-    from araopt.io.folders import REPORT_FOLDER, write_folder
-
-    files = {"report.json": jsonio.dumps(report, indent=1, default=str).encode()}
-    figures, links = [], [("report.json (the run report)", "report.json")]
-    if decision is not None:
-        png: bytes | None = nightly_report_png(decision, version_history(store))
-    else:
-        png = None if version is None else version_report_png(version, report.get("problems", ()),
-                                                               version_history(store))
-    if png is not None:
-        files["report.png"] = png
-        figures.append(Figure("The nightly choice (report.png)", png, "report.png"))
-        links.append(("report.png", "report.png"))
-    if report.get("published") and report.get("version"):
-        links.append((f"published parameters {report['version']}", f"../../versions/{report['version']}/params.json"))
-    files["report.html"] = nightly_page(report, version_table(store), figures, links).encode("utf-8")
-    # whole or absent, like every output folder; a re-run with the same --run-id replaces its own report
-    write_folder(directory, files, "araopt nightly report", REPORT_FOLDER, {"command": "nightly"}, overwrite=True)
+    """The window's files, its dates and its lookback's files under ``history``
+    (``araopt.io.partitions.window_partitions``; the window's bounds checked before any listing)."""
+    days = window(as_of, window_days, lookback_days)
+    return window_partitions(match_files(history), days, repr(history))
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -166,12 +66,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     started = time.time()
     as_of = resolve_as_of(args.as_of)
     if args.api == "attribution":
-        from .tune_attribution import run_nightly as run_attribution
-
         if args.history is None:
             raise InvalidParameters("--history is required with --api attribution")
-        files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
-        return run_attribution(args, "araopt nightly", as_of, files, dates, _write_report)
+        return _run_attribution(args, as_of)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
@@ -188,7 +85,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     files, dates, lookback_files = select_window(args.history, as_of, args.window_days, args.lookback_days)
     inputs = check_input(files, slices, values)
     lookback = check_input(lookback_files, slices, values) if lookback_files else None
-    window_start = (dt.date.fromisoformat(as_of) - dt.timedelta(days=args.window_days - 1)).isoformat()
+    window_start = window(as_of, args.window_days).start.isoformat()
     config = NightlyConfig(
         store=args.store, as_of=as_of, run_id=args.run_id or uuid.uuid4().hex[:8], epsilon=epsilon,
         slice_columns=slices, window=(window_start, as_of), dates=tuple(dates), encoding=args.encoding,
@@ -201,17 +98,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
     num_shards = args.num_shards or auto_num_shards(inputs.rows)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
-        read = pipeline | "ReadWindow" >> ReadAndValidate(inputs.paths, slices, values, num_shards=num_shards,
-                                                          spill_dir=shuffle_dir,
-                                                          lookback_paths=lookback.paths if lookback else (),
-                                                          shard_files=True)  # the calibration reads the shards again
-        counts = read["counts"]
-        tuned = read["grouped"] | "OptimizeAndGuard" >> StatisticsAndCalibration(spec, _decide, counts, config,
-                                                                                 previous_payload)
-        decision, calibration = tuned["chosen"], tuned["calibration"]
-        _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
-            _CalibrateReportAndPublish(config, previous_payload, pointer.version if pointer else None),
-            beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
+        build_nightly(pipeline, inputs.paths, lookback.paths if lookback else (), spec, config, previous_payload,
+                      pointer.version if pointer else None, num_shards, shuffle_dir)
         Progress("araopt nightly", enabled=not args.no_progress)(
             f"one Beam job: validate, group by impression, statistics, ParameterOptimization (Alg. 5), guardrails, "
             f"calibration, publish ({len(inputs.paths)} file(s), {inputs.rows:,} rows"
@@ -233,11 +121,11 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     conversions (``pipelines.private``), guarded and published like any nightly version. No Beam job:
     the inputs are a few noised tables and the advertiser's conversion values."""
     from araopt.io.stores import open_store
+    from araopt.ledger.verify import ReleaseVerifier
     from araopt.mechanism.exploration import default_exploration
     from araopt.optimize.private_inputs import describe
 
     from .private import load_declared_domain, tune_privately
-    from .verified_releases import ReleaseVerifier
 
     store = open_store(args.store)
     pointer = store.read_latest_pointer()
@@ -262,17 +150,58 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     if decision.idempotent:
         print(f"araopt nightly --private {as_of}: already published as {expected or '?'} (idempotent re-run)")
         return 0
-    report_dir = FileSystems.join(args.store, "reports", f"{as_of}-{run_id}")
-    if decision.publish:
-        publish_version(store, version, report, as_of, run_id, expected)
-    _write_report(report_dir, report, None, store, version)
-    problems, series = decision.problems, decision.series
-    if problems:
-        raise InvalidInput("not published: " + "; ".join(problems) + f" (report: {report_dir})")
+    conclude_night(store, args.store, report, version, False, decision.problems, as_of, run_id, expected,
+                   figure_from=version)
+    series = decision.series
     print(f"araopt nightly --private {as_of}: published {report['version']} in {time.time() - started:.1f} s; "
           f"{describe(tuning)}")
     if series:
         print(f"  a new series of versions: {series}")
+    return 0
+
+
+def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
+    """``nightly --api attribution``: the window's files (``select_window``) read in memory, tuned
+    (``optimize.attribution_workflow``), decided (``araopt.nightly.attribution_night``: ARA's guardrails,
+    the re-run rule) and concluded (``conclude_night``: published to the store, the run report written)."""
+    from araopt.io.stores import open_store
+    from araopt.nightly import attribution_night
+    from araopt.optimize.attribution_workflow import tune_attribution
+
+    from .inputs import read_attribution_log, refuse_ara_only, report_rejections
+
+    prog = "araopt nightly"
+    files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
+    refuse_ara_only(args, prog, ("private", "tau", "special_days"))
+    budget = check_epsilon(args.epsilon, "--epsilon")
+    slices = split_columns(args.slices, "--slices")
+    values = split_columns(args.values, "--values")
+    store = open_store(args.store)
+    pointer = store.read_latest_pointer()
+    previous = ParameterVersion.from_bytes(store.resolve("latest").payload, "previous latest") if pointer else None
+    expected = pointer.version if pointer else None
+    rows, counts, _ = read_attribution_log(files, slices, values)
+    report_rejections(prog, counts)
+    tuning = tune_attribution(rows, slices, values, budget, args.max_count_limit, args.seed, f"{prog}: the history")
+    run_id = args.run_id or uuid.uuid4().hex[:8]
+    window_start = window(as_of, args.window_days).start.isoformat()
+    guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
+    decision, report = attribution_night(tuning, previous, as_of, run_id, budget, window_start, dates, expected,
+                                         guardrails, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    directory = conclude_night(store, args.store, report, decision.version, decision.idempotent, decision.problems,
+                               as_of, run_id, expected)
+    version, result = decision.version, tuning.optimization
+    assert version.retention is not None  # (the workflow fits it)
+    status = (f"already published as {expected} (idempotent re-run)" if decision.idempotent
+              else f"published {report['version']} to {args.store}")
+    print(f"{prog}: api attribution, {tuning.rows:,} conversions in {len(dates)} day(s): C = "
+          f"{result.params.count_limit(multi_epoch=True)}, predicted RMSRE_tau {result.rmsre_tau:.4g} vs best "
+          f"baseline {min(tuning.baselines.values()):.4g}; retention "
+          + ", ".join(f"{n} {r:.3g}" for n, r in zip(version.retention.query_names, version.retention.ratios,
+                                                   strict=True))
+          + f"; {status}; report {directory}/report.json")
+    if decision.series:
+        print(f"  a new series of versions: {decision.series}")
     return 0
 
 

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     return options.build_parser("optimize")
 
 
-def result_table(rows: list[dict]) -> str:
+def result_table(rows: list[dict] | pd.DataFrame) -> str:
     frame = pd.DataFrame(rows)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.6g}".format):
         return frame.to_string(index=False)
@@ -56,9 +56,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from .runner import dry_run_sentence
 
     if args.api == "attribution":
-        from .tune_attribution import run_optimize as run_attribution
-
-        return run_attribution(args, PROG)
+        return _run_attribution(args)
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
@@ -129,19 +127,53 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
+def _run_attribution(args: argparse.Namespace) -> int:
+    """``optimize --api attribution``: the history read in memory, tuned (``optimize.attribution_workflow``:
+    Alg. 5 for the target, the retention calibration on the same history), the version to ``--output``."""
+    from araopt.errors import check_epsilon
+    from araopt.io.folders import check_output_file
+    from araopt.optimize.attribution_workflow import tune_attribution
+
+    from .inputs import read_attribution_log, refuse_ara_only, report_rejections
+
+    refuse_ara_only(args, PROG, ("lookback", "tau", "special_days", "private"))
+    budget = check_epsilon(args.epsilon, "--epsilon")
+    slices = split_columns(args.slices, "--slices")
+    values = split_columns(args.values, "--values")
+    check_output_file(args.output, args.overwrite)
+    rows, counts, _ = read_attribution_log(args.history, slices, values)
+    report_rejections(PROG, counts)
+    tuning = tune_attribution(rows, slices, values, budget, args.max_count_limit, args.seed, f"{PROG}: the history")
+    version, p = tuning.version, tuning.optimization.params
+    check_output_file(args.output, args.overwrite)
+    version.save(args.output)
+    print(result_table(tuning.comparison))
+    print(f"{PROG}: {tuning.rows:,} conversions, {tuning.domain.num_slices} histogram indices; per-site budget "
+          f"{budget:g}: C = {p.count_limit(multi_epoch=True)}, epsilon per query "
+          + ", ".join(f"{q.name} {q.epsilon:g}" for q in p.queries)
+          + f", predicted training RMSRE_tau {tuning.optimization.rmsre_tau:.4g}; wrote {args.output} (api attribution)")
+    assert version.retention is not None  # (the workflow fits it)
+    print(f"{PROG}: retention (kept / true on the history) "
+          + ", ".join(f"{n} {r:.3g} (spread {d:.3g})" for n, r, d in zip(version.retention.query_names,
+                                                                        version.retention.ratios,
+                                                                        version.retention.spreads, strict=True))
+          + ": measure with this version publishes estimates of the TRUE totals")
+    return 0
+
+
 def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ...], values: tuple[str, ...]) -> int:
     """--private: the parameter version from past releases (each checked against the release ledger and,
     with --store, the store's published versions), first-party conversions and the declared domain,
     under nightly's guardrails against the parameters of the last release learnt from."""
     from araopt.io.folders import check_output_file
+    from araopt.ledger.ledger import ledger_root
+    from araopt.ledger.verify import ReleaseVerifier
     from araopt.mechanism.exploration import default_exploration
     from araopt.nightly import Guardrails, private_problems
     from araopt.optimize.private_inputs import describe
     from araopt.version import ParameterVersion
 
-    from .ledger import ledger_root
     from .private import load_declared_domain, read_first_party, release_folders, tune_privately
-    from .verified_releases import ReleaseVerifier
 
     domain = load_declared_domain(args.domain, slices, values)
     verifier = ReleaseVerifier.open(ledger_root(args.store, args.ledger), args.store)

@@ -24,6 +24,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
 from araopt.io import outputs
+from araopt.io.partitions import partition_day
+from araopt.ledger.verify import ReleaseVerifier, release_parameters
 from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
@@ -43,9 +45,6 @@ from araopt.optimize.private_inputs import (
     tuning_window,
 )
 from araopt.version import ParameterVersion
-
-from .partitions import partition_day
-from .verified_releases import ReleaseVerifier, release_parameters
 
 DATE_COMPONENT = re.compile(r"(?:^|/)date=[^/]*/?$")
 """A release folder: ROOT/date=<day>/ (its day read by ``partitions.partition_day``, malformed ones refused)."""

@@ -1,8 +1,7 @@
 """Beam plumbing of the jobs: runner selection, pipeline options, running a job (and Beam's
-``--dry_run``), shuffle spill folders, remote paths."""
+``--dry_run``), a job's shuffle spill folder under its temp location (``araopt.io.spill``), remote paths."""
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +18,8 @@ from apache_beam.options.pipeline_options import (
 )
 
 from araopt.errors import InvalidParameters
-from araopt.io.locks import LockedDir, sweep_unlocked
+from araopt.io.spill import SpillFolder
+from araopt.io.spill import spill_folder as make_spill_folder
 
 LOCAL_RUNNERS = (None, "DirectRunner", "direct", "FnApiRunner")
 
@@ -195,73 +195,11 @@ def dry_run_sentence(prog: str, jobs: Sequence[TranslatedJob]) -> str:
             f"written, published or recorded")
 
 
-SHUFFLES = ("auto", "memory", "files")
-SPILL_PREFIX = "araopt-shuffle-"
-
-
-class SpillFolder:
-    """Where GroupByImpression spills its shuffle (``transforms.group``): ``path``, or None for an
-    in-memory GroupByKey; :meth:`remove` when the job ends or fails (also a context manager)."""
-
-    def __init__(self, path: str | None, locked: LockedDir | None = None) -> None:
-        self.path = path
-        self._locked = locked
-
-    def remove(self) -> None:
-        if self._locked is not None:
-            self._locked.remove()
-        else:
-            remove_dir(self.path)
-
-    def __enter__(self) -> str | None:
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
 def spill_folder(opts: PipelineOptions, shuffle: str = "auto") -> SpillFolder:
-    """The shuffle spill folder of a job. ``auto``: files for the local runner (whose GroupByKey holds
-    its whole input in memory), memory otherwise (Dataflow's shuffle service keeps data out of worker
-    memory).
-
-    A local spill folder is created ``0700`` (raw conversion rows) with a lock held until it is removed
-    (``araopt.io.locks.LockedDir``); spill folders under the same temp location whose lock nobody holds
-    are killed runs' leftovers and are removed first, whatever host or PID namespace their run was in."""
-    if shuffle not in SHUFFLES:
-        raise InvalidParameters(f"--shuffle must be one of {SHUFFLES}, got {shuffle!r}")
-    if shuffle == "memory" or (shuffle == "auto" and not is_local_runner(opts)):
-        return SpillFolder(None)
-    import tempfile
-    import uuid
-
-    from apache_beam.io.filesystems import FileSystems
+    """The shuffle spill folder of a job (``araopt.io.spill``) under its ``--temp_location``, for its runner."""
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-    root = opts.view_as(GoogleCloudOptions).temp_location or tempfile.gettempdir()
-    if is_remote(root):  # object stores: a killed run's spill is left to the bucket's lifecycle rules
-        return SpillFolder(FileSystems.join(root, f"{SPILL_PREFIX}{uuid.uuid4().hex}"))
-    for stale in sweep_unlocked(root, SPILL_PREFIX):
-        logging.getLogger(__name__).warning("removed the shuffle spill of a killed run: %s", stale)
-    locked = LockedDir.create(root, SPILL_PREFIX, "araopt shuffle spill", mode=0o700)
-    return SpillFolder(locked.path, locked)
-
-
-def remove_dir(path: str | None) -> None:
-    """Best-effort removal of a spill directory after the pipeline finished (or failed)."""
-    if not path:
-        return
-    from apache_beam.io.filesystems import FileSystems
-
-    try:
-        if is_remote(path):  # object stores have no directories: delete every object under the prefix
-            matched = [m.path for m in FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list]
-            if matched:
-                FileSystems.delete(matched)
-        elif FileSystems.exists(path):
-            FileSystems.delete([path])
-    except Exception:  # noqa: BLE001 - leftover temporary files must not fail a finished job
-        logging.getLogger(__name__).warning("could not remove temporary shuffle files under %s", path)
+    return make_spill_folder(opts.view_as(GoogleCloudOptions).temp_location, is_local_runner(opts), shuffle)
 
 
 def runner_name(opts: PipelineOptions) -> str:

@@ -141,7 +141,7 @@ def test_a_window_is_checked():
 def test_an_entry_without_its_window_charged_what_its_conversions_could_use():
     """A ledger entry recorded before the windows were kept: every impression within its lookback
     (30 days) before its conversions; an ARA release charges no attribution budget."""
-    from pipelines.ledger import shares_epochs
+    from araopt.ledger.ledger import shares_epochs
 
     mechanism = ParameterVersion.for_attribution(_params()).to_json()
     old = {"id": "e1", "api": "attribution", "mechanism": mechanism, "first_time_us": T0, "last_time_us": T0 + DAY_US}

@@ -15,8 +15,8 @@ from araopt.io.stores import open_store
 from araopt.mechanism.keys import KeyDomain
 from araopt.optimize.attribution import AttributionProblem, optimize_attribution
 from araopt.version import Api, ParameterVersion
-from pipelines.attribution import read_log
 from pipelines.cli import main
+from pipelines.inputs import read_attribution_log as read_log
 
 
 @pytest.fixture(scope="module")

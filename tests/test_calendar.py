@@ -231,7 +231,7 @@ def _estimates(cal) -> Estimates:
 
 
 def test_cli_special_days_and_partition_days():
-    from pipelines.partitions import partition_days
+    from araopt.io.partitions import partition_days
     from pipelines.values import parse_special_days_option
 
     assert parse_special_days_option("2026-12-24,2026-11-27") == ("2026-11-27", "2026-12-24")

@@ -17,9 +17,9 @@ from araopt.io import outputs
 from araopt.io.folders import PENDING_TAG, STAGING_TAG
 from araopt.io.run_folder import RunFolder, settle_pending
 from araopt.io.stores import open_store
+from araopt.ledger.ledger import Ledger
 from factories import domain_csv, error_line, read_json, setup
 from pipelines import measure as measure_pipeline
-from pipelines.ledger import Ledger
 
 pytestmark = pytest.mark.slow
 

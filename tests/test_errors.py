@@ -20,6 +20,7 @@ from araopt.io import jsonio
 from araopt.io.conversions import ValidationCounts, check_rejected_share
 from araopt.io.locks import LockHeld
 from araopt.io.store import StoreConflict, StoreError
+from araopt.ledger.ledger import LedgerRefusal
 from araopt.mechanism.aggregate import TooManySlices
 from araopt.mechanism.bounding import contribution_norms
 from araopt.mechanism.keys import KeyDomain, bucket_from_bytes
@@ -27,7 +28,6 @@ from araopt.mechanism.measure import measure
 from araopt.mechanism.noise import noise_parameter
 from araopt.optimize.statistics import StatisticsSpec
 from factories import conversions, params
-from pipelines.ledger import LedgerRefusal
 from pipelines.values import split_columns
 
 

@@ -174,7 +174,7 @@ def test_reconstruct_replaces_its_side_files_only_with_overwrite(tmp_path, capsy
 
 # ---- partition dates ------------------------------------------------------------------------------------
 def test_partition_dates_are_calendar_days_written_yyyy_mm_dd():
-    from pipelines.measure import partition_days
+    from araopt.io.partitions import partition_days
 
     assert partition_days(["/log/date=2026-11-24/part-0.parquet", "gs://b/log/date=2026-11-24/x.parquet"]) == (
         "2026-11-24",)

@@ -214,7 +214,8 @@ def test_7_kill_mid_run_leaves_the_old_run_and_the_leftover_is_swept(tmp_path):
 def test_6_spill_folder_is_0700_and_dead_runs_spills_are_swept(tmp_path):
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.runner import SPILL_PREFIX, spill_folder
+    from araopt.io.spill import SPILL_PREFIX
+    from pipelines.runner import spill_folder
 
     opts = PipelineOptions(["--temp_location", str(tmp_path)])
     leftover = tmp_path / f"{SPILL_PREFIX}0123abcd"  # a killed run's: nobody holds its lock

@@ -18,10 +18,11 @@ from araopt.errors import InvalidParameters
 from araopt.io.conversions import validate_table
 from araopt.io.locks import FileLock, LockedDir, LockHeld, sweep_unlocked
 from araopt.io.rowset import RowSet, RowSetPart, conversion_row_ids, sorted_unique, table_row_ids
+from araopt.io.spill import SPILL_PREFIX
 from araopt.io.stores import open_store
+from araopt.ledger.ledger import Ledger, LedgerRefusal, ledger_root
 from factories import RACES, conversions_table
-from pipelines.ledger import Ledger, LedgerRefusal, ledger_root
-from pipelines.runner import SPILL_PREFIX, spill_folder
+from pipelines.runner import spill_folder
 
 
 # ---- locks, not process ids -----------------------------------------------------------------------

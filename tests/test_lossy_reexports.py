@@ -184,7 +184,7 @@ def test_a_lookback_holding_the_inputs_own_conversions_is_refused(tmp_path, caps
 
 
 def test_a_lookback_check_counts_exact_and_coarse_matches():
-    from pipelines.ledger import LedgerRefusal, check_lookback
+    from araopt.ledger.ledger import LedgerRefusal, check_lookback
 
     ids = np.arange(1000, dtype=np.int64)
     times = 1_700_000_000_000_000 + ids * 7_000_123

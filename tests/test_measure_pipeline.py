@@ -30,6 +30,7 @@ from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise
 from transforms.coders import ArrowTableCoder
 from transforms.group import GroupByImpression, shard_of, split_by_shard
 from transforms.io import check_input
+from transforms.measure import build_ara_release
 from transforms.validate import REJECTED, ValidateConversions
 
 SEED = 7
@@ -300,7 +301,7 @@ def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkey
     folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
     opts = PipelineOptions(["--runner", "BundleBasedDirectRunner"])
     with beam.Pipeline(options=opts) as p:
-        measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns),
+        build_ara_release(p, check_input(data, params.slice_columns, params.query_columns),
                                         ParameterVersion(params), folder,
                                         data_domain(frame, params).with_origin("declared"),  # as if listed
                                         simulation_seed=seed, debug_run=True,
@@ -392,7 +393,7 @@ def test_spilled_shuffle_ignores_files_of_a_failed_attempt(tmp_path, monkeypatch
     folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
     spill = tmp_path / "spill"
     with beam.Pipeline(options=PipelineOptions(["--runner", "BundleBasedDirectRunner"])) as p:
-        measure_pipeline.build_pipeline(p, check_input(data, params.slice_columns, params.query_columns),
+        build_ara_release(p, check_input(data, params.slice_columns, params.query_columns),
                                         ParameterVersion(params), folder, data_domain(frame, params), simulation_seed=SEED,
                                         debug_run=True, shuffle_dir=str(spill))
     assert marker.exists()

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from araopt.io import outputs
+from araopt.io.partitions import files_in_days, partition_day, partition_root
 from araopt.mechanism.params import Params, QueryParams
 from araopt.version import ParameterVersion
-from pipelines.partitions import files_in_days, partition_day, partition_root
 from transforms.io import check_input, match_files
 
 DAYS = [dt.date(2026, 10, 29) + dt.timedelta(days=i) for i in range(6)]  # Oct 29 .. Nov 3
@@ -74,7 +74,7 @@ def test_partition_days_span_a_month_boundary(tmp_path):
 
 
 def test_measure_lookback_days_selects_the_days_before_the_input(tmp_path):
-    from pipelines.measure import lookback_partitions
+    from transforms.io import lookback_partitions
 
     logs = write_days(tmp_path / "logs")
     inputs = check_input(str(logs / f"date={DAYS[-1]}"), ("s",), ("v",))
@@ -92,10 +92,10 @@ def test_measure_lookback_days_before_the_first_partition_is_no_lookback_and_say
 
     logs = write_days(tmp_path / "logs")
     inputs = check_input(str(logs / f"date={DAYS[0]}"), ("s",), ("v",))
-    assert load_lookback(None, _params(), inputs, 7) is None
+    assert load_lookback(None, inputs, ("s",), ("v",), 7) is None
     assert f"--lookback-days 7: {DAYS[0] - dt.timedelta(days=7)}..{DAYS[0] - dt.timedelta(days=1)} under {logs}: " \
            "no partitions found, so no lookback" in capsys.readouterr().err
-    later = load_lookback(None, _params(), check_input(str(logs / f"date={DAYS[2]}"), ("s",), ("v",)), 7)
+    later = load_lookback(None, check_input(str(logs / f"date={DAYS[2]}"), ("s",), ("v",)), ("s",), ("v",), 7)
     assert later is not None and [_day(p) for p in later.paths] == DAYS[:2] and later.rows == 600
 
 

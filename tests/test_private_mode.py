@@ -358,9 +358,9 @@ def test_a_release_folder_tells_the_tuner_its_clip_thresholds(daily):
     """The per-slice value levels are read from each slice's clipped mean against the release's clips
     (``araopt.optimize.heterogeneity``): both readers of the CLI must carry them, as the in-memory one
     does, or every slice's value scale stays at 1."""
+    from araopt.ledger.verify import ReleaseVerifier
     from araopt.optimize.private import FirstParty
     from pipelines.private import read_release
-    from pipelines.verified_releases import ReleaseVerifier
 
     root, _, _, _, versions = daily
     version = versions[1]  # the parameters day 2 was released with

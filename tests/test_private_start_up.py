@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 
 from araopt import Params, QueryParams
+from araopt.ledger.ledger import Ledger
+from araopt.ledger.verify import ReleaseVerifier
 from araopt.mechanism.keys import KeyDomain
 from araopt.nightly import Guardrails, new_series
 from araopt.version import ParameterVersion, Provenance
 from pipelines import measure as measure_cli
-from pipelines.ledger import Ledger
 from pipelines.private import read_first_party, tune_privately
-from pipelines.verified_releases import ReleaseVerifier
 
 DAY_US = 86_400_000_000
 
@@ -79,7 +79,7 @@ def test_first_party_conversions_after_as_of_are_not_read(tmp_path):
 
 def test_other_ledgers_are_read_only_and_say_how_many_rows_they_released(tmp_path):
     from araopt.io.rowset import RowSet, sorted_unique
-    from pipelines.ledger import other_ledgers
+    from araopt.ledger.ledger import other_ledgers
 
     rows = RowSet(sorted_unique(np.arange(100, dtype=np.uint64)), 0, 10)
     a = Ledger.open(str(tmp_path / "a"), allow_rerelease=False)
@@ -122,6 +122,6 @@ def test_measure_warns_when_another_stores_ledger_released_the_same_rows(tmp_pat
 
 @pytest.mark.parametrize("spec", ["", None])
 def test_no_other_ledgers_named_means_none_checked(spec):
-    from pipelines.ledger import other_ledgers
+    from araopt.ledger.ledger import other_ledgers
 
     assert other_ledgers(spec, own=None) == []

@@ -12,19 +12,15 @@ replayed through the reference implementation).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from araopt.attribution.calibrate import Retention, published_frame
-from araopt.attribution.lifetime import CHARGED
-from araopt.attribution.measure import BrowserSums, data_domain, release_step, simulate_browsers, simulated_columns
+from araopt.attribution.measure import BrowserSums, data_domain, simulate_browsers, simulated_columns
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import Estimate
+from araopt.attribution.release import AttributionRelease, release
 from araopt.io.conversions import BROWSER_ID, DEFAULT_MAX_REJECTED_FRACTION, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
@@ -64,11 +60,6 @@ class _SimulateShard(beam.DoFn):
         yield sums
 
 
-def _empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int) -> BrowserSums:
-    return BrowserSums({(q.name, t): np.zeros(domain.num_slices, dtype=np.int64)
-                        for q in params.queries for t in range(num_tasks)})
-
-
 class _MergeSums(beam.CombineFn):
     """Sums of disjoint browser sets added (exact integers); the identity is no sums at all."""
 
@@ -84,59 +75,6 @@ class _MergeSums(beam.CombineFn):
 
     def extract_output(self, acc: list[BrowserSums]) -> list[BrowserSums]:
         return acc
-
-
-@dataclass(frozen=True)
-class AttributionRelease:
-    """One measurement's release: the noisy histograms and estimates per (query, task) over the
-    domain's histogram indices, and the operator-private sums and counts."""
-
-    params: AttributionParams
-    domain: KeyDomain
-    noisy: dict[tuple[str, int], np.ndarray]
-    estimates: dict[tuple[str, int], Estimate]
-    sums: BrowserSums
-    counts: ValidationCounts
-    simulation_seed: int | None
-
-    def estimates_frame(self, retention: Retention | None = None) -> pd.DataFrame:
-        """The published table (``araopt.attribution.calibrate.published_frame``): of the true totals
-        with the version's ``retention``, else of the accepted clipped values."""
-        return published_frame(self.estimates, self.domain, self.params, retention)
-
-    def debug_frame(self) -> pd.DataFrame:
-        """OPERATOR-PRIVATE: the unnoised sums per (query, histogram index) (``query,histogram_index,
-        unnoised_sum``; with conversion-side slices also ``task``)."""
-        frames = []
-        for (name, task), sums in sorted(self.sums.unnoised.items()):
-            frame = pd.DataFrame({"query": name, "histogram_index": np.arange(len(sums)), "unnoised_sum": sums})
-            if self.params.conversion_slice_columns:
-                frame.insert(1, "task", task)
-            frames.append(frame)
-        return pd.concat(frames, ignore_index=True)
-
-    def accounting(self) -> dict[str, Any]:
-        """OPERATOR-PRIVATE exact counts; rows read = kept + outside the layout + rejected; ``CHARGED``:
-        the impression times whose epochs the accepted reports charged (``araopt.attribution.lifetime``)."""
-        c, s = self.counts, self.sums
-        charged = s.charged_window(self.params.epoch_days)
-        return {"rows_read": c.rows_read, "rows_rejected": c.rows_rejected,
-                "rows_rejected_by_reason": dict(c.rejected_by_reason), "conversions_kept": s.rows - s.rows_outside_domain,
-                "conversions_outside_domain": s.rows_outside_domain, "browsers": s.browsers,
-                "histogram_size": self.domain.num_slices,
-                "reports": s.reports, "reports_matched": s.reports_matched, "reports_refused_for_budget": s.reports_refused,
-                CHARGED: None if charged is None else charged.to_json(),
-                "accounting_closes": c.rows_read - c.rows_rejected == s.rows}
-
-
-def release(sums: list[BrowserSums], params: AttributionParams, domain: KeyDomain, counts: ValidationCounts,
-            simulation_seed: int | None, num_tasks: int = 1, level: float = 0.95,
-            max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION) -> AttributionRelease:
-    """The merged sums through the release step (``araopt.attribution.measure.release_step``: the release
-    rules, then noise once per index and Alg. 4)."""
-    merged = BrowserSums.merge([_empty_sums(params, domain, num_tasks), *sums])
-    noisy, estimates = release_step(merged, counts, params, domain, simulation_seed, level, max_rejected_fraction)
-    return AttributionRelease(params, domain, noisy, estimates, merged, counts, simulation_seed)
 
 
 class _DistinctSlices(beam.CombineFn):

@@ -19,8 +19,17 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidInput
-from araopt.io.conversions import CONVERSION_TIME, IMPRESSION_ID, unify_schemas
+from araopt.io.conversions import (
+    BROWSER_ID,
+    CONVERSION_TIME,
+    IMPRESSION_ID,
+    IMPRESSION_TIME,
+    check_attribution_schema,
+    type_family,
+    unify_schemas,
+)
 from araopt.io.files import distinct_files, local_files_below
+from araopt.io.partitions import days_before, files_in_days, partition_day, partition_days, rows_outside_days
 
 _GLOB_CHARS = "*?["
 
@@ -187,6 +196,99 @@ def _iso(micros: int | None) -> str | None:
         import numpy as np
 
         return f"{np.datetime64(micros, 'us')}+00:00"
+
+
+def iso_micros(iso: str | None) -> int | None:
+    """An ISO-8601 time (naive = UTC; ``InputFiles.first_time``) as int64 microseconds since the epoch;
+    None stays None."""
+    if iso is None:
+        return None
+    import pandas as pd
+
+    stamp = pd.Timestamp(iso)
+    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+    return int(stamp.value // 1000)
+
+
+def release_days(inputs: InputFiles) -> tuple[tuple[str, ...] | None, str | None]:
+    """The days a release covers, from its input's ``date=YYYY-MM-DD/`` partition folders (how the
+    operator cut the input, not what the rows say: the calibration's day-of-week effects then apply),
+    and why they are not used (None: used, or there are none): a folder whose rows' conversion times
+    (the Parquet footers) fall on other UTC days names the wrong days (e.g. impression-date partitions).
+    A malformed partition date is refused (one line)."""
+    days = partition_days(inputs.paths)
+    if days is None:
+        return None, None
+    by_day: dict[str, list[str]] = {}
+    for path in inputs.paths:
+        by_day.setdefault(str(partition_day(path)), []).append(path)
+    for day, paths in sorted(by_day.items()):
+        _, first, last = footer_summary(paths)
+        why = rows_outside_days(iso_micros(first), iso_micros(last), [day])
+        if why is not None:
+            return None, f"the partition folder date={day} does not hold that day's conversions: {why}"
+    return days, None
+
+
+def attribution_columns(inputs: InputFiles) -> tuple[str, ...]:
+    """The W3C Attribution columns every input file has, typed (``impression_time`` required: it
+    decides the epochs). The files agree on ``browser_id``: all or none have it (else each impression
+    of the files without it would be a browser of its own), in one type family."""
+    every: tuple[str, ...] | None = None
+    browser_types: dict[str, str] = {}  # type family -> a file with it
+    for path in inputs.paths:
+        schema = read_schema(path)
+        present = check_attribution_schema(schema, path)
+        if IMPRESSION_TIME not in present:
+            raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
+        if BROWSER_ID in present:
+            browser_types.setdefault(type_family(schema.field(BROWSER_ID).type), path)
+        every = present if every is None else tuple(c for c in every if c in present)
+    if browser_types and BROWSER_ID not in (every or ()):  # some files name the browser, others do not
+        raise InvalidInput(f"column {BROWSER_ID!r} is in {next(iter(browser_types.values()))} but not in every input "
+                           f"file: without it each impression would be its own browser (a budget each), with it the "
+                           f"browser; give every file the column, or none")
+    if len(browser_types) > 1:
+        kinds = "; ".join(f"{family} in {path}" for family, path in browser_types.items())
+        raise InvalidInput(f"column {BROWSER_ID!r} has different types across the input files ({kinds}): a browser's "
+                           f"id must have one type in every file (cast them to one type)")
+    return every or ()
+
+
+def lookback_partitions(inputs: InputFiles, days: int) -> tuple[list[str], str]:
+    """--lookback-days N: the files of the N ``date=`` partitions before the input's first day, found
+    beside the input's own partitions (the folder holding them: ``logs`` for ``--input
+    logs/date=2026-11-25/``), as ``nightly --lookback-days`` selects its lookback; with a sentence
+    saying what was looked for."""
+    root, start, end = days_before(inputs.paths, days)
+    files = files_in_days(match_files(root), start, end) if days else []
+    return files, f"--lookback-days {days}: {start}..{end} under {root}"
+
+
+def check_lookback(pattern: str | Sequence[str], inputs: InputFiles, slice_columns: Sequence[str],
+                   value_columns: Sequence[str]) -> InputFiles:
+    """Earlier conversions read only to cost each impression's budget (``measure --lookback``): checked
+    like the input (``check_input``), with the same id and slice types (ids would not match otherwise),
+    and disjoint from it (a file in both would consume budget twice)."""
+    lookback = check_input(pattern, slice_columns, value_columns)
+    shared = sorted(set(lookback.paths) & set(inputs.paths))
+    if shared:
+        raise InvalidInput(f"--lookback and --input share {len(shared)} file(s) (e.g. {shared[0]}): the lookback holds "
+                           f"earlier conversions only")
+    families = {c: type_family(inputs.schema.field(c).type) for c in (IMPRESSION_ID, *slice_columns)}
+    other = {c: type_family(lookback.schema.field(c).type) for c in families}
+    differ = [c for c in families if families[c] != other[c]]
+    if differ:
+        raise InvalidInput(f"--lookback types differ from --input for {differ} ({[other[c] for c in differ]} vs "
+                           f"{[families[c] for c in differ]}): ids would not match")
+    return lookback
+
+
+def input_facts(inputs: InputFiles) -> dict[str, object]:
+    """Operator-private: the input's files with their sizes, and its time window from the footers."""
+    sizes = {m.path: m.size_in_bytes for result in FileSystems.match(list(inputs.paths)) for m in result.metadata_list}
+    return {"files": [{"path": p, "bytes": sizes.get(p)} for p in inputs.paths],
+            "window": {"first_conversion_time": inputs.first_time, "last_conversion_time": inputs.last_time}}
 
 
 def count_rows(paths: Sequence[str]) -> int:

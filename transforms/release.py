@@ -5,19 +5,19 @@ visibility come from ``araopt.io.outputs``, what each file says from ``araopt.pu
 """
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import apache_beam as beam
-import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from araopt.attribution.calibrate import Retention
+from araopt.attribution.release import AttributionRelease
 from araopt.errors import PrivacyRefusal
 from araopt.io import avro, jsonio, outputs
 from araopt.publication import (
     Publication,
+    attribution_release_files,
     debug_records,
     domain_records,
     exploration_frame,
@@ -60,15 +60,11 @@ class _WriteSmallFiles(beam.DoFn):
         self._put(outputs.KEY_MAP_JSON, jsonio.dumps(domain.to_json(self._sha), indent=1).encode())
         self._put(outputs.KEY_MAP_CSV, outputs.csv_bytes(domain.key_table()))
         frame = publication.frame()
-        buf = io.BytesIO()
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
-        self._put(outputs.ESTIMATES_PARQUET, buf.getvalue())
+        self._put(outputs.ESTIMATES_PARQUET, outputs.parquet_bytes(frame))
         self._put(outputs.ESTIMATES_CSV, outputs.csv_bytes(frame))
         arms = exploration_frame(publication.release)
         if arms is not None:
-            buf = io.BytesIO()
-            pq.write_table(pa.Table.from_pandas(arms, preserve_index=False), buf)
-            self._put(outputs.EXPLORATION_PARQUET, buf.getvalue())
+            self._put(outputs.EXPLORATION_PARQUET, outputs.parquet_bytes(arms))
             self._put(outputs.EXPLORATION_CSV, outputs.csv_bytes(arms))
         self._put(outputs.RELEASE_JSON, jsonio.dumps(release_json(publication, self._sha), indent=1).encode())
         private = private_accounting(publication)
@@ -110,3 +106,21 @@ class WriteRelease(beam.PTransform):
         if self._debug:
             self._avro(release, "DebugReport", debug_records, avro.DEBUG, outputs.private_file(outputs.DEBUG_REPORT))
         return release | "WriteKeyMapAndEstimates" >> beam.ParDo(_WriteSmallFiles(self._output, self._sha, self._simulation))
+
+
+class WriteAttributionRelease(beam.DoFn):
+    """A W3C Attribution release -> its files in the staging folder ``staging``: what they hold, their
+    names and the rules they are written under are the core's (``araopt.publication.attribution_release_files``)."""
+
+    def __init__(self, staging: str, params_sha256: str, simulation: bool, debug_run: bool,
+                 max_rejected_fraction: float, retention: Retention | None = None):
+        self._staging, self._sha, self._simulation = staging, params_sha256, simulation
+        self._debug, self._max_rejected, self._retention = debug_run, max_rejected_fraction, retention
+
+    def process(self, rel: AttributionRelease) -> Iterator[str]:
+        files = attribution_release_files(rel, self._sha, self._simulation, self._debug, self._max_rejected,
+                                          self._retention)
+        for relative, data in files.items():
+            with FileSystems.create(FileSystems.join(self._staging, *relative.split("/"))) as fh:
+                fh.write(data)
+        yield "done"

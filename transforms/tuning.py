@@ -1,19 +1,26 @@
 """The Beam backend of the tuning workflow (``araopt.optimize.workflow``): on a history grouped by
 impression, its statistics, ``choose`` on them once (Alg. 5 and whatever the job decides), and the
 calibration of the candidates ``choose`` returns, on the same grouped shards (one read, one shuffle).
-The steps are the in-memory backend's combiners (``StatisticsFromShards``, ``ComputeCalibration``)."""
+The steps are the in-memory backend's combiners (``StatisticsFromShards``, ``ComputeCalibration``).
+``build_nightly`` is ``nightly``'s job over it: the window read and grouped, the decision
+(``araopt.nightly.nightly_decision``) and the last single-element step (``araopt.nightly.close_night``:
+calibrated, reported, published inside the job, as a Dataflow Flex Template launcher needs)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import apache_beam as beam
 
+from araopt.io.conversions import ValidationCounts
+from araopt.nightly import NightlyConfig, NightlyDecision, close_night, nightly_decision
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
+from araopt.optimize.workflow import gated_choice
 from araopt.version import ParameterVersion
 
 from .calibration import ComputeCalibration
 from .statistics import StatisticsFromShards
+from .validate import ReadAndValidate
 
 ChooseWithSides = Callable[..., tuple[Any, tuple[ParameterVersion, ...]]]
 """``choose(statistics, *side_values) -> (result, candidate versions)``: picklable, run once in the job."""
@@ -44,3 +51,71 @@ class StatisticsAndCalibration(beam.PTransform):
 def _call(statistics: SufficientStatistics, choose: ChooseWithSides, *sides: Any
           ) -> tuple[Any, tuple[ParameterVersion, ...]]:
     return choose(statistics, *sides)
+
+
+def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
+            previous_payload: bytes | None) -> tuple[NightlyDecision, tuple[ParameterVersion, ...]]:
+    """The single-element decision step: ``araopt.nightly.nightly_decision`` (gate, tune, guardrails),
+    and the candidate versions to calibrate."""
+    previous = ParameterVersion.from_bytes(previous_payload, "previous latest") if previous_payload else None
+    decision = nightly_decision(statistics, counts, config, previous)
+    return decision, tuple(v for v, _ in decision.tuning.candidates)
+
+
+class _CalibrateReportAndPublish(beam.DoFn):
+    """The single-element publish step: ``araopt.nightly.close_night`` (the parameters with the window's
+    calibration attached, the run report, the publish only if the decision says so)."""
+
+    def __init__(self, config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None):
+        self._config = config
+        self._previous_payload = previous_payload
+        self._expected_previous = expected_previous
+
+    def setup(self):
+        from araopt.io.stores import open_store
+
+        self._store = open_store(self._config.store)
+
+    def process(self, decision: NightlyDecision, calibration_statistics, counts: ValidationCounts):
+        previous = ParameterVersion.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
+        yield close_night(decision, calibration_statistics, counts, self._config, previous, self._expected_previous,
+                          self._store)
+
+
+def build_nightly(pipeline: beam.Pipeline, paths: Sequence[str], lookback_paths: Sequence[str], spec: StatisticsSpec,
+                  config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None,
+                  num_shards: int, shuffle_dir: str | None) -> None:
+    """``nightly``'s one job: the window's files (and the lookback's, for lifetime ranks) validated and
+    grouped by impression once, the statistics, the decision (gate, Alg. 5, guardrails) and the
+    calibration of its candidates, then the single-element step that calibrates, reports and publishes."""
+    read = pipeline | "ReadWindow" >> ReadAndValidate(paths, spec.slice_columns, spec.value_columns,
+                                                      num_shards=num_shards, spill_dir=shuffle_dir,
+                                                      lookback_paths=lookback_paths,
+                                                      shard_files=True)  # the calibration reads the shards again
+    counts = read["counts"]
+    tuned = read["grouped"] | "OptimizeAndGuard" >> StatisticsAndCalibration(spec, _decide, counts, config,
+                                                                             previous_payload)
+    decision, calibration = tuned["chosen"], tuned["calibration"]
+    _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
+        _CalibrateReportAndPublish(config, previous_payload, expected_previous),
+        beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
+
+
+def build_history(pipeline: beam.Pipeline, paths: Sequence[str], spec: StatisticsSpec, dead_letter: str | None,
+                  num_shards: int, shuffle_dir: str | None, one_dead_letter_file: bool,
+                  lookback_paths: Sequence[str] = (), choose: Callable[..., Any] | None = None,
+                  max_rejected_fraction: float = 0.10) -> dict[str, beam.PCollection]:
+    """``optimize``'s job over a history (``pipelines.history``): read, validate and group by impression
+    once -> ``{"counts", "statistics"}``; with ``choose`` the tuning workflow's Beam backend on the same
+    grouped shards (``StatisticsAndCalibration`` with ``optimize.workflow.gated_choice``: the rejected
+    share gated before ``choose``) -> also ``"chosen"`` and ``"calibration"``."""
+    read = pipeline | "ReadHistory" >> ReadAndValidate(paths, spec.slice_columns, spec.value_columns, dead_letter,
+                                                        num_shards=num_shards, spill_dir=shuffle_dir,
+                                                        one_dead_letter_file=one_dead_letter_file,
+                                                        lookback_paths=lookback_paths,
+                                                        shard_files=choose is not None)  # read again by the calibration
+    if choose is None:
+        return {"counts": read["counts"], "statistics": read["grouped"] | "Statistics" >> StatisticsFromShards(spec)}
+    tuned = read["grouped"] | "Tune" >> StatisticsAndCalibration(spec, gated_choice, read["counts"], choose,
+                                                                 max_rejected_fraction)
+    return {"counts": read["counts"], **tuned}

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from araopt.ara.registrations import ARA_CONTRIBUTION_BUDGET, check_domain_matches
+from araopt.ara.registrations import ARA_CONTRIBUTION_BUDGET, KeyMap, check_domain_matches
 from araopt.constants import (
     CONFIDENCE,
 )
@@ -164,3 +164,36 @@ def estimates_from_summary_report(
         calendar_note=None if corrected is None else corrected.calendar_note,
     )
     return estimates_frame(estimates, domain, corrected, version.correction), counters
+
+
+def key_map_domain(key_map: KeyMap, file_version: ParameterVersion, version: ParameterVersion, params_source: str,
+                   epsilon: float | None = None) -> KeyDomain:
+    """The domain of a report through its key map, checked against the parameters it was made with:
+    export-ara records the parameter file as is, measure records it after its ``--epsilon`` override
+    (``version``: the file's at ``epsilon``)."""
+    if key_map.matches(file_version) or version is file_version:
+        return key_map.domain_for(file_version, params_source)
+    return key_map.domain_for(version, f"{params_source} with --epsilon {epsilon:g}")
+
+
+def check_report_matches(counters: ReconstructCounters) -> None:
+    """Refuse a report none of whose buckets is in the key map (the wrong key map or parameter file)."""
+    if counters.rows and counters.unknown_buckets == counters.rows:
+        raise InvalidInput(f"none of the {counters.rows} buckets of the report is in the key map: wrong key map or "
+                           f"parameter file? (first: {', '.join(counters.to_json()['unknown_examples'])})")
+
+
+def report_warnings(counters: ReconstructCounters, epsilon: float) -> list[str]:
+    """What ``reconstruct`` warns of a report's rows beyond the unknown buckets: missing buckets (NaN
+    estimates), metrics beyond +-2^53, metrics more negative than the noise at ``epsilon`` makes plausible."""
+    out = []
+    if counters.missing_buckets:
+        out.append(f"{counters.missing_buckets} bucket(s) of the key map are missing from the report: "
+                   f"{counters.incomplete_slices} slice(s) get NaN estimates")
+    if counters.huge_metrics:
+        out.append(f"{counters.huge_metrics} metric(s) beyond ±2^53 skipped (their estimates are NaN): "
+                   f"e.g. bucket 0x{counters.huge[0][0]:x} metric {counters.huge[0][1]}")
+    if counters.implausible_negative_metrics:
+        out.append(f"{counters.implausible_negative_metrics} metric(s) are more negative than noise at epsilon="
+                   f"{epsilon:g} makes plausible (wrong epsilon or a corrupt report?)")
+    return out

@@ -31,8 +31,9 @@ import pandas as pd
 from araopt.attribution.browser import Browser
 from araopt.attribution.config import DEFAULT_AGGREGATION_SERVICE, MAX_UNSIGNED_LONG, BrowserConfig
 from araopt.attribution.events import event_time_ms
-from araopt.attribution.params import AttributionParams
+from araopt.attribution.params import PARAMS_FORMAT, AttributionParams
 from araopt.errors import InvalidInput
+from araopt.io import outputs
 from araopt.io.conversions import (
     BROWSER_ID,
     CONVERSION_SITE,
@@ -292,3 +293,30 @@ def unnoised_sums(params: AttributionParams, outcomes: Sequence[tuple[int, int, 
         acc = sums.setdefault(key, np.zeros(histogram_size, dtype=np.int64))
         acc += np.asarray(histogram, dtype=np.int64)
     return sums
+
+
+def calls_json(params: AttributionParams, domain: KeyDomain) -> dict[str, Any]:
+    """What the ad servers and the pages call (``export-attribution``'s calls.json): the saveImpression
+    options per impression and the measureConversion options of each query, in call order."""
+    config = browser_config(params, domain.num_slices)
+    return {
+        "params_format": PARAMS_FORMAT, "layout_sha256": domain.layout_checksum(),
+        "saveImpression": {
+            "histogramIndex": f"the impression's row of {outputs.HISTOGRAM_LAYOUT_CSV} (its values of "
+                              f"{', '.join(params.slice_columns) or 'no slice column'})",
+            "matchValue": "an id the conversion site can name in matchValues (export: the impression's ordinal "
+                          "within its browser)",
+            "lifetimeDays": params.lookback_days, "priority": 0,
+            "conversionSites": "the advertiser sites that may measure it (export: omitted, every site)"},
+        "measureConversion": [
+            {"query": q.name, "column": q.column, "epsilon": q.epsilon, "maxValue": q.max_value, "clip": q.clip,
+             "value_scale": q.value_scale,
+             "value": ("1" if q.column is None else
+                       f"RR({q.value_scale:g} * min({q.column}, {q.clip:g})): randomized rounding to an integer "
+                       f"(eq. 2); no call when it is 0"),
+             "histogramSize": domain.num_slices, "lookbackDays": params.lookback_days,
+             "credit": list(params.credit), "aggregationService": dict(config.aggregation_services)}
+            for q in params.queries],
+        "conversion_slice_columns": list(params.conversion_slice_columns),
+        "browser_config": config.to_e2e(),
+    }

@@ -24,16 +24,7 @@ from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, aggregate, reconstruct
 from araopt.attribution.simulate import Reports, report_sums, simulate_schedule
 from araopt.errors import InvalidInput, PrivacyRefusal
-from araopt.io.conversions import (
-    BROWSER_ID,
-    CONVERSION_SITE,
-    DEFAULT_MAX_REJECTED_FRACTION,
-    IMPRESSION_ID,
-    IMPRESSION_SITE,
-    IMPRESSION_TIME_US,
-    ValidationCounts,
-    check_rejected_share,
-)
+from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, IMPRESSION_SITE, IMPRESSION_TIME_US
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.randomness import Simulation, keyed_uniforms, secure_generator
 from araopt.mechanism.release import check_declared_domain
@@ -193,22 +184,6 @@ def noisy_release(params: AttributionParams, unnoised: Mapping[tuple[str, int], 
         noisy[key] = aggregate(sums, query, simulation, stream)
         estimates[key] = reconstruct(noisy[key], query, level)
     return noisy, estimates
-
-
-def release_step(sums: BrowserSums, counts: ValidationCounts, params: AttributionParams, domain: KeyDomain,
-                 simulation_seed: int | None, level: float = 0.95,
-                 max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION
-                 ) -> tuple[dict[tuple[str, int], np.ndarray], dict[tuple[str, int], Estimate]]:
-    """The release step of every attribution path (the Beam job's noise step, a graph wired from
-    ``transforms/``), once on the merged sums: ARA's release rules (``araopt.mechanism.release``) first
-    (at most ``max_rejected_fraction`` of the rows read rejected, a declared layout: one of origin
-    ``data`` only in simulation, rows read = rejected + simulated), then :func:`noisy_release`."""
-    check_rejected_share(counts, max_rejected_fraction)
-    check_declared_domain(domain, simulation_seed)
-    if counts.rows_read - counts.rows_rejected != sums.rows:
-        raise InvalidInput(f"row accounting does not close: {counts.rows_read:,} rows read, {counts.rows_rejected:,} "
-                           f"rejected, {sums.rows:,} simulated")
-    return noisy_release(params, sums.unnoised, simulation_seed, level)
 
 
 def data_domain(params: AttributionParams, rows: pd.DataFrame, simulation_seed: int | None) -> KeyDomain:

@@ -24,7 +24,7 @@ import pandas as pd
 
 from araopt.attribution.params import AttributionParams, AttributionQuery
 from araopt.errors import InvalidInput, InvalidParameters
-from araopt.mechanism.keys import DATA, ORIGIN_COLUMN, KeyDomain
+from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.noise import (
     MAX_NOISE_PARAMETER,
     MIN_NOISE_PARAMETER,
@@ -102,17 +102,6 @@ def rounding_variance(values: np.ndarray, query: AttributionQuery) -> float:
 def clipping_bias(values: np.ndarray, query: AttributionQuery) -> float:
     """What clipping at C removes from the total: -sum max(0, v - C)."""
     return -float(np.sum(np.maximum(np.asarray(values, dtype=np.float64) - query.clip, 0.0)))
-
-
-def layout_frame(domain: KeyDomain) -> pd.DataFrame:
-    """The histogram layout as a table (``histogram_layout.csv``): ``histogram_index`` and the
-    impression-side slice values; a layout derived from data also says so (an ``origin`` column,
-    ``data`` on every row), so that read back as ``--domain`` it stays data-derived (refused outside
-    simulation) instead of passing for a declared list of slices."""
-    frame = pd.DataFrame({"histogram_index": range(domain.num_slices), **domain.slice_values()})
-    if domain.origin == DATA:
-        frame[ORIGIN_COLUMN] = DATA
-    return frame
 
 
 HISTOGRAM_COLUMNS = ("query", "histogram_index", "noisy_sum")

@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from araopt.io.run_folder import RunFolder
 from araopt.version import ParameterVersion
 
 RMSRE_TAU = "RMSRE_\u03c4"
@@ -247,6 +248,47 @@ def release_report_files(estimates: pd.DataFrame, slice_columns: Sequence[str], 
                         [*links, *((f"{name} (this figure)", name) for name in files)])
     files["report.html"] = page.encode("utf-8")
     return files
+
+
+def write_release_report(folder: RunFolder, summary: Mapping[str, Any], version: ParameterVersion,
+                         console: Sequence[str], days: Sequence[str] | None, history: Sequence[Mapping[str, Any]],
+                         debug_run: bool, simulation: bool, store: str | None) -> None:
+    """``measure``'s report page and figures (``release_report_files``) into ``folder``'s ``private/``: they
+    show the exact accounting beside the released numbers, so they are operator-private. Read back from
+    the staged release: the estimates, and with a debug run on a local folder the debug report; linked:
+    the release's files and, from a local parameter ``store``, the nightly report of the version used."""
+    import io
+    import json
+    import os
+
+    from araopt.io import avro, outputs
+    from araopt.publication import ESTIMATE_COLUMNS
+
+    estimates = pd.read_parquet(io.BytesIO(folder.read(outputs.release_file(outputs.ESTIMATES_PARQUET, simulation))))
+    slice_columns = [c for c in estimates.columns if c != "query" and c not in ESTIMATE_COLUMNS]
+    debug = None
+    if debug_run and not folder.remote:
+        key_map = json.loads(folder.read(outputs.release_file(outputs.KEY_MAP_JSON, simulation)))
+        _, unnoised, noise, _ = avro.read_debug_report(folder.path(outputs.private_file(outputs.DEBUG_REPORT)))
+        debug = DebugReport(unnoised, noise, (*key_map["queries"], key_map["bottom_name"]),
+                            version.params.contribution_budget)
+    up = "../"
+    links = [(f"{name} (released)", up + outputs.release_file(name, simulation))
+             for name in (outputs.ESTIMATES_CSV, outputs.SUMMARY_REPORT, outputs.KEY_MAP_JSON, outputs.RELEASE_JSON,
+                          outputs.MANIFEST)]
+    links += [("run_summary.json (operator-private)", outputs.RUN_SUMMARY),
+              ("run_manifest.json (operator-private)", outputs.RUN_MANIFEST),
+              ("dead letter (operator-private)", outputs.DEAD_LETTER)]
+    version_name = summary.get("parameters", {}).get("version")
+    if store is not None and version_name and "://" not in store:  # the night that chose them
+        night = os.path.join(store, "reports", str(version_name), outputs.REPORT_HTML)
+        if os.path.exists(night):
+            links.append((f"the nightly report of {version_name}",
+                          os.path.relpath(night, os.path.join(folder.target, outputs.PRIVATE_DIR))))
+    files = release_report_files(estimates, slice_columns, console, summary, version, version_name, days, history,
+                                 debug, links)
+    for name, data in files.items():
+        folder.write(outputs.private_file(name), data)
 
 
 def release_page(estimates: pd.DataFrame, slice_columns: Sequence[str], console: Sequence[str],

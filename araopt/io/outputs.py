@@ -51,6 +51,10 @@ PRIVATE_README = "README.txt"
 DEAD_LETTER = "dead_letter/rejected.parquet"
 DEBUG_REPORT = "debug/summary_report.avro"
 TRIGGERS_JSONL = "triggers.jsonl"
+HISTOGRAM_LAYOUT_CSV = "histogram_layout.csv"
+"""W3C Attribution: histogram index <-> impression-side slice (measure's release, export-attribution)."""
+DEBUG_HISTOGRAMS_CSV = "debug_histograms.csv"
+"""W3C Attribution --debug-run (under private/): the unnoised sums, ``query,histogram_index,unnoised_sum``."""
 REPORT_HTML = "report.html"
 """The run's report page (operator-private: exact counts beside the released numbers), with estimates.png."""
 """export-ara --conversions: one trigger per conversion with its raw impression id and time (under private/)."""
@@ -156,3 +160,15 @@ def csv_bytes(frame: pd.DataFrame) -> bytes:
             safe[column] = safe[column].map(neutralize_formula)
     safe.columns = [neutralize_formula(str(c)) for c in safe.columns]
     return safe.to_csv(index=False).encode("utf-8")
+
+
+def parquet_bytes(frame: pd.DataFrame) -> bytes:
+    """A Parquet file of ``frame`` (pyarrow's defaults, the index left out): the estimates tables."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buf)
+    return buf.getvalue()

@@ -23,15 +23,13 @@ from typing import Any
 
 from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
 from araopt.io import outputs
+from araopt.io.partitions import DAY_US
 from araopt.io.store import StoreError
 from araopt.io.stores import open_store
+from araopt.ledger.ledger import RELEASE_FILES
 from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params, QueryParams
-
-from .ledger import RELEASE_FILES
-
-DAY_US = 86_400_000_000
 
 
 @dataclass(frozen=True)

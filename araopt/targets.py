@@ -1,0 +1,150 @@
+"""The two targets a parameter version and its releases can have (the browser APIs), described once,
+so that the commands take a target rather than assume ARA's, and the W3C Attribution API plugs in
+beside ARA instead of being wired twice:
+
+============  =========================================  ==========================================
+              ARA (``araopt.mechanism``, ``araopt.ara``)   W3C Attribution Level 1 (``araopt.attribution``)
+============  =========================================  ==========================================
+privacy unit  the impression (a source): Alg. 1 caps      browser instance x conversion site x epoch:
+              its reports over its life                   the browser's budgets
+budget        epsilon per release; Gamma per source        epsilon per site per epoch (per-site budget)
+encoder       Alg. 3 / Alg. 6 (HistogramContribution)     measureConversion per query (its encoder)
+noise         DLap(epsilon / Gamma) once per key           Laplace of scale 2 maxValue / epsilon_l once
+                                                          per histogram index
+============  =========================================  ==========================================
+
+The noise's variance model is the optimizer's (``optimize.mechanisms``: ``ARA_LINF``, ``ATTRIBUTION``);
+what a release of a version reads and records of itself (the input columns it validates, its ledger
+entry, its manifests' facts, its run summary's parameter facts) is decided here per target, for
+``measure``'s one command path (``pipelines.measure``) and its one commit (``araopt.ledger.commit``).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from araopt.attribution.lifetime import CHARGED, ChargedWindow
+from araopt.attribution.params import AttributionParams
+from araopt.attribution.reconstruct import check_noise_rates
+from araopt.errors import InvalidParameters, Unsupported
+from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.params import Encoding
+from araopt.optimize.mechanisms import ARA_LINF, NoiseModel
+from araopt.optimize.mechanisms import ATTRIBUTION as ATTRIBUTION_NOISE
+from araopt.version import Api, ParameterVersion
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target: its API, what Alg. 1 groups by (``privacy_unit``, and the log column the jobs shard
+    by: ``unit_column``, ``fallback_unit_column`` when the log lacks it), whose budget a report spends,
+    the encoder, and the noise's variance model (``optimize.mechanisms``)."""
+
+    api: Api
+    privacy_unit: str
+    unit_column: str
+    budget: str
+    encoder: str
+    noise: NoiseModel
+    fallback_unit_column: str | None = None
+
+    def group_column(self, columns: Iterable[str]) -> str:
+        """The column whose value keeps a privacy unit's rows together (one shard each): ``unit_column``,
+        or without it in ``columns`` the fallback (Attribution: each impression its own browser)."""
+        present = set(columns)
+        if self.unit_column in present or self.fallback_unit_column is None:
+            return self.unit_column
+        return self.fallback_unit_column
+
+
+ARA = Target(Api.ARA, "impression", IMPRESSION_ID, "the contribution budget of each source over its life",
+             "HistogramContribution (Alg. 3 / Alg. 6)", ARA_LINF)
+ATTRIBUTION = Target(Api.ATTRIBUTION, "browser instance x conversion site x epoch", BROWSER_ID,
+                     "the per-site budget of each epoch", "measureConversion per query (araopt.attribution.encoder)",
+                     ATTRIBUTION_NOISE, fallback_unit_column=IMPRESSION_ID)
+TARGETS = {t.api: t for t in (ARA, ATTRIBUTION)}
+
+
+def target_of(version: ParameterVersion) -> Target:
+    return TARGETS[version.api]
+
+
+def attribution_params(version: ParameterVersion, command: str = "measure --api attribution") -> AttributionParams:
+    """The Attribution parameters a release of ``version`` is made with (refused: another API,
+    conversion-side slices, whose aggregation tasks need a declared task layout, or a query whose noise
+    araopt cannot sample: ``reconstruct.check_noise_rates``)."""
+    version.require_api(Api.ATTRIBUTION, command)
+    if version.attribution is None:  # (require_api: an attribution version carries them)
+        raise InvalidParameters("the parameter version carries no attribution parameters")
+    if version.attribution.conversion_slice_columns:
+        raise Unsupported(f"{command}: conversion-side slices (aggregation tasks) need a declared task layout, not "
+                          f"supported yet")
+    check_noise_rates(version.attribution)  # before any work, not at the job's noise step
+    return version.attribution
+
+
+def input_columns(version: ParameterVersion) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(slice columns, value columns) a release of ``version`` reads and validates."""
+    if version.api == Api.ATTRIBUTION:
+        params = attribution_params(version)
+        return (*params.slice_columns, *params.conversion_slice_columns), params.value_columns
+    return version.params.slice_columns, version.params.query_columns
+
+
+def domain_columns(version: ParameterVersion) -> tuple[tuple[str, ...], tuple[str, ...], bool, tuple[str, ...]]:
+    """How a declared domain file of a release of ``version`` is read: (slice columns, query columns,
+    baseline encoding's extra key, conversion-side slice columns); for Attribution its histogram layout
+    (impression-side slices, the queries' names)."""
+    if version.api == Api.ATTRIBUTION:
+        params = attribution_params(version)
+        return params.slice_columns, params.query_names, False, ()
+    p = version.params
+    return p.slice_columns, p.query_columns, p.encoding == Encoding.BASELINE, p.conversion_slice_columns
+
+
+def check_domain(version: ParameterVersion, domain: KeyDomain, source: str) -> None:
+    """Refuse (one line naming ``source``) a domain whose columns are not those of ``version``'s target."""
+    if version.api == Api.ATTRIBUTION:
+        attribution_params(version).check_domain(domain, source=source)
+    else:
+        version.params.check_domain(domain, source=source)
+
+
+def ledger_entry(version: ParameterVersion, epsilon_note: dict[str, Any] | None = None,
+                 accounting: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ledger entry's own fields of a release of ``version`` (``araopt.ledger.commit`` adds the
+    output, the release files' digests and the ids): the parameters' sha256, epsilon and the mechanism
+    it released with (ARA: the mechanism part, which later lookbacks are costed with; Attribution: the
+    whole version, and the impression times its accepted reports charged, from the job's
+    ``accounting``: ``araopt.attribution.lifetime``), with ``epsilon_note`` (an ``--override-epsilon``)."""
+    if version.api == Api.ATTRIBUTION:
+        return {"params_sha256": version.checksum(), "api": Api.ATTRIBUTION.value, "epsilon": version.params.epsilon,
+                "mechanism": version.to_json(), CHARGED: (accounting or {}).get(CHARGED)}
+    params = version.params
+    return {"params_sha256": version.checksum(), "epsilon": params.epsilon,
+            "mechanism": ParameterVersion(params).to_json(), **(epsilon_note or {})}
+
+
+def charged_impressions(version: ParameterVersion, accounting: dict[str, Any]) -> ChargedWindow | None:
+    """The impression times an Attribution release's accepted reports charged (its job's ``accounting``),
+    which the ledger compares with earlier attribution releases' (no epoch charged twice: each release
+    simulates fresh budgets); None for ARA, or when no report was accepted."""
+    if version.api != Api.ATTRIBUTION or accounting.get(CHARGED) is None:
+        return None
+    return ChargedWindow.from_json(accounting[CHARGED])
+
+
+def public_facts(version: ParameterVersion) -> dict[str, Any]:
+    """What a release's manifest says of its parameters (public)."""
+    if version.api == Api.ATTRIBUTION:
+        return {"params_sha256": version.checksum(), "api": Api.ATTRIBUTION.value}
+    return {"params_sha256": version.checksum(), "epsilon": version.params.epsilon}
+
+
+def private_facts(version: ParameterVersion, domain_origin: str) -> dict[str, Any]:
+    """What a release's run manifest says of its parameters and domain (operator-private)."""
+    if version.api == Api.ATTRIBUTION:
+        return {"params_sha256": version.checksum(), "domain": domain_origin}
+    return {"params_sha256": version.checksum(), "epsilon": version.params.epsilon, "domain": domain_origin}
