@@ -147,7 +147,7 @@ def release_json(publication: Publication, params_sha256: str) -> dict[str, Any]
     simulation = release.simulation_seed is not None
     return {
         "simulation": simulation,
-        "differentially_private": not simulation,  # (not the operator-private folder: this file is public)
+        "differentially_private": release.secure_noise,  # (not the operator-private folder: this file is public)
         "note": ("SIMULATION: seeded noise, NOT differentially private; never publish" if simulation
                  else "noised with discrete Laplace noise over the declared domain"),
         "epsilon": release.params.epsilon,

@@ -24,7 +24,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from araopt.attribution.lifetime import CHARGED, ChargedWindow
 from araopt.attribution.params import AttributionParams
+from araopt.attribution.reconstruct import check_noise_rates
 from araopt.errors import InvalidParameters, Unsupported
 from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID
 from araopt.mechanism.keys import KeyDomain
@@ -70,14 +72,16 @@ def target_of(version: ParameterVersion) -> Target:
 
 
 def attribution_params(version: ParameterVersion, command: str = "measure --api attribution") -> AttributionParams:
-    """The Attribution parameters a release of ``version`` is made with (refused: another API, or
-    conversion-side slices, whose aggregation tasks need a declared task layout)."""
+    """The Attribution parameters a release of ``version`` is made with (refused: another API,
+    conversion-side slices, whose aggregation tasks need a declared task layout, or a query whose noise
+    araopt cannot sample: ``reconstruct.check_noise_rates``)."""
     version.require_api(Api.ATTRIBUTION, command)
     if version.attribution is None:  # (require_api: an attribution version carries them)
         raise InvalidParameters("the parameter version carries no attribution parameters")
     if version.attribution.conversion_slice_columns:
         raise Unsupported(f"{command}: conversion-side slices (aggregation tasks) need a declared task layout, not "
                           f"supported yet")
+    check_noise_rates(version.attribution)  # before any work, not at the job's noise step
     return version.attribution
 
 
@@ -108,17 +112,28 @@ def check_domain(version: ParameterVersion, domain: KeyDomain, source: str) -> N
         version.params.check_domain(domain, source=source)
 
 
-def ledger_entry(version: ParameterVersion, epsilon_note: dict[str, Any] | None = None) -> dict[str, Any]:
+def ledger_entry(version: ParameterVersion, epsilon_note: dict[str, Any] | None = None,
+                 accounting: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ledger entry's own fields of a release of ``version`` (``araopt.ledger.commit`` adds the
     output, the release files' digests and the ids): the parameters' sha256, epsilon and the mechanism
     it released with (ARA: the mechanism part, which later lookbacks are costed with; Attribution: the
-    whole version), with ``epsilon_note`` (an ``--override-epsilon``)."""
+    whole version, and the impression times its accepted reports charged, from the job's
+    ``accounting``: ``araopt.attribution.lifetime``), with ``epsilon_note`` (an ``--override-epsilon``)."""
     if version.api == Api.ATTRIBUTION:
         return {"params_sha256": version.checksum(), "api": Api.ATTRIBUTION.value, "epsilon": version.params.epsilon,
-                "mechanism": version.to_json()}
+                "mechanism": version.to_json(), CHARGED: (accounting or {}).get(CHARGED)}
     params = version.params
     return {"params_sha256": version.checksum(), "epsilon": params.epsilon,
             "mechanism": ParameterVersion(params).to_json(), **(epsilon_note or {})}
+
+
+def charged_impressions(version: ParameterVersion, accounting: dict[str, Any]) -> ChargedWindow | None:
+    """The impression times an Attribution release's accepted reports charged (its job's ``accounting``),
+    which the ledger compares with earlier attribution releases' (no epoch charged twice: each release
+    simulates fresh budgets); None for ARA, or when no report was accepted."""
+    if version.api != Api.ATTRIBUTION or accounting.get(CHARGED) is None:
+        return None
+    return ChargedWindow.from_json(accounting[CHARGED])
 
 
 def public_facts(version: ParameterVersion) -> dict[str, Any]:

@@ -12,7 +12,7 @@ and compare the lines:
 
 Only the commands' own command lines are used (``pipelines.cli.main``), so the script runs unchanged on
 any version of the code. Normalised: the fields that say when or how long (``created_at``,
-``written_at``, ``recorded_at``, ``optimizer_seconds``, ``wall_seconds``, a run summary's ``wall_time_s``
+``written_at``, ``sealed_at``, ``recorded_at``, ``optimizer_seconds``, ``wall_seconds``, a run summary's ``wall_time_s``
 and ``ledger_entry`` id) and the temporary folder's path. measure runs with optimize's parameter file
 after that normalisation, so its release is a function of the optimizer's output and the seed only.
 
@@ -32,8 +32,8 @@ import sys
 import tempfile
 from typing import Any
 
-VOLATILE = {"created_at", "written_at", "recorded_at", "optimizer_seconds", "wall_seconds", "wall_time_seconds",
-            "seconds", "wall_time_s", "ledger_entry"}
+VOLATILE = {"created_at", "written_at", "sealed_at", "recorded_at", "optimizer_seconds", "wall_seconds",
+            "wall_time_seconds", "seconds", "wall_time_s", "ledger_entry"}
 SLICES = "campaignId,geography,productCategory"
 
 

@@ -182,7 +182,7 @@ def read_attribution_log(pattern: str | Sequence[str], slices: Sequence[str], va
             raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
         with FileSystems.open(path) as fh:
             table = pq.read_table(fh, columns=[*needed_columns(slices, values), *present])
-        batch = validate_batch(table, slices, values, passthrough=ATTRIBUTION_COLUMNS)
+        batch = validate_batch(table, slices, values, passthrough=ATTRIBUTION_COLUMNS, attribution=True)
         valid.append(batch.valid)
         counts.append(ValidationCounts.of(table.num_rows, batch))
     rows = pa.concat_tables(valid).to_pandas()

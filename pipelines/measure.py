@@ -46,7 +46,15 @@ from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.release_summary import attribution_summary_lines, run_summary, summary_lines
 from araopt.release_workflow import release_epsilon, resolve_release_domain
-from araopt.targets import attribution_params, domain_columns, input_columns, ledger_entry, private_facts, public_facts
+from araopt.targets import (
+    attribution_params,
+    charged_impressions,
+    domain_columns,
+    input_columns,
+    ledger_entry,
+    private_facts,
+    public_facts,
+)
 from araopt.version import Api, ParameterVersion
 from transforms.io import (
     InputFiles,
@@ -254,7 +262,8 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
             if lookback is not None:  # before anything is recorded: refuse a lookback holding the period's own rows
                 check_lookback(period, merged_identities(folder, ROW_IDS + LOOKBACK_SUFFIX, f"{id_dir}/lookback"))
             if ledger is not None:
-                step = LedgerStep(ledger, *period, ledger_entry(version, config.epsilon_note))
+                step = LedgerStep(ledger, *period, ledger_entry(version, config.epsilon_note, summary),
+                                  charged_impressions(version, summary))
                 if others:
                     summary["conversions_in_other_ledgers"], warnings = released_elsewhere(others, period[0])
                     for warning in warnings:

@@ -72,8 +72,21 @@ def test_integer_ids_and_other_strings_hash_as_before_ids_were_canonicalised():
     """Ledgers, arm plans and shard layouts made before stay valid: only decimal strings moved."""
     ints = np.array([0, 1, -7, 2**62], dtype=np.int64)
     np.testing.assert_array_equal(canonical_id_hash(ints), pd.util.hash_array(ints))
-    text = np.array(["a", "imp-42", "", "+5", " 5", "5.0", "0x10", "99999999999999999999"], dtype=object)
+    text = np.array(["a", "imp-42", "", "+5", " 5", "5.5", "5.0x", "1e3", ".0", "-.0", "0x10", "99999999999999999999"],
+                    dtype=object)
     np.testing.assert_array_equal(canonical_id_hash(text), pd.util.hash_array(text))
+
+
+@given(st.integers(-2**53, 2**53), st.integers(0, 3), st.integers(0, 4))
+def test_an_integer_id_through_a_float_is_its_integer(value, zeros, point_zeros):
+    """An integer id column that passed through a float (pandas turns an int column with a missing value
+    into float64; written as text it reads "123.0") is the same id, with any zero padding, in every
+    consumer of the canonical hash (ledger, arms, shards, record keys)."""
+    digits = "0" * zeros + str(abs(value))
+    text = ("-" if value < 0 else "") + digits + "." + "0" * point_zeros
+    as_int = canonical_id_hash(np.array([value], dtype=np.int64))[0]
+    assert canonical_id_hash(np.array([text], dtype=object))[0] == as_int
+    assert canonical_id_hash(pa.array([text, "imp-1"]))[0] == as_int
 
 
 def test_the_coarse_identity_survives_truncation_and_time_zone_shifts_but_not_other_seconds():
@@ -116,6 +129,7 @@ LOSSY = {
     "naive local time": lambda f: f.assign(
         conversion_time=_utc(f["conversion_time"]).dt.tz_convert("Asia/Kolkata").dt.tz_localize(None)),
     "zero-padded string ids": lambda f: f.assign(impression_id=f["impression_id"].map(lambda i: f"{i:010d}")),
+    "ids through a float": lambda f: f.assign(impression_id=f["impression_id"].astype(float).astype(str)),
 }
 
 

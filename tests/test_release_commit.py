@@ -4,6 +4,7 @@ commit's ledger step (``araopt.ledger.commit``), what each target records of a r
 window (``io.partitions``) and the end of a night (``nightly.conclude_night``)."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -156,13 +157,19 @@ def _attribution_release(rows_read: int, rejected: int, seed: int | None):
 
 
 def test_an_attribution_release_passes_at_the_rejected_share_and_is_refused_one_row_above():
-    ok = attribution_release_files(_attribution_release(1000, 100, 3), "sha", True, True, 0.10)
+    """The release step refuses one row above the share (nothing is noised: ``attribution.release.release``,
+    the rule of every path), and the writer refuses such a release however it was made."""
+    passing = _attribution_release(1000, 100, 3)
+    ok = attribution_release_files(passing, "sha", True, True, 0.10)
     assert set(ok) >= {outputs.release_file(outputs.RELEASE_JSON, True), outputs.private_file(outputs.ACCOUNTING),
                        outputs.private_file(outputs.DEBUG_HISTOGRAMS_CSV),
                        outputs.release_file(outputs.HISTOGRAM_LAYOUT_CSV, True)}
     assert json.loads(ok[outputs.private_file(outputs.ACCOUNTING)])["accounting_closes"]
+    with pytest.raises(PrivacyRefusal, match="101 of 1,000 input rows .* failed validation"):
+        _attribution_release(1000, 101, 3)
+    made_otherwise = dataclasses.replace(passing, counts=ValidationCounts(1000, 101, {"bad": 101}))
     with pytest.raises(InvalidInput, match="101 of 1,000 rows are invalid"):
-        attribution_release_files(_attribution_release(1000, 101, 3), "sha", True, False, 0.10)
+        attribution_release_files(made_otherwise, "sha", True, False, 0.10)
 
 
 def test_an_attribution_release_is_written_as_a_simulation_exactly_when_its_noise_was_seeded():

@@ -19,7 +19,7 @@ from araopt.io.conversions import ValidationCounts, type_family
 from araopt.mechanism import aggregate
 from araopt.mechanism.keys import DATA, DECLARED, HISTORY
 from araopt.mechanism.release import DATA_DERIVED, Accounting, noisy_release, release_domain
-from araopt.publication import publish
+from araopt.publication import publish, release_json
 from araopt.version import ParameterVersion
 from factories import conversions, error_line, make_frame, make_params, params, setup, write
 from pipelines import measure as measure_pipeline
@@ -153,6 +153,26 @@ def test_a_seeded_release_is_written_only_as_a_simulation(tmp_path):
         with pytest.raises(Exception, match="simulation"):
             with TestPipeline() as pipe:
                 _ = pipe | beam.Create([publication]) | WriteRelease(str(tmp_path / "out"), "0" * 64,
+                                                                     simulation=simulation)
+
+
+def test_a_release_noised_by_a_callers_generator_is_neither_a_release_nor_a_simulation(tmp_path):
+    """The in-memory API takes a caller's generator (``noise_rng``, for tests): its noise is seeded
+    without the simulation flag. Such a release says it is not differentially private and is written
+    neither as a release nor as a simulation (before, release.json said differentially_private and
+    WriteRelease wrote it as a release)."""
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    release = measure(conv, p, _domain(frame, p, DECLARED), noise_rng=np.random.default_rng(0)).release
+    assert release.simulation_seed is None and not release.secure_noise
+    publication = publish(release, ParameterVersion(p))
+    assert release_json(publication, "0" * 64)["differentially_private"] is False
+    secure = measure(conv, p, _domain(frame, p, DECLARED)).release
+    assert secure.secure_noise and release_json(publish(secure, ParameterVersion(p)), "0" * 64)["differentially_private"]
+    for simulation in (False, True):
+        with pytest.raises(Exception, match="generator"):
+            with TestPipeline() as pipe:
+                _ = pipe | beam.Create([publication]) | WriteRelease(str(tmp_path / f"out{simulation}"), "0" * 64,
                                                                      simulation=simulation)
 
 

@@ -15,7 +15,11 @@ it runs the same command again, without --allow-rerelease, and classifies the ou
   released the input (exit 0, one ledger entry: the second run's);
 * ``FAILED``: anything else (a lost release, a false record, a half-written output).
 
-    .venv/bin/python tools/kill_commit_loop.py [--runs 10] [--seed 0]
+    .venv/bin/python tools/kill_commit_loop.py [--runs 10] [--seed 0] [--api ara|attribution]
+
+``--api attribution``: the same loop over an attribution release (a log with browsers and impression
+times, an attribution parameter version): its commit records the release (and the impression times
+it charged) through the same pending records.
 
 Exit status 1 if any round failed.
 """
@@ -62,6 +66,25 @@ def make_input(folder: str, seed: int) -> tuple[str, str, str]:
     return data, params, domain
 
 
+def make_attribution_input(folder: str, seed: int) -> tuple[str, str, str]:
+    """``make_input``'s log with browsers (3 impressions each) and impression times, and an attribution
+    parameter version over the same slices."""
+    from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
+
+    data, _, domain = make_input(folder, seed)
+    path = os.path.join(data, "part-0.parquet")
+    frame = pd.read_parquet(path)
+    frame["browser_id"] = frame["impression_id"] // 3
+    frame["impression_time"] = (pd.Timestamp("2026-03-01", tz="UTC")
+                                + pd.to_timedelta(frame["impression_id"] * 60_000_000, unit="us"))
+    frame.to_parquet(path, index=False)
+    queries = (AttributionQuery(COUNT, None), AttributionQuery("v", "v", max_value=255, clip=20.0))
+    params = os.path.join(folder, "p.json")
+    ParameterVersion.for_attribution(AttributionParams.from_paper(4.0, 2, {COUNT: 0.3, "v": 0.7}, queries,
+                                                                  ("s",))).save(params)
+    return data, params, domain
+
+
 def entries(ledger: str) -> list[dict]:
     path = os.path.join(ledger, "ledger", "index.json")
     try:
@@ -89,9 +112,9 @@ def whole(target: str) -> str | None:
         return None
 
 
-def one_round(number: int, rng: random.Random) -> tuple[bool, str]:
+def one_round(number: int, rng: random.Random, api: str = "ara") -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="araopt-kill-") as tmp:
-        data, params, domain = make_input(tmp, number)
+        data, params, domain = (make_attribution_input if api == "attribution" else make_input)(tmp, number)
         ledger, target = os.path.join(tmp, "ledger"), os.path.join(tmp, "out")
         cmd = [sys.executable, "-m", "pipelines.measure", "--input", data, "--params", params, "--domain", domain,
                "--output", target, "--ledger", ledger, "--no-progress"]
@@ -141,11 +164,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--api", choices=("ara", "attribution"), default="ara")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     failures = 0
     for number in range(1, args.runs + 1):
-        ok, what = one_round(number, rng)
+        ok, what = one_round(number, rng, args.api)
         failures += not ok
         print(f"run {number:2d}: {what}", flush=True)
     print(f"{args.runs - failures} of {args.runs} runs: every release whole or re-makeable without --allow-rerelease")

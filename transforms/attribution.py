@@ -21,7 +21,7 @@ import pyarrow as pa
 from araopt.attribution.measure import BrowserSums, data_domain, simulate_browsers, simulated_columns
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.release import AttributionRelease, release
-from araopt.io.conversions import BROWSER_ID, IMPRESSION_ID, ValidationCounts
+from araopt.io.conversions import BROWSER_ID, DEFAULT_MAX_REJECTED_FRACTION, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
 
@@ -113,12 +113,14 @@ class MeasureAttribution(beam.PTransform):
 
     def __init__(self, params: AttributionParams, counts: beam.PCollection[ValidationCounts],
                  domain: KeyDomain | None, simulation_seed: int | None, num_shards: int, unit: str,
-                 spill_dir: str | None = None, task_domain: KeyDomain | None = None):
+                 spill_dir: str | None = None, task_domain: KeyDomain | None = None,
+                 max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION):
         super().__init__()
         if domain is None and simulation_seed is None:
             data_domain(params, pd.DataFrame(), None)  # refuses: a data-derived layout only in simulation
         self._params, self._counts, self._domain, self._seed = params, counts, domain, simulation_seed
         self._num_shards, self._unit, self._spill, self._tasks = num_shards, unit, spill_dir, task_domain
+        self._max_rejected = max_rejected_fraction
 
     def expand(self, valid: beam.PCollection[pa.Table]) -> beam.PCollection[AttributionRelease]:
         params, seed = self._params, self._seed
@@ -133,4 +135,5 @@ class MeasureAttribution(beam.PTransform):
                 | "SumShards" >> beam.CombineGlobally(_MergeSums()))
         num_tasks = 1 if self._tasks is None else self._tasks.num_slices
         return sums | "Noise" >> beam.Map(release, params, beam.pvalue.AsSingleton(domain),
-                                          beam.pvalue.AsSingleton(self._counts), seed, num_tasks)
+                                          beam.pvalue.AsSingleton(self._counts), seed, num_tasks,
+                                          max_rejected_fraction=self._max_rejected)

@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidInput
 from araopt.io.conversions import (
+    BROWSER_ID,
     CONVERSION_TIME,
     IMPRESSION_ID,
     IMPRESSION_TIME,
@@ -231,13 +232,26 @@ def release_days(inputs: InputFiles) -> tuple[tuple[str, ...] | None, str | None
 
 def attribution_columns(inputs: InputFiles) -> tuple[str, ...]:
     """The W3C Attribution columns every input file has, typed (``impression_time`` required: it
-    decides the epochs)."""
+    decides the epochs). The files agree on ``browser_id``: all or none have it (else each impression
+    of the files without it would be a browser of its own), in one type family."""
     every: tuple[str, ...] | None = None
+    browser_types: dict[str, str] = {}  # type family -> a file with it
     for path in inputs.paths:
-        present = check_attribution_schema(read_schema(path), path)
+        schema = read_schema(path)
+        present = check_attribution_schema(schema, path)
         if IMPRESSION_TIME not in present:
             raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
+        if BROWSER_ID in present:
+            browser_types.setdefault(type_family(schema.field(BROWSER_ID).type), path)
         every = present if every is None else tuple(c for c in every if c in present)
+    if browser_types and BROWSER_ID not in (every or ()):  # some files name the browser, others do not
+        raise InvalidInput(f"column {BROWSER_ID!r} is in {next(iter(browser_types.values()))} but not in every input "
+                           f"file: without it each impression would be its own browser (a budget each), with it the "
+                           f"browser; give every file the column, or none")
+    if len(browser_types) > 1:
+        kinds = "; ".join(f"{family} in {path}" for family, path in browser_types.items())
+        raise InvalidInput(f"column {BROWSER_ID!r} has different types across the input files ({kinds}): a browser's "
+                           f"id must have one type in every file (cast them to one type)")
     return every or ()
 
 

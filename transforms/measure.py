@@ -110,11 +110,12 @@ def build_attribution_release(pipeline: beam.Pipeline, inputs: InputFiles, versi
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns,
         folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")], passthrough=present,
-        one_dead_letter_file=one_dead_letter_file)
+        one_dead_letter_file=one_dead_letter_file, attribution=True)
     if row_ids is not None:
         _ = read["valid"] | "ReleasedRowIds" >> WriteRowIds(row_ids)
     release = read["valid"] | "MeasureAttribution" >> MeasureAttribution(
-        params, read["counts"], domain, simulation_seed, num_shards, unit_column(present), shuffle_dir)
+        params, read["counts"], domain, simulation_seed, num_shards, unit_column(present), shuffle_dir,
+        max_rejected_fraction=max_rejected_fraction)
     _ = release | "WriteRelease" >> beam.ParDo(WriteAttributionRelease(folder.staging, version.checksum(),
                                                                        simulation_seed is not None, debug_run,
                                                                        max_rejected_fraction, version.retention))

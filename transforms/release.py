@@ -30,8 +30,11 @@ from araopt.publication import (
 def check_simulation_label(publication: Publication, simulation: bool) -> Publication:
     """A seeded release goes only into a simulation folder (``SIMULATION-`` names), and a simulation
     folder holds only seeded releases: seeded noise is not private, and a reader must not mistake one
-    for the other."""
+    for the other. A release noised by a caller's generator (neither secure nor seeded) goes into neither."""
     seeded = publication.release.simulation_seed is not None
+    if not seeded and not publication.release.secure_noise:
+        raise PrivacyRefusal("this release was noised by a caller's generator (rng / noise_rng, for tests): neither "
+                             "secure noise (a release) nor a simulation seed (a simulation); it is written as neither")
     if seeded != simulation:
         raise PrivacyRefusal("a release noised with a simulation seed is written only as a simulation (simulation="
                              "True)" if seeded else "a simulation folder holds only releases noised with a "

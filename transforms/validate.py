@@ -45,10 +45,12 @@ NAMESPACE = "araopt"
 @beam.typehints.with_input_types(pa.Table)
 @beam.typehints.with_output_types(pa.Table, **{REJECTED: pa.Table, COUNTS: ValidationCounts})
 class _ValidateBatch(beam.DoFn):
-    def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str], passthrough: Sequence[str] = ()):
+    def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str], passthrough: Sequence[str] = (),
+                 attribution: bool = False):
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
         self._passthrough = tuple(passthrough)
+        self._attribution = attribution
 
     def setup(self) -> None:
         self._rows_read = Metrics.counter(NAMESPACE, "rows_read")
@@ -57,7 +59,7 @@ class _ValidateBatch(beam.DoFn):
         self._rejected = {r: Metrics.counter(NAMESPACE, f"rows_rejected_{r}") for r in REJECT_REASONS}
 
     def process(self, table: pa.Table) -> Iterator[pa.Table | beam.pvalue.TaggedOutput]:
-        batch = validate_batch(table, self._slice_columns, self._value_columns, self._passthrough)
+        batch = validate_batch(table, self._slice_columns, self._value_columns, self._passthrough, self._attribution)
         counts = ValidationCounts.of(table.num_rows, batch)
         self._rows_read.inc(table.num_rows)
         self._rows_valid.inc(batch.valid.num_rows)
@@ -77,15 +79,17 @@ class ValidateConversions(beam.PTransform):
     """Batches -> outputs ``valid`` (canonical tables), ``rejected`` (text columns + ``reason``),
     ``counts`` (one ``ValidationCounts`` per batch)."""
 
-    def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str], passthrough: Sequence[str] = ()):
+    def __init__(self, slice_columns: Sequence[str], value_columns: Sequence[str], passthrough: Sequence[str] = (),
+                 attribution: bool = False):
         super().__init__()
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
         self._passthrough = tuple(passthrough)
+        self._attribution = attribution
 
     def expand(self, batches: beam.PCollection[pa.Table]) -> beam.pvalue.DoOutputsTuple:
         return batches | "ValidateRows" >> beam.ParDo(
-            _ValidateBatch(self._slice_columns, self._value_columns, self._passthrough)).with_outputs(
+            _ValidateBatch(self._slice_columns, self._value_columns, self._passthrough, self._attribution)).with_outputs(
                 REJECTED, COUNTS, main=VALID)
 
 
@@ -186,8 +190,10 @@ class ReadAndValidate(beam.PTransform):
     def __init__(self, paths: Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str],
                  dead_letter_prefix: str | None = None, passthrough: Sequence[str] = (), num_shards: int | None = None,
                  spill_dir: str | None = None, impression_slice_columns: Sequence[str] | None = None,
-                 lookback_paths: Sequence[str] = (), one_dead_letter_file: bool = True, shard_files: bool = False):
+                 lookback_paths: Sequence[str] = (), one_dead_letter_file: bool = True, shard_files: bool = False,
+                 attribution: bool = False):
         super().__init__()
+        self._attribution = attribution  # the W3C Attribution columns' rules too (``validate_batch``)
         self._paths = list(paths)
         self._slice_columns = tuple(slice_columns)
         self._value_columns = tuple(value_columns)
@@ -205,7 +211,7 @@ class ReadAndValidate(beam.PTransform):
         columns = needed_columns(self._slice_columns, self._value_columns) + list(self._passthrough)
         batches = pbegin | f"Read{label}" >> ReadConversionFiles(paths, columns)
         return batches | f"Validate{label}" >> ValidateConversions(self._slice_columns, self._value_columns,
-                                                                   self._passthrough)
+                                                                   self._passthrough, self._attribution)
 
     def _finish(self, counts: list[beam.PCollection[Any]], rejected: list[beam.PCollection[Any]], label: str,
                 dead_letter: str | None) -> beam.PCollection[ValidationCounts]:

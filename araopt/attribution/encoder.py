@@ -42,6 +42,7 @@ from araopt.io.conversions import (
     IMPRESSION_SITE,
     IMPRESSION_TIME_US,
 )
+from araopt.io.ids import canonical_id_hash
 from araopt.mechanism.encoding import randomized_round
 from araopt.mechanism.keys import KeyDomain
 
@@ -117,9 +118,8 @@ def schedule(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, u
     if (conv_ms < imp_ms).any():
         raise InvalidInput(f"{int((conv_ms < imp_ms).sum())} rows convert before their impression_time")
     rows_in = np.flatnonzero(encoded)
-    ids = rows[BROWSER_ID].to_numpy() if BROWSER_ID in rows else rows[IMPRESSION_ID].to_numpy()
-    codes, browsers = pd.factorize(ids[rows_in])
-    codes = codes.astype(np.int64)
+    ids = (rows[BROWSER_ID].to_numpy() if BROWSER_ID in rows else rows[IMPRESSION_ID].to_numpy())[rows_in]
+    codes, browsers = browser_codes(ids)
     pair = _impression_pairs(codes, rows[IMPRESSION_ID].to_numpy()[rows_in])
     # codes come in order of first appearance: a position is its impression's first row iff its code is new
     first = np.flatnonzero(pair > np.maximum.accumulate(np.concatenate([[-1], pair[:-1]])))
@@ -166,6 +166,17 @@ def schedule(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, u
     saved_at[by_imp] = moved[imp_at]
     return Schedule(browser, kind, row, query, moved, ordinal_of_pair[event_pair], saved_at[event_pair],
                     first_row[event_pair], index, task, sent, encoded, np.asarray(browsers))
+
+
+def browser_codes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(code per row in order of first appearance, each code's id): browsers told apart by their
+    canonical id (``araopt.io.ids``: "007", "7" and 7 are one browser, as the grouping step's shard
+    hash has it), each named by the first spelling it appears under. Told apart by their spelling, one
+    browser's rows would be two browsers with a budget each."""
+    codes, _ = pd.factorize(canonical_id_hash(ids))
+    codes = codes.astype(np.int64)
+    first = np.flatnonzero(codes > np.maximum.accumulate(np.concatenate([[-1], codes[:-1]])))  # a new code is the next
+    return codes, np.asarray(ids)[first]
 
 
 def _impression_pairs(codes: np.ndarray, impressions: np.ndarray) -> np.ndarray:

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from araopt.attribution.config import BrowserConfig
+from araopt.attribution.config import DAY_MS, BrowserConfig
 from araopt.attribution.encoder import CONVERSION_TIME_US, Schedule, browser_config, encode, schedule, to_case
+from araopt.attribution.lifetime import ChargedWindow
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, aggregate, reconstruct
 from araopt.attribution.simulate import Reports, report_sums, simulate_schedule
@@ -117,7 +118,9 @@ class AttributionMeasurement:
 class BrowserSums:
     """What a set of complete browsers (all rows of each) contributes to a measurement: the unnoised
     sums per (query, task) over the histogram indices and the counts. Sums of disjoint sets of
-    browsers add up (:meth:`merge`): a Beam job simulates each shard of browsers and merges."""
+    browsers add up (:meth:`merge`): a Beam job simulates each shard of browsers and merges.
+    ``charged_first_ms`` / ``charged_last_ms``: the first and last impression time of an accepted
+    report (the epochs the budgets were charged in; None without one: ``araopt.attribution.lifetime``)."""
 
     unnoised: Mapping[tuple[str, int], np.ndarray]
     rows: int = 0
@@ -126,6 +129,8 @@ class BrowserSums:
     reports_matched: int = 0
     reports_refused: int = 0
     browsers: int = 0
+    charged_first_ms: int | None = None
+    charged_last_ms: int | None = None
 
     @staticmethod
     def merge(parts: Iterable[BrowserSums]) -> BrowserSums:
@@ -136,7 +141,16 @@ class BrowserSums:
         unnoised = {k: np.asarray(np.sum([p.unnoised[k] for p in parts], axis=0, dtype=np.int64)) for k in keys}
         counts = {f: sum(getattr(p, f) for p in parts)
                   for f in ("rows", "rows_outside_domain", "reports", "reports_matched", "reports_refused", "browsers")}
-        return BrowserSums(unnoised, **counts)
+        firsts = [p.charged_first_ms for p in parts if p.charged_first_ms is not None]
+        lasts = [p.charged_last_ms for p in parts if p.charged_last_ms is not None]
+        return BrowserSums(unnoised, **counts, charged_first_ms=min(firsts, default=None),
+                           charged_last_ms=max(lasts, default=None))
+
+    def charged_window(self, epoch_days: int) -> ChargedWindow | None:
+        """The impression times the accepted reports charged, in microseconds (None: no report accepted)."""
+        if self.charged_first_ms is None or self.charged_last_ms is None:
+            return None
+        return ChargedWindow(self.charged_first_ms * 1000, self.charged_last_ms * 1000, epoch_days * DAY_MS * 1000)
 
 
 def simulate_browsers(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *,
@@ -150,9 +164,11 @@ def simulate_browsers(params: AttributionParams, rows: pd.DataFrame, domain: Key
     config = config if config is not None else browser_config(params, domain.num_slices)
     reports = simulate_schedule(params, plan, ordered, config, epoch_starts(plan, config, simulation_seed))
     num_tasks = 1 if task_domain is None else task_domain.num_slices
+    charged = plan.impression_time_ms[plan.kind == 1][reports.accepted]  # (the times the epochs were taken from)
     sums = BrowserSums(report_sums(params, reports, domain.num_slices, num_tasks), len(rows),
                        int((~plan.encoded).sum()), len(reports.query), int(reports.matched.sum()),
-                       int(reports.refused.sum()), len(plan.browsers))
+                       int(reports.refused.sum()), len(plan.browsers),
+                       int(charged.min()) if len(charged) else None, int(charged.max()) if len(charged) else None)
     return sums, reports
 
 

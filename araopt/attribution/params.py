@@ -107,8 +107,8 @@ class AttributionParams:
         if len(set(names)) != len(names):
             raise InvalidParameters(f"queries: duplicate name in {names}")
         for what, value in (("epoch_days", self.epoch_days), ("lookback_days", self.lookback_days)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidParameters(f"{what} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_UNSIGNED_LONG:
+                raise InvalidParameters(f"{what} must be an integer in [1, 2^32 - 1] (the browser's), got {value!r}")
         if not self.credit or not all(is_positive_finite(c) for c in self.credit):
             raise InvalidParameters(f"credit must be a non-empty list of positive numbers, got {self.credit!r}")
         overlap = set(self.slice_columns) & set(self.conversion_slice_columns)

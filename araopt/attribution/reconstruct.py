@@ -25,7 +25,13 @@ import pandas as pd
 from araopt.attribution.params import AttributionParams, AttributionQuery
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.noise import RATE_BITS, discrete_laplace_variance, sample_discrete_laplace
+from araopt.mechanism.noise import (
+    MAX_NOISE_PARAMETER,
+    MIN_NOISE_PARAMETER,
+    RATE_BITS,
+    discrete_laplace_variance,
+    sample_discrete_laplace,
+)
 from araopt.mechanism.randomness import Simulation
 
 
@@ -34,6 +40,18 @@ def noise_rate(query: AttributionQuery) -> float:
     less noise than the deduction assumes)."""
     numerator = (Fraction(query.epsilon) * (1 << RATE_BITS)) // (2 * query.max_value)
     return float(numerator / (1 << RATE_BITS))
+
+
+def check_noise_rates(params: AttributionParams) -> None:
+    """Refuse (one line, naming the query) a query whose noise rate ``noise_rate`` lies outside the exact
+    sampler's domain [2^-36, 64] (``araopt.mechanism.noise``): its aggregation cannot be simulated. A
+    release checks it before any work (else the job fails at its noise step)."""
+    for query in params.queries:
+        a = noise_rate(query)
+        if not MIN_NOISE_PARAMETER <= a <= MAX_NOISE_PARAMETER:
+            raise InvalidParameters(f"queries[{query.name!r}]: the noise rate epsilon / (2 maxValue) = {a:.3g} lies outside "
+                                    f"[2^-36, {MAX_NOISE_PARAMETER:g}], where araopt samples the aggregation's noise "
+                                    f"exactly (epsilon {query.epsilon:g}, max_value {query.max_value})")
 
 
 def aggregate(sums: np.ndarray, query: AttributionQuery, simulation: Simulation | None = None,

@@ -14,12 +14,14 @@ import numpy as np
 import pandas as pd
 
 from araopt.attribution.calibrate import Retention, published_frame
+from araopt.attribution.lifetime import CHARGED
 from araopt.attribution.measure import BrowserSums, noisy_release
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import Estimate, read_histograms, reconstruct_histograms
-from araopt.errors import InvalidParameters
-from araopt.io.conversions import ValidationCounts
-from araopt.mechanism.keys import KeyDomain
+from araopt.attribution.reconstruct import Estimate, check_noise_rates, read_histograms, reconstruct_histograms
+from araopt.errors import InvalidInput, InvalidParameters
+from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts, check_rejected_share
+from araopt.mechanism.keys import DATA, ORIGIN_COLUMN, KeyDomain
+from araopt.mechanism.release import check_declared_domain
 
 
 @dataclass(frozen=True)
@@ -52,19 +54,27 @@ class AttributionRelease:
         return pd.concat(frames, ignore_index=True)
 
     def accounting(self) -> dict[str, Any]:
-        """OPERATOR-PRIVATE exact counts; rows read = kept + outside the layout + rejected."""
+        """OPERATOR-PRIVATE exact counts; rows read = kept + outside the layout + rejected; ``CHARGED``:
+        the impression times whose epochs the accepted reports charged (``araopt.attribution.lifetime``)."""
         c, s = self.counts, self.sums
+        charged = s.charged_window(self.params.epoch_days)
         return {"rows_read": c.rows_read, "rows_rejected": c.rows_rejected,
                 "rows_rejected_by_reason": dict(c.rejected_by_reason), "conversions_kept": s.rows - s.rows_outside_domain,
                 "conversions_outside_domain": s.rows_outside_domain, "browsers": s.browsers,
                 "histogram_size": self.domain.num_slices,
                 "reports": s.reports, "reports_matched": s.reports_matched, "reports_refused_for_budget": s.reports_refused,
+                CHARGED: None if charged is None else charged.to_json(),
                 "accounting_closes": c.rows_read - c.rows_rejected == s.rows}
 
 
 def histogram_layout(domain: KeyDomain) -> pd.DataFrame:
-    """The histogram layout: each histogram index with its impression-side slice values."""
-    return pd.DataFrame({"histogram_index": range(domain.num_slices), **domain.slice_values()})
+    """The histogram layout: each histogram index with its impression-side slice values; a layout derived
+    from data also says so (an ``origin`` column, ``data`` on every row), so that read back as ``--domain``
+    it stays data-derived (refused outside simulation) instead of passing for a declared list of slices."""
+    frame = pd.DataFrame({"histogram_index": range(domain.num_slices), **domain.slice_values()})
+    if domain.origin == DATA:
+        frame[ORIGIN_COLUMN] = DATA
+    return frame
 
 
 def empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int) -> BrowserSums:
@@ -74,9 +84,19 @@ def empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int) -> 
 
 
 def release(sums: Sequence[BrowserSums], params: AttributionParams, domain: KeyDomain, counts: ValidationCounts,
-            simulation_seed: int | None, num_tasks: int = 1, level: float = 0.95) -> AttributionRelease:
-    """The release step, once, on the merged sums of every shard's browsers: noise once per index, Alg. 4."""
+            simulation_seed: int | None, num_tasks: int = 1, level: float = 0.95,
+            max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION) -> AttributionRelease:
+    """The release step, once, on the merged sums of every shard's browsers (every attribution path: the
+    Beam job's noise step, a graph wired from ``transforms/``): ARA's release rules
+    (``araopt.mechanism.release``) first (at most ``max_rejected_fraction`` of the rows read rejected, a
+    declared layout: one of origin ``data`` only in simulation, rows read = rejected + simulated), then
+    noise once per index, Alg. 4."""
     merged = BrowserSums.merge([empty_sums(params, domain, num_tasks), *sums])
+    check_rejected_share(counts, max_rejected_fraction)
+    check_declared_domain(domain, simulation_seed)
+    if counts.rows_read - counts.rows_rejected != merged.rows:
+        raise InvalidInput(f"row accounting does not close: {counts.rows_read:,} rows read, {counts.rows_rejected:,} "
+                           f"rejected, {merged.rows:,} simulated")
     noisy, estimates = noisy_release(params, merged.unnoised, simulation_seed, level)
     return AttributionRelease(params, domain, noisy, estimates, merged, counts, simulation_seed)
 
@@ -104,6 +124,7 @@ def estimates_from_histograms(params: AttributionParams, retention: Retention | 
     """Alg. 4 on a real aggregation's noisy histograms (``query,histogram_index,noisy_sum``) through the
     layout ``domain``: the published estimates table (of the true totals with ``retention``), how many
     histograms, how many (query, task, index) entries are missing (NaN estimates)."""
+    check_noise_rates(params)  # (the intervals are the noise's)
     noisy, missing = read_histograms(histograms, params, domain.num_slices, source=source)
     estimates = reconstruct_histograms(params, noisy, level)
     return published_frame(estimates, domain, params, retention), len(noisy), missing

@@ -20,7 +20,9 @@ import pandas as pd
 
 from araopt.attribution.config import DAY_MS, HOUR_MS, MICROEPSILONS, BrowserConfig
 from araopt.attribution.encoder import Schedule
+from araopt.attribution.errors import ApiError
 from araopt.attribution.params import AttributionParams
+from araopt.attribution.sites import parse_site
 from araopt.errors import InvalidInput
 from araopt.io.conversions import CONVERSION_SITE, IMPRESSION_SITE
 
@@ -72,6 +74,19 @@ def _unit_ids(*columns: np.ndarray) -> np.ndarray:
     return np.asarray(pd.factorize(key)[0], dtype=np.int64)
 
 
+def site_codes(values: np.ndarray, column: str) -> np.ndarray:
+    """Codes equal exactly where the values name one site (the registrable domain the browser budgets:
+    ``sites.parse_site``, so "www.ADV.example" and "adv.example" are one site; told apart by spelling,
+    each would get a budget of its own). A value that is no site is refused in one line."""
+    codes, distinct = pd.factorize(values)
+    try:
+        sites = [parse_site(v) for v in distinct.tolist()]
+    except ApiError as exc:
+        raise InvalidInput(f"{column}: {exc}") from None
+    canonical: np.ndarray = pd.factorize(np.asarray(sites, dtype=object))[0][codes]
+    return canonical
+
+
 def _fits(units: np.ndarray, deductions: np.ndarray, budgets: np.ndarray) -> np.ndarray:
     """Per report: whether its unit's budget covers the deductions of all the unit's reports (float sums
     of integers: exact below 2^53, and any larger sum exceeds every budget)."""
@@ -116,10 +131,11 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
     global_unit = _unit_ids(b, imp_epoch)
     site_unit = global_unit
     if CONVERSION_SITE in rows:
-        site_unit = _unit_ids(global_unit, pd.factorize(rows[CONVERSION_SITE].to_numpy())[0][r])
+        site_unit = _unit_ids(global_unit, site_codes(rows[CONVERSION_SITE].to_numpy(), CONVERSION_SITE)[r])
     quota_unit = global_unit
     if IMPRESSION_SITE in rows:
-        quota_unit = _unit_ids(global_unit, pd.factorize(rows[IMPRESSION_SITE].to_numpy())[0][plan.impression_row[m]])
+        quota_unit = _unit_ids(global_unit,
+                               site_codes(rows[IMPRESSION_SITE].to_numpy(), IMPRESSION_SITE)[plan.impression_row[m]])
     site_left = np.full(int(site_unit.max(initial=-1)) + 1, config.per_site_budget, dtype=np.int64)
     global_left = np.full(int(global_unit.max(initial=-1)) + 1, config.global_budget_per_epoch, dtype=np.int64)
     quota_left = np.full(int(quota_unit.max(initial=-1)) + 1, config.impression_site_quota_per_epoch, dtype=np.int64)

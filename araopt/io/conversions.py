@@ -57,6 +57,9 @@ REJECT_REASONS = (
     "negative_value",
     "value_above_2pow53",
     "bad_impression_time",
+    "null_browser_id",
+    "null_site",
+    "conversion_before_impression",
     "impression_slice_inconsistent",
 )
 """Why a row goes to the dead letter (first failing check wins); each has a Beam counter. The last
@@ -216,11 +219,14 @@ def _integer_in_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns: Sequence[str],
-                   passthrough: Sequence[str] = ()) -> ValidatedBatch:
+                   passthrough: Sequence[str] = (), attribution: bool = False) -> ValidatedBatch:
     """Split a batch into canonical valid rows and dead-letter rows with a ``reason``, vectorized;
     the first failing check wins. Valid rows carry ``conversion_time_us`` (int64 microseconds; the
     original time column is dropped), ids and integer slices as int64, strings as string, values
-    as float64, so that files of different widths compare equal."""
+    as float64, so that files of different widths compare equal. ``attribution``: also the W3C
+    Attribution columns' rules (``schemas/conversion_log.md``; ARA runs ignore those columns): a
+    ``browser_id`` and the sites are never null (the privacy unit) and no conversion precedes its
+    ``impression_time``."""
     check_schema(table.schema, slice_columns, value_columns)
     n = table.num_rows
     reason = np.zeros(n, dtype=np.uint8)  # 0: valid, else 1 + index into REJECT_REASONS
@@ -255,6 +261,13 @@ def validate_batch(table: pa.Table, slice_columns: Sequence[str], value_columns:
         imp_micros, imp_ok, imp_floored = time_as_micros(imp_column)
         flag(~imp_ok | _as_numpy(imp_column.is_null()), "bad_impression_time")
         floored = floored | imp_floored
+    if attribution and BROWSER_ID in passthrough and BROWSER_ID in table.column_names:
+        flag(_as_numpy(table.column(BROWSER_ID).is_null()), "null_browser_id")
+    for site in (CONVERSION_SITE, IMPRESSION_SITE):
+        if attribution and site in passthrough and site in table.column_names:
+            flag(_as_numpy(table.column(site).is_null()), "null_site")
+    if attribution and len(imp_micros):
+        flag(micros < imp_micros, "conversion_before_impression")
     values = []
     for c in value_columns:
         col = table.column(c)

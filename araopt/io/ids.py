@@ -4,14 +4,18 @@ the ad server's registrations), the shard of the grouping step (``transforms.gro
 of the tie-break (``Conversions.record_keys``) and the calibration's hash blocks.
 
 Canonical form: an impression id is an integer or a string. A string of ASCII decimal digits with
-an optional leading ``-`` whose value fits in an int64 *is that integer*, leading zeros included
-("000123", "123" and 123 are one impression; "-007" is -7). Any other string is itself, as its
-UTF-8 bytes ("0x7b", " 123", "+123", "1e3", "١٢٣" stay strings).
+an optional leading ``-`` and an optional fraction of zeros (``.``, ``.0``, ``.00`` ...) whose value fits
+in an int64 *is that integer*, leading zeros included ("000123", "123", "123.0" and 123 are one
+impression; "-007" is -7). Any other string is itself, as its UTF-8 bytes ("0x7b", " 123", "+123",
+"1e3", "123.5", "١٢٣" stay strings).
 
 Why zero-padded strings equal the integer: ids travel between systems that store them as BIGINT and
 as fixed-width text (``CHAR(n)``, ``LPAD``, a CSV read as text), and the padding is the only thing
 such a round trip changes; a ledger or an arm plan that told them apart would see the same
-impression as two (a re-release that looks new, an impression that changes arm). The other way is
+impression as two (a re-release that looks new, an impression that changes arm). Why "123.0" equals
+123: an integer column that passes through a float (pandas makes an int column with one missing value
+float64; written as text it reads "123.0") changes exactly that, and the ledger missed such a
+re-export (exact and coarse identities both). The other way is
 the safe one: two genuinely different string ids that differ only by leading zeros would be merged,
 which for the ledger can only report more overlap (a refusal, never a silent re-release) and for the
 arms and shards only puts them in the same group. Other normalisations (case, whitespace, a ``+``
@@ -75,7 +79,8 @@ def decimal_int64(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     Only the candidates (all ASCII digits, or a leading ``-``) go through the full parse: ids of
     another form (``"imp-00000001"``) cost one cheap pass."""
     text = text.cast(pa.string())
-    candidate = np.asarray(pc.fill_null(pc.or_(pc.ascii_is_decimal(text), pc.starts_with(text, "-")), False)
+    candidate = np.asarray(pc.fill_null(pc.or_(pc.or_(pc.ascii_is_decimal(text), pc.starts_with(text, "-")),
+                                               pc.match_substring(text, ".")), False)
                            .to_numpy(zero_copy_only=False), dtype=bool)
     mask = np.zeros(len(text), dtype=bool)
     values = np.zeros(len(text), dtype=np.int64)
@@ -91,6 +96,7 @@ def _parse_decimal_int64(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """``decimal_int64`` of every string (no pre-filter)."""
     negative = pc.fill_null(pc.starts_with(text, "-"), False)
     digits = pc.if_else(negative, pc.utf8_slice_codeunits(text, 1), text)
+    digits = pc.replace_substring_regex(digits, r"^([0-9]+)\.0*$", r"\1")  # an integer written as a float
     is_decimal = pc.fill_null(pc.match_substring_regex(digits, r"^[0-9]+$"), False)
     stripped = pc.utf8_ltrim(digits, "0")
     stripped = pc.if_else(pc.equal(stripped, ""), pa.scalar("0"), stripped)

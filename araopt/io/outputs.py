@@ -113,7 +113,8 @@ class ManifestEntry:
 def release_manifest(entries: Sequence[ManifestEntry], simulation: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
     """The completion manifest of the release folder: written last, so its presence means every listed
     file is whole. It lists the release files only (paths relative to the release folder): nothing
-    about the input, the private files or the ledger."""
+    about the input, the private files or the ledger, and no time (when a run commits follows how long
+    its input took: the private run manifest keeps it)."""
     folder = release_dir(simulation) + "/"
     outside = [e.path for e in entries if not e.path.startswith(folder)]
     if outside:
@@ -122,7 +123,6 @@ def release_manifest(entries: Sequence[ManifestEntry], simulation: bool, extra: 
         "format": MANIFEST_FORMAT,
         "complete": True,
         "simulation": simulation,
-        "written_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "files": [{"path": e.path[len(folder):], "sha256": e.sha256, "bytes": e.bytes}
                   for e in sorted(entries, key=lambda e: e.path)],
         **dict(extra),
@@ -136,6 +136,7 @@ def run_manifest(entries: Sequence[ManifestEntry], release_manifest_sha256: str,
         "format": RUN_MANIFEST_FORMAT,
         "OPERATOR_PRIVATE": "exact input facts: never publish",
         "release_manifest_sha256": release_manifest_sha256,
+        "sealed_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "files": [{"path": e.path, "sha256": e.sha256, "bytes": e.bytes} for e in sorted(entries, key=lambda e: e.path)],
         **dict(extra),
     }

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from araopt.attribution.lifetime import ChargedWindow
 from araopt.io import jsonio, outputs
 from araopt.io.rowset import RowSet, RowSetPart, SpilledRowSet
 from araopt.io.run_folder import RunFolder
@@ -72,6 +73,7 @@ class LedgerStep:
     rows: RowSet | SpilledRowSet
     coarse: RowSet | SpilledRowSet | None
     entry: Mapping[str, Any] = field(default_factory=dict)
+    charged: ChargedWindow | None = None  # an attribution release's charged impressions (araopt.attribution.lifetime)
 
 
 def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], private: dict[str, Any],
@@ -93,7 +95,7 @@ def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], 
             folder.mark_pending(ledger.store.uri, entry_id)  # a kill from here on is settled by the next run
             try:
                 recorded = ledger.check_and_record(step.rows, step.rows.to_parquet_bytes, entry, entry_id=entry_id,
-                                                   coarse=step.coarse)
+                                                   coarse=step.coarse, charged=step.charged)
             except BaseException:
                 if ledger.rollback_entry(entry_id):  # refused (or failed): nothing recorded
                     folder.clear_pending()

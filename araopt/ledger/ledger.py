@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from araopt.attribution.lifetime import CHARGED, ChargedWindow
 from araopt.errors import InvalidParameters, PrivacyRefusal
 from araopt.io.files import utc_now_iso
 from araopt.io.rowset import (
@@ -54,7 +55,7 @@ from araopt.io.store import ParameterStore, StoreConflict, StoreError
 from araopt.io.stores import open_store
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.params import Params
-from araopt.version import ParameterVersion
+from araopt.version import Api, ParameterVersion
 
 RELEASE_FILES = "release_files"
 """A ledger entry's {path under release/: sha256} of the release folder's files (what its manifest lists):
@@ -122,10 +123,14 @@ class Ledger:
 
     def check_and_record(self, rows: RowSet | SpilledRowSet, row_set: bytes | Callable[[], bytes], entry: dict[str, Any],
                          attempts: int = 10,
-                         entry_id: str | None = None, coarse: RowSet | SpilledRowSet | None = None) -> Recorded:
+                         entry_id: str | None = None, coarse: RowSet | SpilledRowSet | None = None,
+                         charged: ChargedWindow | None = None) -> Recorded:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
-        or shifted by a time zone), unless re-releasing is allowed; else append the release
+        or shifted by a time zone), or (an attribution release) if the impression times its accepted
+        reports ``charged`` come within an epoch of an earlier attribution release's (both would have
+        spent a whole budget on one epoch: ``araopt.attribution.lifetime``), unless re-releasing is
+        allowed (the shared releases are recorded: ``epochs_shared_with``); else append the release
         (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under
         ``entry_id`` (a new one if None; a commit names it in its pending record first). Retries when
         another release is recorded meanwhile. ``rows`` and ``coarse`` are compared range by range
@@ -143,14 +148,18 @@ class Ledger:
                             and coarse.may_meet(e["first_time_us"], e["last_time_us"], COARSE_MARGIN_US)]
                     coarse_before = released_in(coarse, [self._ids(e, "coarse_row_set", loaded) for e in near]).before
                 lossy = coarse is not None and coarse_before > LOSSY_OVERLAP_SHARE * max(len(coarse), 1)
-                if (before or lossy) and not self.allow_rerelease:
-                    raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy))
+                shared = [] if charged is None else [e["id"] for e in releases if shares_epochs(e, charged)]
+                if (before or lossy or shared) and not self.allow_rerelease:
+                    raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy,
+                                                      shared))
                 number = 1 + found.most
                 record = {**entry, "id": entry_id or uuid.uuid4().hex, "recorded_at": utc_now_iso(), "rows": len(rows),
                           "first_time_us": rows.first_time_us, "last_time_us": rows.last_time_us,
                           "rows_released_before": before, "release_number": number, "overlaps": overlaps}
                 if coarse is not None:
                     record.update(coarse_rows=len(coarse), coarse_rows_released_before=coarse_before)
+                if charged is not None:
+                    record.update(epochs_shared_with=shared)
                 try:
                     recorded = self.store.append_release(record, row_set, generation,
                                                          None if coarse is None else coarse.to_parquet_bytes)
@@ -237,9 +246,16 @@ class Ledger:
         return out
 
     def _refusal(self, rows: RowSet | SpilledRowSet, before: int, releases: int, coarse: RowSet | SpilledRowSet | None,
-                 coarse_before: int, lossy: bool) -> str:
+                 coarse_before: int, lossy: bool, shared: Sequence[str] = ()) -> str:
         """Why a release is refused: its conversions released before, exactly and (a lossy re-export) by
-        their coarse identity."""
+        their coarse identity; epochs an earlier attribution release charged."""
+        if shared and not before and not lossy:
+            return (f"this attribution release charges the budgets of impressions less than an epoch from those "
+                    f"{len(shared)} earlier attribution release(s) in the ledger {self.store.uri} charged (e.g. "
+                    f"{shared[-1]}): each release simulates the browsers with fresh budgets, so a browser's epoch "
+                    f"would spend its per-site budget again (budgets are not carried across releases yet). Release "
+                    f"conversions whose impressions lie an epoch or more from theirs, or pass --allow-rerelease to "
+                    f"do it anyway (it is recorded)")
         said = []
         if before:
             said.append(f"{before:,} of the {len(rows):,} conversions of this input were already released ({releases} "
@@ -264,6 +280,26 @@ class Ledger:
                 "over-counts one release (the safe direction)", entry_id, self.store.uri, exc)
             return False
         return True
+
+
+def shares_epochs(entry: dict[str, Any], charged: ChargedWindow) -> bool:
+    """Whether the earlier release ``entry`` (an attribution release) may have charged an epoch of the
+    impressions ``charged``. An attribution entry recorded before the charged window was kept is
+    taken to have charged every impression its conversions could use (its lookback before them)."""
+    if entry.get("api") != Api.ATTRIBUTION.value:
+        return False
+    if CHARGED in entry:
+        return entry[CHARGED] is not None and ChargedWindow.from_json(entry[CHARGED]).shares_epochs_with(charged)
+    if entry.get("first_time_us") is None or entry.get("last_time_us") is None:
+        return False  # (no conversions: nothing charged)
+    attribution = ParameterVersion.from_json(entry["mechanism"], source=f"ledger entry {entry['id']}").attribution
+    if attribution is None:
+        raise PrivacyRefusal(f"ledger entry {entry['id']} is an attribution release without its parameters: the "
+                             f"epochs it charged cannot be known")
+    day_us = 86_400_000_000
+    window = ChargedWindow(int(entry["first_time_us"]) - attribution.lookback_days * day_us, int(entry["last_time_us"]),
+                           attribution.epoch_days * day_us)
+    return window.shares_epochs_with(charged)
 
 
 Identities = tuple[RowSet | SpilledRowSet, RowSet | SpilledRowSet]

@@ -40,6 +40,8 @@ KEYMAP_FORMAT_VERSION = "1.0"
 _LOOKUP_TABLE_MAX = 1 << 20  # slice spaces up to this size are looked up in a table (8 MiB), larger ones searched
 DECLARED, HISTORY, DATA = "declared", "history", "data"
 ORIGINS = (DECLARED, HISTORY, DATA)
+ORIGIN_COLUMN = "origin"
+"""The column of a table of slices (a layout CSV) that names its origin (absent: declared)."""
 """Where a domain's slices come from: listed by the operator, the training history's slices (the
 parameter version), or the data it is used on (SIMULATION ONLY for a release: it reveals which slices
 occur). Recorded in every key map; ``measure`` refuses a ``data`` key map outside simulation."""
@@ -389,7 +391,17 @@ def domain_from_rows(rows: pd.DataFrame, slice_columns: Sequence[str], query_nam
                      conversion_slice_columns: Sequence[str], families: Mapping[str, str],
                      source: str = "domain file") -> KeyDomain:
     """A declared domain from a table listing slice values (one row per slice, one column per slice
-    column), with values coerced to the input's type family (``families``: column -> integer/string/boolean)."""
+    column), with values coerced to the input's type family (``families``: column -> integer/string/boolean).
+    A table with an ``origin`` column (``ORIGIN_COLUMN``: araopt writes one when it lists a layout derived
+    from data, e.g. ``export-attribution --conversions``) has that origin, one of ``ORIGINS`` on every row:
+    a file written from the data does not become a declaration by being a CSV."""
+    origin = DECLARED
+    if ORIGIN_COLUMN in rows.columns:
+        found = sorted(set(rows[ORIGIN_COLUMN].astype(str)))
+        if len(found) != 1 or found[0] not in ORIGINS:
+            raise InvalidInput(f"{source}: column {ORIGIN_COLUMN!r} must name one origin of {ORIGINS} on every row, got "
+                               f"{found}")
+        origin = found[0]
     missing = [c for c in slice_columns if c not in rows.columns]
     if missing:
         raise InvalidInput(f"{source}: missing slice column(s) {missing}; it has {list(rows.columns)}")
@@ -403,7 +415,7 @@ def domain_from_rows(rows: pd.DataFrame, slice_columns: Sequence[str], query_nam
     duplicated = pd.DataFrame(cols).duplicated()
     if duplicated.any():
         raise InvalidInput(f"{source}: slice {pd.DataFrame(cols)[duplicated].iloc[0].to_dict()} is listed twice")
-    return KeyDomain.from_slice_values(slice_columns, cols, query_names, baseline, conversion_slice_columns, DECLARED)
+    return KeyDomain.from_slice_values(slice_columns, cols, query_names, baseline, conversion_slice_columns, origin)
 
 
 def check_domain_families(domain: KeyDomain, families: Mapping[str, str], source: str = "domain") -> None:

@@ -76,6 +76,7 @@ class Release:
     accounting: Accounting
     simulation_seed: int | None = None
     exploration: Estimates | None = None  # one row per exploration arm: Alg. 4 at the arm's count limit
+    secure_noise: bool = True  # False: seeded, or a caller's generator (tests): not private, never written as a release
 
 
 def histogram_height(params: Params, domain: KeyDomain) -> int:
@@ -164,7 +165,8 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
 
         exploration = Estimates(stacked("estimate"), stacked("std_error"), stacked("ci_low"), stacked("ci_high"),
                                 query_names=estimates.query_names, confidence=estimates.confidence)
-    return Release(params, domain, report, estimates, accounting, simulation_seed, exploration)
+    return Release(params, domain, report, estimates, accounting, simulation_seed, exploration,
+                   secure_noise=rng is None and simulation_seed is None)
 
 
 def release_step(sums: DomainSums | None, counts: ValidationCounts, params: Params, domain: KeyDomain, *,
