@@ -14,6 +14,9 @@ MAX_CONTRIBUTION_BUDGET: Final = 2**32
 MAX_REPORTS_PER_SOURCE: Final = 20
 """Chrome's limit of aggregatable reports per source (the spec leaves it to the user agent)."""
 MAX_KEYS_PER_SOURCE: Final = 20
+MAX_SOURCE_LIFE_DAYS: Final = 30
+"""ARA's longest source life (its maximum expiry): a source's conversions lie within 30 days after it
+was registered, so a release's impressions converted earlier at most 30 days before its first conversion."""
 MAX_KEY_NAME_LENGTH: Final = 25
 QUERY_BITS: Final = 8
 MAX_BUCKET_BITS: Final = 128
@@ -47,7 +50,7 @@ MAX_COUNT_LIMIT: Final = MAX_REPORTS_PER_SOURCE
 MAX_SLICES: Final = 100_000
 """Largest domain (declared or derived) a release accepts: ``--max-slices``."""
 RELEASE_PERIOD_DAYS: Final = 1.0
-LOOKBACK_DAYS: Final = 30
+LOOKBACK_DAYS: Final = MAX_SOURCE_LIFE_DAYS
 """Days of history before a window read for lifetime ranks (Chrome caps a source over up to 30 days)."""
 CONFIDENCE: Final = 0.95
 EXPLORATION_COUNT_LIMITS: Final = (1, 2, 3, 5, 8, 12, 20)

@@ -40,8 +40,10 @@ from araopt.ledger.commit import (
     merged_identities,
     released_elsewhere,
     take_accounting,
+    take_held,
 )
 from araopt.ledger.ledger import Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
+from araopt.ledger.lifetime import LookbackCover, ReleasePeriod
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.release_summary import attribution_summary_lines, run_summary, summary_lines
@@ -61,6 +63,7 @@ from transforms.io import (
     attribution_columns,
     auto_num_shards,
     check_input,
+    footer_summary,
     input_facts,
     iso_micros,
     lookback_partitions,
@@ -98,6 +101,7 @@ class MeasureConfig:
     epsilon_note: dict[str, Any] = field(default_factory=dict)
     lookback: InputFiles | None = None
     history: ReleaseHistory | None = None
+    period: ReleasePeriod | None = None  # (ARA) its conversion times and its lookback's days, for the lifetime cap
     days: tuple[str, ...] | None = None
     days_note: str | None = None
     attribution_columns: tuple[str, ...] = ()
@@ -159,11 +163,17 @@ def _configure(args: argparse.Namespace, loaded: LoadedParams, version: Paramete
         print(f"araopt measure: {days_note}: the release's days are not used (no day-of-week calendar)",
               file=sys.stderr)
     domain, origin = resolve_domain(args, version, inputs)
-    history = None
-    if lookback is not None and args.simulation_seed is None:  # the releases that cost the lookback's rows
+    history = period = None
+    if args.simulation_seed is None:  # a release: ARA's lifetime cap over the ledger's releases (before any work)
         ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
-        history = ledger.release_history(iso_micros(lookback.first_time), iso_micros(lookback.last_time), version)
-    return MeasureConfig(loaded, version, inputs, domain, origin, epsilon_note, lookback, history, days, days_note)
+        cover = None if lookback is None else LookbackCover.of_windows(
+            (iso_micros(first), iso_micros(last)) for _, first, last in map(footer_summary, ([p] for p in lookback.paths)))
+        period = ReleasePeriod(iso_micros(inputs.first_time), iso_micros(inputs.last_time), cover)
+        ledger.check_lifetime(period)
+        if lookback is not None:  # the releases that cost the lookback's rows
+            history = ledger.release_history(iso_micros(lookback.first_time), iso_micros(lookback.last_time), version)
+    return MeasureConfig(loaded, version, inputs, domain, origin, epsilon_note, lookback, history, period, days,
+                         days_note)
 
 
 def _check_attribution_options(args: argparse.Namespace, version: ParameterVersion) -> None:
@@ -262,8 +272,9 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
             if lookback is not None:  # before anything is recorded: refuse a lookback holding the period's own rows
                 check_lookback(period, merged_identities(folder, ROW_IDS + LOOKBACK_SUFFIX, f"{id_dir}/lookback"))
             if ledger is not None:
+                held = None if config.period is None else config.period.held(take_held(folder))
                 step = LedgerStep(ledger, *period, ledger_entry(version, config.epsilon_note, summary),
-                                  charged_impressions(version, summary))
+                                  charged_impressions(version, summary), held)
                 if others:
                     summary["conversions_in_other_ledgers"], warnings = released_elsewhere(others, period[0])
                     for warning in warnings:

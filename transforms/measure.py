@@ -28,6 +28,7 @@ from araopt.constants import MAX_SLICES
 from araopt.io import outputs
 from araopt.io.rowset import COARSE_MARGIN_US
 from araopt.io.run_folder import RunFolder
+from araopt.ledger.commit import HELD_FILE
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.publication import Publication
@@ -37,7 +38,7 @@ from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.attribution import MeasureAttribution, unit_column
 from transforms.io import InputFiles, iso_micros, release_days
 from transforms.release import WriteAttributionRelease, WriteRelease
-from transforms.rowset import WriteRowIds
+from transforms.rowset import CountHeldReleases, WriteRowIds
 from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate, lookback_rows, period_rows
 
 LOOKBACK_SUFFIX = "_lookback"
@@ -80,6 +81,9 @@ def build_ara_release(pipeline: beam.Pipeline, inputs: InputFiles, version: Para
             since = None if since is None else since - COARSE_MARGIN_US
             earlier = tables | "LookbackRows" >> beam.Map(lookback_rows, since).with_output_types(pa.Table)
             _ = earlier | "LookbackRowIds" >> WriteRowIds(row_ids.rstrip("/") + LOOKBACK_SUFFIX)
+            if history is not None:  # the ledger's releases in reach must be held whole (araopt.ledger.lifetime)
+                _ = (tables | "AllLookbackRows" >> beam.Map(lookback_rows).with_output_types(pa.Table)
+                     | "CountHeldReleases" >> CountHeldReleases(history, folder.path(HELD_FILE)))
     if row_ids is not None:
         _ = released | "ReleasedRowIds" >> WriteRowIds(row_ids)
     if domain is not None:

@@ -14,7 +14,11 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from araopt.io.rowset import RowSetPart
+from araopt.io import jsonio
+from araopt.io.rowset import RowSetPart, table_row_ids
+from araopt.ledger.lifetime import HeldCombiner
+from araopt.mechanism.lifetime import ReleaseHistory
+from transforms.combine import CombinerFn
 
 
 class _WriteRowIds(beam.DoFn):
@@ -47,3 +51,29 @@ class WriteRowIds(beam.PTransform):
 
     def expand(self, batches: beam.PCollection[pa.Table]) -> beam.PCollection[str]:
         return batches | "WriteRowIds" >> beam.ParDo(_WriteRowIds(self._directory))
+
+
+def _write_json(doc: object, path: str) -> str:
+    with FileSystems.create(path) as fh:
+        fh.write(jsonio.dumps(doc, indent=1).encode())
+    return path
+
+
+@beam.typehints.with_input_types(pa.Table)
+@beam.typehints.with_output_types(str)
+class CountHeldReleases(beam.PTransform):
+    """Lookback batches, one per shard of complete impressions -> how many conversions of each earlier
+    release (``history``: the ledger's, named by entry id) they hold, over the whole job, written as JSON
+    ({entry id: count}) to ``path``: the commit checks that the lookback held each release in reach whole
+    (``araopt.ledger.lifetime``). Exact under retries (a combine, not a side output)."""
+
+    def __init__(self, history: ReleaseHistory, path: str):
+        super().__init__()
+        self._history = history
+        self._path = path
+
+    def expand(self, batches: beam.PCollection[pa.Table]) -> beam.PCollection[str]:
+        return (batches
+                | "LookbackIds" >> beam.Map(table_row_ids)
+                | "HeldCounts" >> beam.CombineGlobally(CombinerFn(HeldCombiner(self._history)))
+                | "WriteHeld" >> beam.Map(_write_json, self._path))

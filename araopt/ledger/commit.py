@@ -20,6 +20,7 @@ from araopt.io import jsonio, outputs
 from araopt.io.rowset import RowSet, RowSetPart, SpilledRowSet
 from araopt.io.run_folder import RunFolder
 from araopt.ledger.ledger import RELEASE_FILES, Identities, Ledger, Recorded
+from araopt.ledger.lifetime import HeldLookback
 
 ACCOUNTING_FILE = outputs.private_file(outputs.ACCOUNTING)
 """Where the release writer leaves the exact accounting for the driver (read and removed before the commit)."""
@@ -33,6 +34,22 @@ def take_accounting(folder: RunFolder) -> dict[str, Any]:
     if not accounting.get("accounting_closes"):
         raise RuntimeError(f"row accounting does not close: {accounting}")
     return accounting
+
+
+HELD_FILE = outputs.private_file("lookback_held.json")
+"""Where the job leaves, for the commit, how many conversions of each earlier release its lookback held
+(``transforms.rowset.CountHeldReleases``; read and removed before the commit)."""
+
+
+def take_held(folder: RunFolder) -> dict[str, int]:
+    """{ledger entry id: conversions of it the lookback held} as the job counted them (removed: the ledger
+    entry records it); empty when the job counted nothing (no lookback, or no release in it)."""
+    data = folder.staged.read_or_none(HELD_FILE)
+    if data is None:
+        return {}
+    folder.remove([HELD_FILE])
+    held: dict[str, int] = jsonio.loads(data, "lookback_held")
+    return held
 
 
 def merged_identities(folder: RunFolder, relative: str, directory: str) -> Identities:
@@ -74,6 +91,7 @@ class LedgerStep:
     coarse: RowSet | SpilledRowSet | None
     entry: Mapping[str, Any] = field(default_factory=dict)
     charged: ChargedWindow | None = None  # an attribution release's charged impressions (araopt.attribution.lifetime)
+    lifetime: HeldLookback | None = None  # an ARA release's period and its lookback's counts (araopt.ledger.lifetime)
 
 
 def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], private: dict[str, Any],
@@ -95,7 +113,8 @@ def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], 
             folder.mark_pending(ledger.store.uri, entry_id)  # a kill from here on is settled by the next run
             try:
                 recorded = ledger.check_and_record(step.rows, step.rows.to_parquet_bytes, entry, entry_id=entry_id,
-                                                   coarse=step.coarse, charged=step.charged)
+                                                   coarse=step.coarse, charged=step.charged,
+                                                   lifetime=step.lifetime)
             except BaseException:
                 if ledger.rollback_entry(entry_id):  # refused (or failed): nothing recorded
                     folder.clear_pending()

@@ -53,6 +53,7 @@ from araopt.io.rowset import (
 )
 from araopt.io.store import ParameterStore, StoreConflict, StoreError
 from araopt.io.stores import open_store
+from araopt.ledger.lifetime import HELD, HeldLookback, ReleasePeriod, held_counts, held_refusal, lifetime_refusal
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.params import Params
 from araopt.version import Api, ParameterVersion
@@ -124,13 +125,16 @@ class Ledger:
     def check_and_record(self, rows: RowSet | SpilledRowSet, row_set: bytes | Callable[[], bytes], entry: dict[str, Any],
                          attempts: int = 10,
                          entry_id: str | None = None, coarse: RowSet | SpilledRowSet | None = None,
-                         charged: ChargedWindow | None = None) -> Recorded:
+                         charged: ChargedWindow | None = None, lifetime: HeldLookback | None = None) -> Recorded:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
         or shifted by a time zone), or (an attribution release) if the impression times its accepted
         reports ``charged`` come within an epoch of an earlier attribution release's (both would have
         spent a whole budget on one epoch: ``araopt.attribution.lifetime``), unless re-releasing is
-        allowed (the shared releases are recorded: ``epochs_shared_with``); else append the release
+        allowed (the shared releases are recorded: ``epochs_shared_with``), or (an ARA release, ``lifetime``)
+        if an ARA release within a source life before it is not held whole by its lookback, or one within a
+        source life after it was made first (``araopt.ledger.lifetime``: never allowed, whatever
+        ``allow_rerelease``; the lookback's counts are recorded: ``lookback_held``); else append the release
         (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under
         ``entry_id`` (a new one if None; a commit names it in its pending record first). Retries when
         another release is recorded meanwhile. ``rows`` and ``coarse`` are compared range by range
@@ -140,6 +144,10 @@ class Ledger:
         try:
             for _ in range(attempts):
                 releases, generation = self.store.read_ledger()
+                if lifetime is not None:  # the lifetime cap: with the ledger as it is now, before anything else
+                    why = held_refusal(releases, lifetime, self.store.uri)
+                    if why is not None:
+                        raise LedgerRefusal(why)
                 found, overlaps = self._released(rows, releases, loaded)
                 before = found.before
                 coarse_before = 0
@@ -160,6 +168,8 @@ class Ledger:
                     record.update(coarse_rows=len(coarse), coarse_rows_released_before=coarse_before)
                 if charged is not None:
                     record.update(epochs_shared_with=shared)
+                if lifetime is not None:
+                    record[HELD] = held_counts(releases, lifetime)
                 try:
                     recorded = self.store.append_release(record, row_set, generation,
                                                          None if coarse is None else coarse.to_parquet_bytes)
@@ -170,6 +180,18 @@ class Ledger:
             raise StoreError(f"release ledger: {exc}") from None
         raise StoreConflict(f"release ledger {self.store.uri}: it kept changing during {attempts} attempts; nothing was "
                         f"released")
+
+    def check_lifetime(self, period: ReleasePeriod) -> None:
+        """Before any work: refuse (one line) a release of ``period`` whose lookback does not cover the ARA
+        releases within a source life before it, or made after an ARA release within a source life after
+        it (``araopt.ledger.lifetime``); checked again, exactly, at commit (``check_and_record(lifetime=)``)."""
+        try:
+            releases, _ = self.store.read_ledger()
+        except StoreError as exc:
+            raise StoreError(f"release ledger: {exc}") from None
+        why = lifetime_refusal(releases, period, self.store.uri)
+        if why is not None:
+            raise LedgerRefusal(why)
 
     def _ids(self, e: dict[str, Any], field: str, loaded: dict[tuple[str, str], np.ndarray]) -> np.ndarray:
         """The ids of entry ``e``'s row set ``field`` (``row_set`` or ``coarse_row_set``), read once per check."""
@@ -206,6 +228,7 @@ class Ledger:
             if any(e.get("mechanism") is None and e.get("params_sha256") not in known for e in releases):
                 known = {**self._store_versions(), **known}
             pairs: list[tuple[Params, np.ndarray]] = []
+            names: list[str] = []
             for entry in releases:
                 window = RowSet(np.empty(0, dtype=np.uint64), entry["first_time_us"], entry["last_time_us"])
                 meets = (window.may_meet(first_time_us, last_time_us) if None not in (first_time_us, last_time_us)
@@ -221,9 +244,10 @@ class Ledger:
                     ids = (RowSet.from_parquet_bytes(self.store.read_row_set(entry), entry["row_set"]).ids if meets
                            else np.empty(0, dtype=np.uint64))
                     pairs.append((params, ids))
+                    names.append(entry["id"])
         except StoreError as exc:
             raise StoreError(f"release ledger: {exc}") from None
-        return ReleaseHistory.of(pairs)
+        return ReleaseHistory.of(pairs, names)
 
     @staticmethod
     def _mechanism_of(entry: dict[str, Any], known: dict[str, Params]) -> Params | None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
-from araopt.io.rowset import conversion_row_ids, sorted_unique
+from araopt.io.rowset import RowSet, conversion_row_ids, sorted_unique
 from araopt.mechanism.encoding import check_values, count_scale, encode, query_scales
 from araopt.mechanism.params import Encoding, Params
 
@@ -41,13 +41,17 @@ class ReleaseHistory:
     """Earlier releases: the configuration each used and the conversions it released.
 
     ``configurations``: distinct parameter sets of earlier releases; ``releases``: per release, the
-    index of its configuration and the sorted distinct row ids (``araopt.io.rowset``) it released.
+    index of its configuration and the sorted distinct row ids (``araopt.io.rowset``) it released;
+    ``names``: per release, its name (the ledger entry's id), or none at all.
     """
 
     configurations: tuple[Params, ...]
     releases: tuple[tuple[int, np.ndarray], ...]
+    names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.names and len(self.names) != len(self.releases):
+            raise InvalidInput(f"{len(self.names)} names for {len(self.releases)} releases")
         for index, ids in self.releases:
             if not 0 <= index < len(self.configurations):
                 raise InvalidInput(f"a release names configuration {index}, there are {len(self.configurations)}")
@@ -55,15 +59,21 @@ class ReleaseHistory:
                 raise InvalidInput("a release's row ids must be sorted and distinct")
 
     @classmethod
-    def of(cls, releases: Sequence[tuple[Params, np.ndarray]]) -> ReleaseHistory:
-        """From (configuration, row ids) per release; equal configurations are stored once."""
+    def of(cls, releases: Sequence[tuple[Params, np.ndarray]], names: Sequence[str] = ()) -> ReleaseHistory:
+        """From (configuration, row ids) per release (and their ``names``); equal configurations are stored once."""
         configs: list[Params] = []
         out = []
         for config, ids in releases:
             if config not in configs:
                 configs.append(config)
             out.append((configs.index(config), sorted_unique(ids)))
-        return cls(tuple(configs), tuple(out))
+        return cls(tuple(configs), tuple(out), tuple(names))
+
+    def held(self, row_ids: np.ndarray) -> np.ndarray:
+        """Per release, how many of its rows ``row_ids`` hold (each distinct id once)."""
+        rows = RowSet(sorted_unique(row_ids), None, None)
+        return np.array([np.count_nonzero(rows.contained_in(released)) for _, released in self.releases],
+                        dtype=np.int64)
 
     def summary(self) -> dict[str, object]:
         """What a run records: how many earlier releases, and each configuration's count limit and arms."""

@@ -1,0 +1,199 @@
+"""ARA caps a source's reports over its whole life (up to 30 days), so a release whose impressions
+converted in an earlier release must cost those conversions through its --lookback: without it, day 1
+and day 2 each keep C reports per impression, 2C over its life. The ledger knows what was released;
+a release whose lookback does not hold every conversion released within a source's life before it
+is refused (before any work, and exactly at commit), and so is a release of conversions older than a
+release already made within a source's life after them (Alg. 1 keeps a source's conversions in time
+order). A first release, with nothing in reach in the ledger, needs no lookback."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from araopt.constants import MAX_SOURCE_LIFE_DAYS
+from araopt.io.rowset import RowSet, sorted_unique
+from araopt.ledger.ledger import Ledger, LedgerRefusal
+from araopt.ledger.lifetime import LookbackCover, ReleasePeriod
+from araopt.version import ParameterVersion
+from lifetimes import DAY, config, daily_log, day_rows
+
+H = DAY // 24
+
+
+def record(ledger: Ledger, first: int, last: int, ids=range(100), **fields) -> dict:
+    """Record a release of ``ids`` with conversions from ``first`` to ``last`` (µs)."""
+    rows = RowSet(sorted_unique(np.asarray(ids, dtype=np.uint64)), first, last)
+    return ledger.check_and_record(rows, rows.to_parquet_bytes(), dict(fields)).entry
+
+
+def period(first: int, last: int, *lookback_files: tuple[int, int]) -> ReleasePeriod:
+    """A release of conversions from ``first`` to ``last`` with lookback files of these windows (none:
+    no lookback)."""
+    return ReleasePeriod(first, last, LookbackCover.of_windows(lookback_files) if lookback_files else None)
+
+
+# ---- before any work: the ledger's windows and the lookback's days -----------------------------------
+def test_a_release_after_an_earlier_one_of_the_same_source_life_needs_a_lookback(tmp_path):
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    day1 = record(ledger, 0 * DAY + 2 * H, 0 * DAY + 20 * H)
+    with pytest.raises(LedgerRefusal) as refused:
+        ledger.check_lifetime(period(1 * DAY + H, 1 * DAY + 22 * H))
+    message = str(refused.value)
+    assert "--lookback-days 1" in message and "--lookback" in message and day1["id"] in message
+    assert "\n" not in message
+    ledger.check_lifetime(period(1 * DAY + H, 1 * DAY + 22 * H, (0 * DAY + 2 * H, 0 * DAY + 20 * H)))  # held
+    # a file of the day holds the whole UTC day (its first conversion's day through its last's)
+    ledger.check_lifetime(period(1 * DAY + H, 1 * DAY + 22 * H, (0 * DAY + 5 * H, 0 * DAY + 6 * H)))
+    with pytest.raises(LedgerRefusal, match="--lookback-days 1"):  # the day before the released one
+        ledger.check_lifetime(period(1 * DAY + H, 1 * DAY + 22 * H, (-1 * DAY + 2 * H, -1 * DAY + 20 * H)))
+
+
+def test_a_lookback_with_a_hole_on_a_released_day_is_refused(tmp_path):
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    for day in range(3):
+        record(ledger, day * DAY + 2 * H, day * DAY + 20 * H, ids=range(100 * day, 100 * day + 100))
+    first = 3 * DAY + H
+    whole = [(d * DAY + 3 * H, d * DAY + 19 * H) for d in range(3)]
+    ledger.check_lifetime(period(first, first + H, *whole))
+    with pytest.raises(LedgerRefusal, match="--lookback-days 3"):
+        ledger.check_lifetime(period(first, first + H, whole[0], whole[2]))  # day 1's partition missing
+
+
+def test_a_first_release_and_releases_beyond_a_source_life_need_no_lookback(tmp_path):
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    ledger.check_lifetime(period(40 * DAY, 40 * DAY + H))  # nothing recorded: nothing earlier was released
+    life = MAX_SOURCE_LIFE_DAYS * DAY
+    record(ledger, 0, 40 * DAY - life)  # its last conversion is a whole source life before the input's first
+    ledger.check_lifetime(period(40 * DAY, 40 * DAY + H))
+    record(ledger, 0, 40 * DAY - life + 1, ids=range(200, 300))  # one microsecond later it is in reach
+    with pytest.raises(LedgerRefusal, match=f"--lookback-days {MAX_SOURCE_LIFE_DAYS}"):
+        ledger.check_lifetime(period(40 * DAY, 40 * DAY + H))
+
+
+def test_an_attribution_release_does_not_spend_an_ara_source_budget(tmp_path):
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    record(ledger, 0, 20 * H, api="attribution")
+    ledger.check_lifetime(period(DAY, DAY + H))
+    record(ledger, 0, 20 * H, ids=range(500, 600), api="ara")
+    with pytest.raises(LedgerRefusal):
+        ledger.check_lifetime(period(DAY, DAY + H))
+
+
+def test_a_release_older_than_one_made_within_its_source_life_is_refused(tmp_path):
+    """Day 5 released first, then day 4: Alg. 1 keeps a source's conversions in time order, so day 5's
+    kept reports were chosen without day 4's; releasing day 4 now keeps up to C more."""
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    later = record(ledger, 5 * DAY + H, 5 * DAY + 20 * H)
+    with pytest.raises(LedgerRefusal, match="in time order") as refused:
+        ledger.check_lifetime(period(4 * DAY + H, 4 * DAY + 20 * H))
+    assert later["id"] in str(refused.value)
+    life = MAX_SOURCE_LIFE_DAYS * DAY
+    ledger.check_lifetime(period(5 * DAY + H - life - H, 5 * DAY + H - life))  # a whole life before: no impression shared
+
+
+def test_an_input_whose_footers_say_no_times_is_refused_when_the_ledger_has_ara_releases(tmp_path):
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    ledger.check_lifetime(ReleasePeriod(None, None, None))
+    record(ledger, 0, H)
+    with pytest.raises(LedgerRefusal, match="no conversion-time statistics"):
+        ledger.check_lifetime(ReleasePeriod(None, None, None))
+
+
+def test_the_lookback_cover_is_the_utc_days_of_its_files():
+    cover = LookbackCover.of_windows([(2 * DAY + H, 3 * DAY + H), (0 * DAY + 23 * H, 0 * DAY + 23 * H), (None, None)])
+    assert cover.spans == ((0, DAY), (2 * DAY, 4 * DAY))
+    assert cover.gaps(0, 5 * DAY) == [(DAY, 2 * DAY), (4 * DAY, 5 * DAY)]
+    assert LookbackCover.of_windows([(0, H), (DAY, DAY + H)]).spans == ((0, 2 * DAY),)  # adjacent days merge
+    assert cover.gaps(2 * DAY, 4 * DAY) == []
+
+
+# ---- at commit: the lookback the job read holds every row of those releases ----------------------------
+def test_at_commit_each_release_in_reach_must_be_held_whole_by_the_lookback(tmp_path):
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    day1 = record(ledger, 2 * H, 20 * H, ids=range(100))
+    today = period(DAY + H, DAY + 20 * H, (2 * H, 20 * H))
+    new = RowSet(np.arange(1000, 1010, dtype=np.uint64), DAY + H, DAY + 20 * H)
+    with pytest.raises(LedgerRefusal, match="holds 99 of the 100 conversions") as refused:
+        ledger.check_and_record(new, new.to_parquet_bytes(), {}, lifetime=today.held({day1["id"]: 99}))
+    assert day1["id"] in str(refused.value)
+    with pytest.raises(LedgerRefusal, match="holds 0 of the 100 conversions"):  # the job did not count it
+        ledger.check_and_record(new, new.to_parquet_bytes(), {}, lifetime=today.held({}))
+    assert len(ledger.store.read_ledger()[0]) == 1  # nothing recorded
+    recorded = ledger.check_and_record(new, new.to_parquet_bytes(), {}, lifetime=today.held({day1["id"]: 100}))
+    assert recorded.entry["lookback_held"] == {day1["id"]: 100}
+
+
+def test_at_commit_a_release_recorded_while_the_job_ran_is_checked_too(tmp_path):
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    today = period(DAY + H, DAY + 20 * H)  # no lookback: nothing was in reach when the job started
+    ledger.check_lifetime(today)
+    record(ledger, 2 * H, 20 * H)  # another run records day 0 meanwhile
+    new = RowSet(np.arange(1000, 1010, dtype=np.uint64), DAY + H, DAY + 20 * H)
+    with pytest.raises(LedgerRefusal, match="--lookback-days 1"):
+        ledger.check_and_record(new, new.to_parquet_bytes(), {}, lifetime=today.held({}))
+
+
+# ---- end to end: `araopt measure` day after day -------------------------------------------------------
+def _write_day(log, rows, path) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(pa.table({"impression_id": log.impression_id[rows],
+                             "conversion_time": pa.array(log.conversion_time[rows], pa.timestamp("us", tz="UTC")),
+                             "s": log.slices["s"][rows], "value": log.values[rows, 0]}), str(path))
+    return str(path)
+
+
+@pytest.fixture
+def three_days(tmp_path):
+    """Three days of a log as date= partitions (1970-01-01 .. 03), C = 3, and a function releasing one."""
+    from pipelines import measure as measure_cli
+
+    log = daily_log(7, impressions=150, days=3)
+    days = [_write_day(log, day_rows(log, d), tmp_path / "log" / f"date=1970-01-0{d + 1}" / "part-0.parquet")
+            for d in range(3)]
+    (tmp_path / "slices.csv").write_text("s\n0\n1\n2\n")
+    ParameterVersion(config(3)).save(str(tmp_path / "p.json"))
+
+    def release(day: int, out: str, *extra: str) -> int:
+        return measure_cli.run(["--input", os.path.dirname(days[day]), "--params", str(tmp_path / "p.json"),
+                                "--domain", str(tmp_path / "slices.csv"), "--output", str(tmp_path / out),
+                                "--ledger", str(tmp_path / "ledger"), "--no-progress", *extra])
+
+    return log, days, release
+
+
+def _entries(tmp_path) -> list[dict]:
+    return json.loads((tmp_path / "ledger" / "ledger" / "index.json").read_text())["releases"]
+
+
+@pytest.mark.slow
+def test_measure_refuses_the_next_day_without_a_lookback_and_releases_it_with_one(tmp_path, three_days, capsys):
+    log, days, release = three_days
+    assert release(0, "day1") == 0  # the first release: nothing earlier was released
+    capsys.readouterr()
+    assert release(1, "day2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--lookback-days 1" in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "day2").exists() and len(_entries(tmp_path)) == 1  # before any work: nothing written
+    assert release(1, "day2", "--lookback-days", str(MAX_SOURCE_LIFE_DAYS)) == 0
+    entries = _entries(tmp_path)
+    assert entries[1]["lookback_held"] == {entries[0]["id"]: entries[0]["rows"]}
+
+
+@pytest.mark.slow
+def test_measure_refuses_a_lookback_missing_released_conversions_at_commit(tmp_path, three_days, capsys):
+    """The lookback's file of a released day holds only some of its conversions: its days look whole,
+    the rows it holds say otherwise (counted in the job, checked before anything is recorded)."""
+    log, days, release = three_days
+    assert release(0, "day1") == 0
+    rows = day_rows(log, 0)
+    lookback = _write_day(log, rows[::2], tmp_path / "partial" / "date=1970-01-01" / "part-0.parquet")
+    capsys.readouterr()
+    assert release(1, "day2", "--lookback", os.path.dirname(lookback)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"holds {len(rows[::2]):,} of the {len(rows):,} conversions" in err[0]
+    assert not (tmp_path / "day2").exists() and len(_entries(tmp_path)) == 1
