@@ -235,6 +235,16 @@ def simulate_browsers(params: AttributionParams, rows: pd.DataFrame, domain: Key
     fresh key), so any split of the log into sets of complete browsers gives the same sums. Rows with
     ``in_period`` False are the lookback: each simulated with the parameters of the earlier release that
     released it (``history``; None: a simulation, the release's own), not summed, not counted."""
+    sums, sim = simulate_release(params, rows, domain, task_domain=task_domain, simulation_seed=simulation_seed,
+                                 config=config, key=key, history=history)
+    return sums, sim.reports
+
+
+def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *,
+                     task_domain: KeyDomain | None = None, simulation_seed: int | None = None,
+                     config: BrowserConfig | None = None, key: DrawKey | None = None,
+                     history: AttributionHistory | None = None) -> tuple[BrowserSums, Simulated]:
+    """:func:`simulate_browsers` with the whole simulation (the rows in its order, the schedule)."""
     source: Draws = simulation_seed if simulation_seed is not None else (key if key is not None else DrawKey.new())
     config = config if config is not None else browser_config(params, domain.num_slices)
     segments: list[Segment] = [(params, domain)]
@@ -258,7 +268,7 @@ def simulate_browsers(params: AttributionParams, rows: pd.DataFrame, domain: Key
                        int((reports.refused & own).sum()), browsers,
                        *_ends(imp_ms[reports.accepted & own]), *_ends(imp_ms[reports.matched & own]),
                        int(lookback.sum()), int((~own).sum()))
-    return sums, reports
+    return sums, sim
 
 
 def noisy_release(params: AttributionParams, unnoised: Mapping[tuple[str, int], np.ndarray],
