@@ -78,33 +78,43 @@ def test_the_secure_measurement_refuses_a_domain_derived_from_the_data():
 
 
 @pytest.mark.parametrize("epoch_days", [1, 7])
-def test_epoch_start_draws_are_whole_seconds_of_the_epoch(epoch_days):
-    """The reference's Temporal refuses a fractional second: draw x epoch length must be an integer."""
+def test_the_reference_draw_of_a_browsers_grid_is_whole_seconds_and_gives_that_grid(epoch_days):
+    """Each browser's epochs are a grid fixed by its draw alone (every release agrees on them); the
+    spec's browser fixes the hour of its first measureConversion minus its draw: the exported draw
+    gives it the same grid, and is whole seconds of the epoch (the reference's Temporal refuses a
+    fractional second)."""
+    from araopt.attribution.browser import Browser
     from araopt.attribution.config import BrowserConfig
-    from araopt.attribution.encoder import schedule
+    from araopt.attribution.simulate import epoch_grid, reference_draws
+
+    config = BrowserConfig(epoch_days=epoch_days)
+    rng = np.random.default_rng(epoch_days)
+    starts = epoch_grid(rng.random(20_000), config)
+    assert (starts % 3_600_000 == 0).all() and ((starts >= 0) & (starts < config.epoch_ms)).all()
+    first = 1_767_225_600_000 + rng.integers(0, 400 * 86_400_000, 20_000)
+    draws = reference_draws(starts, first, config)
+    period = config.epoch_ms // 1000
+    assert ((draws >= 0) & (draws < 1)).all() and (draws * period == np.floor(draws * period)).all()
+    for s, f, d in list(zip(starts.tolist(), first.tolist(), draws.tolist(), strict=True))[:2000]:
+        browser = Browser(config, d, lambda: 0.5)
+        browser.epoch(f)  # the first need fixes the epoch start
+        assert (browser.epoch_start_time - s) % config.epoch_ms == 0
+
+
+def test_a_browsers_grid_is_keyed_by_its_canonical_id_and_the_key():
+    """"007", "7" and 7 are one browser: one grid; another key, other grids."""
+    from araopt.attribution.config import BrowserConfig
+    from araopt.attribution.draws import DrawKey
     from araopt.attribution.measure import epoch_starts
 
-    log = _log(n=30_000)
-    log["browser_id"] = np.arange(len(log))
-    params = _params(1.0)
-    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.arange(4)}, params.query_names)
-    plan = schedule(params, log, domain, np.zeros((len(log), 2)))
-    period = epoch_days * 86_400
-    for seed in (None, 5):
-        starts = epoch_starts(plan, BrowserConfig(epoch_days=epoch_days), seed)
-        assert len(starts) == len(log) and ((starts >= 0) & (starts < 1)).all()
-        assert (starts * period == np.floor(starts * period)).all()
+    class Plan:
+        def __init__(self, ids):
+            self.browsers = ids
 
-
-def test_browser_keys_of_integer_ids_equal_pandas_object_hash() -> None:
-    """The epoch-start draws are keyed by pandas' hash of each browser id as an object; the integer
-    fast path must give the same 64 bits (extremes, negatives, unsigned), or every seeded run moves."""
-    from araopt.attribution.measure import browser_keys
-
-    signed = np.array([0, 1, -1, 7, 2**63 - 1, -2**63, 123_456_789_012], dtype=np.int64)
-    unsigned = np.array([0, 1, 2**64 - 1, 2**63], dtype=np.uint64)
-    for ids in (signed, unsigned, signed.astype(np.int32)):
-        expected = pd.util.hash_array(np.asarray(ids, dtype=object)).astype(np.uint64)
-        assert browser_keys(ids).tolist() == expected.tolist()
-    strings = np.array(["b1", "b2", "b1"], dtype=object)
-    assert browser_keys(strings).tolist() == pd.util.hash_array(strings).astype(np.uint64).tolist()
+    config, key = BrowserConfig(), DrawKey.new()
+    spelt = [np.array(["007", "8"], dtype=object), np.array(["7", "008"], dtype=object), np.array([7, 8])]
+    grids = [epoch_starts(Plan(ids), config, key).tolist() for ids in spelt]
+    assert grids[0] == grids[1] == grids[2]
+    many = np.arange(1000)
+    assert (epoch_starts(Plan(many), config, key) != epoch_starts(Plan(many), config, DrawKey.new())).mean() > 0.9
+    assert epoch_starts(Plan(many), config, 3).tolist() == epoch_starts(Plan(many), config, 3).tolist()

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from araopt.attribution.encoder import browser_config, encode, schedule, simulate, unnoised_sums
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
-from araopt.attribution.simulate import report_sums, simulate_schedule
+from araopt.attribution.simulate import epoch_grid, reference_draws, report_sums, simulate_schedule
 from araopt.mechanism.keys import KeyDomain
 from w3c import random_log
 
@@ -40,9 +40,11 @@ def test_the_vectorized_browsers_accept_and_refuse_the_reports_the_browser_model
             max_histogram_size=config.max_histogram_size)
     plan = schedule(params, log, domain, uniforms)
     streams, _ = encode(params, log, domain, uniforms)
-    starts = np.array([rng.randrange(128) / 128 for _ in streams])
+    starts = epoch_grid(np.array([rng.random() for _ in streams]), config)  # each browser's epoch grid
     fast = simulate_schedule(params, plan, log, config, starts)
-    slow = [o for stream, start in zip(streams, starts, strict=True) for o in simulate(stream, config, start, rng.random)[0]]
+    calls = [next(ev["seconds"] for ev in s.events if ev["event"] == "measureConversion") for s in streams]
+    draws = reference_draws(starts, np.round(np.array(calls) * 1000).astype(np.int64), config)  # the same grid
+    slow = [o for stream, start in zip(streams, draws, strict=True) for o in simulate(stream, config, start, rng.random)[0]]
     assert len(slow) == len(fast.accepted)
     assert [refused for *_, refused in slow] == fast.refused.tolist()
     expected = [h for _, _, h, _ in slow]

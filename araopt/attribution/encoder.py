@@ -99,9 +99,14 @@ def schedule(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, u
     int64 microseconds), vectorized. A row whose impression-side slice is not in ``domain`` (or
     conversion-side slice not in ``task_domain``) is not encoded (``encoded`` False): the caller
     counts it. ``uniforms``: (n, queries) on [0, 1) for the value rounding."""
+    return schedule_calls(rows, *encode_rows(params, rows, domain, uniforms, task_domain))
+
+
+def encode_rows(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, uniforms: np.ndarray,
+                task_domain: KeyDomain | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: (histogram index, task, the value sent per query (0: no call), encoded): what the
+    browsers are asked under ``params`` (see :func:`schedule`)."""
     n = len(rows)
-    if IMPRESSION_TIME_US not in rows:
-        raise InvalidInput("the Attribution API needs impression_time (it decides the epochs): the log has none")
     index = domain.slice_index({c: rows[c].to_numpy() for c in params.slice_columns})
     if params.conversion_slice_columns:
         if task_domain is None:
@@ -113,6 +118,16 @@ def schedule(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, u
     values = rows[list(params.value_columns)].to_numpy(dtype=np.float64) if params.value_columns else np.zeros((n, 0))
     sent = encoded_values(params, values, np.asarray(uniforms, dtype=np.float64).reshape(n, len(params.queries)))
     sent[~encoded] = 0
+    return index, task, sent, encoded
+
+
+def schedule_calls(rows: pd.DataFrame, index: np.ndarray, task: np.ndarray, sent: np.ndarray,
+                   encoded: np.ndarray) -> Schedule:
+    """The browsers' events for ``rows`` whose calls :func:`encode_rows` decided (``sent``: (n, queries),
+    one ``measureConversion`` per positive entry, in column order), possibly under several parameter
+    sets (each row's own columns of ``sent``)."""
+    if IMPRESSION_TIME_US not in rows:
+        raise InvalidInput("the Attribution API needs impression_time (it decides the epochs): the log has none")
     imp_ms = rows[IMPRESSION_TIME_US].to_numpy(dtype=np.int64) // 1000
     conv_ms = rows[CONVERSION_TIME_US].to_numpy(dtype=np.int64) // 1000
     if (conv_ms < imp_ms).any():
@@ -220,30 +235,38 @@ def encode(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, uni
            task_domain: KeyDomain | None = None) -> tuple[list[BrowserStream], np.ndarray]:
     """The browsers' event streams for ``rows`` (see :func:`schedule`), and the mask of rows encoded."""
     plan = schedule(params, rows, domain, uniforms, task_domain)
+    return streams(plan, rows, (params,), (domain.num_slices,), np.zeros(len(rows), dtype=np.int64)), plan.encoded
+
+
+def streams(plan: Schedule, rows: pd.DataFrame, params: Sequence[AttributionParams], histogram_sizes: Sequence[int],
+            row_set: np.ndarray) -> list[BrowserStream]:
+    """Every browser's events of ``plan`` in the spec's end-to-end format, each row's calls made with
+    the parameters of its set (``row_set``: index into ``params`` and ``histogram_sizes``)."""
     imp_sites = rows[IMPRESSION_SITE].to_numpy() if IMPRESSION_SITE in rows else None
     conv_sites = rows[CONVERSION_SITE].to_numpy() if CONVERSION_SITE in rows else None
-    histogram_size = domain.num_slices
-    streams = [BrowserStream(b) for b in plan.browsers.tolist()]
+    out = [BrowserStream(b) for b in plan.browsers.tolist()]
     for b, kind, r, qi, t, ordinal in zip(plan.browser.tolist(), plan.kind.tolist(), plan.row.tolist(),
                                           plan.query.tolist(), plan.time_ms.tolist(), plan.ordinal.tolist(), strict=True):
-        stream = streams[b]
+        stream = out[b]
+        p = params[int(row_set[r])]
         if kind == 0:
             stream.events.append({
                 "event": "saveImpression", "seconds": t / 1000,
                 "site": DEFAULT_IMPRESSION_SITE if imp_sites is None else str(imp_sites[r]),
                 "options": {"histogramIndex": int(plan.index[r]), "matchValue": ordinal,
-                            "lifetimeDays": params.lookback_days}})
+                            "lifetimeDays": p.lookback_days}})
             continue
-        q = params.queries[qi]
+        q = p.queries[qi]
         stream.events.append({
             "event": "measureConversion", "seconds": t / 1000,
             "site": DEFAULT_CONVERSION_SITE if conv_sites is None else str(conv_sites[r]),
             "options": {"aggregationService": DEFAULT_AGGREGATION_SERVICE, "epsilon": q.epsilon,
-                        "histogramSize": histogram_size, "value": int(plan.sent[r, qi]), "maxValue": q.max_value,
-                        "lookbackDays": params.lookback_days, "matchValues": [ordinal], "credit": list(params.credit)},
+                        "histogramSize": histogram_sizes[int(row_set[r])], "value": int(plan.sent[r, qi]),
+                        "maxValue": q.max_value, "lookbackDays": p.lookback_days, "matchValues": [ordinal],
+                        "credit": list(p.credit)},
             "query": q.name, "task": int(plan.task[r])})
         stream.reports.append((qi, int(plan.task[r]), r))
-    return streams, plan.encoded
+    return out
 
 
 def to_case(stream: BrowserStream, config: BrowserConfig, epoch_start: float, credit_fraction: float) -> dict[str, Any]:

@@ -2,25 +2,35 @@
 
 The privacy unit is browser x conversion site x epoch, and an accepted report deducts from the epoch
 of the impression it is attributed to (the encoder matches each conversion to its own impression).
-Each ``measure`` simulates the browsers afresh: full per-site budgets, global budgets and quotas, and a
-new epoch start per browser. Two releases whose reports use impressions of one epoch would each
-spend a whole budget on it (issue: day 1 and day 2 of the same impressions released one after the
-other keep twice what the browser keeps over the impression's life).
+A release must see every unit with what earlier releases already took from it, as the browser does
+over the unit's whole life. ``measure`` carries the browsers' budget state from one release to the
+next the way ARA's path carries an impression's (its lookback and Alg. 1 over the ledger's recorded
+mechanisms, ``araopt.mechanism.lifetime``): with a lookback (``--lookback-days``) it simulates again,
+before the release's own conversions and in time order, the lookback's conversions that earlier
+releases released, each with the parameters and histogram layout of the release that released it
+(:class:`AttributionHistory`, from the ledger), with the same draws (``araopt.attribution.draws``:
+each browser's epoch grid, each row's value rounding). Only the release's own reports are summed.
 
-Until a release carries the browsers' budget state from the earlier ones, the rule that keeps every
-unit within its budget is: no two releases charge one epoch. Two impression times less than an epoch
-apart lie in one epoch under some epoch start, an epoch or more apart under none (whatever start each
-release drew). So each release records the window of impression times its accepted reports charged
-(:class:`ChargedWindow`), and a release whose window comes within an epoch of an earlier one's is
-refused (``pipelines.ledger``). Any 7-day window of a browser's data then meets the charged windows of
-at most one release: it spends at most what one release lets it spend.
+Which earlier releases must be simulated again: every report touches one epoch (its impression's), and
+a unit's state is the sequence of reports that touched its epoch. Two impression times less than an
+epoch apart lie in one epoch under some epoch start, an epoch or more apart under none. So each
+release records the window of impression times its accepted reports charged (:class:`ChargedWindow`),
+and at commit (``araopt.ledger.attribution``) every earlier release whose charged window comes within
+an epoch of the impressions this release's matched reports used must have been simulated again whole:
+its conversions all in the lookback, its draws, parameters and layout known. Otherwise the release is
+refused (``--lookback-days`` names the fix), or made with ``--allow-rerelease`` and recorded.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from araopt.attribution.params import AttributionParams
 from araopt.errors import InvalidInput
+from araopt.mechanism.keys import KeyDomain
 
 CHARGED = "charged_impressions"
 """Where a release's run summary and its ledger entry keep its :class:`ChargedWindow` (None: no report
@@ -59,3 +69,75 @@ class ChargedWindow:
         if not isinstance(doc, dict) or set(doc) != {"first_us", "last_us", "epoch_us"}:
             raise InvalidInput(f"charged window: expected first_us, last_us, epoch_us, got {doc!r}")
         return cls(doc["first_us"], doc["last_us"], doc["epoch_us"])
+
+
+@dataclass(frozen=True)
+class EarlierRelease:
+    """An attribution release recorded in the ledger: its entry id, the parameters and histogram layout
+    its browsers were called with, and the sorted distinct row ids (``araopt.io.rowset``) it released."""
+
+    entry_id: str
+    params: AttributionParams
+    layout: KeyDomain
+    ids: np.ndarray = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not bool(np.all(self.ids[1:] > self.ids[:-1])):
+            raise InvalidInput("a release's row ids must be sorted and distinct")
+
+
+@dataclass(frozen=True)
+class AttributionHistory:
+    """The earlier releases a lookback's conversions may belong to (``releases``, in ledger order), and
+    those whose conversions cannot be simulated again with why (``excluded``: (entry id, reason))."""
+
+    releases: tuple[EarlierRelease, ...] = ()
+    excluded: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def rebuilt(self) -> frozenset[str]:
+        """The entries whose conversions a release with this history simulates again."""
+        return frozenset(r.entry_id for r in self.releases)
+
+    def configurations(self) -> list[tuple[AttributionParams, KeyDomain]]:
+        """The distinct (parameters, layout) of the releases, in order of first use."""
+        out: list[tuple[AttributionParams, KeyDomain]] = []
+        for r in self.releases:
+            if (r.params, r.layout) not in out:
+                out.append((r.params, r.layout))
+        return out
+
+    def segments(self, row_ids: np.ndarray) -> np.ndarray:
+        """Per row id: the index in :meth:`configurations` of the earliest release that released it, -1
+        for a conversion no release released (no browser was asked: it took no budget)."""
+        ids = np.asarray(row_ids, dtype=np.uint64)
+        out = np.full(len(ids), -1, dtype=np.int64)
+        configs = self.configurations()
+        for r in reversed(self.releases):  # the earliest release holding a row writes last
+            if not len(r.ids):
+                continue
+            where = np.minimum(np.searchsorted(r.ids, ids), len(r.ids) - 1)
+            out[r.ids[where] == ids] = configs.index((r.params, r.layout))
+        return out
+
+
+def lookback_segments(history: AttributionHistory | None, row_ids: np.ndarray,
+                      params: AttributionParams, layout: KeyDomain) -> tuple[list[tuple[AttributionParams, KeyDomain]],
+                                                                            np.ndarray]:
+    """The parameter sets of a release's rows (0: its own, ``params`` over ``layout``) and, per lookback row
+    id, its set (-1: not simulated). Without a history (a simulation: no ledger) every lookback row is
+    taken as released with the release's own parameters."""
+    if history is None:
+        return [(params, layout), (params, layout)], np.ones(len(row_ids), dtype=np.int64)
+    found = history.segments(row_ids)
+    return [(params, layout), *history.configurations()], np.where(found >= 0, found + 1, -1)
+
+
+def check_columns(history: Sequence[EarlierRelease], columns: Sequence[str]) -> None:
+    """Refuse earlier releases whose parameters read columns a release does not read (its lookback rows
+    would lack them)."""
+    present = set(columns)
+    for r in history:
+        missing = [c for c in (*r.params.slice_columns, *r.params.value_columns) if c not in present]
+        if missing:
+            raise InvalidInput(f"ledger entry {r.entry_id}: its parameters read {missing}, which this release does not")

@@ -2,15 +2,21 @@
 the aggregation service's noisy histograms -> estimates of the true totals (Alg. 4) with their noise
 intervals.
 
-Randomness: without ``simulation_seed`` everything (value rounding, each browser's epoch start, the
-noise) comes from the secure generator. With it, value rounding is keyed by each row's content and a
-browser's epoch start by its id (``keyed_uniforms``: the same row or browser gets the same draw in any
-partition and in ``export``), and the noise by the seed; rows are taken in the order of their content
-hash, so ties between a browser's events do not depend on how the log was split.
+Randomness: the noise comes from the secure generator, or from the seed in simulation. The browsers'
+draws (value rounding, each browser's epoch grid) are keyed (``araopt.attribution.draws``): by the
+seed in simulation, else by a secret ``DrawKey`` (a release's ledger's, so that every release agrees;
+a fresh one per measurement without one). Rounding is keyed by each row's content and the epoch grid
+by the browser's canonical id: the same row or browser gets the same draw in any partition, in any
+release and in ``export``; rows are taken in the order of their content hash, so ties between a
+browser's events do not depend on how the log was split.
+
+Rows flagged ``in_period`` False are a lookback (``araopt.attribution.lifetime``): the conversions of
+earlier releases simulated again, with their own parameters, before and among the release's own, so
+that the budgets the release sees are what the earlier ones left; they are not summed.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,15 +24,33 @@ import numpy as np
 import pandas as pd
 
 from araopt.attribution.config import DAY_MS, BrowserConfig
-from araopt.attribution.encoder import CONVERSION_TIME_US, Schedule, browser_config, encode, schedule, to_case
-from araopt.attribution.lifetime import ChargedWindow
+from araopt.attribution.draws import DrawKey, Draws, check_draws, uniforms
+from araopt.attribution.encoder import (
+    CONVERSION_TIME_US,
+    Schedule,
+    browser_config,
+    encode_rows,
+    schedule_calls,
+    streams,
+    to_case,
+)
+from araopt.attribution.lifetime import AttributionHistory, ChargedWindow, lookback_segments
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, aggregate, reconstruct
-from araopt.attribution.simulate import Reports, report_sums, simulate_schedule
+from araopt.attribution.simulate import Calls, Reports, epoch_grid, reference_draws, report_sums, simulate_schedule
 from araopt.errors import InvalidInput, PrivacyRefusal
-from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, IMPRESSION_SITE, IMPRESSION_TIME_US
+from araopt.io.conversions import (
+    BROWSER_ID,
+    CONVERSION_SITE,
+    IMPRESSION_ID,
+    IMPRESSION_SITE,
+    IMPRESSION_TIME_US,
+    IN_PERIOD,
+)
+from araopt.io.ids import canonical_id_hash
+from araopt.io.rowset import conversion_row_ids
 from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.randomness import Simulation, keyed_uniforms, secure_generator
+from araopt.mechanism.randomness import Simulation
 from araopt.mechanism.release import check_declared_domain
 
 EPOCH_START_STREAM = 1 << 20
@@ -40,60 +64,88 @@ def row_keys(params: AttributionParams, rows: pd.DataFrame) -> np.ndarray:
     return pd.util.hash_pandas_object(rows[columns], index=False).to_numpy(dtype=np.uint64)
 
 
-def browser_keys(ids: np.ndarray) -> np.ndarray:
-    """A 64-bit hash per browser id: pandas' hash of the id as an object (an integer id hashes as its
-    decimal string, so integer ids take that path directly, without pandas' object factorization)."""
-    ids = np.asarray(ids)
-    if ids.dtype.kind in "iu":
-        return pd.util.hash_array(ids.astype(str).astype(object), categorize=False).astype(np.uint64)
-    return pd.util.hash_array(np.asarray(ids, dtype=object)).astype(np.uint64)
-
-
 def simulated_columns(params: AttributionParams) -> tuple[str, ...]:
-    """Every column :func:`simulate_browsers` reads (the row hash's and the simulation's): a Beam shard
-    converts only these to pandas."""
+    """Every column :func:`simulate_browsers` reads (the row hash's and the simulation's, and the lookback
+    flag): a Beam shard converts only these to pandas."""
     return tuple(dict.fromkeys((IMPRESSION_ID, BROWSER_ID, CONVERSION_TIME_US, IMPRESSION_TIME_US, IMPRESSION_SITE,
-                                CONVERSION_SITE, *params.value_columns, *params.slice_columns,
+                                CONVERSION_SITE, IN_PERIOD, *params.value_columns, *params.slice_columns,
                                 *params.conversion_slice_columns)))
 
 
-def draws(params: AttributionParams, rows: pd.DataFrame, simulation_seed: int | None) -> tuple[pd.DataFrame, np.ndarray]:
+Segment = tuple[AttributionParams, KeyDomain]
+"""A parameter set of a simulation: the parameters the browsers were called with and the histogram
+layout (which rows made calls); the first is the measurement's own."""
+
+
+def draws(params: AttributionParams, rows: pd.DataFrame, source: Draws | None) -> tuple[pd.DataFrame, np.ndarray]:
     """``rows`` (the columns the simulation reads) in content-hash order and their value-rounding
-    uniforms (n, queries)."""
-    keys = row_keys(params, rows)
+    uniforms (n, queries): keyed by ``source`` (a seed or a key; None: a fresh secret key)."""
+    ordered, _, u = _segment_draws([params], rows, np.zeros(len(rows), dtype=np.int64),
+                                   DrawKey.new() if source is None else source)
+    return ordered, u
+
+
+def _segment_draws(params: Sequence[AttributionParams], rows: pd.DataFrame, row_set: np.ndarray,
+                   source: Draws) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """(rows in content-hash order, their sets, their rounding uniforms (n, most queries)): each row hashed
+    with the parameters of its set (the columns they name), as the release that called it hashed it."""
+    check_draws(source)
+    keys = np.zeros(len(rows), dtype=np.uint64)
+    for i, p in enumerate(params):
+        mask = row_set == i
+        if mask.any():
+            keys[mask] = row_keys(p, rows[mask])
     order = np.argsort(keys, kind="stable")
-    read = [c for c in simulated_columns(params) if c in rows]
+    read = [c for c in simulated_columns(params[0]) if c in rows and c != IN_PERIOD]
     if list(rows.columns) != read:  # (a shard's frame already holds just these: no copy then)
         rows = rows[read]
-    rows, keys = rows.take(order).reset_index(drop=True), keys[order]
-    if simulation_seed is None:
-        return rows, secure_generator().random((len(rows), len(params.queries)))
-    Simulation(simulation_seed)  # validates the seed
-    uniforms = np.empty((len(rows), len(params.queries)))
-    for q in range(len(params.queries)):
-        uniforms[:, q] = keyed_uniforms(simulation_seed, keys, q)
-    return rows, uniforms
+    rows, keys, row_set = rows.take(order).reset_index(drop=True), keys[order], row_set[order]
+    width = max(len(p.queries) for p in params)
+    u = np.empty((len(rows), width))
+    for q in range(width):
+        u[:, q] = uniforms(source, keys, q)
+    return rows, row_set, u
 
 
-def epoch_starts(plan: Schedule, config: BrowserConfig, simulation_seed: int | None) -> np.ndarray:
-    """Each browser's draw on [0, 1) of its epoch start: a whole second s of the epoch as s / length,
-    a double whose product with the epoch's length in seconds is exactly s (the reference's Temporal
-    refuses a fractional second)."""
-    n = len(plan.browsers)
-    if simulation_seed is None:
-        uniforms = secure_generator().random(n)
-    else:
-        uniforms = keyed_uniforms(simulation_seed, browser_keys(plan.browsers), EPOCH_START_STREAM)
-    period = config.epoch_ms // 1000
-    seconds = np.floor(uniforms * period).astype(np.int64)
-    out = seconds / period
-    missed = out * period != seconds  # for ~10% of seconds s / P * P misses s by an ulp: take the next second
-    while missed.any():
-        seconds[missed] = (seconds[missed] + 1) % period
-        out[missed] = seconds[missed] / period
-        missed = out * period != seconds
-    result: np.ndarray = out
-    return result
+def epoch_starts(plan: Schedule, config: BrowserConfig, source: Draws) -> np.ndarray:
+    """Each browser's epoch start (ms, ``simulate.epoch_grid``) from its draw keyed by its canonical id."""
+    return epoch_grid(uniforms(source, canonical_id_hash(plan.browsers), EPOCH_START_STREAM), config)
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """One simulation of browsers: the rows in their order with their parameter sets, the schedule, the
+    reports, and each browser's epoch start."""
+
+    rows: pd.DataFrame
+    row_set: np.ndarray
+    plan: Schedule
+    reports: Reports
+    starts: np.ndarray
+
+
+def simulate_segments(segments: Sequence[Segment], rows: pd.DataFrame, row_set: np.ndarray, source: Draws,
+                      config: BrowserConfig, task_domain: KeyDomain | None = None) -> Simulated:
+    """The browsers of ``rows`` through the encoder and the budgets, each row called with the parameters
+    and layout of its segment (``row_set``; -1: a row no browser was asked for, left out)."""
+    keep = np.asarray(row_set) >= 0
+    if not keep.all():
+        rows, row_set = rows[keep], np.asarray(row_set)[keep]
+    params = [p for p, _ in segments]
+    ordered, row_set, u = _segment_draws(params, rows, np.asarray(row_set, dtype=np.int64), source)
+    n, width = len(ordered), u.shape[1]
+    index, task = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    sent, encoded = np.zeros((n, width), dtype=np.int64), np.zeros(n, dtype=bool)
+    for i, (p, layout) in enumerate(segments):
+        mask = np.flatnonzero(row_set == i)
+        if len(mask):
+            part = encode_rows(p, ordered.iloc[mask], layout, u[mask, :len(p.queries)],
+                               task_domain if i == 0 else None)
+            index[mask], task[mask], sent[mask, :len(p.queries)], encoded[mask] = part
+    plan = schedule_calls(ordered, index, task, sent, encoded)
+    starts = epoch_starts(plan, config, source)
+    reports = simulate_schedule(params[0], plan, ordered, config, starts, Calls.of(params, row_set))
+    return Simulated(ordered, row_set, plan, reports, starts)
 
 
 @dataclass(frozen=True)
@@ -117,10 +169,12 @@ class AttributionMeasurement:
 @dataclass(frozen=True)
 class BrowserSums:
     """What a set of complete browsers (all rows of each) contributes to a measurement: the unnoised
-    sums per (query, task) over the histogram indices and the counts. Sums of disjoint sets of
-    browsers add up (:meth:`merge`): a Beam job simulates each shard of browsers and merges.
-    ``charged_first_ms`` / ``charged_last_ms``: the first and last impression time of an accepted
-    report (the epochs the budgets were charged in; None without one: ``araopt.attribution.lifetime``)."""
+    sums per (query, task) over the histogram indices and the counts (of the release's own rows and
+    reports; a lookback's are not counted). Sums of disjoint sets of browsers add up (:meth:`merge`): a
+    Beam job simulates each shard of browsers and merges. ``charged_first_ms`` / ``charged_last_ms``:
+    the first and last impression time of an accepted report (the epochs the budgets were charged in;
+    None without one), ``matched_*``: of a matched report (the epochs whose budgets the release's
+    decisions read): ``araopt.attribution.lifetime``."""
 
     unnoised: Mapping[tuple[str, int], np.ndarray]
     rows: int = 0
@@ -131,6 +185,10 @@ class BrowserSums:
     browsers: int = 0
     charged_first_ms: int | None = None
     charged_last_ms: int | None = None
+    matched_first_ms: int | None = None
+    matched_last_ms: int | None = None
+    lookback_rows: int = 0
+    lookback_reports: int = 0
 
     @staticmethod
     def merge(parts: Iterable[BrowserSums]) -> BrowserSums:
@@ -140,36 +198,77 @@ class BrowserSums:
         keys = sorted(parts[0].unnoised)
         unnoised = {k: np.asarray(np.sum([p.unnoised[k] for p in parts], axis=0, dtype=np.int64)) for k in keys}
         counts = {f: sum(getattr(p, f) for p in parts)
-                  for f in ("rows", "rows_outside_domain", "reports", "reports_matched", "reports_refused", "browsers")}
-        firsts = [p.charged_first_ms for p in parts if p.charged_first_ms is not None]
-        lasts = [p.charged_last_ms for p in parts if p.charged_last_ms is not None]
-        return BrowserSums(unnoised, **counts, charged_first_ms=min(firsts, default=None),
-                           charged_last_ms=max(lasts, default=None))
+                  for f in ("rows", "rows_outside_domain", "reports", "reports_matched", "reports_refused", "browsers",
+                            "lookback_rows", "lookback_reports")}
+        ends: dict[str, int | None] = {}
+        for name in ("charged", "matched"):
+            firsts = [v for p in parts if (v := getattr(p, f"{name}_first_ms")) is not None]
+            lasts = [v for p in parts if (v := getattr(p, f"{name}_last_ms")) is not None]
+            ends[f"{name}_first_ms"], ends[f"{name}_last_ms"] = min(firsts, default=None), max(lasts, default=None)
+        return BrowserSums(unnoised, **counts, **ends)
 
     def charged_window(self, epoch_days: int) -> ChargedWindow | None:
         """The impression times the accepted reports charged, in microseconds (None: no report accepted)."""
-        if self.charged_first_ms is None or self.charged_last_ms is None:
-            return None
-        return ChargedWindow(self.charged_first_ms * 1000, self.charged_last_ms * 1000, epoch_days * DAY_MS * 1000)
+        return _window(self.charged_first_ms, self.charged_last_ms, epoch_days)
+
+    def matched_window(self, epoch_days: int) -> ChargedWindow | None:
+        """The impression times the matched reports used, in microseconds (None: no report matched)."""
+        return _window(self.matched_first_ms, self.matched_last_ms, epoch_days)
+
+
+def _window(first_ms: int | None, last_ms: int | None, epoch_days: int) -> ChargedWindow | None:
+    if first_ms is None or last_ms is None:
+        return None
+    return ChargedWindow(first_ms * 1000, last_ms * 1000, epoch_days * DAY_MS * 1000)
+
+
+def _ends(times: np.ndarray) -> tuple[int | None, int | None]:
+    return (int(times.min()), int(times.max())) if len(times) else (None, None)
 
 
 def simulate_browsers(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *,
                       task_domain: KeyDomain | None = None, simulation_seed: int | None = None,
-                      config: BrowserConfig | None = None) -> tuple[BrowserSums, Reports]:
+                      config: BrowserConfig | None = None, key: DrawKey | None = None,
+                      history: AttributionHistory | None = None) -> tuple[BrowserSums, Reports]:
     """The browsers of ``rows`` (every row of each browser present) through the encoder and the budgets:
-    their unnoised sums and reports. With a seed, the draws are keyed by row and browser, so any split
-    of the log into sets of complete browsers gives the same sums."""
-    ordered, uniforms = draws(params, rows, simulation_seed)
-    plan = schedule(params, ordered, domain, uniforms, task_domain)
+    their unnoised sums and reports. The draws are keyed (``simulation_seed``, else ``key``, else a
+    fresh key), so any split of the log into sets of complete browsers gives the same sums. Rows with
+    ``in_period`` False are the lookback: each simulated with the parameters of the earlier release that
+    released it (``history``; None: a simulation, the release's own), not summed, not counted."""
+    sums, sim = simulate_release(params, rows, domain, task_domain=task_domain, simulation_seed=simulation_seed,
+                                 config=config, key=key, history=history)
+    return sums, sim.reports
+
+
+def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *,
+                     task_domain: KeyDomain | None = None, simulation_seed: int | None = None,
+                     config: BrowserConfig | None = None, key: DrawKey | None = None,
+                     history: AttributionHistory | None = None) -> tuple[BrowserSums, Simulated]:
+    """:func:`simulate_browsers` with the whole simulation (the rows in its order, the schedule)."""
+    source: Draws = simulation_seed if simulation_seed is not None else (key if key is not None else DrawKey.new())
     config = config if config is not None else browser_config(params, domain.num_slices)
-    reports = simulate_schedule(params, plan, ordered, config, epoch_starts(plan, config, simulation_seed))
+    segments: list[Segment] = [(params, domain)]
+    row_set = np.zeros(len(rows), dtype=np.int64)
+    lookback = np.zeros(len(rows), dtype=bool)
+    if IN_PERIOD in rows:
+        lookback = ~rows[IN_PERIOD].to_numpy(dtype=bool)
+        if lookback.any():
+            ids = conversion_row_ids(rows[IMPRESSION_ID].to_numpy()[lookback],
+                                     rows[CONVERSION_TIME_US].to_numpy()[lookback])
+            segments, row_set[lookback] = lookback_segments(history, ids, params, domain)
+    sim = simulate_segments(segments, rows, row_set, source, config, task_domain)
+    reports, plan = sim.reports, sim.plan
     num_tasks = 1 if task_domain is None else task_domain.num_slices
-    charged = plan.impression_time_ms[plan.kind == 1][reports.accepted]  # (the times the epochs were taken from)
-    sums = BrowserSums(report_sums(params, reports, domain.num_slices, num_tasks), len(rows),
-                       int((~plan.encoded).sum()), len(reports.query), int(reports.matched.sum()),
-                       int(reports.refused.sum()), len(plan.browsers),
-                       int(charged.min()) if len(charged) else None, int(charged.max()) if len(charged) else None)
-    return sums, reports
+    own = reports.released
+    imp_ms = plan.impression_time_ms[plan.kind == 1]  # (the times the epochs were taken from)
+    own_rows = sim.row_set == 0
+    browsers = len(np.unique(plan.browser[(plan.kind == 1) & own_rows[plan.row]]))
+    sums = BrowserSums(report_sums(params, reports, domain.num_slices, num_tasks), int((~lookback).sum()),
+                       int((~plan.encoded & own_rows).sum()), int(own.sum()), int((reports.matched & own).sum()),
+                       int((reports.refused & own).sum()), browsers,
+                       *_ends(imp_ms[reports.accepted & own]), *_ends(imp_ms[reports.matched & own]),
+                       int(lookback.sum()), int((~own).sum()))
+    return sums, sim
 
 
 def noisy_release(params: AttributionParams, unnoised: Mapping[tuple[str, int], np.ndarray],
@@ -198,27 +297,42 @@ def data_domain(params: AttributionParams, rows: pd.DataFrame, simulation_seed: 
 
 def measure(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain | None = None, *,
             task_domain: KeyDomain | None = None, simulation_seed: int | None = None,
-            config: BrowserConfig | None = None, level: float = 0.95) -> AttributionMeasurement:
+            config: BrowserConfig | None = None, level: float = 0.95, key: DrawKey | None = None,
+            history: AttributionHistory | None = None) -> AttributionMeasurement:
     """Simulate the browsers and the aggregation over ``rows`` (canonical log rows with
-    ``impression_time_us``). ``domain`` (impression-side slices: the histogram indices) may be
-    derived from the data only in simulation: a release over it would reveal which slices occur."""
+    ``impression_time_us``; ``in_period`` False marks a lookback, see :func:`simulate_browsers`).
+    ``domain`` (impression-side slices: the histogram indices) may be derived from the data only in
+    simulation: a release over it would reveal which slices occur."""
     if domain is None:
-        domain = data_domain(params, rows, simulation_seed)
+        domain = data_domain(params, rows if IN_PERIOD not in rows else rows[rows[IN_PERIOD]], simulation_seed)
     check_declared_domain(domain, simulation_seed)  # the release step's rule: a data-derived domain only simulated
     sums, reports = simulate_browsers(params, rows, domain, task_domain=task_domain, simulation_seed=simulation_seed,
-                                      config=config)
+                                      config=config, key=key, history=history)
     noisy, estimates = noisy_release(params, sums.unnoised, simulation_seed, level)
     return AttributionMeasurement(sums.unnoised, noisy, estimates, reports, sums.rows, sums.rows_outside_domain)
 
 
-def export_cases(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *, simulation_seed: int,
+def export_cases(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *, simulation_seed: Draws,
                  task_domain: KeyDomain | None = None, config: BrowserConfig | None = None) -> list[dict[str, Any]]:
     """Every browser's events as one case of the spec's end-to-end format (``events.jsonl``), with the
-    roundings and epoch starts that :func:`measure` draws for the same ``simulation_seed``: replayed
-    by the reference implementation they give ``measure``'s unnoised sums."""
-    ordered, uniforms = draws(params, rows, simulation_seed)
-    plan = schedule(params, ordered, domain, uniforms, task_domain)
-    streams, _ = encode(params, ordered, domain, uniforms, task_domain)
+    roundings and epoch grids that :func:`measure` draws for the same ``simulation_seed`` (or key):
+    replayed by the reference implementation they give ``measure``'s unnoised sums."""
     config = config if config is not None else browser_config(params, domain.num_slices)
-    starts = epoch_starts(plan, config, simulation_seed)
-    return [to_case(stream, config, float(start), 0.5) for stream, start in zip(streams, starts, strict=True)]
+    return export_segments([(params, domain)], rows, np.zeros(len(rows), dtype=np.int64), simulation_seed, config,
+                           task_domain)
+
+
+def export_segments(segments: Sequence[Segment], rows: pd.DataFrame, row_set: np.ndarray, source: Draws,
+                    config: BrowserConfig, task_domain: KeyDomain | None = None) -> list[dict[str, Any]]:
+    """The cases of :func:`simulate_segments`'s browsers (each row called with its segment's parameters):
+    each browser's ``epochStart`` is the draw that gives the reference its epoch grid (the reference
+    takes the hour of its first ``measureConversion`` minus the draw: ``simulate.reference_draws``)."""
+    sim = simulate_segments(segments, rows, row_set, source, config, task_domain)
+    plan = sim.plan
+    cases = streams(plan, sim.rows, [p for p, _ in segments], [d.num_slices for _, d in segments], sim.row_set)
+    calls = np.flatnonzero(plan.kind == 1)
+    first = np.zeros(len(plan.browsers), dtype=np.int64)
+    firsts = calls[np.flatnonzero(np.diff(plan.browser[calls], prepend=-1) != 0)]  # events grouped by browser
+    first[plan.browser[firsts]] = plan.time_ms[firsts]
+    draws_ = reference_draws(sim.starts, first, config)
+    return [to_case(stream, config, float(d), 0.5) for stream, d in zip(cases, draws_, strict=True)]

@@ -12,7 +12,7 @@ the updates never collide). ``test_attribution_simulate.py`` checks it report by
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +36,8 @@ class Reports:
     ``accepted`` (its budget checks passed: the value is in the histogram), ``refused`` (matched but
     refused for budget: an all-zero report), ``deducted`` (microepsilons from its site-epoch), ``epoch``
     (the epoch it uses, its impression's, counted from its browser's epoch start: with the row's
-    browser and conversion site, the privacy unit it spends)."""
+    browser and conversion site, the privacy unit it spends), ``segment`` (its row's parameter set,
+    :class:`Calls`: 0 the release's own, others earlier releases' conversions simulated again)."""
 
     query: np.ndarray
     task: np.ndarray
@@ -47,6 +48,13 @@ class Reports:
     accepted: np.ndarray
     deducted: np.ndarray
     epoch: np.ndarray
+    segment: np.ndarray
+
+    @property
+    def released(self) -> np.ndarray:
+        """The reports of the release's own conversions (segment 0)."""
+        out: np.ndarray = self.segment == 0
+        return out
 
     @property
     def refused(self) -> np.ndarray:
@@ -95,23 +103,73 @@ def _fits(units: np.ndarray, deductions: np.ndarray, budgets: np.ndarray) -> np.
     return out
 
 
+@dataclass(frozen=True)
+class Calls:
+    """What the ``measureConversion`` calls of each parameter set of a schedule ask (0: the release's;
+    others: earlier releases' whose conversions are simulated again, ``araopt.attribution.lifetime``):
+    per set each query's noise scale 2 maxValue / epsilon (``noise_scale``, (sets, queries), unused
+    queries 0) and ``lookback_days``; ``row_set``: per row of the schedule, its set."""
+
+    noise_scale: np.ndarray
+    lookback_days: np.ndarray
+    row_set: np.ndarray
+
+    @classmethod
+    def of(cls, params: Sequence[AttributionParams], row_set: np.ndarray) -> Calls:
+        width = max(len(p.queries) for p in params)
+        scale = np.zeros((len(params), width))
+        for i, p in enumerate(params):
+            scale[i, :len(p.queries)] = [(2 * q.max_value) / q.epsilon for q in p.queries]
+        return cls(scale, np.array([p.lookback_days for p in params], dtype=np.int64),
+                   np.asarray(row_set, dtype=np.int64))
+
+
+def epoch_grid(draws: np.ndarray, config: BrowserConfig) -> np.ndarray:
+    """Each browser's epoch start (ms since the Unix epoch, an hour): from its draw on [0, 1), the hour
+    of the epoch its epochs start at. The grid depends on the draw alone, so every release that
+    simulates a browser agrees on its epochs whatever conversions it holds (the spec's browser fixes
+    the hour of its first need minus its draw: ``reference_draws`` gives the same grid)."""
+    u = np.asarray(draws, dtype=np.float64)
+    if len(u) and not ((u >= 0) & (u < 1)).all():
+        raise InvalidInput("epoch draws must lie on [0, 1)")
+    out: np.ndarray = np.floor(u * (config.epoch_ms // HOUR_MS)).astype(np.int64) * HOUR_MS
+    return out
+
+
+def reference_draws(starts_ms: np.ndarray, first_ms: np.ndarray, config: BrowserConfig) -> np.ndarray:
+    """The spec's ``epochStart`` draw per browser that makes its epochs those of ``starts_ms`` (grid
+    starts) when ``first_ms`` is the time of its first ``measureConversion`` (the browser then takes
+    the hour of first - draw x epoch length): a whole second s of the epoch as s / length, a double
+    whose product with the length in seconds is exactly s (the reference's Temporal refuses a
+    fractional second)."""
+    period, period_s = config.epoch_ms, config.epoch_ms // 1000
+    since = np.mod(np.asarray(first_ms, dtype=np.int64) - np.asarray(starts_ms, dtype=np.int64), period)
+    seconds = since // 1000  # first - s lies in the grid's epoch start hour: s x 1000 in (since - 1 h, since]
+    out = seconds / period_s
+    missed = out * period_s != seconds  # for ~10% of s, s / P * P misses s by an ulp: a second earlier
+    while missed.any():
+        seconds[missed] = (seconds[missed] - 1) % period_s
+        out[missed] = seconds[missed] / period_s
+        missed = out * period_s != seconds
+    result: np.ndarray = out
+    return result
+
+
 def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFrame, config: BrowserConfig,
-                      epoch_starts: np.ndarray) -> Reports:
-    """Every browser of ``plan`` through the budget logic; ``epoch_starts``: per browser (code) its
-    draw on [0, 1) of the epoch start."""
+                      starts: np.ndarray, calls: Calls | None = None) -> Reports:
+    """Every browser of ``plan`` through the budget logic; ``starts``: per browser (code) its epoch start
+    (:func:`epoch_grid`); ``calls``: the parameter set of each row (default: all ``params``)."""
     m = plan.kind == 1
     b, r, q, now, imp_t = plan.browser[m], plan.row[m], plan.query[m], plan.time_ms[m], plan.impression_time_ms[m]
     value = np.ravel(plan.sent)[r * plan.sent.shape[1] + q]  # = plan.sent[r, q], one flat gather (several x faster)
-    draws = np.asarray(epoch_starts, dtype=np.float64)
-    if draws.shape != (len(plan.browsers),) or (len(draws) and not ((draws >= 0) & (draws < 1)).all()):
-        raise InvalidInput("epoch_starts must hold one draw on [0, 1) per browser")
+    start = np.asarray(starts, dtype=np.int64)
+    if start.shape != (len(plan.browsers),):
+        raise InvalidInput("starts must hold one epoch start per browser")
+    if calls is None:
+        calls = Calls.of((params,), np.zeros(len(rows), dtype=np.int64))
     period = config.epoch_ms
-    first = np.full(len(plan.browsers), np.iinfo(np.int64).max, dtype=np.int64)
-    starts_at = np.flatnonzero(np.diff(b, prepend=-1) != 0)  # b is grouped and each browser's events in time order:
-    first[b[starts_at]] = now[starts_at]  # its first measureConversion fixes the browser's epoch start
-    offset = np.floor(draws * (period // 1000)).astype(np.int64) * 1000
-    start = np.where(first == np.iinfo(np.int64).max, 0, np.floor_divide(first - offset, HOUR_MS) * HOUR_MS)
-    lookback = min(params.lookback_days, config.max_lookback_days) * DAY_MS  # lifetimeDays is the lookback too
+    row_set = calls.row_set[r]
+    lookback = np.minimum(calls.lookback_days[row_set], config.max_lookback_days) * DAY_MS  # lifetimeDays too
 
     browser_start = start[b]
 
@@ -120,9 +178,11 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
         return out
 
     imp_epoch, current = epoch(imp_t), epoch(now)
-    matched = (now <= imp_t + lookback) & (imp_epoch >= epoch(now - config.max_lookback_days * DAY_MS))
+    # the impression's lifetimeDays is the lookback of the parameters its first row was called with
+    lifetime = np.minimum(calls.lookback_days[calls.row_set[plan.impression_row[m]]], config.max_lookback_days) * DAY_MS
+    matched = (now <= imp_t + np.minimum(lookback, lifetime)) & (imp_epoch >= epoch(now - config.max_lookback_days * DAY_MS))
     single = epoch(now - lookback) == current
-    noise_scale = np.array([(2 * qq.max_value) / qq.epsilon for qq in params.queries])[q]
+    noise_scale = calls.noise_scale[row_set, q]
     l1_deduction = np.ceil((value.astype(np.float64) / noise_scale) * MICROEPSILONS).astype(np.int64)
     value_deduction = np.ceil(((2 * value).astype(np.float64) / noise_scale) * MICROEPSILONS).astype(np.int64)
     site_deduction = np.where(single, l1_deduction, value_deduction)
@@ -167,15 +227,16 @@ def simulate_schedule(params: AttributionParams, plan: Schedule, rows: pd.DataFr
         quota_left[quota_unit[take]] -= value_deduction[take]
         accepted[take] = True
     return Reports(q, plan.task[r], plan.index[r], value, r, matched, accepted, np.where(accepted, site_deduction, 0),
-                   imp_epoch)
+                   imp_epoch, row_set)
 
 
 def report_sums(params: AttributionParams, reports: Reports, histogram_size: int,
                 num_tasks: int = 1) -> Mapping[tuple[str, int], np.ndarray]:
-    """Per (query, task): the sum of the accepted reports' values per index (what the aggregation
-    service sums before it adds noise)."""
+    """Per (query, task): the sum of the release's accepted reports' values per index (what the
+    aggregation service sums before it adds noise; earlier releases' reports are not summed)."""
     keys = (reports.query * num_tasks + reports.task) * histogram_size + reports.index
-    weights = np.where(reports.accepted, reports.value, 0).astype(np.float64)
+    keys = np.where(reports.released, keys, 0)  # (an earlier release's index may lie outside this layout)
+    weights = np.where(reports.accepted & reports.released, reports.value, 0).astype(np.float64)
     flat = np.bincount(keys, weights=weights, minlength=len(params.queries) * num_tasks * histogram_size)
     if flat.size and flat.max() >= _EXACT:
         raise InvalidInput("a histogram sum reaches 2^53: not exact in float64")
