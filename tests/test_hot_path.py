@@ -13,7 +13,7 @@ from araopt.io.conversions import Conversions, validate_table
 from araopt.io.ids import ID_HASH, canonical_id_hash, decimal_int64, id_sort_keys
 from araopt.io.rowset import RowSetPart, conversion_row_ids, hashed_row_ids
 from araopt.mechanism.bounding import sort_by_impression
-from araopt.optimize.search import _QueryModel
+from araopt.optimize.linf_search import QueryModel
 from transforms.group import split_by_shard
 
 IDS = ["b", "a", "007", "7", "é", "a", "-0", "0", "zz", "b", "١٢٣", "", "7", "a b"]
@@ -76,7 +76,7 @@ def test_grouping_carries_the_id_hash_and_every_use_gets_the_same_values():
 def test_single_point_search_terms_are_the_array_terms():
     rng = np.random.default_rng(3)
     g = np.sort(rng.random(12)) * 10
-    model = _QueryModel(g, rng.random(12), rng.random(11), rng.random(11), np.cumsum(rng.random(12)), 0.5)
+    model = QueryModel(g, rng.random(12), rng.random(11), rng.random(11), np.cumsum(rng.random(12)), 0.5)
     for c in [-1.0, g[0], g[3], (g[3] + g[4]) / 2, g[-1], 11.0, *rng.random(20) * 10]:
         assert float(model.bias_at(np.float64(c))) == float(model.bias_at(np.array([c]))[0])
         assert float(model.rho_at(np.float64(c))) == float(model.rho_at(np.array([c]))[0])
