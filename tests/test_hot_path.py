@@ -4,15 +4,20 @@ what they replace."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from scipy import special, stats
 
 from araopt.calibration.calendar import chi2_quantile
 from araopt.io.conversions import Conversions, validate_table
-from araopt.io.ids import ID_HASH, canonical_id_hash, decimal_int64, id_sort_keys
+from araopt.io.ids import ID_HASH, ID_SORT_KEY, canonical_id_hash, decimal_int64, id_sort_keys, with_sort_keys
 from araopt.io.rowset import RowSetPart, conversion_row_ids, hashed_row_ids
 from araopt.mechanism.bounding import sort_by_impression
+from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.measure import shard_sums
+from araopt.mechanism.params import Params, QueryParams
+from araopt.mechanism.sources import impression_slice_conflicts
 from araopt.optimize.linf_search import QueryModel
 from transforms.group import split_by_shard
 
@@ -73,6 +78,36 @@ def test_grouping_carries_the_id_hash_and_every_use_gets_the_same_values():
                               conversion_row_ids(plain.column("impression_id"), times))
 
 
+def test_shard_sort_keys_carried_give_what_each_step_computed_itself():
+    """The impression-slice check ranks a shard's string ids once (``ID_SORT_KEY``); the check itself, a
+    shard with conflicting rows, Alg. 1's order and the measured sums are the same as without the column."""
+    ids = [f"i{k % 37}" for k in range(400)]
+    valid = _table(ids, seed=4)
+    slices = np.asarray(valid.column("s").to_numpy(zero_copy_only=False)).astype(object)
+    slices[[5, 77, 300]] = "other"  # three rows disagree with their impression's first row
+    valid = valid.set_column(valid.column_names.index("s"), "s", pa.array(slices))
+    carried, keys = with_sort_keys(valid)
+    assert carried.column(ID_SORT_KEY).to_numpy().tolist() == id_sort_keys(valid.column("impression_id")).tolist()
+    assert keys.tolist() == id_sort_keys(valid.column("impression_id")).tolist()
+    plain_conflicts = impression_slice_conflicts(valid, ["s"], ["s"], ["v"])
+    assert plain_conflicts.sum() >= 3
+    assert np.array_equal(impression_slice_conflicts(carried, ["s"], ["s"], ["v"]), plain_conflicts)
+    rows = np.flatnonzero(~plain_conflicts)[:0:-1]  # a subset of the shard, reordered, keeps the ids' order
+    sub, sub_plain = carried.take(pa.array(rows)), valid.take(pa.array(rows))
+    a = Conversions.from_table(sub, ["s"], ["v"])
+    b = Conversions.from_table(sub_plain, ["s"], ["v"])
+    order_a, _ = sort_by_impression(a.impression_sort_keys(), a.conversion_time, a.record_keys())
+    order_b, _ = sort_by_impression(b.impression_sort_keys(), b.conversion_time, b.record_keys())
+    assert np.array_equal(order_a, order_b)
+    params = Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("s",),
+                    queries=(QueryParams("v", 0.5, 1.0),))
+    domain = KeyDomain.from_slice_values(("s",), a.slices, params.query_columns)
+    got, want = shard_sums(a, params, domain, simulation_seed=3), shard_sums(b, params, domain, simulation_seed=3)
+    assert np.array_equal(got.histogram, want.histogram) and got.capped > 0
+    assert (got.kept, got.capped, got.impressions) == (want.kept, want.capped, want.impressions)
+    assert with_sort_keys(carried)[0] is carried  # a shard ranked once is not ranked again
+
+
 def test_single_point_search_terms_are_the_array_terms():
     rng = np.random.default_rng(3)
     g = np.sort(rng.random(12)) * 10
@@ -87,3 +122,14 @@ def test_quantiles_without_scipy_stats_are_scipy_stats(dof):
     assert chi2_quantile(0.05, dof) == float(stats.chi2.ppf(0.05, dof))
     for tail in (0.025, 0.05, 0.1):
         assert float(special.ndtri(1.0 - tail)) == float(stats.norm.ppf(1.0 - tail))
+
+
+def test_string_id_hash_is_pandas_hash_of_the_strings():
+    """Hashed once per distinct id, without pandas' second factorization: the values of
+    ``pd.util.hash_array`` over every row (non-decimal strings; decimal ones hash as their integer)."""
+    rng = np.random.default_rng(5)
+    words = ["b", "a", "é", "zz", "١٢٣", "", "a b", "0x7b", " 1", "+1", "imp-1", "😀"]
+    ids = np.array([words[i] for i in rng.integers(0, len(words), 300)] + [f"imp-{i:08d}" for i in range(300)],
+                   dtype=object)
+    assert np.array_equal(canonical_id_hash(ids), pd.util.hash_array(ids))
+    assert np.array_equal(canonical_id_hash(pa.array(ids.tolist())), pd.util.hash_array(ids))

@@ -28,6 +28,7 @@ from araopt.io.conversions import (
     dead_letter_schema,
     validate_batch,
 )
+from araopt.io.ids import ID_SORT_KEY, with_sort_keys
 from araopt.io.rowset import TIME_US
 from araopt.mechanism.sources import impression_slice_conflicts
 
@@ -136,11 +137,13 @@ class _CheckImpressionSlices(beam.DoFn):
     def process(self, item: tuple[int, pa.Table | ShardFiles]
                 ) -> Iterator[tuple[int, pa.Table | ShardFiles] | beam.pvalue.TaggedOutput]:
         shard, value = item
-        table = shard_table(value)
+        # a shard of rows carries its ids' order from here on (``araopt.io.ids.ID_SORT_KEY``: ranked once,
+        # for this check and Alg. 1's order); spill files are left as they are
+        table, _ = with_sort_keys(shard_table(value))
         conflicts = impression_slice_conflicts(table, self._impression_slice_columns, self._slice_columns,
                                                self._value_columns)
         if not conflicts.any():
-            yield shard, value
+            yield shard, value if isinstance(value, ShardFiles) else table
             return
         self._rejected.inc(int(conflicts.sum()))
         period = (np.ones(table.num_rows, dtype=bool) if IN_PERIOD not in table.column_names
@@ -156,6 +159,7 @@ class _CheckImpressionSlices(beam.DoFn):
         kept = table.filter(pa.array(~conflicts))
         if kept.num_rows:
             if isinstance(value, ShardFiles):
+                kept = kept.drop_columns([ID_SORT_KEY]) if ID_SORT_KEY in kept.column_names else kept
                 assert self._spill_dir is not None  # (only GroupByImpression with a spill directory makes files)
                 yield shard, ShardFiles((write_spill(self._spill_dir, shard, kept),))
             else:
