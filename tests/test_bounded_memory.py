@@ -14,6 +14,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from araopt.io.ids import ID_SORT_KEY, id_sort_keys
 from araopt.io.rowset import (
     RANGE_BITS,
     Released,
@@ -30,14 +31,15 @@ from transforms.validate import COUNTS, GROUPED, ReadAndValidate
 SLICES, VALUES = ("campaign", "geo"), ("value",)
 
 
-def _conflicting_log(tmp_path, n: int = 400) -> list[str]:
+def _conflicting_log(tmp_path, n: int = 400, string_ids: bool = False) -> list[str]:
     """Impressions over three files; every 7th impression's second row changes campaign (rejected)."""
     rng = np.random.default_rng(5)
     imp = np.repeat(np.arange(n), 3)
     campaign = np.array([f"c{i % 5}" for i in imp], dtype=object)
     second = (np.arange(len(imp)) % 3 == 1) & (imp % 7 == 0)
     campaign[second] = "other"
-    df = pd.DataFrame({"impression_id": imp, "conversion_time": pd.to_datetime(np.arange(len(imp)), unit="s", utc=True),
+    ids = [f"imp-{i * 7919 % n}" for i in imp] if string_ids else imp
+    df = pd.DataFrame({"impression_id": ids, "conversion_time": pd.to_datetime(np.arange(len(imp)), unit="s", utc=True),
                        "campaign": campaign, "geo": imp % 3, "value": rng.uniform(1, 9, len(imp)).round(2)})
     paths = []
     for i in range(3):
@@ -64,6 +66,26 @@ def test_shards_as_spill_files_hold_the_rows_the_shards_read_back_hold(tmp_path,
         assert_that(values, equal_to(kept), label="kept")
         assert_that(read[COUNTS] | beam.Map(lambda c: (c.rows_read, c.rows_rejected)),
                     equal_to([(len(reference), len(rejected))]), label="counts")
+
+
+@pytest.mark.parametrize("shard_files", [False, True])
+def test_grouped_shards_carry_their_ids_ranked_once(tmp_path, shard_files):
+    """String ids are ranked once per shard by the impression-slice check (``ID_SORT_KEY``: a column of
+    the shard's table, or a file beside its spill files) and every consumer reads the ranks that
+    ``id_sort_keys`` gives its rows, also for a shard rewritten without its conflicting rows."""
+    paths = _conflicting_log(tmp_path, string_ids=True)
+
+    def ranks_as_computed(item):
+        table = shard_table(item[1])
+        assert ID_SORT_KEY in table.column_names
+        assert table.column(ID_SORT_KEY).to_pylist() == id_sort_keys(table.column("impression_id")).tolist()
+        return table.num_rows
+
+    with TestPipeline() as p:
+        read = p | ReadAndValidate(paths, SLICES, VALUES, num_shards=4, spill_dir=str(tmp_path / "spill"),
+                                   shard_files=shard_files)
+        rows = read[GROUPED] | beam.Map(ranks_as_computed) | beam.CombineGlobally(sum)
+        assert_that(rows, equal_to([3 * 400 - 400 // 7 - 1]))
 
 
 def test_shard_files_read_in_name_order_whatever_order_they_are_listed(tmp_path):

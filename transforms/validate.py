@@ -137,13 +137,19 @@ class _CheckImpressionSlices(beam.DoFn):
     def process(self, item: tuple[int, pa.Table | ShardFiles]
                 ) -> Iterator[tuple[int, pa.Table | ShardFiles] | beam.pvalue.TaggedOutput]:
         shard, value = item
-        # a shard of rows carries its ids' order from here on (``araopt.io.ids.ID_SORT_KEY``: ranked once,
-        # for this check and Alg. 1's order); spill files are left as they are
-        table, _ = with_sort_keys(shard_table(value))
+        # the shard carries its ids' order from here on (``araopt.io.ids.ID_SORT_KEY``: ranked once, for this
+        # check and every consumer's Alg. 1 order): as a column, or for spill files in a file of its own
+        table, keys = with_sort_keys(shard_table(value))
         conflicts = impression_slice_conflicts(table, self._impression_slice_columns, self._slice_columns,
                                                self._value_columns)
         if not conflicts.any():
-            yield shard, value if isinstance(value, ShardFiles) else table
+            if not isinstance(value, ShardFiles):
+                yield shard, table
+            elif value.sort_keys is None and ID_SORT_KEY in table.column_names and self._spill_dir is not None:
+                keys_file = write_spill(self._spill_dir, shard, pa.table({ID_SORT_KEY: pa.array(keys, type=pa.int64())}))
+                yield shard, ShardFiles(value.paths, keys_file)
+            else:
+                yield shard, value
             return
         self._rejected.inc(int(conflicts.sum()))
         period = (np.ones(table.num_rows, dtype=bool) if IN_PERIOD not in table.column_names
@@ -159,7 +165,6 @@ class _CheckImpressionSlices(beam.DoFn):
         kept = table.filter(pa.array(~conflicts))
         if kept.num_rows:
             if isinstance(value, ShardFiles):
-                kept = kept.drop_columns([ID_SORT_KEY]) if ID_SORT_KEY in kept.column_names else kept
                 assert self._spill_dir is not None  # (only GroupByImpression with a spill directory makes files)
                 yield shard, ShardFiles((write_spill(self._spill_dir, shard, kept),))
             else:
