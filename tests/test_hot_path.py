@@ -133,3 +133,38 @@ def test_string_id_hash_is_pandas_hash_of_the_strings():
                    dtype=object)
     assert np.array_equal(canonical_id_hash(ids), pd.util.hash_array(ids))
     assert np.array_equal(canonical_id_hash(pa.array(ids.tolist())), pd.util.hash_array(ids))
+
+
+def test_categorical_slices_give_the_statistics_and_calibration_of_plain_ones():
+    """The Beam steps read slices as categoricals (codes + distinct values) and order impressions by their
+    integer sort keys: the statistics and calibration cells are bit for bit those of plain object slices."""
+    from araopt.calibration.accumulator import candidates_statistics, day_blocks
+    from araopt.mechanism.keys import register_slices
+    from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+
+    rng = np.random.default_rng(9)
+    n = 3000
+    raw = pa.table({"impression_id": [f"imp-{i}" for i in rng.integers(0, 700, n)],
+                    "conversion_time": pa.array(rng.integers(0, 5 * 86_400, n) * 1_000_000,
+                                                type=pa.timestamp("us", tz="UTC")),
+                    "campaign": [f"c{i}" for i in rng.integers(0, 6, n)], "geo": [["US", "é", ""][i] for i in
+                                                                                   rng.integers(0, 3, n)],
+                    "v": rng.lognormal(2, 1, n), "w": rng.integers(0, 5, n).astype(float)})
+    valid = validate_table(raw, ["campaign", "geo"], ["v", "w"])[0]
+    plain = Conversions.from_table(valid, ["campaign", "geo"], ["v", "w"])
+    categorical = Conversions.from_table(valid, ["campaign", "geo"], ["v", "w"], categorical_slices=True)
+    assert isinstance(categorical.slices["geo"], pd.Categorical)
+    columns = [categorical.slices[c] for c in ("campaign", "geo")]
+    registry_a: dict = {}
+    registry_b: dict = {}
+    assert np.array_equal(register_slices(columns, registry_a, n),
+                          register_slices([np.asarray(c) for c in columns], registry_b, n))
+    assert registry_a == registry_b
+    spec = StatisticsSpec(("campaign", "geo"), ("v", "w"), max_count_limit=5)
+    a, b = compute_statistics_in_memory(categorical, spec), compute_statistics_in_memory(plain, spec)
+    for name in ("rank_counts", "rank_sums", "hist_count", "hist_sum", "hist_sumsq", "global_sum", "impression_sizes"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    params = Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=("campaign", "geo"),
+                    queries=(QueryParams("v", 20.0, 0.5), QueryParams("w", 3.0, 0.5)))
+    (x,), (y,) = (candidates_statistics(c, [(params, "p")], day_blocks(c)) for c in (categorical, plain))
+    assert x.slice_keys == y.slice_keys and np.array_equal(x.cells, y.cells)

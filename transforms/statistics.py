@@ -22,7 +22,7 @@ DEFAULT_SHARDS = 64
 
 def _to_conversions(item: tuple[int, pa.Table | ShardFiles], slice_columns: Sequence[str],
                     value_columns: Sequence[str]) -> Conversions:
-    return Conversions.from_table(shard_table(item[1]), slice_columns, value_columns)
+    return Conversions.from_table(shard_table(item[1]), slice_columns, value_columns, categorical_slices=True)
 
 
 class _ShardStatistics(stats.StatisticsCombiner):

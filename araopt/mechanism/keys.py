@@ -76,7 +76,9 @@ def register_slices(columns: Sequence[Any], registry: dict[Any, int], n: int, ba
         return np.full(n, sid, dtype=np.int64)
     codes, uniques = [], []
     for column in columns:
-        code, uniq = pd.factorize(np.asarray(column), sort=False)
+        # a categorical column (``Conversions.from_table(categorical_slices=True)``) by its codes: the same
+        # codes and values, in order of first appearance, without hashing every row's string
+        code, uniq = pd.factorize(column if isinstance(column, pd.Categorical) else np.asarray(column), sort=False)
         codes.append(code.astype(np.int64))
         uniques.append(np.asarray(uniq, dtype=object))
     combined = codes[0].copy()
