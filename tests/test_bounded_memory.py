@@ -207,6 +207,7 @@ def test_lookback_rows_of_impressions_without_a_period_row_change_no_statistics_
     for name in ("rank_counts", "rank_sums", "hist_count", "hist_sum", "hist_sumsq", "global_sum", "impression_sizes",
                  "cluster_sizes"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
-    params = Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=SLICES, queries=(QueryParams("value", 5.0, 1.0),))
+    params = Params(count_limit=2, encoding="linf", epsilon=8.0, slice_columns=SLICES,
+                    queries=(QueryParams("value", 5.0, 1.0),))
     (x,), (y,) = (candidates_statistics(c, [(params, "p")], day_blocks(c)) for c in (whole, trimmed))
     assert x.num_conversions == y.num_conversions and np.array_equal(x.cells, y.cells)
