@@ -90,7 +90,7 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
     from .runner import is_local_runner, pipeline_options, worker_writable
 
     inputs = pattern if isinstance(pattern, InputFiles) else check_input(pattern, spec.slice_columns, spec.value_columns)
-    shards = num_shards or auto_num_shards(inputs.rows)
+    shards = num_shards or auto_num_shards(inputs.rows + (lookback.rows if lookback else 0))  # shards hold both
     opts = pipeline_options(list(pipeline_args))
     local = is_local_runner(opts)
     dead_letter = worker_writable(opts, dead_letter) if dead_letter else None
@@ -147,7 +147,7 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
 
     from .runner import is_local_runner, pipeline_options, worker_writable
 
-    shards = num_shards or auto_num_shards(inputs.rows)
+    shards = num_shards or auto_num_shards(inputs.rows + (lookback.rows if lookback else 0))  # shards hold both
     opts = pipeline_options(list(pipeline_args))
     local = is_local_runner(opts)
     dead_letter = worker_writable(opts, dead_letter) if dead_letter else None

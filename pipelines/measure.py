@@ -303,7 +303,7 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: beam.Pipeline, loade
     if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
         ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
         others = other_ledgers(getattr(args, "check_ledgers", None), ledger.store.uri)
-    num_shards = args.num_shards or auto_shards(inputs)
+    num_shards = args.num_shards or auto_shards(inputs, lookback)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
         build_pipeline(pipeline, inputs, version, folder, domain, args.simulation_seed,
                        args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices,
@@ -412,10 +412,12 @@ def input_facts(inputs: InputFiles) -> dict:
             "window": {"first_conversion_time": inputs.first_time, "last_conversion_time": inputs.last_time}}
 
 
-def auto_shards(inputs: InputFiles) -> int:
+def auto_shards(inputs: InputFiles, lookback: InputFiles | None = None) -> int:
+    """Shards of ``ROWS_PER_SHARD`` rows of the input and its lookback (a shard holds both: sized by the input
+    alone, a 30-day lookback made every shard 30 times larger)."""
     from transforms.io import auto_num_shards
 
-    return auto_num_shards(inputs.rows)
+    return auto_num_shards(inputs.rows + (lookback.rows if lookback is not None else 0))
 
 
 def run_summary(folder: RunFolder, args, loaded: LoadedParams, params: Params, inputs: InputFiles, opts, wall: float,
