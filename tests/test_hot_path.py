@@ -168,3 +168,12 @@ def test_categorical_slices_give_the_statistics_and_calibration_of_plain_ones():
                     queries=(QueryParams("v", 20.0, 0.5), QueryParams("w", 3.0, 0.5)))
     (x,), (y,) = (candidates_statistics(c, [(params, "p")], day_blocks(c)) for c in (categorical, plain))
     assert x.slice_keys == y.slice_keys and np.array_equal(x.cells, y.cells)
+
+
+def test_distinct_count_is_the_number_of_distinct_values():
+    from araopt.mechanism.measure import distinct_count
+
+    rng = np.random.default_rng(2)
+    for keys in (rng.integers(0, 50, 300), rng.integers(0, 2**40, 300), np.array([], dtype=np.int64),
+                 rng.integers(0, 5, 10).astype(np.uint64), np.array([-3, 5, -3]), np.array(["b", "a", "b"], dtype=object)):
+        assert distinct_count(keys) == len(set(keys.tolist()))
