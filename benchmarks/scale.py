@@ -4,6 +4,7 @@
                                          [--lookback-days 4] [--replay-days 1,3] [--epsilons 1,8] [--code OTHER_CHECKOUT]
                                          [--window-days 7,14,28] [--nightly-lookback-days 30] [--release]
                                          [--chunk-days 7] [--measure-conversions N] [--no-reference] [--figures FILE]
+                                         [--params-days N]
 
 The log: ``benchmarks/perf_log.py`` (string ids, 40 x 6 = 240 slices, revenue and items, weekday
 cycle) over ``--days`` days, as date= partitions; evaluate trains on the 12 days before the last and
@@ -23,6 +24,7 @@ cancel). ``measure`` is followed by ``benchmarks/reference_measure.py`` (plain n
 sort -> encode -> Alg. 1 -> bincount, no validation, ledger or outputs) on the same day and parameter
 file, and the ratio of their CPU times; ``--measure-conversions N`` measures a one-day log of about N
 conversions instead of the last day (``--no-reference``: without the reference, for memory runs).
+``--params-days N``: optimize on the last N days only (a big log's parameters in seconds).
 ``--code``: run the commands of another checkout (its folder first on PYTHONPATH), for before/after
 figures on the same log and machine. ``--figures FILE``: also write the run's figures as the Markdown
 tables ``docs/performance.md`` includes (``benchmarks/figures.py``: edit the script, not the file).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,6 +175,8 @@ def main() -> None:
                     help="measure commands make real releases recorded in a fresh ledger (not seeded simulations)")
     ap.add_argument("--chunk-days", type=int, default=0, help="generate the log this many days at a time")
     ap.add_argument("--params", default=None, help="the measure commands' parameter file (default: optimize's)")
+    ap.add_argument("--params-days", type=int, default=0,
+                    help="optimize (the measure commands' parameters) on the last N days of the log only (0: all)")
     ap.add_argument("--reuse-log", action="store_true", help="with --workdir: keep the log already written there")
     ap.add_argument("--workdir", default=None, help="keep the log and outputs here (default: a temporary folder)")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
@@ -213,7 +218,15 @@ def main() -> None:
         if args.params:  # the parameters given: no optimize run
             (root / "params.json").write_bytes(Path(args.params).read_bytes())
         if "optimize" in commands or (measuring and not args.params):
-            timed("optimize", ["optimize", "--history", str(root / "log"), *cols, "--epsilon", args.epsilon,
+            history = root / "log"
+            if args.params_days:  # the last N days only: links to their partitions in a folder of their own
+                history = root / f"log-last-{args.params_days}"
+                shutil.rmtree(history, ignore_errors=True)
+                for part in sorted((root / "log").glob("date=*"))[-args.params_days:]:
+                    (history / part.name).mkdir(parents=True)
+                    for file in part.glob("*.parquet"):
+                        (history / part.name / file.name).symlink_to(file)
+            timed("optimize", ["optimize", "--history", str(history), *cols, "--epsilon", args.epsilon,
                                "--output", str(root / "params.json"), "--overwrite", "--no-progress"])
         if "measure" in commands:
             last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
