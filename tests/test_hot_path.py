@@ -177,3 +177,11 @@ def test_distinct_count_is_the_number_of_distinct_values():
     for keys in (rng.integers(0, 50, 300), rng.integers(0, 2**40, 300), np.array([], dtype=np.int64),
                  rng.integers(0, 5, 10).astype(np.uint64), np.array([-3, 5, -3]), np.array(["b", "a", "b"], dtype=object)):
         assert distinct_count(keys) == len(set(keys.tolist()))
+
+
+def test_sort_keys_label_impressions_in_the_order_the_ids_first_appear():
+    """The calibration labels impressions by ``pd.factorize`` of their sort keys: the labels of the ids."""
+    ids = np.array([IDS[i] for i in np.random.default_rng(6).integers(0, len(IDS), 500)], dtype=object)
+    conv = Conversions.from_table(_table(list(ids)), ["s"], ["v"])
+    assert np.array_equal(pd.factorize(conv.impression_sort_keys(), sort=False)[0],
+                          pd.factorize(np.asarray(conv.impression_id), sort=False)[0])
