@@ -4,7 +4,7 @@
                                          [--lookback-days 4] [--replay-days 1,3] [--epsilons 1,8] [--code OTHER_CHECKOUT]
                                          [--window-days 7,14,28] [--nightly-lookback-days 30] [--release]
                                          [--chunk-days 7] [--measure-conversions N] [--no-reference] [--figures FILE]
-                                         [--params-days N]
+                                         [--params-days N] [--measure-repeats N]
 
 The log: ``benchmarks/perf_log.py`` (string ids, 40 x 6 = 240 slices, revenue and items, weekday
 cycle) over ``--days`` days, as date= partitions; evaluate trains on the 12 days before the last and
@@ -23,7 +23,9 @@ the difference of the CPU times over the difference of the days (start-up, readi
 cancel). ``measure`` is followed by ``benchmarks/reference_measure.py`` (plain numpy/pyarrow: shard ->
 sort -> encode -> Alg. 1 -> bincount, no validation, ledger or outputs) on the same day and parameter
 file, and the ratio of their CPU times; ``--measure-conversions N`` measures a one-day log of about N
-conversions instead of the last day (``--no-reference``: without the reference, for memory runs).
+conversions instead of the last day (``--no-reference``: without the reference, for memory runs;
+``--measure-repeats N``: N alternating pairs, the ratio their median: on a shared machine one pair's
+ratio moves with the load between its two runs).
 ``--params-days N``: optimize on the last N days only (a big log's parameters in seconds).
 ``--code``: run the commands of another checkout (its folder first on PYTHONPATH), for before/after
 figures on the same log and machine. ``--figures FILE``: also write the run's figures as the Markdown
@@ -179,6 +181,8 @@ def main() -> None:
                     help="optimize (the measure commands' parameters) on the last N days of the log only (0: all)")
     ap.add_argument("--reuse-log", action="store_true", help="with --workdir: keep the log already written there")
     ap.add_argument("--workdir", default=None, help="keep the log and outputs here (default: a temporary folder)")
+    ap.add_argument("--measure-repeats", type=int, default=1,
+                    help="measure and the reference this many times, alternating (the ratio: the median of the pairs)")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="measure without the numpy reference after it (memory runs)")
     ap.add_argument("--figures", default=None, help="also write the figures as Markdown tables to this file")
@@ -241,17 +245,26 @@ def main() -> None:
                 print(f"measure's log: {pq.ParquetFile(day / 'part-0.parquet').metadata.num_rows:,} conversions in one "
                       f"day", flush=True)
             measure_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in day.glob("*.parquet"))
-            measured = timed("measure", ["measure", "--input", str(day), "--params", str(root / "params.json"),
-                                         "--output", str(root / "run"), *release_mode("measure"),
-                                         "--overwrite", "--no-progress"])
-            measured["rows"] = measure_rows
-        if "measure" in commands and args.reference:
-            # the plain numpy/pyarrow floor: shard -> sort -> encode -> Alg. 1 -> bincount (this checkout's script)
-            reference = timed("reference (numpy)", [os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                 "reference_measure.py"),
-                                                    str(day), str(root / "params.json")], base=[sys.executable])
-            print(f"measure / reference cpu: {measured['cpu'] / reference['cpu']:.2f}", flush=True)
-            derived.append(("measure / reference CPU", f"{measured['cpu'] / reference['cpu']:.2f}"))
+            ratios = []
+            for repeat in range(args.measure_repeats):  # measure and the reference alternate: pairs of one load
+                label = "" if args.measure_repeats == 1 else f" #{repeat + 1}"
+                measured = timed(f"measure{label}", ["measure", "--input", str(day), "--params",
+                                                     str(root / "params.json"), "--output", str(root / "run"),
+                                                     *release_mode("measure"), "--overwrite", "--no-progress"])
+                measured["rows"] = measure_rows
+                if not args.reference:
+                    continue
+                # the plain numpy/pyarrow floor: shard -> sort -> encode -> Alg. 1 -> bincount (this checkout's script)
+                reference = timed(f"reference (numpy){label}", [
+                    os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_measure.py"), str(day),
+                    str(root / "params.json")], base=[sys.executable])
+                ratios.append(measured["cpu"] / reference["cpu"])
+                print(f"measure / reference cpu{label}: {ratios[-1]:.2f}", flush=True)
+            if ratios:
+                what = ("measure / reference CPU" if len(ratios) == 1 else
+                        f"measure / reference CPU (median of {len(ratios)} pairs: "
+                        + ", ".join(f"{r:.2f}" for r in ratios) + ")")
+                derived.append((what, f"{float(np.median(ratios)):.2f}"))
         if "measure-all" in commands:
             every = rows_between(root / "log", np.datetime64("1970-01-01"), np.datetime64("9999-12-31"))
             timed("measure all days", ["measure", "--input", str(root / "log"), "--params", str(root / "params.json"),
