@@ -2,14 +2,17 @@
 
     .venv/bin/python benchmarks/scale.py [--conversions 120000] [--commands optimize,replay,evaluate,measure]
                                          [--lookback-days 4] [--replay-days 1,3] [--epsilons 1,8] [--code OTHER_CHECKOUT]
-                                         [--window-days 7,14,28] [--release] [--chunk-days 7] [--measure-conversions N]
+                                         [--window-days 7,14,28] [--nightly-lookback-days 30] [--release]
+                                         [--chunk-days 7] [--measure-conversions N] [--no-reference] [--figures FILE]
+                                         [--params-days N] [--measure-repeats N]
 
 The log: ``benchmarks/perf_log.py`` (string ids, 40 x 6 = 240 slices, revenue and items, weekday
 cycle) over ``--days`` days, as date= partitions; evaluate trains on the 12 days before the last and
 tests on the last; ``measure`` measures the last day, ``measure-lookback`` the same day with the
 ``--lookback-days`` days before it as its lookback, ``measure-all`` every day of the log as one release,
-``nightly`` re-optimizes on the last ``--window-days`` days (once per value, each into a new store; the
-CPU per million rows read is printed). ``--release``: the measure commands make real releases (secure
+``nightly`` re-optimizes on the last ``--window-days`` days (once per value, each into a new store) with
+its ``--nightly-lookback-days`` lookback (nightly's default, 30 days): the rows read are the window's and
+the lookback's, and the CPU per million rows read is printed. ``--release``: the measure commands make real releases (secure
 noise, the parameters' domain, recorded in a fresh ledger: the ledger step included) instead of seeded
 simulations. ``--chunk-days``: the log is generated that many days at a time (impressions do not span
 two chunks), so long logs need not fit in the generator's memory. Every command is a separate process
@@ -20,13 +23,19 @@ the difference of the CPU times over the difference of the days (start-up, readi
 cancel). ``measure`` is followed by ``benchmarks/reference_measure.py`` (plain numpy/pyarrow: shard ->
 sort -> encode -> Alg. 1 -> bincount, no validation, ledger or outputs) on the same day and parameter
 file, and the ratio of their CPU times; ``--measure-conversions N`` measures a one-day log of about N
-conversions instead of the last day. ``--code``: run the commands of another checkout (its folder first on PYTHONPATH), for
-before/after figures on the same log and machine.
+conversions instead of the last day (``--no-reference``: without the reference, for memory runs;
+``--measure-repeats N``: N alternating pairs, the ratio their median: on a shared machine one pair's
+ratio moves with the load between its two runs).
+``--params-days N``: optimize on the last N days only (a big log's parameters in seconds).
+``--code``: run the commands of another checkout (its folder first on PYTHONPATH), for before/after
+figures on the same log and machine. ``--figures FILE``: also write the run's figures as the Markdown
+tables ``docs/performance.md`` includes (``benchmarks/figures.py``: edit the script, not the file).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -123,6 +132,29 @@ def write_log(root: Path, conversions: int, days: int, seed: int, train_days: in
     return rows
 
 
+def write_scale_figures(path: str, rows: int, days: int, results: list[tuple[str, dict[str, float]]],
+                        derived: list[tuple[str, str]], load_before: tuple[float, ...], load_after: tuple[float, ...]
+                        ) -> None:
+    """The run's figures as the Markdown tables ``docs/performance.md`` includes (``benchmarks/figures.py``)."""
+    from figures import markdown_table, write_figure
+
+    runs = [(name + (f" ({int(f['rows']):,} rows)" if "rows" in f else ""), f"{f['cpu']:.1f} s", f"{f['rss_mib']:,.0f} MiB",
+             f"{f['wall']:.1f} s") for name, f in results]
+    body = (f"Log: {rows:,} conversions over {days} days (`benchmarks/perf_log.py`); load average "
+            f"{load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end (2 cores, shared: compare CPU "
+            f"times, paired within the run).\n\n"
+            + markdown_table(["command (a separate process)", "CPU", "peak RSS (process tree)", "wall"], runs))
+    if derived:
+        body += "\n\n" + markdown_table(["from the runs above", "figure"], derived)
+    write_figure(path, body)
+
+
+def rows_between(log: Path, after: np.datetime64, upto: np.datetime64) -> int:
+    """Rows of the date= partitions of ``log`` in (after, upto] (from the Parquet footers)."""
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in log.glob("date=*/*.parquet")
+               if after < np.datetime64(p.parent.name[5:]) <= upto)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--conversions", type=int, default=120_000)
@@ -139,12 +171,21 @@ def main() -> None:
                          "last day of the log")
     ap.add_argument("--code", default=None, help="another checkout whose commands to run")
     ap.add_argument("--window-days", default="7", help="nightly's windows (comma-separated day counts)")
+    ap.add_argument("--nightly-lookback-days", type=int, default=30,
+                    help="nightly's --lookback-days (its default, 30): the rows read are the window's and these days'")
     ap.add_argument("--release", action="store_true",
                     help="measure commands make real releases recorded in a fresh ledger (not seeded simulations)")
     ap.add_argument("--chunk-days", type=int, default=0, help="generate the log this many days at a time")
     ap.add_argument("--params", default=None, help="the measure commands' parameter file (default: optimize's)")
+    ap.add_argument("--params-days", type=int, default=0,
+                    help="optimize (the measure commands' parameters) on the last N days of the log only (0: all)")
     ap.add_argument("--reuse-log", action="store_true", help="with --workdir: keep the log already written there")
     ap.add_argument("--workdir", default=None, help="keep the log and outputs here (default: a temporary folder)")
+    ap.add_argument("--measure-repeats", type=int, default=1,
+                    help="measure and the reference this many times, alternating (the ratio: the median of the pairs)")
+    ap.add_argument("--no-reference", dest="reference", action="store_false",
+                    help="measure without the numpy reference after it (memory runs)")
+    ap.add_argument("--figures", default=None, help="also write the figures as Markdown tables to this file")
     args = ap.parse_args()
     commands = [c for c in args.commands.split(",") if c]
     env = dict(os.environ)
@@ -161,6 +202,8 @@ def main() -> None:
         base = [sys.executable, "-m", "pipelines.cli"]
         cols = ["--slices", SLICES, "--values", VALUES]
         results: list[tuple[str, dict[str, float]]] = []
+        derived: list[tuple[str, str]] = []  # (what, figure) computed from the runs
+        load_before = os.getloadavg()
 
         def timed(name: str, argv: list[str], base: list[str] = base) -> dict[str, float]:
             figures = run(base + argv, env, root / f"{name}.log")
@@ -179,7 +222,15 @@ def main() -> None:
         if args.params:  # the parameters given: no optimize run
             (root / "params.json").write_bytes(Path(args.params).read_bytes())
         if "optimize" in commands or (measuring and not args.params):
-            timed("optimize", ["optimize", "--history", str(root / "log"), *cols, "--epsilon", args.epsilon,
+            history = root / "log"
+            if args.params_days:  # the last N days only: links to their partitions in a folder of their own
+                history = root / f"log-last-{args.params_days}"
+                shutil.rmtree(history, ignore_errors=True)
+                for part in sorted((root / "log").glob("date=*"))[-args.params_days:]:
+                    (history / part.name).mkdir(parents=True)
+                    for file in part.glob("*.parquet"):
+                        (history / part.name / file.name).symlink_to(file)
+            timed("optimize", ["optimize", "--history", str(history), *cols, "--epsilon", args.epsilon,
                                "--output", str(root / "params.json"), "--overwrite", "--no-progress"])
         if "measure" in commands:
             last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
@@ -187,38 +238,64 @@ def main() -> None:
             if args.measure_conversions:
                 day = root / "measure_day"
                 day.mkdir(exist_ok=True)
-                table = generate(args.measure_conversions, 1, args.seed + 1, warmup=0, mean_delay_days=0.05)
-                pq.write_table(table, day / "part-0.parquet")
-                print(f"measure's log: {table.num_rows:,} conversions in one day", flush=True)
-                del table
-            measured = timed("measure", ["measure", "--input", str(day), "--params", str(root / "params.json"),
-                                         "--output", str(root / "run"), *release_mode("measure"),
-                                         "--overwrite", "--no-progress"])
-            # the plain numpy/pyarrow floor: shard -> sort -> encode -> Alg. 1 -> bincount (this checkout's script)
-            reference = timed("reference (numpy)", [os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                 "reference_measure.py"),
-                                                    str(day), str(root / "params.json")], base=[sys.executable])
-            print(f"measure / reference cpu: {measured['cpu'] / reference['cpu']:.2f}", flush=True)
+                if not (args.reuse_log and (day / "part-0.parquet").exists()):
+                    table = generate(args.measure_conversions, 1, args.seed + 1, warmup=0, mean_delay_days=0.05)
+                    pq.write_table(table, day / "part-0.parquet")
+                    del table
+                print(f"measure's log: {pq.ParquetFile(day / 'part-0.parquet').metadata.num_rows:,} conversions in one "
+                      f"day", flush=True)
+            measure_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in day.glob("*.parquet"))
+            ratios = []
+            for repeat in range(args.measure_repeats):  # measure and the reference alternate: pairs of one load
+                label = "" if args.measure_repeats == 1 else f" #{repeat + 1}"
+                measured = timed(f"measure{label}", ["measure", "--input", str(day), "--params",
+                                                     str(root / "params.json"), "--output", str(root / "run"),
+                                                     *release_mode("measure"), "--overwrite", "--no-progress"])
+                measured["rows"] = measure_rows
+                if not args.reference:
+                    continue
+                # the plain numpy/pyarrow floor: shard -> sort -> encode -> Alg. 1 -> bincount (this checkout's script)
+                reference = timed(f"reference (numpy){label}", [
+                    os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_measure.py"), str(day),
+                    str(root / "params.json")], base=[sys.executable])
+                ratios.append(measured["cpu"] / reference["cpu"])
+                print(f"measure / reference cpu{label}: {ratios[-1]:.2f}", flush=True)
+            if ratios:
+                what = ("measure / reference CPU" if len(ratios) == 1 else
+                        f"measure / reference CPU (median of {len(ratios)} pairs: "
+                        + ", ".join(f"{r:.2f}" for r in ratios) + ")")
+                derived.append((what, f"{float(np.median(ratios)):.2f}"))
         if "measure-all" in commands:
+            every = rows_between(root / "log", np.datetime64("1970-01-01"), np.datetime64("9999-12-31"))
             timed("measure all days", ["measure", "--input", str(root / "log"), "--params", str(root / "params.json"),
                                        "--output", str(root / "run-all"), *release_mode("all"), "--overwrite",
-                                       "--no-progress"])
+                                       "--no-progress"])["rows"] = every
         if "measure-lookback" in commands:
             last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
+            read = rows_between(root / "log", last - np.timedelta64(args.lookback_days + 1, "D"), last)
             timed(f"measure lookback {args.lookback_days}d",
                   ["measure", "--input", str(root / "log" / f"date={last}"), "--lookback-days", str(args.lookback_days),
                    "--params", str(root / "params.json"), "--output", str(root / "run-lookback"),
-                   *release_mode("lookback"), "--overwrite", "--no-progress"])
+                   *release_mode("lookback"), "--overwrite", "--no-progress"])["rows"] = read
         if "nightly" in commands:
             last = np.datetime64(START_US + (args.days - 1) * DAY_US, "us").astype("datetime64[D]")
             for window in [int(x) for x in args.window_days.split(",")]:
-                read = sum(pq.ParquetFile(p).metadata.num_rows for p in (root / "log").glob("date=*/*.parquet")
-                           if np.datetime64(p.parent.name[5:]) > last - np.timedelta64(window, "D"))
+                # nightly reads its window and the --lookback-days partitions before it (30 by default)
+                window_rows = rows_between(root / "log", last - np.timedelta64(window, "D"), last)
+                lookback_rows = rows_between(root / "log", last - np.timedelta64(window + args.nightly_lookback_days, "D"),
+                                             last - np.timedelta64(window, "D"))
                 figures = timed(f"nightly {window}d", [
                     "nightly", "--history", str(root / "log"), "--as-of", str(last), "--window-days", str(window),
-                    "--store", str(root / f"store-{window}"), *cols, "--epsilon", args.epsilon, "--no-progress"])
-                print(f"nightly {window}d: {read:,} rows read, cpu {figures['cpu'] / read * 1e6:.2f} s per million rows",
-                      flush=True)
+                    "--lookback-days", str(args.nightly_lookback_days), "--store", str(root / f"store-{window}"), *cols,
+                    "--epsilon", args.epsilon, "--no-progress"])
+                read = window_rows + lookback_rows
+                figures["rows_read"] = read
+                print(f"nightly {window}d: {read:,} rows read ({window_rows:,} in the window, {lookback_rows:,} in its "
+                      f"{args.nightly_lookback_days}-day lookback), cpu {figures['cpu'] / read * 1e6:.2f} s per million "
+                      f"rows read", flush=True)
+                derived.append((f"nightly {window}d: CPU per million rows read ({read:,}: {window_rows:,} in the window, "
+                                f"{lookback_rows:,} in the {args.nightly_lookback_days}-day lookback)",
+                                f"{figures['cpu'] / read * 1e6:.2f} s"))
         if "evaluate" in commands:
             timed(f"evaluate eps {args.epsilons}", ["evaluate", "--train", str(root / "train.parquet"), "--test",
                                                     str(root / "test.parquet"), *cols, "--epsilons", args.epsilons,
@@ -234,6 +311,11 @@ def main() -> None:
                 lo, hi = min(spans), max(spans)
                 print(f"replay cpu per replayed day: {(cpu[hi] - cpu[lo]) / (hi - lo):.1f} s "
                       f"(days {lo} -> {hi})")
+                derived.append((f"replay CPU per replayed day (days {lo} -> {hi})",
+                                f"{(cpu[hi] - cpu[lo]) / (hi - lo):.1f} s"))
+        if args.figures:
+            write_scale_figures(args.figures, rows, args.days, results, derived, load_before, os.getloadavg())
+            print(f"wrote {args.figures}")
 
 
 if __name__ == "__main__":

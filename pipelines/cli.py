@@ -5,6 +5,7 @@ Dispatch only. ``araopt <command> --help`` is answered from the option registry
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from collections.abc import Sequence
@@ -50,7 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"araopt {name}: interrupted", file=sys.stderr)
         return 130
-    return int(getattr(module, spec.function)(rest) or 0)
+    # the imported modules' objects (Beam, pandas, scipy) live as long as the command: kept out of the cyclic
+    # collector's reach while it runs, a full collection does not traverse them again (~0.45 CPU-s of a
+    # 10M-row measure); given back after, for a process that runs several commands (tests)
+    gc.freeze()
+    try:
+        return int(getattr(module, spec.function)(rest) or 0)
+    finally:
+        gc.unfreeze()
 
 
 if __name__ == "__main__":

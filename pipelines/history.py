@@ -89,7 +89,7 @@ def _history_job(inputs: InputFiles, spec: StatisticsSpec, pipeline_args: Sequen
 
     from .runner import is_local_runner, pipeline_options, worker_writable
 
-    shards = num_shards or auto_num_shards(inputs.rows)
+    shards = num_shards or auto_num_shards(inputs.rows + (lookback.rows if lookback else 0))  # shards hold both
     opts = pipeline_options(list(pipeline_args))
     local = is_local_runner(opts)
     dead_letter = worker_writable(opts, dead_letter) if dead_letter else None

@@ -83,3 +83,22 @@ def test_slice_index_by_lookup_table_and_by_search_agree(monkeypatch):
     assert np.array_equal(d.slice_index(columns), searched)
     assert (searched[:3000] >= 0).all() and (searched[3000:] == -1).any()
     assert np.array_equal(d.slices[searched[:3000]], d.dictionary_indices({k: v[:3000] for k, v in columns.items()})[0])
+
+
+@pytest.mark.parametrize("table_max", [None, 4])
+def test_slice_index_of_all_categorical_columns_by_their_codes_is_that_of_their_values(monkeypatch, table_max):
+    """Every slice column categorical (how the Beam steps read them): one table over the categories'
+    combinations; the same indices as the values' (missing values, unused categories and values
+    outside the domain included), and the same by the per-column lookup when the table would be too big."""
+    if table_max is not None:
+        monkeypatch.setattr(keys, "_LOOKUP_TABLE_MAX", table_max)
+    rng = np.random.default_rng(4)
+    d = KeyDomain.from_slice_values(("a", "b"), {"a": np.array(["x", "y", "z", "x"], dtype=object),
+                                                 "b": np.array(["u", "v", "v", "w"], dtype=object)}, ("value",))
+    a = np.array(["x", "y", "z", "q", None], dtype=object)[rng.integers(0, 5, 400)]
+    b = np.array(["u", "v", "w", "é", None], dtype=object)[rng.integers(0, 5, 400)]
+    want = d.slice_index({"a": a, "b": b})
+    assert (want >= 0).any() and (want < 0).any()
+    got = d.slice_index({"a": pd.Categorical(a, categories=["q", "z", "x", "y", "unused"]),
+                         "b": pd.Categorical(b)})
+    assert got.tolist() == want.tolist()

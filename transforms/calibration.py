@@ -32,7 +32,7 @@ class _AddCalibration(beam.DoFn):
 
     def process(self, item: tuple[int, pa.Table | ShardFiles], versions: ParameterVersion | Sequence[ParameterVersion]
                 ) -> Iterator[tuple[CalibrationAccumulator, ...]]:
-        conv = Conversions.from_table(shard_table(item[1]), self._slices, self._values)
+        conv = Conversions.from_table(shard_table(item[1]), self._slices, self._values, categorical_slices=True)
         yield accumulate_candidates(conv, [(v.params, v.checksum()) for v in _as_tuple(versions)], self._slices)
 
 

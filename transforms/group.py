@@ -30,7 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidParameters
 from araopt.io.conversions import IMPRESSION_ID
-from araopt.io.ids import canonical_id_hash, with_id_hash
+from araopt.io.ids import ID_SORT_KEY, canonical_id_hash, with_id_hash
 
 
 def shard_of(impression_ids: np.ndarray, num_shards: int) -> np.ndarray:
@@ -67,16 +67,24 @@ def split_by_shard(table: pa.Table, num_shards: int, column: str = IMPRESSION_ID
 
 @dataclass(frozen=True)
 class ShardFiles:
-    """One shard of complete impressions as the Arrow IPC spill files that hold it (read in name order)."""
+    """One shard of complete impressions as the Arrow IPC spill files that hold it (read in name order).
+    ``sort_keys``: a spill file of the rows' ``araopt.io.ids.ID_SORT_KEY`` in that order (written by the
+    impression-slice check, which ranks the shard's ids once for every consumer), added as a column."""
 
     paths: tuple[str, ...]
+    sort_keys: str | None = None
 
     def read(self) -> pa.Table:
-        tables = []
-        for path in sorted(self.paths):
-            with FileSystems.open(path) as fh:
-                tables.append(pa.ipc.open_file(pa.BufferReader(fh.read())).read_all())
-        return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+        tables = [_read_ipc(path) for path in sorted(self.paths)]
+        table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+        if self.sort_keys is not None:
+            table = table.append_column(ID_SORT_KEY, _read_ipc(self.sort_keys).column(ID_SORT_KEY))
+        return table
+
+
+def _read_ipc(path: str) -> pa.Table:
+    with FileSystems.open(path) as fh:
+        return pa.ipc.open_file(pa.BufferReader(fh.read())).read_all()
 
 
 def shard_table(value: pa.Table | ShardFiles) -> pa.Table:

@@ -10,10 +10,11 @@ counted with the rest.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import apache_beam as beam
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
@@ -28,6 +29,7 @@ from araopt.io.conversions import (
     dead_letter_schema,
     validate_batch,
 )
+from araopt.io.ids import ID_SORT_KEY, with_sort_keys
 from araopt.io.rowset import TIME_US
 from araopt.mechanism.sources import impression_slice_conflicts
 
@@ -124,8 +126,11 @@ class _CheckImpressionSlices(beam.DoFn):
     impression's first row (in Alg. 1's order, lookback rows included) -> dead letter
     (``araopt.io.conversions.impression_slice_conflicts``); a lookback row's to the lookback's.
 
-    A shard given as its spill files (``ShardFiles``) stays files: the kept rows of a shard with
-    conflicts are written to a new spill file under ``spill_dir``."""
+    A shard given as its spill files (``ShardFiles``) stays files, for consumers that only count the
+    period's impressions (the statistics, the calibration): their lookback rows are kept only for
+    impressions with a row in the period (the others change nothing they compute, and with a 30-day
+    lookback are most of what is read); a shard that loses rows is written to a new spill file under
+    ``spill_dir``. A shard of rows (measure, which counts every lookback row) loses only its conflicts."""
 
     def __init__(self, impression_slice_columns: Sequence[str], slice_columns: Sequence[str],
                  value_columns: Sequence[str], spill_dir: str | None = None):
@@ -140,30 +145,59 @@ class _CheckImpressionSlices(beam.DoFn):
     def process(self, item: tuple[int, pa.Table | ShardFiles]
                 ) -> Iterator[tuple[int, pa.Table | ShardFiles] | beam.pvalue.TaggedOutput]:
         shard, value = item
-        table = shard_table(value)
+        # the shard carries its ids' order from here on (``araopt.io.ids.ID_SORT_KEY``: ranked once, for this
+        # check and every consumer's Alg. 1 order): as a column, or for spill files in a file of its own
+        table, keys = with_sort_keys(shard_table(value))
         conflicts = impression_slice_conflicts(table, self._impression_slice_columns, self._slice_columns,
                                                self._value_columns)
-        if not conflicts.any():
-            yield shard, value
+        if conflicts.any():
+            self._rejected.inc(int(conflicts.sum()))
+            period = _period(table)
+            for mask, rows_tag, counts_tag in ((conflicts & period, REJECTED, COUNTS),
+                                               (conflicts & ~period, LOOKBACK_REJECTED, LOOKBACK_CHECK_COUNTS)):
+                if mask.any():
+                    yield beam.pvalue.TaggedOutput(rows_tag, dead_letter_rows(
+                        table.filter(pa.array(mask)), self._slice_columns, self._value_columns,
+                        IMPRESSION_SLICE_INCONSISTENT))
+                    yield beam.pvalue.TaggedOutput(counts_tag, ValidationCounts.rejected(
+                        int(mask.sum()), IMPRESSION_SLICE_INCONSISTENT))
+        keep = ~conflicts
+        if isinstance(value, ShardFiles):
+            keep &= _of_period_impressions(table, keys, keep)
+        if keep.all():
+            if not isinstance(value, ShardFiles):
+                yield shard, table
+            elif value.sort_keys is None and ID_SORT_KEY in table.column_names and self._spill_dir is not None:
+                keys_file = write_spill(self._spill_dir, shard, pa.table({ID_SORT_KEY: pa.array(keys, type=pa.int64())}))
+                yield shard, ShardFiles(value.paths, keys_file)
+            else:
+                yield shard, value
             return
-        self._rejected.inc(int(conflicts.sum()))
-        period = (np.ones(table.num_rows, dtype=bool) if IN_PERIOD not in table.column_names
-                  else np.asarray(table.column(IN_PERIOD).to_numpy(zero_copy_only=False), dtype=bool))
-        for mask, rows_tag, counts_tag in ((conflicts & period, REJECTED, COUNTS),
-                                           (conflicts & ~period, LOOKBACK_REJECTED, LOOKBACK_CHECK_COUNTS)):
-            if mask.any():
-                yield beam.pvalue.TaggedOutput(rows_tag, dead_letter_rows(
-                    table.filter(pa.array(mask)), self._slice_columns, self._value_columns,
-                    IMPRESSION_SLICE_INCONSISTENT))
-                yield beam.pvalue.TaggedOutput(counts_tag, ValidationCounts.rejected(
-                    int(mask.sum()), IMPRESSION_SLICE_INCONSISTENT))
-        kept = table.filter(pa.array(~conflicts))
+        kept = table.filter(pa.array(keep))
         if kept.num_rows:
             if isinstance(value, ShardFiles):
                 assert self._spill_dir is not None  # (only GroupByImpression with a spill directory makes files)
                 yield shard, ShardFiles((write_spill(self._spill_dir, shard, kept),))
             else:
                 yield shard, kept
+
+
+def _period(table: pa.Table) -> np.ndarray:
+    """The rows of the measured period (all of them without a lookback)."""
+    if IN_PERIOD not in table.column_names:
+        return np.ones(table.num_rows, dtype=bool)
+    return np.asarray(table.column(IN_PERIOD).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _of_period_impressions(table: pa.Table, keys: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """The rows of the impressions with a period row among the rows ``among`` (every row without a lookback)."""
+    if IN_PERIOD not in table.column_names:
+        return np.ones(table.num_rows, dtype=bool)
+    # the ids' keys: dense ranks for string ids (``with_sort_keys``), the ids themselves otherwise
+    labels = keys if ID_SORT_KEY in table.column_names else pd.factorize(keys)[0]
+    active = np.zeros(int(labels.max()) + 1 if len(labels) else 0, dtype=bool)
+    active[labels[_period(table) & among]] = True
+    return cast(np.ndarray, active[labels])
 
 
 class ReadAndValidate(beam.PTransform):

@@ -131,7 +131,9 @@ class PreparedBatch:
         block_registry: dict[Any, int] = {}
         sid = register_slices([period.slices[c] for c in slice_columns], slice_ids, m)
         bid = register_slices([blocks], block_registry, m, bare=True)
-        imp = pd.factorize(np.asarray(period.impression_id), sort=False)[0].astype(np.int64)
+        # the ids' integer sort keys (one per distinct id, carried by the batch): the same labels, in order of
+        # first appearance, as the ids themselves, without hashing every string again
+        imp = pd.factorize(period.impression_sort_keys(), sort=False)[0].astype(np.int64)
         order = np.lexsort((bid, sid, imp))
         imp_o, sid_o, bid_o = imp[order], sid[order], bid[order]
         starts = np.flatnonzero(np.r_[True, (imp_o[1:] != imp_o[:-1]) | (sid_o[1:] != sid_o[:-1])

@@ -31,7 +31,6 @@ import pandas as pd
 
 from araopt.constants import CONTRIBUTION_BUDGET
 from araopt.errors import InvalidInput
-from araopt.evaluation.methods import METHOD_LABELS, METHODS
 from araopt.mechanism.noise import discrete_laplace_cdf, discrete_laplace_variance, noise_parameter
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -494,6 +493,8 @@ def _epsilon_axis(ax: Axes, epsilons: pd.Series | np.ndarray) -> None:
 def rmsre_figure(results: pd.DataFrame, with_monte_carlo: bool = True) -> Figure:
     """Test RMSRE_tau vs epsilon (log2 axis), one line per method, one panel per dataset (cf. Fig. experiments)."""
 
+    from araopt.evaluation.methods import METHOD_LABELS, METHODS  # the optimizer: not for a release's report
+
     names = list(dict.fromkeys(results["dataset"]))
     fig = _figure(max(6.4, 5.4 * len(names)), 5.0)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
@@ -533,6 +534,8 @@ def coverage_figure(results: pd.DataFrame, nominal: float = 0.95) -> Figure:
     queries = [c[len("coverage_"):] for c in results.columns if c.startswith("coverage_")]
     if not queries:
         raise InvalidInput("results have no coverage_<query> columns (run the evaluation with Monte-Carlo runs)")
+    from araopt.evaluation.methods import METHOD_LABELS, METHODS  # the optimizer: not for a release's report
+
     names = list(dict.fromkeys(results["dataset"]))
     panels = [(name, query) for name in names for query in queries]
     fig = _figure(max(6.4, 4.6 * len(panels)), 4.8)

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from araopt.errors import AraoptError, InvalidInput, InvalidParameters, PrivacyRefusal
-from araopt.io.ids import ID_HASH, canonical_id_hash, id_sort_keys, table_id_hash
+from araopt.io.ids import ID_HASH, canonical_id_hash, id_sort_keys, table_id_hash, table_sort_keys
 
 IMPRESSION_ID = "impression_id"
 _SORT_KEYS = "impression_sort_keys"
@@ -441,7 +441,7 @@ class Conversions:
             out._keep(ID_HASH, table_id_hash(table))
         ids = table.column(IMPRESSION_ID)
         if table.num_rows and pa.types.is_string(ids.type):  # from Arrow's strings: no Python objects compared
-            out._keep(_SORT_KEYS, id_sort_keys(ids))
+            out._keep(_SORT_KEYS, table_sort_keys(table))  # ranked once per shard (``araopt.io.ids.ID_SORT_KEY``)
         return out
 
     def _keep(self, name: str, array: np.ndarray) -> np.ndarray:

@@ -78,7 +78,9 @@ def register_slices(columns: Sequence[Any], registry: dict[Any, int], n: int, ba
         return np.full(n, sid, dtype=np.int64)
     codes, uniques = [], []
     for column in columns:
-        code, uniq = pd.factorize(np.asarray(column), sort=False)
+        # a categorical column (``Conversions.from_table(categorical_slices=True)``) by its codes: the same
+        # codes and values, in order of first appearance, without hashing every row's string
+        code, uniq = pd.factorize(column if isinstance(column, pd.Categorical) else np.asarray(column), sort=False)
         codes.append(code.astype(np.int64))
         uniques.append(np.asarray(uniq, dtype=object))
     combined = codes[0].copy()
@@ -227,7 +229,34 @@ class KeyDomain:
 
     def slice_index(self, columns: Mapping[str, Any]) -> np.ndarray:
         """Dense slice index in [0, m) of each record, -1 where the slice is not in the domain."""
-        idx, valid = self.dictionary_indices(columns)
+        by_codes = self._categorical_slice_index(columns)
+        if by_codes is not None:
+            return by_codes
+        return self.slice_index_of_indices(*self.dictionary_indices(columns))
+
+    def _categorical_slice_index(self, columns: Mapping[str, Any]) -> np.ndarray | None:
+        """``slice_index`` of categorical columns (``Conversions.from_table(categorical_slices=True)``) through
+        a table over their categories' combinations (each looked up once): one gather per record instead of
+        a lookup per column; None when a column is not categorical or the combinations are too many."""
+        arrays = [columns[c] for c in self.slice_columns]
+        if not arrays or not all(isinstance(a, pd.Categorical) for a in arrays):
+            return None
+        sizes = [len(a.categories) + 1 for a in arrays]  # a code -1 (a missing value) is category 0 below
+        if math.prod(sizes) > _LOOKUP_TABLE_MAX:
+            return None
+        combos = np.indices(sizes).reshape(len(sizes), -1).T - 1  # every (code, code, ...) combination
+        table = self.slice_index_of_indices(*self.dictionary_indices(
+            {c: pd.Categorical.from_codes(combos[:, j], dtype=a.dtype)
+             for j, (c, a) in enumerate(zip(self.slice_columns, arrays, strict=True))}))
+        code = np.zeros(len(arrays[0]), dtype=np.int64)
+        for a, size in zip(arrays, sizes, strict=True):
+            code *= size
+            code += a.codes
+            code += 1
+        return table[code]
+
+    def slice_index_of_indices(self, idx: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """``slice_index`` from ``dictionary_indices``' (indices, fully known)."""
         codes = self._mixed_radix(idx)
         space = math.prod(max(1, len(d)) for d in self.dictionaries)
         if space <= _LOOKUP_TABLE_MAX:  # a table over the whole slice space: one gather per record

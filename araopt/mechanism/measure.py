@@ -26,6 +26,14 @@ from araopt.mechanism.report import Estimates, SummaryReport
 from araopt.mechanism.sources import impression_slice_conflicts
 
 
+def distinct_count(keys: np.ndarray) -> int:
+    """The number of distinct values of ``keys``: by a count per value for small non-negative integers (the
+    dense ranks of string ids, ``Conversions.impression_sort_keys``), else by a hash table."""
+    if keys.dtype.kind in "iu" and len(keys) and int(keys.min()) >= 0 and int(keys.max()) < 4 * len(keys) + 1024:
+        return int(np.count_nonzero(np.bincount(keys)))
+    return len(pd.unique(keys))
+
+
 def rounding_uniforms(record_keys: np.ndarray, num_queries: int, simulation_seed: int | None) -> np.ndarray | None:
     """Simulation: per-record uniforms from (seed, record content hash), partition-independent."""
     if simulation_seed is None:
@@ -155,7 +163,7 @@ def measure(
     slice_idx = histogram_rows(conversions, params, domain)
     period = conversions.period_mask()
     sums = domain_sums(slice_idx, contributions, kept, histogram_height(params, domain),
-                       impressions=len(pd.unique(conversions.impression_sort_keys()[period])), in_period=period)
+                       impressions=distinct_count(conversions.impression_sort_keys()[period]), in_period=period)
     release = release_step(sums, ValidationCounts(int(period.sum())), params, domain, simulation_seed=simulation_seed,
                            lookback_counts=ValidationCounts(sums.lookback_rows), rng=noise_rng)
     return Measurement(release, sums.histogram, kept, (slice_idx >= 0) & (slice_idx < domain.num_slices))
@@ -175,7 +183,7 @@ def shard_sums(conversions: Conversions, params: Params, domain: KeyDomain, simu
     contributions, kept = encode_and_bound(conversions, params, simulation_seed, history=history)
     period = conversions.period_mask()
     sums = domain_sums(histogram_rows(conversions, params, domain), contributions, kept, histogram_height(params, domain),
-                       impressions=len(pd.unique(conversions.impression_sort_keys()[period])), in_period=period,
+                       impressions=distinct_count(conversions.impression_sort_keys()[period]), in_period=period,
                        rows_before_lookback=rows_before_coverage(conversions, coverage_start_us))
     if conversions.in_period is not None:
         sums = dataclasses.replace(sums, lookback_rows=lookback_rows)

@@ -18,6 +18,7 @@ from araopt.io.conversions import (
     dead_letter_rows,
     equality_codes,
 )
+from araopt.io.ids import table_sort_keys
 from araopt.mechanism.bounding import ranks_within_impression, sort_by_impression
 
 
@@ -43,8 +44,11 @@ def impression_slice_conflicts(records: pa.Table | Conversions, impression_slice
     def column(c: str) -> pa.ChunkedArray | np.ndarray:
         return table.column(c) if table is not None else np.asarray(cast(Conversions, records).slices[c])
 
-    impression = pd.factorize(equality_codes(column(IMPRESSION_ID) if table is not None
-                                              else cast(Conversions, records).impression_id))[0]
+    if table is not None and pa.types.is_string(table.schema.field(IMPRESSION_ID).type):
+        impression = table_sort_keys(table)  # dense ranks of the ids (the shard's, when it carries them)
+    else:
+        impression = pd.factorize(equality_codes(column(IMPRESSION_ID) if table is not None
+                                                  else cast(Conversions, records).impression_id))[0]
     suspect = np.zeros(int(impression.max()) + 1, dtype=bool)
     for c in columns:
         codes = equality_codes(column(c))

@@ -9,7 +9,8 @@ Search (L-inf), for every C = 1..C_max (Alg. 5), kept ranks K(C) = Gamma // floo
     grid points (the bucket edges of the statistics: exact between data values in empty gaps,
     interpolated inside a bucket), so the bias term is a quadratic in c on every segment and the
     variance term W(c) c^2 / alpha^2 a cubic (relaxed: quadratic). The global minimum over all
-    segments is found in closed form (roots of the derivative on every segment, vectorized).
+    segments is found in closed form (roots of the derivative on every segment, vectorized; the
+    model and its minimisation at one C: ``optimize.linf_search``).
   * d = 1: this is the global optimum of the model. d >= 2: alternating minimisation (each block
     step is globally optimal, Theorem 4.7 biconvexity) from several starts (the paper's start:
     99 % quantiles and equal split; per-query optima; the previous C's optimum), then a profile
@@ -30,7 +31,6 @@ otherwise) and the thresholds are found by a coordinate search on a log grid (lo
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 import time
@@ -44,14 +44,16 @@ import pandas as pd
 from scipy import optimize as sp_optimize
 from tqdm import tqdm
 
-from araopt.constants import CONTRIBUTION_BUDGET, ENCODING, L1_ROUNDING, L1_ROUNDING_OF_A_FILE, MAX_COUNT_LIMIT
+from araopt.constants import ENCODING, L1_ROUNDING, L1_ROUNDING_OF_A_FILE, MAX_COUNT_LIMIT
 from araopt.errors import InvalidParameters, Unsupported, check_epsilon
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
 from araopt.mechanism.params import Encoding, Params, QueryParams
 from araopt.optimize.corrected import CorrectedModel, corrected_objective
 from araopt.optimize.error_model import rmsre_tau
-from araopt.optimize.mechanisms import split_fractions
+from araopt.optimize.linf_search import MAX_CELLS, LinfModel, linf_model, solve_linf
+from araopt.optimize.linf_search import SearchContext as SearchContext  # re-exported: the callers' one search module
+from araopt.optimize.linf_search import prepare_search as prepare_search
 from araopt.optimize.objective import (
     check_max_count_limit,
     check_objective,
@@ -69,311 +71,6 @@ CORRECTED = "corrected"
 OBJECTIVES = ("exact", "relaxed", CORRECTED)
 PAPER_OBJECTIVE = "exact"
 """What the search minimises unless told: the paper's estimator under the exact error model (Thm. 4.2)."""
-_MAX_CELLS = 4_000_000  # slices x grid points per dense block (memory bound of the search)
-
-
-# ================================================================================================
-# L-inf search structures
-# ================================================================================================
-
-@dataclass(frozen=True)
-class _Grid:
-    """Candidate thresholds of one query: all edges of occupied buckets (upper edges capped at max)."""
-
-    points: np.ndarray
-    entry_mask: np.ndarray   # entries of this query with bucket >= 1
-    entry_index: np.ndarray  # grid index of each such entry's lower edge
-
-
-def _grid(stats: SufficientStatistics, q: int) -> _Grid:
-    layout = stats.spec.layout
-    lower, upper = layout.lower_edges(), layout.upper_edges()
-    mask = (stats.hist_query == q) & (stats.hist_bucket >= 1)
-    occ = np.unique(stats.hist_bucket[mask])
-    vmax = float(stats.value_max[q])
-    if occ.size == 0:  # all values below the layout's minimum (or zero)
-        pts = np.array([layout.min_value, max(2 * layout.min_value, vmax)])
-        return _Grid(pts, mask, np.zeros(0, dtype=np.int64))
-    lo = lower[occ]
-    hi = np.maximum(np.minimum(upper[occ], vmax), lo)
-    bottom = max(layout.min_value, lo[0] / 1024.0)
-    pts = np.unique(np.concatenate([[bottom], lo, hi]))
-    if pts.size < 2:
-        pts = np.array([pts[0], pts[0] * 2.0])
-    idx = np.searchsorted(pts, lower[stats.hist_bucket[mask]])
-    return _Grid(pts, mask, idx)
-
-
-@dataclass(frozen=True)
-class _QueryModel:
-    """One value query at one C: bias and rounding-count on grid segments (per-slice sums collapsed)."""
-
-    g: np.ndarray        # (G,) grid points
-    bias: np.ndarray     # (G,) mean_j pi_j (B_j + A_j(g))^2
-    q1: np.ndarray       # (G-1,) segment linear coefficient of the bias (in t = c - g_i)
-    q2: np.ndarray       # (G-1,) segment quadratic coefficient
-    rho: np.ndarray      # (G,) mean_j pi_j N_j(values < g) over kept conversions
-    p: float             # mean_j pi_j
-
-    def locate(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        c = np.clip(np.asarray(c, dtype=np.float64), self.g[0], self.g[-1])
-        i = np.clip(np.searchsorted(self.g, c, side="right") - 1, 0, len(self.g) - 2)
-        return i, c - self.g[i]
-
-    def _locate_scalar(self, c: float) -> tuple[int, float]:
-        """``locate`` of one value without numpy's per-call overhead (the same comparisons and
-        subtraction, so the same floats): the search evaluates single points thousands of times."""
-        g = self.g
-        c = min(max(float(c), float(g[0])), float(g[-1]))
-        i = min(max(int(np.searchsorted(g, c, side="right")) - 1, 0), len(g) - 2)
-        return i, c - float(g[i])
-
-    def bias_at(self, c: np.ndarray) -> np.ndarray:
-        if np.ndim(c) == 0:
-            j, u = self._locate_scalar(float(c))
-            return cast(np.ndarray, np.float64(self.bias[j] + self.q1[j] * u + self.q2[j] * u * u))
-        i, t = self.locate(c)
-        return cast(np.ndarray, self.bias[i] + self.q1[i] * t + self.q2[i] * t * t)
-
-    def rho_at(self, c: np.ndarray) -> np.ndarray:
-        if np.ndim(c) == 0:
-            j, u = self._locate_scalar(float(c))
-            return cast(np.ndarray, np.float64(self.rho[j] + (self.rho[j + 1] - self.rho[j]) * u
-                                               / (self.g[j + 1] - self.g[j])))
-        i, t = self.locate(c)
-        h = self.g[i + 1] - self.g[i]
-        return cast(np.ndarray, self.rho[i] + (self.rho[i + 1] - self.rho[i]) * t / h)
-
-
-def _query_model(stats: SufficientStatistics, grid: _Grid, q: int, kept_ranks: int, pi: np.ndarray,
-                 dropped: np.ndarray, kept_count: np.ndarray) -> _QueryModel:
-    m = stats.num_slices
-    g = grid.points
-    G = len(g)
-    sel = stats.hist_rank[grid.entry_mask] < kept_ranks
-    sl = stats.hist_slice[grid.entry_mask][sel]
-    gi = grid.entry_index[sel]
-    cnt = stats.hist_count[grid.entry_mask][sel]
-    sm = stats.hist_sum[grid.entry_mask][sel]
-    bias = np.zeros(G)
-    q1 = np.zeros(G - 1)
-    q2 = np.zeros(G - 1)
-    rho = np.zeros(G)
-    h = np.diff(g)
-    step = max(1, _MAX_CELLS // G)
-    order = np.argsort(sl, kind="stable")
-    sl, gi, cnt, sm = sl[order], gi[order], cnt[order], sm[order]
-    bounds = np.searchsorted(sl, np.arange(0, m + step, step))
-    for k, j0 in enumerate(range(0, m, step)):
-        j1 = min(m, j0 + step)
-        a, b = bounds[k], bounds[k + 1]
-        mc = j1 - j0
-        flat = (sl[a:b] - j0) * G + gi[a:b]
-        ntail = np.bincount(flat, weights=cnt[a:b], minlength=mc * G).reshape(mc, G)
-        stail = np.bincount(flat, weights=sm[a:b], minlength=mc * G).reshape(mc, G)
-        ntail = np.cumsum(ntail[:, ::-1], axis=1)[:, ::-1]
-        stail = np.cumsum(stail[:, ::-1], axis=1)[:, ::-1]
-        y = dropped[j0:j1, None] + stail - g[None, :] * ntail  # B_j + A_j(g) >= 0
-        w = pi[j0:j1, None]
-        bias += (w * y * y).sum(axis=0)
-        slope = np.diff(y, axis=1) / h[None, :]
-        q1 += 2.0 * (w * y[:, :-1] * slope).sum(axis=0)
-        q2 += (w * slope * slope).sum(axis=0)
-        rho += (w * (kept_count[j0:j1, None] - ntail)).sum(axis=0)
-    return _QueryModel(g, bias / m, q1 / m, q2 / m, rho / m, float(pi.mean()))
-
-
-@dataclass(frozen=True)
-class _LinfModel:
-    """The L-inf objective at one C (sum over queries of mean_j pi MSE; divide by d+1 for R^2)."""
-
-    count_limit: int
-    kind: str
-    epsilon: float
-    queries: tuple[_QueryModel, ...]
-    count_term: float
-    contribution_budget: int = CONTRIBUTION_BUDGET
-    _cache: dict[object, object] = dataclasses.field(default_factory=dict, repr=False, compare=False)
-    """What the search re-reads at every step and does not depend on c or alpha: the noise variance and,
-    per query, ``c_step``'s segment coefficients (computed once per model, the same floats)."""
-
-    @property
-    def d(self) -> int:
-        return len(self.queries)
-
-    def _noise_variance(self) -> float:
-        v = self._cache.get("v")
-        if v is None:
-            v = self._cache["v"] = discrete_laplace_variance(noise_parameter(self.epsilon, self.contribution_budget))
-        return cast(float, v)
-
-    def w_coeffs(self, q: int) -> tuple[np.ndarray, np.ndarray]:
-        """W(c) = w0 + w1 t on every segment, so that Var term = W(c) c^2 / alpha^2."""
-        qm = self.queries[q]
-        C, G = self.count_limit, self.contribution_budget
-        if self.kind == "relaxed":
-            w0 = np.full(len(qm.g) - 1, 2.0 * C * C * qm.p / self.epsilon**2)
-            return w0, np.zeros_like(w0)
-        v = self._noise_variance()
-        f = (C / G) ** 2
-        w0 = (v * qm.p + qm.rho[:-1] / 6.0) * f
-        w1 = (np.diff(qm.rho) / 6.0 / np.diff(qm.g)) * f
-        return w0, w1
-
-    def var_factor(self, q: int, c: np.ndarray) -> np.ndarray:
-        """K_q(c) = W(c) c^2."""
-        qm = self.queries[q]
-        C, G = self.count_limit, self.contribution_budget
-        c = np.asarray(c, dtype=np.float64)
-        w: float | np.ndarray
-        if self.kind == "relaxed":
-            w = 2.0 * C * C * qm.p / self.epsilon**2
-        else:
-            w = (self._noise_variance() * qm.p + qm.rho_at(c) / 6.0) * (C / G) ** 2
-        return cast(np.ndarray, w * c * c)
-
-    def value(self, c: np.ndarray, alpha: np.ndarray) -> float:
-        total = self.count_term
-        for q in range(self.d):
-            total += float(self.queries[q].bias_at(c[q])) + float(self.var_factor(q, c[q])) / alpha[q] ** 2
-        return total
-
-    def c_step(self, q: int, alpha: float) -> tuple[float, float]:
-        """Global minimiser over c of bias_q(c) + K_q(c)/alpha^2 (closed form on every segment)."""
-        qm = self.queries[q]
-        segments = self._cache.get(("segments", q))
-        if segments is None:
-            g, h = qm.g[:-1], np.diff(qm.g)
-            w0, w1 = self.w_coeffs(q)
-            segments = self._cache[("segments", q)] = (
-                g, h, w0, w1, w1 * g * g + 2 * w0 * g, 2 * qm.q2, 4 * w1 * g + 2 * w0, 3 * w1, np.zeros_like(h))
-        g, h, w0, w1, b0, q2x2, b1, b2, zeros = cast(tuple[np.ndarray, ...], segments)
-        ia = 1.0 / alpha**2
-        a0, a1, a2 = qm.q1 + b0 * ia, q2x2 + b1 * ia, b2 * ia
-        cands = [zeros, h]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lin = np.where(a1 != 0, -a0 / a1, 0.0)
-            disc = a1 * a1 - 4 * a2 * a0
-            sq = np.sqrt(np.maximum(disc, 0.0))
-            r1 = np.where(a2 > 1e-300, (-a1 + sq) / (2 * a2), lin)
-            r2 = np.where(a2 > 1e-300, (-a1 - sq) / (2 * a2), lin)
-        for r in (r1, r2):
-            cands.append(np.clip(np.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0), 0.0, h))
-        t = np.stack(cands)  # (4, G-1)
-        cc = g[None, :] + t
-        val = (qm.bias[:-1][None, :] + qm.q1[None, :] * t + qm.q2[None, :] * t * t
-               + (w0[None, :] + w1[None, :] * t) * cc * cc * ia)
-        k = np.unravel_index(np.argmin(val), val.shape)
-        return float(cc[k]), float(val[k])
-
-    def alpha_step(self, c: np.ndarray) -> np.ndarray:
-        return split_fractions(np.array([float(self.var_factor(q, c[q])) for q in range(self.d)]))
-
-    def profile_value(self, c: np.ndarray) -> float:
-        k = np.array([float(self.var_factor(q, c[q])) for q in range(self.d)])
-        return (self.count_term + sum(float(self.queries[q].bias_at(c[q])) for q in range(self.d))
-                + float(np.cbrt(k).sum() ** 3))
-
-
-@dataclass(frozen=True)
-class SearchContext:
-    """Everything of the L-inf search that does not depend on epsilon or the objective kind: grids and,
-    per kept-rank count K, the bias / rounding-count segment models (cached; reuse across epsilons)."""
-
-    stats: SufficientStatistics
-    taus: np.ndarray
-    grids: tuple[_Grid, ...]
-    truth: np.ndarray
-    pis: np.ndarray
-    _cache: dict[int, tuple[np.ndarray, tuple[_QueryModel, ...]]] = dataclasses.field(
-        default_factory=dict, repr=False, compare=False)
-
-    def query_models(self, kept_ranks: int) -> tuple[_QueryModel, ...]:
-        if kept_ranks not in self._cache:
-            kept = self.stats.kept_totals(kept_ranks)
-            self._cache[kept_ranks] = (kept, tuple(
-                _query_model(self.stats, self.grids[q], q, kept_ranks, self.pis[:, q + 1],
-                             self.truth[:, q + 1] - kept[:, q + 1], kept[:, 0])
-                for q in range(self.stats.num_queries)))
-        return self._cache[kept_ranks][1]
-
-    def kept(self, kept_ranks: int) -> np.ndarray:
-        self.query_models(kept_ranks)
-        return self._cache[kept_ranks][0]
-
-
-def prepare_search(stats: SufficientStatistics, taus: np.ndarray | Sequence[float] | None = None) -> SearchContext:
-    """Grids and cached per-C bias models for ``optimize`` / ``scipy_paper_optimize`` (pass as ``context``)."""
-    tau = check_taus(stats, taus)
-    truth = stats.totals()
-    pis = 1.0 / np.maximum(tau[None, :], truth) ** 2
-    return SearchContext(stats, tau, tuple(_grid(stats, q) for q in range(stats.num_queries)), truth, pis)
-
-
-def _linf_model(ctx: SearchContext, C: int, kind: str, epsilon: float) -> _LinfModel:
-    stats = ctx.stats
-    gamma = stats.spec.contribution_budget
-    K = kept_per_impression(C, gamma)
-    queries = ctx.query_models(K)
-    kept = ctx.kept(K)
-    d = stats.num_queries
-    if kind == "relaxed":
-        var0 = 2.0 * (d + 1) * C * C / epsilon**2
-    else:
-        var0 = (d + 1) * discrete_laplace_variance(noise_parameter(epsilon, gamma)) / (gamma // C) ** 2
-    count_term = float((ctx.pis[:, 0] * ((ctx.truth[:, 0] - kept[:, 0]) ** 2 + var0)).mean())
-    return _LinfModel(C, kind, epsilon, queries, count_term, gamma)
-
-
-def _alternate(model: _LinfModel, c: np.ndarray, alpha: np.ndarray,
-               max_iter: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
-    best = model.value(c, alpha)
-    for _ in range(max_iter):
-        alpha = model.alpha_step(c)
-        c = np.array([model.c_step(q, alpha[q])[0] for q in range(model.d)])
-        val = model.value(c, alpha)
-        if val >= best * (1 - 1e-12):
-            best = min(best, val)
-            break
-        best = val
-    return c, alpha, best
-
-
-def _profile_polish(model: _LinfModel, c: np.ndarray, sweeps: int = 10) -> np.ndarray:
-    """Coordinate search over all grid points of the profile objective (alpha eliminated)."""
-    c = c.copy()
-    cur = model.profile_value(c)
-    for _ in range(sweeps):
-        improved = False
-        for q in range(model.d):
-            qm = model.queries[q]
-            others = sum(float(np.cbrt(model.var_factor(k, c[k]))) for k in range(model.d) if k != q)
-            rest = model.count_term + sum(float(model.queries[k].bias_at(c[k])) for k in range(model.d) if k != q)
-            vals = rest + qm.bias + (others + np.cbrt(model.var_factor(q, qm.g))) ** 3
-            i = int(np.argmin(vals))
-            if vals[i] < cur * (1 - 1e-12):
-                c[q], cur, improved = qm.g[i], float(vals[i]), True
-        if not improved:
-            break
-    return c
-
-
-def _solve_linf(model: _LinfModel, starts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, float]:
-    d = model.d
-    if d == 1:
-        c1, val1 = model.c_step(0, 1.0)
-        return np.array([c1]), np.array([1.0]), val1 + model.count_term
-    best: tuple[np.ndarray | None, np.ndarray | None, float] = (None, None, np.inf)
-    for c0 in starts:
-        c, alpha, val = _alternate(model, np.asarray(c0, dtype=np.float64), np.full(d, 1.0 / d))
-        c2 = _profile_polish(model, c)
-        c2, alpha2, val2 = _alternate(model, c2, model.alpha_step(c2))
-        if val2 < val:
-            c, alpha, val = c2, alpha2, val2
-        if val < best[2]:
-            best = (c, alpha, val)
-    # every start has a finite value in practice (None would fail the caller at once)
-    return cast(tuple[np.ndarray, np.ndarray, float], best)
 
 
 # ================================================================================================
@@ -415,7 +112,7 @@ def candidate_params(
                   contribution_budget=stats.spec.contribution_budget)
 
 
-def _finalize_fractions(model: _LinfModel, c: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+def _finalize_fractions(model: LinfModel, c: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     if model.d == 1:
         return np.array([1.0])
     if model.kind == "exact":
@@ -531,12 +228,11 @@ def _paper_candidates(stats: SufficientStatistics, epsilon: float, encoding: str
     params: Params | None
     prev_c = None
     for C in _progress(range(1, cmax + 1), progress, f"optimize {encoding}"):
-        model = _linf_model(ctx, C, objective, epsilon)
-        starts = [q99, np.array([model.c_step(q, 1.0 / d)[0] for q in range(d)]),
-                  np.array([model.c_step(q, 1.0)[0] for q in range(d)])]
+        model = linf_model(ctx, C, objective, epsilon)
+        starts = [q99, *model.c_steps(np.array([[1.0 / d] * d, [1.0] * d]))]
         if prev_c is not None:
             starts.append(prev_c)
-        c, alpha, val = _solve_linf(model, starts)
+        c, alpha, val = solve_linf(model, starts)
         prev_c = c
         if use_samples:
             prev_l1 = None if not rows or rows[-1].fractions is not None else np.array(rows[-1].thresholds)
@@ -599,7 +295,7 @@ def _objective_value(stats: SufficientStatistics, params: Params, taus: np.ndarr
 
 
 def _optimize_l1_samples(
-    stats: SufficientStatistics, model: _LinfModel, start: np.ndarray, epsilon: float, kind: str, taus: np.ndarray,
+    stats: SufficientStatistics, model: LinfModel, start: np.ndarray, epsilon: float, kind: str, taus: np.ndarray,
     l1_rounding: str, slice_columns: Sequence[str] | None, previous: np.ndarray | None = None, sweeps: int = 3,
 ) -> Params:
     """Coordinate search of the L1 thresholds on a log grid, objective evaluated on the samples."""
@@ -615,7 +311,7 @@ def _optimize_l1_samples(
     vnoise = discrete_laplace_variance(noise_parameter(epsilon, gamma))
     count_term = model.count_term
 
-    chunk = max(1, _MAX_CELLS // max(1, len(sl)))  # threshold vectors per batch (memory bound)
+    chunk = max(1, MAX_CELLS // max(1, len(sl)))  # threshold vectors per batch (memory bound)
 
     def values(cs: np.ndarray) -> np.ndarray:
         """The objective of every row of ``cs`` (k, d), one pass over the samples per batch of rows."""
@@ -687,9 +383,9 @@ def scipy_paper_optimize(
     best: tuple[float, Params | None] = (np.inf, None)
     params: Params | None
     for C in _progress(range(1, cmax + 1), progress, "scipy reference"):
-        model = _linf_model(ctx, C, kind, epsilon)
+        model = linf_model(ctx, C, kind, epsilon)
         if d == 1:
-            def linf_value(x: npt.NDArray[np.float64], model: _LinfModel = model) -> float:
+            def linf_value(x: npt.NDArray[np.float64], model: LinfModel = model) -> float:
                 return model.value(x, np.ones(1))
 
             res = sp_optimize.minimize(linf_value, x0c, method="L-BFGS-B", bounds=list(zip(lo, hi, strict=True)))
@@ -697,7 +393,7 @@ def scipy_paper_optimize(
         else:
             amin = 2.0 * C / stats.spec.contribution_budget
 
-            def linf_value(x: npt.NDArray[np.float64], model: _LinfModel = model) -> float:
+            def linf_value(x: npt.NDArray[np.float64], model: LinfModel = model) -> float:
                 return model.value(x[:d], x[d:])
 
             def fractions_sum_to_one(x: npt.NDArray[np.float64]) -> np.float64:

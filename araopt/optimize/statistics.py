@@ -269,8 +269,9 @@ def add_conversions(acc: StatisticsAccumulator, conversions: Conversions) -> Sta
     vals = check_values(conversions.values, spec.num_queries)
     d, R, B = spec.num_queries, spec.max_rank, spec.layout.num_buckets
     keys = conversions.record_keys()
-    order = impression_order(conversions.impression_id, conversions.conversion_time, keys)
-    rank_sorted, group = ranks_within_impression(np.asarray(conversions.impression_id)[order])
+    ids = conversions.impression_sort_keys()  # integers ordered and grouped as the ids (no string compared)
+    order = impression_order(ids, conversions.conversion_time, keys)
+    rank_sorted, group = ranks_within_impression(ids[order])
     period_sorted = conversions.period_mask()[order]
     # impressions with a conversion in the period; their sizes count the lookback too (lifetime sizes)
     active = np.bincount(group, weights=period_sorted, minlength=int(group[-1]) + 1 if n else 0) > 0
