@@ -321,7 +321,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     if chosen.provenance is not None:
         slices = model.slices
         described = {} if slices is None else {"slice_retention": {
-            "identified": slices.identified, "shape": slices.shape, "spreads": list(slices.spreads),
+            "identified": slices.identified, "spreads": list(slices.spreads),
             "grouping": domain.slice_columns[slices.grouping] if slices.grouping >= 0 else None}}
         chosen = dataclasses.replace(chosen, provenance=dataclasses.replace(
             chosen.provenance, extra={**chosen.provenance.extra, "model_check": note, **described,

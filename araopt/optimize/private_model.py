@@ -232,7 +232,7 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[R
     curve = fit_retention_curve(points)
     keys = domain_keys(domain)
     history = [*older, *records]
-    posterior = slice_posterior(slice_days(history, keys), curve, slice_groups(domain), points) if slices else None
+    posterior = slice_posterior(slice_days(history, keys), curve, slice_groups(domain)) if slices else None
     model = PrivateModel(curve, {k: np.zeros(domain.num_columns) for k in keys}, np.zeros((0, 0)), len(records),
                          slices=posterior, slice_keys=tuple(keys))
     totals = {k: np.zeros(domain.num_columns) for k in keys}

@@ -2,10 +2,13 @@
 (privacy-safe tuning: the first-party data has no impression-side slice and the arms are pooled over
 slices, so only the main releases show a slice's retention, and only across count limits).
 
-The family. A slice's impressions convert n times, n - 1 negative binomial with mean mu_k - 1 and a
-shape kappa shared by all slices (kappa = 1: geometric, the most spread law of a given mean; large
-kappa: Poisson-like, impressions of about one size). Its curve r_k(K) = E[min(n, K)] / E[n]
-(``optimize.retention``). The pool the arms measure is the slices' conversion-weighted mixture.
+The family. A slice's impressions convert n times, n geometric with mean mu_k (the most spread law
+of a given mean), but anchored to the pool the arms measure: the slice's curve is the pooled
+curve's mixture weights t_j (``optimize.retention``) reweighted by its geometric law over the
+slices' conversion-weighted geometric mixture, t_kj ~ t_j g_mu_k(j) / sum_i w_i g_mu_i(j). The
+slices' mixture is then the measured pool whatever the pool's law, and slices that are alike have
+exactly the pooled curve (a Poisson-like pool stays Poisson-like); only how slices differ comes from
+the family.
 
 What identifies mu_k. A slice's expected kept main count on day d is w_k A_d r_k(K_d) / R(K_d): w_k
 its share of the conversions, A_d the day's kept main count over all slices, R the pooled curve at
@@ -17,37 +20,29 @@ slice's daily kept counts kept (variance: the release's noise plus the day's sam
 clustered by impression, E[min(n, K)^2] / E[min(n, K)] per kept conversion, at the slice's rough
 mean, fixed over the grid so that only the mean's movement with K identifies mu).
 
-What identifies kappa. Two count limits show each slice's contrast, not the curve's shape; the shape
-follows from the pool: the slices' curves, weighted by their conversions, must give the pooled
-curve the arms and main releases measure. kappa maximises the slices' marginal likelihood plus the
-pool's fit (``retention_points``: a geometric pool is a mixture of geometric slices, a Poisson-like
-pool is not).
-
 Shrinkage (empirical Bayes). log mu_k ~ N(m_g, s_w^2) within the group g of the slice (the slices
 sharing a value of one slice column, e.g. a campaign's geographies), m_g ~ N(c, s_b^2) around the
 slices' common fit c. The grouping column and (s_b, s_w) maximise the marginal likelihood (no
 grouping is a candidate: the data choose the structure, none is assumed); with one count limit only
 the likelihood is flat and every slice keeps the prior N(log mean of the pool, ``DEFAULT_SPREAD``^2).
-Each slice's posterior over the grid gives its curve (the mixture of the grid's curves), the mean
-and variance of r_k(K) at any K, and scenarios (posterior quantiles) for the robust prediction.
+The likelihood is computed twice: with the bare geometric curves, then with the curves anchored to
+the pool through the first pass's mixture. Each slice's posterior over the grid gives its curve
+(the mixture of the grid's curves), the mean and variance of r_k(K) at any K, and scenarios
+(posterior quantiles) for the robust prediction.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 from scipy.special import logsumexp
-from scipy.stats import nbinom
 
 from araopt.optimize.retention import MAX_SIZE, RetentionCurve
 
 MEANS = np.exp(np.linspace(0.0, np.log(64.0), 43))
 """The grid of a slice's mean conversions per impression mu (1 to 64)."""
-SHAPES = (1.0, 4.0, 16.0, 256.0)
-"""The candidate shapes kappa of the slices' laws (1: geometric; 256: about Poisson)."""
-SPREADS = (0.25, 0.5, 1.0, 1.5, 2.0)
+SPREADS = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0)
 """Candidate standard deviations of log mu (between groups, within a group; slices are never taken
 to be exactly alike: what a count limit's contrast cannot resolve stays in the posterior)."""
 DEFAULT_SPREAD = 1.0
@@ -57,20 +52,36 @@ SCENARIO_QUANTILES = (1.0 / 6.0, 0.5, 5.0 / 6.0)
 """Posterior quantiles of each slice's mu for the robust prediction (equal weights)."""
 
 
-@lru_cache(maxsize=8)
-def family(shape: float) -> tuple[RetentionCurve, ...]:
-    """The curves of the grid's means at shape kappa (n - 1 ~ NB(kappa, mean mu - 1), cut at MAX_SIZE)."""
+def geometric_weights() -> np.ndarray:
+    """(grid, MAX_SIZE) the conversion-normalised mixture weights (``RetentionCurve.weights``) of
+    geometric impression sizes of every grid mean (cut at MAX_SIZE)."""
     n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
-    out = []
-    for mu in MEANS:
+    out = np.zeros((len(MEANS), MAX_SIZE))
+    for g, mu in enumerate(MEANS):
         if mu - 1.0 < 1e-9:
             q = np.zeros(MAX_SIZE)
             q[0] = 1.0
         else:
-            q = nbinom.pmf(n - 1, shape, shape / (shape + mu - 1.0))
+            q = (1.0 / mu) * (1.0 - 1.0 / mu) ** (n - 1.0)
             q = q / q.sum()
-        out.append(RetentionCurve(q / float(q @ n)))
-    return tuple(out)
+        out[g] = q / float(q @ n)
+    return out
+
+
+def anchored_weights(pooled: RetentionCurve, family: np.ndarray, mixture: np.ndarray) -> np.ndarray:
+    """(grid, MAX_SIZE) the family's curves anchored to the pool: the pooled weights times each grid
+    curve's over ``mixture`` (the slices' conversion-weighted family weights), renormalised to one
+    conversion per unit (see the module docstring)."""
+    n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
+    t = np.zeros(MAX_SIZE)
+    t[: min(len(pooled.weights), MAX_SIZE)] = np.asarray(pooled.weights, dtype=np.float64)[:MAX_SIZE]
+    t = t / max(float(t @ n), 1e-300)
+    tilt = family / np.maximum(mixture, 1e-300)[None, :]
+    out = t[None, :] * tilt
+    mass = out @ n
+    bare = mass <= 1e-12  # the pool has no mass where this curve has: keep the bare family curve
+    out[bare] = family[bare]
+    return np.asarray(out / np.where(bare, 1.0, mass)[:, None], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -91,23 +102,20 @@ class SliceDays:
 
 @dataclass(frozen=True)
 class SlicePosterior:
-    """Every slice's posterior over the grid of means (rows: slices), the shape, the grouping chosen
-    (a slice column index, or -1: none), the spreads (between, within) and whether the releases
-    identified anything (two count limits or more)."""
+    """Every slice's posterior over the grid of means (rows: slices) and the grid's curves (anchored
+    to the pool), the grouping chosen (a slice column index, or -1: none), the spreads (between,
+    within) and whether the releases identified anything (two count limits or more)."""
 
     weights: np.ndarray
-    shape: float
+    grid_weights: np.ndarray
     grouping: int
     spreads: tuple[float, float]
     identified: bool
 
-    @property
-    def curves(self) -> tuple[RetentionCurve, ...]:
-        return family(self.shape)
-
     def ratio_table(self, kept_ranks: int) -> np.ndarray:
-        """r(K) of every grid mean."""
-        return np.array([float(c.ratio(kept_ranks)[0]) for c in self.curves])
+        """r(K) of every grid curve."""
+        n = np.arange(1, self.grid_weights.shape[1] + 1, dtype=np.float64)
+        return np.asarray(self.grid_weights @ np.minimum(n, float(kept_ranks)), dtype=np.float64)
 
     def mean_ratio(self, kept_ranks: int) -> np.ndarray:
         """Posterior mean of every slice's r_k(K)."""
@@ -122,53 +130,49 @@ class SlicePosterior:
     def quantile_ratios(self, kept_ranks: int, quantiles: Sequence[float] = SCENARIO_QUANTILES) -> np.ndarray:
         """(slices, quantiles): r_k(K) at each slice's posterior quantiles of mu (r falls as mu grows)."""
         cdf = np.cumsum(self.weights, axis=1)
-        table = self.ratio_table(kept_ranks)
         at = np.stack([np.minimum((cdf < q).sum(axis=1), len(MEANS) - 1) for q in quantiles], axis=1)
-        return np.asarray(table[at], dtype=np.float64)
+        return np.asarray(self.ratio_table(kept_ranks)[at], dtype=np.float64)
 
     def mean_size(self) -> np.ndarray:
-        """Posterior mean of every slice's mu."""
+        """Posterior mean of every slice's geometric mean mu (the family's parameter)."""
         return np.asarray(self.weights @ MEANS, dtype=np.float64)
 
     def slice_curve(self, k: int) -> RetentionCurve:
         """Slice k's curve: the posterior mixture of the grid's curves (a mixture of r's is the mixture
         of their conversion-normalised weights)."""
-        w = self.weights[k]
-        keep = np.flatnonzero(w > 1e-9)
-        return RetentionCurve(np.asarray(sum(float(w[i]) * self.curves[i].weights for i in keep), dtype=np.float64))
+        return RetentionCurve(np.asarray(self.weights[k] @ self.grid_weights, dtype=np.float64))
 
 
-def _dispersion(curve: RetentionCurve, kept_ranks: np.ndarray) -> np.ndarray:
-    """E[min(n, K)^2] / E[min(n, K)] over impressions of the curve, per K: a day's kept count is a
-    sum over impressions, its variance this factor times its mean."""
-    p = curve.size_distribution()
-    n = np.arange(1, len(p) + 1, dtype=np.float64)
-    k = np.asarray(kept_ranks, dtype=np.float64)
-    kept = np.minimum(n[None, :], k[:, None])
-    return np.asarray((kept**2 @ p) / np.maximum(kept @ p, 1e-12), dtype=np.float64)
+def _dispersion(weights: np.ndarray, kept_ranks: np.ndarray) -> np.ndarray:
+    """(curves, days) E[min(n, K)^2] / E[min(n, K)] over impressions of each curve (rows of
+    conversion-normalised ``weights``) at each day's K: a day's kept count is a sum over impressions,
+    its variance this factor times its mean."""
+    n = np.arange(1, weights.shape[1] + 1, dtype=np.float64)
+    p = weights / n[None, :]  # impressions, up to a constant per curve
+    kept = np.minimum(n[:, None], np.asarray(kept_ranks, dtype=np.float64)[None, :])  # (sizes, days)
+    return np.asarray((p @ kept**2) / np.maximum(p @ kept, 1e-300), dtype=np.float64)
 
 
-def log_likelihood(days: SliceDays, curves: Sequence[RetentionCurve], pooled: RetentionCurve) -> np.ndarray:
+def log_likelihood(days: SliceDays, grid_weights: np.ndarray, pooled: RetentionCurve) -> np.ndarray:
     """(slices, grid) log-likelihood of each slice's daily kept counts at every grid curve, its
     conversion share profiled out (see the module docstring)."""
-    k = np.asarray(days.kept_ranks, dtype=np.int64)
-    unique = np.unique(k)
-    table = np.array([[float(c.ratio(int(u))[0]) for u in unique] for c in curves])  # (G, distinct K)
-    at = np.searchsorted(unique, k)
-    base = np.maximum(np.array([float(pooled.ratio(int(u))[0]) for u in unique]), 1e-9)[at]
-    g = table[:, at] / base[None, :]  # (G, n): the slice's kept share relative to the pool's, per day
+    k = np.asarray(days.kept_ranks, dtype=np.float64)
+    n = np.arange(1, grid_weights.shape[1] + 1, dtype=np.float64)
+    base = np.maximum(np.asarray(pooled.ratio(k), dtype=np.float64), 1e-9)
+    g = (grid_weights @ np.minimum(n[:, None], k[None, :])) / base[None, :]  # (G, days): relative to the pool
     a = np.maximum(np.asarray(days.pooled, dtype=np.float64), 1.0)
-    u = np.asarray(days.kept, dtype=np.float64)  # (n, m)
+    u = np.asarray(days.kept, dtype=np.float64)  # (days, slices)
     noise = np.asarray(days.noise, dtype=np.float64)
-    m = u.shape[1]
-    share = np.maximum(u.sum(axis=0), 0.0) / a.sum()  # the slice's pooled share of the kept conversions
-    pooled_dispersion = _dispersion(pooled, k)
-    out = np.zeros((m, len(curves)))
-    for j in range(m):
-        mean = share[j] * a[None, :] * g  # (G, n)
+    share = np.maximum(u.sum(axis=0), 0.0) / a.sum()  # each slice's pooled share of the kept conversions
+    pool_weights = np.asarray(pooled.weights, dtype=np.float64)[None, :MAX_SIZE]
+    pooled_dispersion = _dispersion(pool_weights, k)[0]
+    dispersion = _dispersion(grid_weights, k)  # (G, days)
+    out = np.zeros((u.shape[1], len(grid_weights)))
+    for j in range(u.shape[1]):
+        mean = share[j] * a[None, :] * g  # (G, days)
         rough = int(np.argmax(_profiled(u[:, j], a, g, noise[:, j][None, :] + pooled_dispersion[None, :]
                                         * np.maximum(mean, 0.0) + 1e-9)))
-        var = noise[:, j] + _dispersion(curves[rough], k) * np.maximum(mean[rough], 1e-9) + 1e-9
+        var = noise[:, j] + dispersion[rough] * np.maximum(mean[rough], 1e-9) + 1e-9
         out[j] = _profiled(u[:, j], a, g, np.broadcast_to(var[None, :], g.shape))
     return out
 
@@ -212,55 +216,47 @@ def _hierarchy(ll: np.ndarray, groups: np.ndarray, center: float, between: float
     return total, np.asarray(x - logsumexp(x, axis=1, keepdims=True), dtype=np.float64)
 
 
-def pool_misfit(posterior_weights: np.ndarray, curves: Sequence[RetentionCurve], conversions: np.ndarray,
-                points: Sequence[tuple[int, float, float]]) -> float:
-    """Chi-square of the retention points (K, r, variance) around the pool the slices make: their
-    posterior mean curves weighted by their conversions."""
-    w = np.maximum(np.asarray(conversions, dtype=np.float64), 0.0)
-    if w.sum() <= 0 or not points:
-        return 0.0
-    mix = (w / w.sum()) @ posterior_weights  # (G,)
-    total = 0.0
-    for k, r, v in points:
-        model = float(mix @ np.array([float(c.ratio(int(k))[0]) for c in curves]))
-        total += (model - float(r)) ** 2 / max(float(v), 1e-10)
-    return total
+def _posterior(ll: np.ndarray, center: float, slice_groups: Sequence[np.ndarray], identified: bool
+               ) -> tuple[np.ndarray, int, float, float]:
+    """The empirical-Bayes choice of grouping and spreads, and every slice's posterior weights."""
+    m = ll.shape[0]
+
+    def grouping(column: int) -> np.ndarray:
+        return np.zeros(m, dtype=np.int64) if column < 0 else np.asarray(slice_groups[column], dtype=np.int64)
+
+    options = [(-1, 0.0, DEFAULT_SPREAD)]
+    if identified:
+        options = [(-1, 0.0, w) for w in SPREADS]
+        options += [(c, b, w) for c in range(len(slice_groups)) for b in SPREADS for w in SPREADS]
+    fits = [(_hierarchy(ll, grouping(c), center, b, w)[0], c, b, w) for c, b, w in options]
+    _, column, between, within = max(fits, key=lambda f: f[0])
+    post = _hierarchy(ll, grouping(column), center, between, within, posterior=True)[1]
+    assert post is not None
+    return np.exp(post), column, between, within
 
 
-def slice_posterior(days: SliceDays, pooled: RetentionCurve, slice_groups: Sequence[np.ndarray],
-                    points: Sequence[tuple[int, float, float]] = ()) -> SlicePosterior:
-    """Every slice's posterior over its mean conversions per impression (see the module docstring).
-    ``slice_groups``: per slice column, each slice's value code (the candidate groupings); ``points``:
-    the pooled retention points the slices' mixture must reproduce."""
+def slice_posterior(days: SliceDays, pooled: RetentionCurve, slice_groups: Sequence[np.ndarray]) -> SlicePosterior:
+    """Every slice's posterior over its mean conversions per impression, on curves anchored to the
+    pool (see the module docstring). ``slice_groups``: per slice column, each slice's value code (the
+    candidate groupings)."""
     m = days.kept.shape[1]
     identified = days.distinct_ranks >= 2
     grid = np.log(MEANS)
-    best: tuple[float, SlicePosterior] | None = None
-    for shape in SHAPES:
-        curves = family(shape)
+    family = geometric_weights()
+    curves = family
+    weights = np.zeros((m, len(MEANS)))
+    column, between, within = -1, 0.0, DEFAULT_SPREAD
+    for _ in range(2):  # the bare family, then the family anchored to the pool through the first pass
         if identified:
             ll = log_likelihood(days, curves, pooled)
             center = float(grid[int(np.argmax(ll.sum(axis=0)))])  # the slices' common fit
-            options = [(-1, 0.0, w) for w in SPREADS]
-            options += [(c, b, w) for c in range(len(slice_groups)) for b in SPREADS for w in SPREADS]
         else:
             ll = np.zeros((m, len(MEANS)))
             center = float(np.log(pooled.mean_size()))
-            options = [(-1, 0.0, DEFAULT_SPREAD)]
-        def grouping(column: int) -> np.ndarray:
-            return np.zeros(m, dtype=np.int64) if column < 0 else np.asarray(slice_groups[column], dtype=np.int64)
-
-        fits = [(_hierarchy(ll, grouping(c), center, b, w)[0], c, b, w) for c, b, w in options]
-        total, column, between, within = max(fits, key=lambda f: f[0])
-        post = _hierarchy(ll, grouping(column), center, between, within, posterior=True)[1]
-        assert post is not None
-        weights = np.exp(post)
-        # each slice's conversions: its kept counts over its posterior mean ratio on each day
-        ratios = weights @ np.array([[float(c.ratio(int(k))[0]) for k in days.kept_ranks] for c in curves])  # (m, n)
+        weights, column, between, within = _posterior(ll, center, slice_groups, identified)
+        n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
+        ratios = weights @ (curves @ np.minimum(n[:, None], np.asarray(days.kept_ranks, dtype=np.float64)[None, :]))
         conversions = np.maximum(np.asarray(days.kept, dtype=np.float64).T / np.maximum(ratios, 1e-6), 0.0).sum(axis=1)
-        score = total - 0.5 * pool_misfit(weights, curves, conversions, points)
-        found = SlicePosterior(weights, shape, column, (between, within), identified)
-        if best is None or score > best[0] + 1e-9:
-            best = (score, found)
-    assert best is not None
-    return best[1]
+        share = conversions / conversions.sum() if conversions.sum() > 0 else np.full(m, 1.0 / m)
+        curves = anchored_weights(pooled, family, share @ (weights @ family))
+    return SlicePosterior(weights, curves, column, (between, within), identified)
