@@ -407,27 +407,27 @@ def _spread(model: PrivateModel, params: Params, ratio: np.ndarray, keys: Sequen
 
 
 def _consistency(record: ReleaseRecord, model: PrivateModel) -> float:
-    """``heterogeneity.release_consistency`` of the last release's main count estimates: expected
-    r_k(C) x main share x the slice's model total x the day's first-party volume over the model's mean,
-    the posterior variance of r_k admitted."""
-    share = 1.0 if record.exploration is None else record.exploration.main_share
+    """``heterogeneity.release_consistency`` of the last release's main count estimates around the
+    model's: each slice's share of the day's kept count (its model total times its retention, over
+    all slices') times that kept count, the posterior variance of its retention admitted. Relative to
+    the day's own kept count, so that only how slices differ is checked (the pool's kept share that
+    day is the release's, whatever the count limits before it charged)."""
     k = kept_per_impression(record.count_limit)
-    mean_day = float(np.sum([v[0] for v in model.slice_totals.values()]))
-    volume = float(record.first_party.totals[0]) / mean_day if mean_day > 0 else 1.0
     at = {key: i for i, key in enumerate(record.slice_keys)}
     keys = [k2 for k2 in model.slice_totals if k2 in at]
     if not keys:
         return 0.0
     rows = np.array([at[k2] for k2 in keys])
     mean = model.ratios_of(keys, k)
-    ratio = np.maximum(mean * share, MIN_RATIO)
     relative = model.ratio_variances(keys, k) / np.maximum(mean, MIN_RATIO) ** 2
-    truth = np.array([float(model.slice_totals[k2][0]) for k2 in keys]) * volume
+    weight = np.array([float(model.slice_totals[k2][0]) for k2 in keys]) * mean
+    kept = float(np.maximum(record.main[rows, 0], 0.0).sum())
+    expected = kept * weight / max(float(weight.sum()), 1e-300)
     p = model.curve.size_distribution()
     n = np.arange(1, len(p) + 1, dtype=np.float64)
     cluster = float(p @ n**2) / float(p @ n)  # a day's count of a slice is a sum over impressions
-    return release_consistency(record.main[rows, 0], record.main_variance[rows, 0], ratio * truth,
-                               ratio**2 * truth * cluster, relative)
+    return release_consistency(record.main[rows, 0], record.main_variance[rows, 0], expected, expected * cluster,
+                               relative)
 
 
 def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseRecord],

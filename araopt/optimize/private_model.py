@@ -4,12 +4,14 @@ advertiser's own conversions, and what it learns from them.
 - ``ReleaseRecord``: one past release as the tuner sees it (the public parameters, the noised capped
   estimates of the main keys per slice and of the exploration arms) with its day's ``FirstParty``
   facts (the advertiser's conversions without the impression join).
-- ``retention_points``: the pooled retention r(K) at every count limit of the arms and main releases.
+- ``retention_points``: the pooled retention r(K) at every count limit of the arms and the settled
+  main releases.
 - ``learn``: the ``PrivateModel``: the pooled retention curve (``optimize.retention``), each slice's
   own curve (``optimize.slice_retention``: identified from main releases at two count limits or
   more, shrunk by empirical Bayes), each slice's daily true totals (the main releases divided by the
-  slice's retention and the main share, averaged over the days before cutting at 0), each slice's
-  value level (``optimize.heterogeneity``), the first-party values.
+  slice's retention relative to the pool's, scaled to the day's first-party conversions, averaged
+  over the days before cutting at 0), each slice's value level (``optimize.heterogeneity``), the
+  first-party values.
 - ``pseudo_history``: a conversion log drawn from the model (model sampling seeded by the inputs'
   digest, not privacy noise), on which the usual tuning runs.
 """
@@ -41,8 +43,11 @@ SPREAD_DAYS = 30
 """Days after its impression over which a pseudo-history impression's conversions fall (ARA's default
 attribution window: the releases do not show the delays)."""
 SLICE_HISTORY = 60
-"""Releases each slice's own retention is learnt from (the window's and older ones: a slice's
-conversions per impression is a lasting trait, and older releases may be at other count limits)."""
+"""Releases the retention curves are learnt from (the window's and older ones: conversions per
+impression are a lasting trait, and older releases may be at other count limits)."""
+SETTLE_RELEASES = 30
+"""Releases (days) before a main release that must share its count limit for its kept share to be the
+curve's r(K): an impression's conversions fall within ARA's 30-day attribution window."""
 
 
 @dataclass(frozen=True)
@@ -163,12 +168,15 @@ class PrivateModel:
 
 
 def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float, float]]:
-    """(kept ranks K, ratio r(K), variance) from every arm and every main release, pooled per K:
-    an arm's kept-count estimate over its share of the day's first-party conversions; the main
+    """(kept ranks K, ratio r(K), variance) from every arm and every settled main release, pooled per
+    K: an arm's kept-count estimate over its share of the day's first-party conversions; a main
     release's summed over slices over the main share (variances: the noise and a binomial-like
-    sampling term of the share)."""
+    sampling term of the share). An arm's impressions are capped at one count limit all their life, a
+    main release's conversions were charged at the count limits of the releases before it (Alg. 1
+    over the impression's life): its share is r(K) only when the ``SETTLE_RELEASES`` releases before it
+    had its count limit too (``records`` in time order)."""
     raw: dict[int, list[tuple[float, float]]] = {}
-    for r in records:
+    for i, r in enumerate(records):
         total = float(r.first_party.totals[0])
         exploration = r.exploration
         main_share = 1.0 if exploration is None else exploration.main_share
@@ -179,7 +187,8 @@ def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float,
                     point = (float(est) / n, float(var) / n**2 + 1 / n)
                     raw.setdefault(kept_per_impression(arm.count_limit), []).append(point)
         n = main_share * total
-        if n >= 1:
+        settled = all(q.count_limit == r.count_limit for q in records[max(0, i - SETTLE_RELEASES):i])
+        if n >= 1 and settled:
             raw.setdefault(kept_per_impression(r.count_limit), []).append(
                 (float(r.main[:, 0].sum()) / n, float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n))
     points = []
@@ -228,20 +237,24 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[R
     curve."""
     if not records:
         raise InvalidInput("privacy-safe tuning needs at least one past release")
-    points = retention_points(records)
-    curve = fit_retention_curve(points)
-    keys = domain_keys(domain)
     history = [*older, *records]
+    curve = fit_retention_curve(retention_points(history))
+    keys = domain_keys(domain)
     posterior = slice_posterior(slice_days(history, keys), curve, slice_groups(domain)) if slices else None
     model = PrivateModel(curve, {k: np.zeros(domain.num_columns) for k in keys}, np.zeros((0, 0)), len(records),
                          slices=posterior, slice_keys=tuple(keys))
     totals = {k: np.zeros(domain.num_columns) for k in keys}
     for r in records:
-        share = 1.0 if r.exploration is None else r.exploration.main_share
-        ratios = dict(zip(keys, model.slice_ratios(kept_per_impression(r.count_limit)), strict=True))
+        # the day's conversions (first-party, exact) shared as the slices' kept counts are, each divided by
+        # its retention relative to the pool's: the pool's kept share that day (whatever the count limits
+        # before it charged) is the release's own
+        k = kept_per_impression(r.count_limit)
+        kept = float(np.maximum(r.main[:, 0], 0.0).sum())
+        per_kept = float(r.first_party.totals[0]) / kept if kept > 0 else 0.0
+        ratios = dict(zip(keys, model.slice_ratios(k) / model.pooled_ratio(k), strict=True))
         for key, row in zip(r.slice_keys, r.main, strict=True):
             if key in totals:
-                totals[key] = totals[key] + row / max(ratios[key] * share, MIN_RATIO) / len(records)
+                totals[key] = totals[key] + row * per_kept / max(ratios[key], MIN_RATIO) / len(records)
     # the noise averages out over the days first: cutting each day's estimate at 0 would inflate
     # every small slice by its noise (and small slices weigh most in RMSRE_tau)
     totals = {k: np.maximum(v, 0.0) for k, v in totals.items()}

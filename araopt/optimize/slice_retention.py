@@ -52,35 +52,38 @@ SCENARIO_QUANTILES = (1.0 / 6.0, 0.5, 5.0 / 6.0)
 """Posterior quantiles of each slice's mu for the robust prediction (equal weights)."""
 
 
-def geometric_weights() -> np.ndarray:
-    """(grid, MAX_SIZE) the conversion-normalised mixture weights (``RetentionCurve.weights``) of
-    geometric impression sizes of every grid mean (cut at MAX_SIZE)."""
+def geometric_log_weights() -> np.ndarray:
+    """(grid, MAX_SIZE) the log of the conversion-normalised mixture weights (``RetentionCurve.weights``)
+    of geometric impression sizes of every grid mean (cut at MAX_SIZE), in logs: far tails underflow."""
     n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
-    out = np.zeros((len(MEANS), MAX_SIZE))
+    out = np.full((len(MEANS), MAX_SIZE), -np.inf)
     for g, mu in enumerate(MEANS):
         if mu - 1.0 < 1e-9:
-            q = np.zeros(MAX_SIZE)
-            q[0] = 1.0
-        else:
-            q = (1.0 / mu) * (1.0 - 1.0 / mu) ** (n - 1.0)
-            q = q / q.sum()
-        out[g] = q / float(q @ n)
+            out[g, 0] = 0.0
+            continue
+        log_q = -np.log(mu) + (n - 1.0) * np.log1p(-1.0 / mu)
+        log_q -= logsumexp(log_q)
+        out[g] = log_q - logsumexp(log_q + np.log(n))
     return out
 
 
-def anchored_weights(pooled: RetentionCurve, family: np.ndarray, mixture: np.ndarray) -> np.ndarray:
+def anchored_weights(pooled: RetentionCurve, log_family: np.ndarray, shares: np.ndarray) -> np.ndarray:
     """(grid, MAX_SIZE) the family's curves anchored to the pool: the pooled weights times each grid
-    curve's over ``mixture`` (the slices' conversion-weighted family weights), renormalised to one
-    conversion per unit (see the module docstring)."""
+    curve's over the slices' mixture (``shares``: each grid curve's conversion weight in it),
+    renormalised to one conversion per unit (see the module docstring). Where the pool has no mass a
+    curve has none; a curve left with no mass keeps its bare family weights."""
     n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
     t = np.zeros(MAX_SIZE)
     t[: min(len(pooled.weights), MAX_SIZE)] = np.asarray(pooled.weights, dtype=np.float64)[:MAX_SIZE]
     t = t / max(float(t @ n), 1e-300)
-    tilt = family / np.maximum(mixture, 1e-300)[None, :]
-    out = t[None, :] * tilt
+    present = shares > 0
+    log_mix = logsumexp(log_family[present] + np.log(shares[present])[:, None], axis=0)
+    log_tilt = np.where(np.isfinite(log_family), log_family - log_mix[None, :], -np.inf)
+    log_tilt -= np.max(np.where(t[None, :] > 0, log_tilt, -np.inf), axis=1, keepdims=True)
+    out = t[None, :] * np.exp(np.minimum(log_tilt, 0.0))
     mass = out @ n
-    bare = mass <= 1e-12  # the pool has no mass where this curve has: keep the bare family curve
-    out[bare] = family[bare]
+    bare = ~(mass > 1e-300)
+    out[bare] = np.exp(log_family[bare])
     return np.asarray(out / np.where(bare, 1.0, mass)[:, None], dtype=np.float64)
 
 
@@ -242,8 +245,8 @@ def slice_posterior(days: SliceDays, pooled: RetentionCurve, slice_groups: Seque
     m = days.kept.shape[1]
     identified = days.distinct_ranks >= 2
     grid = np.log(MEANS)
-    family = geometric_weights()
-    curves = family
+    log_family = geometric_log_weights()
+    curves = np.exp(log_family)
     weights = np.zeros((m, len(MEANS)))
     column, between, within = -1, 0.0, DEFAULT_SPREAD
     for _ in range(2):  # the bare family, then the family anchored to the pool through the first pass
@@ -258,5 +261,5 @@ def slice_posterior(days: SliceDays, pooled: RetentionCurve, slice_groups: Seque
         ratios = weights @ (curves @ np.minimum(n[:, None], np.asarray(days.kept_ranks, dtype=np.float64)[None, :]))
         conversions = np.maximum(np.asarray(days.kept, dtype=np.float64).T / np.maximum(ratios, 1e-6), 0.0).sum(axis=1)
         share = conversions / conversions.sum() if conversions.sum() > 0 else np.full(m, 1.0 / m)
-        curves = anchored_weights(pooled, family, share @ (weights @ family))
+        curves = anchored_weights(pooled, log_family, share @ weights)
     return SlicePosterior(weights, curves, column, (between, within), identified)
