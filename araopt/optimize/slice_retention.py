@@ -20,10 +20,11 @@ slice's daily kept counts kept (variance: the release's noise plus the day's sam
 clustered by impression, E[min(n, K)^2] / E[min(n, K)] per kept conversion, at the slice's rough
 mean, fixed over the grid so that only the mean's movement with K identifies mu).
 
-Shrinkage (empirical Bayes). log mu_k ~ N(m_g, s_w^2) within the group g of the slice (the slices
+Shrinkage (hierarchical). log mu_k ~ N(m_g, s_w^2) within the group g of the slice (the slices
 sharing a value of one slice column, e.g. a campaign's geographies), m_g ~ N(c, s_b^2) around the
-slices' common fit c. The grouping column and (s_b, s_w) maximise the marginal likelihood (no
-grouping is a candidate: the data choose the structure, none is assumed); with one count limit only
+slices' common fit c. The posterior averages over the grouping column and (s_b, s_w) by their
+marginal likelihood (no grouping is a candidate: the data choose the structure, none is assumed;
+weak data keep wide spreads in play, strong data settle on the spreads they show); with one count limit only
 the likelihood is flat and every slice keeps the prior N(log mean of the pool, ``DEFAULT_SPREAD``^2).
 The likelihood is computed twice: with the bare geometric curves, then with the curves anchored to
 the pool through the first pass's mixture. Each slice's posterior over the grid gives its curve
@@ -79,7 +80,8 @@ def anchored_weights(pooled: RetentionCurve, log_family: np.ndarray, shares: np.
     present = shares > 0
     log_mix = logsumexp(log_family[present] + np.log(shares[present])[:, None], axis=0)
     log_tilt = np.where(np.isfinite(log_family), log_family - log_mix[None, :], -np.inf)
-    log_tilt -= np.max(np.where(t[None, :] > 0, log_tilt, -np.inf), axis=1, keepdims=True)
+    top = np.max(np.where(t[None, :] > 0, log_tilt, -np.inf), axis=1, keepdims=True)
+    log_tilt = log_tilt - np.where(np.isfinite(top), top, 0.0)
     out = t[None, :] * np.exp(np.minimum(log_tilt, 0.0))
     mass = out @ n
     bare = ~(mass > 1e-300)
@@ -221,7 +223,9 @@ def _hierarchy(ll: np.ndarray, groups: np.ndarray, center: float, between: float
 
 def _posterior(ll: np.ndarray, center: float, slice_groups: Sequence[np.ndarray], identified: bool
                ) -> tuple[np.ndarray, int, float, float]:
-    """The empirical-Bayes choice of grouping and spreads, and every slice's posterior weights."""
+    """Every slice's posterior weights, averaged over the groupings and spreads by their marginal
+    likelihood (a flat hyperprior: weak data keep wide spreads in play instead of collapsing onto the
+    smallest), and the most likely grouping and spreads."""
     m = ll.shape[0]
 
     def grouping(column: int) -> np.ndarray:
@@ -231,11 +235,19 @@ def _posterior(ll: np.ndarray, center: float, slice_groups: Sequence[np.ndarray]
     if identified:
         options = [(-1, 0.0, w) for w in SPREADS]
         options += [(c, b, w) for c in range(len(slice_groups)) for b in SPREADS for w in SPREADS]
-    fits = [(_hierarchy(ll, grouping(c), center, b, w)[0], c, b, w) for c, b, w in options]
-    _, column, between, within = max(fits, key=lambda f: f[0])
-    post = _hierarchy(ll, grouping(column), center, between, within, posterior=True)[1]
-    assert post is not None
-    return np.exp(post), column, between, within
+    totals = np.array([_hierarchy(ll, grouping(c), center, b, w)[0] for c, b, w in options])
+    evidence = np.exp(totals - totals.max())
+    evidence /= evidence.sum()
+    weights = np.zeros_like(ll)
+    for share, (c, b, w) in zip(evidence, options, strict=True):
+        if share < 1e-4:
+            continue
+        post = _hierarchy(ll, grouping(c), center, b, w, posterior=True)[1]
+        assert post is not None
+        weights += share * np.exp(post)
+    weights /= weights.sum(axis=1, keepdims=True)
+    column, between, within = options[int(np.argmax(totals))]
+    return weights, column, between, within
 
 
 def slice_posterior(days: SliceDays, pooled: RetentionCurve, slice_groups: Sequence[np.ndarray]) -> SlicePosterior:
