@@ -243,14 +243,22 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[R
     posterior = slice_posterior(slice_days(history, keys), curve, slice_groups(domain)) if slices else None
     model = PrivateModel(curve, {k: np.zeros(domain.num_columns) for k in keys}, np.zeros((0, 0)), len(records),
                          slices=posterior, slice_keys=tuple(keys))
+    # the slices' conversions at their own retention: the weights of the pool the model holds
+    rough = np.zeros(len(keys))
+    for r in records:
+        at = {key: i for i, key in enumerate(r.slice_keys)}
+        rows = np.array([at.get(key, -1) for key in keys])
+        counts = np.where(rows >= 0, np.maximum(r.main[rows, 0], 0.0), 0.0)
+        rough += counts / np.maximum(model.slice_ratios(kept_per_impression(r.count_limit)), MIN_RATIO)
+    model = dataclasses.replace(model, slice_totals={k: np.array([float(v)]) for k, v in zip(keys, rough, strict=True)})
     totals = {k: np.zeros(domain.num_columns) for k in keys}
     for r in records:
         # the day's conversions (first-party, exact) shared as the slices' kept counts are, each divided by
         # its retention relative to the pool's: the pool's kept share that day (whatever the count limits
         # before it charged) is the release's own
         k = kept_per_impression(r.count_limit)
-        kept = float(np.maximum(r.main[:, 0], 0.0).sum())
-        per_kept = float(r.first_party.totals[0]) / kept if kept > 0 else 0.0
+        day_kept = float(np.maximum(r.main[:, 0], 0.0).sum())
+        per_kept = float(r.first_party.totals[0]) / day_kept if day_kept > 0 else 0.0
         ratios = dict(zip(keys, model.slice_ratios(k) / model.pooled_ratio(k), strict=True))
         for key, row in zip(r.slice_keys, r.main, strict=True):
             if key in totals:
