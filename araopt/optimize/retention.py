@@ -8,7 +8,8 @@ is non-decreasing and concave with r(0) = 0 and r -> 1, and every such curve is 
     r(K) = sum_j t_j min(j + 1, K),   t_j >= 0,   sum_j t_j (j + 1) = 1,
 t_j proportional to the share of impressions with j + 1 conversions. It is fitted to noisy points
 (K, r_hat, variance) by non-negative least squares with a penalty on the second differences of t
-from size 2 on (smooth size distributions beside a mass of single conversions); its uncertainty at a K by a parametric bootstrap of the points.
+from size 2 on (smooth size distributions beside a mass of single conversions); its uncertainty at
+a K by a parametric bootstrap of the points.
 """
 from __future__ import annotations
 
