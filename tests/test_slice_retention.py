@@ -176,3 +176,19 @@ def test_a_probe_keeps_other_conversions_than_its_count_limit_alone_would():
     rows = day_rows(log, 2)
     assert chrome[rows].sum() < steady[rows].sum()
     assert kept_per_impression(8) == 8 and dataclasses.is_dataclass(CountLimitSchedule())
+
+
+def test_nightlys_guardrails_let_the_schedule_move_the_count_limit_and_nothing_else():
+    from araopt.nightly import Guardrails, private_problems
+    from araopt.version import ParameterVersion, Provenance
+
+    def version(count_limit: int, decision: str) -> ParameterVersion:
+        extra = {"baselines": {"baseline_q95": {"rmsre_tau": 9.0}},
+                 "count_limit_schedule": {**CountLimitSchedule().to_json(), "decision": decision}}
+        return ParameterVersion(config(count_limit), provenance=Provenance(predicted_rmsre_tau=0.5, extra=extra))
+
+    tuned, probe = version(3, "tuned (not a probe day)"), version(12, "probe: C = 12 instead of the tuned 3")
+    assert private_problems(probe, tuned, Guardrails()) == ()
+    assert private_problems(tuned, probe, Guardrails()) == ()  # and back
+    moved = version(12, "tuned (not a probe day)")
+    assert any("count limit moves 3 -> 12" in p for p in private_problems(moved, tuned, Guardrails()))
