@@ -288,6 +288,9 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         value_spread = spread - _spread(model, released.params, ratio, keys, values=False)
         breakdown = expected_error(day, day_index, domain.num_slices, released.params, "exact",
                                    tie_breaker=day.record_keys())
+        # the pseudo-history keeps its steady state; the release keeps what the count limits before it leave
+        mixing, _ = mixing_factor(recent, released.params, model)
+        breakdown = dataclasses.replace(breakdown, expected=breakdown.expected * mixing)
         scenarios = _scenarios(model, keys, kept_per_impression(released.params.count_limit), learnt)
         central = [scenarios[len(scenarios) // 2]]
         for correction in CORRECTIONS:
@@ -430,6 +433,28 @@ def _consistency(record: ReleaseRecord, model: PrivateModel) -> float:
                                relative)
 
 
+SAME_COUNT_RELEASES = 3
+"""The latest releases at a candidate's count limit whose pooled kept share is its ratio."""
+
+
+def mixing_factor(records: Sequence[ReleaseRecord], params: Params, model: PrivateModel
+                  ) -> tuple[float, list[ReleaseRecord]]:
+    """The main releases' pooled kept share at ``params``' count limit and arms (the latest
+    ``SAME_COUNT_RELEASES``) over the model's steady-state one, and those releases. Alg. 1 charges
+    each conversion at the count limit of the release that used it, so after days at other count
+    limits a release keeps another share than its count limit's curve (lower after lower count
+    limits); the pseudo-history is in the steady state. 1 (and none) when no release had them."""
+    kept = kept_per_impression(params.count_limit)
+    same = [r for r in records if kept_per_impression(r.count_limit) == kept and r.exploration == params.exploration]
+    same = same[-SAME_COUNT_RELEASES:]
+    if not same:
+        return 1.0, []
+    main_share = 1.0 if params.exploration is None else params.exploration.main_share
+    fp = sum(float(r.first_party.totals[0]) for r in same)
+    observed = sum(float(r.main[:, 0].sum()) for r in same) / fp
+    return float(np.clip(observed, MIN_RATIO, 1.0) / max(main_share * model.pooled_ratio(kept), MIN_RATIO)), same
+
+
 def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseRecord],
                         model: PrivateModel) -> ParameterVersion:
     """The version's calibration with the ratios the releases themselves show: the count's is sum U /
@@ -458,14 +483,17 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     keys = [slice_key(list(k)) for k in cal.slice_keys]
     kept = kept_per_impression(params.count_limit)
     pooled_model = model.pooled_ratio(kept)
-    # the count's pooled ratio: the main releases' at the same count limit and arms (the count's retention
-    # does not depend on the clips), else the model's (conversion-weighted, as the releases' is)
+    # the count's pooled ratio: the latest main releases' at the same count limit and arms (the count's
+    # retention does not depend on the clips; what the count limits before them charged is in it), else the
+    # model's (conversion-weighted, as the releases' is); the values' pooled ratios move with it
     main_share = 1.0 if params.exploration is None else params.exploration.main_share
-    same_count = [r for r in records if kept_per_impression(r.count_limit) == kept and r.exploration == params.exploration]
+    mixing, same_count = mixing_factor(records, params, model)
     if same_count:
         fp = sum(float(r.first_party.totals[0]) for r in same_count)
         ratio[0] = float(np.clip(sum(float(r.main[:, 0].sum()) for r in same_count) / fp, MIN_RATIO, 1.0))
         variance[0] = sum(float(r.main_variance[:, 0].sum()) for r in same_count) / fp**2
+        if not same:
+            ratio[1:] = np.clip(ratio[1:] * mixing, MIN_RATIO, 1.0)
     else:
         ratio[0] = float(np.clip(main_share * pooled_model, MIN_RATIO, 1.0))
     tilt = model.ratios_of(keys, kept) / pooled_model  # the slice's own retention relative to the pool's
