@@ -186,6 +186,26 @@ def _probe_candidates(stats: SufficientStatistics, result: TuningResult, epsilon
     return out
 
 
+STICKINESS = 0.05
+"""A candidate at the count limit of the latest releases is kept unless another predicts an error this
+share lower: moving the count limit has a cost the steady-state pseudo-history does not show (the
+releases after it keep another share while the conversions charged at the old count limit age out)."""
+
+
+def _incumbent(scored: Sequence[_Scored], recent: Sequence[ReleaseRecord]) -> _Scored:
+    """The best candidate, or the best at the latest releases' count limit (the most frequent of the
+    last three) when it is within ``STICKINESS`` of it."""
+    best = min(scored, key=lambda x: (x.error, x.order))
+    ranks = [kept_per_impression(r.count_limit) for r in recent[-3:]]
+    usual = max(sorted(set(ranks)), key=ranks.count)
+    same = [x for x in scored if x.kept_ranks == usual and not x.cold]
+    if same:
+        stay = min(same, key=lambda x: (x.error, x.order))
+        if stay.error <= (1.0 + STICKINESS) * best.error:
+            return stay
+    return best
+
+
 def _scheduled(scored: Sequence[_Scored], tuned: _Scored, schedule: CountLimitSchedule, day: int,
                model: PrivateModel) -> tuple[ParameterVersion, str]:
     """The version the schedule publishes on ``day`` and why (``CountLimitSchedule``)."""
@@ -310,7 +330,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         raise InvalidInput("no candidate of the privacy-safe tuning could be calibrated on its pseudo-history")
     day_number = (int(np.datetime64(recent[-1].first_party.day, "D").astype(np.int64)) + 1 if release_day is None
                   else int(release_day))
-    tuned = min(scored, key=lambda x: (x.error, x.order))
+    tuned = _incumbent(scored, recent)
     chosen, schedule_note = _scheduled(scored, tuned, schedule, day_number, model)
     check = _consistency(recent[-1], model)
     if check > CONTRADICTION:
