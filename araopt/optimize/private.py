@@ -192,10 +192,15 @@ share lower: moving the count limit has a cost the steady-state pseudo-history d
 releases after it keep another share while the conversions charged at the old count limit age out)."""
 
 
-def _incumbent(scored: Sequence[_Scored], recent: Sequence[ReleaseRecord]) -> _Scored:
-    """The best candidate, or the best at the latest releases' count limit (the most frequent of the
-    last three) when it is within ``STICKINESS`` of it."""
-    best = min(scored, key=lambda x: (x.error, x.order))
+def _incumbent(scored: Sequence[_Scored], recent: Sequence[ReleaseRecord], released: Sequence[ReleaseRecord]
+               ) -> _Scored:
+    """The best candidate whose count limit lies within those ``released`` (the slices' retention is
+    measured there, elsewhere it is the family's extrapolation: only a probe goes there), or the best
+    at the latest releases' count limit (the most frequent of the last three) when it is within
+    ``STICKINESS`` of it."""
+    known = [kept_per_impression(r.count_limit) for r in released]
+    inside = [x for x in scored if min(known) <= x.kept_ranks <= max(known)] if known else []
+    best = min(inside or scored, key=lambda x: (x.error, x.order))
     ranks = [kept_per_impression(r.count_limit) for r in recent[-3:]]
     usual = max(sorted(set(ranks)), key=ranks.count)
     same = [x for x in scored if x.kept_ranks == usual and not x.cold]
@@ -330,7 +335,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         raise InvalidInput("no candidate of the privacy-safe tuning could be calibrated on its pseudo-history")
     day_number = (int(np.datetime64(recent[-1].first_party.day, "D").astype(np.int64)) + 1 if release_day is None
                   else int(release_day))
-    tuned = _incumbent(scored, recent)
+    tuned = _incumbent(scored, recent, [*older, *recent])
     chosen, schedule_note = _scheduled(scored, tuned, schedule, day_number, model)
     check = _consistency(recent[-1], model)
     if check > CONTRADICTION:
