@@ -3,8 +3,6 @@ means, and the prediction that averages over what the releases cannot tell apart
 retention: ``test_slice_retention``)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from araopt.evaluation.metrics import realised_rmsre_tau
 from araopt.optimize.error_model import ErrorBreakdown, rmsre_tau
