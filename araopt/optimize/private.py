@@ -335,6 +335,13 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         raise InvalidInput("no candidate of the privacy-safe tuning could be calibrated on its pseudo-history")
     day_number = (int(np.datetime64(recent[-1].first_party.day, "D").astype(np.int64)) + 1 if release_day is None
                   else int(release_day))
+    if model.slices is None or not model.slices.identified:
+        # one count limit released: no input shows how the slices' retention differs, so no ratio is trusted
+        # per slice; the cold-start rule's capped estimates (what the tuner must not do worse than), and the
+        # schedule's probes (capped too) to release a second count limit
+        last = kept_per_impression(recent[-1].count_limit)
+        scored = [x for x in scored if x.version.correction == "none"
+                  and (x.cold or schedule.far(x.kept_ranks, last))] or scored
     tuned = _incumbent(scored, recent, [*older, *recent])
     chosen, schedule_note = _scheduled(scored, tuned, schedule, day_number, model)
     check = _consistency(recent[-1], model)
