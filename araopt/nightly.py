@@ -310,7 +310,17 @@ def private_problems(version: ParameterVersion, previous: ParameterVersion | Non
     predicted, baselines = unguarded.predicted, unguarded.baselines
     if predicted is None or not baselines:
         return ()
+    if previous is not None and (is_scheduled_probe(version) or is_scheduled_probe(previous)):
+        previous = None  # the public count-limit schedule moves C to and from a probe: not a move to guard
     return tuple(guardrails.check(version, predicted, baselines, previous))
+
+
+def is_scheduled_probe(version: ParameterVersion) -> bool:
+    """Whether ``version`` is a probe of privacy-safe tuning's public count-limit schedule
+    (``optimize.private.CountLimitSchedule``)."""
+    extra = version.provenance.extra if version.provenance is not None else {}
+    schedule = extra.get("count_limit_schedule")
+    return isinstance(schedule, dict) and str(schedule.get("decision", "")).startswith("probe")
 
 
 def private_report(decision: PrivateDecision, as_of: str, run_id: str, epsilon: float, previous_version: str | None,

@@ -35,7 +35,7 @@ from araopt.mechanism.keys import DATA, KeyDomain
 from araopt.mechanism.params import Params
 from araopt.mechanism.release import Release
 from araopt.mechanism.report import Estimates
-from araopt.version import Api, ParameterVersion
+from araopt.version import POINT_ESTIMATES, Api, ParameterVersion, divided_queries
 
 ESTIMATE_COLUMNS = ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error",
                     "bias_corrected")
@@ -111,9 +111,10 @@ def estimates_frame(estimates: Estimates, domain: KeyDomain, corrected: Correcte
     ``estimate``, ``std_error``, ``ci_low``, ``ci_high`` are about the TRUE total when ``corrected``
     (``calibration.correct``) is given: the point estimate U / r_hat (``correction`` "ratio",
     ``bias_corrected`` true) or the capped estimate U ("none": the history showed dividing adds more
-    noise than it removes bias; std_error then includes that known bias), and the calibrated
-    interval either way. Without a calibration they are Alg. 4's, about the capped-and-clipped sum,
-    and equal ``capped_estimate`` / ``capped_std_error`` (``bias_corrected`` false).
+    noise than it removes bias; std_error then includes that known bias), or per query ("count": the
+    count divided, the values capped), and the calibrated interval either way. Without a calibration
+    they are Alg. 4's, about the capped-and-clipped sum, and equal ``capped_estimate`` /
+    ``capped_std_error`` (``bias_corrected`` false).
     """
     m, k = estimates.estimate.shape
     values = domain.slice_values()
@@ -121,14 +122,14 @@ def estimates_frame(estimates: Estimates, domain: KeyDomain, corrected: Correcte
     frame["query"] = np.tile(np.asarray(estimates.query_names, dtype=object), m)
     if corrected is None:
         point, std, low, high = estimates.estimate, estimates.std_error, estimates.ci_low, estimates.ci_high
-        bias_corrected = False
-    elif correction == "ratio":
-        point, std, low, high = corrected.estimate, corrected.std_error, corrected.ci_low, corrected.ci_high
-        bias_corrected = True
-    else:
-        point, low, high = estimates.estimate, corrected.ci_low, corrected.ci_high
-        std = np.sqrt(corrected.std_error**2 + (corrected.estimate - estimates.estimate) ** 2)
-        bias_corrected = False
+        bias_corrected: bool | np.ndarray = False
+    else:  # the intervals are of the true totals either way; a capped point's std_error includes its known bias
+        divide = np.array(divided_queries(correction, k))[None, :]
+        point = np.where(divide, corrected.estimate, estimates.estimate)
+        std = np.where(divide, corrected.std_error,
+                       np.sqrt(corrected.std_error**2 + (corrected.estimate - estimates.estimate) ** 2))
+        low, high = corrected.ci_low, corrected.ci_high
+        bias_corrected = np.tile(divide[0], m)
     for name, array in (("estimate", point), ("std_error", std), ("ci_low", low), ("ci_high", high),
                         ("capped_estimate", estimates.estimate), ("capped_std_error", estimates.std_error)):
         frame[name] = np.asarray(array, dtype=np.float64).reshape(-1)
@@ -163,7 +164,7 @@ def release_json(publication: Publication, params_sha256: str) -> dict[str, Any]
         "slices": release.domain.num_slices,
         "keys": release.domain.num_keys + (0 if release.exploration is None else release.exploration.estimate.size),
         "estimates_of": ("the true totals (calibrated from history; point estimate: "
-                         + ("capped sum / retention ratio" if publication.correction == "ratio" else "the capped sum")
+                         + POINT_ESTIMATES[publication.correction]
                          + ")") if publication.corrected is not None else
                         "the capped-and-clipped sums (Alg. 4; no calibration)",
     }

@@ -10,7 +10,7 @@ from typing import Any
 
 from araopt.attribution.calibrate import estimates_of
 from araopt.io import outputs
-from araopt.version import Api, ParameterVersion
+from araopt.version import POINT_ESTIMATES, Api, ParameterVersion
 
 OPERATOR_PRIVATE = {"OPERATOR_PRIVATE": "exact, un-noised counts: never publish"}
 
@@ -74,7 +74,7 @@ def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> lis
         lines.append("  estimates are of the capped-and-clipped sums (Alg. 4): the parameters carry no calibration, so "
                      "bias_corrected is false (araopt optimize / nightly fit one on the history)")
     else:
-        point = "capped / retention ratio" if calibration["correction"] == "ratio" else "the capped sum"
+        point = POINT_ESTIMATES.get(calibration["correction"], calibration["correction"])
         unseen = calibration["fallback_slices"]
         lines.append(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the "
                      f"calibration's uncertainty for a period of {calibration['period_blocks']} history block(s))"
@@ -110,7 +110,9 @@ def estimates_line(calibration: dict[str, Any] | None) -> str:
     if not calibration:
         return ("estimates: of the capped-and-clipped sums (Alg. 4); the parameters carry no calibration, so they "
                 "are not corrected for conversions dropped by the count limit or value clipped away")
-    point = ("the capped estimate divided by the retention ratio" if calibration["correction"] == "ratio" else
-             "the capped estimate (correcting would add more noise than it removes bias here)")
+    point = {"ratio": "the capped estimate divided by the retention ratio",
+             "count": "the count divided by its retention ratio, each value's capped estimate (dividing the values "
+                      "would add more noise than it removes bias here)"}.get(
+        calibration["correction"], "the capped estimate (correcting would add more noise than it removes bias here)")
     return (f"estimates: of the TRUE totals (all conversions, full value): {point}, with ratios calibrated on "
             f"{calibration['history_blocks']} days of history; the intervals include the calibration's uncertainty")

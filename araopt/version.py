@@ -37,7 +37,18 @@ from araopt.mechanism.params import Encoding, Params, QueryParams
 
 FORMAT_VERSION = "1.0"
 SUPPORTED_MAJOR_VERSION = 1
-CORRECTIONS = ("ratio", "none")
+CORRECTIONS = ("ratio", "none", "count")
+POINT_ESTIMATES = {"ratio": "capped sum / retention ratio", "none": "the capped sum",
+                   "count": "the count: capped count / retention ratio; each value: the capped sum"}
+"""What each ``correction`` publishes as the point estimate (the intervals are of the true totals
+either way)."""
+
+
+def divided_queries(correction: str, num_columns: int) -> list[bool]:
+    """Per query (count first), whether ``correction``'s point estimate divides by the ratio."""
+    if correction not in CORRECTIONS:
+        raise InvalidParameters(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    return [correction == "ratio" or (correction == "count" and q == 0) for q in range(num_columns)]
 
 
 class Api(StrEnum):
@@ -89,9 +100,10 @@ class ParameterVersion:
     """One parameter file: the mechanism's ``params``; the declared key ``domain`` of releases made with
     them (the slices of the training history) or None; the ``calibration`` fitted on the history for
     exactly this bounding, which turns estimates of the capped-and-clipped sums into estimates of the
-    true totals, and ``correction``, how the point estimate uses it: ``ratio`` (U / r_hat) or ``none``
-    (the capped estimate, when the history shows that dividing adds more noise than it removes bias;
-    the intervals are for the true totals either way); the ``calendar``: day-of-week and declared
+    true totals, and ``correction``, how the point estimate uses it: ``ratio`` (U / r_hat), ``none``
+    (the capped estimate, when the history shows that dividing adds more noise than it removes bias)
+    or ``count`` (the count divided, each value query's capped estimate); the intervals are for the
+    true totals either way; the ``calendar``: day-of-week and declared
     special-day effects on the calibration's ratios (``calibration.calendar``; it records the special
     days); and ``provenance``.
 

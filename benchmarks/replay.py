@@ -15,8 +15,9 @@ window and the replayed days; conversions after the last replayed day are cut (a
 `araopt replay` runs on each at each epsilon; printed per (log, epsilon): the median over the last
 14 replayed days of private_safe / fully_informed and / cold_start RMSRE_tau (Def. 3.2), the share of
 those days private_safe is below both baselines, its intervals' coverage of the true totals (count,
-every value) and the mean of its realised / published predicted RMSRE_tau. ``--figures`` also writes
-them as the Markdown table that ``docs/private-tuning.md`` shows.
+every value), the mean of its realised / published predicted RMSRE_tau and the share of its days
+that probed another count limit. ``--figures`` also writes them as the Markdown table that
+``docs/private-tuning.md`` shows; ``--tables-only`` writes the table of runs already in ``--keep``.
 """
 from __future__ import annotations
 
@@ -158,15 +159,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", help="Keep the logs and outputs in this folder.")
     parser.add_argument("--figures", help="Also write the figures as a Markdown table to this file.")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="Print (and --figures) the table of the runs already in --keep (their summary.json), "
+                             "replaying nothing: a table of another commit's runs.")
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="araopt-replay-"))
     logs = args.logs.split(",")
-    for name in logs:
-        if not (root / name).exists():
-            write_log(name, args.per_day, args.days, args.seed, root / name)
     cases = [(name, float(e)) for name in logs for e in args.epsilons.split(",")]
-    with ProcessPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(one, *zip(*cases, strict=True), [args] * len(cases), [root] * len(cases)))
+    if args.tables_only:
+        if not args.keep:
+            raise SystemExit("--tables-only reads the runs of --keep")
+        results = [{"log": name, "epsilon": e, "seconds": 0.0,
+                    **json.loads((root / f"out-{name}-{e:g}" / "summary.json").read_text())} for name, e in cases]
+    else:
+        for name in logs:
+            if not (root / name).exists():
+                write_log(name, args.per_day, args.days, args.seed, root / name)
+        with ProcessPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(one, *zip(*cases, strict=True), [args] * len(cases), [root] * len(cases)))
     print(f"{args.per_day} conversions/day, {args.days} replayed days, window {WINDOW_DAYS} days; "
           f"last 14 days: median private_safe / fully_informed, share of days below both baselines, "
           f"median private / best baseline, private_safe coverage (count, value) of the true totals")
@@ -194,9 +204,9 @@ def figure_table(results: list[dict], args: argparse.Namespace) -> str:
         rows.append([r["log"], f"{r['epsilon']:g}", cell(r, "median_private_over_full"),
                      cell(r, "median_private_over_cold_start"), cell(r, "private_below_baselines"),
                      cell(r, coverage[0]) if coverage else "–", ", ".join(cell(r, k) for k in coverage[1:]) or "–",
-                     cell(r, "private_realised_over_predicted")])
+                     cell(r, "private_realised_over_predicted"), cell(r, "private_probe_days")])
     header = ["log", "ε", "private / fully informed", "private / cold start", "days below both baselines",
-              "coverage count", "coverage value(s)", "realised / predicted"]
+              "coverage count", "coverage value(s)", "realised / predicted", "probe days"]
     return (f"{args.per_day:,} conversions a day, {args.days} replayed days, window {WINDOW_DAYS} days; medians and "
             f"shares over the last 14 replayed days.\n\n" + markdown_table(header, rows))
 

@@ -89,6 +89,29 @@ def test_corrected_estimates_are_unbiased_for_the_true_totals_in_memory():
     assert (np.abs(capped - truth_table) > 3 * runs[0].release.estimates.std_error).any()  # which Alg. 4's are not
 
 
+def test_the_count_correction_divides_the_count_only_with_the_same_intervals_of_the_true_totals():
+    """``correction: count``: the count is the capped count over its ratio, each value its capped sum (its
+    std_error holding the known bias), the intervals of the true totals as with ``ratio``."""
+    from araopt.mechanism.measure import measure
+    from araopt.publication import publish
+
+    p = calibrated(params(), history(seed=3))
+    conv = Conversions.from_table(history(seed=4), ["s"], ["v"])
+    release = measure(conv, p.params, simulation_seed=1).release
+    frames = {c: publish(release, dataclasses.replace(p, correction=c)).frame() for c in ("ratio", "none", "count")}
+    count = frames["count"]["query"] == "count"
+    for column in ("ci_low", "ci_high"):
+        np.testing.assert_array_equal(frames["count"][column], frames["ratio"][column])
+    np.testing.assert_array_equal(frames["count"]["estimate"][count], frames["ratio"]["estimate"][count])
+    np.testing.assert_array_equal(frames["count"]["estimate"][~count], frames["none"]["estimate"][~count])
+    np.testing.assert_array_equal(frames["count"]["std_error"][~count], frames["none"]["std_error"][~count])
+    assert frames["count"]["bias_corrected"].tolist() == count.tolist()
+    again = ParameterVersion.from_bytes(dataclasses.replace(p, correction="count").to_bytes())
+    assert again.correction == "count"
+    with pytest.raises(ValueError, match="correction"):
+        dataclasses.replace(p, correction="values")
+
+
 def write(frame, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)

@@ -226,8 +226,9 @@ def test_when_the_last_release_contradicts_the_model_the_cold_start_rule_is_publ
     records, domain = _records()
     agreed = private_tune(records, 8.0, domain, ("value",)).version
     assert agreed.provenance is not None and agreed.provenance.extra["model_check"].startswith("the last release agrees")
-    # the last day's main keys show thirty times what the model expects of its slices
-    contradicted = records[:-1] + [dataclasses.replace(records[-1], main=records[-1].main * 30)]
+    # the last day's main keys show one slice at thirty times what the model expects of it beside the other
+    # (the check is of how slices differ: the day's own kept count sets the level)
+    contradicted = records[:-1] + [dataclasses.replace(records[-1], main=records[-1].main * np.array([[30.0], [1.0]]))]
     version = private_tune(contradicted, 8.0, domain, ("value",)).version
     assert version.provenance is not None and version.provenance.extra["model_check"].startswith("fallback")
     assert version.provenance.extra["robust_prediction"]["candidate"] == "cold start"

@@ -1,26 +1,20 @@
 """The privacy-safe tuner's model of how slices differ: value levels read from the releases' clipped
-means, retention exponents read from releases at two count limits, the spread the pooled curve
-allows, and the prediction that averages over what the releases cannot tell apart."""
+means, and the prediction that averages over what the releases cannot tell apart (each slice's own
+retention: ``test_slice_retention``)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from araopt.evaluation.metrics import realised_rmsre_tau
 from araopt.optimize.error_model import ErrorBreakdown, rmsre_tau
 from araopt.optimize.heterogeneity import (
-    EXPONENT_PRIOR_VARIANCE,
     MAX_SCALE,
-    SliceCounts,
     SliceValues,
     ValuePool,
-    max_retention_spread,
     ratio_elasticity,
-    retention_exponents,
+    release_consistency,
     robust_rmsre_tau,
     value_scales,
 )
-from araopt.optimize.retention import RetentionCurve
 
 
 def _values(n: int, seed: int) -> np.ndarray:
@@ -68,40 +62,6 @@ def test_a_clip_below_a_slices_values_does_not_inflate_its_level():
     assert scales[2] < 2.0 < MAX_SCALE
 
 
-def test_retention_exponents_read_a_slices_own_retention_from_two_count_limits():
-    r_a, r_b = 0.3, 0.8  # the pooled curve at the two count limits
-    theta = np.array([0.0, 1.0, 2.0])
-    base = np.array([0.2, 0.3, 0.1])  # each slice's share of all conversions
-    tiny = np.full(3, 1e-12)
-    groups = [SliceCounts(2, base * r_a**theta, tiny, r_a), SliceCounts(8, base * r_b**theta, tiny, r_b)]
-    found, variance = retention_exponents(groups)
-    np.testing.assert_allclose(found, theta, atol=1e-6)
-    assert (variance < 1e-6).all()
-    # one count limit only: nothing shows a slice's own retention, every slice keeps the prior
-    found, variance = retention_exponents(groups[:1])
-    np.testing.assert_allclose(found, 1.0)
-    np.testing.assert_allclose(variance, EXPONENT_PRIOR_VARIANCE)
-
-
-def test_noisy_exponents_shrink_towards_the_pool():
-    r_a, r_b = 0.3, 0.8
-    base = np.array([0.2])
-    noisy = np.full(1, 1.0)  # variance far above the shares themselves
-    groups = [SliceCounts(2, base, noisy, r_a), SliceCounts(8, base, noisy, r_b)]  # raw theta = 0
-    found, variance = retention_exponents(groups)
-    assert 0.9 < found[0] <= 1.0 and variance[0] == pytest.approx(EXPONENT_PRIOR_VARIANCE, rel=0.05)
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(0.0, 1.0), min_size=2, max_size=40).filter(lambda w: sum(w) > 0.01), st.integers(1, 50))
-def test_the_retention_spread_is_zero_when_every_impression_is_kept_and_bounded_by_a_quarter(weights, kept):
-    curve = RetentionCurve(np.asarray(weights))
-    spread = max_retention_spread(curve, kept)
-    assert 0.0 <= spread <= 0.25 + 1e-12  # the variance of a quantity in [0, 1]
-    if np.flatnonzero(np.asarray(weights) > 0).max() + 1 <= kept:
-        assert spread == pytest.approx(0.0, abs=1e-12)
-
-
 def test_the_ratio_elasticity_is_zero_for_a_high_clip_and_one_for_a_low_clip():
     values = _values(10_000, 4)
     np.testing.assert_allclose(ratio_elasticity(values, np.array([1.0]), float(values.max()) * 10), 0.0)
@@ -116,13 +76,31 @@ def test_the_robust_prediction_is_the_plain_one_when_the_model_is_certain():
     breakdown = ErrorBreakdown(truth, expected, variance)
     ratio = np.full_like(truth, 0.5)
     zero = np.zeros_like(truth)
-    theta, certain = np.ones(2), np.zeros(2)
-    corrected = robust_rmsre_tau(breakdown, ratio, True, zero, taus, 0.5, 0.5, theta, certain)
+    ones = np.ones(2)
+    certain = [(1.0, ones, ones)]
+    corrected = robust_rmsre_tau(breakdown, ratio, True, zero, taus, certain)
     assert corrected == pytest.approx(rmsre_tau(ErrorBreakdown(truth, expected / 0.5, variance / 0.25), taus).combined)
-    capped = robust_rmsre_tau(breakdown, ratio, False, zero, taus, 0.5, 0.5, theta, certain)
+    capped = robust_rmsre_tau(breakdown, ratio, False, zero, taus, certain)
     assert capped == pytest.approx(rmsre_tau(breakdown, taus).combined)
-    # uncertainty about the slices' retention never makes the corrected estimate look better
-    assert robust_rmsre_tau(breakdown, ratio, True, zero, taus, 0.5, 0.5, theta, np.ones(2)) > corrected
+    # per query: the count divided, the value capped
+    count_only = robust_rmsre_tau(breakdown, ratio, [True, False], zero, taus, certain)
+    mixed = ErrorBreakdown(truth, expected / np.array([0.5, 1.0]), variance / np.array([0.25, 1.0]))
+    assert count_only == pytest.approx(rmsre_tau(mixed, taus).combined)
+    # a slice whose retention may be another (its truth another for the same kept counts) never makes
+    # the corrected estimate look better: the scenarios average in squares
+    doubt = [(1.0, np.array([1.0, 0.8]), np.array([1.0, 1.25])), (1.0, ones, ones),
+             (1.0, np.array([1.0, 1.25]), np.array([1.0, 0.8]))]
+    assert robust_rmsre_tau(breakdown, ratio, True, zero, taus, doubt) > corrected
+
+
+def test_the_model_check_grows_with_the_scatter_and_forgives_what_the_retention_admits():
+    expected = np.array([100.0, 50.0, 10.0])
+    noise = np.full(3, 4.0)
+    assert release_consistency(expected, noise, expected, expected, 0.0) == pytest.approx(0.0)
+    off = expected * np.array([1.5, 0.6, 2.0])
+    strict = release_consistency(off, noise, expected, expected, 0.0)
+    assert strict > 4.0
+    assert release_consistency(off, noise, expected, expected, np.array([0.3, 0.3, 1.0])) < strict
 
 
 def test_realised_rmsre_tau_refuses_mismatched_shapes_and_taus():

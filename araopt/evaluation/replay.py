@@ -9,7 +9,8 @@ what its own earlier replayed releases spent (their count limits and arm plans; 
 first replayed day were never released: any of them, or today's); see ``mechanism.lifetime``.
 
 - ``private_safe``: privacy-safe tuning (``optimize.private``) on its own previous releases and the
-  advertiser's first-party conversions; day 1 is the cold start.
+  advertiser's first-party conversions; day 1 is the cold start; its public count-limit schedule
+  probes other count limits on some days (``count_limit_probe``).
 - ``fully_informed``: the nightly tuning on the raw joined history of the ``window_days`` before the
   day (Alg. 5 for a one-day release, calibrated and backtested on the window).
 - ``cold_start``: the privacy-safe mode's day-1 rule every day (L-inf at its default count limit,
@@ -186,6 +187,9 @@ def _row(day: int, method: str, version: ParameterVersion | Params, released: _R
                                    if released.low is not None and released.high is not None else float("nan"))
     if isinstance(version, ParameterVersion) and version.provenance is not None:
         row["predicted_rmsre_tau"] = version.provenance.predicted_rmsre_tau
+        schedule = version.provenance.extra.get("count_limit_schedule")
+        if isinstance(schedule, dict):  # privacy-safe tuning: whether the day probed another count limit
+            row["count_limit_probe"] = str(schedule.get("decision", "")).startswith("probe")
     return row
 
 
@@ -256,7 +260,8 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
 def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
     """Over the last ``last`` replayed days: the median of private_safe / fully_informed RMSRE_tau (and
     / cold_start), the share of days private_safe is below both baselines, private_safe's mean
-    interval coverage per query and the mean of its realised / published predicted RMSRE_tau."""
+    interval coverage per query, the share of its days that probed another count limit (its public
+    schedule) and the mean of its realised / published predicted RMSRE_tau."""
     wide = frame.pivot(index="day", columns="method", values="rmsre_tau").sort_index().tail(last)
     out = {"days": float(len(wide))}
     if PRIVATE_SAFE in wide and FULLY_INFORMED in wide:
@@ -273,6 +278,8 @@ def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
     private = frame[(frame["method"] == PRIVATE_SAFE) & frame["day"].isin(wide.index)]
     for column in [c for c in frame.columns if c.startswith("coverage_")]:
         out[f"private_{column}"] = float(private[column].mean())
+    if "count_limit_probe" in private:
+        out["private_probe_days"] = float(private["count_limit_probe"].fillna(False).astype(bool).mean())
     if "predicted_rmsre_tau" in private:
         predicted = pd.to_numeric(private["predicted_rmsre_tau"], errors="coerce")
         ratio = (private["rmsre_tau"] / predicted)[predicted > 0]

@@ -13,15 +13,19 @@ How. (1) Exploration arms (``mechanism.exploration``): a small keyed share of im
 at other count limits C_a and reported on pooled keys, so each release shows r(C_a) = U_a / (share_a T)
 with T the day's conversions from first-party data; the main release shows r(C0) the same way. (2)
 The retention curve r(K) (``optimize.retention``) is fitted to these points; it is the impression-
-size distribution the paper's Sec. 5.3 model draws from, without assuming its law. (3) Per-slice daily
-truths are the main releases' estimates divided by their ratio. (4) A pseudo-history is drawn from the
+size distribution the paper's Sec. 5.3 model draws from, without assuming its law. (3) Each slice's own
+retention (``optimize.slice_retention``: from the main releases at the count limits the schedule
+alternates, shrunk by empirical Bayes) and per-slice daily truths, the main releases' estimates
+divided by the slice's ratio (``optimize.private_model``). (4) A pseudo-history is drawn from the
 model (impressions per slice, sizes from the curve, conversions spread over the attribution window,
 values from the first-party conversions; seeded by the inputs' digest: model sampling, not privacy
 noise) and the usual tuning runs on it: Alg. 5 for one release period (``optimize.tune``), its
-candidates calibrated and replayed (``calibration.backtest``). (5) The calibration's ratio is the
-main releases' own pooled ratio, sum U / sum T over past days with the same retention checksum (exact
-first-party T, noise-dominated error), else the model's; the slices share it (the releases cannot
-tell slices' ratios apart) and its variance is its noise or the curve's bootstrap variance.
+candidates calibrated and replayed (``calibration.backtest``). (5) The calibration's count ratio is the
+main releases' own pooled ratio, sum U / sum T over past days at the same count limit and arms (exact
+first-party T, noise-dominated error), else the model's, times each slice's retention relative to
+the pool's; its variance adds the posterior variance of the slice's retention. (6) Candidates are
+judged by the error they will really have, averaged over scenarios of what the releases do not pin
+down (``heterogeneity.robust_rmsre_tau``), and the model is checked against the last release.
 
 Everything it outputs is a function of DP releases, first-party facts, the declared domain and public
 parameters: post-processing (the releases stay epsilon-DP; the first-party data is the advertiser's
@@ -31,8 +35,7 @@ first-party values' 95% quantile, with the arms switched on.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,292 +43,80 @@ import numpy as np
 
 from araopt.calibration import MIN_RATIO, Calibration, retention_checksum
 from araopt.constants import COUNT_TAU, MAX_COUNT_LIMIT, PRIVATE_WINDOW_DAYS
-from araopt.errors import InvalidInput
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain, slice_key
 from araopt.mechanism.params import Params, QueryParams
-from araopt.mechanism.release import Release
-from araopt.optimize.error_model import default_taus, expected_error
-from araopt.optimize.heterogeneity import (
-    CONTRADICTION,
-    EXPONENT_PRIOR_VARIANCE,
-    SliceCounts,
-    SliceValues,
-    ratio_elasticity,
-    release_consistency,
-    retention_exponents,
-    retention_spread,
-    robust_rmsre_tau,
-    value_scales,
+from araopt.optimize.error_model import expected_error
+from araopt.optimize.heterogeneity import CONTRADICTION, ratio_elasticity, release_consistency, robust_rmsre_tau
+from araopt.optimize.private_model import (
+    DAY_US,
+    SLICE_HISTORY,
+    SPREAD_DAYS,
+    FirstParty,
+    PrivateModel,
+    ReleaseRecord,
+    first_party_taus,
+    inputs_seed,
+    learn,
+    pseudo_history,
+    retention_points,
 )
-from araopt.optimize.retention import RetentionCurve, fit_retention_curve, ratio_variance
-from araopt.optimize.search import CORRECTED
-from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics, compute_statistics_in_memory
+from araopt.optimize.retention import ratio_variance
+from araopt.optimize.search import CORRECTED, candidate_params
+from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
 from araopt.optimize.tune import TuningResult, calibrate, tune
 from araopt.optimize.workflow import InMemoryBackend
-from araopt.version import ParameterVersion, Provenance
+from araopt.version import CORRECTIONS, ParameterVersion, Provenance, divided_queries
 
-DAY_US = 86_400_000_000
+__all__ = ["DAY_US", "CountLimitSchedule", "FirstParty", "ReleaseRecord", "cold_start", "first_party_taus", "learn",
+           "private_tune", "pseudo_history", "retention_points", "with_release_ratios"]
+
 COLD_START_COUNT_LIMIT = 5
 """Day 1's count limit, before any release shows how many conversions an impression has."""
-SPREAD_DAYS = 30
-"""Days after its impression over which a pseudo-history impression's conversions fall (ARA's default
-attribution window: the releases do not show the delays)."""
 WINDOW = PRIVATE_WINDOW_DAYS
-EXPONENT_HISTORY = 60
-"""Releases the slices' retention exponents are learnt from (the window's and older ones)."""
 
 
 @dataclass(frozen=True)
-class FirstParty:
-    """The advertiser's own conversions of one release period: their count and value sums (count
-    first), and the values themselves (n, d): no impression, no impression-side slice."""
+class CountLimitSchedule:
+    """The public schedule of the main release's count limit, the channel that identifies each slice's
+    own retention (``optimize.slice_retention``: one count limit shows only r_k T_k).
 
-    day: str
-    totals: np.ndarray
-    values: np.ndarray
+    On the days whose number (days since the epoch) is ``phase`` modulo ``period`` the release probes:
+    its count limit is the best candidate (by the robust prediction) at kept ranks at least ``factor``
+    times above or below the tuned one's, when the slices' unknown retention matters (the tuned
+    candidate's robust prediction exceeds its central scenario's by more than ``min_uncertainty``, or
+    no two count limits have been released yet) and the probe costs at most ``max_cost`` of the tuned
+    candidate's predicted error. Every other day publishes the tuned candidate. Each day's release is
+    a full release at its own count limit (Alg. 1 charges the lifetime budget at the parameters of the
+    release that used each conversion: ``mechanism.lifetime``). ``period`` 0: no probes."""
 
-    @classmethod
-    def of(cls, day: str, values: np.ndarray) -> FirstParty:
-        v = np.asarray(values, dtype=np.float64)
-        v = v[:, None] if v.ndim == 1 else v
-        # in a canonical order (rows sorted): the pool values are drawn from by position and the sums
-        # (the pseudo-history's seed) must not depend on how the rows came in
-        v = v[np.lexsort(v.T[::-1])] if v.size else v
-        return cls(day, np.concatenate([[float(len(v))], v.sum(axis=0)]), v)
+    period: int = 3
+    phase: int = 0
+    factor: float = 2.0
+    min_uncertainty: float = 0.01
+    max_cost: float = 0.25
 
+    def __post_init__(self) -> None:
+        if self.period < 0 or not 0 <= self.phase < max(self.period, 1) or self.factor <= 1.0 or self.max_cost < 0:
+            raise InvalidParameters(f"a count-limit schedule needs period >= 0, 0 <= phase < period, factor > 1 and "
+                                    f"max_cost >= 0, got {self}")
 
-@dataclass(frozen=True)
-class ReleaseRecord:
-    """One past release as the privacy-safe tuner sees it: the public facts of its parameters (count
-    limit, exploration arms, retention checksum), the noised capped estimates of the main keys per
-    domain slice and of the exploration arms (Alg. 4, with their variances), and the advertiser's
-    first-party facts of its period."""
+    def probes(self, day: int) -> bool:
+        """Whether the release of day ``day`` (days since the epoch) probes."""
+        return self.period > 0 and day % self.period == self.phase
 
-    count_limit: int
-    exploration: Exploration | None
-    retention: str
-    slice_keys: tuple[tuple[Any, ...], ...]
-    main: np.ndarray
-    main_variance: np.ndarray
-    arms: np.ndarray
-    arms_variance: np.ndarray
-    first_party: FirstParty
-    clips: tuple[float, ...] = ()
-    """The main release's clip thresholds per value query (public parameters; empty: unknown)."""
+    def far(self, kept_ranks: int, tuned: int) -> bool:
+        """Whether kept ranks K are far enough from the tuned candidate's to show a contrast."""
+        return kept_ranks >= self.factor * tuned or kept_ranks * self.factor <= tuned
 
-    @classmethod
-    def of(cls, release: Release, first_party: FirstParty) -> ReleaseRecord:
-        """From a release in memory (what its files publish: ``publication.estimates_frame`` and
-        ``exploration_frame`` hold the same numbers)."""
-        d1 = release.domain.num_columns
-        values = release.domain.slice_values()
-        keys = tuple(slice_key([values[c][i] for c in release.domain.slice_columns])
-                     for i in range(release.domain.num_slices))
-        arms = release.exploration
-        return cls(release.params.count_limit, release.params.exploration, retention_checksum(release.params), keys,
-                   release.estimates.estimate, release.estimates.std_error**2,
-                   np.zeros((0, d1)) if arms is None else arms.estimate,
-                   np.zeros((0, d1)) if arms is None else arms.std_error**2, first_party,
-                   tuple(q.clip_threshold for q in release.params.queries))
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
-class PrivateModel:
-    """What the releases and first-party data tell: the retention curve, every declared slice's daily
-    true totals (count first), the first-party values, the days learnt from."""
-
-    curve: RetentionCurve
-    slice_totals: Mapping[tuple[Any, ...], np.ndarray]
-    values: np.ndarray
-    days: int
-    value_scales: Mapping[tuple[Any, ...], np.ndarray] | None = None
-    """Per slice, its values' scale per value query relative to the first-party values (from the
-    releases' clipped means: ``optimize.heterogeneity``); None: every slice draws the pooled values."""
-    scale_variances: Mapping[tuple[Any, ...], np.ndarray] | None = None
-    """Per slice, the posterior variance of its log value scales."""
-    exponents: Mapping[tuple[Any, ...], tuple[float, float]] | None = None
-    """Per slice, its retention exponent theta (r_k(K) = r(K)^theta) and theta's posterior variance
-    (``heterogeneity.retention_exponents``); None: every slice has the pooled curve."""
-
-    def slice_ratio(self, key: tuple[Any, ...], kept_ranks: int) -> float:
-        """r_k(K) of a slice: the pooled curve's r(K) to the slice's exponent."""
-        r = max(float(self.curve.ratio(kept_ranks)[0]), MIN_RATIO)
-        theta = 1.0 if self.exponents is None or key not in self.exponents else self.exponents[key][0]
-        return float(r**theta)
-
-
-def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float, float]]:
-    """(kept ranks K, ratio r(K), variance) from every arm and every main release, pooled per K:
-    an arm's kept-count estimate over its share of the day's first-party conversions; the main
-    release's summed over slices over the main share (variances: the noise and a binomial-like
-    sampling term of the share)."""
-    raw: dict[int, list[tuple[float, float]]] = {}
-    for r in records:
-        total = float(r.first_party.totals[0])
-        exploration = r.exploration
-        main_share = 1.0 if exploration is None else exploration.main_share
-        if exploration is not None:
-            for arm, est, var in zip(exploration.arms, r.arms[:, 0], r.arms_variance[:, 0], strict=True):
-                n = arm.share * total
-                if n >= 1:
-                    point = (float(est) / n, float(var) / n**2 + 1 / n)
-                    raw.setdefault(kept_per_impression(arm.count_limit), []).append(point)
-        n = main_share * total
-        if n >= 1:
-            raw.setdefault(kept_per_impression(r.count_limit), []).append(
-                (float(r.main[:, 0].sum()) / n, float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n))
-    points = []
-    for k, values in sorted(raw.items()):
-        w = np.array([1.0 / max(v, 1e-12) for _, v in values])
-        points.append((k, float(np.sum(w * np.array([x for x, _ in values])) / w.sum()), float(1.0 / w.sum())))
-    return points
-
-
-def learn(records: Sequence[ReleaseRecord], domain: KeyDomain,
-          older: Sequence[ReleaseRecord] = (), exponent: float | None = None) -> PrivateModel:
-    """The model of the module docstring from ``records`` (all of the same slices and queries); the
-    slices' retention exponents also from ``older`` releases (a slice's conversions per impression is
-    a lasting trait, and older releases may be at other count limits); ``exponent``: every slice's
-    exponent fixed instead (0: slices keep all they convert)."""
-    if not records:
-        raise InvalidInput("privacy-safe tuning needs at least one past release")
-    curve = fit_retention_curve(retention_points(records))
-    values = domain.slice_values()
-    keys = [slice_key([values[c][i] for c in domain.slice_columns]) for i in range(domain.num_slices)]
-    exponents = (slice_exponents([*older, *records], keys, curve) if exponent is None
-                 else {k: (exponent, 0.0) for k in keys})
-    totals = {k: np.zeros(domain.num_columns) for k in keys}
-    for r in records:
-        share = 1.0 if r.exploration is None else r.exploration.main_share
-        pooled = max(float(curve.ratio(kept_per_impression(r.count_limit))[0]), MIN_RATIO)
-        for key, row in zip(r.slice_keys, r.main, strict=True):
-            if key in totals:
-                ratio = max(pooled ** exponents[key][0] * share, MIN_RATIO)
-                totals[key] = totals[key] + row / ratio / len(records)
-    # the noise averages out over the days first: cutting each day's estimate at 0 would inflate
-    # every small slice by its noise (and small slices weigh most in RMSRE_tau)
-    totals = {k: np.maximum(v, 0.0) for k, v in totals.items()}
-    pool = np.concatenate([r.first_party.values for r in records])
-    scales = slice_value_scales(records, keys, totals, pool)
-    return PrivateModel(curve, totals, pool, len(records), None if scales is None else scales[0],
-                        None if scales is None else scales[1], exponents)
-
-
-def slice_exponents(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]], curve: RetentionCurve
-                    ) -> dict[tuple[Any, ...], tuple[float, float]]:
-    """Every declared slice's retention exponent from the main releases grouped by count limit
-    (``heterogeneity.retention_exponents``): a slice's kept share of the day's conversions per day,
-    averaged over the days of one count limit."""
-    p = curve.size_distribution()
-    n = np.arange(1, len(p) + 1, dtype=np.float64)
-    cluster = float(p @ n**2) / float(p @ n)
-    by_k: dict[int, list[ReleaseRecord]] = {}
-    for r in records:
-        by_k.setdefault(kept_per_impression(r.count_limit), []).append(r)
-    groups = []
-    for k, group in sorted(by_k.items()):
-        share = np.zeros(len(keys))
-        variance = np.zeros(len(keys))
-        for r in group:
-            at = {key: i for i, key in enumerate(r.slice_keys)}
-            rows = np.array([at.get(key, -1) for key in keys])
-            main_share = 1.0 if r.exploration is None else r.exploration.main_share
-            total = max(float(r.first_party.totals[0]) * main_share, 1.0)
-            u = np.where(rows >= 0, r.main[rows, 0], 0.0)
-            v = np.where(rows >= 0, r.main_variance[rows, 0], 0.0)
-            share += u / total / len(group)
-            # noise, and the day's sampling of the slice's conversions (clustered by impression)
-            variance += (v + np.maximum(u, 0.0) * cluster) / total**2 / len(group) ** 2
-        groups.append(SliceCounts(k, share, variance, max(float(curve.ratio(k)[0]), MIN_RATIO)))
-    theta, var = retention_exponents(groups)
-    return {key: (float(theta[i]), float(var[i])) for i, key in enumerate(keys)}
-
-
-def slice_value_scales(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]],
-                       totals: Mapping[tuple[Any, ...], np.ndarray], pool: np.ndarray
-                       ) -> tuple[dict[tuple[Any, ...], np.ndarray], dict[tuple[Any, ...], np.ndarray]] | None:
-    """Every declared slice's value scale per query from the main releases' clipped means, grouped by
-    clip (``heterogeneity.value_scales``); None when no record states its clips."""
-    known = [r for r in records if len(r.clips) == pool.shape[1]]
-    if not known:
-        return None
-    scales = np.ones((len(keys), pool.shape[1]))
-    variances = np.zeros((len(keys), pool.shape[1]))
-    weights = np.array([float(totals[k][0]) for k in keys])
-    for j in range(pool.shape[1]):
-        groups: dict[float, list[ReleaseRecord]] = {}
-        for r in known:
-            groups.setdefault(float(r.clips[j]), []).append(r)
-        observed = []
-        for clip, group in sorted(groups.items()):
-            rows = [dict(zip(r.slice_keys, range(len(r.slice_keys)), strict=True)) for r in group]
-            index = [[row.get(k, -1) for k in keys] for row in rows]
-
-            def summed(field: str, column: int, group: list[ReleaseRecord] = group,
-                       index: list[list[int]] = index) -> np.ndarray:
-                out = np.zeros(len(keys))
-                for r, idx in zip(group, index, strict=True):
-                    at = np.asarray(idx)
-                    ok = at >= 0
-                    out[ok] += getattr(r, field)[at[ok], column]
-                return out
-
-            observed.append(SliceValues(clip, summed("main", 0), summed("main_variance", 0),
-                                        summed("main", j + 1), summed("main_variance", j + 1)))
-        scales[:, j], variances[:, j] = value_scales(observed, pool[:, j], weights)
-    return {k: scales[i] for i, k in enumerate(keys)}, {k: variances[i] for i, k in enumerate(keys)}
-
-
-def pseudo_history(model: PrivateModel, slice_columns: Sequence[str], value_columns: Sequence[str], seed: int,
-                   spread_days: int = SPREAD_DAYS) -> Conversions:
-    """A conversion log drawn from the model: per slice Poisson impressions started over the model's
-    days and the ``spread_days`` before them, sizes from the retention curve, conversions uniform over
-    ``spread_days`` after the impression, values from the first-party conversions, cut at the end of
-    the model's days. ``in_period`` marks the model's days (earlier conversions only give lifetime
-    ranks)."""
-    rng = np.random.default_rng(seed)
-    sizes = model.curve.size_distribution()
-    mean_size = model.curve.mean_size()
-    days = model.days
-    ids: list[np.ndarray] = []
-    times: list[np.ndarray] = []
-    slices: dict[str, list[np.ndarray]] = {c: [] for c in slice_columns}
-    row_scales: list[np.ndarray] = []
-    next_id = 0
-    for key, total in model.slice_totals.items():
-        impressions = int(rng.poisson(float(total[0]) * (days + spread_days) / mean_size))
-        if impressions == 0:
-            continue
-        size = rng.choice(len(sizes), impressions, p=sizes) + 1
-        start = rng.integers(-spread_days * DAY_US, days * DAY_US, impressions)
-        rows = int(size.sum())
-        ids.append(np.repeat(np.arange(next_id, next_id + impressions), size))
-        next_id += impressions
-        times.append(np.repeat(start, size) + rng.integers(0, spread_days * DAY_US, rows))
-        for column, value in zip(slice_columns, key, strict=True):
-            slices[column].append(np.full(rows, value, dtype=object if isinstance(value, str) else None))
-        if model.value_scales is not None:
-            row_scales.append(np.tile(model.value_scales[key], (rows, 1)))
-    if not ids:
-        raise InvalidInput("the releases show no conversions in any declared slice")
-    imp = np.concatenate(ids).astype(np.int64)
-    t = np.concatenate(times).astype(np.int64)
-    vals = model.values[rng.integers(0, len(model.values), len(imp))]
-    if model.value_scales is not None:  # each slice's value level, as its releases show it
-        vals = vals * np.concatenate(row_scales).reshape(len(imp), -1)
-    conv = Conversions(imp, t, {c: np.concatenate(v) for c, v in slices.items()}, vals.reshape(len(imp), -1),
-                       tuple(value_columns))
-    # a history ends with its last day: conversions after it are not in it (as in a real window)
-    conv = conv.take(np.flatnonzero(t < days * DAY_US))
-    return dataclasses.replace(conv, in_period=conv.conversion_time >= 0)
-
-
-def first_party_taus(values: np.ndarray) -> list[float]:
-    """The paper's taus (Sec. 5.1: 5 for the count, 5 x the median of each value) from first-party values."""
-    return [float(t) for t in default_taus(values, COUNT_TAU)]
+DEFAULT_SCHEDULE = CountLimitSchedule()
 
 
 def cold_start(first_party: FirstParty, epsilon: float, domain: KeyDomain, value_columns: Sequence[str],
@@ -348,15 +139,6 @@ def cold_start(first_party: FirstParty, epsilon: float, domain: KeyDomain, value
         "exploration_share": params.exploration.total_share if params.exploration is not None else 0.0}))
 
 
-def inputs_seed(records: Sequence[ReleaseRecord]) -> int:
-    """A seed for the pseudo-history from the inputs' digest: the same inputs, the same parameters."""
-    digest = hashlib.sha256()
-    for r in records:
-        for a in (r.main, r.arms, r.first_party.totals):
-            digest.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
-    return int.from_bytes(digest.digest()[:8], "big")
-
-
 @dataclass(frozen=True)
 class _Candidates:
     """What privacy-safe tuning's ``choose`` made of the pseudo-history: the tuning, the cold-start rule,
@@ -368,22 +150,108 @@ class _Candidates:
     searches: tuple[Any, ...]
 
 
+@dataclass(frozen=True)
+class _Scored:
+    """A calibrated candidate with its estimator: its robust and central-scenario predictions."""
+
+    error: float
+    centre: float
+    order: int
+    cold: bool
+    version: ParameterVersion
+
+    @property
+    def kept_ranks(self) -> int:
+        return kept_per_impression(self.version.params.count_limit)
+
+
+def _probe_candidates(stats: SufficientStatistics, result: TuningResult, epsilon: float, taus: Sequence[float],
+                      slice_columns: Sequence[str], schedule: CountLimitSchedule) -> list[ParameterVersion]:
+    """The schedule's probes: Alg. 5's best row (its per-C table) at kept ranks far above and far below
+    the tuned candidate's, each with that row's clips and budget fractions."""
+    if schedule.period == 0:
+        return []
+    tuned = kept_per_impression(result.version.params.count_limit)
+    out = []
+    for above in (True, False):
+        rows = [r for r in result.optimization.per_count_limit
+                if schedule.far(r.kept_ranks, tuned) and (r.kept_ranks > tuned) == above and np.isfinite(r.rmsre_tau)]
+        if not rows:
+            continue
+        row = min(rows, key=lambda r: (r.rmsre_tau, r.count_limit))
+        params = candidate_params(stats, result.version.params.encoding, epsilon, row.count_limit,
+                                  np.asarray(row.thresholds), None if row.fractions is None else np.asarray(row.fractions),
+                                  np.asarray(taus, dtype=np.float64), slice_columns)
+        out.append(dataclasses.replace(result.version, params=params))
+    return out
+
+
+STICKINESS = 0.05
+"""A candidate at the count limit of the latest releases is kept unless another predicts an error this
+share lower: moving the count limit has a cost the steady-state pseudo-history does not show (the
+releases after it keep another share while the conversions charged at the old count limit age out)."""
+
+
+def _incumbent(scored: Sequence[_Scored], recent: Sequence[ReleaseRecord], released: Sequence[ReleaseRecord]
+               ) -> _Scored:
+    """The best candidate whose count limit lies within those ``released`` (the slices' retention is
+    measured there, elsewhere it is the family's extrapolation: only a probe goes there), or the best
+    at the latest releases' count limit (the most frequent of the last three) when it is within
+    ``STICKINESS`` of it."""
+    known = [kept_per_impression(r.count_limit) for r in released]
+    inside = [x for x in scored if min(known) <= x.kept_ranks <= max(known)] if known else []
+    best = min(inside or scored, key=lambda x: (x.error, x.order))
+    ranks = [kept_per_impression(r.count_limit) for r in recent[-3:]]
+    usual = max(sorted(set(ranks)), key=ranks.count)
+    same = [x for x in scored if x.kept_ranks == usual and not x.cold]
+    if same:
+        stay = min(same, key=lambda x: (x.error, x.order))
+        if stay.error <= (1.0 + STICKINESS) * best.error:
+            return stay
+    return best
+
+
+def _scheduled(scored: Sequence[_Scored], tuned: _Scored, schedule: CountLimitSchedule, day: int,
+               model: PrivateModel) -> tuple[ParameterVersion, str]:
+    """The version the schedule publishes on ``day`` and why (``CountLimitSchedule``)."""
+    if not schedule.probes(day):
+        return tuned.version, "tuned (not a probe day)"
+    uncertainty = tuned.error / max(tuned.centre, 1e-12) - 1.0
+    identified = model.slices is not None and model.slices.identified
+    if identified and uncertainty <= schedule.min_uncertainty:
+        return tuned.version, (f"tuned: the slices' retention is known well enough (robust / central prediction "
+                               f"{1 + uncertainty:.3f})")
+    far = [x for x in scored if schedule.far(x.kept_ranks, tuned.kept_ranks) and not x.cold]
+    if not far:
+        return tuned.version, "tuned: no candidate at a count limit far enough from the tuned one"
+    probe = min(far, key=lambda x: (x.error, x.order))
+    if probe.error > (1.0 + schedule.max_cost) * tuned.error:
+        return tuned.version, (f"tuned: the best probe (C = {probe.version.params.count_limit}) would cost "
+                               f"{probe.error / tuned.error - 1:.0%} more than the tuned candidate")
+    return probe.version, (f"probe: C = {probe.version.params.count_limit} instead of the tuned "
+                           f"{tuned.version.params.count_limit} (robust / central prediction {1 + uncertainty:.3f})")
+
+
 def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDomain, value_columns: Sequence[str], *,
                  window: int = WINDOW, max_count_limit: int = MAX_COUNT_LIMIT, release_period_days: float = 1.0,
                  exploration: Exploration | None = None, taus: Sequence[float] | None = None,
-                 spread_days: int = SPREAD_DAYS) -> TuningResult:
-    """The parameter version for the next release from the last ``window`` records (and the last
-    ``EXPONENT_HISTORY`` for the slices' retention exponents only).
+                 spread_days: int = SPREAD_DAYS, schedule: CountLimitSchedule = DEFAULT_SCHEDULE,
+                 release_day: int | None = None) -> TuningResult:
+    """The parameter version for the release of ``release_day`` (days since the epoch; default the day
+    after the last record's) from the last ``window`` records (and the last ``SLICE_HISTORY`` for the
+    slices' own retention only).
 
     Candidates: the tuned parameters (Alg. 5 on the pseudo-history, both objectives) and the cold-start
     rule, each calibrated on the pseudo-history with the ratios the releases show
     (``with_release_ratios``), each with the estimator it would publish (capped or divided by the
-    ratio); the one with the lowest error robust to the slices' unseen retention differences
-    (``heterogeneity.robust_rmsre_tau``) is published with that error as its prediction. When the last
-    release contradicts the model (``heterogeneity.release_consistency``), the cold-start rule is
-    published and the version's provenance says why."""
+    ratio); the one with the lowest error robust to what the releases do not pin down of the slices'
+    retention (``heterogeneity.robust_rmsre_tau``) is published with that error as its prediction.
+    On the ``schedule``'s probe days a candidate at a count limit far from the tuned one is published
+    instead (``CountLimitSchedule``; the version's provenance says so). When the last release
+    contradicts the model (``heterogeneity.release_consistency``), the cold-start rule is published
+    and the version's provenance says why."""
     recent = list(records)[-window:]
-    older = list(records)[-EXPONENT_HISTORY:-window] if len(records) > window else []
+    older = list(records)[-SLICE_HISTORY:-window] if len(records) > window else []
     plan = exploration if exploration is not None else (recent[-1].exploration or default_exploration())
     model = learn(recent, domain, older)
     pseudo = pseudo_history(model, domain.slice_columns, value_columns, inputs_seed(recent), spread_days)
@@ -401,23 +269,12 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         return dataclasses.replace(version, params=params, domain=domain, provenance=provenance)
 
     def choose(stats: SufficientStatistics) -> tuple[_Candidates, tuple[ParameterVersion, ...]]:
-        """Alg. 5 on the pseudo-history's statistics, and on the low-retention one's; with the cold-start
-        rule, the candidates the tuning workflow calibrates on the pseudo-history."""
+        """Alg. 5 on the pseudo-history's statistics; with the cold-start rule, the candidates the
+        tuning workflow calibrates on the pseudo-history."""
         result = tune(stats, epsilon, objective=CORRECTED, taus=taus, release_period_days=release_period_days,
                       history_days=model.days, slice_columns=domain.slice_columns, max_count_limit=max_count_limit,
                       provenance={"tuning": "privacy-safe: DP releases and first-party conversions only",
                                   "releases": len(recent), "exploration_share": plan.total_share})
-        # the same tuning where every slice keeps all it converts (theta = 0): the smallest true totals the
-        # releases allow, so the candidates span what the releases cannot tell apart
-        low = dataclasses.replace(model, exponents={k: (0.0, 0.0) for k in model.slice_totals},
-                                  slice_totals=learn(recent, domain, older, exponent=0.0).slice_totals)
-        low_pseudo = pseudo_history(low, domain.slice_columns, value_columns, inputs_seed(recent) ^ 1, spread_days)
-        low_result = tune(compute_statistics_in_memory(low_pseudo, spec), epsilon, objective=CORRECTED, taus=taus,
-                          release_period_days=release_period_days, history_days=model.days,
-                          slice_columns=domain.slice_columns, max_count_limit=max_count_limit,
-                          provenance={"tuning": "privacy-safe: DP releases and first-party conversions only "
-                                                "(slices' retention 1)",
-                                      "releases": len(recent), "exploration_share": plan.total_share})
         pooled_first_party = FirstParty.of(recent[-1].first_party.day, model.values)
         cold = cold_start(pooled_first_party, epsilon, domain, value_columns, plan)
         cold = dataclasses.replace(cold, params=dataclasses.replace(
@@ -427,9 +284,9 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         if tuned is not None:  # the cold-start rule as a candidate of this tuning: it carries the tuning's record
             cold = dataclasses.replace(cold, provenance=dataclasses.replace(tuned, extra={
                 **tuned.extra, "tuning": "privacy-safe: the cold-start rule, chosen against the tuned candidates"}))
-        versions = tuple([explored(v) for v, _ in result.candidates] + [explored(v) for v, _ in low_result.candidates]
-                         + [cold])
-        searches = tuple([o for _, o in result.candidates] + [o for _, o in low_result.candidates]
+        probes = _probe_candidates(stats, result, epsilon, taus, domain.slice_columns, schedule)
+        versions = tuple([explored(v) for v, _ in result.candidates] + [explored(v) for v in probes] + [cold])
+        searches = tuple([o for _, o in result.candidates] + [result.optimization] * len(probes)
                          + [result.optimization])
         return _Candidates(result, cold, versions, searches), versions
 
@@ -443,9 +300,8 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     day_index = domain.slice_index(day.slices)
     keys = [slice_key(list(k)) for k in _domain_keys(domain)]
     taus_arr = np.asarray(taus, dtype=np.float64)
-    scored: list[tuple[float, int, bool, ParameterVersion]] = []
-    learnt = float(np.exp(np.mean([np.log(max(float(model.curve.ratio(kept_per_impression(r.count_limit))[0]), MIN_RATIO))
-                                   for r in recent])))
+    learnt = [kept_per_impression(r.count_limit) for r in recent]
+    scored: list[_Scored] = []
     for number, (version, search, cal) in enumerate(candidates):
         one = calibrate(dataclasses.replace(result, version=version, optimization=search, alternatives=()), [cal],
                         release_period_days)
@@ -457,13 +313,15 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         value_spread = spread - _spread(model, released.params, ratio, keys, values=False)
         breakdown = expected_error(day, day_index, domain.num_slices, released.params, "exact",
                                    tie_breaker=day.record_keys())
-        pooled_curve = max(float(model.curve.ratio(kept_per_impression(released.params.count_limit))[0]), MIN_RATIO)
-        theta = np.array([model.exponents[k][0] if model.exponents and k in model.exponents else 1.0 for k in keys])
-        theta_var = np.array([model.exponents[k][1] if model.exponents and k in model.exponents
-                              else EXPONENT_PRIOR_VARIANCE for k in keys])
-        for correction in ("none", "ratio"):
-            error = robust_rmsre_tau(breakdown, ratio, correction == "ratio", value_spread, taus_arr, pooled_curve,
-                                     learnt, theta, theta_var)
+        # the pseudo-history keeps its steady state; the release keeps what the count limits before it leave
+        mixing, _ = mixing_factor(recent, released.params, model)
+        breakdown = dataclasses.replace(breakdown, expected=breakdown.expected * mixing)
+        scenarios = _scenarios(model, keys, kept_per_impression(released.params.count_limit), learnt)
+        central = [scenarios[len(scenarios) // 2]]
+        for correction in CORRECTIONS:
+            divide = divided_queries(correction, len(taus_arr))
+            error = robust_rmsre_tau(breakdown, ratio, divide, value_spread, taus_arr, scenarios)
+            centre = robust_rmsre_tau(breakdown, ratio, divide, value_spread, taus_arr, central)
             provenance = released.provenance
             if provenance is not None:
                 extra = dict(provenance.extra)
@@ -471,23 +329,39 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
                                                 "correction": correction, "rmsre_tau": error,
                                                 "retention_spread": float(np.median(spread[:, 0]))})
                 provenance = dataclasses.replace(provenance, predicted_rmsre_tau=error, extra=extra)
-            scored.append((error, len(scored), version is cold,
-                           dataclasses.replace(released, correction=correction, provenance=provenance)))
+            scored.append(_Scored(error, centre, len(scored), version is cold,
+                                  dataclasses.replace(released, correction=correction, provenance=provenance)))
     if not scored:
         raise InvalidInput("no candidate of the privacy-safe tuning could be calibrated on its pseudo-history")
-    chosen = min(scored, key=lambda x: (x[0], x[1]))[3]
-    check = _consistency(recent[-1], model, domain)
+    day_number = (int(np.datetime64(recent[-1].first_party.day, "D").astype(np.int64)) + 1 if release_day is None
+                  else int(release_day))
+    if model.slices is None or not model.slices.identified:
+        # one count limit released: no input shows how the slices' retention differs, so no ratio is trusted
+        # per slice; the cold-start rule's capped estimates (what the tuner must not do worse than), and the
+        # schedule's probes (capped too) to release a second count limit
+        last = kept_per_impression(recent[-1].count_limit)
+        scored = [x for x in scored if x.version.correction == "none"
+                  and (x.cold or schedule.far(x.kept_ranks, last))] or scored
+    tuned = _incumbent(scored, recent, [*older, *recent])
+    chosen, schedule_note = _scheduled(scored, tuned, schedule, day_number, model)
+    check = _consistency(recent[-1], model)
     if check > CONTRADICTION:
-        fallback = [x for x in scored if x[2]]
+        fallback = [x for x in scored if x.cold]
         if fallback:
-            chosen = min(fallback, key=lambda x: (x[0], x[1]))[3]
+            chosen = min(fallback, key=lambda x: (x.error, x.order)).version
         note = (f"fallback to the cold-start rule: the last release contradicts the model (standardized scatter "
                 f"{check:.3g} > {CONTRADICTION:g})")
     else:
         note = f"the last release agrees with the model (standardized scatter {check:.3g} <= {CONTRADICTION:g})"
     if chosen.provenance is not None:
+        slices = model.slices
+        described = {} if slices is None else {"slice_retention": {
+            "identified": slices.identified, "spreads": list(slices.spreads),
+            "grouping": domain.slice_columns[slices.grouping] if slices.grouping >= 0 else None}}
         chosen = dataclasses.replace(chosen, provenance=dataclasses.replace(
-            chosen.provenance, extra={**chosen.provenance.extra, "model_check": note}))
+            chosen.provenance, extra={**chosen.provenance.extra, "model_check": note, **described,
+                                      "count_limit_schedule": {**schedule.to_json(), "day": day_number,
+                                                               "decision": schedule_note}}))
     return dataclasses.replace(result, version=chosen, alternatives=())
 
 
@@ -516,18 +390,47 @@ def _domain_ratio(cal: Calibration, keys: Sequence[tuple[Any, ...]]) -> np.ndarr
     return out
 
 
+def _scenarios(model: PrivateModel, keys: Sequence[tuple[Any, ...]], kept_ranks: int, learnt: Sequence[int]
+               ) -> list[tuple[float, np.ndarray, np.ndarray]]:
+    """(weight, truth factor, kept factor) per scenario of every slice's retention (its posterior
+    quantiles, ``slice_retention.SCENARIO_QUANTILES``): under a slice's scenario retention r^z, the
+    kept counts the releases showed (at their kept ranks ``learnt``) mean true totals r / r^z times the
+    model's, and the candidate keeps r^z / r of what the pseudo-history kept at ``kept_ranks``."""
+    ones = np.ones(len(keys))
+    slices = model.slices
+    if slices is None:
+        return [(1.0, ones, ones)]
+    rows = {k: i for i, k in enumerate(model.slice_keys)}
+    index = np.array([rows.get(k, -1) for k in keys])
+    known = index >= 0
+
+    def at(values: np.ndarray, fill: float) -> np.ndarray:
+        out = np.full((len(keys),) + values.shape[1:], fill)
+        out[known] = values[index[known]]
+        return out
+
+    now = at(slices.quantile_ratios(kept_ranks), 1.0)
+    now_mean = at(slices.mean_ratio(kept_ranks), 1.0)
+    log_size = np.zeros_like(now)
+    for k in sorted(set(learnt)):
+        share = learnt.count(k) / len(learnt)
+        log_size += share * (np.log(np.maximum(at(slices.mean_ratio(k), 1.0), MIN_RATIO))[:, None]
+                             - np.log(np.maximum(at(slices.quantile_ratios(k), 1.0), MIN_RATIO)))
+    weight = 1.0 / now.shape[1]
+    return [(weight, np.exp(log_size[:, z]), now[:, z] / np.maximum(now_mean, MIN_RATIO)) for z in range(now.shape[1])]
+
+
 def _spread(model: PrivateModel, params: Params, ratio: np.ndarray, keys: Sequence[tuple[Any, ...]],
             values: bool = True) -> np.ndarray:
     """The variance of every slice's ratio (rows: ``keys``; ``ratio`` its ratios, count first) that the
-    model cannot see: the retention spread at the parameters' kept ranks, scaled to each query by its
-    ratio over the count's, and for a value query the uncertainty of the slice's value level through
-    the clip (``heterogeneity.ratio_elasticity`` squared times its log scale's variance)."""
+    calibration does not hold: the posterior variance of the slice's retention at the parameters' kept
+    ranks, as a share of its ratio (every query's ratio holds it), and for a value query the
+    uncertainty of the slice's value level through the clip (``heterogeneity.ratio_elasticity``
+    squared times its log scale's variance)."""
     k = kept_per_impression(params.count_limit)
-    pooled = max(float(model.curve.ratio(k)[0]), MIN_RATIO)
     r = np.asarray(ratio, dtype=np.float64)
-    # Var(r_k) of r_k = r^theta_k through theta's posterior variance (delta method), as a share of r_k
-    relative = np.array([np.log(pooled) ** 2 * (model.exponents[key][1] if model.exponents and key in model.exponents
-                                                else EXPONENT_PRIOR_VARIANCE) for key in keys])
+    mean = model.ratios_of(keys, k)
+    relative = model.ratio_variances(keys, k) / np.maximum(mean, MIN_RATIO) ** 2
     out = relative[:, None] * r**2
     if values and model.value_scales is not None and model.scale_variances is not None:
         for j, query in enumerate(params.queries):
@@ -538,35 +441,61 @@ def _spread(model: PrivateModel, params: Params, ratio: np.ndarray, keys: Sequen
     return np.asarray(out, dtype=np.float64)
 
 
-def _consistency(record: ReleaseRecord, model: PrivateModel, domain: KeyDomain) -> float:
-    """``heterogeneity.release_consistency`` of the last release's main count estimates: expected
-    r(C) x main share x the slice's model total x the day's first-party volume over the model's mean."""
-    share = 1.0 if record.exploration is None else record.exploration.main_share
+def _consistency(record: ReleaseRecord, model: PrivateModel) -> float:
+    """``heterogeneity.release_consistency`` of the last release's main count estimates around the
+    model's: each slice's share of the day's kept count (its model total times its retention, over
+    all slices') times that kept count, the posterior variance of its retention admitted. Relative to
+    the day's own kept count, so that only how slices differ is checked (the pool's kept share that
+    day is the release's, whatever the count limits before it charged)."""
     k = kept_per_impression(record.count_limit)
-    ratio = max(float(model.curve.ratio(k)[0]) * share, MIN_RATIO)
-    mean_day = float(np.sum([v[0] for v in model.slice_totals.values()]))
-    volume = float(record.first_party.totals[0]) / mean_day if mean_day > 0 else 1.0
     at = {key: i for i, key in enumerate(record.slice_keys)}
     keys = [k2 for k2 in model.slice_totals if k2 in at]
     if not keys:
         return 0.0
     rows = np.array([at[k2] for k2 in keys])
-    truth = np.array([float(model.slice_totals[k2][0]) for k2 in keys]) * volume
+    mean = model.ratios_of(keys, k)
+    relative = model.ratio_variances(keys, k) / np.maximum(mean, MIN_RATIO) ** 2
+    weight = np.array([float(model.slice_totals[k2][0]) for k2 in keys]) * mean
+    kept = float(np.maximum(record.main[rows, 0], 0.0).sum())
+    expected = kept * weight / max(float(weight.sum()), 1e-300)
     p = model.curve.size_distribution()
     n = np.arange(1, len(p) + 1, dtype=np.float64)
     cluster = float(p @ n**2) / float(p @ n)  # a day's count of a slice is a sum over impressions
-    return release_consistency(record.main[rows, 0], record.main_variance[rows, 0], ratio * truth,
-                               ratio**2 * truth * cluster, retention_spread(model.curve, k))
+    return release_consistency(record.main[rows, 0], record.main_variance[rows, 0], expected, expected * cluster,
+                               relative)
+
+
+SAME_COUNT_RELEASES = 3
+"""The latest releases at a candidate's count limit whose pooled kept share is its ratio."""
+
+
+def mixing_factor(records: Sequence[ReleaseRecord], params: Params, model: PrivateModel
+                  ) -> tuple[float, list[ReleaseRecord]]:
+    """The main releases' pooled kept share at ``params``' count limit and arms (the latest
+    ``SAME_COUNT_RELEASES``) over the model's steady-state one, and those releases. Alg. 1 charges
+    each conversion at the count limit of the release that used it, so after days at other count
+    limits a release keeps another share than its count limit's curve (lower after lower count
+    limits); the pseudo-history is in the steady state. 1 (and none) when no release had them."""
+    kept = kept_per_impression(params.count_limit)
+    same = [r for r in records if kept_per_impression(r.count_limit) == kept and r.exploration == params.exploration]
+    same = same[-SAME_COUNT_RELEASES:]
+    if not same:
+        return 1.0, []
+    main_share = 1.0 if params.exploration is None else params.exploration.main_share
+    fp = sum(float(r.first_party.totals[0]) for r in same)
+    observed = sum(float(r.main[:, 0].sum()) for r in same) / fp
+    return float(np.clip(observed, MIN_RATIO, 1.0) / max(main_share * model.pooled_ratio(kept), MIN_RATIO)), same
 
 
 def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseRecord],
                         model: PrivateModel) -> ParameterVersion:
     """The version's calibration with the ratios the releases themselves show: the count's is sum U /
-    sum T of past main releases with the same retention checksum (exact first-party T), else the
-    model's, for every slice (no input shows a slice's own retention); a value query's is the pseudo-
-    history's per-slice ratio (the slices' value levels come from the releases) rescaled to the
-    releases' pooled one. Every slice's variance adds the admitted between-slice spread of retention
-    (``heterogeneity.retention_spread``): the intervals carry what the model cannot see."""
+    sum T of past main releases at the same count limit and arms (exact first-party T), else the
+    model's, times each slice's retention relative to the pool's (``private_model.PrivateModel``); a
+    value query's is the pseudo-history's per-slice ratio (the slices' value levels and retention come
+    from the releases) rescaled to the releases' pooled one. Every slice's variance adds what the
+    calibration does not hold (``_spread``: the posterior variance of its retention, its value level's
+    through the clip): the intervals carry what the model cannot see."""
     cal = version.calibration
     if cal is None:
         return version
@@ -585,15 +514,28 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     m = cal.ratio.shape[0]
     keys = [slice_key(list(k)) for k in cal.slice_keys]
     kept = kept_per_impression(params.count_limit)
-    pooled_curve = max(float(model.curve.ratio(kept)[0]), MIN_RATIO)
-    tilt = np.array([model.slice_ratio(k, kept) / pooled_curve for k in keys])  # the slice's own retention
+    pooled_model = model.pooled_ratio(kept)
+    # the count's pooled ratio: the latest main releases' at the same count limit and arms (the count's
+    # retention does not depend on the clips; what the count limits before them charged is in it), else the
+    # model's (conversion-weighted, as the releases' is); the values' pooled ratios move with it
+    main_share = 1.0 if params.exploration is None else params.exploration.main_share
+    mixing, same_count = mixing_factor(records, params, model)
+    if same_count:
+        fp = sum(float(r.first_party.totals[0]) for r in same_count)
+        ratio[0] = float(np.clip(sum(float(r.main[:, 0].sum()) for r in same_count) / fp, MIN_RATIO, 1.0))
+        variance[0] = sum(float(r.main_variance[:, 0].sum()) for r in same_count) / fp**2
+        if not same:
+            ratio[1:] = np.clip(ratio[1:] * mixing, MIN_RATIO, 1.0)
+    else:
+        ratio[0] = float(np.clip(main_share * pooled_model, MIN_RATIO, 1.0))
+    tilt = model.ratios_of(keys, kept) / pooled_model  # the slice's own retention relative to the pool's
     per_slice = np.tile(ratio, (m, 1))
     per_slice[:, 0] = np.clip(ratio[0] * tilt, MIN_RATIO, 1.0)
     per_variance = np.tile(variance, (m, 1))
     pseudo_pooled = np.maximum(np.asarray(cal.pooled_ratio, dtype=np.float64), MIN_RATIO)
-    for q in range(1, len(ratio)):
+    for q in range(1, len(ratio)):  # the pseudo-history's value ratios hold the slices' own retention
         seen = cal.observed[:, q]
-        per_slice[seen, q] = np.clip(cal.ratio[seen, q] * ratio[q] / pseudo_pooled[q] * tilt[seen], MIN_RATIO, 1.0)
+        per_slice[seen, q] = np.clip(cal.ratio[seen, q] * ratio[q] / pseudo_pooled[q], MIN_RATIO, 1.0)
         per_variance[seen, q] += cal.variance[seen, q]
     per_variance += _spread(model, params, per_slice, keys)
     pooled_spread = _spread(model, params, ratio[None, :], [()])[0]

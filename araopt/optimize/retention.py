@@ -8,7 +8,8 @@ is non-decreasing and concave with r(0) = 0 and r -> 1, and every such curve is 
     r(K) = sum_j t_j min(j + 1, K),   t_j >= 0,   sum_j t_j (j + 1) = 1,
 t_j proportional to the share of impressions with j + 1 conversions. It is fitted to noisy points
 (K, r_hat, variance) by non-negative least squares with a penalty on the second differences of t
-(smooth size distributions); its uncertainty at a K by a parametric bootstrap of the points.
+from size 2 on (smooth size distributions beside a mass of single conversions); its uncertainty at
+a K by a parametric bootstrap of the points.
 """
 from __future__ import annotations
 
@@ -67,11 +68,14 @@ def fit_retention_curve(points: Sequence[tuple[int, float, float]], smoothness: 
     rows = [np.minimum(sizes[None, :], k[:, None]) * w[:, None], sizes[None, :] * scale * 1e3]
     target = [r * w, np.array([scale * 1e3])]
     if smoothness > 0:
-        d2 = np.zeros((max_size - 2, max_size))
-        idx = np.arange(max_size - 2)
-        d2[idx, idx], d2[idx, idx + 1], d2[idx, idx + 2] = 1.0, -2.0, 1.0
+        # sizes 2, 3, ... are smooth; size 1 is not in the penalty: single-conversion impressions are a
+        # mass of their own in many logs (a campaign whose impressions convert once), which a penalty
+        # through it would smear over sizes 2 and 3 (r(1) then far below what the arm at C = 1 shows)
+        d2 = np.zeros((max_size - 3, max_size))
+        idx = np.arange(1, max_size - 2)
+        d2[idx - 1, idx], d2[idx - 1, idx + 1], d2[idx - 1, idx + 2] = 1.0, -2.0, 1.0
         rows.append(np.sqrt(smoothness) * scale * d2)
-        target.append(np.zeros(max_size - 2))
+        target.append(np.zeros(max_size - 3))
     t, _ = nnls(np.vstack(rows), np.concatenate(target), maxiter=50 * max_size)
     return RetentionCurve(t, tuple((int(a), float(b), float(c)) for a, b, c in points))
 

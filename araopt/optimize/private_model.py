@@ -1,0 +1,366 @@
+"""The privacy-safe tuner's model (``optimize.private``): what it reads of a release and of the
+advertiser's own conversions, and what it learns from them.
+
+- ``ReleaseRecord``: one past release as the tuner sees it (the public parameters, the noised capped
+  estimates of the main keys per slice and of the exploration arms) with its day's ``FirstParty``
+  facts (the advertiser's conversions without the impression join).
+- ``retention_points``: the pooled retention r(K) at every count limit of the arms and the settled
+  main releases.
+- ``learn``: the ``PrivateModel``: the pooled retention curve (``optimize.retention``), each slice's
+  own curve (``optimize.slice_retention``: identified from main releases at two count limits or
+  more, shrunk by empirical Bayes), each slice's daily true totals (the main releases divided by the
+  slice's retention relative to the pool's, scaled to the day's first-party conversions, averaged
+  over the days before cutting at 0), each slice's value level (``optimize.heterogeneity``), the
+  first-party values.
+- ``pseudo_history``: a conversion log drawn from the model (model sampling seeded by the inputs'
+  digest, not privacy noise), on which the usual tuning runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from araopt.calibration import MIN_RATIO, retention_checksum
+from araopt.constants import COUNT_TAU
+from araopt.errors import InvalidInput
+from araopt.io.conversions import Conversions
+from araopt.mechanism.bounding import kept_per_impression
+from araopt.mechanism.exploration import Exploration
+from araopt.mechanism.keys import KeyDomain, slice_key
+from araopt.mechanism.release import Release
+from araopt.optimize.error_model import default_taus
+from araopt.optimize.heterogeneity import SliceValues, value_scales
+from araopt.optimize.retention import RetentionCurve, fit_retention_curve
+from araopt.optimize.slice_retention import SliceDays, SlicePosterior, slice_posterior
+
+DAY_US = 86_400_000_000
+SPREAD_DAYS = 30
+"""Days after its impression over which a pseudo-history impression's conversions fall (ARA's default
+attribution window: the releases do not show the delays)."""
+SLICE_HISTORY = 60
+"""Releases the retention curves are learnt from (the window's and older ones: conversions per
+impression are a lasting trait, and older releases may be at other count limits)."""
+SETTLE_RELEASES = 30
+"""Releases (days) before a main release that must share its count limit for its kept share to be the
+curve's r(K): an impression's conversions fall within ARA's 30-day attribution window."""
+
+
+@dataclass(frozen=True)
+class FirstParty:
+    """The advertiser's own conversions of one release period: their count and value sums (count
+    first), and the values themselves (n, d): no impression, no impression-side slice."""
+
+    day: str
+    totals: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, day: str, values: np.ndarray) -> FirstParty:
+        v = np.asarray(values, dtype=np.float64)
+        v = v[:, None] if v.ndim == 1 else v
+        # in a canonical order (rows sorted): the pool values are drawn from by position and the sums
+        # (the pseudo-history's seed) must not depend on how the rows came in
+        v = v[np.lexsort(v.T[::-1])] if v.size else v
+        return cls(day, np.concatenate([[float(len(v))], v.sum(axis=0)]), v)
+
+
+@dataclass(frozen=True)
+class ReleaseRecord:
+    """One past release as the privacy-safe tuner sees it: the public facts of its parameters (count
+    limit, exploration arms, retention checksum), the noised capped estimates of the main keys per
+    domain slice and of the exploration arms (Alg. 4, with their variances), and the advertiser's
+    first-party facts of its period."""
+
+    count_limit: int
+    exploration: Exploration | None
+    retention: str
+    slice_keys: tuple[tuple[Any, ...], ...]
+    main: np.ndarray
+    main_variance: np.ndarray
+    arms: np.ndarray
+    arms_variance: np.ndarray
+    first_party: FirstParty
+    clips: tuple[float, ...] = ()
+    """The main release's clip thresholds per value query (public parameters; empty: unknown)."""
+
+    @classmethod
+    def of(cls, release: Release, first_party: FirstParty) -> ReleaseRecord:
+        """From a release in memory (what its files publish: ``publication.estimates_frame`` and
+        ``exploration_frame`` hold the same numbers)."""
+        d1 = release.domain.num_columns
+        values = release.domain.slice_values()
+        keys = tuple(slice_key([values[c][i] for c in release.domain.slice_columns])
+                     for i in range(release.domain.num_slices))
+        arms = release.exploration
+        return cls(release.params.count_limit, release.params.exploration, retention_checksum(release.params), keys,
+                   release.estimates.estimate, release.estimates.std_error**2,
+                   np.zeros((0, d1)) if arms is None else arms.estimate,
+                   np.zeros((0, d1)) if arms is None else arms.std_error**2, first_party,
+                   tuple(q.clip_threshold for q in release.params.queries))
+
+
+@dataclass(frozen=True)
+class PrivateModel:
+    """What the releases and first-party data tell: the pooled retention curve, every declared slice's
+    daily true totals (count first), the first-party values, the days learnt from, each slice's value
+    level and own retention."""
+
+    curve: RetentionCurve
+    slice_totals: Mapping[tuple[Any, ...], np.ndarray]
+    values: np.ndarray
+    days: int
+    value_scales: Mapping[tuple[Any, ...], np.ndarray] | None = None
+    """Per slice, its values' scale per value query relative to the first-party values (from the
+    releases' clipped means: ``optimize.heterogeneity``); None: every slice draws the pooled values."""
+    scale_variances: Mapping[tuple[Any, ...], np.ndarray] | None = None
+    """Per slice, the posterior variance of its log value scales."""
+    slices: SlicePosterior | None = None
+    """Each slice's posterior over its conversions per impression (``optimize.slice_retention``), rows
+    in ``slice_keys`` order; None: every slice has the pooled curve, with no uncertainty."""
+    slice_keys: tuple[tuple[Any, ...], ...] = ()
+
+    def _row(self, key: tuple[Any, ...]) -> int | None:
+        if self.slices is None:
+            return None
+        rows = {k: i for i, k in enumerate(self.slice_keys)}
+        return rows.get(key)
+
+    def slice_curve(self, key: tuple[Any, ...]) -> RetentionCurve:
+        """A slice's retention curve: the posterior mixture of its own, else the pooled curve."""
+        row = self._row(key)
+        return self.curve if row is None or self.slices is None else self.slices.slice_curve(row)
+
+    def slice_ratios(self, kept_ranks: int) -> np.ndarray:
+        """r_k(K) of every slice of ``slice_totals`` (its order): its posterior mean."""
+        pooled = max(float(self.curve.ratio(kept_ranks)[0]), MIN_RATIO)
+        if self.slices is None:
+            return np.full(len(self.slice_totals), pooled)
+        mean = self.slices.mean_ratio(kept_ranks)
+        rows = {k: i for i, k in enumerate(self.slice_keys)}
+        return np.array([max(float(mean[rows[k]]), MIN_RATIO) if k in rows else pooled for k in self.slice_totals])
+
+    def ratios_of(self, keys: Sequence[tuple[Any, ...]], kept_ranks: int) -> np.ndarray:
+        """r_k(K) of every slice of ``keys`` (a slice the model does not hold: the pool's)."""
+        ratios = dict(zip(self.slice_totals, self.slice_ratios(kept_ranks), strict=True))
+        pooled = self.pooled_ratio(kept_ranks) if any(k not in ratios for k in keys) else 0.0
+        return np.array([ratios.get(k, pooled) for k in keys], dtype=np.float64)
+
+    def ratio_variances(self, keys: Sequence[tuple[Any, ...]], kept_ranks: int) -> np.ndarray:
+        """The posterior variance of r_k(K) of every slice of ``keys`` (0 for a slice the model does
+        not hold: it has the pooled curve)."""
+        if self.slices is None:
+            return np.zeros(len(keys))
+        var = self.slices.ratio_variance(kept_ranks)
+        rows = {k: i for i, k in enumerate(self.slice_keys)}
+        return np.array([float(var[rows[k]]) if k in rows else 0.0 for k in keys])
+
+    def pooled_ratio(self, kept_ranks: int) -> float:
+        """r(K) of the pool as the model holds it: the slices' ratios weighted by their conversions
+        (so that the slices' ratios average to the releases' pooled one)."""
+        weights = np.array([float(t[0]) for t in self.slice_totals.values()])
+        ratios = self.slice_ratios(kept_ranks)
+        return max(float(weights @ ratios / weights.sum()) if weights.sum() > 0 else float(ratios.mean()), MIN_RATIO)
+
+
+def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float, float]]:
+    """(kept ranks K, ratio r(K), variance) from every arm and every settled main release, pooled per
+    K: an arm's kept-count estimate over its share of the day's first-party conversions; a main
+    release's summed over slices over the main share (variances: the noise and a binomial-like
+    sampling term of the share). An arm's impressions are capped at one count limit all their life, a
+    main release's conversions were charged at the count limits of the releases before it (Alg. 1
+    over the impression's life): its share is r(K) only when the ``SETTLE_RELEASES`` releases before it
+    had its count limit too (``records`` in time order)."""
+    raw: dict[int, list[tuple[float, float]]] = {}
+    for i, r in enumerate(records):
+        total = float(r.first_party.totals[0])
+        exploration = r.exploration
+        main_share = 1.0 if exploration is None else exploration.main_share
+        if exploration is not None:
+            for arm, est, var in zip(exploration.arms, r.arms[:, 0], r.arms_variance[:, 0], strict=True):
+                n = arm.share * total
+                if n >= 1:
+                    point = (float(est) / n, float(var) / n**2 + 1 / n)
+                    raw.setdefault(kept_per_impression(arm.count_limit), []).append(point)
+        n = main_share * total
+        settled = all(q.count_limit == r.count_limit for q in records[max(0, i - SETTLE_RELEASES):i])
+        if n >= 1 and settled:
+            raw.setdefault(kept_per_impression(r.count_limit), []).append(
+                (float(r.main[:, 0].sum()) / n, float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n))
+    points = []
+    for k, values in sorted(raw.items()):
+        w = np.array([1.0 / max(v, 1e-12) for _, v in values])
+        points.append((k, float(np.sum(w * np.array([x for x, _ in values])) / w.sum()), float(1.0 / w.sum())))
+    return points
+
+
+def domain_keys(domain: KeyDomain) -> list[tuple[Any, ...]]:
+    """Every declared slice's key (``slice_key``), in the domain's order."""
+    values = domain.slice_values()
+    return [slice_key([values[c][i] for c in domain.slice_columns]) for i in range(domain.num_slices)]
+
+
+def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]) -> SliceDays:
+    """The main releases' count estimates per declared slice (``slice_retention.SliceDays``); a slice
+    a release does not hold counts 0 with no noise."""
+    kept = np.zeros((len(records), len(keys)))
+    noise = np.zeros((len(records), len(keys)))
+    for d, r in enumerate(records):
+        at = {key: i for i, key in enumerate(r.slice_keys)}
+        rows = np.array([at.get(key, -1) for key in keys])
+        ok = rows >= 0
+        kept[d, ok] = r.main[rows[ok], 0]
+        noise[d, ok] = r.main_variance[rows[ok], 0]
+    ranks = np.array([kept_per_impression(r.count_limit) for r in records], dtype=np.int64)
+    return SliceDays(ranks, np.maximum(kept.sum(axis=1), 1.0), kept, noise)
+
+
+def slice_groups(domain: KeyDomain) -> list[np.ndarray]:
+    """Per slice column, every declared slice's value code: the groupings the slices' retention may
+    share (``slice_retention``)."""
+    values = domain.slice_values()
+    out = []
+    for column in domain.slice_columns:
+        codes: dict[Any, int] = {}
+        out.append(np.array([codes.setdefault(slice_key([v])[0], len(codes)) for v in values[column]], dtype=np.int64))
+    return out
+
+
+def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[ReleaseRecord] = (),
+          slices: bool = True) -> PrivateModel:
+    """The model of the module docstring from ``records`` (all of the same slices and queries); each
+    slice's own retention also from ``older`` releases; ``slices`` False: every slice has the pooled
+    curve."""
+    if not records:
+        raise InvalidInput("privacy-safe tuning needs at least one past release")
+    history = [*older, *records]
+    curve = fit_retention_curve(retention_points(history))
+    keys = domain_keys(domain)
+    posterior = slice_posterior(slice_days(history, keys), curve, slice_groups(domain)) if slices else None
+    model = PrivateModel(curve, {k: np.zeros(domain.num_columns) for k in keys}, np.zeros((0, 0)), len(records),
+                         slices=posterior, slice_keys=tuple(keys))
+    # the slices' conversions at their own retention: the weights of the pool the model holds
+    rough = np.zeros(len(keys))
+    for r in records:
+        at = {key: i for i, key in enumerate(r.slice_keys)}
+        rows = np.array([at.get(key, -1) for key in keys])
+        counts = np.where(rows >= 0, np.maximum(r.main[rows, 0], 0.0), 0.0)
+        rough += counts / np.maximum(model.slice_ratios(kept_per_impression(r.count_limit)), MIN_RATIO)
+    model = dataclasses.replace(model, slice_totals={k: np.array([float(v)]) for k, v in zip(keys, rough, strict=True)})
+    totals = {k: np.zeros(domain.num_columns) for k in keys}
+    for r in records:
+        # the day's conversions (first-party, exact) shared as the slices' kept counts are, each divided by
+        # its retention relative to the pool's: the pool's kept share that day (whatever the count limits
+        # before it charged) is the release's own
+        k = kept_per_impression(r.count_limit)
+        day_kept = float(np.maximum(r.main[:, 0], 0.0).sum())
+        per_kept = float(r.first_party.totals[0]) / day_kept if day_kept > 0 else 0.0
+        ratios = dict(zip(keys, model.slice_ratios(k) / model.pooled_ratio(k), strict=True))
+        for key, row in zip(r.slice_keys, r.main, strict=True):
+            if key in totals:
+                totals[key] = totals[key] + row * per_kept / max(ratios[key], MIN_RATIO) / len(records)
+    # the noise averages out over the days first: cutting each day's estimate at 0 would inflate
+    # every small slice by its noise (and small slices weigh most in RMSRE_tau)
+    totals = {k: np.maximum(v, 0.0) for k, v in totals.items()}
+    pool = np.concatenate([r.first_party.values for r in records])
+    scales = slice_value_scales(records, keys, totals, pool)
+    return dataclasses.replace(model, slice_totals=totals, values=pool,
+                               value_scales=None if scales is None else scales[0],
+                               scale_variances=None if scales is None else scales[1])
+
+
+def slice_value_scales(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]],
+                       totals: Mapping[tuple[Any, ...], np.ndarray], pool: np.ndarray
+                       ) -> tuple[dict[tuple[Any, ...], np.ndarray], dict[tuple[Any, ...], np.ndarray]] | None:
+    """Every declared slice's value scale per query from the main releases' clipped means, grouped by
+    clip (``heterogeneity.value_scales``); None when no record states its clips."""
+    known = [r for r in records if len(r.clips) == pool.shape[1]]
+    if not known:
+        return None
+    scales = np.ones((len(keys), pool.shape[1]))
+    variances = np.zeros((len(keys), pool.shape[1]))
+    weights = np.array([float(totals[k][0]) for k in keys])
+    for j in range(pool.shape[1]):
+        groups: dict[float, list[ReleaseRecord]] = {}
+        for r in known:
+            groups.setdefault(float(r.clips[j]), []).append(r)
+        observed = []
+        for clip, group in sorted(groups.items()):
+            rows = [dict(zip(r.slice_keys, range(len(r.slice_keys)), strict=True)) for r in group]
+            index = [[row.get(k, -1) for k in keys] for row in rows]
+
+            def summed(field: str, column: int, group: list[ReleaseRecord] = group,
+                       index: list[list[int]] = index) -> np.ndarray:
+                out = np.zeros(len(keys))
+                for r, idx in zip(group, index, strict=True):
+                    at = np.asarray(idx)
+                    ok = at >= 0
+                    out[ok] += getattr(r, field)[at[ok], column]
+                return out
+
+            observed.append(SliceValues(clip, summed("main", 0), summed("main_variance", 0),
+                                        summed("main", j + 1), summed("main_variance", j + 1)))
+        scales[:, j], variances[:, j] = value_scales(observed, pool[:, j], weights)
+    return {k: scales[i] for i, k in enumerate(keys)}, {k: variances[i] for i, k in enumerate(keys)}
+
+
+def pseudo_history(model: PrivateModel, slice_columns: Sequence[str], value_columns: Sequence[str], seed: int,
+                   spread_days: int = SPREAD_DAYS) -> Conversions:
+    """A conversion log drawn from the model: per slice Poisson impressions started over the model's
+    days and the ``spread_days`` before them, sizes from the retention curve, conversions uniform over
+    ``spread_days`` after the impression, values from the first-party conversions, cut at the end of
+    the model's days. ``in_period`` marks the model's days (earlier conversions only give lifetime
+    ranks)."""
+    rng = np.random.default_rng(seed)
+    days = model.days
+    ids: list[np.ndarray] = []
+    times: list[np.ndarray] = []
+    slices: dict[str, list[np.ndarray]] = {c: [] for c in slice_columns}
+    row_scales: list[np.ndarray] = []
+    next_id = 0
+    for key, total in model.slice_totals.items():
+        curve = model.slice_curve(key)
+        sizes = curve.size_distribution()
+        impressions = int(rng.poisson(float(total[0]) * (days + spread_days) / curve.mean_size()))
+        if impressions == 0:
+            continue
+        size = rng.choice(len(sizes), impressions, p=sizes) + 1
+        start = rng.integers(-spread_days * DAY_US, days * DAY_US, impressions)
+        rows = int(size.sum())
+        ids.append(np.repeat(np.arange(next_id, next_id + impressions), size))
+        next_id += impressions
+        times.append(np.repeat(start, size) + rng.integers(0, spread_days * DAY_US, rows))
+        for column, value in zip(slice_columns, key, strict=True):
+            slices[column].append(np.full(rows, value, dtype=object if isinstance(value, str) else None))
+        if model.value_scales is not None:
+            row_scales.append(np.tile(model.value_scales[key], (rows, 1)))
+    if not ids:
+        raise InvalidInput("the releases show no conversions in any declared slice")
+    imp = np.concatenate(ids).astype(np.int64)
+    t = np.concatenate(times).astype(np.int64)
+    vals = model.values[rng.integers(0, len(model.values), len(imp))]
+    if model.value_scales is not None:  # each slice's value level, as its releases show it
+        vals = vals * np.concatenate(row_scales).reshape(len(imp), -1)
+    conv = Conversions(imp, t, {c: np.concatenate(v) for c, v in slices.items()}, vals.reshape(len(imp), -1),
+                       tuple(value_columns))
+    # a history ends with its last day: conversions after it are not in it (as in a real window)
+    conv = conv.take(np.flatnonzero(t < days * DAY_US))
+    return dataclasses.replace(conv, in_period=conv.conversion_time >= 0)
+
+
+def first_party_taus(values: np.ndarray) -> list[float]:
+    """The paper's taus (Sec. 5.1: 5 for the count, 5 x the median of each value) from first-party values."""
+    return [float(t) for t in default_taus(values, COUNT_TAU)]
+
+
+def inputs_seed(records: Sequence[ReleaseRecord]) -> int:
+    """A seed for the pseudo-history from the inputs' digest: the same inputs, the same parameters."""
+    digest = hashlib.sha256()
+    for r in records:
+        for a in (r.main, r.arms, r.first_party.totals):
+            digest.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+    return int.from_bytes(digest.digest()[:8], "big")
