@@ -84,12 +84,12 @@ def _history_job(inputs: InputFiles, spec: StatisticsSpec, pipeline_args: Sequen
     dry run: the translated job); a history with too many rejected rows is refused after the job
     (``check_rejected_share``)."""
     from araopt.io.conversions import check_rejected_share
-    from transforms.io import auto_num_shards
+    from transforms.io import auto_shards
     from transforms.tuning import build_history
 
     from .runner import is_local_runner, pipeline_options, worker_writable
 
-    shards = num_shards or auto_num_shards(inputs.rows + (lookback.rows if lookback else 0))  # shards hold both
+    shards = num_shards or auto_shards(inputs, lookback)
     opts = pipeline_options(list(pipeline_args))
     local = is_local_runner(opts)
     dead_letter = worker_writable(opts, dead_letter) if dead_letter else None

@@ -61,7 +61,7 @@ from araopt.version import Api, ParameterVersion
 from transforms.io import (
     InputFiles,
     attribution_columns,
-    auto_num_shards,
+    auto_shards,
     check_input,
     footer_summary,
     input_facts,
@@ -234,7 +234,7 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
     if not simulation:  # simulations are not releases: nothing to protect, nothing recorded
         ledger = Ledger.open(ledger_root(config.loaded.store, args.ledger), args.allow_rerelease)
         others = other_ledgers(getattr(args, "check_ledgers", None), ledger.store.uri)
-    num_shards = args.num_shards or auto_num_shards(inputs.rows + (lookback.rows if lookback else 0))  # shards hold both
+    num_shards = args.num_shards or auto_shards(inputs, lookback)
     row_ids = None if ledger is None and lookback is None else folder.path(ROW_IDS)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
         if config.attribution:

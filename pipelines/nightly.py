@@ -35,7 +35,7 @@ from araopt.nightly import (
 )
 from araopt.optimize import statistics as stats
 from araopt.version import ParameterVersion
-from transforms.io import auto_num_shards, check_input, match_files
+from transforms.io import auto_shards, check_input, match_files
 from transforms.tuning import build_nightly
 
 from . import options
@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         guardrails=Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor,
                               args.max_count_limit_change))
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
-    num_shards = args.num_shards or auto_num_shards(inputs.rows + (lookback.rows if lookback else 0))  # shards hold both
+    num_shards = args.num_shards or auto_shards(inputs, lookback)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
         build_nightly(pipeline, inputs.paths, lookback.paths if lookback else (), spec, config, previous_payload,
                       pointer.version if pointer else None, num_shards, shuffle_dir)

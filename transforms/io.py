@@ -304,3 +304,9 @@ def auto_num_shards(total_rows: int, rows_per_shard: int = ROWS_PER_SHARD) -> in
     """Shards so that each holds about ``rows_per_shard`` rows: the per-shard working set (what bounds
     a worker's memory) then stays the same whatever the input size."""
     return max(MIN_SHARDS, -(-int(total_rows) // rows_per_shard))
+
+
+def auto_shards(inputs: InputFiles, lookback: InputFiles | None = None) -> int:
+    """Shards of ``ROWS_PER_SHARD`` rows of the input and its lookback together: a shard holds both (sized by
+    the input alone, a 30-day lookback made every shard ~30 times the size meant)."""
+    return auto_num_shards(inputs.rows + (lookback.rows if lookback is not None else 0))

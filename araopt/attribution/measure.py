@@ -17,7 +17,7 @@ that the budgets the release sees are what the earlier ones left; they are not s
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -200,12 +200,16 @@ class BrowserSums:
         counts = {f: sum(getattr(p, f) for p in parts)
                   for f in ("rows", "rows_outside_domain", "reports", "reports_matched", "reports_refused", "browsers",
                             "lookback_rows", "lookback_reports")}
-        ends: dict[str, int | None] = {}
-        for name in ("charged", "matched"):
-            firsts = [v for p in parts if (v := getattr(p, f"{name}_first_ms")) is not None]
-            lasts = [v for p in parts if (v := getattr(p, f"{name}_last_ms")) is not None]
-            ends[f"{name}_first_ms"], ends[f"{name}_last_ms"] = min(firsts, default=None), max(lasts, default=None)
-        return BrowserSums(unnoised, **counts, **ends)
+
+        def first(name: str) -> int | None:
+            return min((v for p in parts if (v := getattr(p, name)) is not None), default=None)
+
+        def last(name: str) -> int | None:
+            return max((v for p in parts if (v := getattr(p, name)) is not None), default=None)
+
+        return replace(BrowserSums(unnoised, **counts),
+                       charged_first_ms=first("charged_first_ms"), charged_last_ms=last("charged_last_ms"),
+                       matched_first_ms=first("matched_first_ms"), matched_last_ms=last("matched_last_ms"))
 
     def charged_window(self, epoch_days: int) -> ChargedWindow | None:
         """The impression times the accepted reports charged, in microseconds (None: no report accepted)."""
