@@ -80,7 +80,7 @@ SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding an
                       "the output is NOT differentially private and must never be published")
 _NOT_FOR_ATTRIBUTION = (("epsilon", "--epsilon (each query's epsilon is in the parameters)"),
                         ("lookback", "--lookback (the browsers' lookback is lookbackDays)"),
-                        ("lookback_days", "--lookback-days"), ("check_ledgers", "--check-ledgers"))
+                        ("lookback_days", "--lookback-days"))
 
 
 def build_parser() -> argparse.ArgumentParser:

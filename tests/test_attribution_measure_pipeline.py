@@ -236,6 +236,30 @@ def test_a_secure_release_is_recorded_in_the_ledger_and_not_repeated(tmp_path, c
     assert "already released" in err and not (tmp_path / "b").exists()
 
 
+def test_check_ledgers_warns_when_another_store_released_the_same_attribution_conversions(tmp_path, capsys):
+    """Two stores' ledgers, one log: the second store's attribution release reads the first's ledger
+    (--check-ledgers, read only) and says how many of its conversions the other store released."""
+    log = random_log(random.Random(25), users=20)
+    params = _params(4.0)
+    version = tmp_path / "v.json"
+    ParameterVersion.for_attribution(params, domain=_layout(params)).save(version)
+    data = log_parquet(log, tmp_path / "log.parquet")
+
+    def release(name, *extra):
+        return main(["measure", "--input", data, "--params", str(version), "--ledger", str(tmp_path / f"ledger-{name}"),
+                     "--output", str(tmp_path / name), "--no-progress", *extra])
+
+    assert release("a") == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert release("b", "--check-ledgers", str(tmp_path / "ledger-a")) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    (released,) = json.load(open(tmp_path / "ledger-a" / "ledger" / "index.json"))["releases"]
+    n = released["rows"]
+    assert n > 0 and f"{n:,} of the {n:,} conversions of this input were already released from another store" in err
+    summary = json.load(open(tmp_path / "b" / "private" / "run_summary.json"))
+    assert list(summary["conversions_in_other_ledgers"].values()) == [n]
+
+
 # ---- reconstruct ---------------------------------------------------------------------------------
 def test_reconstruct_turns_aggregated_histograms_into_measures_estimates(tmp_path, capsys):
     """The noisy histograms of a simulated measurement, given to ``reconstruct`` as the aggregation
