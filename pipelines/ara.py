@@ -116,7 +116,7 @@ def _export(args: argparse.Namespace) -> int:
     check_ara_limits_for_cardinalities(params, [])  # limits that do not depend on the slices, before reading data
     conv, rejected, rows_read = (read_conversion_log(args.conversions, params) if args.conversions else (None, {}, 0))
     domain, warning = export_domain(version, KeyMap.load(args.key_map) if args.key_map else None, args.params, conv,
-                                    args.conversions)
+                                    args.conversions, args.simulation_seed)
     if warning is not None:
         _warn(prog, warning)
     export = export_ara(version, domain, destination, conv, rejected, rows_read, args.simulation_seed)

@@ -26,6 +26,7 @@ from araopt.ara.registrations import (
 )
 from araopt.ara.simulate import browser_contributions, simulate_aggregation_service, simulate_browser
 from araopt.io import avro
+from araopt.mechanism.keys import DATA, DECLARED
 from araopt.publication import estimates_frame
 from araopt.version import ParameterVersion
 from chrome import chrome_sums, measure_unnoised
@@ -38,9 +39,9 @@ SEED = 7
 # ---- fixtures --------------------------------------------------------------------------------------
 
 
-def du_penc_domain(params):
+def du_penc_domain(params, origin=DECLARED):
     return KeyDomain.from_slice_values(("campaign",), {"campaign": np.array(["Thanksgiving", "Christmas"])},
-                                       params.query_columns)
+                                       params.query_columns, origin=origin)
 
 
 def synthetic_frame(n=3000, seed=3):
@@ -419,6 +420,25 @@ def test_export_with_a_declared_key_map_counts_conversions_it_cannot_register(tm
     summary = json.loads((tmp_path / "o" / "export.json").read_text())
     assert summary["triggers"] == 6 and summary["triggers_skipped"] == {"impression_slice_not_in_domain": 1}
     assert len((tmp_path / "o" / "private" / "triggers.jsonl").read_text().splitlines()) == 6
+
+
+def test_export_refuses_a_data_derived_key_map_as_measure_does(tmp_path, capsys):
+    """A key map of origin data (export-ara --conversions wrote it from a log) as --key-map: the registrations
+    would put a data-derived domain into the Aggregation Service's output domain; refused in one line at
+    export (measure refuses it later), except in simulation."""
+    params = du_penc_params()
+    ParameterVersion(params).save(tmp_path / "p.json")
+    du_penc_frame().to_parquet(tmp_path / "log.parquet")
+    base = ["--params", str(tmp_path / "p.json"), "--key-map", str(tmp_path / "km.json")]
+    (tmp_path / "km.json").write_text(json.dumps(du_penc_domain(params, DATA).to_json(ParameterVersion(params).checksum())))
+    assert run_export_ara([*base, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "derived from the data" in err and f"--key-map {tmp_path / 'km.json'}" in err, err
+    assert not (tmp_path / "o").exists()
+    assert run_export_ara([*base, "--out", str(tmp_path / "sim"), "--conversions", str(tmp_path / "log.parquet"),
+                           "--simulation-seed", "1"]) == 0, capsys.readouterr().err
+    (tmp_path / "km.json").write_text(json.dumps(du_penc_domain(params).to_json(ParameterVersion(params).checksum())))
+    assert run_export_ara([*base, "--out", str(tmp_path / "o")]) == 0, capsys.readouterr().err  # declared: fine
 
 
 def test_export_triggers_are_labelled_operator_private(tmp_path, capsys):
