@@ -566,10 +566,31 @@ def test_reconstruct_refuses_other_avro_and_needs_a_key_map(tmp_path, capsys):
     assert "needs the key map" in capsys.readouterr().err
     assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km.json"),
                             "--confidence", "1.5"] + base) == 2
-    # without a key map: the domain of a conversion log's slices
+    # without a key map: the domain of a conversion log's slices, whose estimates are operator-private
     du_penc_frame().to_parquet(tmp_path / "log.parquet")
+    capsys.readouterr()
     assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--conversions", str(tmp_path / "log.parquet")]
                            + base) == 0
+    summary = json.loads((tmp_path / "e.summary.json").read_text())
+    assert summary["operator_private"] is True and summary["domain_origin"] == "data"
+    assert "OPERATOR-PRIVATE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("origin, private", [(DECLARED, False), (DATA, True)])
+def test_reconstruct_through_a_data_derived_key_map_marks_its_estimates_operator_private(tmp_path, capsys, origin,
+                                                                                         private):
+    """A key map of origin data (export-ara --conversions, a simulation) lists the slices of the log it was
+    derived from: reconstruct's estimates through it are marked operator-private, a declared one's are not."""
+    params, _, metrics = _small_release(tmp_path)
+    domain = du_penc_domain(params, origin)
+    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(ParameterVersion(params).checksum())))
+    avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), metrics)
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--params", str(tmp_path / "p.json"),
+                            "--key-map", str(tmp_path / "km.json"), "--out", str(tmp_path / "e.csv")]) == 0
+    summary = json.loads((tmp_path / "e.summary.json").read_text())
+    assert summary["operator_private"] is private and summary["domain_origin"] == origin
+    err = capsys.readouterr().err
+    assert ("OPERATOR-PRIVATE" in err and "--key-map" in err) is private, err
 
 
 def test_browser_report_cap_and_budget():

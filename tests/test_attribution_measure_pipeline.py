@@ -290,3 +290,26 @@ def test_reconstruct_turns_aggregated_histograms_into_measures_estimates(tmp_pat
                  "--output", str(tmp_path / "e3.csv")]) == 0
     assert "1 (query, histogram index) entries are missing" in capsys.readouterr().err
     assert pd.read_csv(tmp_path / "e3.csv")["estimate"].isna().sum() == 1
+
+
+def test_reconstruct_over_a_logs_layout_marks_its_estimates_operator_private(tmp_path, capsys):
+    """``reconstruct --conversions LOG`` reads the histograms through the slices of LOG: the estimates list
+    exactly the slices that occur in it, so they are marked operator-private (summary and console), while
+    the same histograms through the version's declared layout are publishable."""
+    log = random_log(random.Random(26), users=25)
+    params = _params(4.0)
+    result = measure(params, log, _layout(params), simulation_seed=9)
+    pd.DataFrame([{"query": q, "histogram_index": i, "noisy_sum": int(v)} for (q, _), noisy in result.noisy.items()
+                  for i, v in enumerate(noisy)]).to_csv(tmp_path / "histograms.csv", index=False)
+    for name, layout in (("declared", _layout(params)), ("log", None)):
+        version = tmp_path / f"{name}.json"
+        ParameterVersion.for_attribution(params, domain=layout).save(version)
+        capsys.readouterr()
+        assert main(["reconstruct", "--summary-report", str(tmp_path / "histograms.csv"), "--params", str(version),
+                     "--conversions", log_parquet(log, tmp_path / "log.parquet"),
+                     "--output", str(tmp_path / f"{name}.csv")]) == 0, capsys.readouterr().err
+        err = capsys.readouterr().err
+        summary = json.load(open(tmp_path / f"{name}.summary.json"))
+        private = name == "log"
+        assert summary["operator_private"] is private and summary["domain_origin"] == ("data" if private else "declared")
+        assert ("OPERATOR-PRIVATE" in err and "--conversions" in err) is private, err
