@@ -44,8 +44,8 @@ from figures import markdown_table, write_figure  # noqa: E402
 BATCH = 1 << 20
 
 
-def release(n: int, seed: int) -> tuple[RowSet, RowSet, float, float]:
-    """(row set and coarse row set of n synthetic conversions, CPU seconds to hash them in batches,
+def release(n: int, seed: int) -> tuple[RowSet, RowSet, RowSet, float, float]:
+    """(row set, coarse and minute row sets of n synthetic conversions, CPU seconds to hash them in batches,
     CPU seconds to merge)."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, max(1, n // 10), n) + seed * n
@@ -56,7 +56,8 @@ def release(n: int, seed: int) -> tuple[RowSet, RowSet, float, float]:
     hashed = time.process_time() - start
     start = time.process_time()
     rows, coarse = RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts)
-    return rows, coarse, hashed, time.process_time() - start
+    minute = RowSet.merge(p.minute_part() for p in parts)
+    return rows, coarse, minute, hashed, time.process_time() - start
 
 
 def id_speed(n: int) -> None:
@@ -147,18 +148,19 @@ def main() -> None:
         return
     rows_out: list[list[str]] = []
     for n in (int(s) for s in args.sizes.split(",")):
-        rows, _, hashed, merged = release(n, seed=0)
+        rows, _, _, hashed, merged = release(n, seed=0)
         data = rows.to_parquet_bytes()
         start = time.perf_counter()
         RowSet.from_parquet_bytes(data)
         read = time.perf_counter() - start
-        print(f"{n:>11,} conversions: exact + coarse ids {hashed:5.2f} s CPU ({n / hashed / 1e6:5.1f}M/s), "
+        print(f"{n:>11,} conversions: exact, coarse + minute ids {hashed:5.2f} s CPU ({n / hashed / 1e6:5.1f}M/s), "
               f"merge {merged:5.2f} s, "
               f"row set {len(data):>11,} bytes = {len(data) / len(rows):.2f} bytes per conversion "
               f"({len(data) * 1e6 / len(rows) / 2**20:.2f} MiB per 10^6; read back {read:.2f} s)")
         rows_out.append([f"row set of one release of {n:,} conversions (sorted 64-bit ids, delta-packed Parquet: the "
-                        f"exact and the coarse identities)", f"{len(data) / len(rows):.2f} bytes per conversion; exact "
-                        f"+ coarse ids {n / hashed / 1e6:.1f}M per CPU second"])
+                        f"exact identities; the coarse and minute ones are two more)",
+                         f"{len(data) / len(rows):.2f} bytes per conversion; exact, coarse + minute ids "
+                         f"{n / hashed / 1e6:.1f}M per CPU second"])
     n = int(args.sizes.split(",")[0])
     with tempfile.TemporaryDirectory() as root:
         os.environ["ARAOPT_LEDGER"] = root
@@ -166,22 +168,23 @@ def main() -> None:
 
         ledger = Ledger.open(root, allow_rerelease=True)
         for k in range(args.releases):
-            rows, coarse, _, _ = release(n, seed=k + 1)
-            ledger.check_and_record(rows, rows.to_parquet_bytes(), {}, coarse=coarse)
+            rows, coarse, minute, _, _ = release(n, seed=k + 1)
+            ledger.check_and_record(rows, rows.to_parquet_bytes(), {}, coarse=coarse, minute=minute)
         ledger_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(root) for f in fs)
-        rows, coarse, _, _ = release(n, seed=1)  # a re-release of the first one; every window meets every other
+        rows, coarse, minute, _, _ = release(n, seed=1)  # a re-release of the first one; every window meets every other
         start = time.process_time()
-        recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), {}, coarse=coarse)
+        recorded = ledger.check_and_record(rows, rows.to_parquet_bytes(), {}, coarse=coarse, minute=minute)
         took = time.process_time() - start
     print(f"ledger of {args.releases} releases of {n:,} conversions: {ledger_bytes:,} bytes on disk = "
           f"{ledger_bytes / (args.releases * n):.2f} bytes per released conversion (index included)")
-    print(f"check + record (exact and coarse) of {n:,} conversions against those {args.releases} releases: "
+    print(f"check + record (exact, coarse and minute) of {n:,} conversions against those {args.releases} releases: "
           f"{took:.2f} s CPU (overlap found: {recorded.rows_released_before:,} exact, "
-          f"{recorded.entry['coarse_rows_released_before']:,} coarse)")
+          f"{recorded.entry['coarse_rows_released_before']:,} coarse, {recorded.entry['minute_rows_released_before']:,} "
+          f"minute)")
     rows_out.append([f"ledger of {args.releases} releases of {n:,} conversions (index included)",
                     f"{ledger_bytes / (args.releases * n):.2f} bytes per released conversion"])
-    rows_out.append([f"check + record (exact and coarse) of {n:,} conversions against those {args.releases} releases, "
-                    f"whose windows meet", f"{took:.2f} s CPU"])
+    rows_out.append([f"check + record (exact, coarse and minute) of {n:,} conversions against those "
+                     f"{args.releases} releases, whose windows meet", f"{took:.2f} s CPU"])
     if args.figures:
         write_figure(args.figures, markdown_table(["what (`benchmarks/ledger.py`)", "figure"], rows_out))
         print(f"wrote {args.figures}")
