@@ -47,6 +47,7 @@ from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_output_file, ch
 from araopt.io.partitions import partition_days
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
+from araopt.mechanism.release import operator_private_reason
 from araopt.version import Api, ParameterVersion
 
 from . import options
@@ -116,7 +117,7 @@ def _export(args: argparse.Namespace) -> int:
     check_ara_limits_for_cardinalities(params, [])  # limits that do not depend on the slices, before reading data
     conv, rejected, rows_read = (read_conversion_log(args.conversions, params) if args.conversions else (None, {}, 0))
     domain, warning = export_domain(version, KeyMap.load(args.key_map) if args.key_map else None, args.params, conv,
-                                    args.conversions)
+                                    args.conversions, args.simulation_seed)
     if warning is not None:
         _warn(prog, warning)
     export = export_ara(version, domain, destination, conv, rejected, rows_read, args.simulation_seed)
@@ -192,9 +193,11 @@ def _reconstruct(args: argparse.Namespace) -> int:
     params = version.params
     if args.key_map:
         domain = key_map_domain(KeyMap.load(args.key_map), file_version, version, args.params, args.epsilon)
+        private = operator_private_reason(domain, f"--key-map {args.key_map}")
     elif args.conversions:
         conv, _, _ = read_conversion_log(args.conversions, params)
         domain = domain_from_conversions(params, conv)
+        private = operator_private_reason(domain, f"--conversions {args.conversions}")
     else:
         raise InvalidParameters("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
                                 "--conversions LOG to derive the domain from its slices")
@@ -205,7 +208,10 @@ def _reconstruct(args: argparse.Namespace) -> int:
     check_report_matches(counters)
     atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary: dict[str, Any] = {"report_kind": data.kind, "files": len(data.paths), **counters.to_json(),
-                               "slices": domain.num_slices, "estimates": args.output}
+                               "slices": domain.num_slices, "estimates": args.output,
+                               **_privacy_facts(domain, private)}
+    if private is not None:
+        _warn(prog, private)
     if counters.unknown:
         side = side_unknown
         rows = pd.DataFrame({"bucket": [f"0x{b:032x}" for b, _ in counters.unknown],
@@ -234,6 +240,13 @@ def _reconstruct(args: argparse.Namespace) -> int:
     return 0
 
 
+def _privacy_facts(domain: KeyDomain, private: str | None) -> dict[str, Any]:
+    """What reconstruct's summary says of its estimates: the domain's origin and whether they are operator-private
+    (``araopt.mechanism.release.operator_private_reason``)."""
+    return {"domain_origin": domain.origin, "operator_private": private is not None,
+            **({"operator_private_reason": private} if private is not None else {})}
+
+
 def _reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion, sides: tuple[str, ...]) -> int:
     """``araopt reconstruct`` for an attribution parameter version: the aggregation service's noisy
     histograms (CSV: ``query,histogram_index,noisy_sum``) -> Alg. 4's estimates with noise intervals per
@@ -258,6 +271,9 @@ def _reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion
                                           params.value_columns)
     domain = reconstruction_layout(params, KeyDomain.load(args.key_map) if args.key_map else None, args.key_map,
                                    version.domain, rows)
+    private = operator_private_reason(domain, f"--key-map {args.key_map}" if args.key_map else
+                                      "the parameter version" if version.domain is not None
+                                      else f"--conversions {args.conversions}")
     paths = args.summary_report if isinstance(args.summary_report, list) else [args.summary_report]
     frames = []
     for path in paths:
@@ -271,8 +287,10 @@ def _reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion
     atomic_write(args.output, lambda fh: fh.write(outputs.csv_bytes(frame)), mode="wb")
     summary = {"api": "attribution", "histograms": histograms, "histogram_size": domain.num_slices,
                "missing_entries": missing, "layout_sha256": domain.layout_checksum(), "estimates": args.output,
-               "bias_corrected": version.retention is not None}
+               "bias_corrected": version.retention is not None, **_privacy_facts(domain, private)}
     atomic_write(sides[0], lambda fh: fh.write(jsonio.dumps(summary, indent=1)), mode="w")
+    if private is not None:
+        _warn(prog, private)
     if missing:
         print(f"{prog}: warning: {missing} (query, histogram index) entries are missing from the histograms: their "
               f"estimates are NaN", file=sys.stderr)

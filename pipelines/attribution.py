@@ -38,6 +38,7 @@ from araopt.io import jsonio, outputs
 from araopt.io.conversions import ValidationCounts
 from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_target
 from araopt.mechanism.keys import DATA, KeyDomain
+from araopt.mechanism.release import check_declared_domain
 
 from . import options
 
@@ -97,6 +98,7 @@ def _export(args: argparse.Namespace) -> int:
         from .inputs import read_domain
 
         domain = read_domain(args.domain, params.slice_columns, params.query_names, inputs)
+        check_declared_domain(domain, args.simulation_seed, f"--domain {args.domain}")  # as measure refuses it
     elif rows is not None:
         domain = KeyDomain.from_slice_values(params.slice_columns, {c: rows[c].to_numpy() for c in params.slice_columns},
                                              params.query_names)

@@ -80,7 +80,7 @@ SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding an
                       "the output is NOT differentially private and must never be published")
 _NOT_FOR_ATTRIBUTION = (("epsilon", "--epsilon (each query's epsilon is in the parameters)"),
                         ("lookback", "--lookback (the browsers' lookback is lookbackDays)"),
-                        ("lookback_days", "--lookback-days"), ("check_ledgers", "--check-ledgers"))
+                        ("lookback_days", "--lookback-days"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -273,10 +273,10 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
                 check_lookback(period, merged_identities(folder, ROW_IDS + LOOKBACK_SUFFIX, f"{id_dir}/lookback"))
             if ledger is not None:
                 held = None if config.period is None else config.period.held(take_held(folder))
-                step = LedgerStep(ledger, *period, ledger_entry(version, config.epsilon_note, summary),
-                                  charged_impressions(version, summary), held)
+                step = LedgerStep(ledger, period.exact, period.coarse, ledger_entry(version, config.epsilon_note, summary),
+                                  charged_impressions(version, summary), held, period.minute)
                 if others:
-                    summary["conversions_in_other_ledgers"], warnings = released_elsewhere(others, period[0])
+                    summary["conversions_in_other_ledgers"], warnings = released_elsewhere(others, period.exact)
                     for warning in warnings:
                         print(f"araopt measure: warning: {warning}", file=sys.stderr)
         if not config.attribution:

@@ -26,6 +26,7 @@ from araopt.ara.registrations import (
 )
 from araopt.ara.simulate import browser_contributions, simulate_aggregation_service, simulate_browser
 from araopt.io import avro
+from araopt.mechanism.keys import DATA, DECLARED
 from araopt.publication import estimates_frame
 from araopt.version import ParameterVersion
 from chrome import chrome_sums, measure_unnoised
@@ -38,9 +39,9 @@ SEED = 7
 # ---- fixtures --------------------------------------------------------------------------------------
 
 
-def du_penc_domain(params):
+def du_penc_domain(params, origin=DECLARED):
     return KeyDomain.from_slice_values(("campaign",), {"campaign": np.array(["Thanksgiving", "Christmas"])},
-                                       params.query_columns)
+                                       params.query_columns, origin=origin)
 
 
 def synthetic_frame(n=3000, seed=3):
@@ -421,6 +422,25 @@ def test_export_with_a_declared_key_map_counts_conversions_it_cannot_register(tm
     assert len((tmp_path / "o" / "private" / "triggers.jsonl").read_text().splitlines()) == 6
 
 
+def test_export_refuses_a_data_derived_key_map_as_measure_does(tmp_path, capsys):
+    """A key map of origin data (export-ara --conversions wrote it from a log) as --key-map: the registrations
+    would put a data-derived domain into the Aggregation Service's output domain; refused in one line at
+    export (measure refuses it later), except in simulation."""
+    params = du_penc_params()
+    ParameterVersion(params).save(tmp_path / "p.json")
+    du_penc_frame().to_parquet(tmp_path / "log.parquet")
+    base = ["--params", str(tmp_path / "p.json"), "--key-map", str(tmp_path / "km.json")]
+    (tmp_path / "km.json").write_text(json.dumps(du_penc_domain(params, DATA).to_json(ParameterVersion(params).checksum())))
+    assert run_export_ara([*base, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "derived from the data" in err and f"--key-map {tmp_path / 'km.json'}" in err, err
+    assert not (tmp_path / "o").exists()
+    assert run_export_ara([*base, "--out", str(tmp_path / "sim"), "--conversions", str(tmp_path / "log.parquet"),
+                           "--simulation-seed", "1"]) == 0, capsys.readouterr().err
+    (tmp_path / "km.json").write_text(json.dumps(du_penc_domain(params).to_json(ParameterVersion(params).checksum())))
+    assert run_export_ara([*base, "--out", str(tmp_path / "o")]) == 0, capsys.readouterr().err  # declared: fine
+
+
 def test_export_triggers_are_labelled_operator_private(tmp_path, capsys):
     """triggers.jsonl carries each conversion's raw impression id and time: it is written under private/
     beside a README that says never to publish it, and the console names it operator-private."""
@@ -546,10 +566,31 @@ def test_reconstruct_refuses_other_avro_and_needs_a_key_map(tmp_path, capsys):
     assert "needs the key map" in capsys.readouterr().err
     assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--key-map", str(tmp_path / "km.json"),
                             "--confidence", "1.5"] + base) == 2
-    # without a key map: the domain of a conversion log's slices
+    # without a key map: the domain of a conversion log's slices, whose estimates are operator-private
     du_penc_frame().to_parquet(tmp_path / "log.parquet")
+    capsys.readouterr()
     assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--conversions", str(tmp_path / "log.parquet")]
                            + base) == 0
+    summary = json.loads((tmp_path / "e.summary.json").read_text())
+    assert summary["operator_private"] is True and summary["domain_origin"] == "data"
+    assert "OPERATOR-PRIVATE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("origin, private", [(DECLARED, False), (DATA, True)])
+def test_reconstruct_through_a_data_derived_key_map_marks_its_estimates_operator_private(tmp_path, capsys, origin,
+                                                                                         private):
+    """A key map of origin data (export-ara --conversions, a simulation) lists the slices of the log it was
+    derived from: reconstruct's estimates through it are marked operator-private, a declared one's are not."""
+    params, _, metrics = _small_release(tmp_path)
+    domain = du_penc_domain(params, origin)
+    (tmp_path / "km.json").write_text(json.dumps(domain.to_json(ParameterVersion(params).checksum())))
+    avro.write_summary_report(tmp_path / "r.avro", domain.buckets(), metrics)
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--params", str(tmp_path / "p.json"),
+                            "--key-map", str(tmp_path / "km.json"), "--out", str(tmp_path / "e.csv")]) == 0
+    summary = json.loads((tmp_path / "e.summary.json").read_text())
+    assert summary["operator_private"] is private and summary["domain_origin"] == origin
+    err = capsys.readouterr().err
+    assert ("OPERATOR-PRIVATE" in err and "--key-map" in err) is private, err
 
 
 def test_browser_report_cap_and_budget():

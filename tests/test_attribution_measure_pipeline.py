@@ -236,6 +236,30 @@ def test_a_secure_release_is_recorded_in_the_ledger_and_not_repeated(tmp_path, c
     assert "already released" in err and not (tmp_path / "b").exists()
 
 
+def test_check_ledgers_warns_when_another_store_released_the_same_attribution_conversions(tmp_path, capsys):
+    """Two stores' ledgers, one log: the second store's attribution release reads the first's ledger
+    (--check-ledgers, read only) and says how many of its conversions the other store released."""
+    log = random_log(random.Random(25), users=20)
+    params = _params(4.0)
+    version = tmp_path / "v.json"
+    ParameterVersion.for_attribution(params, domain=_layout(params)).save(version)
+    data = log_parquet(log, tmp_path / "log.parquet")
+
+    def release(name, *extra):
+        return main(["measure", "--input", data, "--params", str(version), "--ledger", str(tmp_path / f"ledger-{name}"),
+                     "--output", str(tmp_path / name), "--no-progress", *extra])
+
+    assert release("a") == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert release("b", "--check-ledgers", str(tmp_path / "ledger-a")) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    (released,) = json.load(open(tmp_path / "ledger-a" / "ledger" / "index.json"))["releases"]
+    n = released["rows"]
+    assert n > 0 and f"{n:,} of the {n:,} conversions of this input were already released from another store" in err
+    summary = json.load(open(tmp_path / "b" / "private" / "run_summary.json"))
+    assert list(summary["conversions_in_other_ledgers"].values()) == [n]
+
+
 # ---- reconstruct ---------------------------------------------------------------------------------
 def test_reconstruct_turns_aggregated_histograms_into_measures_estimates(tmp_path, capsys):
     """The noisy histograms of a simulated measurement, given to ``reconstruct`` as the aggregation
@@ -266,3 +290,26 @@ def test_reconstruct_turns_aggregated_histograms_into_measures_estimates(tmp_pat
                  "--output", str(tmp_path / "e3.csv")]) == 0
     assert "1 (query, histogram index) entries are missing" in capsys.readouterr().err
     assert pd.read_csv(tmp_path / "e3.csv")["estimate"].isna().sum() == 1
+
+
+def test_reconstruct_over_a_logs_layout_marks_its_estimates_operator_private(tmp_path, capsys):
+    """``reconstruct --conversions LOG`` reads the histograms through the slices of LOG: the estimates list
+    exactly the slices that occur in it, so they are marked operator-private (summary and console), while
+    the same histograms through the version's declared layout are publishable."""
+    log = random_log(random.Random(26), users=25)
+    params = _params(4.0)
+    result = measure(params, log, _layout(params), simulation_seed=9)
+    pd.DataFrame([{"query": q, "histogram_index": i, "noisy_sum": int(v)} for (q, _), noisy in result.noisy.items()
+                  for i, v in enumerate(noisy)]).to_csv(tmp_path / "histograms.csv", index=False)
+    for name, layout in (("declared", _layout(params)), ("log", None)):
+        version = tmp_path / f"{name}.json"
+        ParameterVersion.for_attribution(params, domain=layout).save(version)
+        capsys.readouterr()
+        assert main(["reconstruct", "--summary-report", str(tmp_path / "histograms.csv"), "--params", str(version),
+                     "--conversions", log_parquet(log, tmp_path / "log.parquet"),
+                     "--output", str(tmp_path / f"{name}.csv")]) == 0, capsys.readouterr().err
+        err = capsys.readouterr().err
+        summary = json.load(open(tmp_path / f"{name}.summary.json"))
+        private = name == "log"
+        assert summary["operator_private"] is private and summary["domain_origin"] == ("data" if private else "declared")
+        assert ("OPERATOR-PRIVATE" in err and "--conversions" in err) is private, err

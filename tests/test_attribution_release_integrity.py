@@ -207,6 +207,27 @@ def test_export_attributions_layout_of_a_log_is_refused_as_a_release_domain(tmp_
         capsys.readouterr().err
 
 
+def test_export_attribution_refuses_a_data_derived_layout_as_domain_as_measure_does(tmp_path, capsys):
+    """The layout ``export-attribution --conversions`` wrote (origin data) given back as its ``--domain``: the
+    calls.json it would deploy puts a data-derived layout into the browsers' histograms, so it is refused in
+    one line at export (``measure`` refuses it later), except in simulation; a declared layout passes."""
+    log = _log(T0, T0 + HOUR_US)
+    (tmp_path / "p.json").write_text(json.dumps(_params().to_json()))
+    path = log_parquet(log, tmp_path / "log.parquet")
+    export = ["export-attribution", "--params", str(tmp_path / "p.json")]
+    assert main([*export, "--output", str(tmp_path / "exp"), "--conversions", path, "--simulation-seed", "1"]) == 0
+    layout = str(tmp_path / "exp" / "histogram_layout.csv")
+    capsys.readouterr()
+    assert main([*export, "--output", str(tmp_path / "again"), "--domain", layout]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "derived from the data" in err and f"--domain {layout}" in err, err
+    assert not (tmp_path / "again").exists()
+    assert main([*export, "--output", str(tmp_path / "sim"), "--domain", layout, "--conversions", path,
+                 "--simulation-seed", "1"]) == 0, capsys.readouterr().err  # a simulation may
+    assert main([*export, "--output", str(tmp_path / "dec"), "--domain",
+                 str(tmp_path / "sim" / "histogram_layout.csv")]) == 2  # (it stays data-derived)
+
+
 def test_a_layout_lists_one_known_origin():
     from araopt.mechanism.keys import domain_from_rows
 

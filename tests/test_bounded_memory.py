@@ -106,7 +106,8 @@ def _parts(rng, sizes, space):
     for i, n in enumerate(sizes):
         ids = rng.choice(space, n).astype(np.uint64)
         coarse = rng.choice(space // 4 + 1, n).astype(np.uint64) * np.uint64(4)
-        out.append(RowSetPart(ids, 100 + i, 200 + 3 * i, coarse))
+        minute = rng.choice(space // 8 + 1, n).astype(np.uint64) * np.uint64(8)
+        out.append(RowSetPart(ids, 100 + i, 200 + 3 * i, coarse, minute))
     return out
 
 
@@ -115,11 +116,12 @@ def test_row_sets_merged_from_runs_on_disk_are_the_merged_row_sets(tmp_path):
     space = rng.integers(0, 2**64 - 1, 50_000, dtype=np.uint64, endpoint=True)
     space[:3] = [0, 2**64 - 1, 1 << (64 - RANGE_BITS)]  # the extremes and a range's first id
     parts = _parts(rng, [0, 1, 7000, 30_000, 12_345], space)
-    parts[1] = RowSetPart(space[:3].copy(), None, None, None)  # no time range, no coarse ids
-    exact, coarse = SpilledRowSet.merge_runs([p.sorted() if i % 2 else p for i, p in enumerate(parts)],
-                                             str(tmp_path / "ids"))
+    parts[1] = RowSetPart(space[:3].copy(), None, None, None)  # no time range, no coarse or minute ids
+    exact, coarse, minute = SpilledRowSet.merge_runs([p.sorted() if i % 2 else p for i, p in enumerate(parts)],
+                                                     str(tmp_path / "ids"))
     want, want_coarse = RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts)
-    for got, ref in ((exact, want), (coarse, want_coarse)):
+    want_minute = RowSet.merge(p.minute_part() for p in parts)
+    for got, ref in ((exact, want), (coarse, want_coarse), (minute, want_minute)):
         assert np.array_equal(np.concatenate(list(got.chunks())), ref.ids)
         assert len(got) == len(ref) and (got.first_time_us, got.last_time_us) == (100, 212)
         back = RowSet.from_parquet_bytes(got.to_parquet_bytes())

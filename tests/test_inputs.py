@@ -129,9 +129,12 @@ def test_export_ara_key_maps_record_where_their_slices_come_from(tmp_path, capsy
     history_version(p, {"s": np.array(["a", "b", "c"])}).save(tmp_path / "ph.json")
     assert run_export_ara(["--params", str(tmp_path / "ph.json"), "--out", str(tmp_path / "e2")]) == 0
     assert json.loads((tmp_path / "e2" / "key_map.json").read_text())["origin"] == "history"
-    # a key map passed on keeps its origin; the parameters' embedded domain carries none (checksums unchanged)
-    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e3"), "--key-map",
-                           str(tmp_path / "e1" / "key_map.json")]) == 0
+    # a key map passed on keeps its origin (one of origin data only in simulation, as measure takes it);
+    # the parameters' embedded domain carries none (checksums unchanged)
+    again = ["--params", str(tmp_path / "p.json"), "--key-map", str(tmp_path / "e1" / "key_map.json")]
+    assert run_export_ara([*again, "--out", str(tmp_path / "e3")]) == 2
+    assert "derived from the data" in capsys.readouterr().err and not (tmp_path / "e3").exists()
+    assert run_export_ara([*again, "--out", str(tmp_path / "e3"), "--conversions", data, "--simulation-seed", "1"]) == 0
     assert json.loads((tmp_path / "e3" / "key_map.json").read_text())["origin"] == "data"
     assert "origin" not in json.loads((tmp_path / "ph.json").read_text())["domain"]
 

@@ -16,7 +16,16 @@ from hypothesis import strategies as st
 
 from araopt.io.conversions import Conversions
 from araopt.io.ids import canonical_id_hash
-from araopt.io.rowset import LOSSY_OVERLAP_SHARE, RowSet, RowSetPart, coarse_row_ids, conversion_row_ids
+from araopt.io.rowset import (
+    LOSSY_OVERLAP_SHARE,
+    RowSet,
+    RowSetPart,
+    coarse_row_ids,
+    conversion_row_ids,
+    minute_neighbours,
+    minute_row_ids,
+)
+from araopt.ledger.ledger import Ledger, LedgerRefusal, identities
 from araopt.mechanism.exploration import default_exploration
 from factories import conversions, domain_csv, error_line, setup, write
 from pipelines import measure as measure_pipeline
@@ -103,6 +112,85 @@ def test_the_coarse_identity_survives_truncation_and_time_zone_shifts_but_not_ot
     assert not np.any(coarse_row_ids(ids + 1, times) == coarse)
 
 
+MINUTE = 60_000_000
+
+
+def test_the_minute_identity_survives_truncation_and_rounding_to_the_minute_within_a_neighbour():
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 1000, 5000)
+    times = rng.integers(1_700_000_000_000_000, 1_700_086_400_000_000, 5000)
+    minute = minute_row_ids(ids, times)
+    for unit in (1000, 1_000_000, MINUTE):  # truncated to the ms, s, minute: the same minute identity
+        np.testing.assert_array_equal(minute_row_ids(ids, times - times % unit), minute)
+    coarse_kept = coarse_row_ids(ids, times - times % MINUTE) == coarse_row_ids(ids, times)
+    assert not np.any(coarse_kept[times % MINUTE >= 1_000_000])  # the coarse identity misses them: what it adds
+    rounded = minute_row_ids(ids, (times + MINUTE // 2) // MINUTE * MINUTE)
+    up = rounded != minute
+    assert 0.4 < up.mean() < 0.6  # rounding moves about half of them to the next minute ...
+    np.testing.assert_array_equal(minute_neighbours(rounded[up], -1), minute[up])  # ... a neighbour
+    np.testing.assert_array_equal(minute_neighbours(minute_neighbours(minute, 1), -1), minute)
+    assert not np.any(minute_row_ids(ids, times + 2 * MINUTE) == minute)  # two minutes on: another conversion
+    assert not np.any(minute_row_ids(ids + 1, times) == minute)  # another impression
+    low = minute & np.uint64(2**24 - 1)  # the minute, offset by the id's hash: not shown without the id
+    assert np.mean(low == (times // MINUTE % 2**24).astype(np.uint64)) < 0.01
+
+
+def _identities(ids, times):
+    return identities([RowSetPart.of_table(pa.table({"impression_id": ids, "conversion_time_us": times}))])
+
+
+def _record(ledger, ids, times):
+    exact, coarse, minute = _identities(ids, times)
+    return ledger.check_and_record(exact, exact.to_parquet_bytes(), {}, coarse=coarse, minute=minute)
+
+
+@pytest.mark.parametrize("lossy", ["truncated to the minute", "rounded to the minute", "truncated to the second"])
+def test_the_ledger_refuses_a_reexport_truncated_or_rounded_to_the_minute(tmp_path, lossy):
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 400, 1200)
+    times = 1_700_000_000_000_000 + rng.integers(0, 86_400_000_000, 1200)
+    ledger = Ledger.open(str(tmp_path / "ledger"), allow_rerelease=False)
+    _record(ledger, ids, times)
+    changed = {"truncated to the minute": times - times % MINUTE,
+               "rounded to the minute": (times + MINUTE // 2) // MINUTE * MINUTE,
+               "truncated to the second": times - times % 1_000_000}[lossy]
+    distinct = len(np.unique(minute_row_ids(ids, changed)))
+    with pytest.raises(LedgerRefusal, match=f"{distinct:,} of the {distinct:,} conversions of this input match "
+                                            f"conversions released before by impression id and minute"):
+        _record(ledger, ids, changed)
+    recorded = Ledger.open(str(tmp_path / "ledger"), allow_rerelease=True)
+    entry = _record(recorded, ids, changed).entry  # still possible on purpose, and recorded
+    assert entry["minute_rows_released_before"] == entry["minute_rows"] == distinct
+
+
+def test_the_next_day_of_the_same_impressions_matches_by_minute_only_at_the_day_boundary(tmp_path):
+    """Genuine distinct conversions (the same impressions, the next day) match by minute only within a
+    minute of the earlier release's end: the minute identity's chance share stays far below the refusal."""
+    rng = np.random.default_rng(6)
+    ids, day = rng.integers(0, 300, 4000), 86_400_000_000
+    times = 1_700_006_400_000_000 + rng.integers(0, day, 4000)  # 1_700_006_400 s: a UTC midnight
+    ledger = Ledger.open(str(tmp_path / "ledger"), allow_rerelease=False)
+    _record(ledger, ids, times)
+    nxt = _record(ledger, rng.integers(0, 300, 4000), 1_700_006_400_000_000 + day + rng.integers(0, day, 4000)).entry
+    assert nxt["rows_released_before"] == 0 and nxt["minute_rows_released_before"] < 0.005 * nxt["minute_rows"]
+    # the boundary itself: an impression converting in the last and the first minute of two days matches
+    counting = Ledger.open(str(tmp_path / "ledger"), allow_rerelease=True)  # (one of one: refused otherwise)
+    last = _record(counting, np.array([7]), np.array([1_700_006_400_000_000 + 3 * day - 1])).entry
+    first = _record(counting, np.array([7]), np.array([1_700_006_400_000_000 + 3 * day])).entry
+    assert (last["minute_rows_released_before"], first["minute_rows_released_before"]) == (0, 1)
+
+
+def test_a_lookback_truncated_to_the_minute_is_refused():
+    from araopt.ledger.ledger import check_lookback
+
+    ids = np.arange(1000, dtype=np.int64)
+    times = 1_700_000_000_000_000 + ids * 7_000_123
+    period = _identities(ids, times)
+    check_lookback(period, _identities(ids, times - 86_400_000_000 - 1_500_000))  # other seconds and minutes
+    with pytest.raises(LedgerRefusal, match="by impression id and minute"):
+        check_lookback(period, _identities(ids, times - times % MINUTE))
+
+
 # ---- the ledger: lossy re-exports (end to end) --------------------------------------------------
 def _released(tmp_path, frame):
     data, pfile = setup(tmp_path, frame)
@@ -126,6 +214,9 @@ def _utc(times: pd.Series) -> pd.Series:
 
 LOSSY = {
     "milliseconds": lambda f: f.assign(conversion_time=f["conversion_time"].dt.floor("ms")),
+    "seconds": lambda f: f.assign(conversion_time=f["conversion_time"].dt.floor("s")),
+    "minutes": lambda f: f.assign(conversion_time=f["conversion_time"].dt.floor("min")),
+    "rounded to the minute": lambda f: f.assign(conversion_time=f["conversion_time"].dt.round("min")),
     "naive local time": lambda f: f.assign(
         conversion_time=_utc(f["conversion_time"]).dt.tz_convert("Asia/Kolkata").dt.tz_localize(None)),
     "zero-padded string ids": lambda f: f.assign(impression_id=f["impression_id"].map(lambda i: f"{i:010d}")),
@@ -157,12 +248,14 @@ def test_the_next_day_of_the_same_impressions_is_not_taken_for_a_reexport(tmp_pa
     pfile, dom = _released(tmp_path, frame)
     nxt = with_microseconds(conversions(n=4000, impressions=300, seed=7), seed=8)
     nxt = nxt.assign(conversion_time=nxt["conversion_time"] + pd.Timedelta(days=1))
-    code, cap = _release_again(tmp_path, nxt, pfile, dom, "next-day", capsys)
+    day1 = write(frame, str(tmp_path / "day-1" / "part-0.parquet"))  # the lifetime cap: day 1 is its lookback
+    code, cap = _release_again(tmp_path, nxt, pfile, dom, "next-day", capsys, ["--lookback", os.path.dirname(day1)])
     assert code == 0, cap.err
     summary = pd.read_json(tmp_path / "out-next-day" / "private" / "run_summary.json", typ="series")
     entry = pd.read_json(tmp_path / "out-next-day" / "private" / "run_manifest.json", typ="series")["ledger"]["entry"]
     assert summary["release_number_of_this_input"] == 1
     assert 0 < entry["coarse_rows_released_before"] < LOSSY_OVERLAP_SHARE * entry["coarse_rows"]
+    assert entry["minute_rows_released_before"] < LOSSY_OVERLAP_SHARE * entry["minute_rows"]
 
 
 # ---- the lookback cannot hold the input's own conversions -------------------------------------------

@@ -30,6 +30,7 @@ from araopt.errors import InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.measure import encode_and_bound
+from araopt.mechanism.release import check_declared_domain
 from araopt.publication import histogram_buckets
 from araopt.version import ParameterVersion
 
@@ -47,12 +48,16 @@ def check_exportable(version: ParameterVersion) -> None:
 
 
 def export_domain(version: ParameterVersion, key_map: KeyMap | None, params_source: str, conv: Conversions | None,
-                  conversions_source: str | None) -> tuple[KeyDomain, str | None]:
+                  conversions_source: str | None, simulation_seed: int | None = None) -> tuple[KeyDomain, str | None]:
     """The key domain of the registrations and a warning, if any: the key map's (checked against the
-    version), else the one the version carries (the training history's slices), else the slices present
-    in the conversion log (a warning: only a history may give the output domain, never the data released)."""
+    version; one of origin ``data`` refused outside simulation, as ``measure`` refuses it:
+    ``check_declared_domain``), else the one the version carries (the training history's slices), else
+    the slices present in the conversion log (a warning: only a history may give the output domain,
+    never the data released)."""
     if key_map is not None:
-        return key_map.domain_for(version, params_source), None
+        domain = key_map.domain_for(version, params_source)
+        check_declared_domain(domain, simulation_seed, f"--key-map {key_map.source}")
+        return domain, None
     if version.domain is not None:
         return version.domain, None
     if conv is not None:

@@ -19,6 +19,15 @@ another time zone) changes every exact identity; ``coarse_row_ids`` is a second 
 survives it: the canonical id and the second of the time modulo 15 minutes (``COARSE_PERIOD_S``).
 It also collides for different conversions of one impression (1 in 900 per pair), so a coarse
 overlap is judged by its share (``LOSSY_OVERLAP_SHARE``), compared only within ``COARSE_MARGIN_US``.
+Truncating to the minute (``DATETIME`` formatted ``%Y-%m-%d %H:%M``, SQL Server's ``SMALLDATETIME``)
+loses the second, so ``minute_row_ids`` is a third identity: the canonical id's hash with the
+conversion's UTC minute in its low 24 bits (offset by the id's own hash: without the id, the set
+shows only minute differences within an impression); a conversion matches when the same
+impression's minute or either neighbouring minute was released (``released_near``: rounding to the
+minute moves it by at most one). Different conversions of one impression match only within a
+minute of each other, so across releases of disjoint periods only at their boundary. Time-zone
+shifts of a minute-truncated export are not caught (only 15 minute values per quarter hour would
+be left to compare).
 
 A :class:`RowSet` is the sorted, deduplicated ids of one release plus its time window (releases
 whose windows do not meet cannot share a conversion). Stored as Parquet, one ``uint64`` column with
@@ -66,6 +75,14 @@ impressions match with probability 1/900 per pair; compared only within 26 hours
 the chance share measured on synthetic daily logs (``benchmarks/ledger.py --coincidences``, 49 days,
 10 and 30 conversions per impression) is at most 0.10% / 0.30% against earlier releases and 0.06% /
 0.20% against a lookback, while a re-export matches (nearly) all its rows."""
+MINUTE_ID: Final = "minute_id"
+MINUTE_US: Final = 60_000_000
+MINUTE_MARGIN_US: Final = 2 * MINUTE_US
+"""Minute identities are compared with the releases whose window, widened by this, meets (a neighbouring
+minute of one at either end of the window)."""
+_MINUTE_BITS: Final = 24  # 2**24 minutes: 32 years, far beyond any two windows that meet
+_MINUTE_LOW: Final = np.uint64((1 << _MINUTE_BITS) - 1)
+_MINUTE_HIGH: Final = ~_MINUTE_LOW
 _COARSE_SALT: Final = np.uint64(0x9E3779B97F4A7C15)
 _CHUNK: Final = 1 << 16  # cache-sized blocks: 3x faster than whole-array passes at 10^7 rows
 RANGE_BITS: Final = 6
@@ -92,6 +109,34 @@ def coarse_row_ids(impression_id: np.ndarray | pa.Array | pa.ChunkedArray,
     the same coarse identities. Coarse identities of different conversions of one impression collide
     by chance (1 in 900 per pair): an overlap is judged by its share (``LOSSY_OVERLAP_SHARE``)."""
     return _coarse_ids(canonical_id_hash(impression_id), _times(conversion_time_us))
+
+
+def minute_row_ids(impression_id: np.ndarray | pa.Array | pa.ChunkedArray,
+                   conversion_time_us: np.ndarray | pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The minute identity of each conversion: the top 40 bits of its canonical impression id's hash, and
+    in the low 24 bits its UTC minute plus the hash's low bits (mod 2**24), so that one impression's
+    neighbouring minutes are neighbouring ids (``minute_neighbours``); without the id, the minute is hidden.
+    A re-export that truncated the time to the minute, second or millisecond has the same minute
+    identities; one rounded to the minute has a neighbour's (``released_near`` checks both)."""
+    return _minute_ids(canonical_id_hash(impression_id), _times(conversion_time_us))
+
+
+def _minute_ids(words: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """``minute_row_ids`` from the id hashes (consumed)."""
+    if len(times) != len(words):
+        raise InvalidInput(f"{len(words)} ids but {len(times)} times")
+    minute = np.floor_divide(times, MINUTE_US).view(np.uint64)
+    low = (minute + words) & _MINUTE_LOW
+    words &= _MINUTE_HIGH
+    words |= low
+    return words
+
+
+def minute_neighbours(ids: np.ndarray, step: int) -> np.ndarray:
+    """The minute identities ``step`` minutes from ``ids`` (same impression: the top bits are kept, so a
+    neighbour is in the same id range, ``RANGE_BITS``)."""
+    moved = (ids + np.uint64(step % (1 << _MINUTE_BITS))) & _MINUTE_LOW
+    return (ids & _MINUTE_HIGH) | moved
 
 
 def _times(conversion_time_us: np.ndarray | pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -143,31 +188,40 @@ def sorted_unique(ids: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RowSetPart:
-    """Ids and coarse ids of some rows (unsorted, with repeats) and their time range: mergeable."""
+    """Ids, coarse ids and minute ids of some rows (unsorted, with repeats) and their time range: mergeable."""
 
     ids: np.ndarray
     first_time_us: int | None
     last_time_us: int | None
     coarse: np.ndarray | None = None
+    minute: np.ndarray | None = None
 
     @classmethod
     def of_table(cls, table: pa.Table) -> RowSetPart:
         if table.num_rows == 0:
-            return cls(np.empty(0, dtype=np.uint64), None, None, np.empty(0, dtype=np.uint64))
+            empty = np.empty(0, dtype=np.uint64)
+            return cls(empty, None, None, empty, empty)
         bounds = pc.min_max(table.column(TIME_US))
         words, times = table_id_hash(table, IMPRESSION_ID), _times(table.column(TIME_US))
-        coarse = _coarse_ids(words.copy(), times)  # the id hashed once for both identities
-        return cls(_exact_ids(words, times), bounds["min"].as_py(), bounds["max"].as_py(), coarse)
+        coarse = _coarse_ids(words.copy(), times)  # the id hashed once for all identities
+        minute = _minute_ids(words.copy(), times)
+        return cls(_exact_ids(words, times), bounds["min"].as_py(), bounds["max"].as_py(), coarse, minute)
 
     def sorted(self) -> RowSetPart:
         """The same ids, each identity sorted (a sorted run: what :meth:`SpilledRowSet.merge_runs` merges)."""
         return RowSetPart(np.sort(self.ids), self.first_time_us, self.last_time_us,
-                          None if self.coarse is None else np.sort(self.coarse))
+                          None if self.coarse is None else np.sort(self.coarse),
+                          None if self.minute is None else np.sort(self.minute))
 
     def coarse_part(self) -> RowSetPart:
         """The coarse ids as a part of their own (for :meth:`RowSet.merge`)."""
         coarse = np.empty(0, dtype=np.uint64) if self.coarse is None else self.coarse
         return RowSetPart(coarse, self.first_time_us, self.last_time_us)
+
+    def minute_part(self) -> RowSetPart:
+        """The minute ids as a part of their own (for :meth:`RowSet.merge`)."""
+        minute = np.empty(0, dtype=np.uint64) if self.minute is None else self.minute
+        return RowSetPart(minute, self.first_time_us, self.last_time_us)
 
     def to_arrow_bytes(self) -> bytes:
         """An Arrow IPC file (fast to write from a worker and to read back on the driver)."""
@@ -175,6 +229,8 @@ class RowSetPart:
         columns = {ROW_ID: pa.array(self.ids, type=pa.uint64())}
         if self.coarse is not None:
             columns[COARSE_ID] = pa.array(self.coarse, type=pa.uint64())
+        if self.minute is not None:
+            columns[MINUTE_ID] = pa.array(self.minute, type=pa.uint64())
         table = pa.table(columns).replace_schema_metadata(meta)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
@@ -185,10 +241,10 @@ class RowSetPart:
     def from_arrow_bytes(cls, data: bytes) -> RowSetPart:
         table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
         first, last = (_bound(table.schema.metadata or {}, name) for name in (b"first_time_us", b"last_time_us"))
-        coarse = (table.column(COARSE_ID).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
-                  if COARSE_ID in table.column_names else None)
+        coarse, minute = (table.column(name).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+                          if name in table.column_names else None for name in (COARSE_ID, MINUTE_ID))
         return cls(table.column(ROW_ID).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False), first, last,
-                   coarse)
+                   coarse, minute)
 
 
 def _bound(meta: dict[bytes, bytes], name: bytes) -> int | None:
@@ -306,6 +362,22 @@ def released_in(rows: RowSet | SpilledRowSet, released: Sequence[np.ndarray | Ro
     return Released(before, most, tuple(per_set))
 
 
+def released_near(minute: RowSet | SpilledRowSet, released: Sequence[np.ndarray | RowSet | SpilledRowSet]) -> int:
+    """How many of the ``minute`` identities (``minute_row_ids``) the ``released`` minute sets hold, at
+    the same minute or a neighbouring one (a re-export rounded, not truncated, to the minute), range by
+    range: a neighbour is in the same range."""
+    streams = [range_chunks(r) if isinstance(r, np.ndarray) else r.chunks() for r in released]
+    before = 0
+    for chunk in minute.chunks():
+        hit = np.zeros(len(chunk), dtype=bool)
+        for stream in streams:
+            earlier = next(stream)
+            for step in (0, -1, 1):
+                hit |= _contained(chunk if step == 0 else minute_neighbours(chunk, step), earlier)
+        before += int(np.count_nonzero(hit))
+    return before
+
+
 def _parquet_schema_meta(first: int | None, last: int | None) -> dict[bytes, bytes]:
     return {b"first_time_us": str(first).encode(), b"last_time_us": str(last).encode()}
 
@@ -313,7 +385,7 @@ def _parquet_schema_meta(first: int | None, last: int | None) -> dict[bytes, byt
 @dataclass(frozen=True)
 class SpilledRowSet:
     """A :class:`RowSet` kept on local disk, one file of sorted distinct ids per id range (``RANGE_BITS``):
-    for releases too large to hold whole. Made by :meth:`merge_runs` (the identities of both kinds)."""
+    for releases too large to hold whole. Made by :meth:`merge_runs` (the identities of all three kinds)."""
 
     directory: str
     sizes: tuple[int, ...]
@@ -350,11 +422,13 @@ class SpilledRowSet:
         return data
 
     @classmethod
-    def merge_runs(cls, runs: Iterable[RowSetPart], directory: str) -> tuple[SpilledRowSet, SpilledRowSet]:
-        """The exact and the coarse identities of ``runs`` (parts, best sorted: ``RowSetPart.sorted``), each
-        merged under ``directory/exact`` and ``directory/coarse``: every run's ids appended range by range to
-        one file per range, then each range deduplicated on its own. Holds one run and one range at a time."""
-        kinds = ("exact", "coarse")
+    def merge_runs(cls, runs: Iterable[RowSetPart], directory: str
+                   ) -> tuple[SpilledRowSet, SpilledRowSet, SpilledRowSet]:
+        """The exact, the coarse and the minute identities of ``runs`` (parts, best sorted: ``RowSetPart.sorted``),
+        each merged under ``directory/exact``, ``directory/coarse`` and ``directory/minute``: every run's ids
+        appended range by range to one file per range, then each range deduplicated on its own. Holds one run
+        and one range at a time."""
+        kinds = ("exact", "coarse", "minute")
         folders = {k: os.path.join(directory, k) for k in kinds}
         handles = {}
         for kind, folder in folders.items():
@@ -367,8 +441,9 @@ class SpilledRowSet:
                     firsts.append(run.first_time_us)
                 if run.last_time_us is not None:
                     lasts.append(run.last_time_us)
-                coarse = np.empty(0, dtype=np.uint64) if run.coarse is None else run.coarse
-                for kind, ids in (("exact", run.ids), ("coarse", coarse)):
+                empty = np.empty(0, dtype=np.uint64)
+                for kind, ids in (("exact", run.ids), ("coarse", empty if run.coarse is None else run.coarse),
+                                  ("minute", empty if run.minute is None else run.minute)):
                     ids = np.asarray(ids, dtype=np.uint64)
                     if len(ids) > 1 and not bool(np.all(ids[1:] >= ids[:-1])):
                         ids = np.sort(ids)
@@ -388,4 +463,4 @@ class SpilledRowSet:
                 ids.tofile(path)
                 sizes.append(len(ids))
             out.append(cls(folders[kind], tuple(sizes), first, last))
-        return out[0], out[1]
+        return out[0], out[1], out[2]

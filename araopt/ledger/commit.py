@@ -53,10 +53,10 @@ def take_held(folder: RunFolder) -> dict[str, int]:
 
 
 def merged_identities(folder: RunFolder, relative: str, directory: str) -> Identities:
-    """The exact and coarse identities of the conversion ids the workers wrote under ``relative`` of the
+    """The exact, coarse and minute identities of the conversion ids the workers wrote under ``relative`` of the
     staging folder (sorted runs, ``transforms.rowset``), merged on local disk under ``directory``
     (``SpilledRowSet``): the driver holds one run or one id range at a time, whatever the release's size."""
-    return SpilledRowSet.merge_runs(map(RowSetPart.from_arrow_bytes, folder.iter_all(relative)), directory)
+    return Identities(*SpilledRowSet.merge_runs(map(RowSetPart.from_arrow_bytes, folder.iter_all(relative)), directory))
 
 
 def released_elsewhere(others: Sequence[Ledger], rows: RowSet | SpilledRowSet) -> tuple[dict[str, int], list[str]]:
@@ -92,6 +92,7 @@ class LedgerStep:
     entry: Mapping[str, Any] = field(default_factory=dict)
     charged: ChargedWindow | None = None  # an attribution release's charged impressions (araopt.attribution.lifetime)
     lifetime: HeldLookback | None = None  # an ARA release's period and its lookback's counts (araopt.ledger.lifetime)
+    minute: RowSet | SpilledRowSet | None = None  # the minute identities (araopt.io.rowset.minute_row_ids)
 
 
 def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], private: dict[str, Any],
@@ -114,7 +115,7 @@ def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], 
             try:
                 recorded = ledger.check_and_record(step.rows, step.rows.to_parquet_bytes, entry, entry_id=entry_id,
                                                    coarse=step.coarse, charged=step.charged,
-                                                   lifetime=step.lifetime)
+                                                   lifetime=step.lifetime, minute=step.minute)
             except BaseException:
                 if ledger.rollback_entry(entry_id):  # refused (or failed): nothing recorded
                     folder.clear_pending()

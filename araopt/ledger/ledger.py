@@ -11,6 +11,9 @@ zone) has other exact identities but the same coarse ones (``araopt.io.rowset.co
 release more than ``LOSSY_OVERLAP_SHARE`` of whose coarse identities were released before (within
 26 hours) is refused the same way; below that share the overlap is what different conversions of
 the same impressions share by chance, and it is recorded (``coarse_rows_released_before``).
+A re-export truncated (or rounded) to the minute keeps neither the exact identity nor the second;
+its minute identities (``araopt.io.rowset.minute_row_ids``: the impression and its minute, matched
+at the same or a neighbouring minute) are compared the same way (``minute_rows_released_before``).
 The entry is appended to the ledger index by compare-and-swap (of two racing releases exactly one
 appends; the other checks again and sees the first); if the commit then fails, it is taken out again.
 
@@ -35,7 +38,7 @@ import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,11 +48,13 @@ from araopt.io.files import utc_now_iso
 from araopt.io.rowset import (
     COARSE_MARGIN_US,
     LOSSY_OVERLAP_SHARE,
+    MINUTE_MARGIN_US,
     Released,
     RowSet,
     RowSetPart,
     SpilledRowSet,
     released_in,
+    released_near,
 )
 from araopt.io.store import ParameterStore, StoreConflict, StoreError
 from araopt.io.stores import open_store
@@ -125,10 +130,12 @@ class Ledger:
     def check_and_record(self, rows: RowSet | SpilledRowSet, row_set: bytes | Callable[[], bytes], entry: dict[str, Any],
                          attempts: int = 10,
                          entry_id: str | None = None, coarse: RowSet | SpilledRowSet | None = None,
-                         charged: ChargedWindow | None = None, lifetime: HeldLookback | None = None) -> Recorded:
+                         charged: ChargedWindow | None = None, lifetime: HeldLookback | None = None,
+                         minute: RowSet | SpilledRowSet | None = None) -> Recorded:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
-        or shifted by a time zone), or (an attribution release) if the impression times its accepted
+        or shifted by a time zone) or by their ``minute`` identity (the time truncated or rounded to the
+        minute: ``released_near``), or (an attribution release) if the impression times its accepted
         reports ``charged`` come within an epoch of an earlier attribution release's (both would have
         spent a whole budget on one epoch: ``araopt.attribution.lifetime``), unless re-releasing is
         allowed (the shared releases are recorded: ``epochs_shared_with``), or (an ARA release, ``lifetime``)
@@ -155,24 +162,34 @@ class Ledger:
                     near = [e for e in releases if "coarse_row_set" in e
                             and coarse.may_meet(e["first_time_us"], e["last_time_us"], COARSE_MARGIN_US)]
                     coarse_before = released_in(coarse, [self._ids(e, "coarse_row_set", loaded) for e in near]).before
+                minute_before = 0
+                if minute is not None:
+                    near = [e for e in releases if "minute_row_set" in e
+                            and minute.may_meet(e["first_time_us"], e["last_time_us"], MINUTE_MARGIN_US)]
+                    minute_before = released_near(minute, [self._ids(e, "minute_row_set", loaded) for e in near])
                 lossy = coarse is not None and coarse_before > LOSSY_OVERLAP_SHARE * max(len(coarse), 1)
+                minute_rows = 0 if minute is None else len(minute)
+                by_minute = minute_before > LOSSY_OVERLAP_SHARE * max(minute_rows, 1)
                 shared = [] if charged is None else [e["id"] for e in releases if shares_epochs(e, charged)]
-                if (before or lossy or shared) and not self.allow_rerelease:
+                if (before or lossy or by_minute or shared) and not self.allow_rerelease:
                     raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy,
-                                                      shared))
+                                                      shared, (minute_before, minute_rows) if by_minute else None))
                 number = 1 + found.most
                 record = {**entry, "id": entry_id or uuid.uuid4().hex, "recorded_at": utc_now_iso(), "rows": len(rows),
                           "first_time_us": rows.first_time_us, "last_time_us": rows.last_time_us,
                           "rows_released_before": before, "release_number": number, "overlaps": overlaps}
                 if coarse is not None:
                     record.update(coarse_rows=len(coarse), coarse_rows_released_before=coarse_before)
+                if minute is not None:
+                    record.update(minute_rows=len(minute), minute_rows_released_before=minute_before)
                 if charged is not None:
                     record.update(epochs_shared_with=shared)
                 if lifetime is not None:
                     record[HELD] = held_counts(releases, lifetime)
                 try:
                     recorded = self.store.append_release(record, row_set, generation,
-                                                         None if coarse is None else coarse.to_parquet_bytes)
+                                                         None if coarse is None else coarse.to_parquet_bytes,
+                                                         None if minute is None else minute.to_parquet_bytes)
                 except StoreConflict:
                     continue
                 return Recorded(recorded, before, number)
@@ -194,7 +211,8 @@ class Ledger:
             raise LedgerRefusal(why)
 
     def _ids(self, e: dict[str, Any], field: str, loaded: dict[tuple[str, str], np.ndarray]) -> np.ndarray:
-        """The ids of entry ``e``'s row set ``field`` (``row_set`` or ``coarse_row_set``), read once per check."""
+        """The ids of entry ``e``'s row set ``field`` (``row_set``, ``coarse_row_set`` or ``minute_row_set``),
+        read once per check."""
         if (e["id"], field) not in loaded:
             loaded[e["id"], field] = RowSet.from_parquet_bytes(self.store.read_row_set(e, field), e[field]).ids
         return loaded[e["id"], field]
@@ -270,10 +288,12 @@ class Ledger:
         return out
 
     def _refusal(self, rows: RowSet | SpilledRowSet, before: int, releases: int, coarse: RowSet | SpilledRowSet | None,
-                 coarse_before: int, lossy: bool, shared: Sequence[str] = ()) -> str:
+                 coarse_before: int, lossy: bool, shared: Sequence[str] = (),
+                 by_minute: tuple[int, int] | None = None) -> str:
         """Why a release is refused: its conversions released before, exactly and (a lossy re-export) by
-        their coarse identity; epochs an earlier attribution release charged."""
-        if shared and not before and not lossy:
+        their coarse or minute identity (``by_minute``: matched, of how many); epochs an earlier
+        attribution release charged."""
+        if shared and not before and not lossy and by_minute is None:
             return (f"this attribution release charges the budgets of impressions less than an epoch from those "
                     f"{len(shared)} earlier attribution release(s) in the ledger {self.store.uri} charged (e.g. "
                     f"{shared[-1]}): each release simulates the browsers with fresh budgets, so a browser's epoch "
@@ -289,6 +309,11 @@ class Ledger:
                         f"released before by impression id and time to the second (modulo 15 minutes), more than the "
                         f"{LOSSY_OVERLAP_SHARE:.0%} that different conversions of the same impressions share by chance: "
                         f"a re-export of released conversions at a coarser time precision or in another time zone")
+        if by_minute is not None:
+            said.append(f"{by_minute[0]:,} of the {by_minute[1]:,} conversions of this input match conversions "
+                        f"released before by impression id and minute (the same or a neighbouring one), more than "
+                        f"the {LOSSY_OVERLAP_SHARE:.0%} that different conversions of the same impressions share by "
+                        f"chance: a re-export of released conversions truncated or rounded to the minute")
         return ("; ".join(said) + "; releasing them again lets averages strip the noise. Pass --allow-rerelease to do "
                 "it anyway (it is recorded)")
 
@@ -326,23 +351,30 @@ def shares_epochs(entry: dict[str, Any], charged: ChargedWindow) -> bool:
     return window.shares_epochs_with(charged)
 
 
-Identities = tuple[RowSet | SpilledRowSet, RowSet | SpilledRowSet]
-"""The exact and the coarse identities of some conversions (``SpilledRowSet.merge_runs`` makes them on disk)."""
+class Identities(NamedTuple):
+    """The exact, coarse and minute identities of some conversions (``araopt.io.rowset``;
+    ``SpilledRowSet.merge_runs`` makes them on disk, :func:`identities` in memory)."""
+
+    exact: RowSet | SpilledRowSet
+    coarse: RowSet | SpilledRowSet
+    minute: RowSet | SpilledRowSet
 
 
-def identities(parts: Sequence[RowSetPart]) -> tuple[RowSet, RowSet]:
-    """The exact and the coarse identities of ``parts``, in memory."""
-    return RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts)
+def identities(parts: Sequence[RowSetPart]) -> Identities:
+    """The exact, coarse and minute identities of ``parts``, in memory."""
+    return Identities(RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts),
+                      RowSet.merge(p.minute_part() for p in parts))
 
 
 def check_lookback(period: Sequence[RowSetPart] | Identities, lookback: Sequence[RowSetPart] | Identities) -> None:
     """Refuse a --lookback that holds the period's own conversions (the same rows in another file, or
     re-exported in another time zone or at a coarser time precision): Alg. 1 would spend their budget
     twice, once as lookback and once as released. By the ledger's identities: any exact match
-    refuses; coarse matches (``araopt.io.rowset.coarse_row_ids``) refuse above ``LOSSY_OVERLAP_SHARE``
-    of the period's conversions (below it they are different conversions of the same impressions
-    that share a second modulo 15 minutes by chance). Compared range by range (``released_in``)."""
-    (rows, coarse), (earlier, coarse_earlier) = (
+    refuses; coarse matches (``araopt.io.rowset.coarse_row_ids``) and minute matches (``minute_row_ids``,
+    a re-export truncated to the minute) refuse above ``LOSSY_OVERLAP_SHARE`` of the period's
+    conversions (below it they are different conversions of the same impressions that share a second
+    modulo 15 minutes, or a minute, by chance). Compared range by range (``released_in``)."""
+    (rows, coarse, minute), (earlier, coarse_earlier, minute_earlier) = (
         ids if isinstance(ids, tuple) else identities(ids) for ids in (period, lookback))
     exact = released_in(rows, [earlier]).before
     if exact:
@@ -350,10 +382,13 @@ def check_lookback(period: Sequence[RowSetPart] | Identities, lookback: Sequence
                             f"impression id and conversion time): the lookback is the days before the input, and "
                             f"counting these as both would spend their budget twice. Remove the input's own rows from "
                             f"--lookback")
-    shared = released_in(coarse, [coarse_earlier]).before
-    if shared > LOSSY_OVERLAP_SHARE * max(len(coarse), 1):
-        raise LedgerRefusal(f"--lookback holds {shared:,} of the {len(coarse):,} conversions of --input by impression "
-                            f"id and time to the second (modulo 15 minutes), more than the {LOSSY_OVERLAP_SHARE:.0%} that "
-                            f"different conversions of the same impressions share by chance: it looks like the input's "
-                            f"own conversions exported again (another time zone or time precision), whose budget would be "
-                            f"spent twice. Remove them from --lookback")
+    for matched, of, how, disguise in (
+            (released_in(coarse, [coarse_earlier]).before, len(coarse), "time to the second (modulo 15 minutes)",
+             "another time zone or time precision"),
+            (released_near(minute, [minute_earlier]), len(minute), "minute (the same or a neighbouring one)",
+             "truncated or rounded to the minute")):
+        if matched > LOSSY_OVERLAP_SHARE * max(of, 1):
+            raise LedgerRefusal(f"--lookback holds {matched:,} of the {of:,} conversions of --input by impression id "
+                                f"and {how}, more than the {LOSSY_OVERLAP_SHARE:.0%} that different conversions of the "
+                                f"same impressions share by chance: it looks like the input's own conversions exported "
+                                f"again ({disguise}), whose budget would be spent twice. Remove them from --lookback")

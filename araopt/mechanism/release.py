@@ -96,6 +96,18 @@ def check_declared_domain(domain: KeyDomain, simulation_seed: int | None, source
                              f"(--simulation-seed)")
 
 
+def operator_private_reason(domain: KeyDomain, source: str) -> str | None:
+    """Why an output listed over ``domain`` (``reconstruct``'s estimates) is operator-private, or None: a
+    domain of origin ``data`` (a conversion log's slices, or a key map or layout written from one) lists
+    exactly the slices that occur in that data, which a published table would reveal (the rule of
+    :func:`check_declared_domain`)."""
+    if domain.origin != DATA:
+        return None
+    return (f"the domain from {source} was derived from data (origin 'data'): the estimates list exactly the slices "
+            f"that occur in it, which reveals them; the output is OPERATOR-PRIVATE, never publish it (for a "
+            f"publishable table pass a declared key map or layout: measure's key_map.json over a declared domain)")
+
+
 DATA_DERIVED = "derived from the data (simulation only)"
 """Where the domain of a simulated release without a declared one comes from (``release_domain``)."""
 
