@@ -154,10 +154,11 @@ class ReadConversionFiles(beam.PTransform):
         )
 
 
-def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
+def footer_summary(paths: Sequence[str], column: str = CONVERSION_TIME) -> tuple[int, str | None, str | None]:
     """(rows, first and last conversion time as ISO strings or None) from the Parquet footers: one
     small read per file; the window comes from the row groups' min/max statistics when present,
-    read as integers (a time beyond Python's year 9999 is a dead-letter row, not a reason to abort)."""
+    read as integers (a time beyond Python's year 9999 is a dead-letter row, not a reason to abort).
+    ``column``: another timestamp column's window instead (``impression_time``)."""
     total = 0
     first = last = None
     for p in paths:
@@ -166,14 +167,14 @@ def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
             meta, arrow_schema = parquet.metadata, parquet.schema_arrow
         total += meta.num_rows
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-        if CONVERSION_TIME not in names or CONVERSION_TIME not in arrow_schema.names:
+        if column not in names or column not in arrow_schema.names:
             continue
-        time_type = arrow_schema.field(CONVERSION_TIME).type
+        time_type = arrow_schema.field(column).type
         if not pa.types.is_timestamp(time_type):
             continue
-        column = names.index(CONVERSION_TIME)
+        index = names.index(column)
         for g in range(meta.num_row_groups):
-            st = meta.row_group(g).column(column).statistics
+            st = meta.row_group(g).column(index).statistics
             if st is None or not st.has_min_max or not isinstance(st.min_raw, int) or not isinstance(st.max_raw, int):
                 continue
             lo, hi = (_micros(v, time_type.unit) for v in (st.min_raw, st.max_raw))
