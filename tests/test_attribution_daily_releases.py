@@ -158,6 +158,30 @@ def test_a_daily_release_without_the_lookback_is_refused_before_any_work(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_lookback_missing_some_released_conversions_is_refused_at_commit_and_days_go_in_order(tmp_path, capsys):
+    """A --lookback file covering day 1's hours but without some of the conversions day 1 released passes
+    the check before any work (its footers cover the day) and is refused at commit, exactly (the job
+    counts which released conversions it held): nothing released, nothing recorded. A day released
+    after a later day that shares its epochs is refused before any work (its budgets were charged first)."""
+    log = _log(4)
+    root, version = _partitions(tmp_path, log), _version(tmp_path)
+    assert _measure(tmp_path, root, 0, version) == 0, capsys.readouterr().err
+    day1 = log[log["day"] == 0].sort_values("conversion_time_us")
+    partial = pd.concat([day1.iloc[:1], day1.iloc[3:]])  # (the first and the last kept: the same footer window)
+    capsys.readouterr()
+    path = log_parquet(partial.drop(columns="day"), tmp_path / "partial.parquet")
+    assert _measure(tmp_path, root, 1, version, ("--lookback", path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did not simulate their conversions again whole" in err[0], err
+    assert not (tmp_path / "out-1").exists() and len(_ledger(tmp_path)) == 1
+    assert _measure(tmp_path, root, 2, version, ("--lookback-days", "2", "--allow-rerelease")) == 0
+    capsys.readouterr()
+    assert _measure(tmp_path, root, 1, version, ("--lookback-days", "1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not all before this input's" in err[0], err
+
+
+@pytest.mark.slow
 def test_a_simulated_daily_release_sums_what_the_whole_life_keeps_of_its_day(tmp_path, capsys):
     """In simulation (``--simulation-seed S --debug-run``, no ledger: the lookback's rows are taken as
     released with the same parameters), day 3 with --lookback-days 2: its unnoised sums are exactly the

@@ -53,6 +53,10 @@ CARRIED = "budget_carried_from"
 """An attribution entry's earlier releases whose conversions its lookback simulated again whole."""
 
 
+LATER = ("its conversions are not all before this input's (a ledger's releases go in conversion time order: its "
+         "budgets were charged without this input's conversions)")
+
+
 def _iso(us: int) -> str:
     return (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)).isoformat()
 
@@ -122,7 +126,7 @@ def attribution_history(ledger: Ledger, entries: Sequence[Mapping[str, Any]], ke
             continue
         why = _unusable(entry, key, columns)
         if why is None and (first_us is None or entry["last_time_us"] >= first_us):
-            why = "its conversions are not all before this input's"
+            why = LATER
         if why is not None:
             excluded.append((entry["id"], why))
             continue
@@ -155,7 +159,8 @@ def carried_refusal(entries: Sequence[Mapping[str, Any]], window: ChargedWindow,
         return None
     excluded = dict(history.excluded)
     rebuilt = history.rebuilt
-    blocked = [(e, excluded[e["id"]]) for e in shared if e["id"] in excluded]
+    blocked = [(e, excluded[e["id"]] if e["id"] in excluded else LATER) for e in shared
+               if e["id"] in excluded or first_us is None or e["last_time_us"] >= first_us]
     if blocked:
         e, why = blocked[-1]
         return (f"{len(blocked)} earlier attribution release(s) in the ledger {ledger} charged the budgets of epochs "
