@@ -36,14 +36,6 @@ from araopt.io.partitions import partition_days
 from araopt.io.progress import Progress
 from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
-from araopt.ledger.commit import (
-    LedgerStep,
-    commit_release,
-    merged_identities,
-    released_elsewhere,
-    take_accounting,
-    take_held,
-)
 from araopt.ledger.attribution import (
     attribution_history,
     carried_entries,
@@ -52,6 +44,14 @@ from araopt.ledger.attribution import (
     held_counts,
     ledger_draw_key,
     reach,
+)
+from araopt.ledger.commit import (
+    LedgerStep,
+    commit_release,
+    merged_identities,
+    released_elsewhere,
+    take_accounting,
+    take_held,
 )
 from araopt.ledger.ledger import Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
 from araopt.ledger.lifetime import LookbackCover, ReleasePeriod
@@ -355,11 +355,11 @@ def _run_facts(args: argparse.Namespace, opts: Any, config: MeasureConfig, num_s
     """How the run ran, for the run summary (after the parameters' facts)."""
     common = {"runner": runner_name(opts), "wall_time_s": round(wall, 3)}
     if config.attribution:
-        history = config.attribution_history
+        carried = config.attribution_history
         return {"domain": config.domain_origin, "num_shards": num_shards, **common,
                 "lookback_files": len(config.lookback.paths) if config.lookback else 0,
-                "lookback_releases": None if history is None else sorted(history.rebuilt),
-                "lookback_releases_excluded": None if history is None else [list(e) for e in history.excluded]}
+                "lookback_releases": None if carried is None else sorted(carried.rebuilt),
+                "lookback_releases_excluded": None if carried is None else [list(e) for e in carried.excluded]}
     history, lookback = config.history, config.lookback
     return {"input_files": len(config.inputs.paths), **common, **config.epsilon_note, "domain": config.domain_origin,
             "num_shards": num_shards, "shuffle": "files" if spilled else "memory",

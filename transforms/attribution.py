@@ -145,8 +145,8 @@ class MeasureAttribution(beam.PTransform):
                       | "DistinctSlices" >> beam.CombineGlobally(_DistinctSlices(params.slice_columns))
                       | "LayoutFromData" >> beam.Map(_domain_of, params, seed))
         browsers = valid | "GroupByBrowser" >> GroupByImpression(self._num_shards, self._spill, self._unit)
-        sums = (browsers | "SimulateBrowsers" >> beam.ParDo(_SimulateShard(params, seed, self._tasks, self._key, self._history),
-                                                            beam.pvalue.AsSingleton(domain))
+        simulate = _SimulateShard(params, seed, self._tasks, self._key, self._history)
+        sums = (browsers | "SimulateBrowsers" >> beam.ParDo(simulate, beam.pvalue.AsSingleton(domain))
                 | "SumShards" >> beam.CombineGlobally(_MergeSums()))
         num_tasks = 1 if self._tasks is None else self._tasks.num_slices
         return sums | "Noise" >> beam.Map(release, params, beam.pvalue.AsSingleton(domain),

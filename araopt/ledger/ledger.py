@@ -134,9 +134,9 @@ class Ledger:
         earlier attribution release's charged ones and that release is not one whose conversions this
         release's lookback simulated again whole (``carried``: the budget state carried, recorded as
         ``budget_carried_from``; else both would spend one epoch's budget: ``araopt.ledger.attribution``),
-        unless re-releasing is allowed (the shared releases are recorded: ``epochs_shared_with``), or (an ARA release, ``lifetime``)
-        if an ARA release within a source life before it is not held whole by its lookback, or one within a
-        source life after it was made first (``araopt.ledger.lifetime``: never allowed, whatever
+        unless re-releasing is allowed (the shared releases are recorded: ``epochs_shared_with``), or (an
+        ARA release, ``lifetime``) if an ARA release within a source life before it is not held whole by its
+        lookback, or one within a source life after it was made first (``araopt.ledger.lifetime``: never allowed, whatever
         ``allow_rerelease``; the lookback's counts are recorded: ``lookback_held``); else append the release
         (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under
         ``entry_id`` (a new one if None; a commit names it in its pending record first). Retries when
