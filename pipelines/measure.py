@@ -215,7 +215,7 @@ def _configure_attribution(args: argparse.Namespace, loaded: LoadedParams, versi
         cover = None if lookback is None else LookbackCover.of_windows(
             (iso_micros(a), iso_micros(b)) for _, a, b in map(footer_summary, ([p] for p in lookback.paths)))
         why = carried_refusal(entries, reach(params, (iso_micros(shown_first), iso_micros(shown_last)), (first, last)),
-                              first, cover, history, ledger.store.uri)
+                              (first, last), cover, history, ledger.store.uri)
         if why is not None:
             raise LedgerRefusal(why)
     return MeasureConfig(loaded, version, inputs, domain, origin, lookback=lookback, attribution_columns=present,

@@ -148,13 +148,17 @@ def reach(params: AttributionParams, impressions: tuple[int | None, int | None],
     return ChargedWindow(min(lo, hi), hi, params.epoch_days * DAY_US)
 
 
-def carried_refusal(entries: Sequence[Mapping[str, Any]], window: ChargedWindow, first_us: int | None,
-                    cover: LookbackCover | None, history: AttributionHistory, ledger: str) -> str | None:
+def carried_refusal(entries: Sequence[Mapping[str, Any]], window: ChargedWindow,
+                    conversions: tuple[int | None, int | None], cover: LookbackCover | None,
+                    history: AttributionHistory, ledger: str) -> str | None:
     """Before any work: why a release whose reports may use the impression times ``window`` cannot carry
     the budgets of the ledger's earlier attribution releases (``entries``) with its lookback (``cover``
     of its files' days, None: no lookback; ``history``: what :func:`attribution_history` made of them);
-    None if it can (module doc)."""
-    shared = [e for e in entries if shares_epochs(dict(e), window)]
+    None if it can (module doc). A release of conversions in the input's own hours (``conversions``:
+    its first and last) is left to the commit: the same conversions are the row ledger's to refuse
+    ("already released"), others of the same hours the commit's exact rule's."""
+    first_us, last_us = conversions
+    shared = [e for e in entries if shares_epochs(dict(e), window) and not _meets(e, first_us, last_us)]
     if not shared:
         return None
     excluded = dict(history.excluded)
