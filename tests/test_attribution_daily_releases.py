@@ -115,6 +115,7 @@ def test_daily_releases_with_a_lookback_keep_what_one_simulation_of_the_whole_li
     assert _measure(tmp_path, root, 0, version) == 0, capsys.readouterr().err
     assert _measure(tmp_path, root, 1, version, ("--lookback-days", "1")) == 0, capsys.readouterr().err
     assert _measure(tmp_path, root, 2, version, ("--lookback-days", "2")) == 0, capsys.readouterr().err
+    assert "simulated again first, with 2 earlier release(s) of the ledger" in capsys.readouterr().out
     entries = _ledger(tmp_path)
     assert len({e["draw_key"] for e in entries}) == 1  # one key: every release draws the same epochs
     assert entries[1]["budget_carried_from"] == [entries[0]["id"]]
