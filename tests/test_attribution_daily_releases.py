@@ -241,3 +241,44 @@ def test_the_graph_built_from_transforms_carries_the_lookback():
         assert_that(release | beam.Map(facts), equal_to([({k: v.tolist() for k, v in expected.unnoised.items()},
                                                           own, expected.reports_refused, True)]))
     assert expected.reports_refused > 0 and expected.lookback_reports > 0
+
+
+# ---- the ledger's rule before any work, on recorded entries ------------------------------------------
+def _entry(name, first_us, last_us, key="k" * 16, charged=True):
+    params = _params()
+    entry = {"id": name, "api": "attribution", "rows": 10, "first_time_us": first_us, "last_time_us": last_us,
+             "mechanism": ParameterVersion.for_attribution(params, domain=_layout(params)).to_json(),
+             "charged_impressions": {"first_us": first_us - DAY_US, "last_us": last_us, "epoch_us": 7 * DAY_US}}
+    if charged:
+        entry.update(layout=_layout(params).to_json(), draw_key=key)
+    return entry
+
+
+def test_the_check_before_any_work_names_the_days_the_lookback_needs():
+    """An earlier release sharing the release's epochs and not in a lookback: refused, naming
+    --lookback-days N for the days from its first conversion's to the input's; a lookback whose files
+    cover its days passes; one recorded without its draws, or drawn with another key, cannot be carried
+    (whatever the lookback); a release an epoch or more away shares nothing."""
+    from araopt.attribution.lifetime import AttributionHistory as History
+    from araopt.ledger.attribution import carried_refusal, ledger_draw_key, reach
+    from araopt.ledger.lifetime import LookbackCover
+
+    params = _params()
+    first, last = T0 + 3 * DAY_US, T0 + 4 * DAY_US - 1
+    window = reach(params, (T0 - 5 * DAY_US, T0 + 3 * DAY_US), (first, last))
+    assert (window.first_us, window.last_us) == (T0 - 5 * DAY_US, T0 + 3 * DAY_US)  # the impressions' times
+    earlier = _entry("e1", T0 + HOUR_US, T0 + 2 * HOUR_US)
+    rebuilt = History((EarlierRelease("e1", params, _layout(params), np.array([1], dtype=np.uint64)),))
+    why = carried_refusal([earlier], window, (first, last), None, rebuilt, "L")
+    assert why is not None and "--lookback-days 3" in why and "no --lookback holds them" in why
+    cover = LookbackCover.of_windows([(T0, T0 + 3 * DAY_US - 1)])
+    assert carried_refusal([earlier], window, (first, last), cover, rebuilt, "L") is None
+    assert carried_refusal([earlier], window, (first, last), cover, History(), "L") is not None  # not rebuilt
+    old = _entry("e0", T0 + HOUR_US, T0 + 2 * HOUR_US, charged=False)
+    why = carried_refusal([old], window, (first, last), cover, History(excluded=(("e0", "recorded before"),)), "L")
+    assert why is not None and "cannot be simulated again" in why and "recorded before" in why
+    far = reach(params, (T0 + 9 * DAY_US, T0 + 10 * DAY_US), (T0 + 10 * DAY_US, T0 + 11 * DAY_US))
+    assert carried_refusal([earlier], far, (T0 + 10 * DAY_US, T0 + 11 * DAY_US), None, History(), "L") is None
+    assert ledger_draw_key([old, _entry("e1", T0, T0, key="a" * 16), _entry("e2", T0, T0, key="b" * 16)]) == \
+        DrawKey("b" * 16)
+    assert ledger_draw_key([old]) is None
