@@ -42,14 +42,21 @@ def attribution_summary_lines(summary: dict[str, Any], output: str, simulation: 
     """What the console says after a W3C Attribution release: the release, the operator-private
     accounting and what the estimates estimate."""
     mark = "SIMULATION (not private) " if simulation else ""
-    return [f"araopt measure: {mark}attribution release of {queries} histogram(s) x "
-            f"{summary['histogram_size']:,} indices written to {output}/"
-            f"{outputs.release_dir(simulation)}/ in {summary['wall_time_s']:.1f} s (domain: {summary['domain']})",
-            f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = "
-            f"{summary['conversions_kept']:,} kept + {summary['conversions_outside_domain']:,} outside the layout + "
-            f"{summary['rows_rejected']:,} rejected; {summary['reports_refused_for_budget']:,} of "
-            f"{summary['reports']:,} reports refused for budget",
-            f"  estimates are of {estimates_of(version.retention)}"]
+    lines = [f"araopt measure: {mark}attribution release of {queries} histogram(s) x "
+             f"{summary['histogram_size']:,} indices written to {output}/"
+             f"{outputs.release_dir(simulation)}/ in {summary['wall_time_s']:.1f} s (domain: {summary['domain']})",
+             f"  operator-private (exact, never publish): {summary['rows_read']:,} rows read = "
+             f"{summary['conversions_kept']:,} kept + {summary['conversions_outside_domain']:,} outside the layout + "
+             f"{summary['rows_rejected']:,} rejected; {summary['reports_refused_for_budget']:,} of "
+             f"{summary['reports']:,} reports refused for budget"]
+    if summary.get("lookback_files"):  # the budgets carried from earlier releases (araopt.ledger.attribution)
+        carried = summary.get("lookback_releases")
+        whose = ("the version's parameters (simulation: no ledger)" if carried is None
+                 else f"{len(carried)} earlier release(s) of the ledger")
+        lines.append(f"  budgets carried: {summary.get('lookback_reports', 0):,} reports of "
+                     f"{summary.get('lookback_rows', 0):,} lookback conversions ({summary['lookback_files']} file(s)) "
+                     f"simulated again first, with {whose}")
+    return [*lines, f"  estimates are of {estimates_of(version.retention)}"]
 
 
 def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> list[str]:

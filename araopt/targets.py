@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from araopt.attribution.lifetime import CHARGED, ChargedWindow
+from araopt.attribution.lifetime import CHARGED, MATCHED, ChargedWindow
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import check_noise_rates
 from araopt.errors import InvalidParameters, Unsupported
@@ -113,27 +113,32 @@ def check_domain(version: ParameterVersion, domain: KeyDomain, source: str) -> N
 
 
 def ledger_entry(version: ParameterVersion, epsilon_note: dict[str, Any] | None = None,
-                 accounting: dict[str, Any] | None = None) -> dict[str, Any]:
+                 accounting: dict[str, Any] | None = None, attribution: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
     """The ledger entry's own fields of a release of ``version`` (``araopt.ledger.commit`` adds the
     output, the release files' digests and the ids): the parameters' sha256, epsilon and the mechanism
     it released with (ARA: the mechanism part, which later lookbacks are costed with; Attribution: the
     whole version, and the impression times its accepted reports charged, from the job's
-    ``accounting``: ``araopt.attribution.lifetime``), with ``epsilon_note`` (an ``--override-epsilon``)."""
+    ``accounting``: ``araopt.attribution.lifetime``, and ``attribution``: its layout and the ledger's draw
+    key, ``araopt.ledger.attribution.entry_fields``), with ``epsilon_note`` (an ``--override-epsilon``)."""
     if version.api == Api.ATTRIBUTION:
         return {"params_sha256": version.checksum(), "api": Api.ATTRIBUTION.value, "epsilon": version.params.epsilon,
-                "mechanism": version.to_json(), CHARGED: (accounting or {}).get(CHARGED)}
+                "mechanism": version.to_json(), CHARGED: (accounting or {}).get(CHARGED), **(attribution or {})}
     params = version.params
     return {"params_sha256": version.checksum(), "epsilon": params.epsilon,
             "mechanism": ParameterVersion(params).to_json(), **(epsilon_note or {})}
 
 
 def charged_impressions(version: ParameterVersion, accounting: dict[str, Any]) -> ChargedWindow | None:
-    """The impression times an Attribution release's accepted reports charged (its job's ``accounting``),
-    which the ledger compares with earlier attribution releases' (no epoch charged twice: each release
-    simulates fresh budgets); None for ARA, or when no report was accepted."""
-    if version.api != Api.ATTRIBUTION or accounting.get(CHARGED) is None:
+    """The impression times an Attribution release's matched reports used (its job's ``accounting``: the
+    epochs whose budgets its decisions read, a superset of those its accepted reports charged), which the
+    ledger compares with earlier attribution releases' charged ones (no epoch charged by two releases
+    unless the later one carried the earlier's budget state: ``araopt.ledger.attribution``); None for ARA,
+    or when no report matched."""
+    window = accounting.get(MATCHED, accounting.get(CHARGED))
+    if version.api != Api.ATTRIBUTION or window is None:
         return None
-    return ChargedWindow.from_json(accounting[CHARGED])
+    return ChargedWindow.from_json(window)
 
 
 def public_facts(version: ParameterVersion) -> dict[str, Any]:

@@ -27,13 +27,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from araopt.errors import InvalidParameters, PrivacyRefusal
+from araopt.attribution.draws import DrawKey
+from araopt.attribution.lifetime import AttributionHistory
+from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
 from araopt.io import outputs
-from araopt.io.conversions import type_family
+from araopt.io.conversions import IMPRESSION_TIME, type_family
 from araopt.io.partitions import partition_days
 from araopt.io.progress import Progress
 from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
+from araopt.ledger.attribution import (
+    attribution_history,
+    carried_entries,
+    carried_refusal,
+    entry_fields,
+    held_counts,
+    ledger_draw_key,
+    reach,
+)
 from araopt.ledger.commit import (
     LedgerStep,
     commit_release,
@@ -70,7 +81,7 @@ from transforms.io import (
     release_days,
 )
 from transforms.io import check_lookback as check_lookback_input
-from transforms.measure import LOOKBACK_SUFFIX, build_ara_release, build_attribution_release
+from transforms.measure import HELD_SUFFIX, LOOKBACK_SUFFIX, build_ara_release, build_attribution_release
 
 from . import options
 from .inputs import LoadedParams, load_params, read_domain
@@ -78,9 +89,7 @@ from .runner import dry_run_sentence, is_local_runner, measure_job, run_pipeline
 
 SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "
                       "the output is NOT differentially private and must never be published")
-_NOT_FOR_ATTRIBUTION = (("epsilon", "--epsilon (each query's epsilon is in the parameters)"),
-                        ("lookback", "--lookback (the browsers' lookback is lookbackDays)"),
-                        ("lookback_days", "--lookback-days"))
+_NOT_FOR_ATTRIBUTION = (("epsilon", "--epsilon (each query's epsilon is in the parameters)"),)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,6 +114,8 @@ class MeasureConfig:
     days: tuple[str, ...] | None = None
     days_note: str | None = None
     attribution_columns: tuple[str, ...] = ()
+    attribution_history: AttributionHistory | None = None  # (a release) the ledger's releases its lookback may hold
+    draw_key: DrawKey | None = None  # (a release) the ledger's draw key (araopt.attribution.draws)
 
     @property
     def attribution(self) -> bool:
@@ -152,9 +163,7 @@ def _configure(args: argparse.Namespace, loaded: LoadedParams, version: Paramete
     slices, values = input_columns(version)
     inputs = check_input(args.input, slices, values)
     if version.api == Api.ATTRIBUTION:
-        present = attribution_columns(inputs)
-        domain, origin = resolve_domain(args, version, inputs)
-        return MeasureConfig(loaded, version, inputs, domain, origin, attribution_columns=present)
+        return _configure_attribution(args, loaded, version, inputs, slices, values)
     lookback = load_lookback(args.lookback, inputs, slices, values, args.lookback_days)
     days, days_note = release_days(inputs)  # a malformed partition date is refused here, before any work
     if lookback is not None:
@@ -174,6 +183,42 @@ def _configure(args: argparse.Namespace, loaded: LoadedParams, version: Paramete
             history = ledger.release_history(iso_micros(lookback.first_time), iso_micros(lookback.last_time), version)
     return MeasureConfig(loaded, version, inputs, domain, origin, epsilon_note, lookback, history, period, days,
                          days_note)
+
+
+def _configure_attribution(args: argparse.Namespace, loaded: LoadedParams, version: ParameterVersion,
+                           inputs: InputFiles, slices: Sequence[str], values: Sequence[str]) -> MeasureConfig:
+    """An attribution release's inputs, lookback and layout, and (a release) the ledger's draw key and the
+    earlier releases its lookback simulates again; refused before any work (one line naming
+    ``--lookback-days N``) when it cannot carry the budgets of an earlier release sharing its epochs
+    (``araopt.ledger.attribution``; skipped with ``--allow-rerelease``, which the commit records)."""
+    present = attribution_columns(inputs)
+    lookback = load_lookback(args.lookback, inputs, slices, values, args.lookback_days)
+    if lookback is not None and set(attribution_columns(lookback)) != set(present):
+        raise InvalidInput(f"--lookback has the attribution columns {sorted(attribution_columns(lookback))}, the input "
+                           f"{sorted(present)}: a browser's rows must be read alike in both")
+    domain, origin = resolve_domain(args, version, inputs)
+    if args.simulation_seed is not None:  # no ledger: the lookback's rows taken as released with these parameters
+        return MeasureConfig(loaded, version, inputs, domain, origin, lookback=lookback, attribution_columns=present)
+    params = attribution_params(version)
+    ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
+    try:
+        entries, _ = ledger.store.read_ledger()
+    except StoreError as exc:
+        raise StoreError(f"release ledger: {exc}") from None
+    key = ledger_draw_key(entries) or DrawKey.new()
+    first, last = iso_micros(inputs.first_time), iso_micros(inputs.last_time)
+    window = None if lookback is None else (iso_micros(lookback.first_time), iso_micros(lookback.last_time))
+    history = attribution_history(ledger, entries, key, window, first, (*slices, *values))
+    if not args.allow_rerelease:
+        _, shown_first, shown_last = footer_summary(inputs.paths, IMPRESSION_TIME)
+        cover = None if lookback is None else LookbackCover.of_windows(
+            (iso_micros(a), iso_micros(b)) for _, a, b in map(footer_summary, ([p] for p in lookback.paths)))
+        why = carried_refusal(entries, reach(params, (iso_micros(shown_first), iso_micros(shown_last)), (first, last)),
+                              (first, last), cover, history, ledger.store.uri)
+        if why is not None:
+            raise LedgerRefusal(why)
+    return MeasureConfig(loaded, version, inputs, domain, origin, lookback=lookback, attribution_columns=present,
+                         attribution_history=history, draw_key=key)
 
 
 def _check_attribution_options(args: argparse.Namespace, version: ParameterVersion) -> None:
@@ -241,9 +286,11 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
             build_attribution_release(pipeline, inputs, version, attribution_params(version),
                                       config.attribution_columns, folder, config.domain, args.simulation_seed,
                                       args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir,
-                                      one_dead_letter_file=is_local_runner(opts), row_ids=row_ids)
+                                      one_dead_letter_file=is_local_runner(opts), row_ids=row_ids, lookback=lookback,
+                                      history=config.attribution_history, key=config.draw_key)
             what = (f"the Beam job (attribution): validate, group by browser, the browsers' budgets, sum, noise once per "
-                    f"histogram index ({len(inputs.paths)} file(s), {inputs.rows:,} rows, {num_shards} shards)")
+                    f"histogram index ({len(inputs.paths)} file(s), {inputs.rows:,} rows"
+                    + (f", {len(lookback.paths)} lookback file(s)" if lookback else "") + f", {num_shards} shards)")
         else:
             build_ara_release(pipeline, inputs, version, folder, config.domain, args.simulation_seed, args.debug_run,
                               num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices, row_ids=row_ids,
@@ -273,8 +320,13 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
                 check_lookback(period, merged_identities(folder, ROW_IDS + LOOKBACK_SUFFIX, f"{id_dir}/lookback"))
             if ledger is not None:
                 held = None if config.period is None else config.period.held(take_held(folder))
-                step = LedgerStep(ledger, period.exact, period.coarse, ledger_entry(version, config.epsilon_note, summary),
-                                  charged_impressions(version, summary), held, period.minute)
+                extra, carried = None, frozenset[str]()
+                if config.attribution and config.domain is not None and config.draw_key is not None:
+                    extra = entry_fields(config.domain, config.draw_key)
+                    carried = _carried(folder, config, summary, f"{id_dir}/held")
+                step = LedgerStep(ledger, period.exact, period.coarse,
+                                  ledger_entry(version, config.epsilon_note, summary, extra),
+                                  charged_impressions(version, summary), held, period.minute, carried)
                 if others:
                     summary["conversions_in_other_ledgers"], warnings = released_elsewhere(others, period.exact)
                     for warning in warnings:
@@ -285,12 +337,29 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
     return summary
 
 
+def _carried(folder: RunFolder, config: MeasureConfig, summary: dict[str, Any], directory: str) -> frozenset[str]:
+    """The earlier attribution releases whose every released conversion the job's lookback held (their
+    budgets carried: ``araopt.ledger.attribution``), from the lookback's row ids; the counts go to the run
+    summary (``lookback_held``)."""
+    history = config.attribution_history
+    if history is None or config.lookback is None:
+        return frozenset()
+    lookback, _ = merged_identities(folder, ROW_IDS + HELD_SUFFIX, directory)
+    held = held_counts(history, lookback)
+    summary["lookback_held"] = held
+    return carried_entries(history, held)
+
+
 def _run_facts(args: argparse.Namespace, opts: Any, config: MeasureConfig, num_shards: int, spilled: bool,
                wall: float) -> dict[str, Any]:
     """How the run ran, for the run summary (after the parameters' facts)."""
     common = {"runner": runner_name(opts), "wall_time_s": round(wall, 3)}
     if config.attribution:
-        return {"domain": config.domain_origin, "num_shards": num_shards, **common}
+        carried = config.attribution_history
+        return {"domain": config.domain_origin, "num_shards": num_shards, **common,
+                "lookback_files": len(config.lookback.paths) if config.lookback else 0,
+                "lookback_releases": None if carried is None else sorted(carried.rebuilt),
+                "lookback_releases_excluded": None if carried is None else [list(e) for e in carried.excluded]}
     history, lookback = config.history, config.lookback
     return {"input_files": len(config.inputs.paths), **common, **config.epsilon_note, "domain": config.domain_origin,
             "num_shards": num_shards, "shuffle": "files" if spilled else "memory",

@@ -65,6 +65,16 @@ def test_footer_statistics_of_a_year_10000_time_do_not_abort_and_name_the_window
     assert first == "2026-09-01T00:00:00+00:00"
 
 
+def test_footer_times_round_trip_exactly_whatever_the_year():
+    """``iso_micros`` reads back every time ``footer_summary`` can name (years 1 to 10000 and beyond:
+    pandas' Timestamp stops at 2262), an offset converted to UTC."""
+    from transforms.io import _iso, iso_micros
+
+    for micros in (0, -1, int(T0.value // 1000) + 7, YEAR_10000_US, -62_135_596_800_000_000, 2**62 // 1000):
+        assert iso_micros(_iso(micros)) == micros
+    assert iso_micros("2026-09-01T02:00:00+02:00") == iso_micros("2026-09-01T00:00:00") == int(T0.value // 1000)
+
+
 @pytest.mark.slow
 def test_a_conversion_at_year_10000_is_dead_lettered_by_every_job(tmp_path, capsys):
     from pipelines import measure as measure_pipeline

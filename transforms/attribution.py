@@ -18,12 +18,15 @@ import apache_beam as beam
 import pandas as pd
 import pyarrow as pa
 
+from araopt.attribution.draws import DrawKey
+from araopt.attribution.lifetime import AttributionHistory
 from araopt.attribution.measure import BrowserSums, data_domain, simulate_browsers, simulated_columns
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.release import AttributionRelease, release
 from araopt.io.conversions import BROWSER_ID, DEFAULT_MAX_REJECTED_FRACTION, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
+from transforms.validate import period_rows
 
 
 def shard_frame(table: pa.Table, slice_columns: Iterable[str]) -> pd.DataFrame:
@@ -42,13 +45,18 @@ def unit_column(names: Iterable[str]) -> str:
 
 
 class _SimulateShard(beam.DoFn):
-    """(shard, table of complete browsers) -> their ``BrowserSums`` (domain as a side input)."""
+    """(shard, table of complete browsers) -> their ``BrowserSums`` (domain as a side input). A shard
+    carries its browsers' lookback rows too (``in_period`` False): the conversions earlier releases
+    released, simulated again with their parameters (``history``) and the draws of ``key`` (the ledger's)."""
 
     def __init__(self, params: AttributionParams, simulation_seed: int | None,
-                 task_domain: KeyDomain | None = None):
+                 task_domain: KeyDomain | None = None, key: DrawKey | None = None,
+                 history: AttributionHistory | None = None):
         self._params = params
         self._seed = simulation_seed
         self._task_domain = task_domain
+        self._key = key
+        self._history = history
 
     def process(self, item: tuple[int, pa.Table], domain: KeyDomain) -> Iterator[BrowserSums]:
         _, table = item
@@ -56,7 +64,7 @@ class _SimulateShard(beam.DoFn):
         table = table.select([c for c in simulated_columns(self._params) if c in present])
         rows = shard_frame(table, (*self._params.slice_columns, *self._params.conversion_slice_columns))
         sums, _ = simulate_browsers(self._params, rows, domain, task_domain=self._task_domain,
-                                    simulation_seed=self._seed)
+                                    simulation_seed=self._seed, key=self._key, history=self._history)
         yield sums
 
 
@@ -109,29 +117,36 @@ def _domain_of(values: set[tuple[Any, ...]], params: AttributionParams, simulati
 @beam.typehints.with_input_types(pa.Table)
 class MeasureAttribution(beam.PTransform):
     """Valid batches -> one ``AttributionRelease`` (``counts``: the singleton ValidationCounts;
-    ``domain``: the declared histogram layout, or None in simulation for the data's)."""
+    ``domain``: the declared histogram layout, or None in simulation for the data's). Batches may carry
+    lookback rows (``in_period`` False: ``ReadAndValidate(lookback_paths=...)``), grouped with their
+    browsers and simulated again before and among the release's own (``araopt.attribution.lifetime``;
+    ``history``: the ledger's releases they belong to, None in simulation; ``key``: the ledger's draw key,
+    None: the seed's draws, or a fresh key)."""
 
     def __init__(self, params: AttributionParams, counts: beam.PCollection[ValidationCounts],
                  domain: KeyDomain | None, simulation_seed: int | None, num_shards: int, unit: str,
                  spill_dir: str | None = None, task_domain: KeyDomain | None = None,
-                 max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION):
+                 max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION, key: DrawKey | None = None,
+                 history: AttributionHistory | None = None):
         super().__init__()
         if domain is None and simulation_seed is None:
             data_domain(params, pd.DataFrame(), None)  # refuses: a data-derived layout only in simulation
         self._params, self._counts, self._domain, self._seed = params, counts, domain, simulation_seed
         self._num_shards, self._unit, self._spill, self._tasks = num_shards, unit, spill_dir, task_domain
         self._max_rejected = max_rejected_fraction
+        self._key, self._history = key, history
 
     def expand(self, valid: beam.PCollection[pa.Table]) -> beam.PCollection[AttributionRelease]:
         params, seed = self._params, self._seed
         if self._domain is not None:
             domain = valid.pipeline | "DeclaredLayout" >> beam.Create([self._domain])
         else:
-            domain = (valid | "DistinctSlices" >> beam.CombineGlobally(_DistinctSlices(params.slice_columns))
+            domain = (valid | "PeriodRows" >> beam.Map(period_rows).with_output_types(pa.Table)
+                      | "DistinctSlices" >> beam.CombineGlobally(_DistinctSlices(params.slice_columns))
                       | "LayoutFromData" >> beam.Map(_domain_of, params, seed))
         browsers = valid | "GroupByBrowser" >> GroupByImpression(self._num_shards, self._spill, self._unit)
-        sums = (browsers | "SimulateBrowsers" >> beam.ParDo(_SimulateShard(params, seed, self._tasks),
-                                                            beam.pvalue.AsSingleton(domain))
+        simulate = _SimulateShard(params, seed, self._tasks, self._key, self._history)
+        sums = (browsers | "SimulateBrowsers" >> beam.ParDo(simulate, beam.pvalue.AsSingleton(domain))
                 | "SumShards" >> beam.CombineGlobally(_MergeSums()))
         num_tasks = 1 if self._tasks is None else self._tasks.num_slices
         return sums | "Noise" >> beam.Map(release, params, beam.pvalue.AsSingleton(domain),

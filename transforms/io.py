@@ -154,10 +154,11 @@ class ReadConversionFiles(beam.PTransform):
         )
 
 
-def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
+def footer_summary(paths: Sequence[str], column: str = CONVERSION_TIME) -> tuple[int, str | None, str | None]:
     """(rows, first and last conversion time as ISO strings or None) from the Parquet footers: one
     small read per file; the window comes from the row groups' min/max statistics when present,
-    read as integers (a time beyond Python's year 9999 is a dead-letter row, not a reason to abort)."""
+    read as integers (a time beyond Python's year 9999 is a dead-letter row, not a reason to abort).
+    ``column``: another timestamp column's window instead (``impression_time``)."""
     total = 0
     first = last = None
     for p in paths:
@@ -166,14 +167,14 @@ def footer_summary(paths: Sequence[str]) -> tuple[int, str | None, str | None]:
             meta, arrow_schema = parquet.metadata, parquet.schema_arrow
         total += meta.num_rows
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-        if CONVERSION_TIME not in names or CONVERSION_TIME not in arrow_schema.names:
+        if column not in names or column not in arrow_schema.names:
             continue
-        time_type = arrow_schema.field(CONVERSION_TIME).type
+        time_type = arrow_schema.field(column).type
         if not pa.types.is_timestamp(time_type):
             continue
-        column = names.index(CONVERSION_TIME)
+        index = names.index(column)
         for g in range(meta.num_row_groups):
-            st = meta.row_group(g).column(column).statistics
+            st = meta.row_group(g).column(index).statistics
             if st is None or not st.has_min_max or not isinstance(st.min_raw, int) or not isinstance(st.max_raw, int):
                 continue
             lo, hi = (_micros(v, time_type.unit) for v in (st.min_raw, st.max_raw))
@@ -199,15 +200,19 @@ def _iso(micros: int | None) -> str | None:
 
 
 def iso_micros(iso: str | None) -> int | None:
-    """An ISO-8601 time (naive = UTC; ``InputFiles.first_time``) as int64 microseconds since the epoch;
-    None stays None."""
+    """An ISO-8601 time (naive = UTC; ``InputFiles.first_time``) as int64 microseconds since the epoch,
+    exactly, whatever the year (a footer's year-10000 time must not abort the job before its row is
+    dead-lettered); None stays None. The inverse of ``_iso``."""
     if iso is None:
         return None
-    import pandas as pd
+    try:
+        stamp = _dt.datetime.fromisoformat(iso)
+    except ValueError:  # outside Python's years 1..9999: ``_iso``'s numpy notation, always UTC
+        import numpy as np
 
-    stamp = pd.Timestamp(iso)
-    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
-    return int(stamp.value // 1000)
+        return int(np.datetime64(iso.removesuffix("+00:00").removesuffix("Z"), "us").astype(np.int64))
+    stamp = stamp.replace(tzinfo=_dt.UTC) if stamp.tzinfo is None else stamp.astimezone(_dt.UTC)
+    return (stamp - _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)) // _dt.timedelta(microseconds=1)
 
 
 def release_days(inputs: InputFiles) -> tuple[tuple[str, ...] | None, str | None]:

@@ -13,7 +13,8 @@ hash(browser_id) (the privacy unit is browser instance x conversion site x epoch
 browser meets in one shard) -> per shard: encode, the browsers' per-site per-epoch budgets and safety
 limits, sums per (query, task, histogram index) -> CombineGlobally (exact integers) -> noise once per
 index -> Alg. 4 -> the release's files (``araopt.publication.attribution_release_files``); beside it,
-the released rows' ids for the ledger.
+the released rows' ids for the ledger. With a lookback (the conversions earlier releases released) its
+rows join their browsers' shards and are simulated again first, carrying the budgets' state.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from types import EllipsisType
 import apache_beam as beam
 import pyarrow as pa
 
+from araopt.attribution.draws import DrawKey
+from araopt.attribution.lifetime import AttributionHistory
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.release import AttributionRelease
 from araopt.constants import MAX_SLICES
@@ -43,6 +46,9 @@ from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate, lookback_rows,
 
 LOOKBACK_SUFFIX = "_lookback"
 """The lookback rows' ids go beside the released rows' (``ROW_IDS + LOOKBACK_SUFFIX``)."""
+HELD_SUFFIX = "_lookback_all"
+"""An attribution release's lookback rows' ids, all of them (``ROW_IDS + HELD_SUFFIX``): which earlier
+releases the lookback held whole (``araopt.ledger.attribution``)."""
 
 
 def build_ara_release(pipeline: beam.Pipeline, inputs: InputFiles, version: ParameterVersion, folder: RunFolder,
@@ -107,19 +113,37 @@ def build_attribution_release(pipeline: beam.Pipeline, inputs: InputFiles, versi
                               domain: KeyDomain | None, simulation_seed: int | None = None, debug_run: bool = False,
                               num_shards: int = 64, max_rejected_fraction: float = 0.10,
                               shuffle_dir: str | None = None, one_dead_letter_file: bool = True,
-                              row_ids: str | None = None) -> beam.PCollection[AttributionRelease]:
+                              row_ids: str | None = None, lookback: InputFiles | None = None,
+                              history: AttributionHistory | None = None, key: DrawKey | None = None
+                              ) -> beam.PCollection[AttributionRelease]:
     """Wire the Attribution measurement into ``folder``'s staging location; returns the release.
     ``present``: the Attribution columns every input file has (``transforms.io.attribution_columns``);
-    ``row_ids``: where the released rows' ids go, for the ledger (``transforms.rowset``)."""
+    ``row_ids``: where the released rows' ids go, for the ledger (``transforms.rowset``), and the
+    lookback's (``row_ids + LOOKBACK_SUFFIX``: those of the period's last 26 hours, to refuse a lookback
+    holding the period's own rows; ``+ HELD_SUFFIX``: all, to count which earlier releases it held whole);
+    ``lookback``: the conversions earlier releases released, read with the input and grouped with their
+    browsers, simulated again with the parameters of ``history`` (the ledger's) and the draws of ``key``
+    (the ledger's; ``araopt.attribution.lifetime``), not summed."""
     read = pipeline | "ReadAndValidate" >> ReadAndValidate(
         inputs.paths, (*params.slice_columns, *params.conversion_slice_columns), params.value_columns,
         folder.path(outputs.private_file(outputs.DEAD_LETTER))[:-len(".parquet")], passthrough=present,
-        one_dead_letter_file=one_dead_letter_file, attribution=True)
+        one_dead_letter_file=one_dead_letter_file, attribution=True,
+        lookback_paths=lookback.paths if lookback is not None else ())
+    valid = read["valid"]
     if row_ids is not None:
-        _ = read["valid"] | "ReleasedRowIds" >> WriteRowIds(row_ids)
-    release = read["valid"] | "MeasureAttribution" >> MeasureAttribution(
+        released = valid
+        if lookback is not None:
+            released = valid | "PeriodRows" >> beam.Map(period_rows).with_output_types(pa.Table)
+            since = iso_micros(inputs.first_time)
+            since = None if since is None else since - COARSE_MARGIN_US
+            _ = (valid | "LookbackRows" >> beam.Map(lookback_rows, since).with_output_types(pa.Table)
+                 | "LookbackRowIds" >> WriteRowIds(row_ids.rstrip("/") + LOOKBACK_SUFFIX))
+            _ = (valid | "AllLookbackRows" >> beam.Map(lookback_rows).with_output_types(pa.Table)
+                 | "HeldRowIds" >> WriteRowIds(row_ids.rstrip("/") + HELD_SUFFIX))
+        _ = released | "ReleasedRowIds" >> WriteRowIds(row_ids)
+    release = valid | "MeasureAttribution" >> MeasureAttribution(
         params, read["counts"], domain, simulation_seed, num_shards, unit_column(present), shuffle_dir,
-        max_rejected_fraction=max_rejected_fraction)
+        max_rejected_fraction=max_rejected_fraction, key=key, history=history)
     _ = release | "WriteRelease" >> beam.ParDo(WriteAttributionRelease(folder.staging, version.checksum(),
                                                                        simulation_seed is not None, debug_run,
                                                                        max_rejected_fraction, version.retention))

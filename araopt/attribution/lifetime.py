@@ -35,6 +35,9 @@ from araopt.mechanism.keys import KeyDomain
 CHARGED = "charged_impressions"
 """Where a release's run summary and its ledger entry keep its :class:`ChargedWindow` (None: no report
 was accepted, no epoch charged)."""
+MATCHED = "matched_impressions"
+"""Where a release's run summary keeps the :class:`ChargedWindow` of its matched reports' impression times
+(the epochs whose budgets its decisions read; None: no report matched)."""
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,17 @@ def _ends(times: np.ndarray) -> tuple[int | None, int | None]:
     return (int(times.min()), int(times.max())) if len(times) else (None, None)
 
 
+def _of_measured_browsers(rows: pd.DataFrame, lookback: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """The rows without the lookback rows of browsers with no row of their own: a browser the release does
+    not measure decides nothing it publishes (its state is carried by the release that measures it)."""
+    column = BROWSER_ID if BROWSER_ID in rows else IMPRESSION_ID
+    units = canonical_id_hash(rows[column].to_numpy())
+    keep = ~lookback | np.isin(units, units[~lookback])
+    if keep.all():
+        return rows, lookback
+    return rows[keep], lookback[keep]
+
+
 def simulate_browsers(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, *,
                       task_domain: KeyDomain | None = None, simulation_seed: int | None = None,
                       config: BrowserConfig | None = None, key: DrawKey | None = None,
@@ -257,6 +268,8 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
     if IN_PERIOD in rows:
         lookback = ~rows[IN_PERIOD].to_numpy(dtype=bool)
         if lookback.any():
+            rows, lookback = _of_measured_browsers(rows, lookback)
+            row_set = np.zeros(len(rows), dtype=np.int64)
             ids = conversion_row_ids(rows[IMPRESSION_ID].to_numpy()[lookback],
                                      rows[CONVERSION_TIME_US].to_numpy()[lookback])
             segments, row_set[lookback] = lookback_segments(history, ids, params, domain)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.attribution.calibrate import Retention, published_frame
-from araopt.attribution.lifetime import CHARGED
+from araopt.attribution.lifetime import CHARGED, MATCHED
 from araopt.attribution.measure import BrowserSums, noisy_release
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, check_noise_rates, read_histograms, reconstruct_histograms
@@ -55,15 +55,18 @@ class AttributionRelease:
 
     def accounting(self) -> dict[str, Any]:
         """OPERATOR-PRIVATE exact counts; rows read = kept + outside the layout + rejected; ``CHARGED``:
-        the impression times whose epochs the accepted reports charged (``araopt.attribution.lifetime``)."""
+        the impression times whose epochs the accepted reports charged, ``MATCHED``: those the matched reports
+        used (``araopt.attribution.lifetime``); the lookback's rows and reports simulated again."""
         c, s = self.counts, self.sums
-        charged = s.charged_window(self.params.epoch_days)
+        charged, matched = s.charged_window(self.params.epoch_days), s.matched_window(self.params.epoch_days)
         return {"rows_read": c.rows_read, "rows_rejected": c.rows_rejected,
                 "rows_rejected_by_reason": dict(c.rejected_by_reason), "conversions_kept": s.rows - s.rows_outside_domain,
                 "conversions_outside_domain": s.rows_outside_domain, "browsers": s.browsers,
                 "histogram_size": self.domain.num_slices,
                 "reports": s.reports, "reports_matched": s.reports_matched, "reports_refused_for_budget": s.reports_refused,
                 CHARGED: None if charged is None else charged.to_json(),
+                MATCHED: None if matched is None else matched.to_json(),
+                "lookback_rows": s.lookback_rows, "lookback_reports": s.lookback_reports,
                 "accounting_closes": c.rows_read - c.rows_rejected == s.rows}
 
 

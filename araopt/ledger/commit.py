@@ -90,9 +90,10 @@ class LedgerStep:
     rows: RowSet | SpilledRowSet
     coarse: RowSet | SpilledRowSet | None
     entry: Mapping[str, Any] = field(default_factory=dict)
-    charged: ChargedWindow | None = None  # an attribution release's charged impressions (araopt.attribution.lifetime)
+    charged: ChargedWindow | None = None  # an attribution release's matched reports' impressions (araopt.ledger.attribution)
     lifetime: HeldLookback | None = None  # an ARA release's period and its lookback's counts (araopt.ledger.lifetime)
     minute: RowSet | SpilledRowSet | None = None  # the minute identities (araopt.io.rowset.minute_row_ids)
+    carried: frozenset[str] = frozenset()  # attribution: earlier releases its lookback simulated again whole
 
 
 def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], private: dict[str, Any],
@@ -115,7 +116,7 @@ def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], 
             try:
                 recorded = ledger.check_and_record(step.rows, step.rows.to_parquet_bytes, entry, entry_id=entry_id,
                                                    coarse=step.coarse, charged=step.charged,
-                                                   lifetime=step.lifetime, minute=step.minute)
+                                                   lifetime=step.lifetime, minute=step.minute, carried=step.carried)
             except BaseException:
                 if ledger.rollback_entry(entry_id):  # refused (or failed): nothing recorded
                     folder.clear_pending()

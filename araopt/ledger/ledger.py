@@ -131,16 +131,19 @@ class Ledger:
                          attempts: int = 10,
                          entry_id: str | None = None, coarse: RowSet | SpilledRowSet | None = None,
                          charged: ChargedWindow | None = None, lifetime: HeldLookback | None = None,
-                         minute: RowSet | SpilledRowSet | None = None) -> Recorded:
+                         minute: RowSet | SpilledRowSet | None = None,
+                         carried: frozenset[str] = frozenset()) -> Recorded:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
         or shifted by a time zone) or by their ``minute`` identity (the time truncated or rounded to the
         minute: ``released_near``), or (an attribution release) if the impression times its accepted
-        reports ``charged`` come within an epoch of an earlier attribution release's (both would have
-        spent a whole budget on one epoch: ``araopt.attribution.lifetime``), unless re-releasing is
-        allowed (the shared releases are recorded: ``epochs_shared_with``), or (an ARA release, ``lifetime``)
-        if an ARA release within a source life before it is not held whole by its lookback, or one within a
-        source life after it was made first (``araopt.ledger.lifetime``: never allowed, whatever
+        reports used (``charged``: the matched reports' impression times) come within an epoch of an
+        earlier attribution release's charged ones and that release is not one whose conversions this
+        release's lookback simulated again whole (``carried``: the budget state carried, recorded as
+        ``budget_carried_from``; else both would spend one epoch's budget: ``araopt.ledger.attribution``),
+        unless re-releasing is allowed (the shared releases are recorded: ``epochs_shared_with``), or (an
+        ARA release, ``lifetime``) if an ARA release within a source life before it is not held whole by its
+        lookback, or one within a source life after it was made first (``araopt.ledger.lifetime``: never allowed, whatever
         ``allow_rerelease``; the lookback's counts are recorded: ``lookback_held``); else append the release
         (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under
         ``entry_id`` (a new one if None; a commit names it in its pending record first). Retries when
@@ -170,7 +173,8 @@ class Ledger:
                 lossy = coarse is not None and coarse_before > LOSSY_OVERLAP_SHARE * max(len(coarse), 1)
                 minute_rows = 0 if minute is None else len(minute)
                 by_minute = minute_before > LOSSY_OVERLAP_SHARE * max(minute_rows, 1)
-                shared = [] if charged is None else [e["id"] for e in releases if shares_epochs(e, charged)]
+                shared = [] if charged is None else [e["id"] for e in releases
+                                                     if shares_epochs(e, charged) and e["id"] not in carried]
                 if (before or lossy or by_minute or shared) and not self.allow_rerelease:
                     raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy,
                                                       shared, (minute_before, minute_rows) if by_minute else None))
@@ -182,8 +186,8 @@ class Ledger:
                     record.update(coarse_rows=len(coarse), coarse_rows_released_before=coarse_before)
                 if minute is not None:
                     record.update(minute_rows=len(minute), minute_rows_released_before=minute_before)
-                if charged is not None:
-                    record.update(epochs_shared_with=shared)
+                if charged is not None or carried:
+                    record.update(epochs_shared_with=shared, budget_carried_from=sorted(carried))
                 if lifetime is not None:
                     record[HELD] = held_counts(releases, lifetime)
                 try:
@@ -296,10 +300,10 @@ class Ledger:
         if shared and not before and not lossy and by_minute is None:
             return (f"this attribution release charges the budgets of impressions less than an epoch from those "
                     f"{len(shared)} earlier attribution release(s) in the ledger {self.store.uri} charged (e.g. "
-                    f"{shared[-1]}): each release simulates the browsers with fresh budgets, so a browser's epoch "
-                    f"would spend its per-site budget again (budgets are not carried across releases yet). Release "
-                    f"conversions whose impressions lie an epoch or more from theirs, or pass --allow-rerelease to "
-                    f"do it anyway (it is recorded)")
+                    f"{shared[-1]}) and its lookback did not simulate their conversions again whole, so a browser's "
+                    f"epoch would spend its per-site budget again: pass --lookback-days N with every day those "
+                    f"releases released (or --lookback), release conversions whose impressions lie an epoch or more "
+                    f"from theirs, or pass --allow-rerelease to do it anyway (it is recorded)")
         said = []
         if before:
             said.append(f"{before:,} of the {len(rows):,} conversions of this input were already released ({releases} "
