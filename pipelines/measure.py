@@ -344,7 +344,7 @@ def _carried(folder: RunFolder, config: MeasureConfig, summary: dict[str, Any], 
     history = config.attribution_history
     if history is None or config.lookback is None:
         return frozenset()
-    lookback, _ = merged_identities(folder, ROW_IDS + HELD_SUFFIX, directory)
+    lookback = merged_identities(folder, ROW_IDS + HELD_SUFFIX, directory).exact
     held = held_counts(history, lookback)
     summary["lookback_held"] = held
     return carried_entries(history, held)
