@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from araopt.calibration.accumulator import CalibrationStatistics
 from araopt.calibration.calendar import UNSEEN_LOSS_FACTOR
 from araopt.constants import (
@@ -46,11 +48,12 @@ class Guardrails:
     max_count_limit_change: int = MAX_COUNT_LIMIT_CHANGE
 
     def check(self, new: ParameterVersion, predicted: float, baseline_values: Mapping[str, float],
-              previous: ParameterVersion | None) -> list[str]:
-        """Reasons not to publish (empty: publish), each naming the parameter and the likely cause."""
+              previous: ParameterVersion | None, against_baselines: bool = True) -> list[str]:
+        """Reasons not to publish (empty: publish), each naming the parameter and the likely cause;
+        ``against_baselines=False``: the moves only (a rule's version, not a tuned one: ``private_problems``)."""
         problems = []
         best_baseline = min(baseline_values.values())
-        if not predicted < best_baseline:
+        if against_baselines and not predicted < best_baseline:
             problems.append(f"the error model's RMSRE_tau {predicted:.4g} does not beat the best baseline "
                             f"{best_baseline:.4g} (both from the error model)")
         if previous is None or self.allow_large_change or new_series(previous, new):
@@ -305,14 +308,40 @@ def private_problems(version: ParameterVersion, previous: ParameterVersion | Non
                      guardrails: Guardrails) -> tuple[str, ...]:
     """The guardrails on a privacy-safe version (``nightly --private`` against the latest published
     version, ``optimize --private`` against the last release's parameters): its recorded prediction
-    against its recorded baselines; none for the cold start (no release yet, no prediction)."""
+    against its recorded baselines; none for the cold start (no release yet, no prediction) nor for the
+    cold-start rule it falls back to (its capped estimates when nothing identifies the slices' retention,
+    or when the releases contradict the model: the floor, a fixed public rule, which a guard must not
+    block the way back to). The public schedule's probes are rules too: not held to beat the baselines
+    (whose predictions divide by a retention a capped probe does not claim) nor guarded as moves."""
     unguarded = PrivateDecision(version, (), False)
     predicted, baselines = unguarded.predicted, unguarded.baselines
-    if predicted is None or not baselines:
+    if predicted is None or not baselines or is_cold_start_rule(version):
         return ()
     if previous is not None and (is_scheduled_probe(version) or is_scheduled_probe(previous)):
         previous = None  # the public count-limit schedule moves C to and from a probe: not a move to guard
-    return tuple(guardrails.check(version, predicted, baselines, previous))
+    return tuple(guardrails.check(version, predicted, baselines, previous,
+                                  against_baselines=not is_scheduled_probe(version)))
+
+
+def released_on_probe_day(version: ParameterVersion, release_date: str) -> bool:
+    """Whether the public count-limit schedule ``version`` was tuned under (its
+    ``provenance.extra.count_limit_schedule``) probes on ``release_date`` (YYYY-MM-DD): a release of that
+    day may have been a probe, which the next version moves back from (``optimize --private`` knows the
+    last release's parameters only, not the version they came from)."""
+    extra = version.provenance.extra if version.provenance is not None else {}
+    schedule = extra.get("count_limit_schedule")
+    if not isinstance(schedule, dict) or not schedule.get("period"):
+        return False
+    day = int(np.datetime64(release_date, "D").astype(np.int64))
+    return bool(day % int(schedule["period"]) == int(schedule.get("phase", 0)))
+
+
+def is_cold_start_rule(version: ParameterVersion) -> bool:
+    """Whether privacy-safe tuning published ``version`` as its cold-start rule (``optimize.private``:
+    ``provenance.extra.robust_prediction.candidate``)."""
+    extra = version.provenance.extra if version.provenance is not None else {}
+    robust = extra.get("robust_prediction")
+    return isinstance(robust, dict) and robust.get("candidate") == "cold start"
 
 
 def is_scheduled_probe(version: ParameterVersion) -> bool:

@@ -169,7 +169,7 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
     from araopt.ledger.ledger import ledger_root
     from araopt.ledger.verify import ReleaseVerifier
     from araopt.mechanism.exploration import default_exploration
-    from araopt.nightly import Guardrails, private_problems
+    from araopt.nightly import Guardrails, private_problems, released_on_probe_day
     from araopt.optimize.private_inputs import describe
     from araopt.version import ParameterVersion
 
@@ -193,6 +193,8 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
     version = tuning.version
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
     previous = None if tuning.last_release is None else ParameterVersion(tuning.last_release)
+    if previous is not None and released_on_probe_day(version, tuning.dates[-1]):
+        previous = None  # the last release was the schedule's probe: moving back from it is not a move to guard
     problems = private_problems(version, previous, guardrails)
     if problems:
         raise InvalidInput(f"not written (against the parameters of the last release, {tuning.dates[-1]}): "

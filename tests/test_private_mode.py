@@ -68,13 +68,11 @@ def private_args(root: Path, first_party: Path, domain: Path, output: Path, *ext
 
 
 def release_day(root: Path, joined: Path, params: Path, day: int) -> None:
-    """measure the day with its lookback (the days before), secure noise, into releases/date=.../."""
-    lookback = [str(joined / f"date={date(d)}") for d in range(max(0, day - 5), day)]
+    """measure the day with its lookback (the days before it: every earlier release whole, as ARA's
+    lifetime cap across releases requires), secure noise, into releases/date=.../."""
     args = ["--input", str(joined / f"date={date(day)}"), "--params", str(params), "--output",
             str(root / "releases" / f"date={date(day)}"), "--allow-rerelease", "--ledger", str(root / "ledger"),
-            "--no-progress"]
-    for path in lookback:
-        args += ["--lookback", path]
+            "--no-progress", "--lookback-days", str(day)]
     assert measure(args) == 0
 
 
