@@ -133,6 +133,9 @@ def test_daily_releases_with_a_lookback_keep_what_one_simulation_of_the_whole_li
         alone, _ = simulate_release(params, log[log["day"] == day].drop(columns="day"), _layout(params), key=key)
         blind_refused += alone.reports_refused
     assert s["lookback_held"] == {e["id"]: e["rows"] for e in entries[:2]}
+    for day in range(len(DAYS)):  # the secret draw key stays in the ledger: no copy in the run folder
+        for path in (tmp_path / f"out-{day}").rglob("*.json"):
+            assert entries[0]["draw_key"] not in path.read_text(), path
     refused = int(whole.refused.sum())
     assert blind_refused < refused  # (the budgets bind across days: ignoring the lookback keeps more)
 

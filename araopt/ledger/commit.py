@@ -19,6 +19,7 @@ from araopt.attribution.lifetime import ChargedWindow
 from araopt.io import jsonio, outputs
 from araopt.io.rowset import RowSet, RowSetPart, SpilledRowSet
 from araopt.io.run_folder import RunFolder
+from araopt.ledger.attribution import DRAW_KEY
 from araopt.ledger.ledger import RELEASE_FILES, Identities, Ledger, Recorded
 from araopt.ledger.lifetime import HeldLookback
 
@@ -122,7 +123,9 @@ def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], 
                     folder.clear_pending()
                 raise
             summary.update(recorded_summary(ledger, recorded))
-            private["ledger"] = {"uri": ledger.store.uri, "entry": recorded.entry}
+            # the run manifest names the entry without the ledger's secret draw key (it stays in the ledger only)
+            private["ledger"] = {"uri": ledger.store.uri,
+                                 "entry": {k: v for k, v in recorded.entry.items() if k != DRAW_KEY}}
 
             def undo() -> None:
                 if ledger.rollback_entry(entry_id):
