@@ -101,12 +101,13 @@ class JobGraph:
 
     def combines(self, fn_type: str) -> list[Step]:
         """The GroupByKey of every CombinePerKey whose CombineFn is ``fn_type`` (one per combine); for the
-        project's one generic ``CombinerFn``, ``fn_type`` names the core combiner it runs."""
-        def kind(s: Step) -> str:
+        project's one generic ``CombinerFn``, ``fn_type`` names the core combiner it runs (or one it
+        specialises: the statistics step's shard-reading ``StatisticsCombiner``)."""
+        def kinds(s: Step) -> set[str]:
             inner = getattr(s.fn, "_combiner", None)
-            return type(inner).__name__ if inner is not None else str(s.fn_type)
+            return {c.__name__ for c in type(inner).__mro__} if inner is not None else {str(s.fn_type)}
 
-        return [s for s in self.find(GROUP_BY_KEY) if s.combine and kind(s) == fn_type]
+        return [s for s in self.find(GROUP_BY_KEY) if s.combine and fn_type in kinds(s)]
 
     def upstream(self, step: Step, through_side_inputs: bool = False) -> Iterator[Step]:
         """Every step ``step`` reads from, transitively (main inputs only unless asked)."""

@@ -193,8 +193,10 @@ def test_daily_releases_with_lookback_record_only_the_days_rows_in_the_ledger(tm
     assert release(days[3]) == 0 and release(days[4]) == 0
     out = capsys.readouterr().out
     assert out.count("lifetime cap:") == 2
-    # the same day into a new output is a re-release of its rows
+    # the same day into a new output is refused before any work: day 4, released after it within a source
+    # life, chose its kept reports without day 3's conversions again (ARA's lifetime cap across releases)
     again = measure_cli.run(["--input", paths[days[3]], "--params", str(tmp_path / "params.json"), "--domain",
                              str(tmp_path / "slices.csv"), "--output", str(tmp_path / "again"), "--ledger",
                              str(tmp_path / "ledger")])
-    assert again == 2 and "already released" in capsys.readouterr().err
+    assert again == 2 and "Release a log's days in time order" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()
