@@ -103,15 +103,21 @@ def _records(seed: int = 5, scale: float = 1.0) -> tuple[list[ReleaseRecord], Ke
     domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
     conv = steady_log(4, 800, seed)
     conv = dataclasses.replace(conv, values=conv.values * scale)
+    return _daily_records(conv, domain, range(20_000, 20_004)), domain
+
+
+def _daily_records(conv: Conversions, domain: KeyDomain, days: range) -> list[ReleaseRecord]:
+    """One release per day of ``days`` with the cold-start rule's parameters (seeded by the day), and its
+    record as the privacy-safe tuner reads it (the release and that day's first-party values)."""
     version = cold_start(FirstParty.of("d", conv.values), 8.0, domain, ("value",))
     day_index = np.floor_divide(conv.conversion_time, DAY_US)
     records = []
-    for day in range(20_000, 20_004):
+    for day in days:
         period = day_index == day
         release = measure(dataclasses.replace(conv, in_period=period), version.params, domain,
                           simulation_seed=day).release
         records.append(ReleaseRecord.of(release, FirstParty.of(str(day), conv.values[period])))
-    return records, domain
+    return records
 
 
 def test_the_tuner_is_a_deterministic_function_of_releases_and_first_party_values():
@@ -244,14 +250,7 @@ def _moved(mean_size: float, kept_share: float | None) -> tuple[list[ReleaseReco
     C = 5 before it leave the impressions no budget for more)."""
     domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
     conv = steady_log(5, 800, 5, mean_size=mean_size)
-    version = cold_start(FirstParty.of("d", conv.values), 8.0, domain, ("value",))
-    day_index = np.floor_divide(conv.conversion_time, DAY_US)
-    records = []
-    for day in range(20_000, 20_005):
-        period = day_index == day
-        release = measure(dataclasses.replace(conv, in_period=period), version.params, domain,
-                          simulation_seed=day).release
-        records.append(ReleaseRecord.of(release, FirstParty.of(str(day), conv.values[period])))
+    records = _daily_records(conv, domain, range(20_000, 20_005))
     last = records[-1]
     main = last.main
     if kept_share is not None:
