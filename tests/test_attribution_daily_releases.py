@@ -186,6 +186,46 @@ def test_a_lookback_missing_some_released_conversions_is_refused_at_commit_and_d
 
 
 @pytest.mark.slow
+def test_a_day_released_in_two_parts_keeps_what_one_simulation_of_the_day_keeps(tmp_path, capsys):
+    """The first day released as its morning, then its afternoon with the morning as ``--lookback``: per
+    part the reports matched and refused for budget are those of one simulation of the day in two segments
+    (the ledger's draw key), and the afternoon's release records the morning's as carried. The afternoon
+    without the morning is refused before any work (its browsers' epochs were charged by the morning)."""
+    log = _log(3)
+    day = log[log["day"] == 0].drop(columns="day")
+    afternoon = (day["conversion_time_us"] >= T0 + DAY_US // 2).to_numpy()
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    morning_path = log_parquet(day[~afternoon], parts / "morning.parquet")
+    afternoon_path = log_parquet(day[afternoon], parts / "afternoon.parquet")
+    version = _version(tmp_path)
+
+    def release(name, path, extra=()):
+        return main(["measure", "--api", "attribution", "--input", str(path), "--params", version,
+                     "--output", str(tmp_path / name), "--ledger", str(tmp_path / "ledger"), "--no-progress", *extra])
+
+    assert release("am", morning_path) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert release("pm", afternoon_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "per-site budget" in err[0], err
+    assert not (tmp_path / "pm").exists() and len(_ledger(tmp_path)) == 1
+    assert release("pm", afternoon_path, ("--lookback", str(morning_path))) == 0, capsys.readouterr().err
+    first, second = _ledger(tmp_path)
+    assert second["budget_carried_from"] == [first["id"]] and second["epochs_shared_with"] == []
+    params = _params()
+    whole = simulate_segments([(params, _layout(params))] * 2, day, afternoon.astype(np.int64),
+                              DrawKey(first["draw_key"]), browser_config(params, 3)).reports
+    for name, segment in (("am", 0), ("pm", 1)):
+        summary = json.load(open(tmp_path / name / "private" / "run_summary.json"))
+        mine = whole.segment == segment
+        assert summary["reports_matched"] == int((whole.matched & mine).sum()), name
+        assert summary["reports_refused_for_budget"] == int((whole.refused & mine).sum()), name
+    alone, _ = simulate_release(params, day[afternoon], _layout(params), key=DrawKey(first["draw_key"]))
+    assert alone.reports_refused < int((whole.refused & (whole.segment == 1)).sum())  # the morning's spend binds
+
+
+@pytest.mark.slow
 def test_a_simulated_daily_release_sums_what_the_whole_life_keeps_of_its_day(tmp_path, capsys):
     """In simulation (``--simulation-seed S --debug-run``, no ledger: the lookback's rows are taken as
     released with the same parameters), day 3 with --lookback-days 2: its unnoised sums are exactly the
