@@ -18,12 +18,14 @@ from araopt.io.conversions import Conversions
 from araopt.io.ids import canonical_id_hash
 from araopt.io.rowset import (
     LOSSY_OVERLAP_SHARE,
+    SHIFT_SAMPLE,
     RowSet,
     RowSetPart,
     coarse_row_ids,
     conversion_row_ids,
     minute_neighbours,
     minute_row_ids,
+    released_shifted,
 )
 from araopt.ledger.ledger import Ledger, LedgerRefusal, identities
 from araopt.mechanism.exploration import default_exploration
@@ -180,6 +182,53 @@ def test_the_next_day_of_the_same_impressions_matches_by_minute_only_at_the_day_
     assert (last["minute_rows_released_before"], first["minute_rows_released_before"]) == (0, 1)
 
 
+HOUR = 60 * MINUTE
+
+
+@pytest.mark.parametrize("shift_minutes", [330, -225, 26 * 60, -12 * 60, 23 * 60 + 45])  # UTC+5:30, -3:45, …
+@pytest.mark.parametrize("rounded", [False, True])
+def test_a_reexport_truncated_to_the_minute_in_another_time_zone_matches_at_its_shift(shift_minutes, rounded):
+    """The minute identities of a re-export truncated (or rounded) to the minute and written in another time
+    zone are the released ones moved by the zones' difference: every sampled row matches at that shift;
+    other conversions of the same impressions (a later hour) match at no shift beyond chance."""
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, 20_000, 20_000)  # about one released conversion per impression
+    times = 1_700_000_000_000_000 + rng.integers(0, 86_400_000_000, 20_000)
+    released = minute_row_ids(ids, times)
+    moved = times + shift_minutes * MINUTE
+    moved = (moved + MINUTE // 2) // MINUTE * MINUTE if rounded else moved - moved % MINUTE
+    again = RowSet.merge([RowSetPart(minute_row_ids(ids, moved), None, None)])
+    found = released_shifted(again, [np.unique(released)])
+    assert found.shift_minutes == -shift_minutes and found.matched == found.sampled
+    assert SHIFT_SAMPLE <= found.sampled < 2 * SHIFT_SAMPLE
+    other = RowSet.merge([RowSetPart(minute_row_ids(ids, times + rng.integers(0, 86_400_000_000, 20_000)), None,
+                                     None)])
+    chance = released_shifted(other, [np.unique(released)])
+    assert chance.matched < 0.01 * chance.sampled  # (3 minutes in 1,440 per released conversion of the impression)
+
+
+def test_the_ledger_refuses_a_reexport_truncated_to_the_minute_in_another_time_zone(tmp_path):
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 400, 1200)
+    times = 1_700_000_000_000_000 + rng.integers(0, 86_400_000_000, 1200)
+    ledger = Ledger.open(str(tmp_path / "ledger"), allow_rerelease=False)
+    _record(ledger, ids, times)
+    local = times + 5 * HOUR + 30 * MINUTE  # naive Asia/Kolkata time, truncated to the minute
+    local -= local % MINUTE
+    distinct = len(np.unique(minute_row_ids(ids, local)))
+    with pytest.raises(LedgerRefusal, match=f"{distinct:,} of a sample of {distinct:,} conversions of this input "
+                                            f"match conversions released before by impression id and minute "
+                                            f"shifted by -5h30"):
+        _record(ledger, ids, local)
+    entry = _record(Ledger.open(str(tmp_path / "ledger"), allow_rerelease=True), ids, local).entry
+    assert entry["minute_shift_matched"] == entry["minute_shift_sampled"] == distinct  # recorded when allowed
+    assert entry["minute_shift_minutes"] == -330 and entry["minute_rows_released_before"] < 0.05 * distinct
+    later = _record(ledger, ids, times + 2 * 86_400_000_000 + 7 * HOUR).entry  # the same impressions, 2 days on
+    assert later["minute_shift_matched"] == 0  # (no release within 26 h: nothing compared)
+    nxt = _record(ledger, rng.integers(0, 400, 1200), times + 86_400_000_000).entry  # genuine: the next day
+    assert nxt["minute_shift_matched"] < LOSSY_OVERLAP_SHARE * nxt["minute_shift_sampled"]
+
+
 def test_a_lookback_truncated_to_the_minute_is_refused():
     from araopt.ledger.ledger import check_lookback
 
@@ -189,6 +238,9 @@ def test_a_lookback_truncated_to_the_minute_is_refused():
     check_lookback(period, _identities(ids, times - 86_400_000_000 - 1_500_000))  # other seconds and minutes
     with pytest.raises(LedgerRefusal, match="by impression id and minute"):
         check_lookback(period, _identities(ids, times - times % MINUTE))
+    local = times - 4 * HOUR  # the input's own conversions again, in UTC-4 and truncated to the minute
+    with pytest.raises(LedgerRefusal, match=r"--lookback: 1,000 of a sample of 1,000 .* shifted by -4h00"):
+        check_lookback(period, _identities(ids, local - local % MINUTE))
 
 
 # ---- the ledger: lossy re-exports (end to end) --------------------------------------------------
@@ -219,6 +271,9 @@ LOSSY = {
     "rounded to the minute": lambda f: f.assign(conversion_time=f["conversion_time"].dt.round("min")),
     "naive local time": lambda f: f.assign(
         conversion_time=_utc(f["conversion_time"]).dt.tz_convert("Asia/Kolkata").dt.tz_localize(None)),
+    "naive local time to the minute": lambda f: f.assign(
+        conversion_time=_utc(f["conversion_time"]).dt.tz_convert("America/New_York").dt.tz_localize(None)
+        .dt.floor("min")),
     "zero-padded string ids": lambda f: f.assign(impression_id=f["impression_id"].map(lambda i: f"{i:010d}")),
     "ids through a float": lambda f: f.assign(impression_id=f["impression_id"].astype(float).astype(str)),
 }
@@ -233,7 +288,8 @@ def test_a_lossy_reexport_of_released_conversions_is_refused_as_a_rerelease(tmp_
     assert code == 2, cap.out
     line = error_line(cap.err)
     exact = re.search(r"(\S+) of the 1,223 conversions of this input were already released", line)
-    coarse = re.search(r"(\S+) of the (\S+) conversions of this input match conversions released before", line)
+    coarse = re.search(r"(\S+) of (?:the|a sample of) (\S+) conversions of this input match conversions released "
+                       r"before", line)
     assert (exact and exact[1] == "1,223") or (coarse and coarse[1] == coarse[2]), line  # all of them, said so
     assert not (tmp_path / "out-again").exists()
     code, cap = _release_again(tmp_path, LOSSY[lossy](frame), pfile, dom, "anyway", capsys, ["--allow-rerelease"])

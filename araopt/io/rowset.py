@@ -378,6 +378,56 @@ def released_near(minute: RowSet | SpilledRowSet, released: Sequence[np.ndarray 
     return before
 
 
+SHIFT_SAMPLE: Final = 8192
+"""How many of a release's minute identities :func:`released_shifted` tries at every time-zone shift (a
+stride sample over their sorted ids: hash order, so any rows alike). A re-export matches (nearly) all of
+them at its shift; chance matches at one shift are a few in a thousand (a share far below
+``LOSSY_OVERLAP_SHARE``, whose binomial spread at this size is ~0.1 point)."""
+TIME_ZONE_SHIFTS_MIN: Final = tuple(m for m in range(-26 * 60, 26 * 60 + 1, 15) if m % (24 * 60))
+"""The shifts, in minutes, between two exports of the same instants in two time zones: differences of
+UTC offsets (UTC-12 to UTC+14, whole quarter hours). Zero is ``released_near``'s; a whole day is left
+out: it cannot be told from an impression converting again at the same minute the next day (a daily
+renewal), and only zones a day apart (UTC-10 / UTC+14) make it."""
+
+
+@dataclass(frozen=True)
+class ShiftedMatch:
+    """The time-zone shift at which most of a sample of minute identities match released ones
+    (``released_shifted``): how many matched, of how many sampled."""
+
+    matched: int
+    sampled: int
+    shift_minutes: int
+
+
+def released_shifted(minute: RowSet | SpilledRowSet,
+                     released: Sequence[np.ndarray | RowSet | SpilledRowSet]) -> ShiftedMatch:
+    """The best of :data:`TIME_ZONE_SHIFTS_MIN` for a sample (``SHIFT_SAMPLE``) of the ``minute``
+    identities: at which shift (and its neighbouring minutes, a rounded time) most of them are held by the
+    ``released`` minute sets. A re-export truncated to the minute *and* written in another time zone keeps
+    neither the second (the coarse identity) nor the UTC minute, but every row's minute moves by one
+    shift: its identities are the released ones moved along their impression's minutes
+    (``minute_neighbours``, in the same id range). Range by range, as :func:`released_near`."""
+    stride = max(1, len(minute) // SHIFT_SAMPLE)
+    streams = [range_chunks(r) if isinstance(r, np.ndarray) else r.chunks() for r in released]
+    hits = np.zeros(len(TIME_ZONE_SHIFTS_MIN), dtype=np.int64)
+    sampled = 0
+    for chunk in minute.chunks():
+        earlier = [next(stream) for stream in streams]
+        sample = chunk[::stride]
+        sampled += len(sample)
+        if not len(sample):
+            continue
+        for i, shift in enumerate(TIME_ZONE_SHIFTS_MIN):
+            hit = np.zeros(len(sample), dtype=bool)
+            for ids in earlier:
+                for step in (shift - 1, shift, shift + 1):
+                    hit |= _contained(minute_neighbours(sample, step), ids)
+            hits[i] += int(np.count_nonzero(hit))
+    best = int(np.argmax(hits))
+    return ShiftedMatch(int(hits[best]), sampled, TIME_ZONE_SHIFTS_MIN[best])
+
+
 def _parquet_schema_meta(first: int | None, last: int | None) -> dict[bytes, bytes]:
     return {b"first_time_us": str(first).encode(), b"last_time_us": str(last).encode()}
 

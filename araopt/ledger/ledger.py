@@ -52,9 +52,11 @@ from araopt.io.rowset import (
     Released,
     RowSet,
     RowSetPart,
+    ShiftedMatch,
     SpilledRowSet,
     released_in,
     released_near,
+    released_shifted,
 )
 from araopt.io.store import ParameterStore, StoreConflict, StoreError
 from araopt.io.stores import open_store
@@ -136,7 +138,8 @@ class Ledger:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
         or shifted by a time zone) or by their ``minute`` identity (the time truncated or rounded to the
-        minute: ``released_near``), or (an attribution release) if the impression times its accepted
+        minute: ``released_near``; and in another time zone: ``released_shifted``, on a sample, recorded as
+        ``minute_shift_*``), or (an attribution release) if the impression times its accepted
         reports used (``charged``: the matched reports' impression times) come within an epoch of an
         earlier attribution release's charged ones and that release is not one whose conversions this
         release's lookback simulated again whole (``carried``: the budget state carried, recorded as
@@ -173,11 +176,19 @@ class Ledger:
                 lossy = coarse is not None and coarse_before > LOSSY_OVERLAP_SHARE * max(len(coarse), 1)
                 minute_rows = 0 if minute is None else len(minute)
                 by_minute = minute_before > LOSSY_OVERLAP_SHARE * max(minute_rows, 1)
+                shifted = None
+                if minute is not None and not by_minute:
+                    near = [e for e in releases if "minute_row_set" in e
+                            and minute.may_meet(e["first_time_us"], e["last_time_us"], COARSE_MARGIN_US)]
+                    if near:
+                        shifted = released_shifted(minute, [self._ids(e, "minute_row_set", loaded) for e in near])
+                by_shift = shifted is not None and _lossy_shift(shifted)
                 shared = [] if charged is None else [e["id"] for e in releases
                                                      if shares_epochs(e, charged) and e["id"] not in carried]
-                if (before or lossy or by_minute or shared) and not self.allow_rerelease:
+                if (before or lossy or by_minute or by_shift or shared) and not self.allow_rerelease:
                     raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy,
-                                                      shared, (minute_before, minute_rows) if by_minute else None))
+                                                      shared, (minute_before, minute_rows) if by_minute else None,
+                                                      shifted if by_shift else None))
                 number = 1 + found.most
                 record = {**entry, "id": entry_id or uuid.uuid4().hex, "recorded_at": utc_now_iso(), "rows": len(rows),
                           "first_time_us": rows.first_time_us, "last_time_us": rows.last_time_us,
@@ -186,6 +197,9 @@ class Ledger:
                     record.update(coarse_rows=len(coarse), coarse_rows_released_before=coarse_before)
                 if minute is not None:
                     record.update(minute_rows=len(minute), minute_rows_released_before=minute_before)
+                if shifted is not None:
+                    record.update(minute_shift_sampled=shifted.sampled, minute_shift_matched=shifted.matched,
+                                  minute_shift_minutes=shifted.shift_minutes)
                 if charged is not None or carried:
                     record.update(epochs_shared_with=shared, budget_carried_from=sorted(carried))
                 if lifetime is not None:
@@ -293,11 +307,11 @@ class Ledger:
 
     def _refusal(self, rows: RowSet | SpilledRowSet, before: int, releases: int, coarse: RowSet | SpilledRowSet | None,
                  coarse_before: int, lossy: bool, shared: Sequence[str] = (),
-                 by_minute: tuple[int, int] | None = None) -> str:
+                 by_minute: tuple[int, int] | None = None, shifted: ShiftedMatch | None = None) -> str:
         """Why a release is refused: its conversions released before, exactly and (a lossy re-export) by
-        their coarse or minute identity (``by_minute``: matched, of how many); epochs an earlier
-        attribution release charged."""
-        if shared and not before and not lossy and by_minute is None:
+        their coarse or minute identity (``by_minute``: matched, of how many), or their minute identity in
+        another time zone (``shifted``); epochs an earlier attribution release charged."""
+        if shared and not before and not lossy and by_minute is None and shifted is None:
             return (f"this attribution release charges the budgets of impressions less than an epoch from those "
                     f"{len(shared)} earlier attribution release(s) in the ledger {self.store.uri} charged (e.g. "
                     f"{shared[-1]}) and its lookback did not simulate their conversions again whole, so a browser's "
@@ -318,6 +332,8 @@ class Ledger:
                         f"released before by impression id and minute (the same or a neighbouring one), more than "
                         f"the {LOSSY_OVERLAP_SHARE:.0%} that different conversions of the same impressions share by "
                         f"chance: a re-export of released conversions truncated or rounded to the minute")
+        if shifted is not None:
+            said.append(_shift_said(shifted, "conversions released before"))
         return ("; ".join(said) + "; releasing them again lets averages strip the noise. Pass --allow-rerelease to do "
                 "it anyway (it is recorded)")
 
@@ -370,14 +386,29 @@ def identities(parts: Sequence[RowSetPart]) -> Identities:
                       RowSet.merge(p.minute_part() for p in parts))
 
 
+def _lossy_shift(shifted: ShiftedMatch) -> bool:
+    """Whether more than ``LOSSY_OVERLAP_SHARE`` of the sample matched at one time-zone shift."""
+    return shifted.matched > LOSSY_OVERLAP_SHARE * max(shifted.sampled, 1)
+
+
+def _shift_said(shifted: ShiftedMatch, whose: str) -> str:
+    hours, minutes = divmod(abs(shifted.shift_minutes), 60)
+    sign = "+" if shifted.shift_minutes > 0 else "-"
+    return (f"{shifted.matched:,} of a sample of {shifted.sampled:,} conversions of this input match {whose} by "
+            f"impression id and minute shifted by {sign}{hours}h{minutes:02d}, more than the "
+            f"{LOSSY_OVERLAP_SHARE:.0%} that different conversions of the same impressions share by chance: a "
+            f"re-export truncated or rounded to the minute in another time zone")
+
+
 def check_lookback(period: Sequence[RowSetPart] | Identities, lookback: Sequence[RowSetPart] | Identities) -> None:
     """Refuse a --lookback that holds the period's own conversions (the same rows in another file, or
     re-exported in another time zone or at a coarser time precision): Alg. 1 would spend their budget
     twice, once as lookback and once as released. By the ledger's identities: any exact match
     refuses; coarse matches (``araopt.io.rowset.coarse_row_ids``) and minute matches (``minute_row_ids``,
-    a re-export truncated to the minute) refuse above ``LOSSY_OVERLAP_SHARE`` of the period's
-    conversions (below it they are different conversions of the same impressions that share a second
-    modulo 15 minutes, or a minute, by chance). Compared range by range (``released_in``)."""
+    a re-export truncated to the minute; ``released_shifted``: truncated to the minute in another time
+    zone, on a sample) refuse above ``LOSSY_OVERLAP_SHARE`` of the period's conversions (below it they are
+    different conversions of the same impressions that share a second modulo 15 minutes, or a minute, by
+    chance). Compared range by range (``released_in``)."""
     (rows, coarse, minute), (earlier, coarse_earlier, minute_earlier) = (
         ids if isinstance(ids, tuple) else identities(ids) for ids in (period, lookback))
     exact = released_in(rows, [earlier]).before
@@ -396,3 +427,7 @@ def check_lookback(period: Sequence[RowSetPart] | Identities, lookback: Sequence
                                 f"and {how}, more than the {LOSSY_OVERLAP_SHARE:.0%} that different conversions of the "
                                 f"same impressions share by chance: it looks like the input's own conversions exported "
                                 f"again ({disguise}), whose budget would be spent twice. Remove them from --lookback")
+    shifted = released_shifted(minute, [minute_earlier])
+    if _lossy_shift(shifted):
+        raise LedgerRefusal(f"--lookback: {_shift_said(shifted, 'the lookback')}, whose budget would be spent twice. "
+                            f"Remove them from --lookback")
