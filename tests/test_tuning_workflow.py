@@ -15,8 +15,8 @@ import pytest
 from araopt.calibration.accumulator import CalibrationStatistics
 from araopt.optimize.search import CORRECTED
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
-from araopt.optimize.tune import TuningResult, calibrate
-from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
+from araopt.optimize.tune import TuningResult
+from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
 from araopt.version import ParameterVersion
 from factories import write_history
 
@@ -84,8 +84,8 @@ def test_the_in_memory_and_the_beam_backends_tune_and_calibrate_alike(tmp_path):
         for name in ("slice_columns", "slice_keys", "block_keys", "cells", "num_conversions"):
             _close(getattr(c_mem, name), getattr(c_job, name), name)
     # the calibrated decision: the same parameters, estimator and backtest on both
-    in_memory = tune_and_calibrate(InMemoryBackend(conversions), spec, choose, 1.0)
-    on_beam = calibrate(job.chosen, job.calibration, 1.0)
+    in_memory = tune_and_calibrate(InMemoryBackend(conversions), spec, AraTuning(choose, 1.0))
+    on_beam = AraTuning(choose, 1.0).conclude(job.chosen, job.calibration)
     _close(in_memory.version.params, on_beam.version.params, "decision")
     assert in_memory.version.correction == on_beam.version.correction
     assert in_memory.predicted_rmsre_tau == pytest.approx(on_beam.predicted_rmsre_tau, rel=1e-9)

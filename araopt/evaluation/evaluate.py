@@ -50,7 +50,7 @@ from araopt.optimize.error_model import (
 from araopt.optimize.objective import predicted_rmsre_tau
 from araopt.optimize.search import CORRECTED, SearchContext, optimize, prepare_search
 from araopt.optimize.statistics import SufficientStatistics
-from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
+from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
 from araopt.publication import true_totals
 from araopt.release_workflow import InMemoryReleaseBackend, ReleaseSpec, release_and_publish
 from araopt.version import ParameterVersion
@@ -270,8 +270,8 @@ def evaluate_dataset(
         if CORRECTED_METHOD in methods and train_conversions is not None and test_conversions is not None:
             choose = TuneCandidates(eps, {"max_count_limit": max_count_limit, "objective": CORRECTED,
                                           "taus": taus.tolist(), "release_period_days": release_period_days})
-            tuned = tune_and_calibrate(InMemoryBackend(train_conversions, history), history.spec, choose,
-                                       release_period_days)
+            tuned = tune_and_calibrate(InMemoryBackend(train_conversions, history), history.spec,
+                                       AraTuning(choose, release_period_days))
             candidates[CORRECTED_METHOD] = (tuned.version, tuned.predicted_rmsre_tau)
         say(f"{at}: test RMSRE_tau of {len(candidates)} method(s)"
             + (f", {monte_carlo} mechanism runs each" if monte_carlo and test_conversions is not None else ""))
