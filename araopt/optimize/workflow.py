@@ -29,6 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from araopt.calibration.accumulator import CalibrationStatistics, candidates_statistics, day_blocks
 from araopt.calibration.calendar import UNSEEN_LOSS_FACTOR
+from araopt.errors import InvalidParameters
 from araopt.io.conversions import Conversions, ValidationCounts, rejected_share_refusal
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics, compute_statistics_in_memory
 from araopt.optimize.tune import TuningResult, calibrate, tune
@@ -78,16 +79,25 @@ class TuningMechanism(Protocol[S_contra, T, C_contra, R_co]):
 @dataclass(frozen=True)
 class InMemoryBackend:
     """The steps on a log held in memory (every impression's conversions together; blocks are UTC days).
-    ``statistics``: the log's statistics when they were computed already (e.g. by a Beam job)."""
+    ``statistics``: the log's statistics when they were computed already (e.g. by a Beam job); with
+    them and no log (``conversions`` None) only a ``choose`` that returns no candidate can run."""
 
-    conversions: Conversions
+    conversions: Conversions | None
     statistics: SufficientStatistics | None = None
 
     def statistics_and_calibration(self, spec: StatisticsSpec, choose: Choose[SufficientStatistics, T]
                                    ) -> HistoryRun[SufficientStatistics, T, CalibrationStatistics]:
-        statistics = (compute_statistics_in_memory(self.conversions, spec) if self.statistics is None
-                      else self.statistics)
+        if self.statistics is not None:
+            statistics = self.statistics
+        elif self.conversions is not None:
+            statistics = compute_statistics_in_memory(self.conversions, spec)
+        else:
+            raise InvalidParameters("tuning in memory needs the history's conversions or its statistics")
         chosen, candidates = choose(statistics)
+        if not candidates:
+            return HistoryRun(statistics, chosen, ())
+        if self.conversions is None:
+            raise InvalidParameters("calibrating candidates needs the history's conversions, not only its statistics")
         blocks = day_blocks(self.conversions)
         calibration = tuple(candidates_statistics(self.conversions, [(v.params, v.checksum()) for v in candidates],
                                                   blocks))
