@@ -30,7 +30,7 @@ from araopt.evaluation.plots import nightly_report_png as render_nightly_report
 from araopt.io.conversions import ValidationCounts, check_rejected_share
 from araopt.io.folders import REPORT_FOLDER, FolderFiles, write_folder
 from araopt.io.store import ParameterStore
-from araopt.optimize.attribution_workflow import AttributionTuning
+from araopt.optimize.attribution import AttributionTuning
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.optimize.tune import TuningResult, calibrate, tune
 from araopt.version import ParameterVersion, Provenance
@@ -452,10 +452,11 @@ def attribution_night(tuning: AttributionTuning, previous: ParameterVersion | No
                       budget: float, window_start: str, dates: Sequence[str], expected_previous: str | None,
                       guardrails: Guardrails, created_at: str) -> tuple[PrivateDecision, dict[str, Any]]:
     """``nightly --api attribution``'s decision on the version tuned on the window
-    (``optimize.attribution_workflow``): the version stamped with the run (window, rows, its prediction and
-    the baselines', as-of date, run id), then the rules every night applies to a version that records
-    its prediction and baselines (:func:`private_decision`: a re-run recognised, the guardrails against
-    the latest published version ``previous``, a new series) and its run report (:func:`run_report`'s
+    (the tuning workflow with ``optimize.attribution.AttributionTuner``): the version stamped with the
+    run (window, rows, its prediction and the baselines', as-of date, run id), then the rules every
+    night applies to a version that records its prediction and baselines (:func:`private_decision`: a
+    re-run recognised, the guardrails against the latest published version ``previous``, a new series)
+    and its run report (:func:`run_report`'s
     schema, with the retention ratios). The caller concludes it (:func:`conclude_night`)."""
     result, baselines = tuning.optimization, tuning.baselines
     version = dataclasses.replace(tuning.version, provenance=Provenance(

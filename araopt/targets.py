@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from araopt.attribution.lifetime import CHARGED, MATCHED, ChargedWindow
@@ -36,11 +37,28 @@ from araopt.optimize.mechanisms import ATTRIBUTION as ATTRIBUTION_NOISE
 from araopt.version import Api, ParameterVersion
 
 
+class HeldLookback(StrEnum):
+    """How a release's job says which earlier releases its lookback held whole (the commit's check that
+    a lookback costs each earlier release in reach with all of its conversions)."""
+
+    COUNTED = "counted"
+    """Counted per earlier release of the ledger's history in the job (``transforms.rowset.CountHeldReleases``,
+    ``araopt.ledger.lifetime``); nothing to count without a history."""
+    ROW_IDS = "row ids"
+    """Every lookback row's id written beside the released rows' and matched with the earlier releases'
+    at commit (``araopt.ledger.attribution``)."""
+
+
 @dataclass(frozen=True)
 class Target:
     """One target: its API, what Alg. 1 groups by (``privacy_unit``, and the log column the jobs shard
     by: ``unit_column``, ``fallback_unit_column`` when the log lacks it), whose budget a report spends,
-    the encoder, and the noise's variance model (``optimize.mechanisms``)."""
+    the encoder, and the noise's variance model (``optimize.mechanisms``); and what a release job
+    (``transforms.measure.build_release``, written once) does differently per target: whether the read
+    groups the privacy units (``groups_at_read``: ARA's complete impressions, sharded and checked for
+    constant impression-side slices before Alg. 1; else the release step groups them itself, as the
+    W3C browsers are simulated per shard), whether the log's Attribution columns are validated too
+    (``attribution_columns``), and how the lookback's held releases are told (``held_lookback``)."""
 
     api: Api
     privacy_unit: str
@@ -49,6 +67,9 @@ class Target:
     encoder: str
     noise: NoiseModel
     fallback_unit_column: str | None = None
+    groups_at_read: bool = True
+    attribution_columns: bool = False
+    held_lookback: HeldLookback = HeldLookback.COUNTED
 
     def group_column(self, columns: Iterable[str]) -> str:
         """The column whose value keeps a privacy unit's rows together (one shard each): ``unit_column``,
@@ -63,7 +84,8 @@ ARA = Target(Api.ARA, "impression", IMPRESSION_ID, "the contribution budget of e
              "HistogramContribution (Alg. 3 / Alg. 6)", ARA_LINF)
 ATTRIBUTION = Target(Api.ATTRIBUTION, "browser instance x conversion site x epoch", BROWSER_ID,
                      "the per-site budget of each epoch", "measureConversion per query (araopt.attribution.encoder)",
-                     ATTRIBUTION_NOISE, fallback_unit_column=IMPRESSION_ID)
+                     ATTRIBUTION_NOISE, fallback_unit_column=IMPRESSION_ID, groups_at_read=False,
+                     attribution_columns=True, held_lookback=HeldLookback.ROW_IDS)
 TARGETS = {t.api: t for t in (ARA, ATTRIBUTION)}
 
 

@@ -170,7 +170,7 @@ def _run_attribution(args: argparse.Namespace, names: Sequence[str], budgets: Se
 
     from araopt.evaluation.attribution import evaluate_attribution, evaluation_table
     from araopt.io.folders import EVALUATION_FOLDER, OutputFolder, check_target
-    from araopt.optimize.attribution_workflow import history_domain
+    from araopt.optimize.attribution import history_domain
 
     from .inputs import read_attribution_log, report_rejections
 

@@ -81,7 +81,7 @@ from transforms.io import (
     release_days,
 )
 from transforms.io import check_lookback as check_lookback_input
-from transforms.measure import HELD_SUFFIX, LOOKBACK_SUFFIX, build_ara_release, build_attribution_release
+from transforms.measure import HELD_SUFFIX, LOOKBACK_SUFFIX, ReleaseJob, build_release
 
 from . import options
 from .inputs import LoadedParams, load_params, read_domain
@@ -282,20 +282,16 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
     num_shards = args.num_shards or auto_shards(inputs, lookback)
     row_ids = None if ledger is None and lookback is None else folder.path(ROW_IDS)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
+        build_release(pipeline, inputs, version, folder, ReleaseJob(
+            config.domain, args.simulation_seed, args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir,
+            args.max_slices, row_ids, lookback, is_local_runner(opts),
+            config.attribution_history if config.attribution else config.history, config.days, config.draw_key,
+            config.attribution_columns if config.attribution else None))
         if config.attribution:
-            build_attribution_release(pipeline, inputs, version, attribution_params(version),
-                                      config.attribution_columns, folder, config.domain, args.simulation_seed,
-                                      args.debug_run, num_shards, args.max_rejected_fraction, shuffle_dir,
-                                      one_dead_letter_file=is_local_runner(opts), row_ids=row_ids, lookback=lookback,
-                                      history=config.attribution_history, key=config.draw_key)
             what = (f"the Beam job (attribution): validate, group by browser, the browsers' budgets, sum, noise once per "
                     f"histogram index ({len(inputs.paths)} file(s), {inputs.rows:,} rows"
                     + (f", {len(lookback.paths)} lookback file(s)" if lookback else "") + f", {num_shards} shards)")
         else:
-            build_ara_release(pipeline, inputs, version, folder, config.domain, args.simulation_seed, args.debug_run,
-                              num_shards, args.max_rejected_fraction, shuffle_dir, args.max_slices, row_ids=row_ids,
-                              lookback=lookback, one_dead_letter_file=is_local_runner(opts), history=config.history,
-                              days=config.days)
             what = (f"the Beam job: validate, group by impression, encode, cap (Alg. 1), sum, noise once per key "
                     f"({len(inputs.paths)} file(s), {inputs.rows:,} rows"
                     + (f", {len(lookback.paths)} lookback file(s)" if lookback else "") + f", {num_shards} shards)")

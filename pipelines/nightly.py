@@ -162,11 +162,12 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
 
 def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
     """``nightly --api attribution``: the window's files (``select_window``) read in memory, tuned
-    (``optimize.attribution_workflow``), decided (``araopt.nightly.attribution_night``: ARA's guardrails,
-    the re-run rule) and concluded (``conclude_night``: published to the store, the run report written)."""
+    (the tuning workflow with ``optimize.attribution``'s steps), decided (``araopt.nightly.attribution_night``:
+    ARA's guardrails, the re-run rule) and concluded (``conclude_night``: published to the store, the run report written)."""
     from araopt.io.stores import open_store
     from araopt.nightly import attribution_night
-    from araopt.optimize.attribution_workflow import tune_attribution
+    from araopt.optimize.attribution import AttributionBackend, AttributionSpec, AttributionTuner
+    from araopt.optimize.workflow import tune_and_calibrate
 
     from .inputs import read_attribution_log, refuse_ara_only, report_rejections
 
@@ -182,7 +183,8 @@ def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
     expected = pointer.version if pointer else None
     rows, counts, _ = read_attribution_log(files, slices, values)
     report_rejections(prog, counts)
-    tuning = tune_attribution(rows, slices, values, budget, args.max_count_limit, args.seed, f"{prog}: the history")
+    tuning = tune_and_calibrate(AttributionBackend(rows, args.seed, f"{prog}: the history"),
+                                AttributionSpec(slices, values), AttributionTuner(budget, args.max_count_limit, args.seed))
     run_id = args.run_id or uuid.uuid4().hex[:8]
     window_start = window(as_of, args.window_days).start.isoformat()
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)

@@ -128,11 +128,13 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def _run_attribution(args: argparse.Namespace) -> int:
-    """``optimize --api attribution``: the history read in memory, tuned (``optimize.attribution_workflow``:
-    Alg. 5 for the target, the retention calibration on the same history), the version to ``--output``."""
+    """``optimize --api attribution``: the history read in memory, tuned (the tuning workflow with the
+    target's steps, ``optimize.attribution``: Alg. 5 for the target, the retention calibration on the same
+    history), the version to ``--output``."""
     from araopt.errors import check_epsilon
     from araopt.io.folders import check_output_file
-    from araopt.optimize.attribution_workflow import tune_attribution
+    from araopt.optimize.attribution import AttributionBackend, AttributionSpec, AttributionTuner
+    from araopt.optimize.workflow import tune_and_calibrate
 
     from .inputs import read_attribution_log, refuse_ara_only, report_rejections
 
@@ -143,7 +145,8 @@ def _run_attribution(args: argparse.Namespace) -> int:
     check_output_file(args.output, args.overwrite)
     rows, counts, _ = read_attribution_log(args.history, slices, values)
     report_rejections(PROG, counts)
-    tuning = tune_attribution(rows, slices, values, budget, args.max_count_limit, args.seed, f"{PROG}: the history")
+    tuning = tune_and_calibrate(AttributionBackend(rows, args.seed, f"{PROG}: the history"),
+                                AttributionSpec(slices, values), AttributionTuner(budget, args.max_count_limit, args.seed))
     version, p = tuning.version, tuning.optimization.params
     check_output_file(args.output, args.overwrite)
     version.save(args.output)

@@ -20,9 +20,10 @@ from araopt.attribution.measure import measure, row_keys, simulate_browsers
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
 from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import DECLARED, KeyDomain
+from araopt.targets import ATTRIBUTION
 from araopt.version import ParameterVersion
 from pipelines.cli import main
-from transforms.attribution import MeasureAttribution, unit_column
+from transforms.attribution import MeasureAttribution
 from transforms.group import split_by_shard
 from w3c import log_parquet, random_log, run_reference, w3c_reference  # noqa: F401  (fixture)
 
@@ -134,7 +135,7 @@ def test_no_privacy_unit_spends_more_than_its_per_site_epoch_budget_across_shard
     domain = _layout(params)
     table = pa.Table.from_pandas(log, preserve_index=False)
     spent, owners = [], {}
-    for shard, part in split_by_shard(table, num_shards, unit_column(table.column_names)):
+    for shard, part in split_by_shard(table, num_shards, ATTRIBUTION.group_column(table.column_names)):
         rows = part.to_pandas()
         for b in rows[BROWSER_ID].unique():
             assert owners.setdefault(b, shard) == shard

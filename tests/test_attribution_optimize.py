@@ -11,6 +11,7 @@ from araopt.errors import InvalidParameters
 from araopt.evaluation.attribution import OPTIMIZED, evaluate_attribution
 from araopt.mechanism.keys import KeyDomain
 from araopt.optimize.attribution import (
+    BASELINES,
     EQUAL_Q95,
     SPEC_DEFAULTS,
     AttributionProblem,
@@ -164,3 +165,28 @@ def test_the_retention_calibration_divides_by_the_kept_share() -> None:
     assert half == pytest.approx(2.0 / calibration.ratios[0] + calibration.spreads[0] * values)
     with pytest.raises(InvalidParameters, match="level"):
         retention(params, rows, domain(), 0, level=1.0)
+
+
+def test_the_tuning_workflow_runs_the_attribution_steps() -> None:
+    # The one workflow (optimize.workflow.tune_and_calibrate) with this target's backend and steps:
+    # Alg. 5 on the history's rows and layout, the retention calibration of the chosen parameters on the
+    # same rows with the same draws, the version (api attribution) carrying both, the baselines beside.
+    from araopt.attribution.calibrate import retention
+    from araopt.optimize.attribution import AttributionBackend, AttributionSpec, AttributionTuner, history_domain
+    from araopt.optimize.workflow import tune_and_calibrate
+    from araopt.version import Api
+
+    rows = log(30, 3)
+    tuning = tune_and_calibrate(AttributionBackend(rows, 2), AttributionSpec(SLICES, ("value",)),
+                                AttributionTuner(1.0, 6, 2))
+    layout = history_domain(rows, SLICES, ("value",))
+    direct = optimize_attribution(AttributionProblem(1.0, ("value",), SLICES, max_count_limit=6), rows, layout,
+                                  simulation_seed=2)
+    assert tuning.optimization == direct and tuning.rows == len(rows) and tuning.domain == layout
+    assert tuning.version.api == Api.ATTRIBUTION and tuning.version.attribution == direct.params
+    assert tuning.version.retention == retention(direct.params, rows, layout, 2)
+    assert list(tuning.comparison["method"]) == ["optimized", *BASELINES]
+    assert set(tuning.baselines) == set(BASELINES)
+    with pytest.raises(InvalidParameters, match="the window has no valid rows"):
+        tune_and_calibrate(AttributionBackend(rows.iloc[:0], 2, "the window"), AttributionSpec(SLICES, ("value",)),
+                           AttributionTuner(1.0, 6, 2))

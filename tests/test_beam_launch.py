@@ -97,7 +97,7 @@ def test_a_run_failing_after_its_staging_folder_exists_leaves_none(tmp_path, cap
     def broken(*args, **kwargs):
         raise ValueError("a transform could not be built:\nits reason")
 
-    monkeypatch.setattr(measure_pipeline, "build_ara_release", broken)
+    monkeypatch.setattr(measure_pipeline, "build_release", broken)
     assert measure_pipeline.run(measure_args(tmp_path, tmp_path / "out")) == 2
     assert "a transform could not be built: its reason" in error_line(capsys.readouterr().err)
     assert not leftovers(tmp_path) and not (tmp_path / "out").exists()

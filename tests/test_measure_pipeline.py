@@ -30,7 +30,7 @@ from transforms.aggregate import EncodeBoundAndSum, NoisyRelease, _AddNoise
 from transforms.coders import ArrowTableCoder
 from transforms.group import GroupByImpression, shard_of, split_by_shard
 from transforms.io import check_input
-from transforms.measure import build_ara_release
+from transforms.measure import ReleaseJob, build_release
 from transforms.validate import REJECTED, ValidateConversions
 
 SEED = 7
@@ -301,11 +301,10 @@ def test_failed_step_is_retried_and_noise_is_added_once_per_key(tmp_path, monkey
     folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
     opts = PipelineOptions(["--runner", "BundleBasedDirectRunner"])
     with beam.Pipeline(options=opts) as p:
-        build_ara_release(p, check_input(data, params.slice_columns, params.query_columns),
-                                        ParameterVersion(params), folder,
-                                        data_domain(frame, params).with_origin("declared"),  # as if listed
-                                        simulation_seed=seed, debug_run=True,
-                                        shuffle_dir=str(tmp_path / "spill") if shuffle == "files" else None)
+        build_release(p, check_input(data, params.slice_columns, params.query_columns), ParameterVersion(params),
+                      folder, ReleaseJob(data_domain(frame, params).with_origin("declared"),  # as if listed
+                                         simulation_seed=seed, debug_run=True,
+                                         shuffle_dir=str(tmp_path / "spill") if shuffle == "files" else None))
     assert os.path.exists(marker)  # the first attempt did fail
     buckets, unnoised, noise, _ = avro.read_debug_report(folder.path(outputs.private_file(outputs.DEBUG_REPORT)))
     sb, noisy = avro.read_summary_report(folder.path(outputs.release_file(outputs.SUMMARY_REPORT, seeded)))
@@ -393,9 +392,9 @@ def test_spilled_shuffle_ignores_files_of_a_failed_attempt(tmp_path, monkeypatch
     folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
     spill = tmp_path / "spill"
     with beam.Pipeline(options=PipelineOptions(["--runner", "BundleBasedDirectRunner"])) as p:
-        build_ara_release(p, check_input(data, params.slice_columns, params.query_columns),
-                                        ParameterVersion(params), folder, data_domain(frame, params), simulation_seed=SEED,
-                                        debug_run=True, shuffle_dir=str(spill))
+        build_release(p, check_input(data, params.slice_columns, params.query_columns), ParameterVersion(params),
+                      folder, ReleaseJob(data_domain(frame, params), simulation_seed=SEED, debug_run=True,
+                                         shuffle_dir=str(spill)))
     assert marker.exists()
     per_shard = [len(files) for root, _, files in os.walk(spill) if files]
     assert per_shard and all(n == 2 for n in per_shard)  # each shard: one orphan of the failed attempt + one read

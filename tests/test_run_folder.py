@@ -145,7 +145,7 @@ def test_a_run_failing_after_its_output_was_prepared_leaves_no_staging_folder(tm
     def boom(*args, **kwargs):
         raise RuntimeError("injected failure while building the job")
 
-    monkeypatch.setattr(measure_pipeline, "build_ara_release", boom)
+    monkeypatch.setattr(measure_pipeline, "build_release", boom)
     code = measure_pipeline.run(["--input", str(tmp_path / "in.parquet"), "--params", str(tmp_path / "p.json"),
                                  "--output", str(tmp_path / "out"), "--domain", str(tmp_path / "domain.csv")])
     err = capsys.readouterr().err

@@ -15,8 +15,8 @@ import pytest
 from araopt.calibration.accumulator import CalibrationStatistics
 from araopt.optimize.search import CORRECTED
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
-from araopt.optimize.tune import TuningResult, calibrate
-from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
+from araopt.optimize.tune import TuningResult
+from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
 from araopt.version import ParameterVersion
 from factories import write_history
 
@@ -84,8 +84,8 @@ def test_the_in_memory_and_the_beam_backends_tune_and_calibrate_alike(tmp_path):
         for name in ("slice_columns", "slice_keys", "block_keys", "cells", "num_conversions"):
             _close(getattr(c_mem, name), getattr(c_job, name), name)
     # the calibrated decision: the same parameters, estimator and backtest on both
-    in_memory = tune_and_calibrate(InMemoryBackend(conversions), spec, choose, 1.0)
-    on_beam = calibrate(job.chosen, job.calibration, 1.0)
+    in_memory = tune_and_calibrate(InMemoryBackend(conversions), spec, AraTuning(choose, 1.0))
+    on_beam = AraTuning(choose, 1.0).conclude(job.chosen, job.calibration)
     _close(in_memory.version.params, on_beam.version.params, "decision")
     assert in_memory.version.correction == on_beam.version.correction
     assert in_memory.predicted_rmsre_tau == pytest.approx(on_beam.predicted_rmsre_tau, rel=1e-9)
@@ -108,3 +108,42 @@ def test_prepare_is_applied_to_every_candidate_before_calibration():
     assert len(seen) == len(run.chosen.candidates) == len(run.calibration)
     assert all(v.correction == "none" for v, _ in run.chosen.candidates)
     assert [c.fitted_for for c in run.calibration] == [v.checksum() for v, _ in run.chosen.candidates]
+
+
+def test_the_evaluation_tunes_every_compared_method_through_the_workflow():
+    # evaluate's comparison at one epsilon is the workflow with its steps (ComparedMethods): the
+    # searched methods are not calibrated, the corrected method's candidates are, and its version is
+    # the backtest's choice among them (AraTuning), as when it is tuned on its own.
+    from araopt.evaluation.evaluate import ComparedMethods
+    from araopt.evaluation.methods import CORRECTED_METHOD
+    from araopt.optimize.search import prepare_search
+    from araopt.optimize.statistics import compute_statistics_in_memory
+    from factories import small_d2
+
+    conv = small_d2()
+    spec = StatisticsSpec(conv.slice_columns, conv.value_columns, max_count_limit=4)
+    stats = compute_statistics_in_memory(conv, spec)
+    taus = tuple(stats.taus().tolist())
+    methods = ("optimized_linf", "baseline_q95", CORRECTED_METHOD)
+
+    def compared(corrected: bool) -> ComparedMethods:
+        return ComparedMethods(4.0, methods, stats, prepare_search(stats, np.asarray(taus)), taus, 4, "exact",
+                               False, None, corrected)
+
+    both = tune_and_calibrate(InMemoryBackend(conv, stats), spec, compared(True))
+    assert list(both.candidates) == list(methods)
+    assert both.linf is not None and both.candidates["optimized_linf"][0].params == both.linf.params
+    assert all(v.calibration is None for m, (v, _) in both.candidates.items() if m != CORRECTED_METHOD)
+    alone = tune_and_calibrate(InMemoryBackend(conv, stats), spec, AraTuning(TuneCandidates(4.0, {
+        "max_count_limit": 4, "objective": CORRECTED, "taus": list(taus), "release_period_days": None})))
+    version, value = both.candidates[CORRECTED_METHOD]
+    assert version.calibration is not None and version.params == alone.version.params
+    fitted = [{k: v for k, v in c.to_json().items() if k != "params_checksum"}  # (the version's: its created_at)
+              for c in (version.calibration, alone.version.calibration)]
+    assert fitted[0] == fitted[1]
+    assert version.correction == alone.version.correction and value == alone.predicted_rmsre_tau
+    # the statistics alone serve the searched methods; calibrating a candidate needs the log
+    searched = tune_and_calibrate(InMemoryBackend(None, stats), spec, compared(False))
+    assert list(searched.candidates) == list(methods[:2])
+    with pytest.raises(ValueError, match="needs the history's conversions"):
+        tune_and_calibrate(InMemoryBackend(None, stats), spec, compared(True))

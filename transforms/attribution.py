@@ -23,7 +23,7 @@ from araopt.attribution.lifetime import AttributionHistory
 from araopt.attribution.measure import BrowserSums, data_domain, simulate_browsers, simulated_columns
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.release import AttributionRelease, release
-from araopt.io.conversions import BROWSER_ID, DEFAULT_MAX_REJECTED_FRACTION, IMPRESSION_ID, ValidationCounts
+from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
 from transforms.group import GroupByImpression
 from transforms.validate import period_rows
@@ -36,12 +36,6 @@ def shard_frame(table: pa.Table, slice_columns: Iterable[str]) -> pd.DataFrame:
         if isinstance(rows[c].dtype, pd.CategoricalDtype):
             rows[c] = rows[c].astype(object)
     return rows
-
-
-def unit_column(names: Iterable[str]) -> str:
-    """What groups a log's rows into browsers: ``browser_id``, or without it the impression (each
-    impression its own browser, as the encoder has it)."""
-    return BROWSER_ID if BROWSER_ID in set(names) else IMPRESSION_ID
 
 
 class _SimulateShard(beam.DoFn):

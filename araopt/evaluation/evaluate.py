@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from araopt.calibration.accumulator import CalibrationStatistics
 from araopt.constants import EPSILONS
 from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.evaluation import plots
@@ -48,9 +49,10 @@ from araopt.optimize.error_model import (
     rmsre_tau,
 )
 from araopt.optimize.objective import predicted_rmsre_tau
-from araopt.optimize.search import CORRECTED, SearchContext, optimize, prepare_search
+from araopt.optimize.search import CORRECTED, OptimizationResult, SearchContext, optimize, prepare_search
 from araopt.optimize.statistics import SufficientStatistics
-from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
+from araopt.optimize.tune import TuningResult
+from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
 from araopt.publication import true_totals
 from araopt.release_workflow import InMemoryReleaseBackend, ReleaseSpec, release_and_publish
 from araopt.version import ParameterVersion
@@ -205,6 +207,70 @@ def generalization_gap(train_stats: SufficientStatistics, test_stats: Sufficient
 # ------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Compared:
+    """What the comparison tuned at one epsilon: per method its parameter version and training
+    RMSRE_tau (in ``METHODS``' order of search), and optimized L-inf's search (its per-C curve)."""
+
+    candidates: dict[str, tuple[ParameterVersion, float]]
+    linf: OptimizationResult | None
+
+
+@dataclass(frozen=True)
+class ComparedMethods:
+    """The Sec. 5 comparison's tuning at one ``epsilon``, as the tuning workflow's steps
+    (``optimize.workflow.TuningMechanism``): ``choose`` searches for each compared method, optimized
+    L-inf and L1 (Alg. 5) and the baselines (Sec. 5.1) on ``training`` (the training statistics scaled
+    to one release, searched with ``context``), and with ``corrected`` the corrected method's tuning on
+    the history's own statistics (``TuneCandidates``, objective corrected), whose candidates are the
+    ones calibrated; ``conclude`` calibrates them (``AraTuning``: the backtest's choice)."""
+
+    epsilon: float
+    methods: tuple[str, ...]
+    training: SufficientStatistics
+    context: SearchContext
+    taus: tuple[float, ...]
+    max_count_limit: int
+    kind: str
+    progress: bool
+    release_period_days: float | None
+    corrected: bool
+
+    def _corrected(self) -> AraTuning:
+        return AraTuning(TuneCandidates(self.epsilon, {
+            "max_count_limit": self.max_count_limit, "objective": CORRECTED, "taus": list(self.taus),
+            "release_period_days": self.release_period_days}), self.release_period_days)
+
+    def choose(self, statistics: SufficientStatistics) -> tuple[tuple[Compared, TuningResult | None],
+                                                                  tuple[ParameterVersion, ...]]:
+        eps, stats, taus, ctx = self.epsilon, self.training, np.asarray(self.taus), self.context
+        candidates: dict[str, tuple[ParameterVersion, float]] = {}
+        linf = None
+        for method, encoding in (("optimized_linf", "linf"), ("optimized_l1", "l1")):
+            if method in self.methods:
+                res = optimize(stats, eps, encoding, self.max_count_limit, self.kind, taus, progress=self.progress,
+                               context=ctx)
+                candidates[method] = (ParameterVersion(res.params), res.predicted_rmsre_tau)
+                linf = res if encoding == "linf" else linf
+        if any(m.startswith("baseline_") for m in self.methods):
+            for b in baselines(stats, eps, self.max_count_limit, taus, self.kind):
+                if b.name in self.methods:
+                    candidates[b.name] = (ParameterVersion(b.params), b.rmsre_tau)
+        if not self.corrected:
+            return (Compared(candidates, linf), None), ()
+        tuning, versions = self._corrected().choose(statistics)
+        return (Compared(candidates, linf), tuning), versions
+
+    def conclude(self, chosen: tuple[Compared, TuningResult | None],
+                 calibration: tuple[CalibrationStatistics, ...]) -> Compared:
+        compared, tuning = chosen
+        if tuning is None:
+            return compared
+        tuned = self._corrected().conclude(tuning, calibration)
+        return Compared({**compared.candidates, CORRECTED_METHOD: (tuned.version, tuned.predicted_rmsre_tau)},
+                        compared.linf)
+
+
+@dataclass(frozen=True)
 class DatasetEvaluation:
     """Rows per (epsilon, method), the generalization gaps and the per-C curves of optimized L-inf."""
 
@@ -253,26 +319,17 @@ def evaluate_dataset(
     for k, eps in enumerate(eps_list, 1):
         at = f"{name}, epsilon {eps:g} ({k}/{len(eps_list)})"
         say(f"{at}: optimizing {', '.join(m for m in methods if m in METHODS)} on the training statistics")
-        candidates: dict[str, tuple[ParameterVersion, float]] = {}
-        if "optimized_linf" in methods:
-            res = optimize(train_stats, eps, "linf", max_count_limit, kind, taus, progress=progress, context=train_ctx)
-            candidates["optimized_linf"] = (ParameterVersion(res.params), res.predicted_rmsre_tau)
-            for r in res.per_count_limit:
+        corrected = CORRECTED_METHOD in methods and train_conversions is not None and test_conversions is not None
+        tuned = tune_and_calibrate(
+            InMemoryBackend(train_conversions, history), history.spec,
+            ComparedMethods(eps, tuple(methods), train_stats, train_ctx, tuple(taus.tolist()), max_count_limit, kind,
+                            progress, release_period_days, corrected))
+        candidates = tuned.candidates
+        if tuned.linf is not None:
+            for r in tuned.linf.per_count_limit:
                 curve_rows.append({"dataset": name, "epsilon": eps, "C": r.count_limit, "train_rmsre_tau": r.rmsre_tau,
-                                   "count_share": r.count_mse_share, "chosen": r.count_limit == res.params.count_limit})
-        if "optimized_l1" in methods:
-            res = optimize(train_stats, eps, "l1", max_count_limit, kind, taus, progress=progress, context=train_ctx)
-            candidates["optimized_l1"] = (ParameterVersion(res.params), res.predicted_rmsre_tau)
-        if any(m.startswith("baseline_") for m in methods):
-            for b in baselines(train_stats, eps, max_count_limit, taus, kind):
-                if b.name in methods:
-                    candidates[b.name] = (ParameterVersion(b.params), b.rmsre_tau)
-        if CORRECTED_METHOD in methods and train_conversions is not None and test_conversions is not None:
-            choose = TuneCandidates(eps, {"max_count_limit": max_count_limit, "objective": CORRECTED,
-                                          "taus": taus.tolist(), "release_period_days": release_period_days})
-            tuned = tune_and_calibrate(InMemoryBackend(train_conversions, history), history.spec, choose,
-                                       release_period_days)
-            candidates[CORRECTED_METHOD] = (tuned.version, tuned.predicted_rmsre_tau)
+                                   "count_share": r.count_mse_share,
+                                   "chosen": r.count_limit == tuned.linf.params.count_limit})
         say(f"{at}: test RMSRE_tau of {len(candidates)} method(s)"
             + (f", {monte_carlo} mechanism runs each" if monte_carlo and test_conversions is not None else ""))
         for method, (version, train_value) in candidates.items():

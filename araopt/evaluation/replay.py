@@ -51,7 +51,7 @@ from araopt.optimize.private import (
 from araopt.optimize.search import CORRECTED
 from araopt.optimize.statistics import StatisticsSpec
 from araopt.optimize.tune import TuningResult
-from araopt.optimize.workflow import InMemoryBackend, TuneCandidates, tune_and_calibrate
+from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
 from araopt.release_workflow import InMemoryReleaseBackend, ReleaseSpec, release_and_publish
 from araopt.version import ParameterVersion
 
@@ -165,7 +165,7 @@ def _fully_informed(log: DailyLog, day: int, config: ReplayConfig, spec: Statist
     choose = TuneCandidates(config.epsilon, {
         "objective": CORRECTED, "taus": list(taus), "release_period_days": 1.0, "history_days": config.window_days,
         "max_count_limit": config.max_count_limit, "slice_columns": spec.slice_columns})
-    return tune_and_calibrate(InMemoryBackend(train), spec, choose, 1.0)
+    return tune_and_calibrate(InMemoryBackend(train), spec, AraTuning(choose, 1.0))
 
 
 def _row(day: int, method: str, version: ParameterVersion | Params, released: _Released, truth: np.ndarray,

@@ -30,17 +30,26 @@ rounding variance is at most 1% of the noise variance in every slice (a larger m
 nothing else: the value scale cancels in the noise). The lookback is chosen among ``lookbacks`` for
 the winning parameters (a shorter lookback loses the late conversions but does not spend their
 budget). Everything is deterministic in ``simulation_seed``.
+
+Its steps in the one tuning workflow (``optimize.workflow.tune_and_calibrate``), for ``optimize``,
+``nightly`` and ``evaluate`` with ``--api attribution`` (docs/attribution.md): ``AttributionBackend``
+(the history's rows in memory -> their histogram layout; per candidate its retention calibration on the
+same rows, ``attribution.calibrate``: measure then publishes estimates of the true totals) and
+``AttributionTuner`` (Alg. 5 as above with the baselines scored on the same history, for the guardrails
+of ``araopt.nightly`` and the console; the parameter version, api attribution, carrying its retention).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from araopt.attribution.browser import DEFAULT_CONVERSION_EPSILON
+from araopt.attribution.calibrate import Retention, retention
 from araopt.attribution.error import Simulated, error_terms, simulate_log
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
 from araopt.errors import InvalidParameters
@@ -48,6 +57,8 @@ from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE
 from araopt.mechanism.keys import KeyDomain
 from araopt.optimize.error_model import ErrorBreakdown, default_taus, rmsre_tau
 from araopt.optimize.mechanisms import ATTRIBUTION, split_fractions
+from araopt.optimize.workflow import Choose, HistoryRun
+from araopt.version import ParameterVersion
 
 CLIP_QUANTILES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999, 1.0)
 """The clip step's grid: training quantiles of each value column."""
@@ -347,3 +358,124 @@ def _positive_mean(values: pd.Series) -> float:
 def _positive_quantile(values: pd.Series, quantile: float) -> float:
     v = values.to_numpy(dtype=np.float64)
     return float(np.quantile(v[v > 0], quantile)) if (v > 0).any() else 1.0
+
+
+# ------------------------------------------------------------------- the tuning workflow's steps
+
+def history_domain(rows: pd.DataFrame, slices: Sequence[str], values: Sequence[str]) -> KeyDomain:
+    """The histogram layout of the history's impression-side slices (as ARA's optimize takes the
+    history's key domain)."""
+    return KeyDomain.from_slice_values(tuple(slices), {c: rows[c].to_numpy() for c in slices}, (COUNT, *values))
+
+
+@dataclass(frozen=True)
+class AttributionSpec:
+    """The history's columns: the impression-side slices (the layout) and the value queries."""
+
+    slice_columns: tuple[str, ...]
+    value_columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AttributionStatistics:
+    """What this target's search reads of a history: its valid rows and their histogram layout."""
+
+    rows: pd.DataFrame
+    domain: KeyDomain
+    spec: AttributionSpec
+
+
+@dataclass(frozen=True)
+class AttributionBackend:
+    """The workflow's steps on a history's valid ``rows`` in memory: their layout, then per candidate
+    version its retention calibration on the same rows (``attribution.calibrate.retention``, the
+    browsers' draws keyed by ``seed``); ``what`` names the history in the empty history's refusal."""
+
+    rows: pd.DataFrame
+    seed: int
+    what: str = "the history"
+
+    def statistics_and_calibration(self, spec: AttributionSpec, choose: Choose[AttributionStatistics, Any]
+                                   ) -> HistoryRun[AttributionStatistics, Any, Retention]:
+        if not len(self.rows):
+            raise InvalidParameters(f"{self.what} has no valid rows")
+        statistics = AttributionStatistics(self.rows, history_domain(self.rows, spec.slice_columns,
+                                                                     spec.value_columns), spec)
+        chosen, candidates = choose(statistics)
+        calibration = tuple(retention(_attribution_of(v), self.rows, statistics.domain, self.seed) for v in candidates)
+        return HistoryRun(statistics, chosen, calibration)
+
+
+def _attribution_of(version: ParameterVersion) -> AttributionParams:
+    assert version.attribution is not None  # (the tuner's candidates are attribution versions)
+    return version.attribution
+
+
+@dataclass(frozen=True)
+class AttributionSearch:
+    """``AttributionTuner.choose``'s result: the optimization, its problem, the history's statistics and
+    the comparison with the baselines on them."""
+
+    optimization: AttributionOptimization
+    problem: AttributionProblem
+    statistics: AttributionStatistics
+    comparison: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class AttributionTuning:
+    """One tuning on a history: the optimization, its problem, the history's size and layout, and the
+    parameter version that carries the chosen parameters and their retention calibration."""
+
+    optimization: AttributionOptimization
+    problem: AttributionProblem
+    rows: int
+    domain: KeyDomain
+    version: ParameterVersion
+    comparison: pd.DataFrame  # the chosen parameters and the baselines on the history (``comparison``)
+
+    @property
+    def baselines(self) -> dict[str, float]:
+        """Each baseline's predicted training RMSRE_tau (the guardrails' bar)."""
+        return {str(r["method"]): float(r["train RMSRE_tau"]) for _, r in self.comparison.iterrows()
+                if r["method"] != "optimized"}
+
+
+@dataclass(frozen=True)
+class AttributionTuner:
+    """This target's tuning steps (``optimize.workflow.TuningMechanism``): ``choose`` runs Alg. 5
+    (``optimize_attribution``) for a per-site ``budget`` and counts up to ``max_count_limit`` and scores
+    the baselines on the same history; ``conclude`` builds the version (api attribution) carrying the
+    chosen parameters' retention calibration."""
+
+    budget: float
+    max_count_limit: int
+    seed: int
+
+    def choose(self, statistics: AttributionStatistics) -> tuple[AttributionSearch, tuple[ParameterVersion, ...]]:
+        spec, rows, domain = statistics.spec, statistics.rows, statistics.domain
+        problem = AttributionProblem(self.budget, spec.value_columns, spec.slice_columns,
+                                     max_count_limit=self.max_count_limit)
+        result = optimize_attribution(problem, rows, domain, simulation_seed=self.seed)
+        search = AttributionSearch(result, problem, statistics, comparison(result, problem, rows, domain))
+        return search, (ParameterVersion.for_attribution(result.params, domain=domain),)
+
+    def conclude(self, chosen: AttributionSearch, calibration: tuple[Retention, ...]) -> AttributionTuning:
+        result, domain = chosen.optimization, chosen.statistics.domain
+        version = ParameterVersion.for_attribution(result.params, domain=domain, retention=calibration[0])
+        return AttributionTuning(result, chosen.problem, len(chosen.statistics.rows), domain, version,
+                                 chosen.comparison)
+
+
+def comparison(result: AttributionOptimization, problem: AttributionProblem, rows: pd.DataFrame,
+               domain: KeyDomain) -> pd.DataFrame:
+    """The chosen parameters and the baselines on the history (predicted RMSRE_tau, ratio to optimized)."""
+    out = [("optimized", result.params, result.rmsre_tau)]
+    for name in BASELINES:
+        p = baseline_params(name, problem, rows)
+        out.append((name, p, predicted_rmsre_tau(p, rows, domain, np.array(result.taus))))
+    return pd.DataFrame([{"method": name, "C": p.count_limit(multi_epoch=True),
+                          "epsilons": ", ".join(f"{q.epsilon:.4g}" for q in p.queries),
+                          "max_values": ", ".join(str(q.max_value) for q in p.queries),
+                          "clips": ", ".join(f"{q.clip:.4g}" for q in p.queries), "lookback_days": p.lookback_days,
+                          "train RMSRE_tau": value, "ratio": value / result.rmsre_tau} for name, p, value in out])

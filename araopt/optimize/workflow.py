@@ -1,15 +1,24 @@
-"""Tune on a history, then calibrate the candidates: the tuning workflow written once.
+"""Tune on a history, then calibrate the candidates: the tuning workflow written once, for either
+target (``TuningMechanism``: the target's search and what its calibration makes of the candidates).
 
-    grouped history -> sufficient statistics (Sec. 4.2) -> ParameterOptimization (Alg. 5, ``tune``)
-    -> the candidate parameter versions -> per candidate the calibration statistics on the same
-    history -> ``calibrate`` (fit, calendar, backtest choice of parameters and estimator)
+    history -> its statistics -> the search (Alg. 5 with the baselines: ``choose``) -> the candidate
+    parameter versions -> per candidate its calibration statistics on the same history -> the
+    target's conclusion (``conclude``) -> the tuned result; the guardrails and the decision on it are
+    ``araopt.nightly``'s
+
+ARA (``AraTuning``): the statistics are the sufficient statistics (Sec. 4.2), ``choose`` is
+``TuneCandidates`` (``tune``), the calibration statistics ``CalibrationStatistics`` and ``conclude`` is
+``calibrate`` (fit, calendar, backtest choice of parameters and estimator). W3C Attribution
+(``optimize.attribution.AttributionTuner``): the statistics are the history's histogram layout over
+its rows, ``choose`` Alg. 5 for the target (the browsers simulated) with its baselines, the calibration
+the retention of each candidate on the same rows, ``conclude`` the version carrying it.
 
 The two distributed steps (statistics; calibration of the candidates, which depend on the statistics)
-are a backend's: ``InMemoryBackend`` runs them on a ``Conversions`` in this process (evaluate, replay,
+are a backend's: ``InMemoryBackend`` runs ARA's on a ``Conversions`` in this process (evaluate, replay,
 tests); the Beam job (``pipelines.history.compute_tuned_history``, built from
-``transforms.statistics`` and ``transforms.calibration``) runs the same combiners over a sharded log.
-Both take the same ``choose`` (statistics -> (result, candidates)), so what is tuned and what is
-calibrated is decided once, here.
+``transforms.statistics`` and ``transforms.calibration``) runs the same combiners over a sharded log;
+``optimize.attribution.AttributionBackend`` runs Attribution's on its rows in memory. Every backend
+takes the mechanism's ``choose``, so what is tuned and what is calibrated is decided once per target.
 """
 from __future__ import annotations
 
@@ -19,47 +28,76 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from araopt.calibration.accumulator import CalibrationStatistics, candidates_statistics, day_blocks
+from araopt.calibration.calendar import UNSEEN_LOSS_FACTOR
+from araopt.errors import InvalidParameters
 from araopt.io.conversions import Conversions, ValidationCounts, rejected_share_refusal
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics, compute_statistics_in_memory
 from araopt.optimize.tune import TuningResult, calibrate, tune
 from araopt.version import ParameterVersion
 
+S = TypeVar("S")
 T = TypeVar("T")
+C = TypeVar("C")
+S_contra = TypeVar("S_contra", contravariant=True)
+C_contra = TypeVar("C_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
+S_co = TypeVar("S_co", covariant=True)
 T_co = TypeVar("T_co", covariant=True)
+C_co = TypeVar("C_co", covariant=True)
 
-Choose = Callable[[SufficientStatistics], tuple[T, tuple[ParameterVersion, ...]]]
+Choose = Callable[[S], tuple[T, tuple[ParameterVersion, ...]]]
 """What a workflow makes of a history's statistics: its result and the candidate versions to calibrate."""
 
 
 @dataclass(frozen=True)
-class HistoryRun(Generic[T_co]):
-    """A history's statistics, what ``choose`` made of them, and one ``CalibrationStatistics`` per
+class HistoryRun(Generic[S_co, T_co, C_co]):
+    """A history's statistics, what ``choose`` made of them, and one calibration statistics per
     candidate (in ``choose``'s order), from one pass over the grouped history."""
 
-    statistics: SufficientStatistics
+    statistics: S_co
     chosen: T_co
-    calibration: tuple[CalibrationStatistics, ...]
+    calibration: tuple[C_co, ...]
 
 
-class TuningBackend(Protocol):
-    """Where the distributed steps of tuning run: grouped history -> statistics, then per candidate
-    that ``choose`` returns, its calibration statistics on the same history."""
+class TuningBackend(Protocol[S_co, C_co]):
+    """Where the distributed steps of tuning run: history -> statistics, then per candidate that
+    ``choose`` returns, its calibration statistics on the same history."""
 
-    def statistics_and_calibration(self, spec: StatisticsSpec, choose: Choose[T]) -> HistoryRun[T]: ...
+    def statistics_and_calibration(self, spec: Any, choose: Choose[Any, T]) -> HistoryRun[S_co, T, C_co]: ...
+
+
+class TuningMechanism(Protocol[S_contra, T, C_contra, R_co]):
+    """A target's tuning steps, which the one workflow runs (``tune_and_calibrate``): ``choose`` (the
+    search on the history's statistics: Alg. 5 with the baselines, and the candidate versions) and
+    ``conclude`` (the candidates' calibrations on the same history -> the tuned result)."""
+
+    def choose(self, statistics: S_contra) -> tuple[T, tuple[ParameterVersion, ...]]: ...
+
+    def conclude(self, chosen: T, calibration: tuple[C_contra, ...]) -> R_co: ...
 
 
 @dataclass(frozen=True)
 class InMemoryBackend:
     """The steps on a log held in memory (every impression's conversions together; blocks are UTC days).
-    ``statistics``: the log's statistics when they were computed already (e.g. by a Beam job)."""
+    ``statistics``: the log's statistics when they were computed already (e.g. by a Beam job); with
+    them and no log (``conversions`` None) only a ``choose`` that returns no candidate can run."""
 
-    conversions: Conversions
+    conversions: Conversions | None
     statistics: SufficientStatistics | None = None
 
-    def statistics_and_calibration(self, spec: StatisticsSpec, choose: Choose[T]) -> HistoryRun[T]:
-        statistics = (compute_statistics_in_memory(self.conversions, spec) if self.statistics is None
-                      else self.statistics)
+    def statistics_and_calibration(self, spec: StatisticsSpec, choose: Choose[SufficientStatistics, T]
+                                   ) -> HistoryRun[SufficientStatistics, T, CalibrationStatistics]:
+        if self.statistics is not None:
+            statistics = self.statistics
+        elif self.conversions is not None:
+            statistics = compute_statistics_in_memory(self.conversions, spec)
+        else:
+            raise InvalidParameters("tuning in memory needs the history's conversions or its statistics")
         chosen, candidates = choose(statistics)
+        if not candidates:
+            return HistoryRun(statistics, chosen, ())
+        if self.conversions is None:
+            raise InvalidParameters("calibrating candidates needs the history's conversions, not only its statistics")
         blocks = day_blocks(self.conversions)
         calibration = tuple(candidates_statistics(self.conversions, [(v.params, v.checksum()) for v in candidates],
                                                   blocks))
@@ -85,12 +123,31 @@ class TuneCandidates:
         return result, tuple(v for v, _ in result.candidates)
 
 
-def tune_and_calibrate(backend: TuningBackend, spec: StatisticsSpec, choose: TuneCandidates,
-                       release_period_days: float | None = None, special_days: Sequence[str] = ()) -> TuningResult:
-    """Tune on the backend's history, then calibrate the candidates on it and keep the one the backtest
-    prefers (``calibrate``)."""
-    run = backend.statistics_and_calibration(spec, choose)
-    return calibrate(run.chosen, run.calibration, release_period_days, special_days)
+@dataclass(frozen=True)
+class AraTuning:
+    """ARA's tuning steps (``TuningMechanism``): ``search`` (``TuneCandidates``) chooses, then
+    ``calibrate`` attaches each candidate's calibration and keeps the one the backtest of releases of
+    ``release_period_days`` prefers (``special_days``, ``special_day_loss_factor``: the calendar's)."""
+
+    search: TuneCandidates
+    release_period_days: float | None = None
+    special_days: Sequence[str] = ()
+    special_day_loss_factor: float = UNSEEN_LOSS_FACTOR
+
+    def choose(self, statistics: SufficientStatistics) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
+        return self.search(statistics)
+
+    def conclude(self, chosen: TuningResult, calibration: tuple[CalibrationStatistics, ...]) -> TuningResult:
+        return calibrate(chosen, calibration, self.release_period_days, self.special_days,
+                         self.special_day_loss_factor)
+
+
+def tune_and_calibrate(backend: TuningBackend[S, C], spec: Any, mechanism: TuningMechanism[S, T, C, R_co]) -> R_co:
+    """The tuning workflow: the backend's statistics of its history, the mechanism's search on them
+    (``choose``), the candidates' calibration statistics on the same history (the backend's), and the
+    mechanism's conclusion from them (``conclude``)."""
+    run = backend.statistics_and_calibration(spec, mechanism.choose)
+    return mechanism.conclude(run.chosen, run.calibration)
 
 
 def gated_choice(statistics: SufficientStatistics, counts: ValidationCounts,
