@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
+from araopt.optimize.logspace import logsumexp
 from araopt.optimize.retention import MAX_SIZE, RetentionCurve
 
 MEANS = np.exp(np.linspace(0.0, np.log(64.0), 43))
