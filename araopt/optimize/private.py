@@ -64,7 +64,7 @@ from araopt.optimize.private_model import (
     pseudo_history,
     retention_points,
 )
-from araopt.optimize.retention import ratio_variance
+from araopt.optimize.retention import CurveBootstrap
 from araopt.optimize.search import CORRECTED, candidate_params
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
 from araopt.optimize.tune import TuningResult, calibrate, tune
@@ -301,11 +301,12 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     keys = [slice_key(list(k)) for k in _domain_keys(domain)]
     taus_arr = np.asarray(taus, dtype=np.float64)
     learnt = [kept_per_impression(r.count_limit) for r in recent]
+    bootstrap = CurveBootstrap(model.curve)  # its refits shared by every candidate's count limit
     scored: list[_Scored] = []
     for number, (version, search, cal) in enumerate(candidates):
         one = calibrate(dataclasses.replace(result, version=version, optimization=search, alternatives=()), [cal],
                         release_period_days)
-        released = with_release_ratios(one.version, recent, model)
+        released = with_release_ratios(one.version, recent, model, bootstrap)
         if released.calibration is None:
             continue
         ratio = _domain_ratio(released.calibration, keys)
@@ -488,14 +489,15 @@ def mixing_factor(records: Sequence[ReleaseRecord], params: Params, model: Priva
 
 
 def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseRecord],
-                        model: PrivateModel) -> ParameterVersion:
+                        model: PrivateModel, bootstrap: CurveBootstrap | None = None) -> ParameterVersion:
     """The version's calibration with the ratios the releases themselves show: the count's is sum U /
     sum T of past main releases at the same count limit and arms (exact first-party T), else the
     model's, times each slice's retention relative to the pool's (``private_model.PrivateModel``); a
     value query's is the pseudo-history's per-slice ratio (the slices' value levels and retention come
     from the releases) rescaled to the releases' pooled one. Every slice's variance adds what the
     calibration does not hold (``_spread``: the posterior variance of its retention, its value level's
-    through the clip): the intervals carry what the model cannot see."""
+    through the clip): the intervals carry what the model cannot see. ``bootstrap``: the model's
+    curve's (``CurveBootstrap(model.curve)``, fitted once for every candidate of a tuning)."""
     cal = version.calibration
     if cal is None:
         return version
@@ -508,7 +510,8 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     else:
         ratio = np.asarray(cal.pooled_ratio, dtype=np.float64)
         k = kept_per_impression(params.count_limit)
-        variance = np.full(len(ratio), float(ratio_variance(model.curve, [k])[0]))
+        bootstrap = CurveBootstrap(model.curve) if bootstrap is None else bootstrap
+        variance = np.full(len(ratio), float(bootstrap.ratio_variance([k])[0]))
     ratio = np.asarray(ratio, dtype=np.float64)
     variance = np.asarray(variance, dtype=np.float64)
     m = cal.ratio.shape[0]

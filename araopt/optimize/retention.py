@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy.optimize import nnls
@@ -80,13 +81,35 @@ def fit_retention_curve(points: Sequence[tuple[int, float, float]], smoothness: 
     return RetentionCurve(t, tuple((int(a), float(b), float(c)) for a, b, c in points))
 
 
+@dataclass(frozen=True)
+class CurveBootstrap:
+    """The parametric bootstrap of a fitted curve: ``reps`` refits to its points moved by their own
+    noise (seeded: model uncertainty, not privacy noise). The refits do not depend on the kept ranks
+    asked about, so they are fitted once (on first use) for every K the caller asks of the same curve
+    (the privacy-safe tuner asks it for each candidate's count limit)."""
+
+    curve: RetentionCurve
+    reps: int = 30
+    seed: int = 0
+    smoothness: float = SMOOTHNESS
+
+    @cached_property
+    def fits(self) -> tuple[RetentionCurve, ...]:
+        rng = np.random.default_rng(self.seed)
+        fits = []
+        for _ in range(self.reps):
+            moved = [(k, float(r + rng.normal(0.0, np.sqrt(v))), v) for k, r, v in self.curve.points]
+            fits.append(fit_retention_curve(moved, self.smoothness))
+        return tuple(fits)
+
+    def ratio_variance(self, kept_ranks: Sequence[int]) -> np.ndarray:
+        """Variance of the fitted r(K) at ``kept_ranks`` over the refits."""
+        k = np.asarray(kept_ranks)
+        return np.asarray(np.var(np.array([fit.ratio(k) for fit in self.fits]), axis=0), dtype=np.float64)
+
+
 def ratio_variance(curve: RetentionCurve, kept_ranks: Sequence[int], reps: int = 30, seed: int = 0,
                    smoothness: float = SMOOTHNESS) -> np.ndarray:
     """Variance of the fitted r(K) at ``kept_ranks`` when the points move by their own noise
-    (parametric bootstrap; seeded: this is model uncertainty, not privacy noise)."""
-    rng = np.random.default_rng(seed)
-    fits = []
-    for _ in range(reps):
-        moved = [(k, float(r + rng.normal(0.0, np.sqrt(v))), v) for k, r, v in curve.points]
-        fits.append(fit_retention_curve(moved, smoothness).ratio(np.asarray(kept_ranks)))
-    return np.asarray(np.var(np.array(fits), axis=0), dtype=np.float64)
+    (``CurveBootstrap``; keep one of those to ask several K of the same curve)."""
+    return CurveBootstrap(curve, reps, seed, smoothness).ratio_variance(kept_ranks)

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
+from araopt.optimize.logspace import logsumexp
 from araopt.optimize.retention import MAX_SIZE, RetentionCurve
 
 MEANS = np.exp(np.linspace(0.0, np.log(64.0), 43))
@@ -201,14 +201,24 @@ def _log_prior(grid: np.ndarray, center: np.ndarray, sd: float) -> np.ndarray:
     return np.asarray(z - logsumexp(z, axis=1, keepdims=True), dtype=np.float64)
 
 
-def _hierarchy(ll: np.ndarray, groups: np.ndarray, center: float, between: float, within: float,
-               posterior: bool = False) -> tuple[float, np.ndarray | None]:
-    """Marginal log-likelihood of all slices and (``posterior``) every slice's log posterior over the
-    grid, under log mu_k ~ N(m_g, within^2), m_g ~ N(center, between^2) (m_g on the same grid)."""
+def _within_terms(ll: np.ndarray, within: float) -> tuple[np.ndarray, np.ndarray]:
+    """p(log mu | m) on the grid (G_m, G) and every slice's log-likelihood at each group mean m
+    (slices, G_m), the mean integrated out: they depend on the within-group spread only, so
+    ``_posterior`` computes them once per spread for every grouping and between-group spread."""
     grid = np.log(MEANS)
-    top = _log_prior(grid, np.array([center]), between)[0]  # (G,)
     cond = _log_prior(grid, grid, within)  # (G_m, G): p(log mu | m)
     per = logsumexp(ll[:, None, :] + cond[None, :, :], axis=2)  # (slices, G_m)
+    return cond, np.asarray(per, dtype=np.float64)
+
+
+def _hierarchy(ll: np.ndarray, groups: np.ndarray, center: float, between: float,
+               terms: tuple[np.ndarray, np.ndarray], posterior: bool = False) -> tuple[float, np.ndarray | None]:
+    """Marginal log-likelihood of all slices and (``posterior``) every slice's log posterior over the
+    grid, under log mu_k ~ N(m_g, within^2), m_g ~ N(center, between^2) (m_g on the same grid;
+    ``terms``: ``_within_terms`` of ``ll`` at the within-group spread)."""
+    grid = np.log(MEANS)
+    top = _log_prior(grid, np.array([center]), between)[0]  # (G,)
+    cond, per = terms
     labels, index = np.unique(groups, return_inverse=True)
     sums = np.zeros((len(labels), per.shape[1]))
     np.add.at(sums, index, per)
@@ -235,14 +245,15 @@ def _posterior(ll: np.ndarray, center: float, slice_groups: Sequence[np.ndarray]
     if identified:
         options = [(-1, 0.0, w) for w in SPREADS]
         options += [(c, b, w) for c in range(len(slice_groups)) for b in SPREADS for w in SPREADS]
-    totals = np.array([_hierarchy(ll, grouping(c), center, b, w)[0] for c, b, w in options])
+    terms = {w: _within_terms(ll, w) for w in dict.fromkeys(w for _, _, w in options)}
+    totals = np.array([_hierarchy(ll, grouping(c), center, b, terms[w])[0] for c, b, w in options])
     evidence = np.exp(totals - totals.max())
     evidence /= evidence.sum()
     weights = np.zeros_like(ll)
     for share, (c, b, w) in zip(evidence, options, strict=True):
         if share < 1e-4:
             continue
-        post = _hierarchy(ll, grouping(c), center, b, w, posterior=True)[1]
+        post = _hierarchy(ll, grouping(c), center, b, terms[w], posterior=True)[1]
         assert post is not None
         weights += share * np.exp(post)
     weights /= weights.sum(axis=1, keepdims=True)
