@@ -4,6 +4,7 @@ to. Standard library only: ``araopt <command> --help`` reads it without importin
 """
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 # ---- ARA and the Aggregation Service ------------------------------------------------------------
@@ -37,8 +38,27 @@ L1_ROUNDING: Final = "randomized"
 """Alg. 6's rounding the optimizer writes: unbiased systematic randomized rounding (the paper's is floor)."""
 L1_ROUNDING_OF_A_FILE: Final = "floor"
 """The rounding of an L1 parameter file that names none: the paper's Alg. 6."""
-OBJECTIVE: Final = "corrected"
-"""What the tuning minimises: the predicted error of the true totals (see ``optimize.search``)."""
+
+
+class Objective(StrEnum):
+    """What Alg. 5 minimises. EXACT and RELAXED are the paper's error models of Alg. 4's (capped)
+    estimates: Thm. 4.2 (exact DLap variance, rounding, floors) or Relaxation 4.5. CORRECTED is the
+    predicted error of the estimates of the TRUE totals (``optimize.corrected``, L-inf only), whose
+    capped estimate it corrects is modelled exactly (``error_model``)."""
+
+    EXACT = "exact"
+    RELAXED = "relaxed"
+    CORRECTED = "corrected"
+
+    @property
+    def error_model(self) -> Objective:
+        """The paper's error model (EXACT or RELAXED) of the capped estimates under this objective."""
+        return Objective.EXACT if self is Objective.CORRECTED else self
+
+
+OBJECTIVE: Final = Objective.CORRECTED
+"""What the tuning minimises: the predicted error of the true totals (see ``optimize.search``). The one
+default objective; where only the paper's error models apply the default is ``OBJECTIVE.error_model``."""
 CORRECTION: Final = "ratio"
 """How estimates use a calibration when a parameter file names no choice."""
 COUNT_TAU: Final = 5.0

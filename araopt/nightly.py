@@ -24,6 +24,7 @@ from araopt.constants import (
     MAX_REJECTED_FRACTION,
     MAX_THRESHOLD_CHANGE_FACTOR,
     OBJECTIVE,
+    Objective,
 )
 from araopt.errors import InvalidInput
 from araopt.evaluation.plots import nightly_report_png as render_nightly_report
@@ -156,7 +157,7 @@ class NightlyConfig:
     dates: tuple[str, ...]
     encoding: str = ENCODING
     max_count_limit: int = MAX_COUNT_LIMIT
-    objective: str = OBJECTIVE
+    objective: Objective = OBJECTIVE
     guardrails: Guardrails = field(default_factory=Guardrails)
     max_rejected_fraction: float = MAX_REJECTED_FRACTION
     tau_overrides: tuple[tuple[str, float], ...] = ()

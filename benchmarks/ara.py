@@ -15,16 +15,20 @@ import numpy as np
 
 from araopt import KeyDomain, Params, QueryParams, encode
 from araopt.ara.registrations import SourceEncoder, TriggerEncoder
+from araopt.mechanism.params import Encoding, L1Rounding
+
+L1_RANDOMIZED = "l1-randomized"
+"""The case of L1 with Alg. 6's randomized rounding (the other cases are ``Encoding`` values)."""
 
 
-def _params(encoding: str, d: int, conversion_side: bool) -> Params:
+def _params(case: str, d: int, conversion_side: bool) -> Params:
     extra: dict = {}
-    if encoding == "l1" or encoding == "l1-randomized":
+    encoding = Encoding.L1 if case == L1_RANDOMIZED else Encoding(case)
+    if encoding == Encoding.L1:
         queries = tuple(QueryParams(f"q{i}", 10.0 + i) for i in range(d))
-        if encoding == "l1-randomized":
-            extra["l1_rounding"] = "randomized"
-        encoding = "l1"
-    elif encoding == "baseline":
+        if case == L1_RANDOMIZED:
+            extra["l1_rounding"] = L1Rounding.RANDOMIZED
+    elif encoding == Encoding.BASELINE:
         queries = tuple(QueryParams(f"q{i}", 10.0 + i, 0.8 / d) for i in range(d))
         extra["count_budget_fraction"] = 0.2
     else:
@@ -38,7 +42,7 @@ def _domain(params: Params) -> KeyDomain:
     cols = {"campaign": np.array([f"c{i % 50}" for i in range(n)]),
             "device": np.array(["desktop", "mobile", "tablet", "tv"] * (n // 4))}
     return KeyDomain.from_slice_values(params.slice_columns, cols, params.query_columns,
-                                       baseline=params.encoding == "baseline",
+                                       baseline=params.encoding == Encoding.BASELINE,
                                        conversion_slice_columns=params.conversion_slice_columns)
 
 
@@ -71,7 +75,7 @@ def main() -> None:
     sources = SourceEncoder(du_penc, dom)
     rows.append(("worked example: source registration lookup",
                  _best_us(lambda: sources.registration({"campaign": "Thanksgiving"}), args.number, args.repeat)))
-    for encoding in ("linf", "l1", "l1-randomized", "baseline"):
+    for encoding in (Encoding.LINF, Encoding.L1, L1_RANDOMIZED, Encoding.BASELINE):
         for d in (2, 10, 19):
             params = _params(encoding, d, conversion_side=True)
             enc_d = TriggerEncoder(params, _domain(params))

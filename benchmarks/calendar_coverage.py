@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 import araopt.calibration as cb
+from araopt.constants import Objective
 from araopt.evaluation.evaluate import _domain, analytic_rmsre, conversions_breakdown, corrected_rmsre
 from araopt.io.conversions import Conversions
 from araopt.mechanism.measure import measure
@@ -113,11 +114,11 @@ def day_date(day: int) -> date:
 def released_version(train: Conversions, eps: float, spec: StatisticsSpec, taus: np.ndarray):
     """What nightly publishes for a one-day release: tuned on the window, calibrated on its conversion days."""
     stats = compute_statistics_in_memory(train, spec)
-    res = tuning.tune(stats, eps, objective=tuning.CORRECTED, taus=list(taus), release_period_days=1.0,
+    res = tuning.tune(stats, eps, objective=Objective.CORRECTED, taus=list(taus), release_period_days=1.0,
                       history_days=TRAIN_DAYS)
     cals = [cb.calibration_statistics(train, v.params, cb.day_blocks(train), fitted_for=v.checksum())
             for v, _ in res.candidates]
-    paper = tuning.tune(stats, eps, objective="exact", taus=list(taus), release_period_days=1.0,
+    paper = tuning.tune(stats, eps, objective=Objective.EXACT, taus=list(taus), release_period_days=1.0,
                         history_days=TRAIN_DAYS)
     return tuning.calibrate(res, cals, 1.0), paper
 

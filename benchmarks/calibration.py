@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 import araopt.calibration as cb
+from araopt.constants import Objective
 from araopt.data import synthetic
 from araopt.evaluation.evaluate import analytic_rmsre, corrected_rmsre, interval_coverage
 from araopt.io.conversions import Conversions
@@ -122,8 +123,8 @@ def run(ds: Dataset, draws: int, seed: int, coverage_eps: tuple[float, ...]) -> 
     rows = []
     for eps in EPSILONS:
         t0 = time.perf_counter()
-        paper = ParameterVersion(tuning.tune(stats, eps, objective="exact", taus=taus).params)
-        tuned = tuning.tune(stats, eps, objective=tuning.CORRECTED, taus=taus)
+        paper = ParameterVersion(tuning.tune(stats, eps, objective=Objective.EXACT, taus=taus).params)
+        tuned = tuning.tune(stats, eps, objective=Objective.CORRECTED, taus=taus)
         released = tuning.attach_calibration(tuned.version,
                                              cb.calibration_statistics(ds.train, tuned.params, blocks))
         row = {"dataset": ds.name, "epsilon": eps, "C": paper.params.count_limit,

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 import araopt.calibration as cb
+from araopt.constants import Objective
 from araopt.data import synthetic
 from araopt.evaluation.evaluate import _domain, analytic_rmsre, conversions_breakdown, corrected_rmsre, interval_coverage
 from araopt.evaluation.metrics import realised_rmsre_tau
@@ -104,7 +105,7 @@ def geometric_log(per_day: int, days: int, seed: int, pareto: bool = False) -> D
 def tuned(stats, train: Conversions, eps: float, period_days: float | None, history_days: float,
           taus) -> tuning.TuningResult:
     """The released method tuned on ``stats``, its calibration fitted on ``train`` (the history)."""
-    res = tuning.tune(stats, eps, objective=tuning.CORRECTED, taus=list(taus), release_period_days=period_days,
+    res = tuning.tune(stats, eps, objective=Objective.CORRECTED, taus=list(taus), release_period_days=period_days,
                       history_days=history_days)
     cals = [cb.calibration_statistics(train, v.params, cb.day_blocks(train), fitted_for=v.checksum())
             for v, _ in res.candidates]
@@ -122,7 +123,7 @@ def run_case(log: DailyLog, test_day: int, train_days: int, epsilons, spec: Stat
     for eps in epsilons:
         on_train = tuned(train_stats, train, eps, period, train_days, taus)
         on_day = tuned(test_stats, train, eps, 1.0, 1.0, taus)  # the day's parameters, the same calibration data
-        paper = tuning.tune(train_stats, eps, objective="exact", taus=list(taus), release_period_days=period,
+        paper = tuning.tune(train_stats, eps, objective=Objective.EXACT, taus=list(taus), release_period_days=period,
                             history_days=train_days)
         result = {
             "released": corrected_rmsre(on_train.version, test, taus).combined,

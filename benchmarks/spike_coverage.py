@@ -36,6 +36,7 @@ import pandas as pd
 
 import araopt.calibration as cb
 from araopt.ara.reconstruct import estimates_from_summary_report
+from araopt.constants import Objective
 from araopt.evaluation.evaluate import _domain, conversions_breakdown
 from araopt.io.conversions import Conversions
 from araopt.mechanism.measure import measure
@@ -72,7 +73,7 @@ def published_version(log: DailyLog, day: int, epsilon: float, special_days: tup
     train = log.window(first, day - 1, LOOKBACK_DAYS)
     spec = StatisticsSpec(SLICES, VALUES)
     stats = compute_statistics_in_memory(train, spec)
-    res = tuning.tune(stats, epsilon, objective=tuning.CORRECTED, release_period_days=1.0, history_days=day - first)
+    res = tuning.tune(stats, epsilon, objective=Objective.CORRECTED, release_period_days=1.0, history_days=day - first)
     cals = [cb.calibration_statistics(train, v.params, cb.day_blocks(train), fitted_for=v.checksum())
             for v, _ in res.candidates]
     return tuning.calibrate(res, cals, 1.0, special_days).version

@@ -105,7 +105,7 @@ _ALL: Final[tuple[CliOption, ...]] = (
     _o("objective", "What the optimizer minimises: corrected = the predicted error of the TRUE totals, choosing "
        "between the paper's estimator and the one corrected by retention ratios calibrated on the history; exact = "
        "the paper's estimator (Thm. 4.2 with the exact discrete Laplace variance, rounding and floors); relaxed = "
-       "the paper's Relaxation 4.5.", default=core.OBJECTIVE, choices=("corrected", "exact", "relaxed")),
+       "the paper's Relaxation 4.5.", default=core.OBJECTIVE, choices=tuple(core.Objective)),
     _o("max_count_limit", "Largest count limit C tried (20: Chrome's limit of aggregatable reports per source).",
        type="positive_int", default=core.MAX_COUNT_LIMIT, metavar="N", label="Max count limit", regex=_POSITIVE_INT),
     _o("tau", "RMSRE_tau thresholds as NAME=VALUE pairs, e.g. count=5,value=200; every query not named keeps "

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import araopt.calibration as cb
+from araopt.constants import Objective
 from araopt.evaluation.plots import nightly_report_figure
 from araopt.io.conversions import ValidationCounts
 from araopt.nightly import NightlyConfig, NightlyDecision, nightly_report
@@ -19,7 +20,7 @@ def replayed():
     """A tuning on three weeks of days: the calibration's backtest replaces the model's prediction."""
     conv = daily_log(21, weekend=2.0, seed=2, per_day=2500)
     stats = compute_statistics_in_memory(conv, StatisticsSpec(("s",), ("value",)))
-    res = tuning.tune(stats, 8.0, objective=tuning.CORRECTED, release_period_days=1.0, history_days=21)
+    res = tuning.tune(stats, 8.0, objective=Objective.CORRECTED, release_period_days=1.0, history_days=21)
     cals = [cb.calibration_statistics(conv, v.params, cb.day_blocks(conv), fitted_for=v.checksum())
             for v, _ in res.candidates]
     out = tuning.calibrate(res, cals, 1.0)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from araopt.calibration.accumulator import CalibrationStatistics
-from araopt.optimize.search import CORRECTED
+from araopt.constants import Objective
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
 from araopt.optimize.tune import TuningResult
 from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
@@ -67,7 +67,7 @@ def test_the_in_memory_and_the_beam_backends_tune_and_calibrate_alike(tmp_path):
     inputs = check_input(str(root) + "/date=*/*.parquet", SLICES, VALUES)
     conversions, _, _ = load_conversions(inputs, SLICES, VALUES)
     spec = StatisticsSpec(SLICES, VALUES, max_count_limit=8)
-    choose = TuneCandidates(8.0, {"objective": CORRECTED, "max_count_limit": 8, "slice_columns": SLICES,
+    choose = TuneCandidates(8.0, {"objective": Objective.CORRECTED, "max_count_limit": 8, "slice_columns": SLICES,
                                   "release_period_days": 1.0})
 
     memory = InMemoryBackend(conversions).statistics_and_calibration(spec, choose)
@@ -103,7 +103,7 @@ def test_prepare_is_applied_to_every_candidate_before_calibration():
         return dataclasses.replace(version, correction="none")
 
     spec = StatisticsSpec(conv.slice_columns, conv.value_columns, max_count_limit=4)
-    choose = TuneCandidates(4.0, {"objective": CORRECTED, "max_count_limit": 4}, mark)
+    choose = TuneCandidates(4.0, {"objective": Objective.CORRECTED, "max_count_limit": 4}, mark)
     run = InMemoryBackend(conv).statistics_and_calibration(spec, choose)
     assert len(seen) == len(run.chosen.candidates) == len(run.calibration)
     assert all(v.correction == "none" for v, _ in run.chosen.candidates)
@@ -135,7 +135,7 @@ def test_the_evaluation_tunes_every_compared_method_through_the_workflow():
     assert both.linf is not None and both.candidates["optimized_linf"][0].params == both.linf.params
     assert all(v.calibration is None for m, (v, _) in both.candidates.items() if m != CORRECTED_METHOD)
     alone = tune_and_calibrate(InMemoryBackend(conv, stats), spec, AraTuning(TuneCandidates(4.0, {
-        "max_count_limit": 4, "objective": CORRECTED, "taus": list(taus), "release_period_days": None})))
+        "max_count_limit": 4, "objective": Objective.CORRECTED, "taus": list(taus), "release_period_days": None})))
     version, value = both.candidates[CORRECTED_METHOD]
     assert version.calibration is not None and version.params == alone.version.params
     fitted = [{k: v for k, v in c.to_json().items() if k != "params_checksum"}  # (the version's: its created_at)

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.calibration.accumulator import CalibrationStatistics
-from araopt.constants import EPSILONS
+from araopt.constants import EPSILONS, OBJECTIVE, Objective
 from araopt.errors import InvalidInput, InvalidParameters, check_epsilon
 from araopt.evaluation import plots
 from araopt.evaluation.methods import CORRECTED_METHOD, METHODS
@@ -41,7 +41,6 @@ from araopt.mechanism.report import Estimates
 from araopt.optimize.baselines import baselines
 from araopt.optimize.error_model import (
     ErrorBreakdown,
-    Objective,
     RmsreTau,
     default_taus,
     expected_error,
@@ -49,7 +48,7 @@ from araopt.optimize.error_model import (
     rmsre_tau,
 )
 from araopt.optimize.objective import predicted_rmsre_tau
-from araopt.optimize.search import CORRECTED, OptimizationResult, SearchContext, optimize, prepare_search
+from araopt.optimize.search import OptimizationResult, SearchContext, check_objective, optimize, prepare_search
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.optimize.tune import TuningResult
 from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
@@ -78,7 +77,8 @@ def _metric_taus(params: Params, conversions: Conversions | None, taus: np.ndarr
     return default_taus(conversions.values, params.count_tau)
 
 
-def conversions_breakdown(params: Params, conversions: Conversions, kind: str = "exact") -> ErrorBreakdown:
+def conversions_breakdown(params: Params, conversions: Conversions,
+                          kind: Objective = OBJECTIVE.error_model) -> ErrorBreakdown:
     """Exact bias / variance per slice of ``params`` on records (slices: those present in the data)."""
     if tuple(conversions.value_columns) != params.query_columns:
         raise InvalidInput(f"conversions carry value columns {conversions.value_columns}, "
@@ -89,13 +89,13 @@ def conversions_breakdown(params: Params, conversions: Conversions, kind: str = 
 
 
 def analytic_rmsre(params: Params, conversions: Conversions, taus: np.ndarray | None = None,
-                   kind: str = "exact") -> RmsreTau:
+                   kind: Objective = OBJECTIVE.error_model) -> RmsreTau:
     """Expected RMSRE_tau of ``params`` on test records, from the exact error model."""
     return rmsre_tau(conversions_breakdown(params, conversions, kind), _metric_taus(params, conversions, taus))
 
 
 def analytic_rmsre_from_statistics(params: Params, stats: SufficientStatistics, taus: np.ndarray | None = None,
-                                   objective: str = "exact") -> float:
+                                   objective: Objective = OBJECTIVE.error_model) -> float:
     """Expected RMSRE_tau of ``params`` on test statistics (the optimizer's objective, <= 0.1 % off)."""
     t = np.asarray(taus, dtype=np.float64) if taus is not None else params_taus(params)
     return predicted_rmsre_tau(stats, params, t, objective)
@@ -123,7 +123,8 @@ def monte_carlo_rmsre(params: Params, conversions: Conversions, runs: int, seed:
     t = _metric_taus(params, conversions, taus)
     domain = _domain(params, conversions)
     sidx = domain.slice_index(conversions.slices)
-    model = expected_error(conversions, sidx, domain.num_slices, params, "exact", tie_breaker=conversions.record_keys())
+    model = expected_error(conversions, sidx, domain.num_slices, params, Objective.EXACT,
+                           tie_breaker=conversions.record_keys())
     analytic = rmsre_tau(model, t).combined
     sq = np.empty(runs)
     for r in range(runs):
@@ -187,8 +188,9 @@ def interval_coverage(version: ParameterVersion, conversions: Conversions, runs:
 
 
 def generalization_gap(train_stats: SufficientStatistics, test_stats: SufficientStatistics, epsilon: float,
-                       test_conversions: Conversions | None = None, max_count_limit: int = 20, kind: str = "exact",
-                       taus: np.ndarray | None = None, train_context: SearchContext | None = None,
+                       test_conversions: Conversions | None = None, max_count_limit: int = 20,
+                       kind: Objective = OBJECTIVE.error_model, taus: np.ndarray | None = None,
+                       train_context: SearchContext | None = None,
                        test_context: SearchContext | None = None) -> dict[str, float]:
     """Test RMSRE_tau of L-inf parameters tuned on train vs tuned on test (same taus), and the gap."""
     t = train_stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
@@ -230,14 +232,14 @@ class ComparedMethods:
     context: SearchContext
     taus: tuple[float, ...]
     max_count_limit: int
-    kind: str
+    kind: Objective
     progress: bool
     release_period_days: float | None
     corrected: bool
 
     def _corrected(self) -> AraTuning:
         return AraTuning(TuneCandidates(self.epsilon, {
-            "max_count_limit": self.max_count_limit, "objective": CORRECTED, "taus": list(self.taus),
+            "max_count_limit": self.max_count_limit, "objective": Objective.CORRECTED, "taus": list(self.taus),
             "release_period_days": self.release_period_days}), self.release_period_days)
 
     def choose(self, statistics: SufficientStatistics) -> tuple[tuple[Compared, TuningResult | None],
@@ -245,12 +247,12 @@ class ComparedMethods:
         eps, stats, taus, ctx = self.epsilon, self.training, np.asarray(self.taus), self.context
         candidates: dict[str, tuple[ParameterVersion, float]] = {}
         linf = None
-        for method, encoding in (("optimized_linf", "linf"), ("optimized_l1", "l1")):
+        for method, encoding in (("optimized_linf", Encoding.LINF), ("optimized_l1", Encoding.L1)):
             if method in self.methods:
                 res = optimize(stats, eps, encoding, self.max_count_limit, self.kind, taus, progress=self.progress,
                                context=ctx)
                 candidates[method] = (ParameterVersion(res.params), res.predicted_rmsre_tau)
-                linf = res if encoding == "linf" else linf
+                linf = res if encoding == Encoding.LINF else linf
         if any(m.startswith("baseline_") for m in self.methods):
             for b in baselines(stats, eps, self.max_count_limit, taus, self.kind):
                 if b.name in self.methods:
@@ -283,7 +285,7 @@ class DatasetEvaluation:
 def evaluate_dataset(
     name: str, train_stats: SufficientStatistics, test_conversions: Conversions | None = None,
     epsilons: Sequence[float] = EPSILONS, *, test_stats: SufficientStatistics | None = None,
-    max_count_limit: int = 20, kind: str = "exact", monte_carlo: int = 0, seed: int = 0,
+    max_count_limit: int = 20, kind: Objective = OBJECTIVE, monte_carlo: int = 0, seed: int = 0,
     methods: Sequence[str] = METHODS, gap: bool = True, progress: bool = False,
     taus: np.ndarray | Sequence[float] | None = None, train_conversions: Conversions | None = None,
     release_period_days: float | None = None,
@@ -307,7 +309,7 @@ def evaluate_dataset(
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise InvalidParameters(f"unknown methods {sorted(unknown)}; known: {METHODS}")
-    kind = Objective.EXACT.value if kind == CORRECTED else kind  # the paper's estimators' objective
+    kind = check_objective(kind).error_model  # the paper's estimators' error model
     taus = train_stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)
     history = train_stats
     if release_period_days is not None:

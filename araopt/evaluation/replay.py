@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from araopt.constants import MAX_COUNT_LIMIT
+from araopt.constants import MAX_COUNT_LIMIT, Objective
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.evaluation.metrics import realised_rmsre_tau
 from araopt.io.conversions import Conversions
@@ -48,7 +48,6 @@ from araopt.optimize.private import (
     first_party_taus,
     private_tune,
 )
-from araopt.optimize.search import CORRECTED
 from araopt.optimize.statistics import StatisticsSpec
 from araopt.optimize.tune import TuningResult
 from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
@@ -163,7 +162,7 @@ def _fully_informed(log: DailyLog, day: int, config: ReplayConfig, spec: Statist
                     ) -> TuningResult:
     train = log.window(day - config.window_days, day - 1, config.lookback_days)
     choose = TuneCandidates(config.epsilon, {
-        "objective": CORRECTED, "taus": list(taus), "release_period_days": 1.0, "history_days": config.window_days,
+        "objective": Objective.CORRECTED, "taus": list(taus), "release_period_days": 1.0, "history_days": config.window_days,
         "max_count_limit": config.max_count_limit, "slice_columns": spec.slice_columns})
     return tune_and_calibrate(InMemoryBackend(train), spec, AraTuning(choose, 1.0))
 

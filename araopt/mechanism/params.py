@@ -160,7 +160,7 @@ class Params:
         if mine != theirs:
             raise InvalidParameters(f"{source} is for slices {domain.slice_columns} / queries {domain.query_names} / "
                              f"baseline {domain.baseline}, the parameters use {self.slice_columns} / "
-                             f"{self.query_columns} / baseline {self.encoding == 'baseline'}")
+                             f"{self.query_columns} / baseline {mine[2]}")
 
     def history_domain(self, slice_values: Mapping[str, Any]) -> KeyDomain:
         """The key domain of the training history's slices (``slice_values``: column -> values), laid out

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from araopt.constants import BASELINE_QUANTILES
+from araopt.constants import BASELINE_QUANTILES, OBJECTIVE, Objective
 from araopt.errors import InvalidParameters, check_epsilon
 from araopt.mechanism.params import Params
 from araopt.optimize.objective import check_max_count_limit, check_taus, predicted_rmsre_tau
@@ -58,7 +58,7 @@ class Baseline:
 
 
 def baselines(statistics: SufficientStatistics, epsilon: float, max_count_limit: int, taus: np.ndarray | Sequence[float],
-              objective: str = "exact", slice_columns: Sequence[str] | None = None,
+              objective: Objective = OBJECTIVE.error_model, slice_columns: Sequence[str] | None = None,
               quantiles: Sequence[float] = BASELINE_QUANTILES) -> tuple[Baseline, ...]:
     """The paper's baselines (equal fractions, quantile thresholds and count limit), evaluated."""
     taus_arr = np.asarray(taus, dtype=np.float64)

@@ -20,6 +20,7 @@ from typing import cast
 import numpy as np
 
 from araopt.calibration.fit import shrink
+from araopt.constants import OBJECTIVE, Objective
 from araopt.errors import Unsupported
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
@@ -67,7 +68,7 @@ def _ratio_terms(T: np.ndarray, X: np.ndarray, N: np.ndarray, kappa: np.ndarray)
     return sh.ratio, sh.variance
 
 
-def corrected_breakdown(stats: SufficientStatistics, params: Params, objective: str = "exact",
+def corrected_breakdown(stats: SufficientStatistics, params: Params, objective: Objective = OBJECTIVE.error_model,
                         period_variance: float | Sequence[float] | np.ndarray = 0.0) -> CorrectedBreakdown:
     """Predicted error of the corrected estimator for ``params`` from the optimizer's statistics.
 
@@ -93,7 +94,8 @@ def corrected_breakdown(stats: SufficientStatistics, params: Params, objective: 
 
 
 def corrected_objective(stats: SufficientStatistics, params: Params, taus: np.ndarray | Sequence[float] | None = None,
-                        objective: str = "exact", period_variance: float | Sequence[float] | np.ndarray = 0.0) -> float:
+                        objective: Objective = OBJECTIVE.error_model,
+                        period_variance: float | Sequence[float] | np.ndarray = 0.0) -> float:
     """Predicted RMSRE_tau (Def. 3.2) of the corrected estimator (the objective "corrected"); ``objective``:
     the paper's error model of the capped estimate it corrects ("exact" or "relaxed")."""
     t = stats.taus() if taus is None else np.asarray(taus, dtype=np.float64)

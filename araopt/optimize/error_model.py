@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import cast
 
 import numpy as np
 
+from araopt.constants import OBJECTIVE, Objective
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_mask
@@ -29,16 +29,15 @@ from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.report import estimate_variance
 from araopt.optimize.mechanisms import ARA_LINF
 
-
-class Objective(StrEnum):
-    """The error model the optimizer minimises: exact (Thm. 4.2: exact DLap variance, rounding,
-    floors) or the paper's Relaxation 4.5."""
-
-    EXACT = "exact"
-    RELAXED = "relaxed"
+ERROR_MODELS = (Objective.EXACT, Objective.RELAXED)
+"""The paper's error models of Alg. 4's estimates (``constants.Objective``): Thm. 4.2 or Relaxation 4.5."""
 
 
-OBJECTIVES = tuple(o.value for o in Objective)
+def check_error_model(objective: str) -> Objective:
+    """``objective`` as an ``Objective`` if it is one of the paper's error models (``ERROR_MODELS``)."""
+    if objective not in ERROR_MODELS:
+        raise InvalidParameters(f"objective must be one of {tuple(map(str, ERROR_MODELS))}, got {str(objective)!r}")
+    return Objective(objective)
 
 
 @dataclass(frozen=True)
@@ -88,13 +87,12 @@ def _per_slice_sum(slice_index: np.ndarray, weights: np.ndarray, m: int) -> np.n
 
 def expected_error(
     conversions: Conversions, slice_index: np.ndarray, num_slices: int, params: Params,
-    objective: str = "exact", tie_breaker: np.ndarray | None = None,
+    objective: Objective | str = OBJECTIVE.error_model, tie_breaker: np.ndarray | None = None,
 ) -> ErrorBreakdown:
     """Bias/variance of every estimate per slice for ``params`` on this data (truth = unclipped, uncapped),
     for the period's rows when ``conversions`` carries a lookback (``in_period``); ``slice_index`` is
     per record, lookback rows included (theirs may be -1)."""
-    if objective not in OBJECTIVES:
-        raise InvalidParameters(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    objective = check_error_model(objective)
     slice_index = np.asarray(slice_index, dtype=np.int64)
     if len(slice_index) != len(conversions):
         raise InvalidInput(f"slice_index has {len(slice_index)} entries for {len(conversions)} records")
@@ -120,7 +118,7 @@ def expected_error(
     expected[:, 0] = kept_count
     for col in range(d):
         expected[:, col + 1] = _per_slice_sum(ks, mean_w[:, col], m) * unit[col]
-    if objective == "exact":
+    if objective == Objective.EXACT:
         rv = rounding_variance(kv, params)
         round_var = np.column_stack([_per_slice_sum(ks, rv[:, col], m) for col in range(d)]) if d else np.zeros((m, 0))
         variance = estimate_variance(params, kept_count, round_var)

@@ -22,7 +22,7 @@ from typing import cast
 
 import numpy as np
 
-from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.constants import CONTRIBUTION_BUDGET, Objective
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
 from araopt.optimize.mechanisms import split_fractions
@@ -186,7 +186,7 @@ class LinfModel:
     """The L-inf objective at one C (sum over queries of mean_j pi MSE; divide by d+1 for R^2)."""
 
     count_limit: int
-    kind: str
+    kind: Objective
     epsilon: float
     queries: tuple[QueryModel, ...]
     count_term: float
@@ -209,7 +209,7 @@ class LinfModel:
         """W(c) = w0 + w1 t on every segment, so that Var term = W(c) c^2 / alpha^2."""
         qm = self.queries[q]
         C, G = self.count_limit, self.contribution_budget
-        if self.kind == "relaxed":
+        if self.kind == Objective.RELAXED:
             w0 = np.full(len(qm.g) - 1, 2.0 * C * C * qm.p / self.epsilon**2)
             return w0, np.zeros_like(w0)
         v = self._noise_variance()
@@ -224,7 +224,7 @@ class LinfModel:
         C, G = self.count_limit, self.contribution_budget
         c = np.asarray(c, dtype=np.float64)
         w: float | np.ndarray
-        if self.kind == "relaxed":
+        if self.kind == Objective.RELAXED:
             w = 2.0 * C * C * qm.p / self.epsilon**2
         else:
             w = (self._noise_variance() * qm.p + qm.rho_at(c) / 6.0) * (C / G) ** 2
@@ -326,7 +326,7 @@ class LinfModel:
             cq = c[:, q]
             bias[:, q], rho = qm.terms(cq)
             w: float | np.ndarray
-            if self.kind == "relaxed":
+            if self.kind == Objective.RELAXED:
                 w = 2.0 * self.count_limit * self.count_limit * qm.p / self.epsilon**2
             else:
                 w = (self._noise_variance() * qm.p + rho / 6.0) * (self.count_limit / self.contribution_budget) ** 2
@@ -384,14 +384,14 @@ def prepare_search(stats: SufficientStatistics, taus: np.ndarray | Sequence[floa
     return SearchContext(stats, tau, tuple(query_grid(stats, q) for q in range(stats.num_queries)), truth, pis)
 
 
-def linf_model(ctx: SearchContext, C: int, kind: str, epsilon: float) -> LinfModel:
+def linf_model(ctx: SearchContext, C: int, kind: Objective, epsilon: float) -> LinfModel:
     stats = ctx.stats
     gamma = stats.spec.contribution_budget
     K = kept_per_impression(C, gamma)
     queries = ctx.query_models(K)
     kept = ctx.kept(K)
     d = stats.num_queries
-    if kind == "relaxed":
+    if kind == Objective.RELAXED:
         var0 = 2.0 * (d + 1) * C * C / epsilon**2
     else:
         var0 = (d + 1) * discrete_laplace_variance(noise_parameter(epsilon, gamma)) / (gamma // C) ** 2

@@ -15,21 +15,14 @@ from typing import cast
 
 import numpy as np
 
-from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.constants import CONTRIBUTION_BUDGET, OBJECTIVE, Objective
 from araopt.errors import InvalidParameters
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.encoding import count_scale, l1_scaled, query_scales, row_sums
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.report import estimate_variance
-from araopt.optimize.error_model import OBJECTIVES, ErrorBreakdown, relaxed_variance, rmsre_tau
+from araopt.optimize.error_model import ErrorBreakdown, check_error_model, relaxed_variance, rmsre_tau
 from araopt.optimize.statistics import SufficientStatistics, count_kappa, frac_variance, value_kappa
-
-
-def check_objective(objective: str) -> str:
-    """``objective`` if it is one of the paper's error models (``error_model.OBJECTIVES``)."""
-    if objective not in OBJECTIVES:
-        raise InvalidParameters(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    return objective
 
 
 def check_max_count_limit(stats: SufficientStatistics, max_count_limit: int) -> int:
@@ -163,14 +156,14 @@ def baseline_kept_ranks(stats: SufficientStatistics, params: Params) -> int:
     return int(min(max(k, params.count_limit), stats.max_rank))
 
 
-def statistics_breakdown(stats: SufficientStatistics, params: Params, objective: str = "exact",
+def statistics_breakdown(stats: SufficientStatistics, params: Params, objective: Objective = OBJECTIVE.error_model,
                          period_loss: bool = True) -> ErrorBreakdown:
     """Truth, E[U] and Var(U) per slice (m, d+1), count first, from statistics (cf. ``error_model.expected_error``).
 
     For a future release period (``stats.future_period``, with ``period_loss``) the variance also holds
     the sampling variance of the period's loss T - X (``statistics.count_kappa`` / ``value_kappa`` with
     ratio 1): the truth and what Alg. 1 keeps of it are random in a period not yet seen."""
-    check_objective(objective)
+    objective = check_error_model(objective)
     if params.query_columns != stats.value_columns:
         raise InvalidParameters(f"params queries {params.query_columns} differ from the statistics' {stats.value_columns}")
     m, d = stats.num_slices, stats.num_queries
@@ -185,7 +178,7 @@ def statistics_breakdown(stats: SufficientStatistics, params: Params, objective:
     kept = stats.kept_totals(kept_ranks)
     expected = np.empty((m, d + 1))
     expected[:, 0] = kept[:, 0]
-    want_round = objective == "exact"
+    want_round = objective == Objective.EXACT
     rounding: np.ndarray | None
     if params.encoding == Encoding.L1 and (d > 1 or params.l1_rounding == "floor"):
         sl, vals, weight = sample_cells(stats, kept_ranks)
@@ -215,6 +208,6 @@ def loss_sampling_variance(stats: SufficientStatistics, kept_ranks: int, thresho
 
 
 def predicted_rmsre_tau(stats: SufficientStatistics, params: Params, taus: np.ndarray | Sequence[float] | None = None,
-                        objective: str = "exact") -> float:
+                        objective: Objective = OBJECTIVE.error_model) -> float:
     """RMSRE_tau (Def. 3.2) of ``params`` predicted from the statistics (exact or relaxed objective)."""
     return rmsre_tau(statistics_breakdown(stats, params, objective), check_taus(stats, taus)).combined

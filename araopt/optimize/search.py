@@ -44,19 +44,18 @@ import pandas as pd
 from scipy import optimize as sp_optimize
 from tqdm import tqdm
 
-from araopt.constants import ENCODING, L1_ROUNDING, L1_ROUNDING_OF_A_FILE, MAX_COUNT_LIMIT
+from araopt.constants import ENCODING, L1_ROUNDING, L1_ROUNDING_OF_A_FILE, MAX_COUNT_LIMIT, OBJECTIVE, Objective
 from araopt.errors import InvalidParameters, Unsupported, check_epsilon
 from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.noise import discrete_laplace_variance, noise_parameter
 from araopt.mechanism.params import Encoding, Params, QueryParams
 from araopt.optimize.corrected import CorrectedModel, corrected_objective
-from araopt.optimize.error_model import rmsre_tau
+from araopt.optimize.error_model import check_error_model, rmsre_tau
 from araopt.optimize.linf_search import MAX_CELLS, LinfModel, linf_model, solve_linf
 from araopt.optimize.linf_search import SearchContext as SearchContext  # re-exported: the callers' one search module
 from araopt.optimize.linf_search import prepare_search as prepare_search
 from araopt.optimize.objective import (
     check_max_count_limit,
-    check_objective,
     check_taus,
     l1_sample_terms_batch,
     sample_cells,
@@ -66,11 +65,17 @@ from araopt.optimize.statistics import SufficientStatistics
 
 ENCODINGS = (Encoding.LINF.value, Encoding.L1.value)
 """The encodings the optimizer chooses parameters for (the baseline is Sec. 5.1's fixed rule)."""
-CORRECTED = "corrected"
-"""The objective of the estimates of the TRUE totals (``optimize.corrected``); L-inf only."""
-OBJECTIVES = ("exact", "relaxed", CORRECTED)
-PAPER_OBJECTIVE = "exact"
-"""What the search minimises unless told: the paper's estimator under the exact error model (Thm. 4.2)."""
+
+
+def check_objective(objective: str) -> Objective:
+    """``objective`` as an ``Objective`` (any of them: the paper's error models or CORRECTED)."""
+    if objective not in tuple(Objective):
+        raise InvalidParameters(f"objective must be one of {tuple(map(str, Objective))}, got {str(objective)!r}")
+    return Objective(objective)
+
+
+CORRECTED = Objective.CORRECTED
+"""Alias of ``Objective.CORRECTED`` kept for ``optimize/private.py`` (edited on another branch)."""
 
 
 # ================================================================================================
@@ -115,7 +120,7 @@ def candidate_params(
 def _finalize_fractions(model: LinfModel, c: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     if model.d == 1:
         return np.array([1.0])
-    if model.kind == "exact":
+    if model.kind == Objective.EXACT:
         k = np.array([float(model.var_factor(q, c[q])) for q in range(model.d)])
         return _integer_fractions(k, model.count_limit, model.contribution_budget)
     a = np.maximum(alpha, 2.0 * model.count_limit / model.contribution_budget)
@@ -144,7 +149,7 @@ class OptimizationResult:
 
     params: Params
     predicted_rmsre_tau: float
-    objective: str
+    objective: Objective
     encoding: str
     per_count_limit: tuple[CandidateResult, ...]
     taus: tuple[float, ...]
@@ -175,7 +180,7 @@ def _progress(iterable: range, progress: bool, desc: str) -> tqdm[int]:
 
 def optimize(
     stats: SufficientStatistics, epsilon: float, encoding: str = ENCODING, max_count_limit: int = MAX_COUNT_LIMIT,
-    objective: str = PAPER_OBJECTIVE, taus: np.ndarray | Sequence[float] | None = None, progress: bool = True,
+    objective: Objective = OBJECTIVE.error_model, taus: np.ndarray | Sequence[float] | None = None, progress: bool = True,
     l1_rounding: str = L1_ROUNDING, slice_columns: Sequence[str] | None = None, context: SearchContext | None = None,
     period_variance: float | Sequence[float] | np.ndarray = 0.0,
 ) -> OptimizationResult:
@@ -187,21 +192,20 @@ def optimize(
     reuses the per-C bias models of the paper's objective across calls, e.g. over epsilons."""
     t0 = time.perf_counter()
     epsilon = check_epsilon(epsilon)
-    if objective not in OBJECTIVES:
-        raise InvalidParameters(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    objective = check_objective(objective)
     if encoding not in ENCODINGS:
         raise InvalidParameters(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
     if l1_rounding not in ("floor", "randomized"):
         raise InvalidParameters(f"l1_rounding must be 'floor' or 'randomized', got {l1_rounding!r}")
-    if objective == CORRECTED and encoding != Encoding.LINF:
+    if objective == Objective.CORRECTED and encoding != Encoding.LINF:
         raise Unsupported(f"the corrected objective is searched for encoding 'linf' only, got {encoding!r}")
     cmax = check_max_count_limit(stats, max_count_limit)
     if stats.num_conversions == 0:
         raise InvalidParameters("the statistics hold no conversions (empty history)")
-    if objective == CORRECTED:
+    if objective == Objective.CORRECTED:
         tau = check_taus(stats, taus)
         rows, params = _corrected_candidates(stats, epsilon, cmax, tau, period_variance, slice_columns, progress)
-        final = corrected_objective(stats, params, tau, "exact", period_variance)
+        final = corrected_objective(stats, params, tau, objective.error_model, period_variance)
     else:
         rows, params = _paper_candidates(stats, epsilon, encoding, cmax, objective, taus, progress, l1_rounding,
                                          slice_columns, context)
@@ -211,7 +215,7 @@ def optimize(
                               time.perf_counter() - t0)
 
 
-def _paper_candidates(stats: SufficientStatistics, epsilon: float, encoding: str, cmax: int, objective: str,
+def _paper_candidates(stats: SufficientStatistics, epsilon: float, encoding: str, cmax: int, objective: Objective,
                       taus: np.ndarray | Sequence[float] | None, progress: bool, l1_rounding: str,
                       slice_columns: Sequence[str] | None, context: SearchContext | None
                       ) -> tuple[list[CandidateResult], Params]:
@@ -290,12 +294,12 @@ def _context(stats: SufficientStatistics, taus: np.ndarray | Sequence[float] | N
     return context
 
 
-def _objective_value(stats: SufficientStatistics, params: Params, taus: np.ndarray, objective: str) -> float:
+def _objective_value(stats: SufficientStatistics, params: Params, taus: np.ndarray, objective: Objective) -> float:
     return rmsre_tau(statistics_breakdown(stats, params, objective), taus).combined
 
 
 def _optimize_l1_samples(
-    stats: SufficientStatistics, model: LinfModel, start: np.ndarray, epsilon: float, kind: str, taus: np.ndarray,
+    stats: SufficientStatistics, model: LinfModel, start: np.ndarray, epsilon: float, kind: Objective, taus: np.ndarray,
     l1_rounding: str, slice_columns: Sequence[str] | None, previous: np.ndarray | None = None, sweeps: int = 3,
 ) -> Params:
     """Coordinate search of the L1 thresholds on a log grid, objective evaluated on the samples."""
@@ -323,7 +327,7 @@ def _optimize_l1_samples(
                 total = count_term
                 for q in range(d):
                     bias = ((exp[:, q] - truth[:, q + 1]) ** 2 * pis[:, q + 1]).mean()
-                    if kind == "relaxed":
+                    if kind == Objective.RELAXED:
                         var = pis[:, q + 1].mean() * 2.0 * C * C * c[q] ** 2 / epsilon**2
                     else:
                         var = (pis[:, q + 1] * (rnd[:, q] + vnoise)).mean() * (c[q] / units) ** 2
@@ -362,7 +366,7 @@ def _optimize_l1_samples(
 
 
 def scipy_paper_optimize(
-    stats: SufficientStatistics, epsilon: float, max_count_limit: int = 20, objective: str = "exact",
+    stats: SufficientStatistics, epsilon: float, max_count_limit: int = 20, objective: Objective = OBJECTIVE.error_model,
     taus: np.ndarray | Sequence[float] | None = None, progress: bool = False, slice_columns: Sequence[str] | None = None,
     context: SearchContext | None = None,
 ) -> OptimizationResult:
@@ -370,7 +374,7 @@ def scipy_paper_optimize(
     the 99 % quantile thresholds and the equal split, on the same (L-inf) objective model."""
     t0 = time.perf_counter()
     epsilon = check_epsilon(epsilon)
-    kind = check_objective(objective)
+    kind = check_error_model(objective)
     cmax = check_max_count_limit(stats, max_count_limit)
     ctx = _context(stats, taus, context)
     tau = ctx.taus

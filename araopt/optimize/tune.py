@@ -19,14 +19,14 @@ from araopt.calibration.backtest import backtest
 from araopt.calibration.calendar import UNSEEN_LOSS_FACTOR, fit_calendar
 from araopt.calibration.fit import fit_calibration
 from araopt.calibration.model import retention_checksum
-from araopt.constants import L1_ROUNDING, MAX_COUNT_LIMIT, OBJECTIVE
+from araopt.constants import L1_ROUNDING, MAX_COUNT_LIMIT, OBJECTIVE, Objective
 from araopt.errors import InvalidParameters
 from araopt.io.files import utc_now_iso
 from araopt.mechanism.params import Encoding, L1Rounding, Params
 from araopt.optimize.baselines import Baseline, baselines
 from araopt.optimize.corrected import corrected_objective
 from araopt.optimize.objective import predicted_rmsre_tau
-from araopt.optimize.search import CORRECTED, OBJECTIVES, PAPER_OBJECTIVE, OptimizationResult, SearchContext, optimize
+from araopt.optimize.search import OptimizationResult, SearchContext, check_objective, optimize
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.version import ParameterVersion, Provenance
 
@@ -118,14 +118,14 @@ def choose_correction(statistics: SufficientStatistics, params: Params, taus: Se
     """Divide by the retention ratio only where the history predicts a lower error of the true totals
     (dividing inflates the noise by 1/r: for noise-dominated slices the capped estimate is better)."""
     t = np.asarray(taus, dtype=np.float64)
-    capped = predicted_rmsre_tau(statistics, params, t, PAPER_OBJECTIVE)
+    capped = predicted_rmsre_tau(statistics, params, t, Objective.CORRECTED.error_model)
     corrected = corrected_objective(statistics, params, t)
     choice = "ratio" if corrected < capped * (1.0 - CORRECTION_MARGIN) else "none"
     return EstimatorChoice(choice, capped, corrected)
 
 
 def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = Encoding.LINF,
-         max_count_limit: int = MAX_COUNT_LIMIT, objective: str = OBJECTIVE, l1_rounding: str = L1_ROUNDING,
+         max_count_limit: int = MAX_COUNT_LIMIT, objective: Objective = OBJECTIVE, l1_rounding: str = L1_ROUNDING,
          slice_columns: Sequence[str] | None = None, taus: Sequence[float] | None = None,
          tau_overrides: Mapping[str, float] | None = None, training_window: tuple[str | None, str | None] = (None, None),
          rows: int | None = None, provenance: Mapping[str, Any] | None = None, progress: bool = False,
@@ -150,24 +150,23 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
         taus = resolved.tolist()
     else:
         tau_rule = "tau: " + ", ".join(f"{t:.4g}" for t in taus) + " (given)"
-    if str(objective) not in OBJECTIVES:
-        raise InvalidParameters(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    paper_objective = PAPER_OBJECTIVE if str(objective) == CORRECTED else str(objective)
+    objective = check_objective(objective)
+    paper_objective = objective.error_model
     result = optimize(statistics, epsilon, str(encoding), max_count_limit, paper_objective, taus=taus,
                       progress=progress, l1_rounding=str(l1_rounding), slice_columns=slice_columns, context=context)
     # the corrected error model covers L-inf (and L1 with one query); other parameters correct by ratio
     choice = (choose_correction(statistics, result.params, result.taus) if corrected_model_supports(result.params)
               else None)
     alternative: tuple[OptimizationResult, EstimatorChoice | None] | None = None
-    if str(objective) == CORRECTED and str(encoding) == Encoding.LINF:
+    if objective == Objective.CORRECTED and str(encoding) == Encoding.LINF:
         assert choice is not None  # (L-inf is covered)
         best_capped = min(choice.capped_rmsre_tau, choice.corrected_rmsre_tau)
-        corrected = optimize(statistics, epsilon, Encoding.LINF, max_count_limit, CORRECTED, taus=result.taus,
+        corrected = optimize(statistics, epsilon, Encoding.LINF, max_count_limit, objective, taus=result.taus,
                              progress=progress, slice_columns=slice_columns)
         corrected_choice = EstimatorChoice("ratio", predicted_rmsre_tau(statistics, corrected.params,
-                                                                        np.asarray(result.taus), PAPER_OBJECTIVE),
+                                                                        np.asarray(result.taus), paper_objective),
                                            corrected.predicted_rmsre_tau)
-        paper_result = dataclasses.replace(result, predicted_rmsre_tau=best_capped, objective=CORRECTED)
+        paper_result = dataclasses.replace(result, predicted_rmsre_tau=best_capped, objective=objective)
         if corrected.predicted_rmsre_tau < best_capped * (1.0 - CORRECTION_MARGIN):
             result, choice, alternative = corrected, corrected_choice, (paper_result, choice)
         else:
