@@ -175,9 +175,9 @@ def read_attribution_log(pattern: str | Sequence[str], slices: Sequence[str], va
     slices, values = tuple(slices), tuple(values)
     inputs = check_input(pattern, slices, values)
     valid, counts = [], []
-    for path in inputs.paths:
-        with FileSystems.open(path) as fh:
-            present = check_attribution_schema(pq.read_schema(fh), path)
+    for footer in inputs.footers:
+        path = footer.path
+        present = check_attribution_schema(footer.schema, path)
         if IMPRESSION_TIME not in present:
             raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
         with FileSystems.open(path) as fh:

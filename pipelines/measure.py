@@ -74,11 +74,10 @@ from transforms.io import (
     attribution_columns,
     auto_shards,
     check_input,
-    footer_summary,
     input_facts,
-    iso_micros,
     lookback_partitions,
     release_days,
+    window_of,
 )
 from transforms.io import check_lookback as check_lookback_input
 from transforms.measure import HELD_SUFFIX, LOOKBACK_SUFFIX, ReleaseJob, build_release
@@ -176,11 +175,11 @@ def _configure(args: argparse.Namespace, loaded: LoadedParams, version: Paramete
     if args.simulation_seed is None:  # a release: ARA's lifetime cap over the ledger's releases (before any work)
         ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
         cover = None if lookback is None else LookbackCover.of_windows(
-            (iso_micros(first), iso_micros(last)) for _, first, last in map(footer_summary, ([p] for p in lookback.paths)))
-        period = ReleasePeriod(iso_micros(inputs.first_time), iso_micros(inputs.last_time), cover)
+            footer.window() for footer in lookback.footers)
+        period = ReleasePeriod(inputs.first_time_us, inputs.last_time_us, cover)
         ledger.check_lifetime(period)
         if lookback is not None:  # the releases that cost the lookback's rows
-            history = ledger.release_history(iso_micros(lookback.first_time), iso_micros(lookback.last_time), version)
+            history = ledger.release_history(lookback.first_time_us, lookback.last_time_us, version)
     return MeasureConfig(loaded, version, inputs, domain, origin, epsilon_note, lookback, history, period, days,
                          days_note)
 
@@ -206,14 +205,12 @@ def _configure_attribution(args: argparse.Namespace, loaded: LoadedParams, versi
     except StoreError as exc:
         raise StoreError(f"release ledger: {exc}") from None
     key = ledger_draw_key(entries) or DrawKey.new()
-    first, last = iso_micros(inputs.first_time), iso_micros(inputs.last_time)
-    window = None if lookback is None else (iso_micros(lookback.first_time), iso_micros(lookback.last_time))
+    first, last = inputs.first_time_us, inputs.last_time_us
+    window = None if lookback is None else (lookback.first_time_us, lookback.last_time_us)
     history = attribution_history(ledger, entries, key, window, first, (*slices, *values))
     if not args.allow_rerelease:
-        _, shown_first, shown_last = footer_summary(inputs.paths, IMPRESSION_TIME)
-        cover = None if lookback is None else LookbackCover.of_windows(
-            (iso_micros(a), iso_micros(b)) for _, a, b in map(footer_summary, ([p] for p in lookback.paths)))
-        why = carried_refusal(entries, reach(params, (iso_micros(shown_first), iso_micros(shown_last)), (first, last)),
+        cover = None if lookback is None else LookbackCover.of_windows(footer.window() for footer in lookback.footers)
+        why = carried_refusal(entries, reach(params, window_of(inputs.footers, IMPRESSION_TIME), (first, last)),
                               (first, last), cover, history, ledger.store.uri)
         if why is not None:
             raise LedgerRefusal(why)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.errors import InvalidInput
+from araopt.io.files import micros_iso
 
 from . import options
 from .values import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
@@ -78,7 +79,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
              f"the candidates")
     choose = functools.partial(
         tune_with_accounting, epsilon=epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit,
-        objective=args.objective, l1_rounding=args.l1_rounding, training_window=(inputs.first_time, inputs.last_time),
+        objective=args.objective, l1_rounding=args.l1_rounding,
+        training_window=(micros_iso(inputs.first_time_us), micros_iso(inputs.last_time_us)),
         tau_overrides=tau_overrides, progress=not args.no_progress, release_period_days=period,
         provenance={"history": args.history, "lookback": args.lookback})
     run = compute_tuned_history(inputs, spec, choose, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,

@@ -217,8 +217,8 @@ def test_lookback_rows_of_impressions_without_a_period_row_change_no_statistics_
 
 def test_shards_are_sized_by_the_input_and_its_lookback_together():
     """A shard holds the input's rows and their lookback's: ~250k rows each whatever the lookback."""
-    from transforms.io import ROWS_PER_SHARD, InputFiles, auto_shards
+    from transforms.io import ROWS_PER_SHARD, Footer, InputFiles, auto_shards
 
-    day, month = (InputFiles(("x",), pa.schema([]), rows) for rows in (1_000_000, 30_000_000))
+    day, month = (InputFiles((Footer("x", pa.schema([]), rows),), pa.schema([])) for rows in (1_000_000, 30_000_000))
     assert auto_shards(day) == 16  # the minimum
     assert auto_shards(day, month) == -(-31_000_000 // ROWS_PER_SHARD) == 124

@@ -16,9 +16,10 @@ import pytest
 from araopt import Params, QueryParams
 from araopt.io import outputs
 from araopt.io.conversions import validate_batch
+from araopt.io.files import micros_iso
 from araopt.version import ParameterVersion
 from factories import history_version, log, write_log
-from transforms.io import footer_summary
+from transforms.io import read_footer, window_of
 
 T0 = pd.Timestamp("2026-09-01", tz="UTC")
 
@@ -59,20 +60,23 @@ def test_footer_statistics_of_a_year_10000_time_do_not_abort_and_name_the_window
     micros = [int(T0.value // 1000), YEAR_10000_US, int(T0.value // 1000) + 5]
     pq.write_table(with_times(frame, micros), str(tmp_path / "far.parquet"))
     pq.write_table(with_times(frame, [-62_135_596_800_000_000] * 3), str(tmp_path / "past.parquet"))
-    rows, first, last = footer_summary([str(tmp_path / "far.parquet"), str(tmp_path / "past.parquet")])
-    assert rows == 6 and first == "0001-01-01T00:00:00+00:00" and last == "10000-01-01T00:00:00.000000+00:00"
-    rows, first, last = footer_summary([str(tmp_path / "far.parquet")])
-    assert first == "2026-09-01T00:00:00+00:00"
+    far, past = (read_footer(str(tmp_path / name)) for name in ("far.parquet", "past.parquet"))
+    assert far.rows + past.rows == 6
+    first, last = window_of([far, past])
+    assert (micros_iso(first), micros_iso(last)) == ("0001-01-01T00:00:00+00:00", "10000-01-01T00:00:00.000000+00:00")
+    assert (first, last) == (-62_135_596_800_000_000, YEAR_10000_US)
+    assert far.window() == (int(T0.value // 1000), YEAR_10000_US)
+    assert micros_iso(far.window()[0]) == "2026-09-01T00:00:00+00:00"
 
 
-def test_footer_times_round_trip_exactly_whatever_the_year():
-    """``iso_micros`` reads back every time ``footer_summary`` can name (years 1 to 10000 and beyond:
-    pandas' Timestamp stops at 2262), an offset converted to UTC."""
-    from transforms.io import _iso, iso_micros
-
+def test_footer_times_are_named_exactly_whatever_the_year():
+    """``micros_iso`` names every time a footer can hold (years 1 to 10000 and beyond: pandas'
+    Timestamp stops at 2262) exactly: numpy reads each name back to the same microsecond."""
     for micros in (0, -1, int(T0.value // 1000) + 7, YEAR_10000_US, -62_135_596_800_000_000, 2**62 // 1000):
-        assert iso_micros(_iso(micros)) == micros
-    assert iso_micros("2026-09-01T02:00:00+02:00") == iso_micros("2026-09-01T00:00:00") == int(T0.value // 1000)
+        name = micros_iso(micros)
+        assert name is not None and name.endswith("+00:00")
+        assert int(np.datetime64(name.removesuffix("+00:00"), "us").astype(np.int64)) == micros
+    assert micros_iso(None) is None
 
 
 @pytest.mark.slow
@@ -381,3 +385,31 @@ def test_ctrl_c_during_start_up_prints_one_line(library, tmp_path):
     _, err = proc.communicate(timeout=120)
     lines = [ln for ln in err.splitlines() if not ln.startswith("WARNING")]
     assert proc.returncode == 130 and lines == ["araopt measure: interrupted"], err[-2000:]
+
+
+def test_each_footer_is_read_once_for_the_checks_the_partition_days_and_the_windows(tmp_path, monkeypatch):
+    """``check_input`` keeps every file's footer (schema, rows, timestamp windows) on ``InputFiles``:
+    the partition-day check and the impression-time window reuse it instead of opening the file again."""
+    import transforms.io as tio
+    from araopt.io.conversions import IMPRESSION_TIME
+
+    from factories import LOG_DAY
+
+    for k in range(2):
+        frame = log(50, seed=k)
+        frame["conversion_time"] = frame["conversion_time"] + pd.Timedelta(days=k)
+        frame[IMPRESSION_TIME] = frame["conversion_time"] - pd.Timedelta(hours=1)
+        day = (LOG_DAY + pd.Timedelta(days=k)).strftime("%Y-%m-%d")
+        os.makedirs(tmp_path / f"date={day}")
+        frame.to_parquet(tmp_path / f"date={day}" / "part-0.parquet")
+    opened: list[str] = []
+    real_open = tio.FileSystems.open
+    monkeypatch.setattr(tio.FileSystems, "open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
+    inputs = tio.check_input(str(tmp_path), ["s"], ["v"])
+    days, why = tio.release_days(inputs)
+    impressions = tio.window_of(inputs.footers, IMPRESSION_TIME)
+    assert sorted(opened) == sorted(inputs.paths) and len(inputs.paths) == 2  # one read per file
+    assert why is None and days is not None and len(days) == 2
+    assert inputs.rows == 100 and inputs.optional_columns == (IMPRESSION_TIME,)
+    assert inputs.first_time_us is not None and inputs.last_time_us is not None
+    assert impressions == (inputs.first_time_us - 3_600_000_000, inputs.last_time_us - 3_600_000_000)

@@ -7,23 +7,26 @@ from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
+from araopt.io.conversions import CONVERSION_TIME
 from araopt.io.run_folder import RunFolder
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.targets import ARA, ATTRIBUTION, TARGETS, HeldLookback
 from araopt.version import ParameterVersion
 from factories import make_params
-from transforms.io import InputFiles
+from transforms.io import Footer, InputFiles
 from transforms.measure import RELEASE_STEPS, ReleaseJob, build_release
 
 QUERIES = (AttributionQuery(COUNT, None), AttributionQuery("value", "value", max_value=255, clip=20.0))
 
 
 def _inputs(name: str) -> InputFiles:
-    return InputFiles((f"/nonexistent/{name}.parquet",), pa.schema([]), 10, "2026-11-20T00:00:00+00:00",
-                      "2026-11-20T23:00:00+00:00")
+    first, last = (int(pd.Timestamp(t).value // 1000) for t in ("2026-11-20T00:00:00Z", "2026-11-20T23:00:00Z"))
+    footer = Footer(f"/nonexistent/{name}.parquet", pa.schema([]), 10, ((CONVERSION_TIME, first, last),))
+    return InputFiles((footer,), pa.schema([]))
 
 
 def _labels(version: ParameterVersion, tmp_path, **job) -> set[str]:

@@ -8,7 +8,6 @@ files (``ReadConversionFiles``), never the glob again.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from araopt.io.conversions import (
     type_family,
     unify_schemas,
 )
-from araopt.io.files import distinct_files, local_files_below
+from araopt.io.files import distinct_files, local_files_below, micros_iso
 from araopt.io.partitions import days_before, files_in_days, partition_day, partition_days, rows_outside_days
 
 _GLOB_CHARS = "*?["
@@ -84,26 +83,85 @@ def match_files(pattern: str) -> list[str]:
     return distinct_files(sorted(p for p, size in matched.items() if size > 0 and not is_hidden(p, root)))
 
 
-def read_schema(path: str) -> pa.Schema:
-    """The Parquet schema of one file; a file that is not Parquet is refused naming it."""
+Window = tuple[int | None, int | None]
+"""(first, last) time of a column as int64 microseconds since the epoch; None when unknown."""
+
+
+@dataclass(frozen=True)
+class Footer:
+    """One Parquet file's footer, read once (``read_footer``): its Arrow schema, its row count and the
+    window of each of its timestamp columns from the row groups' min/max statistics."""
+
+    path: str
+    schema: pa.Schema
+    rows: int
+    windows: tuple[tuple[str, int | None, int | None], ...] = ()  # (column, first, last) per timestamp column
+
+    def window(self, column: str = CONVERSION_TIME) -> Window:
+        """The file's window of ``column`` (None, None without statistics or without the column)."""
+        return next(((first, last) for name, first, last in self.windows if name == column), (None, None))
+
+
+def read_footer(path: str) -> Footer:
+    """One small read of a file's Parquet footer; a file that is not Parquet is refused naming it. The
+    windows are read as integers (a time beyond Python's year 9999 is a dead-letter row, not a reason
+    to abort)."""
     try:
         with FileSystems.open(path) as fh:
-            return pq.read_schema(fh)
+            parquet = pq.ParquetFile(fh)
+            meta, schema = parquet.metadata, parquet.schema_arrow
     except (pa.ArrowInvalid, OSError) as exc:
         raise InvalidInput(f"not a Parquet file: {path} ({str(exc).splitlines()[0]})") from None
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    windows = []
+    for field in schema:
+        if not pa.types.is_timestamp(field.type) or field.name not in names:
+            continue
+        index = names.index(field.name)
+        first = last = None
+        for g in range(meta.num_row_groups):
+            st = meta.row_group(g).column(index).statistics
+            if st is None or not st.has_min_max or not isinstance(st.min_raw, int) or not isinstance(st.max_raw, int):
+                continue
+            lo, hi = (_micros(v, field.type.unit) for v in (st.min_raw, st.max_raw))
+            first = lo if first is None else min(first, lo)
+            last = hi if last is None else max(last, hi)
+        windows.append((field.name, first, last))
+    return Footer(path, schema, meta.num_rows, tuple(windows))
+
+
+def window_of(footers: Sequence[Footer], column: str = CONVERSION_TIME) -> Window:
+    """The window of ``column`` over several files' footers (the earliest first, the latest last)."""
+    firsts = [f for f, _ in (footer.window(column) for footer in footers) if f is not None]
+    lasts = [last for _, last in (footer.window(column) for footer in footers) if last is not None]
+    return (min(firsts) if firsts else None), (max(lasts) if lasts else None)
 
 
 @dataclass(frozen=True)
 class InputFiles:
-    """The resolved input: its files, their unified canonical schema, the row count and the
-    conversion-time window (ISO strings, None when the footers carry no statistics) from the footers."""
+    """The resolved input: each file's footer (read once, ``read_footer``), their unified canonical
+    schema, and from the footers the files, the row count and the conversion-time window (int64
+    microseconds since the epoch, None when the footers carry no statistics)."""
 
-    paths: tuple[str, ...]
+    footers: tuple[Footer, ...]
     schema: pa.Schema
-    rows: int
-    first_time: str | None = None
-    last_time: str | None = None
     optional_columns: tuple[str, ...] = ()  # optional contract columns every file has (impression_time)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(footer.path for footer in self.footers)
+
+    @property
+    def rows(self) -> int:
+        return sum(footer.rows for footer in self.footers)
+
+    @property
+    def first_time_us(self) -> int | None:
+        return window_of(self.footers)[0]
+
+    @property
+    def last_time_us(self) -> int | None:
+        return window_of(self.footers)[1]
 
 
 def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], value_columns: Sequence[str]) -> InputFiles:
@@ -119,14 +177,15 @@ def check_input(pattern: str | Sequence[str], slice_columns: Sequence[str], valu
         paths = distinct_files(pattern)  # a file named twice is read once
         if not paths:
             raise InvalidInput("no input files")
-    schemas = [(p, read_schema(p)) for p in paths]
+    footers = tuple(read_footer(p) for p in paths)
+    schemas = [(f.path, f.schema) for f in footers]
     schema = unify_schemas(schemas, slice_columns, value_columns)
     optional = tuple(c for c in OPTIONAL_TIME_COLUMNS
                      if all(c in sch.names and pa.types.is_timestamp(sch.field(c).type) for _, sch in schemas))
-    rows, first, last = footer_summary(paths)
-    if rows == 0:
+    inputs = InputFiles(footers, schema, optional)
+    if inputs.rows == 0:
         raise InvalidInput(f"the input holds no conversion rows ({len(paths)} file(s), 0 rows)")
-    return InputFiles(tuple(paths), schema, rows, first, last, optional)
+    return inputs
 
 
 OPTIONAL_TIME_COLUMNS = ("impression_time",)
@@ -154,65 +213,8 @@ class ReadConversionFiles(beam.PTransform):
         )
 
 
-def footer_summary(paths: Sequence[str], column: str = CONVERSION_TIME) -> tuple[int, str | None, str | None]:
-    """(rows, first and last conversion time as ISO strings or None) from the Parquet footers: one
-    small read per file; the window comes from the row groups' min/max statistics when present,
-    read as integers (a time beyond Python's year 9999 is a dead-letter row, not a reason to abort).
-    ``column``: another timestamp column's window instead (``impression_time``)."""
-    total = 0
-    first = last = None
-    for p in paths:
-        with FileSystems.open(p) as fh:
-            parquet = pq.ParquetFile(fh)
-            meta, arrow_schema = parquet.metadata, parquet.schema_arrow
-        total += meta.num_rows
-        names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-        if column not in names or column not in arrow_schema.names:
-            continue
-        time_type = arrow_schema.field(column).type
-        if not pa.types.is_timestamp(time_type):
-            continue
-        index = names.index(column)
-        for g in range(meta.num_row_groups):
-            st = meta.row_group(g).column(index).statistics
-            if st is None or not st.has_min_max or not isinstance(st.min_raw, int) or not isinstance(st.max_raw, int):
-                continue
-            lo, hi = (_micros(v, time_type.unit) for v in (st.min_raw, st.max_raw))
-            first = lo if first is None else min(first, lo)
-            last = hi if last is None else max(last, hi)
-    return total, _iso(first), _iso(last)
-
-
 def _micros(value: int, unit: str) -> int:
     return value // 1000 if unit == "ns" else value * {"s": 1_000_000, "ms": 1_000, "us": 1}[unit]
-
-
-def _iso(micros: int | None) -> str | None:
-    """ISO-8601 of a UTC time in microseconds (numpy's notation outside Python's years 1..9999)."""
-    if micros is None:
-        return None
-    try:
-        return (_dt.datetime(1970, 1, 1, tzinfo=_dt.UTC) + _dt.timedelta(microseconds=micros)).isoformat()
-    except OverflowError:
-        import numpy as np
-
-        return f"{np.datetime64(micros, 'us')}+00:00"
-
-
-def iso_micros(iso: str | None) -> int | None:
-    """An ISO-8601 time (naive = UTC; ``InputFiles.first_time``) as int64 microseconds since the epoch,
-    exactly, whatever the year (a footer's year-10000 time must not abort the job before its row is
-    dead-lettered); None stays None. The inverse of ``_iso``."""
-    if iso is None:
-        return None
-    try:
-        stamp = _dt.datetime.fromisoformat(iso)
-    except ValueError:  # outside Python's years 1..9999: ``_iso``'s numpy notation, always UTC
-        import numpy as np
-
-        return int(np.datetime64(iso.removesuffix("+00:00").removesuffix("Z"), "us").astype(np.int64))
-    stamp = stamp.replace(tzinfo=_dt.UTC) if stamp.tzinfo is None else stamp.astimezone(_dt.UTC)
-    return (stamp - _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)) // _dt.timedelta(microseconds=1)
 
 
 def release_days(inputs: InputFiles) -> tuple[tuple[str, ...] | None, str | None]:
@@ -224,12 +226,11 @@ def release_days(inputs: InputFiles) -> tuple[tuple[str, ...] | None, str | None
     days = partition_days(inputs.paths)
     if days is None:
         return None, None
-    by_day: dict[str, list[str]] = {}
-    for path in inputs.paths:
-        by_day.setdefault(str(partition_day(path)), []).append(path)
-    for day, paths in sorted(by_day.items()):
-        _, first, last = footer_summary(paths)
-        why = rows_outside_days(iso_micros(first), iso_micros(last), [day])
+    by_day: dict[str, list[Footer]] = {}
+    for footer in inputs.footers:
+        by_day.setdefault(str(partition_day(footer.path)), []).append(footer)
+    for day, footers in sorted(by_day.items()):
+        why = rows_outside_days(*window_of(footers), [day])
         if why is not None:
             return None, f"the partition folder date={day} does not hold that day's conversions: {why}"
     return days, None
@@ -241,8 +242,8 @@ def attribution_columns(inputs: InputFiles) -> tuple[str, ...]:
     of the files without it would be a browser of its own), in one type family."""
     every: tuple[str, ...] | None = None
     browser_types: dict[str, str] = {}  # type family -> a file with it
-    for path in inputs.paths:
-        schema = read_schema(path)
+    for footer in inputs.footers:
+        path, schema = footer.path, footer.schema
         present = check_attribution_schema(schema, path)
         if IMPRESSION_TIME not in present:
             raise InvalidInput(f"{path}: column {IMPRESSION_TIME!r} is missing (the browsers' epochs need it)")
@@ -293,12 +294,8 @@ def input_facts(inputs: InputFiles) -> dict[str, object]:
     """Operator-private: the input's files with their sizes, and its time window from the footers."""
     sizes = {m.path: m.size_in_bytes for result in FileSystems.match(list(inputs.paths)) for m in result.metadata_list}
     return {"files": [{"path": p, "bytes": sizes.get(p)} for p in inputs.paths],
-            "window": {"first_conversion_time": inputs.first_time, "last_conversion_time": inputs.last_time}}
-
-
-def count_rows(paths: Sequence[str]) -> int:
-    """Total rows from the Parquet footers (one small read per file)."""
-    return footer_summary(paths)[0]
+            "window": {"first_conversion_time": micros_iso(inputs.first_time_us),
+                       "last_conversion_time": micros_iso(inputs.last_time_us)}}
 
 
 ROWS_PER_SHARD = 250_000

@@ -48,7 +48,7 @@ from araopt.targets import HeldLookback, Target, attribution_params, input_colum
 from araopt.version import Api, ParameterVersion
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.attribution import MeasureAttribution
-from transforms.io import InputFiles, iso_micros, release_days
+from transforms.io import InputFiles, release_days
 from transforms.release import WriteAttributionRelease, WriteRelease
 from transforms.rowset import CountHeldReleases, WriteRowIds
 from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate, lookback_rows, period_rows
@@ -117,7 +117,7 @@ def build_release(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramete
         if row_ids is not None:  # to check that the lookback does not hold the period's own conversions
             # the period's own conversions re-exported lie within 26 hours of it (time zones); earlier
             # lookback rows only add chance coarse matches (different conversions of the same impressions)
-            since = iso_micros(inputs.first_time)
+            since = inputs.first_time_us
             since = None if since is None else since - COARSE_MARGIN_US
             earlier = tables | "LookbackRows" >> beam.Map(lookback_rows, since).with_output_types(pa.Table)
             _ = earlier | "LookbackRowIds" >> WriteRowIds(row_ids.rstrip("/") + LOOKBACK_SUFFIX)
@@ -147,7 +147,7 @@ def _ara_release(read: dict[str, beam.PCollection], released: beam.PCollection[p
     params = version.params
     history = job.history if isinstance(job.history, ReleaseHistory) else None
     # conversions are exported by day: the earliest file read covers its whole UTC day
-    first = iso_micros((job.lookback or inputs).first_time)
+    first = (job.lookback or inputs).first_time_us
     coverage_start = None if first is None else first - first % 86_400_000_000
     if job.domain is not None:
         domain_pc = released.pipeline | "DeclaredDomain" >> beam.Create([job.domain])

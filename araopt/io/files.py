@@ -99,6 +99,18 @@ def local_files_below(pattern: str, suffix: str = ".parquet") -> dict[str, int]:
     return found
 
 
+def micros_iso(micros: int | None) -> str | None:
+    """ISO-8601 of a UTC time in microseconds (numpy's notation outside Python's years 1..9999)."""
+    if micros is None:
+        return None
+    try:
+        return (_dt.datetime(1970, 1, 1, tzinfo=_dt.UTC) + _dt.timedelta(microseconds=micros)).isoformat()
+    except OverflowError:
+        import numpy as np
+
+        return f"{np.datetime64(micros, 'us')}+00:00"
+
+
 def utc_now_iso() -> str:
     """Now, UTC, to the second, ISO 8601 (when a file or a record was made)."""
     return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()

@@ -28,7 +28,6 @@ the earlier releases it shares epochs with but did not carry (``epochs_shared_wi
 """
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +35,7 @@ from araopt.attribution.draws import DrawKey
 from araopt.attribution.lifetime import AttributionHistory, ChargedWindow, EarlierRelease
 from araopt.attribution.params import AttributionParams
 from araopt.errors import InvalidInput
+from araopt.io.files import micros_iso as _iso  # the times in refusal messages
 from araopt.io.partitions import DAY_US
 from araopt.io.rowset import RowSet, SpilledRowSet, released_in
 from araopt.ledger.ledger import Ledger, shares_epochs
@@ -55,10 +55,6 @@ CARRIED = "budget_carried_from"
 
 LATER = ("its conversions are not all before this input's (a ledger's releases go in conversion time order: its "
          "budgets were charged without this input's conversions)")
-
-
-def _iso(us: int) -> str:
-    return (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)).isoformat()
 
 
 def is_attribution(entry: Mapping[str, Any]) -> bool:

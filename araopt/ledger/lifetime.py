@@ -30,7 +30,6 @@ the same hours (a day released in two parts) are not refused here.
 """
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from araopt.constants import MAX_SOURCE_LIFE_DAYS
+from araopt.io.files import micros_iso as _iso  # the times in refusal messages
 from araopt.io.partitions import DAY_US
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.version import Api
@@ -46,10 +46,6 @@ LIFE_US = MAX_SOURCE_LIFE_DAYS * DAY_US
 HELD = "lookback_held"
 """A ledger entry's {earlier entry id: how many of its conversions this release's lookback held}, for
 the releases in reach (see module doc)."""
-
-
-def _iso(us: int) -> str:
-    return (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)).isoformat()
 
 
 @dataclass(frozen=True)
