@@ -392,7 +392,6 @@ def test_each_footer_is_read_once_for_the_checks_the_partition_days_and_the_wind
     the partition-day check and the impression-time window reuse it instead of opening the file again."""
     import transforms.io as tio
     from araopt.io.conversions import IMPRESSION_TIME
-
     from factories import LOG_DAY
 
     for k in range(2):
