@@ -532,6 +532,15 @@ def conclude_night(store: ParameterStore, store_uri: str, report: dict[str, Any]
     return directory
 
 
+def latest_version(store: ParameterStore) -> tuple[str | None, ParameterVersion | None]:
+    """The store's latest version before tonight's run, read and parsed once: its name (the publish's
+    expected previous version, compare-and-swap) and the version; (None, None) before the first publish."""
+    if store.read_latest_pointer() is None:
+        return None, None
+    resolved = store.resolve("latest")
+    return resolved.version, ParameterVersion.from_bytes(resolved.payload, "previous latest")
+
+
 def close_night(decision: NightlyDecision, calibration_statistics: Sequence[CalibrationStatistics] | None,
                 counts: ValidationCounts, config: NightlyConfig, previous: ParameterVersion | None,
                 expected_previous: str | None, store: ParameterStore) -> dict[str, Any]:

@@ -31,10 +31,10 @@ from araopt.nightly import (
     Guardrails,
     NightlyConfig,
     conclude_night,
+    latest_version,
     private_night,
 )
 from araopt.optimize import statistics as stats
-from araopt.version import ParameterVersion
 from transforms.io import auto_shards, check_input, match_files
 from transforms.tuning import build_nightly
 
@@ -80,8 +80,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)  # Beam checks its options here: before any work
     # the store first: unknown scheme, credentials, corrupt pointer fail before any work
     store = open_store(args.store)
-    pointer = store.read_latest_pointer()
-    previous_payload = store.resolve("latest").payload if pointer else None
+    expected, previous = latest_version(store)  # parsed once: the job's decision and publish steps take it
     files, dates, lookback_files = select_window(args.history, as_of, args.window_days, args.lookback_days)
     inputs = check_input(files, slices, values)
     lookback = check_input(lookback_files, slices, values) if lookback_files else None
@@ -98,8 +97,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     spec = stats.StatisticsSpec(slices, values, max_count_limit=max_c, period_days=max(1, round(args.release_period)))
     num_shards = args.num_shards or auto_shards(inputs, lookback)
     with spill_folder(opts, args.shuffle) as shuffle_dir:
-        build_nightly(pipeline, inputs.paths, lookback.paths if lookback else (), spec, config, previous_payload,
-                      pointer.version if pointer else None, num_shards, shuffle_dir)
+        build_nightly(pipeline, inputs.paths, lookback.paths if lookback else (), spec, config, previous, expected,
+                      num_shards, shuffle_dir)
         Progress("araopt nightly", enabled=not args.no_progress)(
             f"one Beam job: validate, group by impression, statistics, ParameterOptimization (Alg. 5), guardrails, "
             f"calibration, publish ({len(inputs.paths)} file(s), {inputs.rows:,} rows"
@@ -128,8 +127,7 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     from .private import load_declared_domain, tune_privately
 
     store = open_store(args.store)
-    pointer = store.read_latest_pointer()
-    previous = ParameterVersion.from_bytes(store.resolve("latest").payload, "previous latest") if pointer else None
+    expected, previous = latest_version(store)
     domain = load_declared_domain(args.domain, slices, values)
     run_id = args.run_id or uuid.uuid4().hex[:8]
     # the releases: recorded in the store's ledger, made with its published versions; the arm plan: the
@@ -140,7 +138,6 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, as_of, args.window_days,
                             args.max_count_limit, verifier, plan)
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
-    expected = pointer.version if pointer else None
     decision, report = private_night(tuning.version, previous, as_of, run_id, epsilon, expected, guardrails,
                                      window_days=args.window_days, release_dates=list(tuning.dates),
                                      cold_start=tuning.cold_start, first_party_rows_read=tuning.first_party.rows_read,
@@ -178,9 +175,7 @@ def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     store = open_store(args.store)
-    pointer = store.read_latest_pointer()
-    previous = ParameterVersion.from_bytes(store.resolve("latest").payload, "previous latest") if pointer else None
-    expected = pointer.version if pointer else None
+    expected, previous = latest_version(store)
     rows, counts, _ = read_attribution_log(files, slices, values)
     report_rejections(prog, counts)
     tuning = tune_and_calibrate(AttributionBackend(rows, args.seed, f"{prog}: the history"),

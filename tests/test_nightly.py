@@ -82,14 +82,19 @@ def report_slices(hist):
     return frame.groupby(["campaign", "geo"]).size()
 
 
-def test_guardrail_large_change_needs_flag(tmp_path, capsys):
+def test_guardrail_large_change_needs_flag(tmp_path, capsys, monkeypatch):
     hist = write_history(tmp_path / "h")
     store_uri = str(tmp_path / "store")
     assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "a"])) == 0
     # the next day, values are 20x larger: thresholds move by far more than a factor 2
     write_history(tmp_path / "h", days=("2026-11-23",), seed=5, scale=20.0)
     args = nightly_args(hist, store_uri, as_of="2026-11-23", window=1, extra=["--run-id", "b"])
+    parsed: list[str] = []  # the previous version is parsed once, on the driver; the job's steps take it
+    from_bytes = ParameterVersion.from_bytes.__func__
+    monkeypatch.setattr(ParameterVersion, "from_bytes", classmethod(
+        lambda cls, raw, source="parameter file": (parsed.append(source), from_bytes(cls, raw, source))[1]))
     assert nightly.run(args) == 2
+    assert parsed.count("previous latest") == 1
     err = capsys.readouterr().err
     assert "not published" in err and "clip threshold of value moves" in err
     assert open_store(store_uri).resolve().version == "2026-11-22-a"

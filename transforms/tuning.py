@@ -54,10 +54,9 @@ def _call(statistics: SufficientStatistics, choose: ChooseWithSides, *sides: Any
 
 
 def _decide(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
-            previous_payload: bytes | None) -> tuple[NightlyDecision, tuple[ParameterVersion, ...]]:
+            previous: ParameterVersion | None) -> tuple[NightlyDecision, tuple[ParameterVersion, ...]]:
     """The single-element decision step: ``araopt.nightly.nightly_decision`` (gate, tune, guardrails),
     and the candidate versions to calibrate."""
-    previous = ParameterVersion.from_bytes(previous_payload, "previous latest") if previous_payload else None
     decision = nightly_decision(statistics, counts, config, previous)
     return decision, tuple(v for v, _ in decision.tuning.candidates)
 
@@ -66,9 +65,9 @@ class _CalibrateReportAndPublish(beam.DoFn):
     """The single-element publish step: ``araopt.nightly.close_night`` (the parameters with the window's
     calibration attached, the run report, the publish only if the decision says so)."""
 
-    def __init__(self, config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None):
+    def __init__(self, config: NightlyConfig, previous: ParameterVersion | None, expected_previous: str | None):
         self._config = config
-        self._previous_payload = previous_payload
+        self._previous = previous
         self._expected_previous = expected_previous
 
     def setup(self):
@@ -77,13 +76,12 @@ class _CalibrateReportAndPublish(beam.DoFn):
         self._store = open_store(self._config.store)
 
     def process(self, decision: NightlyDecision, calibration_statistics, counts: ValidationCounts):
-        previous = ParameterVersion.from_bytes(self._previous_payload, "previous latest") if self._previous_payload else None
-        yield close_night(decision, calibration_statistics, counts, self._config, previous, self._expected_previous,
+        yield close_night(decision, calibration_statistics, counts, self._config, self._previous, self._expected_previous,
                           self._store)
 
 
 def build_nightly(pipeline: beam.Pipeline, paths: Sequence[str], lookback_paths: Sequence[str], spec: StatisticsSpec,
-                  config: NightlyConfig, previous_payload: bytes | None, expected_previous: str | None,
+                  config: NightlyConfig, previous: ParameterVersion | None, expected_previous: str | None,
                   num_shards: int, shuffle_dir: str | None) -> None:
     """``nightly``'s one job: the window's files (and the lookback's, for lifetime ranks) validated and
     grouped by impression once, the statistics, the decision (gate, Alg. 5, guardrails) and the
@@ -94,10 +92,10 @@ def build_nightly(pipeline: beam.Pipeline, paths: Sequence[str], lookback_paths:
                                                       shard_files=True)  # the calibration reads the shards again
     counts = read["counts"]
     tuned = read["grouped"] | "OptimizeAndGuard" >> StatisticsAndCalibration(spec, _decide, counts, config,
-                                                                             previous_payload)
+                                                                             previous)
     decision, calibration = tuned["chosen"], tuned["calibration"]
     _ = decision | "CalibrateReportAndPublish" >> beam.ParDo(
-        _CalibrateReportAndPublish(config, previous_payload, expected_previous),
+        _CalibrateReportAndPublish(config, previous, expected_previous),
         beam.pvalue.AsSingleton(calibration), beam.pvalue.AsSingleton(counts))
 
 
