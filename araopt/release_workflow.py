@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from araopt.constants import MAX_SLICES
-from araopt.errors import InvalidParameters, check_epsilon
+from araopt.errors import InvalidParameters, PrivacyRefusal, check_epsilon
 from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, Conversions, ValidationCounts
 from araopt.mechanism.aggregate import DomainSums
 from araopt.mechanism.keys import KeyDomain
@@ -33,7 +33,7 @@ from araopt.mechanism.measure import check_measurable, shard_sums
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.release import Release, release_domain, release_step
 from araopt.publication import Publication, publish
-from araopt.targets import check_domain
+from araopt.targets import check_domain, target_of
 from araopt.version import ParameterVersion
 
 
@@ -117,6 +117,12 @@ def resolve_release_domain(given: KeyDomain | None, given_source: str, version: 
         check_domain(version, given, given_name or given_source)
     return release_domain(given, given_source, version.domain, families, simulation_seed, max_slices,
                           max_slices_source)
+
+
+def check_debug_run(version: ParameterVersion, debug_run: bool, simulation_seed: int | None) -> None:
+    """Refuse a debug run outside simulation where it would write unnoised sums (``Target.debug_needs_simulation``)."""
+    if debug_run and simulation_seed is None and target_of(version).debug_needs_simulation:
+        raise PrivacyRefusal("--debug-run writes unnoised sums: it needs --simulation-seed (a simulation)")
 
 
 def data_domain(conversions: Conversions, params: Params) -> KeyDomain:

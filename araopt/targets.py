@@ -70,6 +70,9 @@ class Target:
     groups_at_read: bool = True
     attribution_columns: bool = False
     held_lookback: HeldLookback = HeldLookback.COUNTED
+    debug_needs_simulation: bool = False
+    """Whether a debug run writes what only a simulation may: W3C Attribution's debug output is the
+    browsers' unnoised sums; ARA's is the Aggregation Service's debug report (operator-private)."""
 
     def group_column(self, columns: Iterable[str]) -> str:
         """The column whose value keeps a privacy unit's rows together (one shard each): ``unit_column``,
@@ -85,7 +88,7 @@ ARA = Target(Api.ARA, "impression", IMPRESSION_ID, "the contribution budget of e
 ATTRIBUTION = Target(Api.ATTRIBUTION, "browser instance x conversion site x epoch", BROWSER_ID,
                      "the per-site budget of each epoch", "measureConversion per query (araopt.attribution.encoder)",
                      ATTRIBUTION_NOISE, fallback_unit_column=IMPRESSION_ID, groups_at_read=False,
-                     attribution_columns=True, held_lookback=HeldLookback.ROW_IDS)
+                     attribution_columns=True, held_lookback=HeldLookback.ROW_IDS, debug_needs_simulation=True)
 TARGETS = {t.api: t for t in (ARA, ATTRIBUTION)}
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from araopt.attribution.draws import DrawKey
 from araopt.attribution.lifetime import AttributionHistory
-from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import outputs
 from araopt.io.conversions import IMPRESSION_TIME, type_family
 from araopt.io.partitions import partition_days
@@ -37,13 +37,10 @@ from araopt.io.progress import Progress
 from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
 from araopt.ledger.attribution import (
-    attribution_history,
     carried_entries,
-    carried_refusal,
     entry_fields,
     held_counts,
-    ledger_draw_key,
-    reach,
+    prepare_release,
 )
 from araopt.ledger.commit import (
     LedgerStep,
@@ -58,7 +55,7 @@ from araopt.ledger.lifetime import LookbackCover, ReleasePeriod
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.release_summary import attribution_summary_lines, run_summary, summary_lines
-from araopt.release_workflow import release_epsilon, resolve_release_domain
+from araopt.release_workflow import check_debug_run, release_epsilon, resolve_release_domain
 from araopt.targets import (
     attribution_params,
     charged_impressions,
@@ -198,22 +195,12 @@ def _configure_attribution(args: argparse.Namespace, loaded: LoadedParams, versi
     domain, origin = resolve_domain(args, version, inputs)
     if args.simulation_seed is not None:  # no ledger: the lookback's rows taken as released with these parameters
         return MeasureConfig(loaded, version, inputs, domain, origin, lookback=lookback, attribution_columns=present)
-    params = attribution_params(version)
     ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
-    try:
-        entries, _ = ledger.store.read_ledger()
-    except StoreError as exc:
-        raise StoreError(f"release ledger: {exc}") from None
-    key = ledger_draw_key(entries) or DrawKey.new()
-    first, last = inputs.first_time_us, inputs.last_time_us
-    window = None if lookback is None else (lookback.first_time_us, lookback.last_time_us)
-    history = attribution_history(ledger, entries, key, window, first, (*slices, *values))
-    if not args.allow_rerelease:
-        cover = None if lookback is None else LookbackCover.of_windows(footer.window() for footer in lookback.footers)
-        why = carried_refusal(entries, reach(params, window_of(inputs.footers, IMPRESSION_TIME), (first, last)),
-                              (first, last), cover, history, ledger.store.uri)
-        if why is not None:
-            raise LedgerRefusal(why)
+    key, history = prepare_release(
+        ledger, attribution_params(version), (*slices, *values), (inputs.first_time_us, inputs.last_time_us),
+        window_of(inputs.footers, IMPRESSION_TIME),
+        None if lookback is None else (lookback.first_time_us, lookback.last_time_us),
+        () if lookback is None else tuple(footer.window() for footer in lookback.footers))
     return MeasureConfig(loaded, version, inputs, domain, origin, lookback=lookback, attribution_columns=present,
                          attribution_history=history, draw_key=key)
 
@@ -225,8 +212,6 @@ def _check_attribution_options(args: argparse.Namespace, version: ParameterVersi
     attribution_params(version)
     if args.simulation_seed is not None and args.simulation_seed < 0:
         raise InvalidParameters(f"--simulation-seed must be >= 0, got {args.simulation_seed}")
-    if args.simulation_seed is None and args.debug_run:
-        raise PrivacyRefusal("--debug-run writes unnoised sums: it needs --simulation-seed (a simulation)")
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -242,6 +227,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.api is not None:
         loaded.version.require_api(Api(args.api), f"measure --api {args.api}")
     version, epsilon_note = loaded.version, dict[str, Any]()
+    check_debug_run(version, args.debug_run, args.simulation_seed)
     if version.api == Api.ATTRIBUTION:
         _check_attribution_options(args, version)
     else:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
+from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import outputs
 from araopt.io.partitions import partition_day
 from araopt.ledger.verify import ReleaseVerifier, release_parameters
@@ -38,6 +38,7 @@ from araopt.optimize.private_inputs import (
     check_secure_release,
     checked_release_files,
     first_party_log,
+    refuse_joined_inputs,
     release_facts,
     release_record,
     service_release_record,
@@ -176,9 +177,8 @@ def check_mode(args: object) -> bool:
             raise InvalidParameters("give --history (tuning on a joined log) or --private with --releases, --first-party "
                                     "and --domain (privacy-safe tuning)")
         return False
-    joined = [flag for flag, name in (("--history", "history"), ("--lookback", "lookback")) if getattr(args, name, None)]
-    if joined:
-        raise PrivacyRefusal(f"--private reads no joined impression->conversion log: drop {' and '.join(joined)}")
+    refuse_joined_inputs([flag for flag, name in (("--history", "history"), ("--lookback", "lookback"))
+                          if getattr(args, name, None)])
     missing = [flag for flag, name in (("--releases", "releases"), ("--first-party", "first_party"),
                                        ("--domain", "domain")) if not getattr(args, name, None)]
     if missing:

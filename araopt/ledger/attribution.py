@@ -38,7 +38,8 @@ from araopt.errors import InvalidInput
 from araopt.io.files import micros_iso as _iso  # the times in refusal messages
 from araopt.io.partitions import DAY_US
 from araopt.io.rowset import RowSet, SpilledRowSet, released_in
-from araopt.ledger.ledger import Ledger, shares_epochs
+from araopt.io.store import StoreError
+from araopt.ledger.ledger import Ledger, LedgerRefusal, shares_epochs
 from araopt.ledger.lifetime import LookbackCover
 from araopt.mechanism.keys import KeyDomain
 from araopt.version import Api, ParameterVersion
@@ -182,6 +183,35 @@ def carried_refusal(entries: Sequence[Mapping[str, Any]], window: ChargedWindow,
             f"simulating their conversions again, else a browser's epoch would spend its per-site budget again. Pass "
             f"--lookback-days {days} (the {days} day(s) before the input, beside its date= partitions) or --lookback "
             f"with those days' conversions")
+
+
+Window = tuple[int | None, int | None]
+"""(first, last) time in µs; None: unknown."""
+
+
+def prepare_release(ledger: Ledger, params: AttributionParams, columns: Sequence[str], conversions: Window,
+                    impressions: Window, lookback: Window | None, lookback_files: Sequence[Window] = ()
+                    ) -> tuple[DrawKey, AttributionHistory]:
+    """Before any work, what a release (not a simulation) takes from the ledger: its draw key (the
+    ledger's, else a new one) and the earlier releases its lookback simulates again
+    (:func:`attribution_history`); refused (``LedgerRefusal``, one line naming ``--lookback-days N``)
+    when it cannot carry the budgets of an earlier release sharing its epochs (:func:`carried_refusal`),
+    unless the ledger allows re-releases (which the commit records). ``conversions`` and ``impressions``:
+    the input's windows; ``lookback``: the lookback's window (None: no lookback) and ``lookback_files``
+    each of its files' (the days it covers); ``columns``: the columns the release reads."""
+    try:
+        entries, _ = ledger.store.read_ledger()
+    except StoreError as exc:
+        raise StoreError(f"release ledger: {exc}") from None
+    key = ledger_draw_key(entries) or DrawKey.new()
+    history = attribution_history(ledger, entries, key, lookback, conversions[0], columns)
+    if not ledger.allow_rerelease:
+        cover = None if lookback is None else LookbackCover.of_windows(lookback_files)
+        why = carried_refusal(entries, reach(params, impressions, conversions), conversions, cover, history,
+                              ledger.store.uri)
+        if why is not None:
+            raise LedgerRefusal(why)
+    return key, history
 
 
 def held_counts(history: AttributionHistory, lookback: RowSet | SpilledRowSet | None) -> dict[str, int]:

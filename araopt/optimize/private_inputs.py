@@ -92,6 +92,14 @@ RELEASE_NAMES = (outputs.RELEASE_JSON, outputs.ESTIMATES_CSV, outputs.EXPLORATIO
 """The files of a release folder's ``release/`` the tuner reads (the exploration table only with arms)."""
 
 
+def refuse_joined_inputs(given: Sequence[str]) -> None:
+    """Privacy-safe tuning reads no joined impression->conversion log (as :func:`first_party_log` refuses
+    one given as the first-party log): refused when options giving one were passed (``given``: their
+    flags, e.g. ``--history``, ``--lookback``)."""
+    if given:
+        raise PrivacyRefusal(f"--private reads no joined impression->conversion log: drop {' and '.join(given)}")
+
+
 def checked_release_files(release_dir: str, manifest: Mapping[str, Any], read: Callable[[str], bytes]
                           ) -> dict[str, bytes]:
     """The release files the tuner reads, each checked against the release's manifest (its sha256):
