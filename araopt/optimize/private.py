@@ -63,6 +63,7 @@ from araopt.optimize.private_model import (
     learn,
     pseudo_history,
     retention_points,
+    same_count,
 )
 from araopt.optimize.retention import CurveBootstrap
 from araopt.optimize.search import CORRECTED, candidate_params
@@ -361,6 +362,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
             "grouping": domain.slice_columns[slices.grouping] if slices.grouping >= 0 else None}}
         chosen = dataclasses.replace(chosen, provenance=dataclasses.replace(
             chosen.provenance, extra={**chosen.provenance.extra, "model_check": note, **described,
+                                      "excess_ratio_variance": model.excess,
                                       "count_limit_schedule": {**schedule.to_json(), "day": day_number,
                                                                "decision": schedule_note}}))
     return dataclasses.replace(result, version=chosen, alternatives=())
@@ -431,7 +433,7 @@ def _spread(model: PrivateModel, params: Params, ratio: np.ndarray, keys: Sequen
     k = kept_per_impression(params.count_limit)
     r = np.asarray(ratio, dtype=np.float64)
     mean = model.ratios_of(keys, k)
-    relative = model.ratio_variances(keys, k) / np.maximum(mean, MIN_RATIO) ** 2
+    relative = model.ratio_variances(keys, k) / np.maximum(mean, MIN_RATIO) ** 2 + model.excess
     out = relative[:, None] * r**2
     if values and model.value_scales is not None and model.scale_variances is not None:
         for j, query in enumerate(params.queries):
@@ -466,10 +468,6 @@ def _consistency(record: ReleaseRecord, model: PrivateModel) -> float:
                                relative)
 
 
-SAME_COUNT_RELEASES = 3
-"""The latest releases at a candidate's count limit whose pooled kept share is its ratio."""
-
-
 def mixing_factor(records: Sequence[ReleaseRecord], params: Params, model: PrivateModel
                   ) -> tuple[float, list[ReleaseRecord]]:
     """The main releases' pooled kept share at ``params``' count limit and arms (the latest
@@ -478,8 +476,7 @@ def mixing_factor(records: Sequence[ReleaseRecord], params: Params, model: Priva
     limits a release keeps another share than its count limit's curve (lower after lower count
     limits); the pseudo-history is in the steady state. 1 (and none) when no release had them."""
     kept = kept_per_impression(params.count_limit)
-    same = [r for r in records if kept_per_impression(r.count_limit) == kept and r.exploration == params.exploration]
-    same = same[-SAME_COUNT_RELEASES:]
+    same = same_count(records, params.count_limit, params.exploration)
     if not same:
         return 1.0, []
     main_share = 1.0 if params.exploration is None else params.exploration.main_share
@@ -522,11 +519,11 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     # retention does not depend on the clips; what the count limits before them charged is in it), else the
     # model's (conversion-weighted, as the releases' is); the values' pooled ratios move with it
     main_share = 1.0 if params.exploration is None else params.exploration.main_share
-    mixing, same_count = mixing_factor(records, params, model)
-    if same_count:
-        fp = sum(float(r.first_party.totals[0]) for r in same_count)
-        ratio[0] = float(np.clip(sum(float(r.main[:, 0].sum()) for r in same_count) / fp, MIN_RATIO, 1.0))
-        variance[0] = sum(float(r.main_variance[:, 0].sum()) for r in same_count) / fp**2
+    mixing, same_releases = mixing_factor(records, params, model)
+    if same_releases:
+        fp = sum(float(r.first_party.totals[0]) for r in same_releases)
+        ratio[0] = float(np.clip(sum(float(r.main[:, 0].sum()) for r in same_releases) / fp, MIN_RATIO, 1.0))
+        variance[0] = sum(float(r.main_variance[:, 0].sum()) for r in same_releases) / fp**2
         if not same:
             ratio[1:] = np.clip(ratio[1:] * mixing, MIN_RATIO, 1.0)
     else:

@@ -45,6 +45,10 @@ attribution window: the releases do not show the delays)."""
 SLICE_HISTORY = 60
 """Releases the retention curves are learnt from (the window's and older ones: conversions per
 impression are a lasting trait, and older releases may be at other count limits)."""
+SAME_COUNT_RELEASES = 3
+"""The latest releases at a candidate's count limit whose pooled kept share is its ratio."""
+MIN_EXCESS_CELLS = 8
+"""Fewer (release, slice) residuals than this say nothing of the model's excess scatter (it stays 0)."""
 SETTLE_RELEASES = 30
 """Releases (days) before a main release that must share its count limit for its kept share to be the
 curve's r(K): an impression's conversions fall within ARA's 30-day attribution window."""
@@ -123,6 +127,10 @@ class PrivateModel:
     """Each slice's posterior over its conversions per impression (``optimize.slice_retention``), rows
     in ``slice_keys`` order; None: every slice has the pooled curve, with no uncertainty."""
     slice_keys: tuple[tuple[Any, ...], ...] = ()
+    excess: float = 0.0
+    """The relative variance of every slice's ratio that the model's own uncertainty misses, measured
+    out of sample on the window's releases (``ratio_excess`` + ``share_excess``): added to the ratio
+    variance the intervals carry."""
 
     def _row(self, key: tuple[Any, ...]) -> int | None:
         if self.slices is None:
@@ -165,6 +173,103 @@ class PrivateModel:
         weights = np.array([float(t[0]) for t in self.slice_totals.values()])
         ratios = self.slice_ratios(kept_ranks)
         return max(float(weights @ ratios / weights.sum()) if weights.sum() > 0 else float(ratios.mean()), MIN_RATIO)
+
+
+def same_count(records: Sequence[ReleaseRecord], count_limit: int, exploration: Exploration | None
+               ) -> list[ReleaseRecord]:
+    """The latest ``SAME_COUNT_RELEASES`` main releases of ``records`` (time order) at ``count_limit``'s
+    kept ranks and with ``exploration``'s arms: their pooled kept share is the count's ratio there."""
+    kept = kept_per_impression(count_limit)
+    same = [r for r in records if kept_per_impression(r.count_limit) == kept and r.exploration == exploration]
+    return same[-SAME_COUNT_RELEASES:]
+
+
+def ratio_excess(history: Sequence[ReleaseRecord], targets: int) -> float:
+    """The relative variance of the count's pooled ratio the releases show beyond their noise, out of
+    sample: each of the last ``targets`` releases of ``history`` (time order) against the ratio the
+    tuner publishes from the releases before it (``same_count``: the pooled kept share over the
+    first-party conversions, exact), mean of (realised / published - 1)^2 minus its noise's share,
+    cut at 0. After a count-limit move a release keeps another share than the settled releases at its
+    count limit did (Alg. 1 charges over the impression's life, ``mechanism.lifetime``): this is the
+    size of that error, which every slice's ratio carries."""
+    excess, cells = 0.0, 0
+    for i in range(max(0, len(history) - targets), len(history)):
+        r = history[i]
+        before = same_count(history[:i], r.count_limit, r.exploration)
+        fp = float(r.first_party.totals[0])
+        fp_before = sum(float(q.first_party.totals[0]) for q in before)
+        if not before or fp < 1 or fp_before < 1:
+            continue
+        published = float(np.clip(sum(float(q.main[:, 0].sum()) for q in before) / fp_before, MIN_RATIO, 1.0))
+        realised = float(r.main[:, 0].sum()) / fp
+        noise = (float(r.main_variance[:, 0].sum()) / fp**2
+                 + sum(float(q.main_variance[:, 0].sum()) for q in before) / fp_before**2) / published**2
+        excess += (realised / published - 1.0) ** 2 - noise
+        cells += 1
+    return max(excess / cells, 0.0) if cells else 0.0
+
+
+def share_excess(records: Sequence[ReleaseRecord], model: PrivateModel, keys: Sequence[tuple[Any, ...]]) -> float:
+    """The relative variance of the slices' kept counts beyond what the model allows, out of sample:
+    release d's kept count of slice k predicted as w_k y_d rho_kd (y_d the release's kept count over all
+    slices, rho_kd = r_k(K_d) / R(K_d) the slice's retention relative to the pool's, w_k from the other
+    releases only: leave one out), its variance the release's noise, the day's sampling (a day's count
+    sums the impressions' conversions of that day: ``day_dispersion``), the posterior variance of the
+    slice's retention and of w_k; the excess s^2 (per release and slice, relative) solves
+    mean (resid^2 / (variance + s^2 pred^2 (1 + h))) = 1 over every (release, slice), h the squared
+    weights of w_k's leave-one-out sum (its share of the other releases' excess); 0 when the scatter
+    is within the model's. Slices that differ from
+    what the model holds of them (their retention, a contrast it extrapolates) show here."""
+    data = slice_days(records, keys)
+    if len(records) < 2 or model.slices is None:
+        return 0.0
+    ranks = np.asarray(data.kept_ranks)
+    rho = np.stack([model.ratios_of(keys, int(k)) / model.pooled_ratio(int(k)) for k in ranks])  # (days, slices)
+    rel = np.stack([model.ratio_variances(keys, int(k)) / np.maximum(model.ratios_of(keys, int(k)), MIN_RATIO) ** 2
+                    for k in ranks])
+    rows = {k: i for i, k in enumerate(model.slice_keys)}
+    at = np.array([rows.get(k, -1) for k in keys])
+    dispersion = np.ones_like(rho)
+    known = at >= 0
+    dispersion[:, known] = day_dispersion(model.slices.dispersion(ranks))[at[known]].T
+    u = np.asarray(data.kept, dtype=np.float64)
+    y = u.sum(axis=1)
+    x = u / np.maximum(rho, MIN_RATIO)
+    w = (x.sum(axis=0)[None, :] - x) / np.maximum(y.sum() - y, 1e-300)[:, None]  # leave-one-out shares
+    pred = w * rho * y[:, None]
+    sampling = data.noise + dispersion * np.maximum(pred, 0.0)
+    loo = ((sampling / np.maximum(rho, MIN_RATIO) ** 2).sum(axis=0)[None, :]
+           - sampling / np.maximum(rho, MIN_RATIO) ** 2) / np.maximum(x.sum(axis=0)[None, :] - x, 1e-300) ** 2
+    base = sampling + (rel + np.where(w > 0, loo, 0.0)) * pred**2
+    # the excess of the other releases enters w_k too: by the squared weights of its leave-one-out sum
+    others = np.maximum(x.sum(axis=0)[None, :] - x, 1e-300)
+    spread = 1.0 + np.where(w > 0, ((x**2).sum(axis=0)[None, :] - x**2) / others**2, 0.0)
+    ok = (pred > 0) & (base > 0)
+    if ok.sum() < MIN_EXCESS_CELLS:
+        return 0.0
+    resid2, base, scale = (u - pred)[ok] ** 2, base[ok], (spread * pred**2)[ok]
+
+    def scatter(s2: float) -> float:
+        return float(np.mean(resid2 / (base + s2 * scale)))
+
+    if scatter(0.0) <= 1.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while scatter(hi) > 1.0 and hi < 1e6:
+        hi *= 4.0
+    for _ in range(60):  # bisection: the scatter falls as s^2 grows
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if scatter(mid) > 1.0 else (lo, mid)
+    return hi
+
+
+def day_dispersion(impression_dispersion: np.ndarray, spread_days: int = SPREAD_DAYS) -> np.ndarray:
+    """A day's count's variance over its mean from its impressions' (``SlicePosterior.dispersion``):
+    an impression's conversions fall uniformly over the ``spread_days`` of the attribution window, so a
+    day holds m of its conversions with probability 1 / spread_days each (binomial thinning of a
+    compound Poisson: 1 - p + p E[m^2] / E[m])."""
+    p = 1.0 / spread_days
+    return np.asarray(1.0 - p + p * np.asarray(impression_dispersion, dtype=np.float64), dtype=np.float64)
 
 
 def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float, float]]:
@@ -268,7 +373,8 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[R
     totals = {k: np.maximum(v, 0.0) for k, v in totals.items()}
     pool = np.concatenate([r.first_party.values for r in records])
     scales = slice_value_scales(records, keys, totals, pool)
-    return dataclasses.replace(model, slice_totals=totals, values=pool,
+    excess = ratio_excess(history, len(records)) + share_excess(records, model, keys)
+    return dataclasses.replace(model, slice_totals=totals, values=pool, excess=excess,
                                value_scales=None if scales is None else scales[0],
                                scale_variances=None if scales is None else scales[1])
 

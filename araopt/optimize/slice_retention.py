@@ -142,6 +142,11 @@ class SlicePosterior:
         """Posterior mean of every slice's geometric mean mu (the family's parameter)."""
         return np.asarray(self.weights @ MEANS, dtype=np.float64)
 
+    def dispersion(self, kept_ranks: np.ndarray) -> np.ndarray:
+        """(slices, days) E[min(n, K)^2] / E[min(n, K)] over each slice's impressions (its posterior
+        curve) at every day's kept ranks: a count summed over impressions varies by this times its mean."""
+        return _dispersion(self.weights @ self.grid_weights, kept_ranks)
+
     def slice_curve(self, k: int) -> RetentionCurve:
         """Slice k's curve: the posterior mixture of the grid's curves (a mixture of r's is the mixture
         of their conversion-normalised weights)."""
