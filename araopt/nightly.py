@@ -33,7 +33,8 @@ from araopt.io.folders import REPORT_FOLDER, FolderFiles, write_folder
 from araopt.io.store import ParameterStore
 from araopt.optimize.attribution import AttributionTuning
 from araopt.optimize.statistics import SufficientStatistics
-from araopt.optimize.tune import TuningResult, calibrate, tune
+from araopt.optimize.tune import TuningResult
+from araopt.optimize.workflow import AraTuning, TuneCandidates
 from araopt.version import ParameterVersion, Provenance
 
 
@@ -181,17 +182,29 @@ class NightlyDecision:
         return not self.idempotent and not self.problems
 
 
+def nightly_tuning(config: NightlyConfig, counts: ValidationCounts | None = None) -> AraTuning:
+    """ARA's tuning steps for tonight (the tuning workflow's mechanism, ``optimize.workflow``): the search
+    (Alg. 5 with the baselines) with the config's options and, with ``counts``, the window's row
+    accounting and the run in the provenance; the conclusion (``calibrate``) for releases of the
+    config's period with its declared special days."""
+    accounting: dict[str, Any] = {} if counts is None else {
+        "rows": counts.rows_valid,
+        "provenance": {"run_id": config.run_id, "as_of": config.as_of, "rows_read": counts.rows_read,
+                       "rows_rejected": counts.rows_rejected, "lookback_days": config.lookback_days}}
+    search = TuneCandidates(config.epsilon, {
+        "encoding": config.encoding, "max_count_limit": config.max_count_limit, "objective": config.objective,
+        "slice_columns": config.slice_columns, "training_window": config.window,
+        "tau_overrides": dict(config.tau_overrides), "release_period_days": config.release_period_days,
+        "history_days": len(config.dates), **accounting})
+    return AraTuning(search, config.release_period_days, config.special_days, config.special_day_loss_factor)
+
+
 def nightly_decision(statistics: SufficientStatistics, counts: ValidationCounts, config: NightlyConfig,
                      previous: ParameterVersion | None) -> NightlyDecision:
-    """Gate the history's rejected share, tune, apply the guardrails, and recognise a re-run."""
+    """Gate the history's rejected share, tune (``nightly_tuning``'s ``choose``), apply the guardrails,
+    and recognise a re-run."""
     check_rejected_share(counts, config.max_rejected_fraction, what="history window")
-    tuning = tune(statistics, config.epsilon, encoding=config.encoding, max_count_limit=config.max_count_limit,
-                  objective=config.objective, slice_columns=config.slice_columns, training_window=config.window,
-                  tau_overrides=dict(config.tau_overrides),
-                  rows=counts.rows_valid, release_period_days=config.release_period_days,
-                  history_days=len(config.dates),
-                  provenance={"run_id": config.run_id, "as_of": config.as_of, "rows_read": counts.rows_read,
-                              "rows_rejected": counts.rows_rejected, "lookback_days": config.lookback_days})
+    tuning, _ = nightly_tuning(config, counts).choose(statistics)
     if previous is not None and same_release(previous, tuning.version, config.as_of):
         return NightlyDecision(tuning, (), True)
     problems = config.guardrails.check(tuning.version, tuning.predicted_rmsre_tau, tuning.baseline_values(), previous)
@@ -201,12 +214,11 @@ def nightly_decision(statistics: SufficientStatistics, counts: ValidationCounts,
 def with_calibration(decision: NightlyDecision, calibration_statistics: Sequence[CalibrationStatistics] | None,
                      previous: ParameterVersion | None,
                      config: NightlyConfig) -> NightlyDecision:
-    """The decision for the parameters carrying the calibration fitted on the window (``calibrate``:
-    the candidates replayed on the window's days), guarded again (the replay may prefer the other
-    candidate); a re-run of the same as-of date on the same history is recognised with the
+    """The decision for the parameters carrying the calibration fitted on the window (``nightly_tuning``'s
+    ``conclude``: the candidates replayed on the window's days), guarded again (the replay may prefer the
+    other candidate); a re-run of the same as-of date on the same history is recognised with the
     calibration included."""
-    tuning = calibrate(decision.tuning, calibration_statistics, config.release_period_days, config.special_days,
-                       config.special_day_loss_factor)
+    tuning = nightly_tuning(config).conclude(decision.tuning, calibration_statistics)
     idempotent = previous is not None and same_release(previous, tuning.version, config.as_of)
     if idempotent:
         return NightlyDecision(tuning, (), True)

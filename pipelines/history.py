@@ -1,8 +1,8 @@
 """Running ``optimize``'s history job to the driver: a history's statistics, tuning and calibration in
-one Beam job (``compute_tuned_history``), and its statistics alone (``compute_statistics``), both the
-graph of ``transforms.tuning.build_history``. Both validate every row the same way as ``araopt measure``
-(dead letter with a reason, the rejected-share gate); small logs in memory:
-``pipelines.inputs.load_conversions``.
+one Beam job (``compute_tuned_history``; as the tuning workflow's backend: ``BeamBackend``), and its
+statistics alone (``compute_statistics``), both the graph of ``transforms.tuning.build_history``. Both
+validate every row the same way as ``araopt measure`` (dead letter with a reason, the rejected-share
+gate); small logs in memory: ``pipelines.inputs.load_conversions``.
 """
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from araopt.errors import InvalidParameters
+from araopt.optimize.workflow import HistoryRun
 
 if TYPE_CHECKING:  # typing only: keep `araopt <command> --help` fast
 
@@ -125,17 +128,14 @@ def compute_statistics(pattern: str | InputFiles, spec: StatisticsSpec, pipeline
 
 
 @dataclass(frozen=True)
-class TunedHistoryRun:
-    """A history's statistics and row accounting, what ``choose`` made of them, and the calibration of
-    the candidate parameter versions it chose: from one read and one shuffle of the history."""
+class TunedHistoryRun(HistoryRun["SufficientStatistics", Any, Any]):
+    """A history's statistics, what ``choose`` made of them (None when the history was refused: too many
+    rejected rows) and one ``CalibrationStatistics`` per candidate version it returned, in its order (the
+    workflow's ``HistoryRun``), with the job's row accounting, its inputs and where its dead letter is:
+    from one read and one shuffle of the history."""
 
-    statistics: SufficientStatistics
     counts: ValidationCounts
     inputs: InputFiles
-    chosen: Any
-    """``choose``'s result; None when the history was refused (too many rejected rows)."""
-    calibration: Any
-    """One ``CalibrationStatistics`` per candidate version, in ``choose``'s order."""
     dead_letter: str | None = None
 
 
@@ -157,5 +157,56 @@ def compute_tuned_history(inputs: InputFiles, spec: StatisticsSpec,
     if not isinstance(ran, tuple):
         return ran
     values, where = ran
-    return TunedHistoryRun(values["statistics"], values["counts"], inputs, values["chosen"], values["calibration"],
-                           where)
+    return TunedHistoryRun(statistics=values["statistics"], chosen=values["chosen"], calibration=values["calibration"],
+                           counts=values["counts"], inputs=inputs, dead_letter=where)
+
+
+@dataclass(frozen=True)
+class BeamBackend:
+    """The tuning workflow's Beam backend (``optimize.workflow.TuningBackend``) on a joined history:
+    ``compute_tuned_history``'s one job (read, validate, group by impression once; the statistics;
+    ``choose(statistics, counts)`` once, behind the rejected-share gate, with the job's row accounting,
+    e.g. ``AraTuning.choose``; the candidates calibrated on the same shards), its ``TunedHistoryRun``
+    brought back to the driver. A history with too many rejected rows is refused after the job. On a
+    dry run (``dry_run``) nothing runs: ``translate`` gives the translated job."""
+
+    inputs: InputFiles
+    pipeline_args: tuple[str, ...] = ()
+    max_rejected_fraction: float = 0.10
+    num_shards: int | None = None
+    shuffle: str = "auto"
+    dead_letter: str | None = None  # where the rejected rows go (without the .parquet suffix)
+    lookback: InputFiles | None = None
+    job: str = "history"
+    file_suffix: str = ""
+
+    @property
+    def dry_run(self) -> bool:
+        """Whether the pipeline options ask only to translate the job (Beam's ``--dry_run``)."""
+        from .runner import is_dry_run, pipeline_options
+
+        return is_dry_run(pipeline_options(list(self.pipeline_args)))
+
+    def _run(self, spec: StatisticsSpec, choose: Callable[..., tuple[Any, tuple[ParameterVersion, ...]]]
+             ) -> TunedHistoryRun | TranslatedJob:
+        return compute_tuned_history(self.inputs, spec, choose, self.pipeline_args, self.max_rejected_fraction,
+                                     self.num_shards, self.shuffle, self.dead_letter, self.lookback, self.job,
+                                     self.file_suffix)
+
+    def statistics_and_calibration(self, spec: StatisticsSpec,
+                                   choose: Callable[..., tuple[Any, tuple[ParameterVersion, ...]]]) -> TunedHistoryRun:
+        run = self._run(spec, choose)
+        if not isinstance(run, TunedHistoryRun):
+            raise InvalidParameters("--dry_run translates the history job without running it: nothing to tune "
+                                    "(BeamBackend.translate)")
+        return run
+
+    def translate(self, spec: StatisticsSpec, choose: Callable[..., tuple[Any, tuple[ParameterVersion, ...]]]
+                  ) -> TranslatedJob:
+        """The job ``statistics_and_calibration`` would run, translated for its runner (``--dry_run``)."""
+        from .runner import TranslatedJob
+
+        job = self._run(spec, choose)
+        if not isinstance(job, TranslatedJob):
+            raise InvalidParameters("the history job ran: translating it needs --dry_run")
+        return job

@@ -8,7 +8,6 @@ training RMSRE_tau of the result and of the baselines, the tau rule, and the his
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -47,11 +46,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from araopt.io.folders import check_output_file
     from araopt.io.progress import Progress
     from araopt.optimize.statistics import StatisticsSpec
-    from araopt.optimize.tune import calibrate
-    from araopt.optimize.workflow import tune_with_accounting
+    from araopt.optimize.workflow import AraTuning, TuneCandidates, tune_and_calibrate_run
     from transforms.io import check_input
 
-    from .history import TunedHistoryRun, compute_tuned_history
+    from .history import BeamBackend, TunedHistoryRun
     from .inputs import report_rejections
     from .private import check_mode
     from .runner import dry_run_sentence
@@ -74,29 +72,32 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     lookback = check_input(args.lookback, slices, values) if args.lookback else None
     dead_letter = os.path.splitext(args.output)[0] + ".rejected"
     progress = Progress(PROG, enabled=not args.no_progress)
+    # the tuning workflow on the Beam backend: the job's statistics, the search once in the job (with its row
+    # accounting in the provenance), the candidates calibrated on the same shards; the backtest on the driver
+    mechanism = AraTuning(TuneCandidates(epsilon, {
+        "encoding": args.encoding, "max_count_limit": args.max_count_limit, "objective": args.objective,
+        "l1_rounding": args.l1_rounding,
+        "training_window": (micros_iso(inputs.first_time_us), micros_iso(inputs.last_time_us)),
+        "tau_overrides": tau_overrides, "progress": not args.no_progress, "release_period_days": period,
+        "provenance": {"history": args.history, "lookback": args.lookback}}),
+        period, special_days, args.special_day_loss_factor)
+    backend = BeamBackend(inputs, tuple(beam_args), args.max_rejected_fraction, dead_letter=dead_letter,
+                          lookback=lookback)
     progress(f"one Beam job ({len(inputs.paths)} file(s), {inputs.rows:,} rows): statistics of the history, "
              f"ParameterOptimization (Alg. 5) and the baselines for C = 1..{args.max_count_limit}, calibration of "
-             f"the candidates")
-    choose = functools.partial(
-        tune_with_accounting, epsilon=epsilon, encoding=args.encoding, max_count_limit=args.max_count_limit,
-        objective=args.objective, l1_rounding=args.l1_rounding,
-        training_window=(micros_iso(inputs.first_time_us), micros_iso(inputs.last_time_us)),
-        tau_overrides=tau_overrides, progress=not args.no_progress, release_period_days=period,
-        provenance={"history": args.history, "lookback": args.lookback})
-    run = compute_tuned_history(inputs, spec, choose, beam_args, args.max_rejected_fraction, dead_letter=dead_letter,
-                                lookback=lookback)
-    if not isinstance(run, TunedHistoryRun):  # --dry_run: the job is translated, not run
-        print(dry_run_sentence(PROG, [run]))
+             f"the candidates; then their backtest: their releases replayed on the history's days (the estimator "
+             f"and the predicted error)")
+    if backend.dry_run:  # the job is translated, not run
+        print(dry_run_sentence(PROG, [backend.translate(spec, mechanism.choose)]))
         return 0
+    run, tuning = tune_and_calibrate_run(backend, spec, mechanism)
+    assert isinstance(run, TunedHistoryRun)  # (BeamBackend's run: with the job's row accounting)
     report_rejections(PROG, run.counts, run.dead_letter)
     stats = run.statistics
     if not lookback:
         print(f"{PROG}: no --lookback: conversions are ranked within the history only, so impressions that "
               f"converted before it look smaller than they are (the loss to the cap is under-estimated)",
               file=sys.stderr)
-    progress("backtest of the candidates: their releases replayed on the history's days (the estimator and the "
-             "predicted error)")
-    tuning = calibrate(run.chosen, run.calibration, period, special_days, args.special_day_loss_factor)
     version = tuning.version
     params = version.params
     result = tuning.optimization

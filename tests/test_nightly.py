@@ -286,3 +286,33 @@ def test_both_nightly_modes_write_one_report_schema():
     assert report["previous_version"] == "v1" and report["cold_start"] is False
     with pytest.raises(ValueError, match="unknown nightly mode"):
         run_report("other", "d", "r", 8.0, version, 0.3, {}, None, (), False, "")
+
+
+def test_the_night_tunes_and_calibrates_with_the_workflow_steps_and_records_the_run():
+    # nightly's in-job steps are the tuning workflow's (araopt.nightly.nightly_tuning): the decision is its
+    # choose (the window's rows and the run in the provenance), the publish step its conclude (calibrate)
+    from araopt.calibration.accumulator import candidates_statistics, day_blocks
+    from araopt.io.conversions import ValidationCounts
+    from araopt.nightly import NightlyConfig, nightly_decision, nightly_tuning, with_calibration
+    from araopt.optimize.statistics import StatisticsSpec, compute_statistics_in_memory
+    from factories import small_d2
+
+    conv = small_d2()
+    statistics = compute_statistics_in_memory(conv, StatisticsSpec(conv.slice_columns, conv.value_columns,
+                                                                   max_count_limit=4))
+    config = NightlyConfig(store="unused", as_of="2026-11-22", run_id="r1", epsilon=4.0,
+                           slice_columns=conv.slice_columns, window=("2026-11-20", "2026-11-22"),
+                           dates=("2026-11-20", "2026-11-21", "2026-11-22"), max_count_limit=4, lookback_days=2)
+    counts = ValidationCounts(rows_read=500, rows_rejected=5, rejected_by_reason={"null_value": 5})
+    decision = nightly_decision(statistics, counts, config, None)
+    provenance = decision.tuning.version.provenance
+    assert provenance.rows == 495 and provenance.extra["history_days"] == 3
+    assert {k: provenance.extra[k] for k in ("run_id", "as_of", "rows_read", "rows_rejected", "lookback_days")} == {
+        "run_id": "r1", "as_of": "2026-11-22", "rows_read": 500, "rows_rejected": 5, "lookback_days": 2}
+    assert nightly_tuning(config, counts).choose(statistics)[0].version.params == decision.tuning.version.params
+    calibration = candidates_statistics(conv, [(v.params, v.checksum()) for v, _ in decision.tuning.candidates],
+                                        day_blocks(conv))
+    closed = with_calibration(decision, calibration, None, config)
+    assert closed.tuning.version.calibration is not None  # the conclusion attached the window's calibration
+    expected = nightly_tuning(config).conclude(decision.tuning, tuple(calibration))
+    assert closed.tuning.version.to_json() == expected.version.to_json()

@@ -1,12 +1,11 @@
 """Specification of the tuning workflow written once (``araopt.optimize.workflow``): its two backends,
-in memory and the Beam job (``pipelines.history.compute_tuned_history`` over
+in memory and the Beam job (``pipelines.history.BeamBackend``: one job over
 ``transforms.tuning.StatisticsAndCalibration``), give the same statistics, the same candidates and the
 same calibration on the same seeded history (equal up to the order floats are merged in), and so the
 same calibrated parameters."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import numpy as np
@@ -15,8 +14,13 @@ import pytest
 from araopt.calibration.accumulator import CalibrationStatistics
 from araopt.constants import Objective
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
-from araopt.optimize.tune import TuningResult
-from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates, tune_and_calibrate
+from araopt.optimize.workflow import (
+    AraTuning,
+    InMemoryBackend,
+    TuneCandidates,
+    tune_and_calibrate,
+    tune_and_calibrate_run,
+)
 from araopt.version import ParameterVersion
 from factories import write_history
 
@@ -51,15 +55,9 @@ def assert_same_statistics(a: SufficientStatistics | CalibrationStatistics,
         _close(getattr(a, f.name), getattr(b, f.name), f.name)
 
 
-def with_counts(choose: TuneCandidates, statistics: SufficientStatistics, counts: Any
-                ) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
-    """The Beam job's ``choose`` takes the row accounting too (a module-level function: picklable)."""
-    return choose(statistics)
-
-
 @pytest.mark.slow
 def test_the_in_memory_and_the_beam_backends_tune_and_calibrate_alike(tmp_path):
-    from pipelines.history import compute_tuned_history
+    from pipelines.history import BeamBackend, TunedHistoryRun
     from pipelines.inputs import load_conversions
     from transforms.io import check_input
 
@@ -71,7 +69,8 @@ def test_the_in_memory_and_the_beam_backends_tune_and_calibrate_alike(tmp_path):
                                   "release_period_days": 1.0})
 
     memory = InMemoryBackend(conversions).statistics_and_calibration(spec, choose)
-    job = compute_tuned_history(inputs, spec, functools.partial(with_counts, choose), num_shards=3)
+    job, on_beam = tune_and_calibrate_run(BeamBackend(inputs, num_shards=3), spec, AraTuning(choose, 1.0))
+    assert isinstance(job, TunedHistoryRun) and job.counts.rows_rejected == 0
 
     assert_same_statistics(memory.statistics, job.statistics)
     assert len(memory.chosen.candidates) == len(job.calibration) >= 1
@@ -85,11 +84,40 @@ def test_the_in_memory_and_the_beam_backends_tune_and_calibrate_alike(tmp_path):
             _close(getattr(c_mem, name), getattr(c_job, name), name)
     # the calibrated decision: the same parameters, estimator and backtest on both
     in_memory = tune_and_calibrate(InMemoryBackend(conversions), spec, AraTuning(choose, 1.0))
-    on_beam = AraTuning(choose, 1.0).conclude(job.chosen, job.calibration)
     _close(in_memory.version.params, on_beam.version.params, "decision")
     assert in_memory.version.correction == on_beam.version.correction
     assert in_memory.predicted_rmsre_tau == pytest.approx(on_beam.predicted_rmsre_tau, rel=1e-9)
     assert "backtest" in in_memory.version.provenance.extra  # six days: the candidates were replayed
+    # the Beam backend gives the search its row accounting (the provenance's), the in-memory one has none
+    assert on_beam.version.provenance.extra["row_accounting"] == {
+        "rows_read": job.counts.rows_read, "rows_rejected": 0, "rows_rejected_by_reason": {}}
+    assert "row_accounting" not in in_memory.version.provenance.extra
+
+
+def test_the_search_records_the_row_accounting_it_is_given():
+    # optimize's Beam job validates the history's rows: AraTuning.choose(statistics, counts) tunes with the
+    # valid rows and the accounting in the provenance; the candidates it returns (what is calibrated)
+    # carry it too, and without counts nothing of it is recorded
+    from araopt.io.conversions import ValidationCounts
+    from araopt.optimize.statistics import compute_statistics_in_memory
+    from factories import small_d2
+
+    conv = small_d2()
+    statistics = compute_statistics_in_memory(conv, StatisticsSpec(conv.slice_columns, conv.value_columns,
+                                                                   max_count_limit=4))
+    mechanism = AraTuning(TuneCandidates(4.0, {"objective": Objective.CORRECTED, "max_count_limit": 4,
+                                               "provenance": {"history": "h"}}))
+    counts = ValidationCounts(rows_read=1000, rows_rejected=7, rejected_by_reason={"null_value": 7})
+    accounted, candidates = mechanism.choose(statistics, counts)
+    plain, _ = mechanism.choose(statistics)
+    for version in (accounted.version, *candidates):
+        assert version.provenance.rows == 993
+        assert version.provenance.extra["history"] == "h"
+        assert version.provenance.extra["row_accounting"] == {
+            "rows_read": 1000, "rows_rejected": 7, "rows_rejected_by_reason": {"null_value": 7}}
+    assert plain.version.provenance.rows == statistics.num_conversions != 993
+    assert "row_accounting" not in plain.version.provenance.extra
+    assert mechanism.search.options["provenance"] == {"history": "h"}  # the mechanism itself is unchanged
 
 
 def test_prepare_is_applied_to_every_candidate_before_calibration():

@@ -2,9 +2,11 @@
 impression, its statistics, ``choose`` on them once (Alg. 5 and whatever the job decides), and the
 calibration of the candidates ``choose`` returns, on the same grouped shards (one read, one shuffle).
 The steps are the in-memory backend's combiners (``StatisticsFromShards``, ``ComputeCalibration``).
-``build_nightly`` is ``nightly``'s job over it: the window read and grouped, the decision
-(``araopt.nightly.nightly_decision``) and the last single-element step (``araopt.nightly.close_night``:
-calibrated, reported, published inside the job, as a Dataflow Flex Template launcher needs)."""
+``build_history`` is ``optimize``'s job over it (run to the driver as the workflow's backend:
+``pipelines.history.BeamBackend``); ``build_nightly`` is ``nightly``'s: the window read and grouped, the
+decision (``araopt.nightly.nightly_decision``: the search of ``nightly_tuning``, the guardrails) and the
+last single-element step (``araopt.nightly.close_night``: ``nightly_tuning``'s conclusion, reported,
+published inside the job, as a Dataflow Flex Template launcher needs)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

@@ -15,8 +15,11 @@ the retention of each candidate on the same rows, ``conclude`` the version carry
 
 The two distributed steps (statistics; calibration of the candidates, which depend on the statistics)
 are a backend's: ``InMemoryBackend`` runs ARA's on a ``Conversions`` in this process (evaluate, replay,
-tests); the Beam job (``pipelines.history.compute_tuned_history``, built from
-``transforms.statistics`` and ``transforms.calibration``) runs the same combiners over a sharded log;
+tests); the Beam backend (``pipelines.history.BeamBackend``: one job, ``transforms.tuning.build_history``,
+built from ``transforms.statistics`` and ``transforms.calibration``) runs the same combiners over a
+sharded log and passes ``choose`` the job's row accounting too (``AraTuning.choose``: it goes to the
+provenance) behind the rejected-share gate (``gated_choice``); ``optimize``'s job runs the workflow on it,
+``nightly``'s job runs ``araopt.nightly.nightly_tuning``'s steps in its single-element steps;
 ``optimize.attribution.AttributionBackend`` runs Attribution's on its rows in memory. Every backend
 takes the mechanism's ``choose``, so what is tuned and what is calibrated is decided once per target.
 """
@@ -122,6 +125,15 @@ class TuneCandidates:
                                          alternatives=tuple((prepare(v), o) for v, o in result.alternatives))
         return result, tuple(v for v, _ in result.candidates)
 
+    def with_row_accounting(self, counts: ValidationCounts) -> TuneCandidates:
+        """This search on a joined history whose rows were validated (the Beam job's ``counts``): the
+        parameter version records the valid rows and the row accounting in its provenance."""
+        options = dict(self.options)
+        options.update(rows=counts.rows_valid, provenance={**dict(options.get("provenance") or {}), "row_accounting": {
+            "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected,
+            "rows_rejected_by_reason": dict(counts.rejected_by_reason)}})
+        return dataclasses.replace(self, options=options)
+
 
 @dataclass(frozen=True)
 class AraTuning:
@@ -134,10 +146,14 @@ class AraTuning:
     special_days: Sequence[str] = ()
     special_day_loss_factor: float = UNSEEN_LOSS_FACTOR
 
-    def choose(self, statistics: SufficientStatistics) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
-        return self.search(statistics)
+    def choose(self, statistics: SufficientStatistics, counts: ValidationCounts | None = None
+               ) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
+        """The search (Alg. 5 with the baselines) and its candidates; ``counts``: the history's row
+        accounting where a backend validated its rows (the Beam job's), recorded in the provenance."""
+        return (self.search if counts is None else self.search.with_row_accounting(counts))(statistics)
 
-    def conclude(self, chosen: TuningResult, calibration: tuple[CalibrationStatistics, ...]) -> TuningResult:
+    def conclude(self, chosen: TuningResult, calibration: Sequence[CalibrationStatistics] | None) -> TuningResult:
+        """The candidates' calibrations attached and the backtest's choice among them (``calibrate``)."""
         return calibrate(chosen, calibration, self.release_period_days, self.special_days,
                          self.special_day_loss_factor)
 
@@ -146,8 +162,15 @@ def tune_and_calibrate(backend: TuningBackend[S, C], spec: Any, mechanism: Tunin
     """The tuning workflow: the backend's statistics of its history, the mechanism's search on them
     (``choose``), the candidates' calibration statistics on the same history (the backend's), and the
     mechanism's conclusion from them (``conclude``)."""
+    return tune_and_calibrate_run(backend, spec, mechanism)[1]
+
+
+def tune_and_calibrate_run(backend: TuningBackend[S, C], spec: Any, mechanism: TuningMechanism[S, T, C, R_co]
+                           ) -> tuple[HistoryRun[S, T, C], R_co]:
+    """``tune_and_calibrate`` with the backend's run beside the conclusion (for a command that reports
+    the history's statistics or the backend's row accounting, e.g. ``optimize``'s Beam job)."""
     run = backend.statistics_and_calibration(spec, mechanism.choose)
-    return mechanism.conclude(run.chosen, run.calibration)
+    return run, mechanism.conclude(run.chosen, run.calibration)
 
 
 def gated_choice(statistics: SufficientStatistics, counts: ValidationCounts,
@@ -159,12 +182,3 @@ def gated_choice(statistics: SufficientStatistics, counts: ValidationCounts,
         return None, ()
     return choose(statistics, counts)
 
-
-def tune_with_accounting(statistics: SufficientStatistics, counts: ValidationCounts, *, provenance: dict[str, Any],
-                         **options: Any) -> tuple[TuningResult, tuple[ParameterVersion, ...]]:
-    """``choose`` for ``optimize`` on a joined history: ``tune`` on its statistics with the row accounting
-    in the parameter file's provenance, and the candidate versions to calibrate on the same history."""
-    tuning = tune(statistics, rows=counts.rows_valid, provenance={**provenance, "row_accounting": {
-        "rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected,
-        "rows_rejected_by_reason": dict(counts.rejected_by_reason)}}, **options)
-    return tuning, tuple(v for v, _ in tuning.candidates)
