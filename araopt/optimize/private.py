@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from araopt.calibration import MIN_RATIO, Calibration, retention_checksum
-from araopt.constants import COUNT_TAU, MAX_COUNT_LIMIT, PRIVATE_WINDOW_DAYS
+from araopt.constants import COUNT_TAU, MAX_COUNT_LIMIT, PRIVATE_WINDOW_DAYS, Objective
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_per_impression
@@ -66,10 +66,10 @@ from araopt.optimize.private_model import (
     same_count,
 )
 from araopt.optimize.retention import CurveBootstrap
-from araopt.optimize.search import CORRECTED, candidate_params
+from araopt.optimize.search import candidate_params
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
-from araopt.optimize.tune import TuningResult, calibrate, tune
-from araopt.optimize.workflow import InMemoryBackend
+from araopt.optimize.tune import TuningResult
+from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates
 from araopt.version import CORRECTIONS, ParameterVersion, Provenance, divided_queries
 
 __all__ = ["DAY_US", "CountLimitSchedule", "FirstParty", "ReleaseRecord", "cold_start", "first_party_taus", "learn",
@@ -269,13 +269,18 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
                 k: v for k, v in provenance.extra.items() if k != "optimizer_seconds"})
         return dataclasses.replace(version, params=params, domain=domain, provenance=provenance)
 
+    # ARA's tuning steps (``optimize.workflow.AraTuning``): the search on the pseudo-history, and each
+    # candidate's calibration concluded on its own (the robust score below chooses among them)
+    ara = AraTuning(TuneCandidates(epsilon, {
+        "objective": Objective.CORRECTED, "taus": taus, "release_period_days": release_period_days,
+        "history_days": model.days, "slice_columns": domain.slice_columns, "max_count_limit": max_count_limit,
+        "provenance": {"tuning": "privacy-safe: DP releases and first-party conversions only",
+                       "releases": len(recent), "exploration_share": plan.total_share}}), release_period_days)
+
     def choose(stats: SufficientStatistics) -> tuple[_Candidates, tuple[ParameterVersion, ...]]:
         """Alg. 5 on the pseudo-history's statistics; with the cold-start rule, the candidates the
         tuning workflow calibrates on the pseudo-history."""
-        result = tune(stats, epsilon, objective=CORRECTED, taus=taus, release_period_days=release_period_days,
-                      history_days=model.days, slice_columns=domain.slice_columns, max_count_limit=max_count_limit,
-                      provenance={"tuning": "privacy-safe: DP releases and first-party conversions only",
-                                  "releases": len(recent), "exploration_share": plan.total_share})
+        result, _ = ara.choose(stats)
         pooled_first_party = FirstParty.of(recent[-1].first_party.day, model.values)
         cold = cold_start(pooled_first_party, epsilon, domain, value_columns, plan)
         cold = dataclasses.replace(cold, params=dataclasses.replace(
@@ -305,15 +310,14 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     bootstrap = CurveBootstrap(model.curve)  # its refits shared by every candidate's count limit
     scored: list[_Scored] = []
     for number, (version, search, cal) in enumerate(candidates):
-        one = calibrate(dataclasses.replace(result, version=version, optimization=search, alternatives=()), [cal],
-                        release_period_days)
+        one = ara.conclude(dataclasses.replace(result, version=version, optimization=search, alternatives=()), [cal])
         released = with_release_ratios(one.version, recent, model, bootstrap)
         if released.calibration is None:
             continue
         ratio = _domain_ratio(released.calibration, keys)
         spread = _spread(model, released.params, ratio, keys)
         value_spread = spread - _spread(model, released.params, ratio, keys, values=False)
-        breakdown = expected_error(day, day_index, domain.num_slices, released.params, "exact",
+        breakdown = expected_error(day, day_index, domain.num_slices, released.params, Objective.EXACT,
                                    tie_breaker=day.record_keys())
         # the pseudo-history keeps its steady state; the release keeps what the count limits before it leave
         mixing, _ = mixing_factor(recent, released.params, model)

@@ -74,8 +74,6 @@ def check_objective(objective: str) -> Objective:
     return Objective(objective)
 
 
-CORRECTED = Objective.CORRECTED
-"""Alias of ``Objective.CORRECTED`` kept for ``optimize/private.py`` (edited on another branch)."""
 
 
 # ================================================================================================
