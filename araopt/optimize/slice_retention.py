@@ -12,7 +12,10 @@ the family.
 
 What identifies mu_k. A slice's expected kept main count on day d is w_k A_d r_k(K_d) / R(K_d): w_k
 its share of the conversions, A_d the day's kept main count over all slices, R the pooled curve at
-the day's kept ranks K_d. One count limit shows only w_k r_k (the two are confounded); two or more
+the day's kept ranks K_d; after a count-limit move r_k(K_d) and R(K_d) are the kept shares given
+the count limits of the days before (``SliceDays.tables``, ``optimize.transient``: Alg. 1 charges
+over the impression's life), so a release in a transient identifies mu_k as a settled one does.
+One count limit shows only w_k r_k (the two are confounded); two or more
 count limits in the history (the count-limit schedule of ``optimize.private`` alternates them) show
 how the slice's share of the kept conversions moves with K, which is mu_k. On a grid of mu
 (``MEANS``), w_k is profiled out by weighted least squares and the Gaussian log-likelihood of the
@@ -99,6 +102,17 @@ class SliceDays:
     pooled: np.ndarray
     kept: np.ndarray
     noise: np.ndarray
+    tables: np.ndarray | None = None
+    """(MAX_SIZE, releases) the kept conversions per impression of each size on each release's day
+    given the count limits before it (``optimize.transient.kept_table``); None: min(n, K_d), every
+    release settled at its count limit."""
+
+    def kept_tables(self) -> np.ndarray:
+        """(MAX_SIZE, releases) what each release keeps of an impression of each size."""
+        if self.tables is not None:
+            return np.asarray(self.tables, dtype=np.float64)
+        n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
+        return np.minimum(n[:, None], np.asarray(self.kept_ranks, dtype=np.float64)[None, :])
 
     @property
     def distinct_ranks(self) -> int:
@@ -167,9 +181,11 @@ def log_likelihood(days: SliceDays, grid_weights: np.ndarray, pooled: RetentionC
     """(slices, grid) log-likelihood of each slice's daily kept counts at every grid curve, its
     conversion share profiled out (see the module docstring)."""
     k = np.asarray(days.kept_ranks, dtype=np.float64)
-    n = np.arange(1, grid_weights.shape[1] + 1, dtype=np.float64)
-    base = np.maximum(np.asarray(pooled.ratio(k), dtype=np.float64), 1e-9)
-    g = (grid_weights @ np.minimum(n[:, None], k[None, :])) / base[None, :]  # (G, days): relative to the pool
+    table = days.kept_tables()[: grid_weights.shape[1]]
+    pool = np.zeros(grid_weights.shape[1])
+    pool[: min(len(pooled.weights), len(pool))] = np.asarray(pooled.weights, dtype=np.float64)[: len(pool)]
+    base = np.maximum(pool @ table, 1e-9)  # the pool's kept share on each release's day (its transient)
+    g = (grid_weights @ table) / base[None, :]  # (G, days): relative to the pool
     a = np.maximum(np.asarray(days.pooled, dtype=np.float64), 1.0)
     u = np.asarray(days.kept, dtype=np.float64)  # (days, slices)
     noise = np.asarray(days.noise, dtype=np.float64)
@@ -285,8 +301,7 @@ def slice_posterior(days: SliceDays, pooled: RetentionCurve, slice_groups: Seque
             ll = np.zeros((m, len(MEANS)))
             center = float(np.log(pooled.mean_size()))
         weights, column, between, within = _posterior(ll, center, slice_groups, identified)
-        n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
-        ratios = weights @ (curves @ np.minimum(n[:, None], np.asarray(days.kept_ranks, dtype=np.float64)[None, :]))
+        ratios = weights @ (curves @ days.kept_tables())
         conversions = np.maximum(np.asarray(days.kept, dtype=np.float64).T / np.maximum(ratios, 1e-6), 0.0).sum(axis=1)
         share = conversions / conversions.sum() if conversions.sum() > 0 else np.full(m, 1.0 / m)
         curves = anchored_weights(pooled, log_family, share @ weights)

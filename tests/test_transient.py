@@ -1,0 +1,58 @@
+"""Issue 26: what a main release keeps after count-limit moves (``optimize.transient``) against a
+brute-force run of Alg. 1 (``mechanism.bounding.bound_sorted``) over simulated impressions, and the
+slices' retention identified from releases in a transient."""
+import numpy as np
+import pytest
+
+from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.mechanism.bounding import bound_sorted, kept_per_impression
+from araopt.optimize.slice_retention import MEANS, geometric_log_weights
+from araopt.optimize.transient import SPREAD_DAYS, kept_share, kept_table
+
+
+def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int) -> float:
+    """The kept share of the last day's conversions by Alg. 1 over every impression's life: impressions
+    start uniformly over the days of ``schedule`` and the ``SPREAD_DAYS`` before it (at its first count
+    limit), Geometric(``mean``) conversions uniform over the window after each, a conversion costed
+    floor(Gamma / C) at its day's count limit."""
+    rng = np.random.default_rng(seed)
+    days = len(schedule) + SPREAD_DAYS
+    limits = np.concatenate([np.full(SPREAD_DAYS, schedule[0]), schedule])  # day index 0..days-1
+    starts = rng.random(per_day * (days + SPREAD_DAYS)) * (days + SPREAD_DAYS) - SPREAD_DAYS  # the last day: days - 1
+    sizes = rng.geometric(1.0 / mean, len(starts))
+    imp = np.repeat(np.arange(len(starts)), sizes)
+    time = starts[imp] + rng.random(len(imp)) * SPREAD_DAYS
+    keep = (time >= 0) & (time < days)
+    imp, time = imp[keep], time[keep]
+    order = np.lexsort((time, imp))
+    imp, time = imp[order], time[order]
+    day = np.floor(time).astype(np.int64)
+    first = np.r_[True, imp[1:] != imp[:-1]]
+    group = np.cumsum(first) - 1
+    rank = np.arange(len(imp)) - np.flatnonzero(first)[group]
+    norms = CONTRIBUTION_BUDGET // limits[day]
+    kept = bound_sorted(norms, rank, group)
+    last = day == days - 1
+    return float(kept[last].mean())
+
+
+@pytest.mark.parametrize("schedule", [
+    [5] * 25 + [20] * 6,          # a move up six days ago: the conversions charged at 5 leave no room
+    [20] * 28 + [3] * 3,          # a move down: the cheap conversions charged at 20 leave room above K(3)
+    [5] * 10 + [3, 4, 3, 4, 5] * 4 + [13],  # the schedule of a probing tuner
+])
+def test_the_kept_share_after_count_limit_moves_is_alg1_s_over_the_impression_s_life(schedule):
+    g = int(np.abs(MEANS - 4.0).argmin())
+    weights = np.exp(geometric_log_weights()[g])
+    predicted = float(kept_share(weights, schedule)[0])
+    brute = alg1_share(schedule, float(MEANS[g]), 4000, 7)
+    settled = float(weights @ np.minimum(np.arange(1, len(weights) + 1), kept_per_impression(schedule[-1])))
+    assert predicted == pytest.approx(brute, abs=0.015)
+    assert abs(brute - settled) > 0.04  # a transient the settled curve would miss
+
+
+def test_a_settled_schedule_keeps_the_first_k_of_every_impression():
+    np.testing.assert_array_equal(kept_table([7] * 40)[:10], np.minimum(np.arange(1, 11), 7.0))
+    assert kept_table([4, 9])[-1] <= 20  # never more than the report limit
+    with pytest.raises(ValueError):
+        kept_table([])
