@@ -56,3 +56,36 @@ def test_a_settled_schedule_keeps_the_first_k_of_every_impression():
     assert kept_table([4, 9])[-1] <= 20  # never more than the report limit
     with pytest.raises(ValueError):
         kept_table([])
+
+
+def _transient_days(tables: bool) -> tuple:
+    """Thirty daily releases of 8 slices (half converting 1.5 times per impression, half 8), the count
+    limit moved from 5 to 20 on day 20 and to 3 on day 26: each release keeps what Alg. 1 keeps after
+    the count limits before it (``kept_table``), 2,000 conversions a slice a day, little noise."""
+    from araopt.optimize.retention import MAX_SIZE, RetentionCurve
+    from araopt.optimize.slice_retention import SliceDays
+
+    schedule = [5] * 20 + [20] * 6 + [3] * 4
+    grid = [int(np.abs(MEANS - m).argmin()) for m in (1.5, 8.0)]
+    family = np.exp(geometric_log_weights())
+    curves = family[[grid[k % 2] for k in range(8)]]
+    table = np.stack([kept_table(schedule[max(0, d - SPREAD_DAYS):d + 1]) for d in range(len(schedule))], axis=1)
+    kept = 2000.0 * (curves @ table).T  # (days, slices)
+    pooled = RetentionCurve(curves.mean(axis=0))
+    ranks = np.array([kept_per_impression(c) for c in schedule])
+    days = SliceDays(ranks, kept.sum(axis=1), kept, np.full(kept.shape, 4.0), table[:MAX_SIZE] if tables else None)
+    return days, pooled, np.array([MEANS[grid[k % 2]] for k in range(8)])
+
+
+def test_releases_in_a_transient_identify_each_slice_s_conversions_per_impression():
+    """Read with the count limits before each release, the releases after the moves identify each
+    slice's mean conversions per impression; read as if settled at their count limits they do not."""
+    from araopt.optimize.slice_retention import slice_posterior
+
+    errors = {}
+    for tables in (True, False):
+        days, pooled, truth = _transient_days(tables)
+        posterior = slice_posterior(days, pooled, [np.arange(8) % 2])
+        errors[tables] = np.abs(np.log(posterior.mean_size() / truth))
+    assert errors[True].max() < np.log(1.25)
+    assert errors[False].max() > 2 * errors[True].max()
