@@ -89,3 +89,51 @@ def test_releases_in_a_transient_identify_each_slice_s_conversions_per_impressio
         errors[tables] = np.abs(np.log(posterior.mean_size() / truth))
     assert errors[True].max() < np.log(1.25)
     assert errors[False].max() > 2 * errors[True].max()
+
+
+def test_tomorrow_s_count_ratio_carries_the_transient_of_the_move_it_makes():
+    """Ten releases at C = 5 of slices converting once or eight times per impression: a candidate at
+    C = 20 tomorrow keeps what Alg. 1 keeps after them (``kept_share``), far below the settled r(20),
+    and the pseudo-history's steady kept totals are scaled by that (``mixing_factor``); after days back
+    at 20 the releases there are moved by the model's transient from their days to tomorrow's."""
+    import dataclasses
+
+    from araopt.mechanism.keys import KeyDomain
+    from araopt.optimize.private import FirstParty, cold_start, mixing_factor
+    from araopt.optimize.private_model import PrivateModel
+    from araopt.optimize.retention import RetentionCurve
+    from tests.test_honest_intervals import _posterior, record
+
+    means = np.array([1.0, 8.0])
+    posterior = _posterior(means)
+    curves = posterior.weights @ posterior.grid_weights
+    pool = RetentionCurve(curves.mean(axis=0))
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    params = cold_start(FirstParty.of("d", np.arange(1.0, 100.0)), 8.0, domain, ("value",)).params
+    params = dataclasses.replace(params, count_limit=20, exploration=None)
+
+    def model(schedule: list[int]) -> PrivateModel:
+        return PrivateModel(pool, {(0,): np.array([1000.0]), (1,): np.array([1000.0])}, np.zeros((0, 1)), 10,
+                            slices=posterior, slice_keys=((0,), (1,)), schedule=tuple(schedule))
+
+    def releases(schedule: list[int]) -> list:
+        out = []
+        for d, c in enumerate(schedule):
+            shares = kept_share(curves, schedule[max(0, d - SPREAD_DAYS):d + 1])
+            out.append(record(c, 1000.0 * shares, 2000.0))
+        return out
+
+    schedule = [5] * 10
+    factor, same = mixing_factor(releases(schedule), params, model(schedule))
+    tomorrow = float(kept_share(curves, [*schedule, 20]).mean())
+    steady = float(kept_share(curves, [20]).mean())
+    assert same == [] and factor == pytest.approx(tomorrow / steady) and factor < 0.8
+    schedule = [20] * 10 + [5] * 3
+    history = releases(schedule)
+    factor, same = mixing_factor(history, params, model(schedule))
+    then = np.mean([float(kept_share(curves, schedule[:d + 1]).mean()) for d in (7, 8, 9)])
+    observed = np.mean([float(r.main[:, 0].sum()) / 2000.0 for r in history[7:10]])
+    tomorrow = float(kept_share(curves, [*schedule, 20]).mean())
+    assert len(same) == 3
+    assert factor * steady == pytest.approx(observed * tomorrow / then)
+    assert factor * steady == pytest.approx(tomorrow, rel=0.02)  # the releases are the model's own
