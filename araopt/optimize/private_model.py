@@ -363,7 +363,9 @@ def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]
     limits = [int(r.count_limit) for r in records]
     tables = np.stack([kept_table(limits[max(0, d - SPREAD_DAYS):d + 1], SPREAD_DAYS, max_size=MAX_SIZE)
                        for d in range(len(records))], axis=1) if records else None
-    return SliceDays(ranks, np.maximum(kept.sum(axis=1), 1.0), kept, noise, tables)
+    conversions = np.array([float(r.first_party.totals[0]) * (1.0 if r.exploration is None else r.exploration.main_share)
+                            for r in records])
+    return SliceDays(ranks, np.maximum(kept.sum(axis=1), 1.0), kept, noise, tables, conversions)
 
 
 def slice_groups(domain: KeyDomain) -> list[np.ndarray]:
