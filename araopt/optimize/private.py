@@ -474,19 +474,28 @@ def _consistency(record: ReleaseRecord, model: PrivateModel) -> float:
 
 def mixing_factor(records: Sequence[ReleaseRecord], params: Params, model: PrivateModel
                   ) -> tuple[float, list[ReleaseRecord]]:
-    """The main releases' pooled kept share at ``params``' count limit and arms (the latest
-    ``SAME_COUNT_RELEASES``) over the model's steady-state one, and those releases. Alg. 1 charges
-    each conversion at the count limit of the release that used it, so after days at other count
-    limits a release keeps another share than its count limit's curve (lower after lower count
-    limits); the pseudo-history is in the steady state. 1 (and none) when no release had them."""
+    """The pooled kept share the release at ``params`` will have tomorrow over the model's steady-state
+    one, and the releases it is read from. Alg. 1 charges each conversion at the count limit of the
+    release that used it, so after days at other count limits a release keeps another share than its
+    count limit's curve (lower after lower count limits); the pseudo-history is in the steady state.
+    Tomorrow's share: the latest ``SAME_COUNT_RELEASES`` main releases' at ``params``' count limit and
+    arms, moved by the model's transient (``optimize.transient``: its pooled kept share tomorrow, after
+    the schedule and this count limit, over its shares on those releases' days); none: the model's
+    transient share over its steady one. ``records``: the tail of the model's schedule."""
     kept = kept_per_impression(params.count_limit)
+    steady = model.pooled_ratio(kept)
+    tomorrow = model.pooled_share(model.kept_table(count_limit=params.count_limit)) if model.schedule else steady
     same = same_count(records, params.count_limit, params.exploration)
     if not same:
-        return 1.0, []
+        return float(tomorrow / max(steady, MIN_RATIO)), []
     main_share = 1.0 if params.exploration is None else params.exploration.main_share
-    fp = sum(float(r.first_party.totals[0]) for r in same)
-    observed = sum(float(r.main[:, 0].sum()) for r in same) / fp
-    return float(np.clip(observed, MIN_RATIO, 1.0) / max(main_share * model.pooled_ratio(kept), MIN_RATIO)), same
+    fps = np.array([float(r.first_party.totals[0]) for r in same])
+    observed = sum(float(r.main[:, 0].sum()) for r in same) / fps.sum()
+    if model.schedule:
+        position = {id(r): i - len(records) for i, r in enumerate(records)}
+        then = np.array([model.pooled_share(model.kept_table(release=position[id(r)])) for r in same])
+        observed *= tomorrow / max(float(fps @ then / fps.sum()), MIN_RATIO)
+    return float(np.clip(observed, MIN_RATIO, 1.0) / max(main_share * steady, MIN_RATIO)), same
 
 
 def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseRecord],
@@ -526,13 +535,16 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     mixing, same_releases = mixing_factor(records, params, model)
     if same_releases:
         fp = sum(float(r.first_party.totals[0]) for r in same_releases)
-        ratio[0] = float(np.clip(sum(float(r.main[:, 0].sum()) for r in same_releases) / fp, MIN_RATIO, 1.0))
+        ratio[0] = float(np.clip(mixing * main_share * pooled_model, MIN_RATIO, 1.0))  # their share, moved to tomorrow
         variance[0] = sum(float(r.main_variance[:, 0].sum()) for r in same_releases) / fp**2
         if not same:
             ratio[1:] = np.clip(ratio[1:] * mixing, MIN_RATIO, 1.0)
     else:
-        ratio[0] = float(np.clip(main_share * pooled_model, MIN_RATIO, 1.0))
-    tilt = model.ratios_of(keys, kept) / pooled_model  # the slice's own retention relative to the pool's
+        ratio[0] = float(np.clip(mixing * main_share * pooled_model, MIN_RATIO, 1.0))
+    # the slice's own kept share tomorrow relative to the pool's (after the schedule's moves: ``optimize.transient``)
+    table = model.kept_table(count_limit=params.count_limit) if model.schedule else None
+    tilt = (model.ratios_of(keys, kept) / pooled_model if table is None
+            else model.kept_shares(keys, table) / model.pooled_share(table))
     per_slice = np.tile(ratio, (m, 1))
     per_slice[:, 0] = np.clip(ratio[0] * tilt, MIN_RATIO, 1.0)
     per_variance = np.tile(variance, (m, 1))

@@ -35,8 +35,9 @@ from araopt.mechanism.keys import KeyDomain, slice_key
 from araopt.mechanism.release import Release
 from araopt.optimize.error_model import default_taus
 from araopt.optimize.heterogeneity import SliceValues, value_scales
-from araopt.optimize.retention import RetentionCurve, fit_retention_curve
+from araopt.optimize.retention import MAX_SIZE, RetentionCurve, fit_retention_curve
 from araopt.optimize.slice_retention import SliceDays, SlicePosterior, slice_posterior
+from araopt.optimize.transient import kept_table
 
 DAY_US = 86_400_000_000
 SPREAD_DAYS = 30
@@ -127,6 +128,9 @@ class PrivateModel:
     """Each slice's posterior over its conversions per impression (``optimize.slice_retention``), rows
     in ``slice_keys`` order; None: every slice has the pooled curve, with no uncertainty."""
     slice_keys: tuple[tuple[Any, ...], ...] = ()
+    schedule: tuple[int, ...] = ()
+    """The main count limits of the releases learnt from (older and window, time order, one a day): what
+    each release and tomorrow's keep depends on them (``optimize.transient``)."""
     excess: float = 0.0
     """The relative variance of every slice's ratio that the model's own uncertainty misses, measured
     out of sample on the window's releases (``ratio_excess`` + ``share_excess``): added to the ratio
@@ -166,6 +170,35 @@ class PrivateModel:
         var = self.slices.ratio_variance(kept_ranks)
         rows = {k: i for i, k in enumerate(self.slice_keys)}
         return np.array([float(var[rows[k]]) if k in rows else 0.0 for k in keys])
+
+    def kept_table(self, release: int | None = None, count_limit: int | None = None) -> np.ndarray:
+        """(MAX_SIZE,) what a release keeps of an impression of each size given the count limits before
+        it: the ``release``-th of ``schedule`` (negative: from the end), or (None) tomorrow's at
+        ``count_limit`` after the whole schedule."""
+        past = list(self.schedule) if release is None else list(self.schedule[: len(self.schedule) + release + 1]
+                                                              if release < 0 else self.schedule[: release + 1])
+        if count_limit is not None:
+            past.append(int(count_limit))
+        return kept_table(past[-(SPREAD_DAYS + 1):], SPREAD_DAYS, max_size=MAX_SIZE)
+
+    def kept_shares(self, keys: Sequence[tuple[Any, ...]], table: np.ndarray) -> np.ndarray:
+        """Every slice's expected kept share of its conversions under a schedule's ``kept_table`` (its
+        posterior mean; a slice the model does not hold, or no slices: the pooled curve's)."""
+        pool = np.zeros(len(table))
+        pool[: min(len(self.curve.weights), len(pool))] = np.asarray(self.curve.weights)[: len(pool)]
+        pooled = max(float(pool @ table), MIN_RATIO)
+        if self.slices is None:
+            return np.full(len(keys), pooled)
+        mean = self.slices.weights @ (self.slices.grid_weights @ table[: self.slices.grid_weights.shape[1]])
+        rows = {k: i for i, k in enumerate(self.slice_keys)}
+        return np.array([max(float(mean[rows[k]]), MIN_RATIO) if k in rows else pooled for k in keys])
+
+    def pooled_share(self, table: np.ndarray) -> float:
+        """The pool's kept share under ``table``: the slices' weighted by their conversions."""
+        keys = list(self.slice_totals)
+        weights = np.array([float(t[0]) for t in self.slice_totals.values()])
+        shares = self.kept_shares(keys, table)
+        return max(float(weights @ shares / weights.sum()) if weights.sum() > 0 else float(shares.mean()), MIN_RATIO)
 
     def pooled_ratio(self, kept_ranks: int) -> float:
         """r(K) of the pool as the model holds it: the slices' ratios weighted by their conversions
@@ -224,7 +257,11 @@ def share_excess(records: Sequence[ReleaseRecord], model: PrivateModel, keys: Se
     if len(records) < 2 or model.slices is None:
         return 0.0
     ranks = np.asarray(data.kept_ranks)
-    rho = np.stack([model.ratios_of(keys, int(k)) / model.pooled_ratio(int(k)) for k in ranks])  # (days, slices)
+    if model.schedule:  # each release's own kept shares, after the count limits before it
+        tables = [model.kept_table(release=d - len(records)) for d in range(len(records))]
+        rho = np.stack([model.kept_shares(keys, t) / model.pooled_share(t) for t in tables])  # (days, slices)
+    else:
+        rho = np.stack([model.ratios_of(keys, int(k)) / model.pooled_ratio(int(k)) for k in ranks])
     rel = np.stack([model.ratio_variances(keys, int(k)) / np.maximum(model.ratios_of(keys, int(k)), MIN_RATIO) ** 2
                     for k in ranks])
     rows = {k: i for i, k in enumerate(model.slice_keys)}
@@ -311,7 +348,9 @@ def domain_keys(domain: KeyDomain) -> list[tuple[Any, ...]]:
 
 def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]) -> SliceDays:
     """The main releases' count estimates per declared slice (``slice_retention.SliceDays``); a slice
-    a release does not hold counts 0 with no noise."""
+    a release does not hold counts 0 with no noise. ``records`` are daily releases in time order: each
+    release's kept share is that of the count limits of the ``SPREAD_DAYS`` before it
+    (``optimize.transient``)."""
     kept = np.zeros((len(records), len(keys)))
     noise = np.zeros((len(records), len(keys)))
     for d, r in enumerate(records):
@@ -321,7 +360,12 @@ def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]
         kept[d, ok] = r.main[rows[ok], 0]
         noise[d, ok] = r.main_variance[rows[ok], 0]
     ranks = np.array([kept_per_impression(r.count_limit) for r in records], dtype=np.int64)
-    return SliceDays(ranks, np.maximum(kept.sum(axis=1), 1.0), kept, noise)
+    limits = [int(r.count_limit) for r in records]
+    tables = np.stack([kept_table(limits[max(0, d - SPREAD_DAYS):d + 1], SPREAD_DAYS, max_size=MAX_SIZE)
+                       for d in range(len(records))], axis=1) if records else None
+    conversions = np.array([float(r.first_party.totals[0]) * (1.0 if r.exploration is None else r.exploration.main_share)
+                            for r in records])
+    return SliceDays(ranks, np.maximum(kept.sum(axis=1), 1.0), kept, noise, tables, conversions)
 
 
 def slice_groups(domain: KeyDomain) -> list[np.ndarray]:
@@ -347,24 +391,26 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[R
     keys = domain_keys(domain)
     posterior = slice_posterior(slice_days(history, keys), curve, slice_groups(domain)) if slices else None
     model = PrivateModel(curve, {k: np.zeros(domain.num_columns) for k in keys}, np.zeros((0, 0)), len(records),
-                         slices=posterior, slice_keys=tuple(keys))
+                         slices=posterior, slice_keys=tuple(keys),
+                         schedule=tuple(int(r.count_limit) for r in history))
+    # every window release's kept share per impression size, given the count limits before it
+    tables = [model.kept_table(release=-len(records) + i) for i in range(len(records))]
     # the slices' conversions at their own retention: the weights of the pool the model holds
     rough = np.zeros(len(keys))
-    for r in records:
+    for r, table in zip(records, tables, strict=True):
         at = {key: i for i, key in enumerate(r.slice_keys)}
         rows = np.array([at.get(key, -1) for key in keys])
         counts = np.where(rows >= 0, np.maximum(r.main[rows, 0], 0.0), 0.0)
-        rough += counts / np.maximum(model.slice_ratios(kept_per_impression(r.count_limit)), MIN_RATIO)
+        rough += counts / np.maximum(model.kept_shares(keys, table), MIN_RATIO)
     model = dataclasses.replace(model, slice_totals={k: np.array([float(v)]) for k, v in zip(keys, rough, strict=True)})
     totals = {k: np.zeros(domain.num_columns) for k in keys}
-    for r in records:
+    for r, table in zip(records, tables, strict=True):
         # the day's conversions (first-party, exact) shared as the slices' kept counts are, each divided by
         # its retention relative to the pool's: the pool's kept share that day (whatever the count limits
         # before it charged) is the release's own
-        k = kept_per_impression(r.count_limit)
         day_kept = float(np.maximum(r.main[:, 0], 0.0).sum())
         per_kept = float(r.first_party.totals[0]) / day_kept if day_kept > 0 else 0.0
-        ratios = dict(zip(keys, model.slice_ratios(k) / model.pooled_ratio(k), strict=True))
+        ratios = dict(zip(keys, model.kept_shares(keys, table) / model.pooled_share(table), strict=True))
         for key, row in zip(r.slice_keys, r.main, strict=True):
             if key in totals:
                 totals[key] = totals[key] + row * per_kept / max(ratios[key], MIN_RATIO) / len(records)

@@ -12,7 +12,10 @@ the family.
 
 What identifies mu_k. A slice's expected kept main count on day d is w_k A_d r_k(K_d) / R(K_d): w_k
 its share of the conversions, A_d the day's kept main count over all slices, R the pooled curve at
-the day's kept ranks K_d. One count limit shows only w_k r_k (the two are confounded); two or more
+the day's kept ranks K_d; after a count-limit move r_k(K_d) and R(K_d) are the kept shares given
+the count limits of the days before (``SliceDays.tables``, ``optimize.transient``: Alg. 1 charges
+over the impression's life), so a release in a transient identifies mu_k as a settled one does.
+One count limit shows only w_k r_k (the two are confounded); two or more
 count limits in the history (the count-limit schedule of ``optimize.private`` alternates them) show
 how the slice's share of the kept conversions moves with K, which is mu_k. On a grid of mu
 (``MEANS``), w_k is profiled out by weighted least squares and the Gaussian log-likelihood of the
@@ -99,6 +102,21 @@ class SliceDays:
     pooled: np.ndarray
     kept: np.ndarray
     noise: np.ndarray
+    tables: np.ndarray | None = None
+    """(MAX_SIZE, releases) the kept conversions per impression of each size on each release's day
+    given the count limits before it (``optimize.transient.kept_table``); None: min(n, K_d), every
+    release settled at its count limit."""
+    conversions: np.ndarray | None = None
+    """(releases,) the conversions each main release measured, exact (first-party, times the main
+    arm's share): what the slices' kept counts over their retention must add up to (``balanced_center``);
+    None: unknown."""
+
+    def kept_tables(self) -> np.ndarray:
+        """(MAX_SIZE, releases) what each release keeps of an impression of each size."""
+        if self.tables is not None:
+            return np.asarray(self.tables, dtype=np.float64)
+        n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
+        return np.minimum(n[:, None], np.asarray(self.kept_ranks, dtype=np.float64)[None, :])
 
     @property
     def distinct_ranks(self) -> int:
@@ -167,9 +185,11 @@ def log_likelihood(days: SliceDays, grid_weights: np.ndarray, pooled: RetentionC
     """(slices, grid) log-likelihood of each slice's daily kept counts at every grid curve, its
     conversion share profiled out (see the module docstring)."""
     k = np.asarray(days.kept_ranks, dtype=np.float64)
-    n = np.arange(1, grid_weights.shape[1] + 1, dtype=np.float64)
-    base = np.maximum(np.asarray(pooled.ratio(k), dtype=np.float64), 1e-9)
-    g = (grid_weights @ np.minimum(n[:, None], k[None, :])) / base[None, :]  # (G, days): relative to the pool
+    table = days.kept_tables()[: grid_weights.shape[1]]
+    pool = np.zeros(grid_weights.shape[1])
+    pool[: min(len(pooled.weights), len(pool))] = np.asarray(pooled.weights, dtype=np.float64)[: len(pool)]
+    base = np.maximum(pool @ table, 1e-9)  # the pool's kept share on each release's day (its transient)
+    g = (grid_weights @ table) / base[None, :]  # (G, days): relative to the pool
     a = np.maximum(np.asarray(days.pooled, dtype=np.float64), 1.0)
     u = np.asarray(days.kept, dtype=np.float64)  # (days, slices)
     noise = np.asarray(days.noise, dtype=np.float64)
@@ -266,6 +286,60 @@ def _posterior(ll: np.ndarray, center: float, slice_groups: Sequence[np.ndarray]
     return weights, column, between, within
 
 
+BALANCE_Z = 2.0
+"""How many standard deviations of noise the slices' implied conversions may miss the exact total by
+before ``balanced_center`` moves the prior's center."""
+
+
+def implied_conversions(weights: np.ndarray, curves: np.ndarray, days: SliceDays) -> tuple[float, float]:
+    """The conversions the releases' slices stand for, sum over releases and slices of the kept count
+    over the slice's posterior mean kept share that day, and that sum's noise variance."""
+    ratios = np.maximum(weights @ (curves @ days.kept_tables()[: curves.shape[1]]), 1e-6)  # (slices, days)
+    kept = np.asarray(days.kept, dtype=np.float64).T
+    return float((kept / ratios).sum()), float((np.asarray(days.noise, dtype=np.float64).T / ratios**2).sum())
+
+
+def balanced_center(ll: np.ndarray, center: float, days: SliceDays, curves: np.ndarray,
+                    slice_groups: Sequence[np.ndarray], steps: int = 12) -> float:
+    """The hierarchy's center c moved (bisection on log mu) until the slices' implied conversions
+    (``implied_conversions``) meet the exact ones the releases measured (``SliceDays.conversions``).
+
+    Why. The kept counts identify mu_k only for slices the releases measure well; the rest keep the
+    hierarchical prior around c, the common fit of the measured ones. When the slices the releases
+    cannot measure differ from the measured ones (small slices whose impressions convert many times),
+    that prior gives them the measured slices' retention: the conversions their kept counts stand for
+    fall short of the first-party total (exact), the pool's many-conversion impressions are spread by
+    the anchoring over every slice, and the measured slices' retention is understated too. The total
+    is a fact about all slices together: c moves until the slices' conversions add up to it, which
+    moves mainly the slices the likelihood leaves to the prior. Unchanged when no total is known or
+    the gap is within ``BALANCE_Z`` standard deviations of the kept counts' noise."""
+    if days.conversions is None:
+        return center
+    target = float(np.sum(days.conversions))
+    grid = np.log(MEANS)
+
+    def gap(c: float) -> tuple[float, float]:
+        weights = _posterior(ll, c, slice_groups, True)[0]
+        implied, variance = implied_conversions(weights, curves, days)
+        return implied - target, variance
+
+    here, variance = gap(center)
+    if abs(here) <= BALANCE_Z * np.sqrt(variance) or target <= 0:
+        return center
+    # more conversions than the slices stand for: heavier slices (lower retention) at a higher c
+    low, high = (center, float(grid[-1])) if here < 0 else (float(grid[0]), center)
+    end, _ = gap(high if here < 0 else low)
+    if (end < 0) == (here < 0):  # the grid's end does not meet the total either: go as far as it allows
+        return high if here < 0 else low
+    for _ in range(steps):
+        mid = 0.5 * (low + high)
+        if (gap(mid)[0] < 0) == (here < 0):
+            low, high = (mid, high) if here < 0 else (low, mid)
+        else:
+            low, high = (low, mid) if here < 0 else (mid, high)
+    return 0.5 * (low + high)
+
+
 def slice_posterior(days: SliceDays, pooled: RetentionCurve, slice_groups: Sequence[np.ndarray]) -> SlicePosterior:
     """Every slice's posterior over its mean conversions per impression, on curves anchored to the
     pool (see the module docstring). ``slice_groups``: per slice column, each slice's value code (the
@@ -281,12 +355,12 @@ def slice_posterior(days: SliceDays, pooled: RetentionCurve, slice_groups: Seque
         if identified:
             ll = log_likelihood(days, curves, pooled)
             center = float(grid[int(np.argmax(ll.sum(axis=0)))])  # the slices' common fit
+            center = balanced_center(ll, center, days, curves, slice_groups)
         else:
             ll = np.zeros((m, len(MEANS)))
             center = float(np.log(pooled.mean_size()))
         weights, column, between, within = _posterior(ll, center, slice_groups, identified)
-        n = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
-        ratios = weights @ (curves @ np.minimum(n[:, None], np.asarray(days.kept_ranks, dtype=np.float64)[None, :]))
+        ratios = weights @ (curves @ days.kept_tables())
         conversions = np.maximum(np.asarray(days.kept, dtype=np.float64).T / np.maximum(ratios, 1e-6), 0.0).sum(axis=1)
         share = conversions / conversions.sum() if conversions.sum() > 0 else np.full(m, 1.0 / m)
         curves = anchored_weights(pooled, log_family, share @ weights)

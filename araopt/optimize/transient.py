@@ -1,0 +1,103 @@
+"""What a main release keeps after count-limit moves: the expected kept share of a day's conversions
+given the count limits of the days before it (ContributionCapping, Alg. 1, over the impression's life).
+
+Alg. 1 charges each conversion at the count limit of the release that used it (its day's): L-inf
+costs floor(Gamma / C_d) (Lemma 4.1), a conversion is kept when it fits the impression's remaining
+budget and the report limit. Under one count limit C all along, an impression of n conversions keeps
+its first min(n, K(C)) (``bounding.kept_per_impression``): the retention curve's r(K). After a move
+the conversions charged at the old count limit stay charged: a release keeps another share until they
+age out of the attribution window (a move up keeps less than r(K), a move down more, at first).
+
+The model. An impression's n conversions fall uniformly over the ``spread_days`` after it (ARA's
+attribution window; the releases do not show the delays), impressions start uniformly in time. Per
+impression size n, ``kept_table`` is the expected number of its conversions kept *given that each falls
+on the target day*: sum_j P(j kept | j on the target day), by Monte Carlo over the impression's
+conversion times with conversion j placed on the target day (every conversion contributes: no draw is
+wasted on conversions of other days), common random numbers over every schedule and size (a model
+computation seeded by a constant: not privacy noise). Under a constant schedule it is min(n, K)
+exactly. A curve's kept share on the target day is then ``weights @ kept_table`` (its conversion-
+normalised mixture weights, ``optimize.retention``): r(K) for a settled schedule.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE
+
+SPREAD_DAYS = 30
+"""Days after its impression over which an impression's conversions fall (ARA's default window)."""
+SIZES = (*range(1, 25), 28, 32, 40, 48, 64, 96, 128)
+"""Impression sizes simulated; the table is interpolated linearly between them and held beyond the last
+(an impression of 128 conversions has long used its budget at any count limit up to the report limit)."""
+DRAWS = 4096
+"""Simulated (impression, conversion) pairs per size (at least 16 impressions)."""
+SEED = 20_260_005
+"""The model's Monte-Carlo seed (common random numbers: every schedule sees the same draws)."""
+
+
+@lru_cache(maxsize=4)
+def _draws(spread_days: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Per size n of ``SIZES``: (day, rows) with day (M, n, n) int the day (relative to the target day,
+    -spread_days..0, or 1 after it) of conversion i when conversion j falls on the target day, for M
+    impressions (sorted uniform times over the window, a uniform phase within the target day)."""
+    rng = np.random.default_rng(SEED)
+    out = []
+    for n in SIZES:
+        m = max(16, DRAWS // n)
+        times = np.sort(rng.random((m, n)), axis=1) * spread_days  # (M, n) offsets after the impression
+        phase = rng.random((m, n))  # conversion j at phase within the target day
+        start = phase - times  # (M, j): the impression's start placing j on the target day
+        day = np.floor(start[:, :, None] + times[:, None, :]).astype(np.int64)  # (M, j, i)
+        out.append((np.clip(day, -spread_days, 1), np.arange(n)))
+    return tuple(out)
+
+
+def kept_table(schedule: Sequence[int], spread_days: int = SPREAD_DAYS, contribution_budget: int = CONTRIBUTION_BUDGET,
+               max_reports: int = MAX_REPORTS_PER_SOURCE, max_size: int = 256) -> np.ndarray:
+    """(max_size,) the expected kept conversions per impression of each size (1..max_size) given each
+    falls on the target day, under the count limits ``schedule`` of the days up to and including the
+    target day (last entry; days before the first entry: the first's). See the module docstring."""
+    limits = np.asarray(schedule, dtype=np.int64)
+    if limits.size == 0 or np.any(limits < 1):
+        raise ValueError(f"a schedule needs count limits >= 1, got {schedule!r}")
+    past = np.concatenate([np.full(max(0, spread_days + 1 - len(limits)), limits[0]), limits])[-(spread_days + 1):]
+    return _table(tuple(int(x) for x in past), spread_days, contribution_budget, max_reports, max_size).copy()
+
+
+@lru_cache(maxsize=512)
+def _table(past: tuple[int, ...], spread_days: int, contribution_budget: int, max_reports: int, max_size: int
+           ) -> np.ndarray:
+    """``kept_table`` of the window's count limits (memoised: a pure function of its arguments, and every
+    tuning day reads the same past days again)."""
+    limits = np.asarray(past, dtype=np.int64)
+    sizes = np.arange(1, max_size + 1, dtype=np.float64)
+    if np.all(limits == limits[-1]):  # settled: Alg. 1 keeps the first K of every impression
+        k = contribution_budget // (contribution_budget // int(limits[-1]))
+        return np.minimum(sizes, float(min(k, max_reports)))
+    cost = np.asarray(contribution_budget // limits, dtype=np.int64)  # L-inf: floor(Gamma / C_d), days -spread..0
+    cost = np.concatenate([cost, [0]])  # day 1 (after the target day): never reached before j
+    values = []
+    for (day, _), n in zip(_draws(spread_days), SIZES, strict=True):
+        c = cost[day + spread_days]  # (M, j, i) the cost of conversion i
+        used = np.zeros(c.shape[:2], dtype=np.int64)
+        reports = np.zeros(c.shape[:2], dtype=np.int64)
+        kept_j = np.zeros(c.shape[:2], dtype=bool)
+        for i in range(n):  # Alg. 1 in time order, for every (impression, j) at once
+            fits = (used + c[:, :, i] <= contribution_budget) & (reports < max_reports)
+            active = np.arange(n)[None, :] >= i
+            take = fits & active
+            used += np.where(take, c[:, :, i], 0)
+            reports += take
+            kept_j |= take & (np.arange(n)[None, :] == i)
+        values.append(float(kept_j.mean(axis=0).sum()))
+    return np.asarray(np.interp(sizes, np.asarray(SIZES, dtype=np.float64), np.asarray(values)), dtype=np.float64)
+
+
+def kept_share(weights: np.ndarray, schedule: Sequence[int], spread_days: int = SPREAD_DAYS) -> np.ndarray:
+    """Each curve's (rows of conversion-normalised ``weights``) expected kept share of the target day's
+    conversions under ``schedule`` (``kept_table``): r(K) when the schedule is settled."""
+    w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    return np.asarray(w @ kept_table(schedule, spread_days, max_size=w.shape[1]), dtype=np.float64)
