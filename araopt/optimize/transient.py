@@ -25,11 +25,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE, MAX_SOURCE_LIFE_DAYS
+from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE
 
-SPREAD_DAYS = MAX_SOURCE_LIFE_DAYS
-"""Days after its impression over which an impression's conversions fall (ARA's default attribution
-window: the releases do not show the delays); the transient and the pseudo-history both use it."""
+SPREAD_DAYS = 30
+"""Days after its impression over which an impression's conversions fall (ARA's default window)."""
 SIZES = (*range(1, 25), 28, 32, 40, 48, 64, 96, 128)
 """Impression sizes simulated; the table is interpolated linearly between them and held beyond the last
 (an impression of 128 conversions has long used its budget at any count limit up to the report limit)."""
