@@ -10,18 +10,25 @@ from araopt.optimize.slice_retention import MEANS, geometric_log_weights
 from araopt.optimize.transient import SPREAD_DAYS, kept_share, kept_table
 
 
-def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int) -> float:
+def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int, delay_days: float | None = None) -> float:
     """The kept share of the last day's conversions by Alg. 1 over every impression's life: impressions
     start uniformly over the days of ``schedule`` and the ``SPREAD_DAYS`` before it (at its first count
-    limit), Geometric(``mean``) conversions uniform over the window after each, a conversion costed
-    floor(Gamma / C) at its day's count limit."""
+    limit), Geometric(``mean``) conversions over the window after each (uniform, or exponential of mean
+    ``delay_days`` redrawn until within the window), a conversion costed floor(Gamma / C) at its day's
+    count limit."""
     rng = np.random.default_rng(seed)
     days = len(schedule) + SPREAD_DAYS
     limits = np.concatenate([np.full(SPREAD_DAYS, schedule[0]), schedule])  # day index 0..days-1
     starts = rng.random(per_day * (days + SPREAD_DAYS)) * (days + SPREAD_DAYS) - SPREAD_DAYS  # the last day: days - 1
     sizes = rng.geometric(1.0 / mean, len(starts))
     imp = np.repeat(np.arange(len(starts)), sizes)
-    time = starts[imp] + rng.random(len(imp)) * SPREAD_DAYS
+    if delay_days is None:
+        delay = rng.random(len(imp)) * SPREAD_DAYS
+    else:
+        delay = rng.exponential(delay_days, len(imp))
+        while np.any(late := delay >= SPREAD_DAYS):
+            delay[late] = rng.exponential(delay_days, int(late.sum()))
+    time = starts[imp] + delay
     keep = (time >= 0) & (time < days)
     imp, time = imp[keep], time[keep]
     order = np.lexsort((time, imp))
@@ -49,6 +56,19 @@ def test_the_kept_share_after_count_limit_moves_is_alg1_s_over_the_impression_s_
     settled = float(weights @ np.minimum(np.arange(1, len(weights) + 1), kept_per_impression(schedule[-1])))
     assert predicted == pytest.approx(brute, abs=0.015)
     assert abs(brute - settled) > 0.04  # a transient the settled curve would miss
+
+
+@pytest.mark.parametrize("schedule", [[5] * 25 + [20] * 3, [20] * 25 + [3] * 3, [5] * 20 + [12] * 2 + [5] * 2 + [20]])
+def test_under_short_delays_a_move_settles_faster_and_the_delay_law_sizes_it(schedule):
+    """Conversions 3 days after their impression on average: the transient is shorter than under delays
+    spread over the whole window, and ``kept_table`` with that law is Alg. 1's over the life again."""
+    g = int(np.abs(MEANS - 4.0).argmin())
+    weights = np.exp(geometric_log_weights()[g])
+    brute = alg1_share(schedule, float(MEANS[g]), 4000, 11, delay_days=3.0)
+    assert float(kept_share(weights, schedule, delay_days=3.0)[0]) == pytest.approx(brute, abs=0.015)
+    assert abs(float(kept_share(weights, schedule)[0]) - brute) > 0.03  # the uniform law would miss it
+    with pytest.raises(ValueError):
+        kept_table([5], delay_days=0.0)
 
 
 def test_a_settled_schedule_keeps_the_first_k_of_every_impression():
@@ -137,3 +157,86 @@ def test_tomorrow_s_count_ratio_carries_the_transient_of_the_move_it_makes():
     assert len(same) == 3
     assert factor * steady == pytest.approx(observed * tomorrow / then)
     assert factor * steady == pytest.approx(tomorrow, rel=0.02)  # the releases are the model's own
+
+
+def _pool_weights() -> np.ndarray:
+    """t_j of a pool whose impressions convert 1.5 times on average (70%) or 25 times (30%)."""
+    n = np.arange(1, 257, dtype=np.float64)
+    p = 0.7 * (1 / 1.5) * (1 - 1 / 1.5) ** (n - 1) + 0.3 * (1 / 25) * (1 - 1 / 25) ** (n - 1)
+    return p / (p @ n)
+
+
+def _pool_records(schedule: list[int], arm_bias: float, delay_days: float | None, main_variance: float = 25.0
+                  ) -> tuple[list, object]:
+    """Main releases of a pool (``_pool_weights``) at the count limits of ``schedule``, each keeping what
+    Alg. 1 keeps after the count limits before it under the delay law ``delay_days`` (``kept_table``),
+    20,000 conversions a day, precise (noise variance ``main_variance``); the arms of
+    ``default_exploration`` exact but the one at C = 20 off by ``arm_bias``, each with a noise sd of 0.07
+    on its ratio."""
+    from araopt.mechanism.exploration import default_exploration
+    from araopt.optimize.private_model import FirstParty, ReleaseRecord
+    from araopt.optimize.retention import RetentionCurve
+
+    t = _pool_weights()
+    truth = RetentionCurve(t)
+    plan = default_exploration()
+    total = 20_000.0
+    first_party = FirstParty(day="1970-01-01", totals=np.array([total]), values=np.ones((1, 1)))
+    records = []
+    for d, limit in enumerate(schedule):
+        share = float(t @ kept_table(schedule[max(0, d - SPREAD_DAYS):d + 1], delay_days=delay_days))
+        main = np.array([[plan.main_share * total * share]])
+        arms = np.array([[a.share * total * (float(truth.ratio(kept_per_impression(a.count_limit))[0])
+                                             + (arm_bias if a.count_limit == 20 else 0.0))] for a in plan.arms])
+        arm_variance = np.array([[(0.07 * a.share * total) ** 2] for a in plan.arms])
+        records.append(ReleaseRecord(limit, plan, "", ((0,),), main, np.array([[main_variance]]), arms, arm_variance,
+                                     first_party))
+    return records, truth
+
+
+def test_main_releases_in_a_transient_teach_the_pool_the_count_limits_only_a_noisy_arm_shows():
+    """Days at C = 5, then a schedule that never settles (10, 10, 20, ...): the arm at 20 reads 0.15 high
+    (about two of its noise sds), the main releases are precise. Read at their own kept rows
+    (``private_model.transient_points``) they move r(10), r(15), r(20) toward the truth, which the settled
+    points alone leave to the arms (a release after days at C = 10 keeps little more at 20 than at 10, so
+    they correct the arm's error by a part, not all); read as settled (min(n, K)) they drag r(20) down."""
+    from araopt.optimize.private_model import pooled_curve, retention_points
+    from araopt.optimize.retention import fit_retention_curve
+
+    records, truth = _pool_records([5] * 35 + [10, 10, 20] * 4, 0.15, None)
+    ks = [10, 15, 20]
+    settled = fit_retention_curve(retention_points(records))  # the arms and the days at C = 5
+    settled_error = settled.ratio(ks) - truth.ratio(ks)
+    assert settled_error[-1] > 0.1  # the arm's error at 20 carried into the curve
+    learnt = pooled_curve(records)
+    learnt_error = learnt.ratio(ks) - truth.ratio(ks)
+    # between the truth and the arms' fit, at most 0.8 of the way to the latter
+    assert np.all((learnt_error >= 0) & (learnt_error <= 0.8 * settled_error)), (learnt_error, settled_error)
+    assert float(learnt.ratio(5)[0]) == pytest.approx(float(truth.ratio(5)[0]), abs=0.01)
+    # the same points read as if each release had settled at its count limit: far below the truth
+    as_settled = fit_retention_curve(list(learnt.points))
+    assert float(as_settled.ratio(20)[0]) < float(truth.ratio(20)[0]) - 0.05
+
+
+@pytest.mark.parametrize("law", [None, 3.0, 15.0])
+def test_the_delay_law_is_the_one_under_which_the_moves_settle_as_the_releases_show(law):
+    """Releases whose transients follow a delay law of ``transient.DELAY_LAWS``: ``delay_law`` picks it
+    (only how fast a move settles shows the delays); with no move, the uniform law."""
+    from araopt.optimize.private_model import delay_law
+
+    schedule = [5] * 35 + [10, 10, 20, 10, 3, 3, 10, 10, 20, 10]
+    records, _ = _pool_records(schedule, 0.0, law)
+    assert delay_law(records)[0] == law
+    settled, _ = _pool_records([5] * 40, 0.0, law)
+    assert delay_law(settled)[0] is None
+
+
+def test_one_noisy_release_in_a_transient_does_not_move_the_delay_law_off_the_window():
+    """A law other than the uniform one must fit the transients better by ``DELAY_EVIDENCE``: one release
+    after a move, measured with a noise sd of 630 conversions, fits the 3-day law best but not by that."""
+    from araopt.optimize.private_model import DELAY_EVIDENCE, _pooled_fit, delay_law
+
+    records, _ = _pool_records([5] * 35 + [10], 0.0, 3.0, main_variance=4e5)
+    misfits = [_pooled_fit(records, law)[1] for law in (None, 3.0)]
+    assert misfits[1] < misfits[0] <= DELAY_EVIDENCE
+    assert delay_law(records)[0] is None

@@ -367,6 +367,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         chosen = dataclasses.replace(chosen, provenance=dataclasses.replace(
             chosen.provenance, extra={**chosen.provenance.extra, "model_check": note, **described,
                                       "excess_ratio_variance": model.excess,
+                                      "delay_law_days": model.delay_days,
                                       "count_limit_schedule": {**schedule.to_json(), "day": day_number,
                                                                "decision": schedule_note}}))
     return dataclasses.replace(result, version=chosen, alternatives=())

@@ -37,7 +37,7 @@ from araopt.optimize.error_model import default_taus
 from araopt.optimize.heterogeneity import SliceValues, value_scales
 from araopt.optimize.retention import MAX_SIZE, RetentionCurve, fit_retention_curve
 from araopt.optimize.slice_retention import SliceDays, SlicePosterior, slice_posterior
-from araopt.optimize.transient import kept_table
+from araopt.optimize.transient import DELAY_LAWS, kept_table
 
 DAY_US = 86_400_000_000
 SPREAD_DAYS = 30
@@ -135,6 +135,8 @@ class PrivateModel:
     """The relative variance of every slice's ratio that the model's own uncertainty misses, measured
     out of sample on the window's releases (``ratio_excess`` + ``share_excess``): added to the ratio
     variance the intervals carry."""
+    delay_days: float | None = None
+    """The conversions' delay law the transients are sized by (``transient.DELAY_LAWS``, ``delay_law``)."""
 
     def _row(self, key: tuple[Any, ...]) -> int | None:
         if self.slices is None:
@@ -179,7 +181,7 @@ class PrivateModel:
                                                               if release < 0 else self.schedule[: release + 1])
         if count_limit is not None:
             past.append(int(count_limit))
-        return kept_table(past[-(SPREAD_DAYS + 1):], SPREAD_DAYS, max_size=MAX_SIZE)
+        return kept_table(past[-(SPREAD_DAYS + 1):], SPREAD_DAYS, max_size=MAX_SIZE, delay_days=self.delay_days)
 
     def kept_shares(self, keys: Sequence[tuple[Any, ...]], table: np.ndarray) -> np.ndarray:
         """Every slice's expected kept share of its conversions under a schedule's ``kept_table`` (its
@@ -340,13 +342,97 @@ def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float,
     return points
 
 
+TRANSIENT_DOUBT = 0.1
+"""The share of a transient's departure from the settled kept share (``transient_points``) taken as the
+sd of its modelling error: the transient's size follows the delay law ``optimize.transient`` assumes
+(uniform over the attribution window), which a log need not follow."""
+
+
+def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, delay_days: float | None = None
+                     ) -> tuple[list[tuple[int, float, float]], list[np.ndarray], list[float]]:
+    """(points, kept rows, doubts) of every main release that ``retention_points`` leaves out (the count
+    limits before it were not all its own): its kept share over the main share, read at what the count
+    limits of the ``SPREAD_DAYS`` before it keep of an impression of each size under the delay law
+    ``delay_days`` (``optimize.transient``), its variance the noise, the sampling term and the doubt
+    (``TRANSIENT_DOUBT`` times how far the ``settled`` curve says the transient moves it; also returned
+    alone). These are the only precise points at the count limits a schedule moves to: without them the
+    pool's curve there rests on the arms."""
+    points: list[tuple[int, float, float]] = []
+    rows: list[np.ndarray] = []
+    doubts: list[float] = []
+    limits = [int(r.count_limit) for r in records]
+    sizes = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
+    weights = _padded(settled)
+    for i, r in enumerate(records):
+        main_share = 1.0 if r.exploration is None else r.exploration.main_share
+        n = main_share * float(r.first_party.totals[0])
+        if n < 1 or all(q.count_limit == r.count_limit for q in records[max(0, i - SETTLE_RELEASES):i]):
+            continue
+        row = kept_table(limits[max(0, i - SPREAD_DAYS):i + 1], SPREAD_DAYS, max_size=MAX_SIZE, delay_days=delay_days)
+        departure = float(weights @ (np.minimum(sizes, float(kept_per_impression(r.count_limit))) - row))
+        doubt = (TRANSIENT_DOUBT * departure) ** 2
+        variance = float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n + doubt
+        points.append((kept_per_impression(r.count_limit), float(r.main[:, 0].sum()) / n, variance))
+        rows.append(row)
+        doubts.append(doubt)
+    return points, rows, doubts
+
+
+def _padded(curve: RetentionCurve) -> np.ndarray:
+    w = np.zeros(MAX_SIZE)
+    given = np.asarray(curve.weights, dtype=np.float64)[:MAX_SIZE]
+    w[: len(given)] = given
+    return w
+
+
+def pooled_curve(history: Sequence[ReleaseRecord], delay_days: float | None = None) -> RetentionCurve:
+    """The pooled retention curve: fitted to the arms and settled main releases (``retention_points``),
+    then again with the main releases in transients read at their own kept rows (``transient_points``,
+    sized by the delay law ``delay_days``)."""
+    return _pooled_fit(history, delay_days)[0]
+
+
+def _pooled_fit(history: Sequence[ReleaseRecord], delay_days: float | None) -> tuple[RetentionCurve, float]:
+    """``pooled_curve`` and the sum of the transient points' squared standardized residuals under it
+    (their variance without the doubt: how well the delay law sizes the transients; 0 with none)."""
+    points = retention_points(history)
+    settled = fit_retention_curve(points)
+    more, rows, doubts = transient_points(history, settled, delay_days)
+    if not more:
+        return settled, 0.0
+    curve = fit_retention_curve([*points, *more], rows=[*([None] * len(points)), *rows])
+    w = _padded(curve)
+    misfit = sum((r - float(w @ row)) ** 2 / max(v - d, 1e-12)
+                 for (_, r, v), row, d in zip(more, rows, doubts, strict=True))
+    return curve, float(misfit)
+
+
+DELAY_EVIDENCE = 9.0
+"""How much lower (a chi-square: three standard deviations) the transients' misfit under another delay
+law must be than under the uniform one for that law to be used: a few releases in a transient fit
+any law about as well, and the uniform law (ARA's window) is the default."""
+
+
+def delay_law(history: Sequence[ReleaseRecord]) -> tuple[float | None, RetentionCurve]:
+    """The delay law of ``transient.DELAY_LAWS`` under which the pooled curve fits the main releases in
+    transients best (``_pooled_fit``'s misfit: a move shows the delays through how fast the kept share
+    settles at the new count limit), and that curve; the uniform law (the first) unless another fits
+    better by more than ``DELAY_EVIDENCE`` (with no release in a transient, all fit equally)."""
+    fits = [(law, *_pooled_fit(history, law)) for law in DELAY_LAWS]
+    law, curve, misfit = min(fits, key=lambda x: x[2])  # min keeps the first of equal misfits
+    if fits[0][2] - misfit <= DELAY_EVIDENCE:
+        return fits[0][0], fits[0][1]
+    return law, curve
+
+
 def domain_keys(domain: KeyDomain) -> list[tuple[Any, ...]]:
     """Every declared slice's key (``slice_key``), in the domain's order."""
     values = domain.slice_values()
     return [slice_key([values[c][i] for c in domain.slice_columns]) for i in range(domain.num_slices)]
 
 
-def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]) -> SliceDays:
+def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]], delay_days: float | None = None
+               ) -> SliceDays:
     """The main releases' count estimates per declared slice (``slice_retention.SliceDays``); a slice
     a release does not hold counts 0 with no noise. ``records`` are daily releases in time order: each
     release's kept share is that of the count limits of the ``SPREAD_DAYS`` before it
@@ -361,7 +447,8 @@ def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]
         noise[d, ok] = r.main_variance[rows[ok], 0]
     ranks = np.array([kept_per_impression(r.count_limit) for r in records], dtype=np.int64)
     limits = [int(r.count_limit) for r in records]
-    tables = np.stack([kept_table(limits[max(0, d - SPREAD_DAYS):d + 1], SPREAD_DAYS, max_size=MAX_SIZE)
+    tables = np.stack([kept_table(limits[max(0, d - SPREAD_DAYS):d + 1], SPREAD_DAYS, max_size=MAX_SIZE,
+                                  delay_days=delay_days)
                        for d in range(len(records))], axis=1) if records else None
     conversions = np.array([float(r.first_party.totals[0]) * (1.0 if r.exploration is None else r.exploration.main_share)
                             for r in records])
@@ -387,12 +474,12 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[R
     if not records:
         raise InvalidInput("privacy-safe tuning needs at least one past release")
     history = [*older, *records]
-    curve = fit_retention_curve(retention_points(history))
+    delay, curve = delay_law(history)
     keys = domain_keys(domain)
-    posterior = slice_posterior(slice_days(history, keys), curve, slice_groups(domain)) if slices else None
+    posterior = slice_posterior(slice_days(history, keys, delay), curve, slice_groups(domain)) if slices else None
     model = PrivateModel(curve, {k: np.zeros(domain.num_columns) for k in keys}, np.zeros((0, 0)), len(records),
                          slices=posterior, slice_keys=tuple(keys),
-                         schedule=tuple(int(r.count_limit) for r in history))
+                         schedule=tuple(int(r.count_limit) for r in history), delay_days=delay)
     # every window release's kept share per impression size, given the count limits before it
     tables = [model.kept_table(release=-len(records) + i) for i in range(len(records))]
     # the slices' conversions at their own retention: the weights of the pool the model holds

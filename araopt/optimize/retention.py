@@ -34,6 +34,9 @@ class RetentionCurve:
 
     weights: np.ndarray
     points: tuple[tuple[int, float, float], ...] = ()
+    rows: tuple[np.ndarray | None, ...] = ()
+    """Per point, what it keeps of an impression of each size when that is not min(n, K) (a release
+    in a count-limit transient, ``optimize.transient.kept_table``); empty or None: min(n, K)."""
 
     def ratio(self, kept_ranks: int | Sequence[int] | np.ndarray) -> np.ndarray:
         """r(K) for every K of ``kept_ranks``."""
@@ -54,19 +57,29 @@ class RetentionCurve:
 
 
 def fit_retention_curve(points: Sequence[tuple[int, float, float]], smoothness: float = SMOOTHNESS,
-                        max_size: int = MAX_SIZE) -> RetentionCurve:
+                        max_size: int = MAX_SIZE, rows: Sequence[np.ndarray | None] = ()) -> RetentionCurve:
     """The mixture closest to the points (kept ranks K, ratio, variance of the ratio), weighted by
-    their precision, r(infinity) = 1 held almost exactly."""
+    their precision, r(infinity) = 1 held almost exactly. ``rows``: per point, the kept conversions of
+    an impression of each size (1..) when they are not min(n, K) (a main release in a count-limit
+    transient reads sum_j t_j row_j); missing or None: min(n, K)."""
     if not points:
         raise InvalidInput("no points to fit a retention curve to")
     if any(int(k) < 1 or not np.isfinite(r) or not np.isfinite(v) or v < 0 for k, r, v in points):
         raise InvalidInput(f"retention points must be (K >= 1, finite ratio, finite variance >= 0), got {list(points)}")
+    if len(rows) > len(points):
+        raise InvalidInput(f"{len(rows)} kept rows for {len(points)} retention points")
     sizes = np.arange(1, max_size + 1, dtype=np.float64)
     k = np.array([p[0] for p in points], dtype=np.float64)
     r = np.array([p[1] for p in points], dtype=np.float64)
     w = 1.0 / np.sqrt(np.maximum(np.array([p[2] for p in points], dtype=np.float64), 1e-10))
     scale = float(np.median(w))
-    rows = [np.minimum(sizes[None, :], k[:, None]) * w[:, None], sizes[None, :] * scale * 1e3]
+    kept = np.minimum(sizes[None, :], k[:, None])
+    for i, row in enumerate(rows):
+        if row is not None:
+            given = np.asarray(row, dtype=np.float64)[:max_size]
+            kept[i, :len(given)] = given
+            kept[i, len(given):] = given[-1]
+    rows_ = [kept * w[:, None], sizes[None, :] * scale * 1e3]
     target = [r * w, np.array([scale * 1e3])]
     if smoothness > 0:
         # sizes 2, 3, ... are smooth; size 1 is not in the penalty: single-conversion impressions are a
@@ -75,10 +88,11 @@ def fit_retention_curve(points: Sequence[tuple[int, float, float]], smoothness: 
         d2 = np.zeros((max_size - 3, max_size))
         idx = np.arange(1, max_size - 2)
         d2[idx - 1, idx], d2[idx - 1, idx + 1], d2[idx - 1, idx + 2] = 1.0, -2.0, 1.0
-        rows.append(np.sqrt(smoothness) * scale * d2)
+        rows_.append(np.sqrt(smoothness) * scale * d2)
         target.append(np.zeros(max_size - 3))
-    t, _ = nnls(np.vstack(rows), np.concatenate(target), maxiter=50 * max_size)
-    return RetentionCurve(t, tuple((int(a), float(b), float(c)) for a, b, c in points))
+    t, _ = nnls(np.vstack(rows_), np.concatenate(target), maxiter=50 * max_size)
+    return RetentionCurve(t, tuple((int(a), float(b), float(c)) for a, b, c in points),
+                          tuple(None if row is None else np.asarray(row, dtype=np.float64) for row in rows))
 
 
 @dataclass(frozen=True)
@@ -99,7 +113,7 @@ class CurveBootstrap:
         fits = []
         for _ in range(self.reps):
             moved = [(k, float(r + rng.normal(0.0, np.sqrt(v))), v) for k, r, v in self.curve.points]
-            fits.append(fit_retention_curve(moved, self.smoothness))
+            fits.append(fit_retention_curve(moved, self.smoothness, rows=self.curve.rows))
         return tuple(fits)
 
     def ratio_variance(self, kept_ranks: Sequence[int]) -> np.ndarray:

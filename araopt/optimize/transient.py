@@ -8,8 +8,10 @@ its first min(n, K(C)) (``bounding.kept_per_impression``): the retention curve's
 the conversions charged at the old count limit stay charged: a release keeps another share until they
 age out of the attribution window (a move up keeps less than r(K), a move down more, at first).
 
-The model. An impression's n conversions fall uniformly over the ``spread_days`` after it (ARA's
-attribution window; the releases do not show the delays), impressions start uniformly in time. Per
+The model. An impression's n conversions fall independently over the ``spread_days`` after it (ARA's
+attribution window), uniformly (``delay_days`` None) or by an exponential law of mean ``delay_days``
+truncated to the window (the releases show the delays only through how fast a move settles:
+``private_model.delay_law`` chooses among ``DELAY_LAWS`` by that); impressions start uniformly in time. Per
 impression size n, ``kept_table`` is the expected number of its conversions kept *given that each falls
 on the target day*: sum_j P(j kept | j on the target day), by Monte Carlo over the impression's
 conversion times with conversion j placed on the target day (every conversion contributes: no draw is
@@ -29,6 +31,8 @@ from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE
 
 SPREAD_DAYS = 30
 """Days after its impression over which an impression's conversions fall (ARA's default window)."""
+DELAY_LAWS: tuple[float | None, ...] = (None, 1.0, 3.0, 7.0, 15.0)
+"""The delay laws the tuner chooses among: uniform over the window (None), exponential means in days."""
 SIZES = (*range(1, 25), 28, 32, 40, 48, 64, 96, 128)
 """Impression sizes simulated; the table is interpolated linearly between them and held beyond the last
 (an impression of 128 conversions has long used its budget at any count limit up to the report limit)."""
@@ -38,16 +42,26 @@ SEED = 20_260_005
 """The model's Monte-Carlo seed (common random numbers: every schedule sees the same draws)."""
 
 
-@lru_cache(maxsize=4)
-def _draws(spread_days: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+def delays(u: np.ndarray, spread_days: int, delay_days: float | None) -> np.ndarray:
+    """Delays (days after the impression) of uniform draws ``u`` in [0, 1): uniform over the window, or
+    exponential of mean ``delay_days`` truncated to it (inverse CDF)."""
+    if delay_days is None:
+        return np.asarray(u * spread_days, dtype=np.float64)
+    if not delay_days > 0:
+        raise ValueError(f"a delay law needs a positive mean, got {delay_days!r}")
+    return np.asarray(-delay_days * np.log1p(-u * -np.expm1(-spread_days / delay_days)), dtype=np.float64)
+
+
+@lru_cache(maxsize=16)
+def _draws(spread_days: int, delay_days: float | None = None) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """Per size n of ``SIZES``: (day, rows) with day (M, n, n) int the day (relative to the target day,
     -spread_days..0, or 1 after it) of conversion i when conversion j falls on the target day, for M
-    impressions (sorted uniform times over the window, a uniform phase within the target day)."""
+    impressions (sorted delays over the window by the law, a uniform phase within the target day)."""
     rng = np.random.default_rng(SEED)
     out = []
     for n in SIZES:
         m = max(16, DRAWS // n)
-        times = np.sort(rng.random((m, n)), axis=1) * spread_days  # (M, n) offsets after the impression
+        times = np.sort(delays(rng.random((m, n)), spread_days, delay_days), axis=1)  # (M, n) after the impression
         phase = rng.random((m, n))  # conversion j at phase within the target day
         start = phase - times  # (M, j): the impression's start placing j on the target day
         day = np.floor(start[:, :, None] + times[:, None, :]).astype(np.int64)  # (M, j, i)
@@ -56,20 +70,25 @@ def _draws(spread_days: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
 
 
 def kept_table(schedule: Sequence[int], spread_days: int = SPREAD_DAYS, contribution_budget: int = CONTRIBUTION_BUDGET,
-               max_reports: int = MAX_REPORTS_PER_SOURCE, max_size: int = 256) -> np.ndarray:
+               max_reports: int = MAX_REPORTS_PER_SOURCE, max_size: int = 256, delay_days: float | None = None
+               ) -> np.ndarray:
     """(max_size,) the expected kept conversions per impression of each size (1..max_size) given each
     falls on the target day, under the count limits ``schedule`` of the days up to and including the
-    target day (last entry; days before the first entry: the first's). See the module docstring."""
+    target day (last entry; days before the first entry: the first's), the delays by ``delay_days``'s
+    law. See the module docstring."""
     limits = np.asarray(schedule, dtype=np.int64)
     if limits.size == 0 or np.any(limits < 1):
         raise ValueError(f"a schedule needs count limits >= 1, got {schedule!r}")
+    if delay_days is not None and not delay_days > 0:
+        raise ValueError(f"a delay law needs a positive mean, got {delay_days!r}")
     past = np.concatenate([np.full(max(0, spread_days + 1 - len(limits)), limits[0]), limits])[-(spread_days + 1):]
-    return _table(tuple(int(x) for x in past), spread_days, contribution_budget, max_reports, max_size).copy()
+    return _table(tuple(int(x) for x in past), spread_days, contribution_budget, max_reports, max_size,
+                  delay_days).copy()
 
 
-@lru_cache(maxsize=512)
-def _table(past: tuple[int, ...], spread_days: int, contribution_budget: int, max_reports: int, max_size: int
-           ) -> np.ndarray:
+@lru_cache(maxsize=4096)
+def _table(past: tuple[int, ...], spread_days: int, contribution_budget: int, max_reports: int, max_size: int,
+           delay_days: float | None) -> np.ndarray:
     """``kept_table`` of the window's count limits (memoised: a pure function of its arguments, and every
     tuning day reads the same past days again)."""
     limits = np.asarray(past, dtype=np.int64)
@@ -80,7 +99,7 @@ def _table(past: tuple[int, ...], spread_days: int, contribution_budget: int, ma
     cost = np.asarray(contribution_budget // limits, dtype=np.int64)  # L-inf: floor(Gamma / C_d), days -spread..0
     cost = np.concatenate([cost, [0]])  # day 1 (after the target day): never reached before j
     values = []
-    for (day, _), n in zip(_draws(spread_days), SIZES, strict=True):
+    for (day, _), n in zip(_draws(spread_days, delay_days), SIZES, strict=True):
         c = cost[day + spread_days]  # (M, j, i) the cost of conversion i
         used = np.zeros(c.shape[:2], dtype=np.int64)
         reports = np.zeros(c.shape[:2], dtype=np.int64)
@@ -96,8 +115,10 @@ def _table(past: tuple[int, ...], spread_days: int, contribution_budget: int, ma
     return np.asarray(np.interp(sizes, np.asarray(SIZES, dtype=np.float64), np.asarray(values)), dtype=np.float64)
 
 
-def kept_share(weights: np.ndarray, schedule: Sequence[int], spread_days: int = SPREAD_DAYS) -> np.ndarray:
+def kept_share(weights: np.ndarray, schedule: Sequence[int], spread_days: int = SPREAD_DAYS,
+               delay_days: float | None = None) -> np.ndarray:
     """Each curve's (rows of conversion-normalised ``weights``) expected kept share of the target day's
     conversions under ``schedule`` (``kept_table``): r(K) when the schedule is settled."""
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
-    return np.asarray(w @ kept_table(schedule, spread_days, max_size=w.shape[1]), dtype=np.float64)
+    return np.asarray(w @ kept_table(schedule, spread_days, max_size=w.shape[1], delay_days=delay_days),
+                      dtype=np.float64)
