@@ -25,10 +25,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE
+from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE, MAX_SOURCE_LIFE_DAYS
 
-SPREAD_DAYS = 30
-"""Days after its impression over which an impression's conversions fall (ARA's default window)."""
+SPREAD_DAYS = MAX_SOURCE_LIFE_DAYS
+"""Days after its impression over which an impression's conversions fall (ARA's default attribution
+window: the releases do not show the delays); the transient and the pseudo-history both use it."""
 SIZES = (*range(1, 25), 28, 32, 40, 48, 64, 96, 128)
 """Impression sizes simulated; the table is interpolated linearly between them and held beyond the last
 (an impression of 128 conversions has long used its budget at any count limit up to the report limit)."""
