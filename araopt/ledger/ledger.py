@@ -165,21 +165,18 @@ class Ledger:
                 before = found.before
                 coarse_before = 0
                 if coarse is not None:
-                    near = [e for e in releases if "coarse_row_set" in e
-                            and coarse.may_meet(e["first_time_us"], e["last_time_us"], COARSE_MARGIN_US)]
+                    near = _meeting(releases, coarse, "coarse_row_set", COARSE_MARGIN_US)
                     coarse_before = released_in(coarse, [self._ids(e, "coarse_row_set", loaded) for e in near]).before
                 minute_before = 0
                 if minute is not None:
-                    near = [e for e in releases if "minute_row_set" in e
-                            and minute.may_meet(e["first_time_us"], e["last_time_us"], MINUTE_MARGIN_US)]
+                    near = _meeting(releases, minute, "minute_row_set", MINUTE_MARGIN_US)
                     minute_before = released_near(minute, [self._ids(e, "minute_row_set", loaded) for e in near])
                 lossy = coarse is not None and coarse_before > LOSSY_OVERLAP_SHARE * max(len(coarse), 1)
                 minute_rows = 0 if minute is None else len(minute)
                 by_minute = minute_before > LOSSY_OVERLAP_SHARE * max(minute_rows, 1)
                 shifted = None
                 if minute is not None and not by_minute:
-                    near = [e for e in releases if "minute_row_set" in e
-                            and minute.may_meet(e["first_time_us"], e["last_time_us"], COARSE_MARGIN_US)]
+                    near = _meeting(releases, minute, "minute_row_set", COARSE_MARGIN_US)
                     if near:
                         shifted = released_shifted(minute, [self._ids(e, "minute_row_set", loaded) for e in near])
                 by_shift = shifted is not None and _lossy_shift(shifted)
@@ -239,7 +236,7 @@ class Ledger:
                   loaded: dict[tuple[str, str], np.ndarray]) -> tuple[Released, dict[str, int]]:
         """How much of ``rows`` was released in ``releases`` (entries of this ledger; only those whose
         windows meet are read), and per earlier release how many of them it held (only releases holding some)."""
-        meeting = [e for e in releases if rows.may_meet(e["first_time_us"], e["last_time_us"])]
+        meeting = _meeting(releases, rows, "row_set", 0)
         found = released_in(rows, [self._ids(e, "row_set", loaded) for e in meeting])
         return found, {e["id"]: n for e, n in zip(meeting, found.per_set, strict=True) if n}
 
@@ -384,6 +381,13 @@ def identities(parts: Sequence[RowSetPart]) -> Identities:
     """The exact, coarse and minute identities of ``parts``, in memory."""
     return Identities(RowSet.merge(parts), RowSet.merge(p.coarse_part() for p in parts),
                       RowSet.merge(p.minute_part() for p in parts))
+
+
+def _meeting(releases: Sequence[dict[str, Any]], rows: RowSet | SpilledRowSet, field: str, margin_us: int
+             ) -> list[dict[str, Any]]:
+    """The ledger entries that record a ``field`` row set and whose conversion-time window meets that of
+    ``rows`` widened by ``margin_us``: the only ones whose row sets are read."""
+    return [e for e in releases if field in e and rows.may_meet(e["first_time_us"], e["last_time_us"], margin_us)]
 
 
 def _lossy_shift(shifted: ShiftedMatch) -> bool:

@@ -54,7 +54,6 @@ from araopt.optimize.heterogeneity import CONTRADICTION, ratio_elasticity, relea
 from araopt.optimize.private_model import (
     DAY_US,
     SLICE_HISTORY,
-    SPREAD_DAYS,
     FirstParty,
     PrivateModel,
     ReleaseRecord,
@@ -68,6 +67,7 @@ from araopt.optimize.private_model import (
 from araopt.optimize.retention import CurveBootstrap
 from araopt.optimize.search import candidate_params
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
+from araopt.optimize.transient import SPREAD_DAYS
 from araopt.optimize.tune import TuningResult
 from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates
 from araopt.version import CORRECTIONS, ParameterVersion, Provenance, divided_queries

@@ -37,12 +37,9 @@ from araopt.optimize.error_model import default_taus
 from araopt.optimize.heterogeneity import SliceValues, value_scales
 from araopt.optimize.retention import MAX_SIZE, RetentionCurve, fit_retention_curve
 from araopt.optimize.slice_retention import SliceDays, SlicePosterior, slice_posterior
-from araopt.optimize.transient import DELAY_LAWS, kept_table
+from araopt.optimize.transient import DELAY_LAWS, SPREAD_DAYS, kept_table
 
 DAY_US = 86_400_000_000
-SPREAD_DAYS = 30
-"""Days after its impression over which a pseudo-history impression's conversions fall (ARA's default
-attribution window: the releases do not show the delays)."""
 SLICE_HISTORY = 60
 """Releases the retention curves are learnt from (the window's and older ones: conversions per
 impression are a lasting trait, and older releases may be at other count limits)."""

@@ -27,10 +27,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE
+from araopt.constants import CONTRIBUTION_BUDGET, MAX_REPORTS_PER_SOURCE, MAX_SOURCE_LIFE_DAYS
 
-SPREAD_DAYS = 30
-"""Days after its impression over which an impression's conversions fall (ARA's default window)."""
+SPREAD_DAYS = MAX_SOURCE_LIFE_DAYS
+"""Days after its impression within which an impression's conversions fall (ARA's default attribution
+window); the transient and the pseudo-history both use it."""
 DELAY_LAWS: tuple[float | None, ...] = (None, 1.0, 3.0, 7.0, 15.0)
 """The delay laws the tuner chooses among: uniform over the window (None), exponential means in days."""
 SIZES = (*range(1, 25), 28, 32, 40, 48, 64, 96, 128)
