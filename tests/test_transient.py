@@ -199,7 +199,8 @@ def test_main_releases_in_a_transient_teach_the_pool_the_count_limits_only_a_noi
     (about two of its noise sds), the main releases are precise. Read at their own kept rows
     (``private_model.transient_points``) they move r(10), r(15), r(20) toward the truth, which the settled
     points alone leave to the arms (a release after days at C = 10 keeps little more at 20 than at 10, so
-    they correct the arm's error by a part, not all); read as settled (min(n, K)) they drag r(20) down."""
+    they correct the arm's error by a part, not all, the less as each is no more exact than
+    ``TRANSIENT_FLOOR_SD``); read as settled (min(n, K)) they drag r(20) down."""
     from araopt.optimize.private_model import pooled_curve, retention_points
     from araopt.optimize.retention import fit_retention_curve
 
@@ -210,8 +211,9 @@ def test_main_releases_in_a_transient_teach_the_pool_the_count_limits_only_a_noi
     assert settled_error[-1] > 0.1  # the arm's error at 20 carried into the curve
     learnt = pooled_curve(records)
     learnt_error = learnt.ratio(ks) - truth.ratio(ks)
-    # between the truth and the arms' fit, at most 0.8 of the way to the latter
-    assert np.all((learnt_error >= 0) & (learnt_error <= 0.8 * settled_error)), (learnt_error, settled_error)
+    # between the truth and the arms' fit, and nearer the truth at 20 by at least 0.01
+    assert np.all((learnt_error >= 0) & (learnt_error <= settled_error)), (learnt_error, settled_error)
+    assert learnt_error[-1] <= settled_error[-1] - 0.01
     assert float(learnt.ratio(5)[0]) == pytest.approx(float(truth.ratio(5)[0]), abs=0.01)
     # the same points read as if each release had settled at its count limit: far below the truth
     as_settled = fit_retention_curve(list(learnt.points))

@@ -345,15 +345,22 @@ sd of its modelling error: the transient's size follows the delay law ``optimize
 (uniform over the attribution window), which a log need not follow."""
 
 
+TRANSIENT_FLOOR_SD = 0.01
+"""The least sd of a transient point's modelling error (a kept share): a release a little off its settled
+share is no exact point either, and exact points at the count limit the schedule keeps pin the pool's
+curve there and leave the sizes above it no mass (hetero-inverse: r(10) = 1 where 0.985 was true), which
+the slices' curves, anchored to the pool, then cannot have either."""
+
+
 def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, delay_days: float | None = None
                      ) -> tuple[list[tuple[int, float, float]], list[np.ndarray], list[float]]:
     """(points, kept rows, doubts) of every main release that ``retention_points`` leaves out (the count
     limits before it were not all its own): its kept share over the main share, read at what the count
     limits of the ``SPREAD_DAYS`` before it keep of an impression of each size under the delay law
     ``delay_days`` (``optimize.transient``), its variance the noise, the sampling term and the doubt
-    (``TRANSIENT_DOUBT`` times how far the ``settled`` curve says the transient moves it; also returned
-    alone). These are the only precise points at the count limits a schedule moves to: without them the
-    pool's curve there rests on the arms."""
+    (``TRANSIENT_DOUBT`` times how far the ``settled`` curve says the transient moves it, with
+    ``TRANSIENT_FLOOR_SD`` in quadrature; also returned alone). These are the only precise points at the
+    count limits a schedule moves to: without them the pool's curve there rests on the arms."""
     points: list[tuple[int, float, float]] = []
     rows: list[np.ndarray] = []
     doubts: list[float] = []
@@ -367,7 +374,7 @@ def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, 
             continue
         row = kept_table(limits[max(0, i - SPREAD_DAYS):i + 1], SPREAD_DAYS, max_size=MAX_SIZE, delay_days=delay_days)
         departure = float(weights @ (np.minimum(sizes, float(kept_per_impression(r.count_limit))) - row))
-        doubt = (TRANSIENT_DOUBT * departure) ** 2
+        doubt = (TRANSIENT_DOUBT * departure) ** 2 + TRANSIENT_FLOOR_SD**2
         variance = float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n + doubt
         points.append((kept_per_impression(r.count_limit), float(r.main[:, 0].sum()) / n, variance))
         rows.append(row)
