@@ -201,7 +201,7 @@ def test_main_releases_in_a_transient_teach_the_pool_the_count_limits_only_a_noi
     points alone leave to the arms (a release after days at C = 10 keeps little more at 20 than at 10, so
     they correct the arm's error by a part, not all, the less as each is no more exact than
     ``TRANSIENT_FLOOR_SD``); read as settled (min(n, K)) they drag r(20) down."""
-    from araopt.optimize.private_model import pooled_curve, retention_points
+    from araopt.optimize.private_model import pooled_fit, retention_points
     from araopt.optimize.retention import fit_retention_curve
 
     records, truth = _pool_records([5] * 35 + [10, 10, 20] * 4, 0.15, None)
@@ -209,7 +209,7 @@ def test_main_releases_in_a_transient_teach_the_pool_the_count_limits_only_a_noi
     settled = fit_retention_curve(retention_points(records))  # the arms and the days at C = 5
     settled_error = settled.ratio(ks) - truth.ratio(ks)
     assert settled_error[-1] > 0.1  # the arm's error at 20 carried into the curve
-    learnt = pooled_curve(records)
+    learnt, _ = pooled_fit(records, None)
     learnt_error = learnt.ratio(ks) - truth.ratio(ks)
     # between the truth and the arms' fit, and nearer the truth at 20 by at least 0.01
     assert np.all((learnt_error >= 0) & (learnt_error <= settled_error)), (learnt_error, settled_error)
@@ -236,9 +236,9 @@ def test_the_delay_law_is_the_one_under_which_the_moves_settle_as_the_releases_s
 def test_one_noisy_release_in_a_transient_does_not_move_the_delay_law_off_the_window():
     """A law other than the uniform one must fit the transients better by ``DELAY_EVIDENCE``: one release
     after a move, measured with a noise sd of 630 conversions, fits the 3-day law best but not by that."""
-    from araopt.optimize.private_model import DELAY_EVIDENCE, _pooled_fit, delay_law
+    from araopt.optimize.private_model import DELAY_EVIDENCE, delay_law, pooled_fit
 
     records, _ = _pool_records([5] * 35 + [10], 0.0, 3.0, main_variance=4e5)
-    misfits = [_pooled_fit(records, law)[1] for law in (None, 3.0)]
+    misfits = [pooled_fit(records, law)[1] for law in (None, 3.0)]
     assert misfits[1] < misfits[0] <= DELAY_EVIDENCE
     assert delay_law(records)[0] is None

@@ -37,7 +37,7 @@ from araopt.optimize.error_model import default_taus
 from araopt.optimize.heterogeneity import SliceValues, value_scales
 from araopt.optimize.retention import MAX_SIZE, RetentionCurve, fit_retention_curve
 from araopt.optimize.slice_retention import SliceDays, SlicePosterior, slice_posterior
-from araopt.optimize.transient import DELAY_LAWS, SPREAD_DAYS, kept_table
+from araopt.optimize.transient import DELAY_LAWS, SPREAD_DAYS, release_table
 
 DAY_US = 86_400_000_000
 SLICE_HISTORY = 60
@@ -178,14 +178,12 @@ class PrivateModel:
                                                               if release < 0 else self.schedule[: release + 1])
         if count_limit is not None:
             past.append(int(count_limit))
-        return kept_table(past[-(SPREAD_DAYS + 1):], SPREAD_DAYS, max_size=MAX_SIZE, delay_days=self.delay_days)
+        return release_table(past, len(past) - 1, MAX_SIZE, self.delay_days)
 
     def kept_shares(self, keys: Sequence[tuple[Any, ...]], table: np.ndarray) -> np.ndarray:
         """Every slice's expected kept share of its conversions under a schedule's ``kept_table`` (its
         posterior mean; a slice the model does not hold, or no slices: the pooled curve's)."""
-        pool = np.zeros(len(table))
-        pool[: min(len(self.curve.weights), len(pool))] = np.asarray(self.curve.weights)[: len(pool)]
-        pooled = max(float(pool @ table), MIN_RATIO)
+        pooled = max(float(padded_weights(self.curve, len(table)) @ table), MIN_RATIO)
         if self.slices is None:
             return np.full(len(keys), pooled)
         mean = self.slices.weights @ (self.slices.grid_weights @ table[: self.slices.grid_weights.shape[1]])
@@ -341,15 +339,15 @@ def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float,
 
 TRANSIENT_DOUBT = 0.1
 """The share of a transient's departure from the settled kept share (``transient_points``) taken as the
-sd of its modelling error: the transient's size follows the delay law ``optimize.transient`` assumes
-(uniform over the attribution window), which a log need not follow."""
+sd of its modelling error: the transient's size follows the delay law the model chose among
+``transient.DELAY_LAWS`` (``delay_law``), which a log's delays follow only approximately."""
 
 
 TRANSIENT_FLOOR_SD = 0.01
 """The least sd of a transient point's modelling error (a kept share): a release a little off its settled
 share is no exact point either, and exact points at the count limit the schedule keeps pin the pool's
-curve there and leave the sizes above it no mass (hetero-inverse: r(10) = 1 where 0.985 was true), which
-the slices' curves, anchored to the pool, then cannot have either."""
+curve there and leave the sizes above it no mass (r(2K) = 1 where a few percent of the conversions are
+in larger impressions), which the slices' curves, anchored to the pool, then cannot have either."""
 
 
 def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, delay_days: float | None = None
@@ -366,13 +364,13 @@ def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, 
     doubts: list[float] = []
     limits = [int(r.count_limit) for r in records]
     sizes = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
-    weights = _padded(settled)
+    weights = padded_weights(settled)
     for i, r in enumerate(records):
         main_share = 1.0 if r.exploration is None else r.exploration.main_share
         n = main_share * float(r.first_party.totals[0])
         if n < 1 or all(q.count_limit == r.count_limit for q in records[max(0, i - SETTLE_RELEASES):i]):
             continue
-        row = kept_table(limits[max(0, i - SPREAD_DAYS):i + 1], SPREAD_DAYS, max_size=MAX_SIZE, delay_days=delay_days)
+        row = release_table(limits, i, MAX_SIZE, delay_days)
         departure = float(weights @ (np.minimum(sizes, float(kept_per_impression(r.count_limit))) - row))
         doubt = (TRANSIENT_DOUBT * departure) ** 2 + TRANSIENT_FLOOR_SD**2
         variance = float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n + doubt
@@ -382,30 +380,28 @@ def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, 
     return points, rows, doubts
 
 
-def _padded(curve: RetentionCurve) -> np.ndarray:
-    w = np.zeros(MAX_SIZE)
-    given = np.asarray(curve.weights, dtype=np.float64)[:MAX_SIZE]
+def padded_weights(curve: RetentionCurve, size: int = MAX_SIZE) -> np.ndarray:
+    """The curve's mixture weights over impression sizes 1..``size`` (0 beyond its own)."""
+    w = np.zeros(size)
+    given = np.asarray(curve.weights, dtype=np.float64)[:size]
     w[: len(given)] = given
     return w
 
 
-def pooled_curve(history: Sequence[ReleaseRecord], delay_days: float | None = None) -> RetentionCurve:
-    """The pooled retention curve: fitted to the arms and settled main releases (``retention_points``),
-    then again with the main releases in transients read at their own kept rows (``transient_points``,
-    sized by the delay law ``delay_days``)."""
-    return _pooled_fit(history, delay_days)[0]
-
-
-def _pooled_fit(history: Sequence[ReleaseRecord], delay_days: float | None) -> tuple[RetentionCurve, float]:
-    """``pooled_curve`` and the sum of the transient points' squared standardized residuals under it
-    (their variance without the doubt: how well the delay law sizes the transients; 0 with none)."""
-    points = retention_points(history)
-    settled = fit_retention_curve(points)
+def pooled_fit(history: Sequence[ReleaseRecord], delay_days: float | None, settled: RetentionCurve | None = None
+               ) -> tuple[RetentionCurve, float]:
+    """The pooled retention curve: fitted to the arms and settled main releases (``retention_points``:
+    ``settled``, fitted here when not given), then again with the main releases in transients read at
+    their own kept rows (``transient_points``, sized by the delay law ``delay_days``); and the sum of the
+    transient points' squared standardized residuals under it (their variance without the doubt: how well
+    the delay law sizes the transients; 0 with none)."""
+    settled = fit_retention_curve(retention_points(history)) if settled is None else settled
+    points = list(settled.points)
     more, rows, doubts = transient_points(history, settled, delay_days)
     if not more:
         return settled, 0.0
     curve = fit_retention_curve([*points, *more], rows=[*([None] * len(points)), *rows])
-    w = _padded(curve)
+    w = padded_weights(curve)
     misfit = sum((r - float(w @ row)) ** 2 / max(v - d, 1e-12)
                  for (_, r, v), row, d in zip(more, rows, doubts, strict=True))
     return curve, float(misfit)
@@ -419,10 +415,11 @@ any law about as well, and the uniform law (ARA's window) is the default."""
 
 def delay_law(history: Sequence[ReleaseRecord]) -> tuple[float | None, RetentionCurve]:
     """The delay law of ``transient.DELAY_LAWS`` under which the pooled curve fits the main releases in
-    transients best (``_pooled_fit``'s misfit: a move shows the delays through how fast the kept share
+    transients best (``pooled_fit``'s misfit: a move shows the delays through how fast the kept share
     settles at the new count limit), and that curve; the uniform law (the first) unless another fits
     better by more than ``DELAY_EVIDENCE`` (with no release in a transient, all fit equally)."""
-    fits = [(law, *_pooled_fit(history, law)) for law in DELAY_LAWS]
+    settled = fit_retention_curve(retention_points(history))  # the same for every law
+    fits = [(law, *pooled_fit(history, law, settled)) for law in DELAY_LAWS]
     law, curve, misfit = min(fits, key=lambda x: x[2])  # min keeps the first of equal misfits
     if fits[0][2] - misfit <= DELAY_EVIDENCE:
         return fits[0][0], fits[0][1]
@@ -451,8 +448,7 @@ def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]
         noise[d, ok] = r.main_variance[rows[ok], 0]
     ranks = np.array([kept_per_impression(r.count_limit) for r in records], dtype=np.int64)
     limits = [int(r.count_limit) for r in records]
-    tables = np.stack([kept_table(limits[max(0, d - SPREAD_DAYS):d + 1], SPREAD_DAYS, max_size=MAX_SIZE,
-                                  delay_days=delay_days)
+    tables = np.stack([release_table(limits, d, MAX_SIZE, delay_days)
                        for d in range(len(records))], axis=1) if records else None
     conversions = np.array([float(r.first_party.totals[0]) * (1.0 if r.exploration is None else r.exploration.main_share)
                             for r in records])

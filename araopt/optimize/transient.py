@@ -43,13 +43,17 @@ SEED = 20_260_005
 """The model's Monte-Carlo seed (common random numbers: every schedule sees the same draws)."""
 
 
+def _check_law(delay_days: float | None) -> None:
+    if delay_days is not None and not delay_days > 0:
+        raise ValueError(f"a delay law needs a positive mean, got {delay_days!r}")
+
+
 def delays(u: np.ndarray, spread_days: int, delay_days: float | None) -> np.ndarray:
     """Delays (days after the impression) of uniform draws ``u`` in [0, 1): uniform over the window, or
     exponential of mean ``delay_days`` truncated to it (inverse CDF)."""
+    _check_law(delay_days)
     if delay_days is None:
         return np.asarray(u * spread_days, dtype=np.float64)
-    if not delay_days > 0:
-        raise ValueError(f"a delay law needs a positive mean, got {delay_days!r}")
     return np.asarray(-delay_days * np.log1p(-u * -np.expm1(-spread_days / delay_days)), dtype=np.float64)
 
 
@@ -80,11 +84,18 @@ def kept_table(schedule: Sequence[int], spread_days: int = SPREAD_DAYS, contribu
     limits = np.asarray(schedule, dtype=np.int64)
     if limits.size == 0 or np.any(limits < 1):
         raise ValueError(f"a schedule needs count limits >= 1, got {schedule!r}")
-    if delay_days is not None and not delay_days > 0:
-        raise ValueError(f"a delay law needs a positive mean, got {delay_days!r}")
+    _check_law(delay_days)
     past = np.concatenate([np.full(max(0, spread_days + 1 - len(limits)), limits[0]), limits])[-(spread_days + 1):]
     return _table(tuple(int(x) for x in past), spread_days, contribution_budget, max_reports, max_size,
                   delay_days).copy()
+
+
+def release_table(limits: Sequence[int], release: int, max_size: int, delay_days: float | None = None,
+                  spread_days: int = SPREAD_DAYS) -> np.ndarray:
+    """``kept_table`` of the ``release``-th of daily releases at count limits ``limits`` (time order): the
+    count limits of the ``spread_days`` before it and its own."""
+    return kept_table(limits[max(0, release - spread_days):release + 1], spread_days, max_size=max_size,
+                      delay_days=delay_days)
 
 
 @lru_cache(maxsize=4096)
