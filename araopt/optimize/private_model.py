@@ -90,6 +90,11 @@ class ReleaseRecord:
     clips: tuple[float, ...] = ()
     """The main release's clip thresholds per value query (public parameters; empty: unknown)."""
 
+    @property
+    def main_conversions(self) -> float:
+        """The day's first-party conversions on the main release's share of impressions (all without arms)."""
+        return float(self.first_party.totals[0]) * (1.0 if self.exploration is None else self.exploration.main_share)
+
     @classmethod
     def of(cls, release: Release, first_party: FirstParty) -> ReleaseRecord:
         """From a release in memory (what its files publish: ``publication.estimates_frame`` and
@@ -306,6 +311,12 @@ def day_dispersion(impression_dispersion: np.ndarray, spread_days: int = SPREAD_
     return np.asarray(1.0 - p + p * np.asarray(impression_dispersion, dtype=np.float64), dtype=np.float64)
 
 
+def settled_at(records: Sequence[ReleaseRecord], i: int) -> bool:
+    """Whether the ``SETTLE_RELEASES`` releases before the ``i``-th of ``records`` (time order) all had its
+    count limit: its kept share is then its count limit's steady r(K)."""
+    return all(q.count_limit == records[i].count_limit for q in records[max(0, i - SETTLE_RELEASES):i])
+
+
 def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float, float]]:
     """(kept ranks K, ratio r(K), variance) from every arm and every settled main release, pooled per
     K: an arm's kept-count estimate over its share of the day's first-party conversions; a main
@@ -318,16 +329,14 @@ def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float,
     for i, r in enumerate(records):
         total = float(r.first_party.totals[0])
         exploration = r.exploration
-        main_share = 1.0 if exploration is None else exploration.main_share
         if exploration is not None:
             for arm, est, var in zip(exploration.arms, r.arms[:, 0], r.arms_variance[:, 0], strict=True):
                 n = arm.share * total
                 if n >= 1:
                     point = (float(est) / n, float(var) / n**2 + 1 / n)
                     raw.setdefault(kept_per_impression(arm.count_limit), []).append(point)
-        n = main_share * total
-        settled = all(q.count_limit == r.count_limit for q in records[max(0, i - SETTLE_RELEASES):i])
-        if n >= 1 and settled:
+        n = r.main_conversions
+        if n >= 1 and settled_at(records, i):
             raw.setdefault(kept_per_impression(r.count_limit), []).append(
                 (float(r.main[:, 0].sum()) / n, float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n))
     points = []
@@ -366,9 +375,8 @@ def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, 
     sizes = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
     weights = padded_weights(settled)
     for i, r in enumerate(records):
-        main_share = 1.0 if r.exploration is None else r.exploration.main_share
-        n = main_share * float(r.first_party.totals[0])
-        if n < 1 or all(q.count_limit == r.count_limit for q in records[max(0, i - SETTLE_RELEASES):i]):
+        n = r.main_conversions
+        if n < 1 or settled_at(records, i):
             continue
         row = release_table(limits, i, MAX_SIZE, delay_days)
         departure = float(weights @ (np.minimum(sizes, float(kept_per_impression(r.count_limit))) - row))
@@ -450,8 +458,7 @@ def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]
     limits = [int(r.count_limit) for r in records]
     tables = np.stack([release_table(limits, d, MAX_SIZE, delay_days)
                        for d in range(len(records))], axis=1) if records else None
-    conversions = np.array([float(r.first_party.totals[0]) * (1.0 if r.exploration is None else r.exploration.main_share)
-                            for r in records])
+    conversions = np.array([r.main_conversions for r in records])
     return SliceDays(ranks, np.maximum(kept.sum(axis=1), 1.0), kept, noise, tables, conversions)
 
 
