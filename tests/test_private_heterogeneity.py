@@ -8,6 +8,7 @@ from araopt.evaluation.metrics import realised_rmsre_tau
 from araopt.optimize.error_model import ErrorBreakdown, rmsre_tau
 from araopt.optimize.heterogeneity import (
     MAX_SCALE,
+    SHAPE_VARIANCE,
     SliceValues,
     ValuePool,
     ratio_elasticity,
@@ -51,15 +52,22 @@ def test_value_scales_recover_each_slices_level_from_the_releases_clipped_means(
     assert (variance > 0).all()
 
 
-def test_a_clip_below_a_slices_values_does_not_inflate_its_level():
-    """A saturated clipped mean bounds the level from below and measures nothing: the slice keeps the
-    prior (scale 1 before normalisation), not the largest scale the bisection allows."""
+def test_a_clip_below_a_slices_values_bounds_its_level_from_below_without_inflating_it():
+    """A saturated clipped mean measures no level but bounds it from below: the slice's level is at
+    least the one at which the clip keeps 0.9 of its clipped mean's ceiling (the prior above that
+    bound), neither the prior's centre (scale 1: the pseudo-history would draw the slice's values
+    several-fold too low and Alg. 5 would clip them too low) nor the largest the bisection allows."""
     values = _values(20_000, 3)
     true = np.array([1.0, 1.0, 10.0])
     counts = np.array([4000.0, 4000.0, 50.0])
-    clip = float(np.quantile(values, 0.05))  # far below the third slice's values
-    scales, _ = value_scales([_group(values, true, counts, clip)], values, counts)
-    assert scales[2] < 2.0 < MAX_SCALE
+    clip = float(np.median(values))  # within the first slices' values, far below the third's
+    scales, variance = value_scales([_group(values, true, counts, clip)], values, counts)
+    bound = ValuePool(values).scale(clip, 0.9 * clip)
+    assert bound > 1.3
+    # the prior's mass above the bound (its centre, scale 1, was what the slice got when the bound was dropped)
+    assert max(bound, 2.0) < scales[2] <= true[2] < MAX_SCALE
+    # the censored slice's level is still uncertain (more than a measured slice's), but less than the prior's
+    assert variance[0] < variance[2] < 1.0 + SHAPE_VARIANCE
 
 
 def test_the_ratio_elasticity_is_zero_for_a_high_clip_and_one_for_a_low_clip():

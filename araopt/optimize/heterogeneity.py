@@ -8,7 +8,8 @@ that change which parameters are good:
   the main release's value estimate over its count estimate is the mean kept *clipped* value
   E[min(s_k v, clip)] (Alg. 3 clips before it scales), with v drawn from the first-party values and
   s_k the slice's scale; it is increasing in s_k, so s_k follows by bisection, shrunk towards 1 by its
-  noise (empirical Bayes on log s_k). The pseudo-history draws slice k's values as s_k v.
+  noise (empirical Bayes on log s_k); a clip at or below a slice's values bounds its level from below
+  (the posterior is truncated there). The pseudo-history draws slice k's values as s_k v.
 * **conversions per impression** (some campaigns convert once, others many times): identified only
   across count limits (``optimize.slice_retention``: the arms are pooled over slices and the
   first-party data has no slice, so one count limit shows only r_k T_k). The posterior uncertainty of
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 
 from araopt.optimize.error_model import ErrorBreakdown, rmsre_tau
 
@@ -39,6 +41,8 @@ MAX_SCALE = 20.0
 SHAPE_VARIANCE = 0.25
 """Floor of a slice's log value-scale variance: its values' shape is the first-party values' only
 approximately (a scaled pool), which no number of releases removes."""
+CENSOR_SD = 2.0
+"""A slice's clipped mean at its clip bounds its level from below at this many noise sd under it."""
 CONTRADICTION = 4.0
 """The releases contradict the model when the last release's standardized scatter (chi-square over
 degrees of freedom) exceeds this."""
@@ -91,12 +95,16 @@ def value_scales(groups: list[SliceValues], values: np.ndarray, weights: np.ndar
                  prior_variance: float = SCALE_PRIOR_VARIANCE) -> tuple[np.ndarray, np.ndarray]:
     """Every slice's value scale of one query (m,) from the releases of each clip (log scales
     combined by precision, shrunk towards 1 by their noise), normalised so that the conversion-
-    weighted (``weights``) mean scale is 1: the first-party values are the slices' mixture. A slice
-    without a positive kept count and value in any release keeps scale 1."""
+    weighted (``weights``) mean scale is 1: the first-party values are the slices' mixture. A release
+    whose clipped mean is at its clip (>= 0.9 of it) bounds the level from below only: the slice's
+    log scale is then the posterior truncated at that bound. A slice without a
+    positive kept count and value in any release keeps scale 1. Returns the scales and their log
+    variances (with the ``SHAPE_VARIANCE`` floor)."""
     pool = ValuePool(values)
     m = len(weights)
     precision = np.zeros(m)
     weighted = np.zeros(m)
+    floor = np.full(m, -np.inf)
     for g in groups:
         if pool.clipped_mean(1.0, g.clip) <= 0:
             continue
@@ -108,19 +116,30 @@ def value_scales(groups: list[SliceValues], values: np.ndarray, weights: np.ndar
             # the clipped mean's variance: both sums' noise (delta method) and the values' sampling
             var = (float(g.value_variance[k]) + mean**2 * float(g.count_variance[k])) / c**2
             var += mean * max(g.clip - mean, 0.0) / c
-            if mean >= 0.9 * g.clip:  # a clip at or below the slice's values bounds its level, does not measure it
+            if mean >= 0.9 * g.clip:
+                # a clip at or below the slice's values bounds its level from below, does not measure it:
+                # the level is at least the one whose clipped mean is the mean's lower bound (at most
+                # 0.9 of the clip: the clipped mean is flat in the level near the clip)
+                low = min(mean - CENSOR_SD * float(np.sqrt(var)), 0.9 * g.clip)
+                if low > 0:
+                    floor[k] = max(floor[k], float(np.log(pool.scale(g.clip, low))))
                 continue
             log_var = var / mean**2
             precision[k] += 1.0 / log_var
             weighted[k] += np.log(pool.scale(g.clip, mean)) / log_var
     log_scale = np.where(precision > 0, weighted / np.maximum(precision, 1e-300), 0.0)
-    shrink = precision / (precision + 1.0 / prior_variance)
-    out = np.exp(shrink * log_scale)
+    variance = 1.0 / (precision + 1.0 / prior_variance)
+    mean_log = precision / (precision + 1.0 / prior_variance) * log_scale
+    cut = np.isfinite(floor)
+    if cut.any():  # the posterior N(mean, variance) truncated to [floor, inf)
+        sd = np.sqrt(variance[cut])
+        law = stats.truncnorm((floor[cut] - mean_log[cut]) / sd, np.inf, loc=mean_log[cut], scale=sd)
+        mean_log[cut], variance[cut] = law.mean(), law.var()
+    out = np.exp(mean_log)
     w = np.asarray(weights, dtype=np.float64)
     if w.sum() > 0:
         out = out / (float(w @ out) / float(w.sum()))
-    posterior = 1.0 / (precision + 1.0 / prior_variance) + SHAPE_VARIANCE
-    return np.asarray(np.clip(out, 1.0 / MAX_SCALE, MAX_SCALE), dtype=np.float64), posterior
+    return np.asarray(np.clip(out, 1.0 / MAX_SCALE, MAX_SCALE), dtype=np.float64), variance + SHAPE_VARIANCE
 
 
 def ratio_elasticity(values: np.ndarray, scales: np.ndarray, clip: float) -> np.ndarray:
