@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from araopt.mechanism.keys import KeyDomain
-from araopt.optimize.private import FirstParty, ReleaseRecord, _spread, cold_start
+from araopt.mechanism.params import Encoding, Params, QueryParams
+from araopt.optimize.private import FirstParty, ReleaseRecord, _spread, cold_start, released_value_shares
 from araopt.optimize.private_model import (
     MIN_EXCESS_CELLS,
     PrivateModel,
@@ -135,3 +136,30 @@ def test_the_excess_widens_every_query_s_ratio_variance_by_its_share_of_the_rati
     plain = _spread(model, params, ratio, keys, values=False)
     wider = _spread(dataclasses.replace(model, excess=0.01), params, ratio, keys, values=False)
     np.testing.assert_allclose(wider - plain, 0.01 * ratio**2)
+
+
+def _valued(clip: float, kept_count: float, kept_value: float) -> ReleaseRecord:
+    """A main release at C = 5 and ``clip`` of one slice that kept ``kept_count`` conversions worth
+    ``kept_value`` (clipped) of a day of 1000 conversions worth 10000."""
+    return ReleaseRecord(5, None, "", ((0,),), np.array([[kept_count, kept_value]]), np.zeros((1, 2)),
+                         np.zeros((0, 2)), np.zeros((0, 2)),
+                         FirstParty("d", np.array([1000.0, 10000.0]), np.zeros((0, 1))), (clip,))
+
+
+def test_the_values_ratio_over_the_counts_is_the_releases_with_their_clips_moved_to_the_candidates():
+    """Alg. 1 keeps an impression's first conversions: where values go with conversions per impression
+    the kept ones are not the values' average, so the value's pooled ratio is read from what the
+    releases kept (exact first-party totals), not assumed to be the count's times the clip's. A
+    release at the candidate's clip gives it as kept; one at another clip is moved by the first-party
+    values' clipped means (E[min(v, 10)] = 7, E[min(v, 20)] = 10 on these values)."""
+    values = np.array([[2.0], [6.0], [12.0], [40.0]])
+    at = lambda clip: Params(5, Encoding.LINF, 1.0, ("s",), (QueryParams("value", clip, 1.0),))  # noqa: E731
+    ten = _valued(10.0, 500.0, 2500.0)
+    twenty = _valued(20.0, 500.0, 3000.0)
+    np.testing.assert_allclose(released_value_shares([ten], at(10.0), values), [0.25 / 0.5])
+    np.testing.assert_allclose(released_value_shares([ten], at(20.0), values), [0.25 / 0.5 * 10 / 7])
+    np.testing.assert_allclose(released_value_shares([ten, twenty], at(10.0), values),
+                               [(2500.0 + 3000.0 * 7 / 10) / 20000.0 / 0.5])
+    # a record that does not state its clips says nothing of them
+    unknown = dataclasses.replace(ten, clips=())
+    assert np.isnan(released_value_shares([unknown], at(10.0), values)).all()

@@ -50,7 +50,13 @@ from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain, slice_key
 from araopt.mechanism.params import Params, QueryParams
 from araopt.optimize.error_model import expected_error
-from araopt.optimize.heterogeneity import CONTRADICTION, ratio_elasticity, release_consistency, robust_rmsre_tau
+from araopt.optimize.heterogeneity import (
+    CONTRADICTION,
+    ValuePool,
+    ratio_elasticity,
+    release_consistency,
+    robust_rmsre_tau,
+)
 from araopt.optimize.private_model import (
     DAY_US,
     SLICE_HISTORY,
@@ -499,6 +505,31 @@ def mixing_factor(records: Sequence[ReleaseRecord], params: Params, model: Priva
     return float(np.clip(observed, MIN_RATIO, 1.0) / max(main_share * steady, MIN_RATIO)), same
 
 
+def released_value_shares(records: Sequence[ReleaseRecord], params: Params, values: np.ndarray) -> np.ndarray:
+    """Per value query of ``params``: the ``records``' kept value per kept conversion over the true
+    value per conversion (first-party totals, exact), each release's clip moved to the query's by the
+    first-party values' clipped means; the query's ratio over the count's at ``params``' count limit.
+    Read from the releases, not the pseudo-history: Alg. 1 keeps an impression's first conversions,
+    and where values go with conversions per impression the kept ones are not the values' average (on
+    synth-travel the pseudo-history's value ratio was 1.5x the releases'). NaN where no record states
+    its clips or none kept a conversion."""
+    out = np.full(len(params.queries), np.nan)
+    known = [r for r in records if len(r.clips) == len(params.queries)]
+    kept_count = sum(float(r.main[:, 0].sum()) for r in known)
+    true_count = sum(float(r.first_party.totals[0]) for r in known)
+    if not known or kept_count <= 0 or true_count <= 0:
+        return out
+    for j, query in enumerate(params.queries):
+        pool = ValuePool(values[:, j])
+        target = pool.clipped_mean(1.0, query.clip_threshold)
+        kept = sum(float(r.main[:, j + 1].sum()) * target / max(pool.clipped_mean(1.0, float(r.clips[j])), 1e-300)
+                   for r in known)
+        true = sum(float(r.first_party.totals[j + 1]) for r in known)
+        if kept > 0 and true > 0:
+            out[j] = (kept / true) / (kept_count / true_count)
+    return out
+
+
 def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseRecord],
                         model: PrivateModel, bootstrap: CurveBootstrap | None = None) -> ParameterVersion:
     """The version's calibration with the ratios the releases themselves show: the count's is sum U /
@@ -538,8 +569,10 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
         fp = sum(float(r.first_party.totals[0]) for r in same_releases)
         ratio[0] = float(np.clip(mixing * main_share * pooled_model, MIN_RATIO, 1.0))  # their share, moved to tomorrow
         variance[0] = sum(float(r.main_variance[:, 0].sum()) for r in same_releases) / fp**2
-        if not same:
-            ratio[1:] = np.clip(ratio[1:] * mixing, MIN_RATIO, 1.0)
+        if not same:  # the values' ratios over the count's as those releases kept them (clips moved to these)
+            anchored = released_value_shares(same_releases, params, model.values)
+            ratio[1:] = np.clip(np.where(np.isfinite(anchored), ratio[0] * anchored, ratio[1:] * mixing),
+                                MIN_RATIO, 1.0)
     else:
         ratio[0] = float(np.clip(mixing * main_share * pooled_model, MIN_RATIO, 1.0))
     # the slice's own kept share tomorrow relative to the pool's (after the schedule's moves: ``optimize.transient``)
