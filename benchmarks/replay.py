@@ -182,10 +182,11 @@ def main() -> None:
           f"median private / best baseline, private_safe coverage (count, value) of the true totals")
     for r in results:
         coverage = " ".join(f"{r[k]:.3f}" for k in r if k.startswith("private_coverage_"))
+        width = " ".join(f"{r[k]:.2f}" for k in r if k.startswith("private_interval_width_"))
         print(f"{r['log']:<18} eps={r['epsilon']:<4g} median private/full {r['median_private_over_full']:.3f}  "
               f"private/cold {r.get('median_private_over_cold_start', float('nan')):.3f}  "
               f"below baselines {r['private_below_baselines']:.2f}  private/best baseline "
-              f"{r['median_private_over_best_baseline']:.3f}  coverage {coverage}  realised/predicted "
+              f"{r['median_private_over_best_baseline']:.3f}  coverage {coverage}  width {width}  realised/predicted "
               f"{r.get('private_realised_over_predicted', float('nan')):.2f}  ({r['seconds']:.0f} s)")
     if args.figures:
         write_figure(args.figures, figure_table(results, args))

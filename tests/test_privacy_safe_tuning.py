@@ -165,6 +165,22 @@ def test_rmsre_tau_and_true_totals_follow_the_definition():
     np.testing.assert_allclose(true_totals(conv, domain), [[1, 1], [2, 5]])  # slice 2 is outside the domain
 
 
+def test_an_interval_s_width_is_the_median_over_slices_of_its_width_relative_to_the_truth():
+    from araopt.evaluation.replay import _Released, _row
+
+    params = cold_start(FirstParty.of("d", np.arange(1.0, 100.0)), 8.0,
+                        KeyDomain.from_slice_values(("s",), {"s": np.arange(3)}, ("value",)), ("value",)).params
+    truth = np.array([[10.0, 100.0], [20.0, 0.0], [40.0, 50.0]])
+    released = _Released(truth.copy(), truth - np.array([[1.0, 10.0], [1.0, 5.0], [20.0, 5.0]]),
+                         truth + np.array([[1.0, 10.0], [3.0, 5.0], [20.0, 5.0]]))
+    row = _row(1, PRIVATE_SAFE, params, released, truth, np.ones(2), ("count", "value"))
+    assert row["interval_width_count"] == pytest.approx(0.2)  # widths 0.2, 0.2, 1.0
+    assert row["interval_width_value"] == pytest.approx(0.2)  # widths 0.2, 0.2; a zero truth has none
+    assert row["coverage_count"] == 1.0
+    assert np.isnan(_row(1, PRIVATE_SAFE, params, _Released(truth, None, None), truth, np.ones(2),
+                         ("count", "value"))["interval_width_count"])
+
+
 def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start():
     conv = steady_log(9, 600, seed=9)
     domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
@@ -184,6 +200,10 @@ def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start(
     assert (frame.loc[~frame["method"].isin([PRIVATE_SAFE, COLD_START]), "exploration_share"] == 0).all()
     found = summary(frame)
     assert found["days"] == 3 and 0 <= found["private_below_baselines"] <= 1
+    # an interval's width beside its coverage: calibrated days have one, the cold start none
+    assert (private.loc[private["calibrated"], ["interval_width_count", "interval_width_value"]] > 0).all().all()
+    assert private.loc[~private["calibrated"], "interval_width_count"].isna().all()
+    assert found["private_interval_width_count"] == pytest.approx(private["interval_width_count"].mean())
     with pytest.raises(ValueError, match="window-days"):
         replay(conv, domain, ReplayConfig(8.0, window_days=30))
 

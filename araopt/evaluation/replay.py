@@ -184,6 +184,11 @@ def _row(day: int, method: str, version: ParameterVersion | Params, released: _R
     for j, name in enumerate(query_names):
         row[f"coverage_{name}"] = (float(np.mean((released.low[:, j] <= truth[:, j]) & (truth[:, j] <= released.high[:, j])))
                                    if released.low is not None and released.high is not None else float("nan"))
+    for j, name in enumerate(query_names):  # coverage says nothing without the width it is bought with
+        has = truth[:, j] > 0
+        row[f"interval_width_{name}"] = (
+            float(np.median((released.high[has, j] - released.low[has, j]) / truth[has, j]))
+            if released.low is not None and released.high is not None and has.any() else float("nan"))
     if isinstance(version, ParameterVersion) and version.provenance is not None:
         row["predicted_rmsre_tau"] = version.provenance.predicted_rmsre_tau
         schedule = version.provenance.extra.get("count_limit_schedule")
@@ -259,7 +264,8 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
 def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
     """Over the last ``last`` replayed days: the median of private_safe / fully_informed RMSRE_tau (and
     / cold_start), the share of days private_safe is below both baselines, private_safe's mean
-    interval coverage per query, the share of its days that probed another count limit (its public
+    interval coverage per query and the mean of its days' median interval width relative to the truth
+    (over the slices with a positive true total), the share of its days that probed another count limit (its public
     schedule) and the mean of its realised / published predicted RMSRE_tau."""
     wide = frame.pivot(index="day", columns="method", values="rmsre_tau").sort_index().tail(last)
     out = {"days": float(len(wide))}
@@ -275,7 +281,7 @@ def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
         out["private_below_baselines"] = float((wide[PRIVATE_SAFE] < wide[baselines].min(axis=1)).mean())
         out["median_private_over_best_baseline"] = float((wide[PRIVATE_SAFE] / wide[baselines].min(axis=1)).median())
     private = frame[(frame["method"] == PRIVATE_SAFE) & frame["day"].isin(wide.index)]
-    for column in [c for c in frame.columns if c.startswith("coverage_")]:
+    for column in [c for c in frame.columns if c.startswith(("coverage_", "interval_width_"))]:
         out[f"private_{column}"] = float(private[column].mean())
     if "count_limit_probe" in private:
         out["private_probe_days"] = float(private["count_limit_probe"].fillna(False).astype(bool).mean())
