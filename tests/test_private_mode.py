@@ -305,7 +305,8 @@ def test_the_arm_plan_is_configuration_never_a_release_folders(daily, tmp_path):
 def test_optimize_private_applies_nightlys_guardrails(daily, tmp_path, capsys, monkeypatch):
     """The last release was made with parameters no tuning proposes (C = 1, the value clip a
     hundredth of day 3's): under guardrails that allow no change at all the learnt version must be
-    refused, whatever the releases' secure noise made the tuner choose; --allow-large-change lets it through."""
+    refused, whatever the releases' secure noise made the tuner choose; --allow-large-change lifts that
+    guard (the noise may still leave the prediction short of the baselines: the other guard)."""
     import dataclasses
 
     root, first_party, joined, domain, versions = daily
@@ -324,8 +325,13 @@ def test_optimize_private_applies_nightlys_guardrails(daily, tmp_path, capsys, m
     assert optimize(private_args(copy, first_party, domain, out, "--as-of", date(3), *tight)) == 2
     err = capsys.readouterr().err
     assert "clip threshold of value moves" in err and "--allow-large-change" in err and not out.exists()
-    assert optimize(private_args(copy, first_party, domain, out, "--as-of", date(3), *tight,
-                                 "--allow-large-change")) == 0
+    # --allow-large-change lifts the move guards; the prediction must still beat the baselines, which the
+    # releases' secure noise decides (both the tuner's error model's): written unless that is the one problem
+    rc = optimize(private_args(copy, first_party, domain, out, "--as-of", date(3), *tight, "--allow-large-change"))
+    err = capsys.readouterr().err
+    assert "moves" not in err and "--allow-large-change" not in err
+    assert (rc == 0) == out.exists()
+    assert rc == 0 or (rc == 2 and "does not beat the best baseline" in err), err
 
 
 def test_private_tuning_does_not_depend_on_the_order_of_the_first_party_rows(daily, tmp_path):
