@@ -1,5 +1,7 @@
 """Exploration arms in the mechanism: a keyed share of impressions capped at other count limits and
 reported on pooled keys of their own, every impression still within Gamma."""
+import dataclasses
+
 import apache_beam as beam
 import numpy as np
 import pytest
@@ -132,6 +134,48 @@ def test_exploration_in_a_parameter_file_round_trips_and_bad_plans_are_refused(t
         Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=("s",),
                queries=(QueryParams("v", 10.0, 0.9997), QueryParams("w", 10.0, 0.0003)),
                exploration=Exploration((ExplorationArm(20, 0.01),), salt=1))
+
+
+def test_attaching_arms_raises_a_fraction_alg5_left_one_unit_at_a_smaller_count_limit():
+    """Alg. 5 at C = 12 (integer fractions) leaves the value query one unit, 12 / Gamma: the arm at
+    C = 20 would encode it at scale floor(12 / 20) = 0 and the parameters are refused; attached with
+    ``with_exploration`` it gets 20 / Gamma, taken from the largest, and every arm and the main keys
+    keep a scale >= 1 (hetero-two-values at epsilon = 1 stopped privacy-safe tuning with this error)."""
+    gamma = 65536
+    tuned = Params(count_limit=12, encoding="linf", epsilon=1.0, slice_columns=("s",),
+                   queries=(QueryParams("value", 10.0, 12 / gamma), QueryParams("items", 3.0, 1 - 12 / gamma)))
+    with pytest.raises(InvalidParameters, match="arm 6 .C = 20.*scale"):
+        dataclasses.replace(tuned, exploration=default_exploration())
+    armed = tuned.with_exploration(default_exploration())
+    assert armed.exploration == default_exploration()
+    assert armed.budget_fractions == pytest.approx((20 / gamma, 1 - 20 / gamma), abs=1e-15)
+    assert sum(armed.budget_fractions) == pytest.approx(1.0, abs=1e-12)
+    for arm in range(len(armed.exploration.arms)):
+        one = armed.for_arm(arm)
+        assert all(int(a * gamma / one.count_limit) >= 1 for a in one.budget_fractions)
+    assert int(armed.budget_fractions[0] * gamma / 12) == 1  # the main scale of the raised query: no lower
+    # fractions every arm can encode are kept as they are; no arms, no change
+    fine = tuned.with_exploration(None)
+    assert fine.budget_fractions == tuned.budget_fractions and fine.exploration is None
+    wide = dataclasses.replace(tuned, queries=(QueryParams("value", 10.0, 0.5), QueryParams("items", 3.0, 0.5)))
+    assert wide.with_exploration(default_exploration()).budget_fractions == (0.5, 0.5)
+
+
+@given(count_limit=st.integers(1, 20), k=st.lists(st.floats(1e-6, 1e6), min_size=1, max_size=4),
+       limits=st.lists(st.integers(1, 40), min_size=1, max_size=7))
+def test_any_tuned_fractions_take_any_arms(count_limit, k, limits):
+    from araopt.optimize.search import _integer_fractions
+
+    gamma = 65536
+    alpha = _integer_fractions(np.array(k), count_limit, gamma)
+    tuned = Params(count_limit=count_limit, encoding="linf", epsilon=1.0, slice_columns=("s",),
+                   queries=tuple(QueryParams(f"v{i}", 1.0, float(a)) for i, a in enumerate(alpha)))
+    plan = Exploration(tuple(ExplorationArm(c, 0.001) for c in limits), salt=3)
+    armed = tuned.with_exploration(plan)  # valid parameters: every arm's scales >= 1 (else it raises)
+    assert all(new >= old or new == max(armed.budget_fractions)
+               for new, old in zip(armed.budget_fractions, tuned.budget_fractions, strict=True))
+    main_scales = [int(a * gamma // count_limit) for a in armed.budget_fractions]
+    assert min(main_scales) >= 1
 
 
 def test_beam_sums_with_exploration_equal_the_in_memory_mechanism():

@@ -241,6 +241,28 @@ class Params:
     def with_epsilon(self, epsilon: float) -> Params:
         return dataclasses.replace(self, epsilon=epsilon)
 
+    def with_exploration(self, exploration: Exploration | None) -> Params:
+        """These parameters with ``exploration``'s arms (None: none). An arm encodes with these budget
+        fractions at its own count limit C_a (``for_arm``), so an L-inf query's scale floor(alpha Gamma /
+        C_a) must be >= 1 at the largest arm too (Alg. 3): a fraction below max C_a / Gamma (ParameterOptimization,
+        Alg. 5, may leave a query one unit C / Gamma at a smaller main C) is raised to it, the raise taken
+        from the largest fraction. The fractions still sum to 1; a raised query's main scale is never lower."""
+        if exploration is None or self.encoding != Encoding.LINF or not exploration.arms:
+            return dataclasses.replace(self, exploration=exploration)
+        gamma = self.contribution_budget
+        widest = max(arm.count_limit for arm in exploration.arms)
+        floor = widest / gamma
+        while math.floor(floor * gamma / widest) < 1:  # as _check_scales, whatever the float rounding
+            floor = math.nextafter(floor, 1.0)
+        alpha = [float(cast(float, q.budget_fraction)) for q in self.queries]
+        raised = sum(floor - a for a in alpha if a < floor)
+        if raised > 0:
+            largest = max(range(len(alpha)), key=lambda i: alpha[i])
+            alpha = [max(a, floor) for a in alpha]
+            alpha[largest] -= raised
+        queries = tuple(dataclasses.replace(q, budget_fraction=a) for q, a in zip(self.queries, alpha, strict=True))
+        return dataclasses.replace(self, queries=queries, exploration=exploration)
+
     def for_arm(self, arm: int) -> Params:
         """The parameters exploration arm ``arm`` encodes with: these at the arm's count limit."""
         if self.exploration is None:

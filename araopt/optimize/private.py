@@ -140,7 +140,7 @@ def cold_start(first_party: FirstParty, epsilon: float, domain: KeyDomain, value
                     queries=tuple(QueryParams(c, float(max(q95[i], 1e-9)), 1.0 / d, taus[i + 1])
                                   for i, c in enumerate(value_columns)),
                     count_tau=COUNT_TAU, conversion_slice_columns=domain.conversion_slice_columns,
-                    exploration=exploration if exploration is not None else default_exploration())
+                    ).with_exploration(exploration if exploration is not None else default_exploration())
     return ParameterVersion(params, domain=domain, provenance=Provenance(extra={
         "tuning": "cold start: no release yet; clips from first-party values only",
         "exploration_share": params.exploration.total_share if params.exploration is not None else 0.0}))
@@ -267,8 +267,8 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     taus = list(taus)
 
     def explored(version: ParameterVersion) -> ParameterVersion:
-        params = dataclasses.replace(version.params, exploration=plan,
-                                     conversion_slice_columns=domain.conversion_slice_columns)
+        params = dataclasses.replace(version.params, conversion_slice_columns=domain.conversion_slice_columns,
+                                     exploration=None).with_exploration(plan)
         provenance = version.provenance
         if provenance is not None:  # no clock readings: the same inputs give the same file
             provenance = dataclasses.replace(provenance, created_at=None, extra={
