@@ -277,12 +277,14 @@ def share_excess(records: Sequence[ReleaseRecord], model: PrivateModel, keys: Se
     w = (x.sum(axis=0)[None, :] - x) / np.maximum(y.sum() - y, 1e-300)[:, None]  # leave-one-out shares
     pred = w * rho * y[:, None]
     sampling = data.noise + dispersion * np.maximum(pred, 0.0)
-    loo = ((sampling / np.maximum(rho, MIN_RATIO) ** 2).sum(axis=0)[None, :]
-           - sampling / np.maximum(rho, MIN_RATIO) ** 2) / np.maximum(x.sum(axis=0)[None, :] - x, 1e-300) ** 2
-    base = sampling + (rel + np.where(w > 0, loo, 0.0)) * pred**2
+    # w_k's variance from the other releases' sampling (0 where no other release kept any: w_k = 0)
+    others = x.sum(axis=0)[None, :] - x
+    scaled = sampling / np.maximum(rho, MIN_RATIO) ** 2
+    held = (w > 0) & (others > 0)
+    loo = np.divide(scaled.sum(axis=0)[None, :] - scaled, others**2, out=np.zeros_like(x), where=held)
+    base = sampling + (rel + loo) * pred**2
     # the excess of the other releases enters w_k too: by the squared weights of its leave-one-out sum
-    others = np.maximum(x.sum(axis=0)[None, :] - x, 1e-300)
-    spread = 1.0 + np.where(w > 0, ((x**2).sum(axis=0)[None, :] - x**2) / others**2, 0.0)
+    spread = 1.0 + np.divide((x**2).sum(axis=0)[None, :] - x**2, others**2, out=np.zeros_like(x), where=held)
     ok = (pred > 0) & (base > 0)
     if ok.sum() < MIN_EXCESS_CELLS:
         return 0.0
