@@ -15,7 +15,7 @@ window and the replayed days; conversions after the last replayed day are cut (a
 `araopt replay` runs on each at each epsilon; printed per (log, epsilon): the median over the last
 14 replayed days of private_safe / fully_informed and / cold_start RMSRE_tau (Def. 3.2), the share of
 those days private_safe is below both baselines, its intervals' coverage of the true totals (count,
-every value), the mean of its realised / published predicted RMSRE_tau and the share of its days
+every value) and their width (the median over slices of (high - low) / truth, a day's mean), the mean of its realised / published predicted RMSRE_tau and the share of its days
 that probed another count limit. ``--figures`` also writes them as the Markdown table that
 ``docs/private-tuning.md`` shows; ``--tables-only`` writes the table of runs already in ``--keep``.
 """
@@ -202,12 +202,15 @@ def figure_table(results: list[dict], args: argparse.Namespace) -> str:
     rows = []
     for r in results:
         coverage = [k for k in r if k.startswith("private_coverage_")]
+        width = [k for k in r if k.startswith("private_interval_width_")]
         rows.append([r["log"], f"{r['epsilon']:g}", cell(r, "median_private_over_full"),
                      cell(r, "median_private_over_cold_start"), cell(r, "private_below_baselines"),
                      cell(r, coverage[0]) if coverage else "–", ", ".join(cell(r, k) for k in coverage[1:]) or "–",
+                     cell(r, width[0]) if width else "–", ", ".join(cell(r, k) for k in width[1:]) or "–",
                      cell(r, "private_realised_over_predicted"), cell(r, "private_probe_days")])
     header = ["log", "ε", "private / fully informed", "private / cold start", "days below both baselines",
-              "coverage count", "coverage value(s)", "realised / predicted", "probe days"]
+              "coverage count", "coverage value(s)", "width count", "width value(s)", "realised / predicted",
+              "probe days"]
     return (f"{args.per_day:,} conversions a day, {args.days} replayed days, window {WINDOW_DAYS} days; medians and "
             f"shares over the last 14 replayed days.\n\n" + markdown_table(header, rows))
 

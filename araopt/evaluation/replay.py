@@ -191,9 +191,18 @@ def _row(day: int, method: str, version: ParameterVersion | Params, released: _R
             if released.low is not None and released.high is not None and has.any() else float("nan"))
     if isinstance(version, ParameterVersion) and version.provenance is not None:
         row["predicted_rmsre_tau"] = version.provenance.predicted_rmsre_tau
-        schedule = version.provenance.extra.get("count_limit_schedule")
+        extra = version.provenance.extra
+        schedule = extra.get("count_limit_schedule")
         if isinstance(schedule, dict):  # privacy-safe tuning: whether the day probed another count limit
             row["count_limit_probe"] = str(schedule.get("decision", "")).startswith("probe")
+        robust = extra.get("robust_prediction")
+        if isinstance(robust, dict):  # privacy-safe tuning: which candidate it published, and why
+            row["candidate"] = f"{robust.get('candidate')} ({robust.get('correction')})"
+        if "model_check" in extra:
+            row["model_check_fallback"] = str(extra["model_check"]).startswith("fallback")
+        retention = extra.get("slice_retention")
+        if isinstance(retention, dict):
+            row["slices_identified"] = bool(retention.get("identified"))
     return row
 
 
