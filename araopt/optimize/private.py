@@ -199,14 +199,20 @@ share lower: moving the count limit has a cost the steady-state pseudo-history d
 releases after it keep another share while the conversions charged at the old count limit age out)."""
 
 
+STEP_OUT = 1.25
+"""A tuned candidate's kept ranks may lie up to this factor beyond those released (a step the next
+release then measures); farther is the retention family's extrapolation, where only a probe goes."""
+
+
 def _incumbent(scored: Sequence[_Scored], recent: Sequence[ReleaseRecord], released: Sequence[ReleaseRecord]
                ) -> _Scored:
-    """The best candidate whose count limit lies within those ``released`` (the slices' retention is
-    measured there, elsewhere it is the family's extrapolation: only a probe goes there), or the best
-    at the latest releases' count limit (the most frequent of the last three) when it is within
-    ``STICKINESS`` of it."""
+    """The best candidate whose count limit lies within those ``released``, or a step (``STEP_OUT``)
+    beyond them (the slices' retention is measured there, farther it is the family's extrapolation:
+    only a probe goes there), or the best at the latest releases' count limit (the most frequent of the
+    last three) when it is within ``STICKINESS`` of it."""
     known = [kept_per_impression(r.count_limit) for r in released]
-    inside = [x for x in scored if min(known) <= x.kept_ranks <= max(known)] if known else []
+    inside = ([x for x in scored if min(known) / STEP_OUT <= x.kept_ranks <= max(known) * STEP_OUT]
+              if known else [])
     best = min(inside or scored, key=lambda x: (x.error, x.order))
     ranks = [kept_per_impression(r.count_limit) for r in recent[-3:]]
     usual = max(sorted(set(ranks)), key=ranks.count)
