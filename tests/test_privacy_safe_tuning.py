@@ -303,3 +303,28 @@ def test_a_release_that_kept_another_share_than_predicted_is_not_learnt_from_and
     assert learn(records, domain).slices.identified
     version = private_tune(records, 8.0, domain, ("value",)).version
     assert version.provenance is not None and version.provenance.extra["model_check"].startswith("the last release agrees")
+
+
+def test_the_tuned_candidate_steps_at_most_a_quarter_beyond_the_released_count_limits():
+    """Releases at C = 4 and 5 measured the slices' retention up to 5 kept ranks: a candidate at C = 6
+    (a step the next release measures) may be published over the cold-start rule, one at C = 9 (the
+    retention family's extrapolation) only by a probe; below, 8 released allows 7 but not 6."""
+    from test_honest_intervals import record
+
+    from araopt.optimize.private import STEP_OUT, _incumbent, _Scored
+
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    cold = cold_start(FirstParty.of("d", np.arange(1.0, 100.0)), 8.0, domain, ("value",))
+
+    def scored(count_limit: int, error: float, is_cold: bool = False) -> _Scored:
+        version = dataclasses.replace(cold, params=dataclasses.replace(cold.params, count_limit=count_limit))
+        return _Scored(error, error, count_limit, is_cold, version)
+
+    released = [record(4, [10.0, 10.0], 30.0), record(5, [10.0, 10.0], 30.0)]
+    assert STEP_OUT == 1.25
+    candidates = [scored(5, 0.585, is_cold=True), scored(6, 0.549), scored(9, 0.40)]
+    assert _incumbent(candidates, released, released).version.params.count_limit == 6
+    assert _incumbent(candidates[:1] + candidates[2:], released, released).version.params.count_limit == 5
+    high = [record(8, [10.0, 10.0], 30.0)]
+    below = [scored(8, 0.6), scored(7, 0.5), scored(6, 0.3)]
+    assert _incumbent(below, high, high).version.params.count_limit == 7
