@@ -15,9 +15,10 @@ window and the replayed days; conversions after the last replayed day are cut (a
 `araopt replay` runs on each at each epsilon; printed per (log, epsilon): the median over the last
 14 replayed days of private_safe / fully_informed and / cold_start RMSRE_tau (Def. 3.2), the share of
 those days private_safe is below both baselines, its intervals' coverage of the true totals (count,
-every value) and their width (the median over slices of (high - low) / truth, a day's mean), the mean of its realised / published predicted RMSRE_tau and the share of its days
-that probed another count limit. ``--figures`` also writes them as the Markdown table that
-``docs/private-tuning.md`` shows; ``--tables-only`` writes the table of runs already in ``--keep``.
+every value) and their width (the median over slices of (high - low) / truth, a day's mean), the
+mean of its realised / published predicted RMSRE_tau and the share of its days that probed another
+count limit. ``--figures`` also writes them as the Markdown table that ``docs/private-tuning.md`` shows;
+``--tables-only`` writes the table of runs already in ``--keep``.
 """
 from __future__ import annotations
 

@@ -309,9 +309,8 @@ def test_the_tuned_candidate_steps_at_most_a_quarter_beyond_the_released_count_l
     """Releases at C = 4 and 5 measured the slices' retention up to 5 kept ranks: a candidate at C = 6
     (a step the next release measures) may be published over the cold-start rule, one at C = 9 (the
     retention family's extrapolation) only by a probe; below, 8 released allows 7 but not 6."""
-    from test_honest_intervals import record
-
     from araopt.optimize.private import STEP_OUT, _incumbent, _Scored
+    from test_honest_intervals import record
 
     domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
     cold = cold_start(FirstParty.of("d", np.arange(1.0, 100.0)), 8.0, domain, ("value",))
