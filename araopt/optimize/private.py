@@ -193,6 +193,32 @@ def _probe_candidates(stats: SufficientStatistics, result: TuningResult, epsilon
     return out
 
 
+def _staying_candidate(stats: SufficientStatistics, result: TuningResult, epsilon: float, taus: Sequence[float],
+                       slice_columns: Sequence[str], recent: Sequence[ReleaseRecord]) -> list[ParameterVersion]:
+    """Alg. 5's best row (its per-C table) at the latest releases' count limit (``_usual_ranks``) when
+    no tuned candidate is there: the day's search on a fresh pseudo-history may pick another C by less
+    than its own noise, and staying (``STICKINESS``) needs a candidate to stay with."""
+    usual = _usual_ranks(recent)
+    tuned = {kept_per_impression(v.params.count_limit) for v, _ in result.candidates} | {
+        kept_per_impression(result.version.params.count_limit)}
+    rows = [r for r in result.optimization.per_count_limit if r.kept_ranks == usual and np.isfinite(r.rmsre_tau)]
+    if usual is None or usual in tuned or not rows:
+        return []
+    row = min(rows, key=lambda r: (r.rmsre_tau, r.count_limit))
+    params = candidate_params(stats, result.version.params.encoding, epsilon, row.count_limit,
+                              np.asarray(row.thresholds), None if row.fractions is None else np.asarray(row.fractions),
+                              np.asarray(taus, dtype=np.float64), slice_columns)
+    return [dataclasses.replace(result.version, params=params)]
+
+
+def _usual_ranks(recent: Sequence[ReleaseRecord]) -> int | None:
+    """The kept ranks of the latest releases: the most frequent of the last three (a tie: the latest's)."""
+    ranks = [kept_per_impression(r.count_limit) for r in recent[-3:]]
+    if not ranks:
+        return None
+    return max(reversed(ranks), key=ranks.count)
+
+
 STICKINESS = 0.05
 """A candidate at the count limit of the latest releases is kept unless another predicts an error this
 share lower: moving the count limit has a cost the steady-state pseudo-history does not show (the
@@ -214,8 +240,7 @@ def _incumbent(scored: Sequence[_Scored], recent: Sequence[ReleaseRecord], relea
     inside = ([x for x in scored if min(known) / STEP_OUT <= x.kept_ranks <= max(known) * STEP_OUT]
               if known else [])
     best = min(inside or scored, key=lambda x: (x.error, x.order))
-    ranks = [kept_per_impression(r.count_limit) for r in recent[-3:]]
-    usual = max(sorted(set(ranks)), key=ranks.count)
+    usual = _usual_ranks(recent)
     same = [x for x in scored if x.kept_ranks == usual and not x.cold]
     if same:
         stay = min(same, key=lambda x: (x.error, x.order))
@@ -303,6 +328,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
             cold = dataclasses.replace(cold, provenance=dataclasses.replace(tuned, extra={
                 **tuned.extra, "tuning": "privacy-safe: the cold-start rule, chosen against the tuned candidates"}))
         probes = _probe_candidates(stats, result, epsilon, taus, domain.slice_columns, schedule)
+        probes += _staying_candidate(stats, result, epsilon, taus, domain.slice_columns, recent)
         versions = tuple([explored(v) for v, _ in result.candidates] + [explored(v) for v in probes] + [cold])
         searches = tuple([o for _, o in result.candidates] + [result.optimization] * len(probes)
                          + [result.optimization])
