@@ -327,3 +327,33 @@ def test_the_tuned_candidate_steps_at_most_a_quarter_beyond_the_released_count_l
     high = [record(8, [10.0, 10.0], 30.0)]
     below = [scored(8, 0.6), scored(7, 0.5), scored(6, 0.3)]
     assert _incumbent(below, high, high).version.params.count_limit == 7
+
+
+def test_a_candidate_at_the_latest_releases_count_limit_makes_staying_possible():
+    """The day's search on a fresh pseudo-history picked C = 8 where the last releases were at C = 12:
+    Alg. 5's best row at 12 joins the candidates (its clips), so that ``STICKINESS`` can keep it; none
+    is added when a tuned candidate is already there. The latest releases' count limit is the most
+    frequent of the last three, a tie the latest's."""
+    from types import SimpleNamespace
+
+    from araopt.optimize.private import _staying_candidate, _usual_ranks
+    from araopt.optimize.search import CandidateResult
+    from test_honest_intervals import record
+
+    assert _usual_ranks([record(c, [1.0], 3.0) for c in (5, 12, 12)]) == 12
+    assert _usual_ranks([record(c, [1.0], 3.0) for c in (12, 6, 7)]) == 7
+    assert _usual_ranks([]) is None
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    base = cold_start(FirstParty.of("d", np.arange(1.0, 100.0)), 8.0, domain, ("value",))
+    tuned = dataclasses.replace(base, params=dataclasses.replace(base.params, count_limit=8, exploration=None))
+    rows = [CandidateResult(c, c, e, (t,), (1.0,), 0.5) for c, e, t in ((8, 0.30, 40.0), (12, 0.32, 33.0),
+                                                                       (12, 0.35, 20.0), (20, float("nan"), 1.0))]
+    result = SimpleNamespace(candidates=[(tuned, None)], version=tuned,
+                             optimization=SimpleNamespace(per_count_limit=rows))
+    stats = SimpleNamespace(value_columns=("value",), slice_columns=("s",),
+                            spec=SimpleNamespace(contribution_budget=65536))
+    recent = [record(12, [10.0, 10.0], 30.0)] * 3
+    (stay,) = _staying_candidate(stats, result, 8.0, [1.0, 2.0], ("s",), recent)
+    assert stay.params.count_limit == 12 and stay.params.queries[0].clip_threshold == 33.0
+    assert _staying_candidate(stats, result, 8.0, [1.0, 2.0], ("s",), [record(8, [10.0, 10.0], 30.0)]) == []
+    assert _staying_candidate(stats, result, 8.0, [1.0, 2.0], ("s",), [record(20, [10.0, 10.0], 30.0)]) == []
