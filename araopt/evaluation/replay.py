@@ -181,14 +181,13 @@ def _row(day: int, method: str, version: ParameterVersion | Params, released: _R
     for query in params.queries:
         row[f"clip_{query.column}"] = query.clip_threshold
     row["calibrated"] = released.low is not None
-    for j, name in enumerate(query_names):
-        row[f"coverage_{name}"] = (float(np.mean((released.low[:, j] <= truth[:, j]) & (truth[:, j] <= released.high[:, j])))
-                                   if released.low is not None and released.high is not None else float("nan"))
+    low, high = released.low, released.high
     for j, name in enumerate(query_names):  # coverage says nothing without the width it is bought with
         has = truth[:, j] > 0
-        row[f"interval_width_{name}"] = (
-            float(np.median((released.high[has, j] - released.low[has, j]) / truth[has, j]))
-            if released.low is not None and released.high is not None and has.any() else float("nan"))
+        row[f"coverage_{name}"] = (float(np.mean((low[:, j] <= truth[:, j]) & (truth[:, j] <= high[:, j])))
+                                   if low is not None and high is not None else float("nan"))
+        row[f"interval_width_{name}"] = (float(np.median((high[has, j] - low[has, j]) / truth[has, j]))
+                                         if low is not None and high is not None and has.any() else float("nan"))
     if isinstance(version, ParameterVersion) and version.provenance is not None:
         row["predicted_rmsre_tau"] = version.provenance.predicted_rmsre_tau
         extra = version.provenance.extra

@@ -156,7 +156,8 @@ def _squares(x: np.ndarray) -> np.ndarray:
     the same float on every platform and numpy version (``pow(x, 2)`` is not: libm's differs from
     ``x * x`` in the last bit for ~0.1 % of values, numpy 2.4's vectorised ``np.power`` for ~5 %), so
     the batched search steps give exactly the floats of the one-point steps."""
-    return cast(np.ndarray, np.asarray(x, dtype=np.float64) * np.asarray(x, dtype=np.float64))
+    x = np.asarray(x, dtype=np.float64)
+    return cast(np.ndarray, x * x)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ from araopt.optimize.private_model import (
     same_count,
 )
 from araopt.optimize.retention import CurveBootstrap
-from araopt.optimize.search import candidate_params
+from araopt.optimize.search import CandidateResult, candidate_params
 from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
 from araopt.optimize.transient import SPREAD_DAYS
 from araopt.optimize.tune import TuningResult
@@ -185,12 +185,19 @@ def _probe_candidates(stats: SufficientStatistics, result: TuningResult, epsilon
                 if schedule.far(r.kept_ranks, tuned) and (r.kept_ranks > tuned) == above and np.isfinite(r.rmsre_tau)]
         if not rows:
             continue
-        row = min(rows, key=lambda r: (r.rmsre_tau, r.count_limit))
-        params = candidate_params(stats, result.version.params.encoding, epsilon, row.count_limit,
-                                  np.asarray(row.thresholds), None if row.fractions is None else np.asarray(row.fractions),
-                                  np.asarray(taus, dtype=np.float64), slice_columns)
-        out.append(dataclasses.replace(result.version, params=params))
+        out.append(_row_version(stats, result, epsilon, taus, slice_columns, rows))
     return out
+
+
+def _row_version(stats: SufficientStatistics, result: TuningResult, epsilon: float, taus: Sequence[float],
+                 slice_columns: Sequence[str], rows: Sequence[CandidateResult]) -> ParameterVersion:
+    """The tuned version with the parameters of the best of Alg. 5's per-C ``rows`` (its clips and
+    budget fractions)."""
+    row = min(rows, key=lambda r: (r.rmsre_tau, r.count_limit))
+    params = candidate_params(stats, result.version.params.encoding, epsilon, row.count_limit,
+                              np.asarray(row.thresholds), None if row.fractions is None else np.asarray(row.fractions),
+                              np.asarray(taus, dtype=np.float64), slice_columns)
+    return dataclasses.replace(result.version, params=params)
 
 
 def _staying_candidate(stats: SufficientStatistics, result: TuningResult, epsilon: float, taus: Sequence[float],
@@ -204,11 +211,7 @@ def _staying_candidate(stats: SufficientStatistics, result: TuningResult, epsilo
     rows = [r for r in result.optimization.per_count_limit if r.kept_ranks == usual and np.isfinite(r.rmsre_tau)]
     if usual is None or usual in tuned or not rows:
         return []
-    row = min(rows, key=lambda r: (r.rmsre_tau, r.count_limit))
-    params = candidate_params(stats, result.version.params.encoding, epsilon, row.count_limit,
-                              np.asarray(row.thresholds), None if row.fractions is None else np.asarray(row.fractions),
-                              np.asarray(taus, dtype=np.float64), slice_columns)
-    return [dataclasses.replace(result.version, params=params)]
+    return [_row_version(stats, result, epsilon, taus, slice_columns, rows)]
 
 
 def _usual_ranks(recent: Sequence[ReleaseRecord]) -> int | None:
