@@ -181,6 +181,31 @@ def test_an_interval_s_width_is_the_median_over_slices_of_its_width_relative_to_
                          ("count", "value"))["interval_width_count"])
 
 
+def test_the_realised_bias_is_the_shared_part_of_the_realised_error():
+    """RMSRE_tau's per-query square is the slices' mean signed relative error squared plus their
+    variance: estimates all 20% low have the bias -0.2 and no scatter; estimates off by +-20% have no
+    bias and all of the error as scatter. The replay writes it per day and query."""
+    from araopt.evaluation.metrics import realised_relative_bias
+    from araopt.evaluation.replay import _Released, _row
+
+    truth = np.array([[10.0, 100.0], [20.0, 50.0], [40.0, 2.0], [5.0, 80.0]])
+    taus = np.array([1.0, 10.0])
+    low = truth * 0.8
+    np.testing.assert_allclose(realised_relative_bias(low, truth, taus)[0], -0.2)
+    both = truth * np.array([[1.2], [0.8], [1.2], [0.8]])
+    np.testing.assert_allclose(realised_relative_bias(both, truth, taus)[0], 0.0, atol=1e-12)
+    noisy = truth * np.random.default_rng(3).lognormal(0.1, 0.3, truth.shape)
+    relative = (noisy - truth) / np.maximum(taus[None, :], truth)
+    bias = realised_relative_bias(noisy, truth, taus)
+    np.testing.assert_allclose(realised_rmsre_tau(noisy, truth, taus).per_query ** 2, bias**2 + relative.var(axis=0))
+    np.testing.assert_allclose(bias[1], np.mean((noisy[:, 1] - truth[:, 1]) / np.array([100.0, 50.0, 10.0, 80.0])))
+    params = cold_start(FirstParty.of("d", np.arange(1.0, 100.0)), 8.0,
+                        KeyDomain.from_slice_values(("s",), {"s": np.arange(4)}, ("value",)), ("value",)).params
+    row = _row(1, PRIVATE_SAFE, params, _Released(low, None, None), truth, taus, ("count", "value"))
+    assert row["bias_count"] == pytest.approx(-0.2)
+    assert row["bias_value"] == pytest.approx(realised_relative_bias(low, truth, taus)[1])
+
+
 def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start():
     conv = steady_log(9, 600, seed=9)
     domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
@@ -204,6 +229,7 @@ def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start(
     assert (private.loc[private["calibrated"], ["interval_width_count", "interval_width_value"]] > 0).all().all()
     assert private.loc[~private["calibrated"], "interval_width_count"].isna().all()
     assert found["private_interval_width_count"] == pytest.approx(private["interval_width_count"].mean())
+    assert found["private_bias_count"] == pytest.approx(private["bias_count"].mean())
     with pytest.raises(ValueError, match="window-days"):
         replay(conv, domain, ReplayConfig(8.0, window_days=30))
 

@@ -33,7 +33,7 @@ import pandas as pd
 
 from araopt.constants import MAX_COUNT_LIMIT, Objective
 from araopt.errors import InvalidInput, InvalidParameters
-from araopt.evaluation.metrics import realised_rmsre_tau
+from araopt.evaluation.metrics import realised_relative_bias, realised_rmsre_tau
 from araopt.io.conversions import Conversions
 from araopt.io.rowset import hashed_row_ids
 from araopt.mechanism.exploration import Exploration, default_exploration
@@ -178,6 +178,8 @@ def _row(day: int, method: str, version: ParameterVersion | Params, released: _R
                            "exploration_share": 0.0 if params.exploration is None else params.exploration.total_share}
     for name, value in zip(query_names, per_query, strict=True):
         row[f"rmsre_tau_{name}"] = float(value)
+    for name, value in zip(query_names, realised_relative_bias(released.estimate, truth, taus), strict=True):
+        row[f"bias_{name}"] = float(value)  # the part of the error shared by the slices
     for query in params.queries:
         row[f"clip_{query.column}"] = query.clip_threshold
     row["calibrated"] = released.low is not None
@@ -272,9 +274,10 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
 def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
     """Over the last ``last`` replayed days: the median of private_safe / fully_informed RMSRE_tau (and
     / cold_start), the share of days private_safe is below both baselines, private_safe's mean
-    interval coverage per query and the mean of its days' median interval width relative to the truth
-    (over the slices with a positive true total), the share of its days that probed another count limit (its public
-    schedule) and the mean of its realised / published predicted RMSRE_tau."""
+    interval coverage per query, the mean of its days' median interval width relative to the truth
+    (over the slices with a positive true total) and of its days' mean signed relative error, the
+    share of its days that probed another count limit (its public schedule) and the mean of its
+    realised / published predicted RMSRE_tau."""
     wide = frame.pivot(index="day", columns="method", values="rmsre_tau").sort_index().tail(last)
     out = {"days": float(len(wide))}
     if PRIVATE_SAFE in wide and FULLY_INFORMED in wide:
@@ -289,7 +292,7 @@ def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
         out["private_below_baselines"] = float((wide[PRIVATE_SAFE] < wide[baselines].min(axis=1)).mean())
         out["median_private_over_best_baseline"] = float((wide[PRIVATE_SAFE] / wide[baselines].min(axis=1)).median())
     private = frame[(frame["method"] == PRIVATE_SAFE) & frame["day"].isin(wide.index)]
-    for column in [c for c in frame.columns if c.startswith(("coverage_", "interval_width_"))]:
+    for column in [c for c in frame.columns if c.startswith(("coverage_", "interval_width_", "bias_"))]:
         out[f"private_{column}"] = float(private[column].mean())
     if "count_limit_probe" in private:
         out["private_probe_days"] = float(private["count_limit_probe"].fillna(False).astype(bool).mean())

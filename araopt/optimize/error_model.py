@@ -157,6 +157,20 @@ def realised_rmsre_tau(estimate: np.ndarray, truth: np.ndarray, taus: np.ndarray
     """The realised RMSRE_tau of released estimates (m slices, count first) against the true totals
     (Def. 3.2): per query the root of the slices' mean squared relative error ((U - V) / max(tau, V))^2,
     combined over queries as the root of the mean of the per-query squares (as ``rmsre_tau``)."""
+    per_query = np.sqrt(np.mean(_relative_errors(estimate, truth, taus) ** 2, axis=0))
+    return RmsreTau(per_query=per_query, combined=float(np.sqrt(np.mean(per_query**2))))
+
+
+def realised_relative_bias(estimate: np.ndarray, truth: np.ndarray, taus: np.ndarray | Sequence[float]) -> np.ndarray:
+    """Per query the slices' mean signed relative error (U - V) / max(tau, V): the systematic part of
+    ``realised_rmsre_tau`` (its per-query square is this squared plus the slices' variance of the same
+    relative errors). Far from 0 when the estimates are off together (a pooled ratio or a transient
+    misjudged), near 0 when they only scatter (noise, or slice ratios off both ways)."""
+    return np.asarray(np.mean(_relative_errors(estimate, truth, taus), axis=0), dtype=np.float64)
+
+
+def _relative_errors(estimate: np.ndarray, truth: np.ndarray, taus: np.ndarray | Sequence[float]) -> np.ndarray:
+    """(m, queries) the slices' relative errors (U - V) / max(tau, V) of Def. 3.2."""
     est = np.asarray(estimate, dtype=np.float64)
     true = np.asarray(truth, dtype=np.float64)
     t = np.asarray(taus, dtype=np.float64)
@@ -165,8 +179,7 @@ def realised_rmsre_tau(estimate: np.ndarray, truth: np.ndarray, taus: np.ndarray
                                 f"positive tau per query, got {est.shape}, {true.shape}, taus {t.tolist()}")
     if true.shape[0] == 0:
         raise InvalidInput("RMSRE_tau of an empty domain is undefined")
-    per_query = np.sqrt(np.mean(((est - true) / np.maximum(t[None, :], true)) ** 2, axis=0))
-    return RmsreTau(per_query=per_query, combined=float(np.sqrt(np.mean(per_query**2))))
+    return np.asarray((est - true) / np.maximum(t[None, :], true), dtype=np.float64)
 
 
 def params_taus(params: Params) -> np.ndarray | None:
