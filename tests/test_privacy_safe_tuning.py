@@ -343,7 +343,7 @@ def test_the_tuned_candidate_steps_at_most_a_quarter_beyond_the_released_count_l
 
     def scored(count_limit: int, error: float, is_cold: bool = False) -> _Scored:
         version = dataclasses.replace(cold, params=dataclasses.replace(cold.params, count_limit=count_limit))
-        return _Scored(error, error, count_limit, is_cold, version)
+        return _Scored(error, error, count_limit, is_cold, version, error)
 
     released = [record(4, [10.0, 10.0], 30.0), record(5, [10.0, 10.0], 30.0)]
     assert STEP_OUT == 1.25

@@ -1,6 +1,8 @@
 """Issue 26: what a main release keeps after count-limit moves (``optimize.transient``) against a
 brute-force run of Alg. 1 (``mechanism.bounding.bound_sorted``) over simulated impressions, and the
 slices' retention identified from releases in a transient."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,11 +13,13 @@ from araopt.optimize.transient import SPREAD_DAYS, kept_share, kept_table
 
 
 def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int, delay_days: float | None = None) -> float:
-    """The kept share of the last day's conversions by Alg. 1 over every impression's life: impressions
-    start uniformly over the days of ``schedule`` and the ``SPREAD_DAYS`` before it (at its first count
-    limit), Geometric(``mean``) conversions over the window after each (uniform, or exponential of mean
-    ``delay_days`` redrawn until within the window), a conversion costed floor(Gamma / C) at its day's
-    count limit."""
+    """The kept share of the last day's conversions by Alg. 1 over every impression's life as the release
+    path runs it: impressions start uniformly over the days of ``schedule`` and the ``SPREAD_DAYS``
+    before it, Geometric(``mean``) conversions over the window after each (uniform, or exponential of
+    mean ``delay_days`` redrawn until within the window), a conversion of a released day costed
+    floor(Gamma / C) at its day's count limit, one of the days before (released by none) the interval
+    over every count limit of the schedule (``mechanism.lifetime``: the known configurations and
+    today's), by Alg. 1 over intervals (``bound_sorted(upper=)``)."""
     rng = np.random.default_rng(seed)
     days = len(schedule) + SPREAD_DAYS
     limits = np.concatenate([np.full(SPREAD_DAYS, schedule[0]), schedule])  # day index 0..days-1
@@ -38,7 +42,10 @@ def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int, delay_
     group = np.cumsum(first) - 1
     rank = np.arange(len(imp)) - np.flatnonzero(first)[group]
     norms = CONTRIBUTION_BUDGET // limits[day]
-    kept = bound_sorted(norms, rank, group)
+    unrecorded = day < SPREAD_DAYS
+    upper = np.where(unrecorded, CONTRIBUTION_BUDGET // min(schedule), norms)
+    norms = np.where(unrecorded, CONTRIBUTION_BUDGET // max(schedule), norms)
+    kept = bound_sorted(norms, rank, group, upper=upper)
     last = day == days - 1
     return float(kept[last].mean())
 
@@ -47,6 +54,8 @@ def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int, delay_
     [5] * 25 + [20] * 6,          # a move up six days ago: the conversions charged at 5 leave no room
     [20] * 28 + [3] * 3,          # a move down: the cheap conversions charged at 20 leave room above K(3)
     [5] * 10 + [3, 4, 3, 4, 5] * 4 + [13],  # the schedule of a probing tuner
+    [10] * 3 + [3] + [10] * 8,    # one probe below every count limit before it: the days never released
+                                  # cost floor(Gamma / 3) ever after, the probe's own day aside
 ])
 def test_the_kept_share_after_count_limit_moves_is_alg1_s_over_the_impression_s_life(schedule):
     g = int(np.abs(MEANS - 4.0).argmin())
@@ -242,3 +251,68 @@ def test_one_noisy_release_in_a_transient_does_not_move_the_delay_law_off_the_wi
     misfits = [pooled_fit(records, law)[1] for law in (None, 3.0)]
     assert misfits[1] < misfits[0] <= DELAY_EVIDENCE
     assert delay_law(records)[0] is None
+
+
+def _pool_model(schedule: list[int]):
+    """A two-slice model (1 and 8 conversions per impression) with the main count limits ``schedule``."""
+    from araopt.optimize.private_model import PrivateModel
+    from araopt.optimize.retention import RetentionCurve
+    from tests.test_honest_intervals import _posterior
+
+    posterior = _posterior(np.array([1.0, 8.0]))
+    pool = RetentionCurve((posterior.weights @ posterior.grid_weights).mean(axis=0))
+    return PrivateModel(pool, {(0,): np.array([1000.0]), (1,): np.array([1000.0])}, np.zeros((0, 1)), 10,
+                        slices=posterior, slice_keys=((0,), (1,)), schedule=tuple(schedule))
+
+
+def test_a_count_limit_kept_after_a_move_keeps_more_each_day_of_the_window():
+    """After ten releases at C = 5 a release at C = 20 keeps about r(5) tomorrow and grows toward r(20)
+    as the conversions charged at 5 age out (``horizon_growth``, the model's transient over
+    ``MOVE_HORIZON``); settled, it does not grow."""
+    from araopt.optimize.private import MOVE_HORIZON, horizon_growth
+
+    young = _pool_model([5] * 10)
+    growth = horizon_growth(young, 20)
+    tomorrow = young.pooled_share(young.kept_table(count_limit=20))
+    assert growth[0] == 1.0 and np.all(np.diff(growth) > 0) and growth[-1] > 1.2
+    assert growth[-1] * tomorrow == pytest.approx(young.pooled_share(young.kept_table(ahead=(20,) * MOVE_HORIZON[-1])))
+    np.testing.assert_allclose(horizon_growth(_pool_model([20] * 10), 20), 1.0)
+
+
+def test_a_probe_is_priced_with_what_it_leaves_charged_for_the_window_after_it():
+    """Three releases at C = 10: a probe at C = 3 charges its day's conversions at 3 and, below every
+    count limit released, each conversion of the days before the first release too (``mechanism.
+    lifetime``) for every release after it: the tuned candidate's errors over the window rise (here the
+    error goes as 1 / kept share). A probe above charges less than the tuned count limit: nothing after
+    its day. After 40 days (no such day left in the window) the one below costs less than now; none
+    when its own count limit is as good ahead."""
+    from araopt.mechanism.keys import KeyDomain
+    from araopt.optimize.private import CountLimitSchedule, FirstParty, _lasting_cost, _scheduled, _Scored, cold_start
+
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    cold = cold_start(FirstParty.of("d", np.arange(1.0, 100.0)), 8.0, domain, ("value",))
+
+    def over(growth: np.ndarray) -> float:
+        return float(np.sqrt(np.mean((0.2 / np.asarray(growth)) ** 2)))
+
+    def scored(count_limit: int, ahead: float) -> _Scored:
+        version = dataclasses.replace(cold, params=dataclasses.replace(cold.params, count_limit=count_limit))
+        return _Scored(ahead, ahead, count_limit, False, version, ahead, over)
+
+    tuned = scored(10, 0.2)
+    young, old = _pool_model([10] * 3), _pool_model([10] * 40)
+    below, above = _lasting_cost(scored(3, 0.3), tuned, young), _lasting_cost(scored(20, 0.3), tuned, young)
+    assert below > 0.2 and above == 0.0
+    assert 0.0 < _lasting_cost(scored(3, 0.3), tuned, old) < below / 2
+    assert _lasting_cost(scored(3, 0.19), tuned, young) == 0.0
+
+    # the schedule (a probe every day, at most a quarter of the tuned error): the probe below costs 5% on
+    # its day and far more after it, so the tuned candidate is published and says why; the one above probes
+    every_day = CountLimitSchedule(period=1, phase=0, max_cost=0.25)
+    tuned = dataclasses.replace(tuned, centre=0.15)  # the slices' retention matters: a probe day
+    cheap_day = dataclasses.replace(scored(3, 0.3), error=0.21)
+    version, note = _scheduled([tuned, cheap_day], tuned, every_day, 0, young)
+    assert version is tuned.version and "window after it" in note
+    above_probe = dataclasses.replace(scored(20, 0.3), error=0.21)
+    version, note = _scheduled([tuned, cheap_day, above_probe], tuned, every_day, 0, young)
+    assert version is above_probe.version and note.startswith("probe: C = 20")

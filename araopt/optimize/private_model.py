@@ -175,14 +175,17 @@ class PrivateModel:
         rows = {k: i for i, k in enumerate(self.slice_keys)}
         return np.array([float(var[rows[k]]) if k in rows else 0.0 for k in keys])
 
-    def kept_table(self, release: int | None = None, count_limit: int | None = None) -> np.ndarray:
+    def kept_table(self, release: int | None = None, count_limit: int | None = None,
+                   ahead: Sequence[int] = ()) -> np.ndarray:
         """(MAX_SIZE,) what a release keeps of an impression of each size given the count limits before
         it: the ``release``-th of ``schedule`` (negative: from the end), or (None) tomorrow's at
-        ``count_limit`` after the whole schedule."""
+        ``count_limit`` after the whole schedule, or the last of the releases at count limits ``ahead``
+        (tomorrow's first) after it."""
         past = list(self.schedule) if release is None else list(self.schedule[: len(self.schedule) + release + 1]
                                                               if release < 0 else self.schedule[: release + 1])
         if count_limit is not None:
             past.append(int(count_limit))
+        past.extend(int(c) for c in ahead)
         return release_table(past, len(past) - 1, MAX_SIZE, self.delay_days)
 
     def kept_shares(self, keys: Sequence[tuple[Any, ...]], table: np.ndarray) -> np.ndarray:

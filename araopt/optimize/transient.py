@@ -8,6 +8,12 @@ its first min(n, K(C)) (``bounding.kept_per_impression``): the retention curve's
 the conversions charged at the old count limit stay charged: a release keeps another share until they
 age out of the attribution window (a move up keeps less than r(K), a move down more, at first).
 
+The days before a schedule's first release were released by none of them: the release path costs
+such a conversion at the dearest of every known configuration and today's (``mechanism.lifetime``:
+the upper end of its interval), so here they cost floor(Gamma / C) at the schedule's lowest count
+limit. A single release below every count limit before it (a probe) therefore charges every such
+conversion at its own count limit until they age out of the window, whatever the releases after it.
+
 The model. An impression's n conversions fall independently over the ``spread_days`` after it (ARA's
 attribution window), uniformly (``delay_days`` None) or by an exponential law of mean ``delay_days``
 truncated to the window (the releases show the delays only through how fast a move settles:
@@ -79,13 +85,14 @@ def kept_table(schedule: Sequence[int], spread_days: int = SPREAD_DAYS, contribu
                ) -> np.ndarray:
     """(max_size,) the expected kept conversions per impression of each size (1..max_size) given each
     falls on the target day, under the count limits ``schedule`` of the days up to and including the
-    target day (last entry; days before the first entry: the first's), the delays by ``delay_days``'s
-    law. See the module docstring."""
+    target day (last entry; days before the first entry: the schedule's lowest, as the release path
+    costs a conversion no recorded release used), the delays by ``delay_days``'s law. See the module
+    docstring."""
     limits = np.asarray(schedule, dtype=np.int64)
     if limits.size == 0 or np.any(limits < 1):
         raise ValueError(f"a schedule needs count limits >= 1, got {schedule!r}")
     _check_law(delay_days)
-    past = np.concatenate([np.full(max(0, spread_days + 1 - len(limits)), limits[0]), limits])[-(spread_days + 1):]
+    past = np.concatenate([np.full(max(0, spread_days + 1 - len(limits)), limits.min()), limits])[-(spread_days + 1):]
     return _table(tuple(int(x) for x in past), spread_days, contribution_budget, max_reports, max_size,
                   delay_days).copy()
 
