@@ -175,10 +175,10 @@ def _relative_errors(estimate: np.ndarray, truth: np.ndarray, taus: np.ndarray |
     true = np.asarray(truth, dtype=np.float64)
     t = np.asarray(taus, dtype=np.float64)
     if est.shape != true.shape or est.ndim != 2 or t.shape != (true.shape[1],) or (t <= 0).any():
-        raise InvalidParameters(f"realised RMSRE_tau needs estimates and truths of one shape (m, queries) and one "
-                                f"positive tau per query, got {est.shape}, {true.shape}, taus {t.tolist()}")
+        raise InvalidParameters(f"Def. 3.2's relative errors need estimates and truths of one shape (m, queries) and "
+                                f"one positive tau per query, got {est.shape}, {true.shape}, taus {t.tolist()}")
     if true.shape[0] == 0:
-        raise InvalidInput("RMSRE_tau of an empty domain is undefined")
+        raise InvalidInput("Def. 3.2's relative errors of an empty domain are undefined")
     return np.asarray((est - true) / np.maximum(t[None, :], true), dtype=np.float64)
 
 
