@@ -405,6 +405,9 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     keys = [slice_key(list(k)) for k in _domain_keys(domain)]
     taus_arr = np.asarray(taus, dtype=np.float64)
     learnt = [kept_per_impression(r.count_limit) for r in recent]
+    day_number = (int(np.datetime64(recent[-1].first_party.day, "D").astype(np.int64)) + 1 if release_day is None
+                  else int(release_day))
+    probe_day = schedule.probes(day_number)  # only a probe reads the errors over the days ahead
     bootstrap = CurveBootstrap(model.curve)  # its refits shared by every candidate's count limit
     scored: list[_Scored] = []
     for number, (version, search, cal) in enumerate(candidates):
@@ -422,7 +425,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         breakdown = dataclasses.replace(breakdown, expected=breakdown.expected * mixing)
         scenarios = _scenarios(model, keys, kept_per_impression(released.params.count_limit), learnt)
         central = [scenarios[len(scenarios) // 2]]
-        growth = horizon_growth(model, released.params.count_limit)
+        growth = horizon_growth(model, released.params.count_limit) if probe_day else np.ones(1)
         for correction in CORRECTIONS:
             divide = divided_queries(correction, len(taus_arr))
             error = robust_rmsre_tau(breakdown, ratio, divide, value_spread, taus_arr, scenarios)
@@ -434,7 +437,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
                 extra = dict(provenance.extra)
                 extra.update(robust_prediction={"candidate": "cold start" if version is cold else f"tuned {number}",
                                                 "correction": correction, "rmsre_tau": error,
-                                                "rmsre_tau_ahead": ahead,
+                                                **({"rmsre_tau_ahead": ahead} if probe_day else {}),
                                                 "retention_spread": float(np.median(spread[:, 0]))})
                 provenance = dataclasses.replace(provenance, predicted_rmsre_tau=error, extra=extra)
             scored.append(_Scored(error, centre, len(scored), version is cold,
@@ -442,8 +445,6 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
                                   over))
     if not scored:
         raise InvalidInput("no candidate of the privacy-safe tuning could be calibrated on its pseudo-history")
-    day_number = (int(np.datetime64(recent[-1].first_party.day, "D").astype(np.int64)) + 1 if release_day is None
-                  else int(release_day))
     if model.slices is None or not model.slices.identified:
         # one count limit released: no input shows how the slices' retention differs, so no ratio is trusted
         # per slice; the cold-start rule's capped estimates (what the tuner must not do worse than), and the
