@@ -161,7 +161,7 @@ class _Candidates:
 class _Scored:
     """A calibrated candidate with its estimator: its robust and central-scenario predictions for
     tomorrow, and its robust one over the days ahead were its count limit kept (``ahead``:
-    ``MOVE_HORIZON``)."""
+    ``MOVE_HORIZON``; computed on probe days only, which alone read it: else tomorrow's)."""
 
     error: float
     centre: float
