@@ -258,13 +258,15 @@ def _over(breakdown: ErrorBreakdown, ratio: np.ndarray, divide: Sequence[bool], 
     return over
 
 
-def horizon_growth(model: PrivateModel, count_limit: int) -> np.ndarray:
+def horizon_growth(model: PrivateModel, count_limit: int, first: Sequence[int] = ()) -> np.ndarray:
     """The pool's kept share on each day of ``MOVE_HORIZON`` were ``count_limit`` released from tomorrow
-    on, over tomorrow's (the model's transient after its schedule); ones without a schedule."""
+    on (after the releases at count limits ``first``, e.g. a probe's), over tomorrow's share at
+    ``count_limit`` alone (the model's transient after its schedule); ones without a schedule."""
     if not model.schedule:
         return np.ones(len(MOVE_HORIZON))
-    shares = np.array([model.pooled_share(model.kept_table(ahead=(count_limit,) * h)) for h in MOVE_HORIZON])
-    return np.asarray(shares / max(float(shares[0]), MIN_RATIO), dtype=np.float64)
+    base = max(model.pooled_share(model.kept_table(ahead=(count_limit,))), MIN_RATIO)
+    shares = np.array([model.pooled_share(model.kept_table(ahead=(*first, *(count_limit,) * h))) for h in MOVE_HORIZON])
+    return np.asarray(shares / base, dtype=np.float64)
 
 
 STEP_OUT = 1.25
@@ -300,9 +302,7 @@ def _lasting_cost(probe: _Scored, tuned: _Scored, model: PrivateModel) -> float:
     then stay there) or no schedule is known."""
     if not model.schedule or probe.ahead <= tuned.ahead or tuned.over is None:
         return 0.0
-    c, p = tuned.version.params.count_limit, probe.version.params.count_limit
-    base = max(model.pooled_share(model.kept_table(ahead=(c,))), MIN_RATIO)
-    growth = np.array([model.pooled_share(model.kept_table(ahead=(p, *([c] * h)))) / base for h in MOVE_HORIZON])
+    growth = horizon_growth(model, tuned.version.params.count_limit, first=(probe.version.params.count_limit,))
     return max(0.0, SPREAD_DAYS * (tuned.over(growth) - tuned.ahead))
 
 
