@@ -282,7 +282,7 @@ class RowSet:
 
     def contained_in(self, released: np.ndarray) -> np.ndarray:
         """Mask over ``ids``: which are in ``released`` (sorted distinct ids)."""
-        return _contained(self.ids, released)
+        return contained(self.ids, released)
 
     def to_parquet_bytes(self) -> bytes:
         buf = io.BytesIO()
@@ -326,7 +326,7 @@ def range_chunks(sorted_ids: np.ndarray) -> Iterator[np.ndarray]:
         yield sorted_ids[offsets[i]:offsets[i + 1]]
 
 
-def _contained(ids: np.ndarray, released: np.ndarray) -> np.ndarray:
+def contained(ids: np.ndarray, released: np.ndarray) -> np.ndarray:
     """Mask over sorted ``ids``: which are in ``released`` (sorted distinct)."""
     if len(released) == 0 or len(ids) == 0:
         return np.zeros(len(ids), dtype=bool)
@@ -353,7 +353,7 @@ def released_in(rows: RowSet | SpilledRowSet, released: Sequence[np.ndarray | Ro
     for chunk in rows.chunks():
         count = np.zeros(len(chunk), dtype=np.int32)
         for i, stream in enumerate(streams):
-            hit = _contained(chunk, next(stream))
+            hit = contained(chunk, next(stream))
             per_set[i] += int(np.count_nonzero(hit))
             count += hit
         if len(chunk):
@@ -373,7 +373,7 @@ def released_near(minute: RowSet | SpilledRowSet, released: Sequence[np.ndarray 
         for stream in streams:
             earlier = next(stream)
             for step in (0, -1, 1):
-                hit |= _contained(chunk if step == 0 else minute_neighbours(chunk, step), earlier)
+                hit |= contained(chunk if step == 0 else minute_neighbours(chunk, step), earlier)
         before += int(np.count_nonzero(hit))
     return before
 
@@ -422,7 +422,7 @@ def released_shifted(minute: RowSet | SpilledRowSet,
             hit = np.zeros(len(sample), dtype=bool)
             for ids in earlier:
                 for step in (shift - 1, shift, shift + 1):
-                    hit |= _contained(minute_neighbours(sample, step), ids)
+                    hit |= contained(minute_neighbours(sample, step), ids)
             hits[i] += int(np.count_nonzero(hit))
     best = int(np.argmax(hits))
     return ShiftedMatch(int(hits[best]), sampled, TIME_ZONE_SHIFTS_MIN[best])

@@ -31,7 +31,7 @@ import numpy as np
 
 from araopt.errors import InvalidInput
 from araopt.io.conversions import Conversions
-from araopt.io.rowset import RowSet, conversion_row_ids, sorted_unique
+from araopt.io.rowset import RowSet, contained, conversion_row_ids, sorted_unique
 from araopt.mechanism.encoding import check_values, count_scale, encode, query_scales
 from araopt.mechanism.params import Encoding, Params
 
@@ -90,11 +90,7 @@ class ReleaseHistory:
         order = np.argsort(ids, kind="stable")
         keys = ids[order]
         for index, released in self.releases:
-            if len(released) == 0:
-                continue
-            where = np.searchsorted(released, keys)
-            where[where == len(released)] = 0
-            used[order, index] |= released[where] == keys
+            used[order, index] |= contained(keys, released)
         return used
 
 
