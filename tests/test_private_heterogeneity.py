@@ -1,10 +1,13 @@
 """The privacy-safe tuner's model of how slices differ: value levels read from the releases' clipped
 means, and the prediction that averages over what the releases cannot tell apart (each slice's own
 retention: ``test_slice_retention``)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 from araopt.evaluation.metrics import realised_rmsre_tau
+from araopt.mechanism.params import Params, QueryParams
 from araopt.optimize.error_model import ErrorBreakdown, rmsre_tau
 from araopt.optimize.heterogeneity import (
     MAX_SCALE,
@@ -14,8 +17,13 @@ from araopt.optimize.heterogeneity import (
     ratio_elasticity,
     release_consistency,
     robust_rmsre_tau,
+    shape_doubt,
     value_scales,
+    within_slice_values,
 )
+from araopt.optimize.private import _spread
+from araopt.optimize.private_model import PrivateModel
+from araopt.optimize.retention import MAX_SIZE, RetentionCurve
 
 
 def _values(n: int, seed: int) -> np.ndarray:
@@ -68,6 +76,89 @@ def test_a_clip_below_a_slices_values_bounds_its_level_from_below_without_inflat
     assert max(bound, 2.0) < scales[2] <= true[2] < MAX_SCALE
     # the censored slice's level is still uncertain (more than a measured slice's), but less than the prior's
     assert variance[0] < variance[2] < 1.0 + SHAPE_VARIANCE
+
+
+def _slices(levels: np.ndarray, sizes: np.ndarray, sigma: float, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [level * rng.lognormal(0.0, sigma, int(n)) for level, n in zip(levels, sizes, strict=True)]
+
+
+def test_the_within_slice_shape_takes_the_levels_spread_out_of_the_first_party_values():
+    """First-party values mix slices whose medians differ several-fold: their log spread is a slice's
+    own plus the levels'. Scaled from the mixture, a slice's clip ratio is far too low (its tail too
+    heavy); scaled from the within-slice shape it is the slice's own (log-normal slices, one spread)."""
+    levels = np.array([5.0, 10.0, 20.0, 40.0, 80.0])
+    sizes = np.array([8000, 4000, 3000, 2000, 1000])
+    slices = _slices(levels, sizes, 0.9, 5)
+    pool = np.concatenate(slices)
+    log_scales = np.log(levels / np.exp(np.average(np.log(levels), weights=sizes)))
+    shape = within_slice_values(pool, log_scales, sizes.astype(float))
+    assert np.std(np.log(shape)) == pytest.approx(0.9, abs=0.1)
+    assert np.std(np.log(pool)) > 1.2
+    assert shape.mean() == pytest.approx(pool.mean())  # scale 1 keeps the pool's mean
+    clip = 40.0
+    for values in (slices[1], slices[3]):
+        true = np.minimum(values, clip).mean() / values.mean()
+        for source, close in ((pool, False), (shape, True)):
+            # the slice's level as a release at this clip reads it, then its ratio at that level
+            p = ValuePool(source)
+            s = p.scale(clip, float(np.minimum(values, clip).mean()))
+            ratio = p.clipped_mean(s, clip) / (s * p.v.mean())
+            assert (abs(np.log(ratio / true)) < 0.1) == close
+
+
+def test_the_within_slice_shape_is_the_values_themselves_when_slices_share_a_level():
+    pool = np.concatenate(_slices(np.full(4, 20.0), np.full(4, 3000), 0.9, 6))
+    np.testing.assert_array_equal(within_slice_values(pool, np.zeros(4), np.ones(4)), pool)
+
+
+def test_the_tail_doubt_is_what_the_mixture_and_the_within_slice_shape_disagree_on_above_the_clip():
+    """At the level where both shapes keep the same clipped mean (what a release at the clip shows),
+    the slice's ratio differs by their means: nothing above every value, most far below them, nothing
+    when the slices share a level (the two shapes are one)."""
+    levels = np.array([5.0, 10.0, 20.0, 40.0, 80.0])
+    sizes = np.array([8000, 4000, 3000, 2000, 1000])
+    pool = np.concatenate(_slices(levels, sizes, 0.9, 7))
+    log_scales = np.log(levels / np.exp(np.average(np.log(levels), weights=sizes)))
+    shape = within_slice_values(pool, log_scales, sizes.astype(float))
+    scales = np.exp(log_scales)
+    top = shape_doubt(pool, shape, scales, float(pool.max()) * 100)
+    np.testing.assert_allclose(top, 0.0, atol=1e-12)
+    low, mid = shape_doubt(pool, shape, scales, 10.0), shape_doubt(pool, shape, scales, 100.0)
+    assert (low > mid).all() and (mid > 0).all()
+    # the distance is the one between the two ratios at that clip
+    k, clip = 3, 30.0
+    kept = ValuePool(pool).clipped_mean(scales[k], clip)
+    ratio_pool = kept / (scales[k] * pool.mean())
+    level = ValuePool(shape).scale(clip, kept)
+    ratio_within = kept / (level * shape.mean())
+    assert shape_doubt(pool, shape, scales[k:k + 1], clip)[0] == pytest.approx(np.log(ratio_pool / ratio_within) ** 2)
+    assert ratio_within > ratio_pool  # the mixture's tail is the heavier
+    np.testing.assert_allclose(shape_doubt(pool, pool, scales, 10.0), 0.0, atol=1e-12)
+
+
+def test_the_value_ratios_variance_carries_the_tail_doubt_and_the_counts_does_not():
+    """``private._spread``: a value query's ratio variance adds ``shape_doubt`` times its ratio squared
+    at the query's clip; the count's is the retention's only."""
+    levels = np.array([5.0, 40.0])
+    sizes = np.array([6000, 2000])
+    values = np.concatenate(_slices(levels, sizes, 0.9, 8))[:, None]
+    scales = levels / np.exp(np.average(np.log(levels), weights=sizes))
+    shape = within_slice_values(values[:, 0], np.log(scales), sizes.astype(float))[:, None]
+    keys = [(0,), (1,)]
+    curve = RetentionCurve(np.eye(1, MAX_SIZE)[0])
+    model = PrivateModel(curve, {k: np.array([float(n)]) for k, n in zip(keys, sizes, strict=True)}, values, 10,
+                         value_scales={k: np.array([s]) for k, s in zip(keys, scales, strict=True)},
+                         scale_variances={k: np.array([0.3]) for k in keys})
+    params = Params(count_limit=2, encoding="linf", epsilon=1.0, slice_columns=("campaign",),
+                    queries=(QueryParams("value", 12.0, 1.0),))
+    ratio = np.array([[0.9, 0.5], [0.8, 0.3]])
+    plain = _spread(model, params, ratio, keys)
+    doubted = _spread(dataclasses.replace(model, value_shape=shape), params, ratio, keys)
+    np.testing.assert_allclose(doubted[:, 0], plain[:, 0])
+    expected = shape_doubt(values[:, 0], shape[:, 0], scales, 12.0) * ratio[:, 1] ** 2
+    assert (expected > 0).all()
+    np.testing.assert_allclose(doubted[:, 1] - plain[:, 1], expected)
 
 
 def test_the_ratio_elasticity_is_zero_for_a_high_clip_and_one_for_a_low_clip():

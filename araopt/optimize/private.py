@@ -56,6 +56,7 @@ from araopt.optimize.heterogeneity import (
     ratio_elasticity,
     release_consistency,
     robust_rmsre_tau,
+    shape_doubt,
 )
 from araopt.optimize.private_model import (
     DAY_US,
@@ -538,7 +539,8 @@ def _spread(model: PrivateModel, params: Params, ratio: np.ndarray, keys: Sequen
     calibration does not hold: the posterior variance of the slice's retention at the parameters' kept
     ranks, as a share of its ratio (every query's ratio holds it), and for a value query the
     uncertainty of the slice's value level through the clip (``heterogeneity.ratio_elasticity``
-    squared times its log scale's variance)."""
+    squared times its log scale's variance) and of its values' tail above the clip
+    (``heterogeneity.shape_doubt``: the first-party values mix the slices' levels)."""
     k = kept_per_impression(params.count_limit)
     r = np.asarray(ratio, dtype=np.float64)
     mean = model.ratios_of(keys, k)
@@ -549,7 +551,9 @@ def _spread(model: PrivateModel, params: Params, ratio: np.ndarray, keys: Sequen
             scales = np.array([float(model.value_scales.get(k, np.ones(len(params.queries)))[j]) for k in keys])
             var = np.array([float(model.scale_variances.get(k, np.full(len(params.queries), 1.0))[j]) for k in keys])
             e = ratio_elasticity(model.values[:, j], scales, query.clip_threshold)
-            out[:, j + 1] += (e**2 * var) * r[:, j + 1] ** 2
+            doubt = (np.zeros(len(keys)) if model.value_shape is None else
+                     shape_doubt(model.values[:, j], model.value_shape[:, j], scales, query.clip_threshold))
+            out[:, j + 1] += (e**2 * var + doubt) * r[:, j + 1] ** 2
     return np.asarray(out, dtype=np.float64)
 
 

@@ -34,7 +34,7 @@ from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import KeyDomain, slice_key
 from araopt.mechanism.release import Release
 from araopt.optimize.error_model import default_taus
-from araopt.optimize.heterogeneity import SliceValues, value_scales
+from araopt.optimize.heterogeneity import SliceValues, value_scales, within_slice_values
 from araopt.optimize.retention import MAX_SIZE, RetentionCurve, fit_retention_curve
 from araopt.optimize.slice_retention import SliceDays, SlicePosterior, slice_posterior
 from araopt.optimize.transient import DELAY_LAWS, SPREAD_DAYS, release_table
@@ -126,6 +126,10 @@ class PrivateModel:
     releases' clipped means: ``optimize.heterogeneity``); None: every slice draws the pooled values."""
     scale_variances: Mapping[tuple[Any, ...], np.ndarray] | None = None
     """Per slice, the posterior variance of its log value scales."""
+    value_shape: np.ndarray | None = None
+    """(n, queries) the first-party values with the slices' spread of levels taken out
+    (``heterogeneity.within_slice_values``): the yardstick of the scaled values' tail
+    (``heterogeneity.shape_doubt``); None: not measured."""
     slices: SlicePosterior | None = None
     """Each slice's posterior over its conversions per impression (``optimize.slice_retention``), rows
     in ``slice_keys`` order; None: every slice has the pooled curve, with no uncertainty."""
@@ -521,19 +525,23 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[R
     excess = ratio_excess(history, len(records)) + share_excess(records, model, keys)
     return dataclasses.replace(model, slice_totals=totals, values=pool, excess=excess,
                                value_scales=None if scales is None else scales[0],
-                               scale_variances=None if scales is None else scales[1])
+                               scale_variances=None if scales is None else scales[1],
+                               value_shape=None if scales is None else scales[2])
 
 
 def slice_value_scales(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]],
                        totals: Mapping[tuple[Any, ...], np.ndarray], pool: np.ndarray
-                       ) -> tuple[dict[tuple[Any, ...], np.ndarray], dict[tuple[Any, ...], np.ndarray]] | None:
+                       ) -> tuple[dict[tuple[Any, ...], np.ndarray], dict[tuple[Any, ...], np.ndarray],
+                                  np.ndarray] | None:
     """Every declared slice's value scale per query from the main releases' clipped means, grouped by
-    clip (``heterogeneity.value_scales``); None when no record states its clips."""
+    clip (``heterogeneity.value_scales``), and the first-party values with the spread of those levels
+    taken out (``heterogeneity.within_slice_values``); None when no record states its clips."""
     known = [r for r in records if len(r.clips) == pool.shape[1]]
     if not known:
         return None
     scales = np.ones((len(keys), pool.shape[1]))
     variances = np.zeros((len(keys), pool.shape[1]))
+    shape = np.array(pool, dtype=np.float64, copy=True)
     weights = np.array([float(totals[k][0]) for k in keys])
     for j in range(pool.shape[1]):
         groups: dict[float, list[ReleaseRecord]] = {}
@@ -556,7 +564,8 @@ def slice_value_scales(records: Sequence[ReleaseRecord], keys: Sequence[tuple[An
             observed.append(SliceValues(clip, summed("main", 0), summed("main_variance", 0),
                                         summed("main", j + 1), summed("main_variance", j + 1)))
         scales[:, j], variances[:, j] = value_scales(observed, pool[:, j], weights)
-    return {k: scales[i] for i, k in enumerate(keys)}, {k: variances[i] for i, k in enumerate(keys)}
+        shape[:, j] = within_slice_values(pool[:, j], np.log(scales[:, j]), weights)
+    return ({k: scales[i] for i, k in enumerate(keys)}, {k: variances[i] for i, k in enumerate(keys)}, shape)
 
 
 def pseudo_history(model: PrivateModel, slice_columns: Sequence[str], value_columns: Sequence[str], seed: int,
