@@ -64,28 +64,37 @@ class ValuePool:
         self.v = np.sort(np.asarray(values, dtype=np.float64))
         self.cum = np.concatenate([[0.0], np.cumsum(self.v)])
 
-    def clipped_mean(self, scale: float, clip: float) -> float:
-        """E[min(s v, clip)] over the pool."""
+    def clipped_means(self, scales: np.ndarray, clip: float) -> np.ndarray:
+        """E[min(s v, clip)] over the pool for every scale s of ``scales``."""
+        s = np.asarray(scales, dtype=np.float64)
         n = len(self.v)
         if n == 0:
-            return 0.0
-        below = int(np.searchsorted(self.v, clip / scale, side="left"))
-        return float((scale * self.cum[below] + clip * (n - below)) / n)
+            return np.zeros(s.shape)
+        below = np.searchsorted(self.v, clip / s, side="left")
+        return np.asarray((s * self.cum[below] + clip * (n - below)) / n, dtype=np.float64)
+
+    def clipped_mean(self, scale: float, clip: float) -> float:
+        """E[min(s v, clip)] over the pool."""
+        return float(self.clipped_means(np.array([scale], dtype=np.float64), clip)[0])
+
+    def scales(self, clip: float, targets: np.ndarray) -> np.ndarray:
+        """For every target, the scale s with E[min(s v, clip)] = target (bisection on log s, all at once)
+        in [1/MAX_SCALE, MAX_SCALE]."""
+        t = np.asarray(targets, dtype=np.float64)
+        edge = float(np.log(MAX_SCALE))
+        lo, hi = np.full(t.shape, -edge), np.full(t.shape, edge)
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            below = self.clipped_means(np.exp(mid), clip) < t
+            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+        out = np.exp(0.5 * (lo + hi))
+        out = np.where(t >= self.clipped_mean(float(np.exp(edge)), clip), float(np.exp(edge)), out)
+        return np.asarray(np.where(t <= self.clipped_mean(float(np.exp(-edge)), clip), float(np.exp(-edge)), out),
+                          dtype=np.float64)
 
     def scale(self, clip: float, target: float) -> float:
         """The scale s with E[min(s v, clip)] = ``target`` (bisection on log s) in [1/MAX_SCALE, MAX_SCALE]."""
-        lo, hi = -float(np.log(MAX_SCALE)), float(np.log(MAX_SCALE))
-        if target <= self.clipped_mean(float(np.exp(lo)), clip):
-            return float(np.exp(lo))
-        if target >= self.clipped_mean(float(np.exp(hi)), clip):
-            return float(np.exp(hi))
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            if self.clipped_mean(float(np.exp(mid)), clip) < target:
-                lo = mid
-            else:
-                hi = mid
-        return float(np.exp(0.5 * (lo + hi)))
+        return float(self.scales(clip, np.array([target], dtype=np.float64))[0])
 
 
 @dataclass(frozen=True)
@@ -203,16 +212,13 @@ def shape_doubt(values: np.ndarray, shape: np.ndarray, scales: np.ndarray, clip:
     pool, within = ValuePool(values), ValuePool(shape)
     mean_pool = float(pool.v.mean()) if len(pool.v) else 0.0
     mean_within = float(within.v.mean()) if len(within.v) else 0.0
-    out = np.zeros(len(scales))
+    s = np.asarray(scales, dtype=np.float64)
     if mean_pool <= 0 or mean_within <= 0:
-        return out
-    for k, s in enumerate(np.asarray(scales, dtype=np.float64)):
-        kept = pool.clipped_mean(float(s), clip)
-        if kept <= 0:
-            continue
-        level = within.scale(clip, kept)
-        out[k] = float(np.log((level * mean_within) / (float(s) * mean_pool))) ** 2
-    return out
+        return np.zeros(len(s))
+    kept = pool.clipped_means(s, clip)
+    ok = kept > 0
+    level = within.scales(clip, np.where(ok, kept, 1.0))
+    return np.where(ok, np.log(np.where(ok, level * mean_within / (s * mean_pool), 1.0)) ** 2, 0.0)
 
 
 def ratio_elasticity(values: np.ndarray, scales: np.ndarray, clip: float) -> np.ndarray:
@@ -222,12 +228,12 @@ def ratio_elasticity(values: np.ndarray, scales: np.ndarray, clip: float) -> np.
     uncertainty goes into it)."""
     pool = ValuePool(values)
     n = len(pool.v)
-    out = np.zeros(len(scales))
-    for k, s in enumerate(np.asarray(scales, dtype=np.float64)):
-        kept = pool.clipped_mean(float(s), clip)
-        above = n - int(np.searchsorted(pool.v, clip / s, side="left"))
-        out[k] = clip * above / n / kept if kept > 0 and n else 0.0
-    return out
+    s = np.asarray(scales, dtype=np.float64)
+    if n == 0:
+        return np.zeros(len(s))
+    kept = pool.clipped_means(s, clip)
+    above = n - np.searchsorted(pool.v, clip / s, side="left")
+    return np.asarray(np.where(kept > 0, clip * above / n / np.where(kept > 0, kept, 1.0), 0.0), dtype=np.float64)
 
 
 def robust_rmsre_tau(breakdown: ErrorBreakdown, ratio: np.ndarray, corrected: bool | Sequence[bool],
