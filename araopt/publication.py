@@ -34,7 +34,7 @@ from araopt.mechanism.exploration import EXPLORATION_BIT
 from araopt.mechanism.keys import DATA, KeyDomain
 from araopt.mechanism.params import Params
 from araopt.mechanism.release import Release
-from araopt.mechanism.report import Estimates
+from araopt.mechanism.report import Estimates, queries_without_signal
 from araopt.version import POINT_ESTIMATES, Api, ParameterVersion, divided_queries
 
 ESTIMATE_COLUMNS = ("estimate", "std_error", "ci_low", "ci_high", "capped_estimate", "capped_std_error",
@@ -167,6 +167,7 @@ def release_json(publication: Publication, params_sha256: str) -> dict[str, Any]
                          + POINT_ESTIMATES[publication.correction]
                          + ")") if publication.corrected is not None else
                         "the capped-and-clipped sums (Alg. 4; no calibration)",
+        "queries_without_signal": queries_without_signal(release.estimates),
     }
 
 
@@ -186,7 +187,8 @@ def private_accounting(publication: Publication) -> dict[str, Any]:
     release = publication.release
     return {**release.accounting.to_json(), "slices": release.domain.num_slices,
             "keys": int(release.report.noisy.size),  # every noised key: the domain's and the exploration arms'
-            "domain_keys": release.domain.num_keys, "calibration": calibration_summary(publication)}
+            "domain_keys": release.domain.num_keys, "calibration": calibration_summary(publication),
+            "queries_without_signal": queries_without_signal(release.estimates)}
 
 
 def debug_annotations(unnoised: int) -> list[str]:

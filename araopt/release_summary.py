@@ -10,6 +10,7 @@ from typing import Any
 
 from araopt.attribution.calibrate import estimates_of
 from araopt.io import outputs
+from araopt.mechanism.report import SIGNAL_SDS
 from araopt.version import POINT_ESTIMATES, Api, ParameterVersion
 
 OPERATOR_PRIVATE = {"OPERATOR_PRIVATE": "exact, un-noised counts: never publish"}
@@ -76,6 +77,11 @@ def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> lis
                      f"not released; to release a new campaign, list every slice to release in a file of your own "
                      f"and pass --domain slices.csv (docs/privacy.md, 'A new campaign')")
     lines += lookback_note_lines(summary)
+    silent = summary.get("queries_without_signal") or []
+    if silent:
+        lines.append(f"  NOTE: this release holds no signal for {', '.join(silent)}: the noised estimates summed over "
+                     f"the domain are within {SIGNAL_SDS:g} standard errors of 0 (a query the parameters left almost "
+                     f"no budget or a clip near 0); its intervals say only that the total is not negative")
     calibration = summary.get("calibration")
     if not calibration:
         lines.append("  estimates are of the capped-and-clipped sums (Alg. 4): the parameters carry no calibration, so "

@@ -143,7 +143,7 @@ def one(name: str, epsilon: float, args: argparse.Namespace, root: Path) -> dict
     slices, values = log_columns(name)
     argv = ["--history", str(root / name), "--slices", ",".join(slices), "--values", ",".join(values), "--epsilon",
             str(epsilon), "--output", str(out), "--window-days", str(WINDOW_DAYS), "--replay-days", str(args.days),
-            "--no-progress", "--overwrite"]
+            "--no-progress", "--overwrite", *(["--fresh-start"] if args.fresh_start else [])]
     if run(argv) != 0:
         raise SystemExit(f"replay failed on {name} at epsilon {epsilon}")
     summary = json.loads((out / "summary.json").read_text())
@@ -158,6 +158,8 @@ def main() -> None:
     parser.add_argument("--logs", default=",".join(LOGS))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--fresh-start", action="store_true",
+                        help="The advertiser starts measuring on the first replayed day (araopt replay --fresh-start).")
     parser.add_argument("--keep", help="Keep the logs and outputs in this folder.")
     parser.add_argument("--figures", help="Also write the figures as a Markdown table to this file.")
     parser.add_argument("--tables-only", action="store_true",

@@ -20,6 +20,7 @@ letter and the debug report and must never be published; out/release/MANIFEST.js
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 import tempfile
 import time
@@ -32,7 +33,7 @@ from araopt.attribution.lifetime import AttributionHistory
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import outputs
 from araopt.io.conversions import IMPRESSION_TIME, type_family
-from araopt.io.partitions import partition_days
+from araopt.io.partitions import DAY_US, partition_days
 from araopt.io.progress import Progress
 from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
@@ -85,7 +86,8 @@ from .runner import dry_run_sentence, is_local_runner, measure_job, run_pipeline
 
 SIMULATION_WARNING = ("WARNING: SIMULATION MODE (--simulation-seed): rounding and noise are seeded and reproducible; "
                       "the output is NOT differentially private and must never be published")
-_NOT_FOR_ATTRIBUTION = (("epsilon", "--epsilon (each query's epsilon is in the parameters)"),)
+_NOT_FOR_ATTRIBUTION = (("epsilon", "--epsilon (each query's epsilon is in the parameters)"),
+                        ("measurement_start", "--measurement-start (its budgets are per epoch: araopt.attribution)"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,10 +177,23 @@ def _configure(args: argparse.Namespace, loaded: LoadedParams, version: Paramete
             footer.window() for footer in lookback.footers)
         period = ReleasePeriod(inputs.first_time_us, inputs.last_time_us, cover)
         ledger.check_lifetime(period)
+        start_us = measurement_start_us(args.measurement_start, inputs.first_time_us)
         if lookback is not None:  # the releases that cost the lookback's rows
-            history = ledger.release_history(lookback.first_time_us, lookback.last_time_us, version)
+            history = ledger.release_history(lookback.first_time_us, lookback.last_time_us, version, start_us)
     return MeasureConfig(loaded, version, inputs, domain, origin, epsilon_note, lookback, history, period, days,
                          days_note)
+
+
+def measurement_start_us(start: dt.date | None, first_time_us: int | None) -> int | None:
+    """``--measurement-start`` as microseconds since the epoch (None: not declared); refused when the input
+    holds a conversion from before it (a release of a day the advertiser did not measure)."""
+    if start is None:
+        return None
+    start_us = (start - dt.date(1970, 1, 1)).days * DAY_US
+    if first_time_us is not None and first_time_us < start_us:
+        raise InvalidInput(f"--measurement-start {start.isoformat()}: the input holds conversions from before it; "
+                           f"a release measures days from the start on")
+    return start_us
 
 
 def _configure_attribution(args: argparse.Namespace, loaded: LoadedParams, version: ParameterVersion,

@@ -124,7 +124,7 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     from araopt.mechanism.exploration import default_exploration
     from araopt.optimize.private_inputs import describe
 
-    from .private import load_declared_domain, tune_privately
+    from .private import load_declared_domain, start_of, tune_privately
 
     store = open_store(args.store)
     expected, previous = latest_version(store)
@@ -136,7 +136,7 @@ def _run_private(args: argparse.Namespace, as_of: str, epsilon: float, slices: t
     plan = (default_exploration(share=args.exploration_share) if args.exploration_share is not None
             else previous.params.exploration if previous is not None else None)
     tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, as_of, args.window_days,
-                            args.max_count_limit, verifier, plan)
+                            args.max_count_limit, verifier, plan, start_of(args))
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
     decision, report = private_night(tuning.version, previous, as_of, run_id, epsilon, expected, guardrails,
                                      window_days=args.window_days, release_dates=list(tuning.dates),

@@ -179,7 +179,7 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
     from araopt.optimize.private_inputs import describe
     from araopt.version import ParameterVersion
 
-    from .private import load_declared_domain, read_first_party, release_folders, tune_privately
+    from .private import load_declared_domain, read_first_party, release_folders, start_of, tune_privately
 
     domain = load_declared_domain(args.domain, slices, values)
     verifier = ReleaseVerifier.open(ledger_root(args.store, args.ledger), args.store)
@@ -195,7 +195,7 @@ def _run_private(args: argparse.Namespace, epsilon: float, slices: tuple[str, ..
             as_of = str(np.datetime64(int(days.max()), "D"))
     plan = None if args.exploration_share is None else default_exploration(share=args.exploration_share)
     tuning = tune_privately(args.releases, args.first_party, domain, values, epsilon, resolve_as_of(as_of),
-                            args.window_days, args.max_count_limit, verifier, plan)
+                            args.window_days, args.max_count_limit, verifier, plan, start_of(args))
     version = tuning.version
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
     previous = None if tuning.last_release is None else ParameterVersion(tuning.last_release)

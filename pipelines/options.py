@@ -203,6 +203,13 @@ _ALL: Final[tuple[CliOption, ...]] = (
        "released estimates of the true totals, calibrated on the training log).",
        default="optimized_linf,optimized_l1,baseline_q95,baseline_q99,corrected", metavar="M,..."),
     _o("no_gap", "Skip the generalization gap (tuning on the test log).", type="bool"),
+    _o("measurement_start", "The first day the advertiser measured with the API (UTC): the triggers before it "
+       "registered no contribution, so ContributionCapping (Alg. 1) costs the lookback's conversions of earlier days "
+       "nothing (a release of a conversion before it, by the ledger or this input, is refused). Default: unknown "
+       "(such a conversion costs the dearest configuration the ledger knows).", type="date", metavar="YYYY-MM-DD"),
+    _o("fresh_start", "Replay: the advertiser starts measuring on the first replayed day, so the conversions before "
+       "it cost no budget (default: as the release path costs them when the start is unknown, at any configuration a "
+       "method released since, or today's).", type="bool"),
     _o("no_progress", "No progress on stderr (a line per stage of a long job, and the optimizer's bar on a "
        "terminal).", type="bool"),
     # ---- privacy-safe tuning ----------------------------------------------------------------
@@ -300,6 +307,11 @@ _BEAM_EPILOG = ("Any other --option is passed to Apache Beam (e.g. --runner Data
                 "--temp_location gs://... --setup_file ./setup.py; locally --direct_running_mode multi_processing "
                 "--direct_num_workers 2).")
 
+_PRIVATE_START_HELP = ("With --private: the first day the advertiser measured with the API (the day given to "
+                       "measure --measurement-start): for 30 days after it the releases, arms included, keep "
+                       "more than a settled count limit does, and the tuner reads them so; a release learnt "
+                       "from before it is refused. Default: none.")
+
 COMMANDS: Final[Mapping[str, Command]] = {
     "measure": Command(
         "pipelines.measure", "run", "the summary report ARA would release for a conversion log, and estimates (Beam)",
@@ -319,7 +331,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                     "released or counted; default: none."}),
          "domain", "epsilon", "override_epsilon", "debug_run", "max_slices",
          "allow_rerelease", "ledger", "check_ledgers", "params_version", "simulation_seed", "num_shards", "shuffle",
-         "max_rejected_fraction", "no_progress", "overwrite", "api"),
+         "measurement_start", "max_rejected_fraction", "no_progress", "overwrite", "api"),
         beam=True),
     "optimize": Command(
         "pipelines.optimize", "run", "choose C, clip thresholds and budget fractions on history (Alg. 5)",
@@ -335,6 +347,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          ("lookback", {"help": "Earlier conversions (Parquet) read only to rank each history conversion within its "
                                "impression's whole life (as the browser caps a source); not part of the history."}),
          "private", "releases", "first_party",
+         ("measurement_start", {"help": _PRIVATE_START_HELP}),
          ("domain", {"help": "With --private: the declared domain (a key map JSON, e.g. a release's key_map.json, "
                              "or a .csv/.json list of slice values)."}),
          ("as_of", {"required": False, "help": "With --private: tune for the release after this day from the "
@@ -382,6 +395,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                                  "partitions read. Required unless --private."}),
          "as_of", "window_days", "store", "slices", "values", ("epsilon", {"required": True}),
          "private", "releases", "first_party",
+         ("measurement_start", {"help": _PRIVATE_START_HELP}),
          ("domain", {"help": "With --private: the declared domain (key map JSON or .csv/.json list of slice "
                              "values)."}),
          ("exploration_share", {"default": None, "help": "With --private: share of impressions in each of the seven "
@@ -511,7 +525,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
          "lookback_days", "replay_days", "exploration_share",
          ("domain", {"help": "The declared domain (key map JSON or .csv/.json list of slice values); default: "
                              "every slice of the log."}),
-         "seed", "max_count_limit", "max_rejected_fraction", "no_progress", "overwrite")),
+         "seed", "max_count_limit", "fresh_start", "max_rejected_fraction", "no_progress", "overwrite")),
     "demo": Command(
         "pipelines.demo", "run", "the README's main job: synthetic history -> nightly -> measure",
         "Generate days of synthetic conversions, run the nightly re-optimization on all but the last day into a "

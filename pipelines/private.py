@@ -147,13 +147,13 @@ def release_folders(root: str, first: str, last: str) -> list[tuple[str, str]]:
 
 def tune_privately(releases_root: str, first_party_pattern: str, domain: KeyDomain, values: Sequence[str],
                    epsilon: float, as_of: str, window_days: int, max_count_limit: int, verifier: ReleaseVerifier,
-                   exploration: Exploration | None = None) -> PrivateTuning:
+                   exploration: Exploration | None = None, measurement_start: str | None = None) -> PrivateTuning:
     """Privacy-safe tuning for the release after ``as_of`` (``optimize.private_inputs.tune_on_releases``)
     from the releases of the ``window_days`` days up to ``as_of`` (each checked by ``verifier`` against
     the ledger and the store) and the first-party conversions of those days; with no release yet, the
     cold start on the first-party conversions of the window. The arm plan is ``exploration``
     (configuration: the previous published version's, or an explicit option), else the default; never
-    what a release folder says."""
+    what a release folder says. ``measurement_start`` (ISO date): the measurement's declared start."""
     check_not_data_derived(domain, "the declared domain")
     first, _ = tuning_window(as_of, window_days)
     log = read_first_party(first_party_pattern, values, domain, last_day=as_of)
@@ -163,7 +163,14 @@ def tune_privately(releases_root: str, first_party_pattern: str, domain: KeyDoma
         print(f"araopt: no release in {first}..{as_of} under {releases_root}: the cold start (L-inf, clips at the "
               f"first-party values' 95% quantile, exploration arms on)", file=sys.stderr)
     return tune_on_releases([record for record, _ in read], [d for d, _ in folders], log, domain, values, epsilon,
-                            as_of, window_days, max_count_limit, exploration, read[-1][1] if read else None)
+                            as_of, window_days, max_count_limit, exploration, read[-1][1] if read else None,
+                            measurement_start)
+
+
+def start_of(args: object) -> str | None:
+    """``--measurement-start`` as an ISO date (None: not given)."""
+    start = getattr(args, "measurement_start", None)
+    return None if start is None else start.isoformat()
 
 
 def check_mode(args: object) -> bool:
@@ -173,6 +180,9 @@ def check_mode(args: object) -> bool:
     if not private:
         if getattr(args, "releases", None) or getattr(args, "first_party", None):
             raise InvalidParameters("--releases and --first-party are inputs of privacy-safe tuning: add --private")
+        if getattr(args, "measurement_start", None) is not None:
+            raise InvalidParameters("--measurement-start tells privacy-safe tuning how to read its releases: add "
+                                    "--private (measure takes it for the lifetime cap)")
         if not getattr(args, "history", None):
             raise InvalidParameters("give --history (tuning on a joined log) or --private with --releases, --first-party "
                                     "and --domain (privacy-safe tuning)")

@@ -50,7 +50,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     values = split_columns(args.values, "--values")
     config = ReplayConfig(args.epsilon, window_days=args.window_days, lookback_days=args.lookback_days,
                           days=args.replay_days, exploration=default_exploration(share=args.exploration_share),
-                          max_count_limit=args.max_count_limit, seed=args.seed)
+                          max_count_limit=args.max_count_limit, seed=args.seed,
+                          fresh_start=args.fresh_start)
     check_target(os.path.realpath(args.output), args.overwrite, REPLAY_FOLDER)  # before any work; again at commit
     inputs = check_input(args.history, slices, values)
     progress = Progress(PROG, enabled=not args.no_progress)

@@ -63,5 +63,5 @@ def chrome_keeps(log: Conversions, cost_of_day: dict[int, int]) -> np.ndarray:
         if reports.get(imp, 0) < MAX_REPORTS_PER_SOURCE and used.get(imp, 0) + cost <= GAMMA:
             kept[i] = True
             used[imp] = used.get(imp, 0) + cost
-            reports[imp] = reports.get(imp, 0) + 1
+            reports[imp] = reports.get(imp, 0) + (cost > 0)  # a trigger that contributes nothing sends no report
     return kept

@@ -197,3 +197,49 @@ def test_measure_refuses_a_lookback_missing_released_conversions_at_commit(tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"holds {len(rows[::2]):,} of the {len(rows):,} conversions" in err[0]
     assert not (tmp_path / "day2").exists() and len(_entries(tmp_path)) == 1
+
+
+# ---- a declared measurement start (measure --measurement-start) -------------------------------------
+def test_a_declared_measurement_start_reaches_the_history_and_cannot_follow_a_release(tmp_path):
+    """The start travels to ``ReleaseHistory.start_us`` (the lookback's conversions before it cost
+    nothing); a start later than a recorded release's first conversion would make that release's
+    conversions free, and is refused."""
+    from araopt.errors import PrivacyRefusal
+
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    today = ParameterVersion(config(5))
+    record(ledger, 1 * DAY + 2 * H, 1 * DAY + 20 * H, params_sha256=today.checksum())
+    history = ledger.release_history(0, 2 * DAY, today, start_us=1 * DAY)
+    assert history.start_us == DAY and len(history.releases) == 1
+    assert ledger.release_history(0, 2 * DAY, today).start_us is None
+    with pytest.raises(PrivacyRefusal, match="measurement start is later than the conversions released by ledger"):
+        ledger.release_history(0, 2 * DAY, today, start_us=1 * DAY + 3 * H)
+
+
+def test_measure_refuses_a_declared_start_after_its_own_first_conversion():
+    import datetime as dt
+
+    from araopt.errors import InvalidInput
+    from pipelines.measure import measurement_start_us
+
+    assert measurement_start_us(None, 5) is None
+    assert measurement_start_us(dt.date(1970, 1, 2), DAY) == DAY  # the input starts on the start day
+    with pytest.raises(InvalidInput, match="--measurement-start 1970-01-02: the input holds conversions from before"):
+        measurement_start_us(dt.date(1970, 1, 2), DAY - 1)
+
+
+@pytest.mark.slow
+def test_measure_from_a_declared_start_costs_the_days_before_it_nothing(tmp_path, three_days, capsys):
+    """Day 2 released first, its day 1 as lookback: with ``--measurement-start`` on day 2 the day-1
+    conversions registered nothing and the release keeps more than when they cost C = 3 (the browser
+    of an advertiser who started measuring that day); a start after the input's first day is refused."""
+    log, days, release = three_days
+    assert release(0, "early", "--measurement-start", "1970-01-02") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the input holds conversions from before it" in err[0]
+    assert not (tmp_path / "early").exists()
+    assert release(1, "fresh", "--lookback-days", "1", "--measurement-start", "1970-01-02") == 0
+    assert release(1, "charged", "--lookback-days", "1", "--allow-rerelease") == 0
+    kept = {name: json.loads((tmp_path / name / "private" / "run_summary.json").read_text())["conversions_kept"]
+            for name in ("fresh", "charged")}
+    assert kept["fresh"] > kept["charged"]

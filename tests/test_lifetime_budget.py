@@ -75,6 +75,74 @@ def test_every_impression_stays_within_its_lifetime_budget_when_parameters_chang
     assert spent.max() <= GAMMA and reports.max() <= MAX_REPORTS_PER_SOURCE
 
 
+# ---- the measurement's start: conversions before it registered nothing ---------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(plans=daily_plans(), seed=st.integers(0, 10_000), start=st.integers(1, 3))
+def test_every_impression_stays_within_its_lifetime_budget_from_a_declared_measurement_start(plans, seed, start):
+    """Releases from day ``start`` on, the days before never released and declared free
+    (``ReleaseHistory.start_us``): the kept contributions of every impression over all releases stay
+    within Gamma and 20 reports."""
+    days = len(plans) + start
+    log = daily_log(seed, impressions=40, days=days, max_per_day=12)
+    rng = np.random.default_rng(seed)
+    spent = np.zeros(40, dtype=np.int64)
+    reports = np.zeros(40, dtype=np.int64)
+    earlier: list[tuple[Params, np.ndarray]] = []
+    for day, p in enumerate(plans, start=start):
+        rows = day_rows(log, day)
+        if len(rows) == 0:
+            continue
+        batch = with_lookback(log, day)
+        history = ReleaseHistory.of(earlier, start_us=start * DAY)
+        contributions, kept = encode_and_bound(batch, p, rng=rng, history=history)
+        kept_today = np.flatnonzero(kept & batch.period_mask())
+        norms = contributions.sum(axis=1)
+        np.add.at(spent, batch.impression_id[kept_today], norms[kept_today])
+        np.add.at(reports, batch.impression_id[kept_today], norms[kept_today] > 0)
+        earlier.append((p, released_ids(log, rows)))
+    assert spent.max() <= GAMMA and reports.max() <= MAX_REPORTS_PER_SOURCE
+
+
+def test_after_a_declared_start_a_release_keeps_what_chrome_keeps_when_earlier_triggers_registered_nothing():
+    """Day 0 before the measurement (its triggers carried no contribution), day 1 at C = 3, day 2 at
+    C = 5: day 2 keeps what the browser keeps; without the start, day 0 is costed at C = 3 (the dearest
+    known) and fewer are kept."""
+    log = daily_log(3, impressions=400, days=3)
+    day1, day2 = config(3), config(5)
+    history = ReleaseHistory.of([(day1, released_ids(log, day_rows(log, 1)))], start_us=DAY)
+    m = measure(with_lookback(log, 2), day2, DOMAIN, simulation_seed=2, history=history)
+    chrome = chrome_keeps(log, {0: 0, 1: day1.per_conversion_budget, 2: day2.per_conversion_budget})
+    assert m.rows_kept + m.rows_outside_domain == chrome[day_rows(log, 2)].sum()
+    charged = measure(with_lookback(log, 2), day2, DOMAIN, simulation_seed=2,
+                      history=dataclasses.replace(history, start_us=None))
+    assert charged.rows_kept < m.rows_kept
+
+
+def test_a_row_from_before_the_start_costs_nothing_and_one_after_it_what_it_did_before():
+    # the second at the very start: measured (costed as any row no release used)
+    log = Conversions(np.array([0, 0, 0]), np.array([10, DAY, 2 * DAY + 10]), {"s": np.array([0, 0, 0])},
+                      np.ones((3, 1)), ("value",))
+    batch = concat_periods(log.take(np.array([2])), log.take(np.array([0, 1])))
+    history = ReleaseHistory.of([(config(2), np.array([12345], dtype=np.uint64))], start_us=DAY)
+    today = config(5)
+    low, high = lifetime_norms(batch, today, encode(batch.values, today, np.random.default_rng(0)), history)
+    back = np.flatnonzero(~batch.period_mask())
+    before = batch.conversion_time[back] < DAY
+    assert low[back][before].tolist() == high[back][before].tolist() == [0]
+    assert low[back][~before].tolist() == [GAMMA // 5] and high[back][~before].tolist() == [GAMMA // 2]
+
+
+def test_a_history_that_released_a_row_from_before_its_declared_start_is_refused():
+    log = Conversions(np.array([0, 0]), np.array([10, DAY + 10]), {"s": np.array([0, 0])}, np.ones((2, 1)),
+                      ("value",))
+    batch = concat_periods(log.take(np.array([1])), log.take(np.array([0])))
+    history = ReleaseHistory.of([(config(3), released_ids(log, np.array([0])))], start_us=DAY)
+    today = config(5)
+    with pytest.raises(InvalidInput, match="before its declared measurement start"):
+        lifetime_norms(batch, today, encode(batch.values, today, np.random.default_rng(0)), history)
+
+
 # ---- the costs: what each encoder really spends -----------------------------------------------------
 
 @pytest.mark.parametrize("encoding", ["linf", "l1"])

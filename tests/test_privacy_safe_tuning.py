@@ -234,6 +234,20 @@ def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start(
         replay(conv, domain, ReplayConfig(8.0, window_days=30))
 
 
+def test_a_fresh_start_replay_costs_nothing_for_the_conversions_before_its_first_day():
+    """``ReplayConfig.fresh_start``: the lookback before the first replayed day registered no contribution
+    (``ReleaseHistory.start_us``), so on that day every method keeps at least as much as when those
+    conversions are costed at its configuration (the same seeded noise: the count estimates, hence
+    their bias, rise), and the cold start keeps strictly more."""
+    conv = steady_log(9, 600, seed=9)
+    domain = KeyDomain.from_slice_values(("s",), {"s": np.arange(2)}, ("value",))
+    config = ReplayConfig(8.0, window_days=3, lookback_days=10, days=1)
+    charged = replay(conv, domain, config).set_index("method")
+    fresh = replay(conv, domain, dataclasses.replace(config, fresh_start=True)).set_index("method")
+    assert (fresh["bias_count"] >= charged["bias_count"] - 1e-12).all()
+    assert fresh.loc[COLD_START, "bias_count"] > charged.loc[COLD_START, "bias_count"]
+
+
 @pytest.mark.slow
 def test_the_replay_command_writes_its_table_summary_and_plot_whole_and_labelled(tmp_path, capsys):
     import json

@@ -373,3 +373,28 @@ def test_a_release_folder_tells_the_tuner_its_clip_thresholds(daily):
     record, params = read_release(str(root / "releases" / f"date={date(2)}"), date(2), version.domain, empty, verifier)
     assert params.count_limit == version.params.count_limit
     assert record.clips == tuple(q.clip_threshold for q in version.params.queries) != ()
+
+
+def test_a_declared_measurement_start_dates_each_release_and_one_after_a_release_is_refused(daily, tmp_path,
+                                                                                              capsys):
+    """``--measurement-start``: each release learnt from gets its days since the start
+    (``ReleaseRecord.days_since_start``, read in the start's transient for 30 days); a start after a
+    release learnt from is refused (one line, nothing written), and so is the option without --private."""
+    from araopt.optimize.private_inputs import with_measurement_start
+    from araopt.optimize.private_model import FirstParty, ReleaseRecord
+
+    root, first_party, _, domain, _ = daily
+    record = ReleaseRecord(5, None, "", ((0,),), np.zeros((1, 2)), np.zeros((1, 2)), np.zeros((0, 2)),
+                           np.zeros((0, 2)), FirstParty.of("d", np.ones((1, 1))))
+    dated = with_measurement_start([record, record], ["2026-11-02", "2026-11-04"], "2026-11-01")
+    assert [r.days_since_start for r in dated] == [1, 3]
+    assert with_measurement_start([record], ["2026-11-02"], None)[0].days_since_start is None
+    capsys.readouterr()
+    assert optimize(private_args(root, first_party, domain, tmp_path / "late.json", "--as-of", date(3),
+                                 "--measurement-start", date(2))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the release of {date(1)} is before --measurement-start {date(2)}" in err[0]
+    assert not (tmp_path / "late.json").exists()
+    assert optimize(["--history", str(root), "--slices", SLICES, "--values", "value", "--epsilon", "8", "--output",
+                     str(tmp_path / "joined.json"), "--measurement-start", date(1), "--no-progress"]) == 2
+    assert "--measurement-start tells privacy-safe tuning" in capsys.readouterr().err

@@ -5,6 +5,7 @@ the parameter files of privacy-safe tuning. A domain derived from the data it de
 written only as a simulation; a parameter file keeps its domain's origin."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import apache_beam as beam
@@ -258,3 +259,30 @@ def test_a_declared_key_map_gives_a_version_that_keeps_its_origin(tmp_path, monk
                      "--domain", str(key_map), "--slices", "s", "--values", "v", "--epsilon", "8", "--output",
                      str(out), "--no-progress"]) == 0
     assert ParameterVersion.load(out).domain.origin == DECLARED
+
+
+def test_a_release_says_which_queries_it_holds_no_signal_for():
+    """A value query left a few budget units (Alg. 5 may do so where it judges a query unmeasurable at
+    its epsilon) is noise over the whole domain: its noised estimates summed over the slices are within
+    ``SIGNAL_SDS`` standard errors of 0. release.json and the operator's console say so (a
+    post-processing of published numbers); with its budget the same query is measured."""
+    from araopt.mechanism.params import QueryParams
+    from araopt.publication import private_accounting
+    from araopt.release_summary import summary_lines
+
+    frame = make_frame(3000)
+    p = make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    domain = _domain(frame, p, DECLARED)
+    measured = publish(measure(conv, p, domain, simulation_seed=1).release, ParameterVersion(p))
+    assert release_json(measured, "0" * 64)["queries_without_signal"] == []
+    starved = dataclasses.replace(p, queries=(QueryParams("value", 20.0, 3 / 65_536),
+                                              QueryParams("items", 3.0, 1 - 3 / 65_536)))
+    publication = publish(measure(conv, starved, domain, simulation_seed=1).release, ParameterVersion(starved))
+    assert release_json(publication, "0" * 64)["queries_without_signal"] == ["value"]
+    accounting = private_accounting(publication)
+    assert accounting["queries_without_signal"] == ["value"]
+    summary = {**accounting, "epsilon": starved.epsilon, "wall_time_s": 1.0, "domain": "declared",
+               "rows_read": len(frame), "rows_rejected": 0, "rows_rejected_by_reason": {}}
+    notes = [line for line in summary_lines(summary, "out", True) if "no signal" in line]
+    assert len(notes) == 1 and "for value:" in notes[0]

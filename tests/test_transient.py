@@ -12,14 +12,16 @@ from araopt.optimize.slice_retention import MEANS, geometric_log_weights
 from araopt.optimize.transient import SPREAD_DAYS, kept_share, kept_table
 
 
-def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int, delay_days: float | None = None) -> float:
+def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int, delay_days: float | None = None,
+               free_before: bool = False) -> float:
     """The kept share of the last day's conversions by Alg. 1 over every impression's life as the release
     path runs it: impressions start uniformly over the days of ``schedule`` and the ``SPREAD_DAYS``
     before it, Geometric(``mean``) conversions over the window after each (uniform, or exponential of
     mean ``delay_days`` redrawn until within the window), a conversion of a released day costed
     floor(Gamma / C) at its day's count limit, one of the days before (released by none) the interval
     over every count limit of the schedule (``mechanism.lifetime``: the known configurations and
-    today's), by Alg. 1 over intervals (``bound_sorted(upper=)``)."""
+    today's), by Alg. 1 over intervals (``bound_sorted(upper=)``); ``free_before``: the measurement starts
+    on the schedule's first day, so a conversion before it cost nothing (``ReleaseHistory.start_us``)."""
     rng = np.random.default_rng(seed)
     days = len(schedule) + SPREAD_DAYS
     limits = np.concatenate([np.full(SPREAD_DAYS, schedule[0]), schedule])  # day index 0..days-1
@@ -43,8 +45,8 @@ def alg1_share(schedule: list[int], mean: float, per_day: int, seed: int, delay_
     rank = np.arange(len(imp)) - np.flatnonzero(first)[group]
     norms = CONTRIBUTION_BUDGET // limits[day]
     unrecorded = day < SPREAD_DAYS
-    upper = np.where(unrecorded, CONTRIBUTION_BUDGET // min(schedule), norms)
-    norms = np.where(unrecorded, CONTRIBUTION_BUDGET // max(schedule), norms)
+    upper = np.where(unrecorded, 0 if free_before else CONTRIBUTION_BUDGET // min(schedule), norms)
+    norms = np.where(unrecorded, 0 if free_before else CONTRIBUTION_BUDGET // max(schedule), norms)
     kept = bound_sorted(norms, rank, group, upper=upper)
     last = day == days - 1
     return float(kept[last].mean())
@@ -65,6 +67,36 @@ def test_the_kept_share_after_count_limit_moves_is_alg1_s_over_the_impression_s_
     settled = float(weights @ np.minimum(np.arange(1, len(weights) + 1), kept_per_impression(schedule[-1])))
     assert predicted == pytest.approx(brute, abs=0.015)
     assert abs(brute - settled) > 0.04  # a transient the settled curve would miss
+
+
+@pytest.mark.parametrize("schedule", [
+    [5] * 3 + [10] * 3,  # a move up three days after the measurement's start: little charged at 5 yet
+    [1] * 4,             # an arm at C = 1 four days after the start: most impressions' earlier conversions were free
+    [3] * 10,            # ten days after the start at one count limit: not settled yet
+])
+def test_conversions_before_the_measurement_s_start_cost_nothing_and_the_model_knows(schedule):
+    """``start_offset`` 0: the days before the schedule's first release registered no contribution (the
+    advertiser started measuring then), as the release path costs them with a declared
+    ``ReleaseHistory.start_us``; Alg. 1 over the impression's life keeps more than r(K) for 30 days."""
+    g = int(np.abs(MEANS - 4.0).argmin())
+    weights = np.exp(geometric_log_weights()[g])
+    brute = alg1_share(schedule, float(MEANS[g]), 4000, 5, free_before=True)
+    predicted = float(weights @ kept_table(schedule, max_size=len(weights), start_offset=0))
+    charged = float(kept_share(weights, schedule)[0])
+    assert predicted == pytest.approx(brute, abs=0.015)
+    assert brute - charged > 0.04  # the days before charged at the schedule's count limits would miss it
+
+
+def test_a_start_before_the_schedule_frees_only_the_days_before_it():
+    """``start_offset`` k: the k days between the measurement's start and the schedule were released (at
+    the schedule's lowest count limit, the one unknown to it), only the days before them were free. A
+    constant schedule of 3 days 5 days after the start keeps what 8 days from the start keep; 30 days
+    after it, what a settled schedule keeps; a start after the schedule's first day is refused."""
+    np.testing.assert_array_equal(kept_table([4] * 3, start_offset=5), kept_table([4] * 8, start_offset=0))
+    assert kept_table([4] * 3, start_offset=5)[9] > kept_table([4] * 3)[9] == 4.0
+    np.testing.assert_array_equal(kept_table([4] * 3, start_offset=SPREAD_DAYS), kept_table([4] * 3))
+    with pytest.raises(ValueError, match="before the schedule's first entry"):
+        kept_table([4], start_offset=-1)
 
 
 @pytest.mark.parametrize("schedule", [[5] * 25 + [20] * 3, [20] * 25 + [3] * 3, [5] * 20 + [12] * 2 + [5] * 2 + [20]])
@@ -316,3 +348,43 @@ def test_a_probe_is_priced_with_what_it_leaves_charged_for_the_window_after_it()
     above_probe = dataclasses.replace(scored(20, 0.3), error=0.21)
     version, note = _scheduled([tuned, cheap_day, above_probe], tuned, every_day, 0, young)
     assert version is above_probe.version and note.startswith("probe: C = 20")
+
+
+def _start_records(schedule: list[int]) -> tuple[list, object]:
+    """``_pool_records`` from the measurement's start (``days_since_start`` 0 on the first), so every
+    release of the schedule, arms included, keeps what Alg. 1 keeps with the days before free."""
+    from araopt.mechanism.exploration import default_exploration
+    from araopt.optimize.private_model import FirstParty, ReleaseRecord
+    from araopt.optimize.retention import RetentionCurve
+
+    t = _pool_weights()
+    plan = default_exploration()
+    total = 20_000.0
+    first_party = FirstParty(day="1970-01-01", totals=np.array([total]), values=np.ones((1, 1)))
+    records = []
+    for d, limit in enumerate(schedule):
+        share = float(t @ kept_table(schedule[:d + 1], start_offset=0))
+        main = np.array([[plan.main_share * total * share]])
+        arms = np.array([[a.share * total * float(t @ kept_table([a.count_limit] * (d + 1), start_offset=0))]
+                         for a in plan.arms])
+        arm_variance = np.array([[(0.02 * a.share * total) ** 2] for a in plan.arms])
+        records.append(ReleaseRecord(limit, plan, "", ((0,),), main, np.array([[25.0]]), arms, arm_variance,
+                                     first_party, days_since_start=d))
+    return records, RetentionCurve(t)
+
+
+def test_releases_from_the_measurement_s_start_are_read_in_its_transient_arms_included():
+    """Twelve releases from the start (C = 5, then 10): every one, arms included, keeps more than r(K)
+    (the conversions before the start were free). Read in the start's transient (``transient_points``,
+    no settled point at all) the pooled curve is the truth's; read as settled, the arms' inflated shares
+    make it wrong by more than 0.05."""
+    from araopt.optimize.private_model import pooled_fit, retention_points, settled_at
+
+    records, truth = _start_records([5] * 4 + [10] * 8)
+    assert retention_points(records) == [] and not settled_at(records, len(records) - 1)
+    ks = [1, 2, 3, 5, 10, 20]
+    learnt, _ = pooled_fit(records, None)
+    np.testing.assert_allclose(learnt.ratio(ks), truth.ratio(ks), atol=0.03)
+    as_settled = [dataclasses.replace(r, days_since_start=None) for r in records]
+    wrong, _ = pooled_fit(as_settled, None)
+    assert np.max(np.abs(wrong.ratio(ks) - truth.ratio(ks))) > 0.05

@@ -6,7 +6,9 @@ parameters it chose from what it was allowed to see before that day, and its rel
 scored against the day's true totals over the declared domain (RMSRE_tau, Def. 3.2, with taus fixed
 for the whole replay from first-party values before its first day). Each method's lookback rows cost
 what its own earlier replayed releases spent (their count limits and arm plans; the days before the
-first replayed day were never released: any of them, or today's); see ``mechanism.lifetime``.
+first replayed day were never released: any of them, or today's); see ``mechanism.lifetime``. With
+``ReplayConfig.fresh_start`` the measurement begins on the first replayed day instead: a conversion
+before it registered no contribution and costs nothing, for every method alike.
 
 - ``private_safe``: privacy-safe tuning (``optimize.private``) on its own previous releases and the
   advertiser's first-party conversions; day 1 is the cold start; its public count-limit schedule
@@ -75,6 +77,11 @@ class ReplayConfig:
     exploration: Exploration = field(default_factory=default_exploration)
     max_count_limit: int = MAX_COUNT_LIMIT
     seed: int = 0
+    fresh_start: bool = False
+    """The advertiser starts measuring on the first replayed day: conversions before it registered no
+    contribution (``ReleaseHistory.start_us``), and the privacy-safe tuner knows its records begin there.
+    False: they may have cost any configuration a method released (the release path's rule when the
+    start is unknown)."""
 
     def __post_init__(self) -> None:
         if self.window_days < 1 or self.lookback_days < 0 or (self.days is not None and self.days < 1):
@@ -137,11 +144,14 @@ class _Released:
 
 
 def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDomain, seed: int,
-              earlier: list[tuple[Params, np.ndarray]] | None = None) -> tuple[_Released, Any]:
+              earlier: list[tuple[Params, np.ndarray]] | None = None,
+              start_us: int | None = None) -> tuple[_Released, Any]:
     """The day's published estimates (of the true totals when the version is calibrated) and the release.
     ``earlier``: the method's earlier replayed releases (parameters, released row ids): the lookback
-    rows cost what those releases spent (Alg. 1 over the impression's life); this day is added to it."""
-    history = None if earlier is None else ReleaseHistory.of(earlier)
+    rows cost what those releases spent (Alg. 1 over the impression's life); this day is added to it.
+    ``start_us``: the measurement's start (lookback rows before it cost nothing)."""
+    history = (None if earlier is None and start_us is None
+               else ReleaseHistory.of(earlier or [], start_us=start_us))
     publication = release_and_publish(InMemoryReleaseBackend(conversions),
                                       ReleaseSpec(version, simulation_seed=seed, history=history), domain)
     release = publication.release
@@ -234,6 +244,7 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
     records: list[ReleaseRecord] = []
     rows: list[dict[str, Any]] = []
     earlier: dict[str, list[tuple[Params, np.ndarray]]] = {}  # per method: its replayed releases
+    start = int(candidates[0]) * DAY_US if config.fresh_start else None
     if progress is not None:
         progress(f"replaying {len(candidates)} day(s), {np.datetime64(candidates[0], 'D')} to "
                  f"{np.datetime64(candidates[-1], 'D')} ({config.window_days}-day window, "
@@ -248,21 +259,23 @@ def replay(conversions: Conversions, domain: KeyDomain, config: ReplayConfig,
                                    exploration=config.exploration, taus=taus.tolist()).version
         else:
             private = cold_start(before, config.epsilon, domain, conversions.value_columns, config.exploration)
-        released, release = _released(test, private, domain, seed, earlier.setdefault(PRIVATE_SAFE, []))
-        records.append(ReleaseRecord.of(release, log.first_party(day)))
+        released, release = _released(test, private, domain, seed, earlier.setdefault(PRIVATE_SAFE, []), start)
+        record = ReleaseRecord.of(release, log.first_party(day))
+        # the measurement's start is the first replayed day (its lookback cost nothing: ``start``)
+        records.append(dataclasses.replace(record, days_since_start=None if start is None else number))
         rows.append(_row(day, PRIVATE_SAFE, private, released, truth, taus, query_names))
 
         cold = cold_start(log.first_party(day - config.window_days, day - 1), config.epsilon, domain,
                           conversions.value_columns, config.exploration)
-        released, _ = _released(test, cold, domain, seed)
+        released, _ = _released(test, cold, domain, seed, start_us=start)
         rows.append(_row(day, COLD_START, cold, released, truth, taus, query_names))
 
         informed = _fully_informed(log, day, config, spec, taus)
-        released, _ = _released(test, informed.version, domain, seed, earlier.setdefault(FULLY_INFORMED, []))
+        released, _ = _released(test, informed.version, domain, seed, earlier.setdefault(FULLY_INFORMED, []), start)
         rows.append(_row(day, FULLY_INFORMED, informed.version, released, truth, taus, query_names))
         for baseline in informed.baselines:
             released, _ = _released(test, ParameterVersion(baseline.params, domain=baseline_domain), baseline_domain, seed,
-                                    earlier.setdefault(baseline.name, []))
+                                    earlier.setdefault(baseline.name, []), start)
             rows.append(_row(day, baseline.name, baseline.params, released, truth, taus, query_names))
         if progress is not None:
             got = {r["method"]: r["rmsre_tau"] for r in rows if r["day"] == rows[-1]["day"]}

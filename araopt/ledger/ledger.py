@@ -250,13 +250,21 @@ class Ledger:
         return found.before, len(overlaps)
 
     def release_history(self, first_time_us: int | None, last_time_us: int | None,
-                        today: ParameterVersion) -> ReleaseHistory:
+                        today: ParameterVersion, start_us: int | None = None) -> ReleaseHistory:
         """The earlier releases a lookback of conversion times [first, last] (None: unknown) may hold, each with the
         mechanism it released with (for Alg. 1 over the impression's life); every other recorded
         mechanism is kept as a candidate for lookback rows no release used. Refuses (one line) when an
-        entry that meets the window does not say its mechanism and its ``params_sha256`` is unknown."""
+        entry that meets the window does not say its mechanism and its ``params_sha256`` is unknown, and
+        when the measurement's declared ``start_us`` (conversions before it cost nothing:
+        ``ReleaseHistory.start_us``) is later than a recorded release's first conversion."""
         try:
             releases, _ = self.store.read_ledger()
+            early = [e["id"] for e in releases if start_us is not None and e.get("rows", 0) > 0
+                     and e.get("first_time_us") is not None and e["first_time_us"] < start_us]
+            if early:
+                raise PrivacyRefusal(f"the declared measurement start is later than the conversions released by "
+                                     f"ledger entry {early[0]}: a start cannot follow a release (it would cost that "
+                                     f"release's conversions nothing)")
             known: dict[str, Params] = {today.checksum(): today.params}
             if any(e.get("mechanism") is None and e.get("params_sha256") not in known for e in releases):
                 known = {**self._store_versions(), **known}
@@ -280,7 +288,7 @@ class Ledger:
                     names.append(entry["id"])
         except StoreError as exc:
             raise StoreError(f"release ledger: {exc}") from None
-        return ReleaseHistory.of(pairs, names)
+        return ReleaseHistory.of(pairs, names, start_us=start_us)
 
     @staticmethod
     def _mechanism_of(entry: dict[str, Any], known: dict[str, Params]) -> Params | None:

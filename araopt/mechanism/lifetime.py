@@ -17,6 +17,10 @@ release ledger), as an interval ``[low, high]``:
   simulation seed), the norm is only known to lie in [count + sum floor, count + sum ceil].
 * a row no recorded release used (or ``history`` is None): any of the known configurations and
   today's may have costed it; the interval spans them all (simulation: today's only, as before).
+* a row no recorded release used from before the history's declared ``start_us`` (the time the
+  measurement began: no trigger before it registered a contribution, as when an advertiser starts
+  using the API): it cost nothing, ``low == high == 0``. A declaration, never inferred: a history
+  whose recorded releases hold a row from before it is refused.
 
 ``bounding.bound_sorted`` then runs one Alg. 1 over lower and upper norms: with every interval exact
 it is Alg. 1; otherwise it keeps a period row only when it fits whatever the earlier rows really
@@ -48,6 +52,10 @@ class ReleaseHistory:
     configurations: tuple[Params, ...]
     releases: tuple[tuple[int, np.ndarray], ...]
     names: tuple[str, ...] = ()
+    start_us: int | None = None
+    """When the measurement began (microseconds since the epoch): a conversion before it that no recorded
+    release used registered no contribution and cost no budget. None: unknown (such a conversion may
+    have cost any known configuration's)."""
 
     def __post_init__(self) -> None:
         if self.names and len(self.names) != len(self.releases):
@@ -59,15 +67,17 @@ class ReleaseHistory:
                 raise InvalidInput("a release's row ids must be sorted and distinct")
 
     @classmethod
-    def of(cls, releases: Sequence[tuple[Params, np.ndarray]], names: Sequence[str] = ()) -> ReleaseHistory:
-        """From (configuration, row ids) per release (and their ``names``); equal configurations are stored once."""
+    def of(cls, releases: Sequence[tuple[Params, np.ndarray]], names: Sequence[str] = (),
+           start_us: int | None = None) -> ReleaseHistory:
+        """From (configuration, row ids) per release (and their ``names``, the measurement's ``start_us``);
+        equal configurations are stored once."""
         configs: list[Params] = []
         out = []
         for config, ids in releases:
             if config not in configs:
                 configs.append(config)
             out.append((configs.index(config), sorted_unique(ids)))
-        return cls(tuple(configs), tuple(out), tuple(names))
+        return cls(tuple(configs), tuple(out), tuple(names), None if start_us is None else int(start_us))
 
     def held(self, row_ids: np.ndarray) -> np.ndarray:
         """Per release, how many of its rows ``row_ids`` hold (each distinct id once)."""
@@ -132,7 +142,8 @@ def lifetime_norms(conversions: Conversions, params: Params, contributions: np.n
     """(low, high) L1 norm of every record for Alg. 1 over an impression's life: a period row's is its
     realised contribution's (``contributions``, encoded with today's ``params``); a lookback row's is
     its norm under the configuration(s) that released it (``history``), and under every known one and
-    today's when no recorded release used it. ``uniforms``: reproducible rounding (simulation)."""
+    today's when no recorded release used it, nothing when that row is from before the history's
+    ``start_us``. ``uniforms``: reproducible rounding (simulation)."""
     realised = contributions.sum(axis=1, dtype=np.int64)
     low, high = realised.copy(), realised.copy()
     back = np.flatnonzero(~conversions.period_mask())
@@ -153,5 +164,11 @@ def lifetime_norms(conversions: Conversions, params: Params, contributions: np.n
         c_lo, c_hi = norm_bounds(values[rows], ids[rows], config, None if uniforms is None else uniforms[back[rows]])
         lo[rows] = np.minimum(lo[rows], c_lo)
         hi[rows] = np.maximum(hi[rows], c_hi)
+    if history is not None and history.start_us is not None:
+        before = conversions.conversion_time[back] < history.start_us
+        if bool(np.any(before & ~unrecorded)):
+            raise InvalidInput("the release history records a release of a conversion from before its declared "
+                               "measurement start: the start cannot be later than the first release")
+        lo[before], hi[before] = 0, 0
     low[back], high[back] = lo, hi
     return low, high

@@ -141,3 +141,19 @@ def nonnegative_interval(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray,
     cannot be negative, so this covers it exactly when the uncut one does. The point estimate is not
     cut (Alg. 4's is unbiased, also when negative)."""
     return np.maximum(low, 0.0), np.maximum(high, 0.0)  # (np.maximum keeps NaN)
+
+
+SIGNAL_SDS = 2.0
+"""A query whose Alg. 4 estimates summed over the domain are within this many standard errors of 0 is
+released without signal (``queries_without_signal``)."""
+
+
+def queries_without_signal(estimates: Estimates) -> list[str]:
+    """The queries (the count, the values) whose Alg. 4 estimates summed over the domain's slices are within
+    ``SIGNAL_SDS`` standard errors of 0: the release says nothing of them, e.g. a value query that Alg. 5
+    left a single budget unit at a clip near 0 (judged unmeasurable at this epsilon: publishing about 0
+    scores as well), whose corrected interval then spans [0, far above the truth]. Post-processing of the
+    noised estimates and their standard errors, both published."""
+    total = estimates.estimate.sum(axis=0)
+    sd = np.sqrt(np.square(estimates.std_error).sum(axis=0))
+    return [name for name, t, s in zip(estimates.query_names, total, sd, strict=True) if t <= SIGNAL_SDS * s]

@@ -219,17 +219,20 @@ def tuning_window(as_of: str, window_days: int) -> tuple[str, str]:
 def tune_on_releases(records: Sequence[ReleaseRecord], dates: Sequence[str], log: FirstPartyLog,
                      domain: KeyDomain, values: Sequence[str], epsilon: float, as_of: str, window_days: int,
                      max_count_limit: int, exploration: Exploration | None = None,
-                     last_release: Params | None = None) -> PrivateTuning:
+                     last_release: Params | None = None, measurement_start: str | None = None) -> PrivateTuning:
     """Privacy-safe tuning for the release after ``window``'s last day from its releases (``records``,
     of ``dates``) and first-party conversions; with no release, the cold start on the first-party
     conversions of the window. The arm plan is ``exploration`` (configuration), else the default. The
-    version carries no clock: the same inputs give the same bytes."""
+    version carries no clock: the same inputs give the same bytes. ``measurement_start`` (ISO date): the
+    measurement's declared start, each record's ``days_since_start`` (a release before it is refused)."""
     check_not_data_derived(domain, "the declared domain")
+    records = with_measurement_start(records, dates, measurement_start)
     first, _ = tuning_window(as_of, window_days)
     exploration = exploration if exploration is not None else default_exploration()
     provenance = {"as_of": as_of, "window": [first, as_of], "release_dates": list(dates),
                   "cold_start": not records, "first_party_rows_read": log.rows_read,
-                  "first_party_rows_rejected": log.rejected, "first_party_rows_after_as_of": log.after_last_day}
+                  "first_party_rows_rejected": log.rejected, "first_party_rows_after_as_of": log.after_last_day,
+                  "measurement_start": measurement_start}
     if not records:
         version = cold_start(log.between(first, as_of), epsilon, domain, values, exploration)
     else:
@@ -239,6 +242,20 @@ def tune_on_releases(records: Sequence[ReleaseRecord], dates: Sequence[str], log
     version = dataclasses.replace(version, provenance=dataclasses.replace(
         version.provenance or Provenance(), created_at=None, extra=extra))
     return PrivateTuning(version, tuple(dates), not records, log, last_release)
+
+
+def with_measurement_start(records: Sequence[ReleaseRecord], dates: Sequence[str],
+                           measurement_start: str | None) -> list[ReleaseRecord]:
+    """``records`` (of ``dates``) each with its days since the measurement's declared start (None: none)."""
+    if measurement_start is None:
+        return list(records)
+    start = dt.date.fromisoformat(measurement_start)
+    days = [(dt.date.fromisoformat(d) - start).days for d in dates]
+    early = [d for d, n in zip(dates, days, strict=True) if n < 0]
+    if early:
+        raise InvalidInput(f"the release of {early[0]} is before --measurement-start {measurement_start}: a release "
+                           f"cannot precede the measurement's start")
+    return [dataclasses.replace(r, days_since_start=n) for r, n in zip(records, days, strict=True)]
 
 
 def describe(tuning: PrivateTuning) -> str:

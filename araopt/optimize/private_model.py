@@ -89,6 +89,11 @@ class ReleaseRecord:
     first_party: FirstParty
     clips: tuple[float, ...] = ()
     """The main release's clip thresholds per value query (public parameters; empty: unknown)."""
+    days_since_start: int | None = None
+    """Days from the measurement's declared start (``lifetime.ReleaseHistory.start_us``) to this release (0:
+    the first); None: not declared. The conversions before the start registered no contribution, so for
+    30 days the releases after it, arms included, keep more than r(K) (``transient.kept_table``'s
+    ``start_offset``)."""
 
     @property
     def main_conversions(self) -> float:
@@ -142,6 +147,9 @@ class PrivateModel:
     out of sample on the window's releases (``ratio_excess`` + ``share_excess``): added to the ratio
     variance the intervals carry."""
     delay_days: float | None = None
+    start_offset: int | None = None
+    """Days from the measurement's start to the first release of ``schedule`` (None: no start declared):
+    the days before the start cost nothing."""
     """The conversions' delay law the transients are sized by (``transient.DELAY_LAWS``, ``delay_law``)."""
 
     def _row(self, key: tuple[Any, ...]) -> int | None:
@@ -190,7 +198,7 @@ class PrivateModel:
         if count_limit is not None:
             past.append(int(count_limit))
         past.extend(int(c) for c in ahead)
-        return release_table(past, len(past) - 1, MAX_SIZE, self.delay_days)
+        return release_table(past, len(past) - 1, MAX_SIZE, self.delay_days, start_offset=self.start_offset)
 
     def kept_shares(self, keys: Sequence[tuple[Any, ...]], table: np.ndarray) -> np.ndarray:
         """Every slice's expected kept share of its conversions under a schedule's ``kept_table`` (its
@@ -322,8 +330,30 @@ def day_dispersion(impression_dispersion: np.ndarray, spread_days: int = SPREAD_
 
 def settled_at(records: Sequence[ReleaseRecord], i: int) -> bool:
     """Whether the ``SETTLE_RELEASES`` releases before the ``i``-th of ``records`` (time order) all had its
-    count limit: its kept share is then its count limit's steady r(K)."""
+    count limit (and none of them is the measurement's start): its kept share is then its count limit's
+    steady r(K)."""
+    if not _past_start(records[i]):
+        return False
     return all(q.count_limit == records[i].count_limit for q in records[max(0, i - SETTLE_RELEASES):i])
+
+
+def start_offset(records: Sequence[ReleaseRecord]) -> int | None:
+    """Days from the measurement's declared start to the first of ``records`` (time order); None: none
+    declared."""
+    return records[0].days_since_start if records else None
+
+
+def _past_start(record: ReleaseRecord) -> bool:
+    """Whether ``record`` is at least ``SETTLE_RELEASES`` days after the measurement's start (or none was
+    declared): the conversions before the start, which cost nothing, have left its attribution window."""
+    return record.days_since_start is None or record.days_since_start >= SETTLE_RELEASES
+
+
+def arm_settled(records: Sequence[ReleaseRecord], i: int) -> bool:
+    """Whether the arms of the ``i``-th of ``records`` keep r(K) of their count limit: always, unless the
+    measurement started fewer than ``SETTLE_RELEASES`` days before it (its conversions before the start
+    were free)."""
+    return _past_start(records[i])
 
 
 def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float, float]]:
@@ -338,7 +368,7 @@ def retention_points(records: Sequence[ReleaseRecord]) -> list[tuple[int, float,
     for i, r in enumerate(records):
         total = float(r.first_party.totals[0])
         exploration = r.exploration
-        if exploration is not None:
+        if exploration is not None and arm_settled(records, i):
             for arm, est, var in zip(exploration.arms, r.arms[:, 0], r.arms_variance[:, 0], strict=True):
                 n = arm.share * total
                 if n >= 1:
@@ -368,7 +398,7 @@ curve there and leave the sizes above it no mass (r(2K) = 1 where a few percent 
 in larger impressions), which the slices' curves, anchored to the pool, then cannot have either."""
 
 
-def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, delay_days: float | None = None
+def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve | None, delay_days: float | None = None
                      ) -> tuple[list[tuple[int, float, float]], list[np.ndarray], list[float]]:
     """(points, kept rows, doubts) of every main release that ``retention_points`` leaves out (the count
     limits before it were not all its own): its kept share over the main share, read at what the count
@@ -381,19 +411,33 @@ def transient_points(records: Sequence[ReleaseRecord], settled: RetentionCurve, 
     rows: list[np.ndarray] = []
     doubts: list[float] = []
     limits = [int(r.count_limit) for r in records]
+    offset = start_offset(records)
     sizes = np.arange(1, MAX_SIZE + 1, dtype=np.float64)
-    weights = padded_weights(settled)
+    weights = None if settled is None else padded_weights(settled)
+
+    def add(count_limit: int, row: np.ndarray, share: float, noise: float) -> None:
+        k = kept_per_impression(count_limit)
+        # no settled curve yet (every release in the start's transient): the floor alone
+        departure = 0.0 if weights is None else float(weights @ (np.minimum(sizes, float(k)) - row))
+        doubt = (TRANSIENT_DOUBT * departure) ** 2 + TRANSIENT_FLOOR_SD**2
+        points.append((k, share, noise + doubt))
+        rows.append(row)
+        doubts.append(doubt)
+
     for i, r in enumerate(records):
+        total = float(r.first_party.totals[0])
+        if r.exploration is not None and not arm_settled(records, i):
+            for arm, est, var in zip(r.exploration.arms, r.arms[:, 0], r.arms_variance[:, 0], strict=True):
+                n_arm = arm.share * total
+                if n_arm >= 1:  # an arm's impressions at its count limit since the start
+                    # the arm's impressions at its count limit since the start (the same plan before the records)
+                    row = release_table([arm.count_limit] * (i + 1), i, MAX_SIZE, delay_days, start_offset=offset)
+                    add(arm.count_limit, row, float(est) / n_arm, float(var) / n_arm**2 + 1 / n_arm)
         n = r.main_conversions
         if n < 1 or settled_at(records, i):
             continue
-        row = release_table(limits, i, MAX_SIZE, delay_days)
-        departure = float(weights @ (np.minimum(sizes, float(kept_per_impression(r.count_limit))) - row))
-        doubt = (TRANSIENT_DOUBT * departure) ** 2 + TRANSIENT_FLOOR_SD**2
-        variance = float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n + doubt
-        points.append((kept_per_impression(r.count_limit), float(r.main[:, 0].sum()) / n, variance))
-        rows.append(row)
-        doubts.append(doubt)
+        add(r.count_limit, release_table(limits, i, MAX_SIZE, delay_days, start_offset=offset),
+            float(r.main[:, 0].sum()) / n, float(r.main_variance[:, 0].sum()) / n**2 + 0.1 / n)
     return points, rows, doubts
 
 
@@ -405,6 +449,13 @@ def padded_weights(curve: RetentionCurve, size: int = MAX_SIZE) -> np.ndarray:
     return w
 
 
+def _settled_fit(history: Sequence[ReleaseRecord]) -> RetentionCurve | None:
+    """The curve of the settled points (``retention_points``); None when there are none (every release in
+    the measurement start's transient)."""
+    points = retention_points(history)
+    return fit_retention_curve(points) if points or start_offset(history) is None else None
+
+
 def pooled_fit(history: Sequence[ReleaseRecord], delay_days: float | None, settled: RetentionCurve | None = None
                ) -> tuple[RetentionCurve, float]:
     """The pooled retention curve: fitted to the arms and settled main releases (``retention_points``:
@@ -412,8 +463,13 @@ def pooled_fit(history: Sequence[ReleaseRecord], delay_days: float | None, settl
     their own kept rows (``transient_points``, sized by the delay law ``delay_days``); and the sum of the
     transient points' squared standardized residuals under it (their variance without the doubt: how well
     the delay law sizes the transients; 0 with none)."""
-    settled = fit_retention_curve(retention_points(history)) if settled is None else settled
-    points = list(settled.points)
+    settled = _settled_fit(history) if settled is None else settled
+    if settled is None:  # every release in the start's transient: fitted to them first, their doubts from that fit
+        first, first_rows, _ = transient_points(history, None, delay_days)
+        settled = fit_retention_curve(first, rows=first_rows)
+        points: list[tuple[int, float, float]] = []
+    else:
+        points = list(settled.points)
     more, rows, doubts = transient_points(history, settled, delay_days)
     if not more:
         return settled, 0.0
@@ -435,7 +491,7 @@ def delay_law(history: Sequence[ReleaseRecord]) -> tuple[float | None, Retention
     transients best (``pooled_fit``'s misfit: a move shows the delays through how fast the kept share
     settles at the new count limit), and that curve; the uniform law (the first) unless another fits
     better by more than ``DELAY_EVIDENCE`` (with no release in a transient, all fit equally)."""
-    settled = fit_retention_curve(retention_points(history))  # the same for every law
+    settled = _settled_fit(history)  # the same for every law
     fits = [(law, *pooled_fit(history, law, settled)) for law in DELAY_LAWS]
     law, curve, misfit = min(fits, key=lambda x: x[2])  # min keeps the first of equal misfits
     if fits[0][2] - misfit <= DELAY_EVIDENCE:
@@ -465,7 +521,7 @@ def slice_days(records: Sequence[ReleaseRecord], keys: Sequence[tuple[Any, ...]]
         noise[d, ok] = r.main_variance[rows[ok], 0]
     ranks = np.array([kept_per_impression(r.count_limit) for r in records], dtype=np.int64)
     limits = [int(r.count_limit) for r in records]
-    tables = np.stack([release_table(limits, d, MAX_SIZE, delay_days)
+    tables = np.stack([release_table(limits, d, MAX_SIZE, delay_days, start_offset=start_offset(records))
                        for d in range(len(records))], axis=1) if records else None
     conversions = np.array([r.main_conversions for r in records])
     return SliceDays(ranks, np.maximum(kept.sum(axis=1), 1.0), kept, noise, tables, conversions)
@@ -495,7 +551,8 @@ def learn(records: Sequence[ReleaseRecord], domain: KeyDomain, older: Sequence[R
     posterior = slice_posterior(slice_days(history, keys, delay), curve, slice_groups(domain)) if slices else None
     model = PrivateModel(curve, {k: np.zeros(domain.num_columns) for k in keys}, np.zeros((0, 0)), len(records),
                          slices=posterior, slice_keys=tuple(keys),
-                         schedule=tuple(int(r.count_limit) for r in history), delay_days=delay)
+                         schedule=tuple(int(r.count_limit) for r in history), delay_days=delay,
+                         start_offset=start_offset(history))
     # every window release's kept share per impression size, given the count limits before it
     tables = [model.kept_table(release=-len(records) + i) for i in range(len(records))]
     # the slices' conversions at their own retention: the weights of the pool the model holds

@@ -12,7 +12,11 @@ The days before a schedule's first release were released by none of them: the re
 such a conversion at the dearest of every known configuration and today's (``mechanism.lifetime``:
 the upper end of its interval), so here they cost floor(Gamma / C) at the schedule's lowest count
 limit. A single release below every count limit before it (a probe) therefore charges every such
-conversion at its own count limit until they age out of the window, whatever the releases after it.
+conversion at its own count limit until they age out of the window, whatever the releases after it. When the measurement's
+start is known (``start_offset``: the days from it to the schedule's first entry;
+``lifetime.ReleaseHistory.start_us``), the conversions before it registered no contribution and cost
+nothing (the days between it and the schedule, released at count limits the schedule does not list,
+cost its lowest): every release in the 30 days after the start keeps more than r(K), arms included.
 
 The model. An impression's n conversions fall independently over the ``spread_days`` after it (ARA's
 attribution window), uniformly (``delay_days`` None) or by an exponential law of mean ``delay_days``
@@ -81,28 +85,36 @@ def _draws(spread_days: int, delay_days: float | None = None) -> tuple[tuple[np.
 
 
 def kept_table(schedule: Sequence[int], spread_days: int = SPREAD_DAYS, contribution_budget: int = CONTRIBUTION_BUDGET,
-               max_reports: int = MAX_REPORTS_PER_SOURCE, max_size: int = 256, delay_days: float | None = None
-               ) -> np.ndarray:
+               max_reports: int = MAX_REPORTS_PER_SOURCE, max_size: int = 256, delay_days: float | None = None,
+               start_offset: int | None = None) -> np.ndarray:
     """(max_size,) the expected kept conversions per impression of each size (1..max_size) given each
     falls on the target day, under the count limits ``schedule`` of the days up to and including the
     target day (last entry; days before the first entry: the schedule's lowest, as the release path
-    costs a conversion no recorded release used), the delays by ``delay_days``'s law. See the module
-    docstring."""
+    costs a conversion no recorded release used; with ``start_offset``, the days from the measurement's
+    start to the first entry, nothing before that start), the delays by ``delay_days``'s law. See the
+    module docstring."""
     limits = np.asarray(schedule, dtype=np.int64)
     if limits.size == 0 or np.any(limits < 1):
         raise ValueError(f"a schedule needs count limits >= 1, got {schedule!r}")
     _check_law(delay_days)
-    past = np.concatenate([np.full(max(0, spread_days + 1 - len(limits)), limits.min()), limits])[-(spread_days + 1):]
+    if start_offset is not None and start_offset < 0:
+        raise ValueError(f"a measurement's start is before the schedule's first entry, got offset {start_offset}")
+    missing = max(0, spread_days + 1 - len(limits))
+    charged = missing if start_offset is None else min(missing, start_offset)
+    # older to newer: the days before the start (count limit 0: free), then those between it and the schedule
+    past = np.concatenate([np.zeros(missing - charged, dtype=np.int64), np.full(charged, limits.min()),
+                           limits])[-(spread_days + 1):]
     return _table(tuple(int(x) for x in past), spread_days, contribution_budget, max_reports, max_size,
                   delay_days).copy()
 
 
 def release_table(limits: Sequence[int], release: int, max_size: int, delay_days: float | None = None,
-                  spread_days: int = SPREAD_DAYS) -> np.ndarray:
+                  spread_days: int = SPREAD_DAYS, start_offset: int | None = None) -> np.ndarray:
     """``kept_table`` of the ``release``-th of daily releases at count limits ``limits`` (time order): the
-    count limits of the ``spread_days`` before it and its own."""
+    count limits of the ``spread_days`` before it and its own (``start_offset``: the days from the
+    measurement's start to the first of ``limits``)."""
     return kept_table(limits[max(0, release - spread_days):release + 1], spread_days, max_size=max_size,
-                      delay_days=delay_days)
+                      delay_days=delay_days, start_offset=start_offset if release - spread_days < 0 else None)
 
 
 @lru_cache(maxsize=4096)
@@ -115,7 +127,8 @@ def _table(past: tuple[int, ...], spread_days: int, contribution_budget: int, ma
     if np.all(limits == limits[-1]):  # settled: Alg. 1 keeps the first K of every impression
         k = contribution_budget // (contribution_budget // int(limits[-1]))
         return np.minimum(sizes, float(min(k, max_reports)))
-    cost = np.asarray(contribution_budget // limits, dtype=np.int64)  # L-inf: floor(Gamma / C_d), days -spread..0
+    # L-inf: floor(Gamma / C_d), days -spread..0 (count limit 0: a day before the measurement, free)
+    cost = np.where(limits > 0, contribution_budget // np.maximum(limits, 1), 0).astype(np.int64)
     cost = np.concatenate([cost, [0]])  # day 1 (after the target day): never reached before j
     values = []
     for (day, _), n in zip(_draws(spread_days, delay_days), SIZES, strict=True):
@@ -128,7 +141,7 @@ def _table(past: tuple[int, ...], spread_days: int, contribution_budget: int, ma
             cost_i, used_i, reports_i = c[:, i:, i], used[:, i:], reports[:, i:]
             take = (used_i + cost_i <= contribution_budget) & (reports_i < max_reports)
             used_i += cost_i * take  # views: updates used and reports in place
-            reports_i += take
+            reports_i += take & (cost_i > 0)  # a free conversion (before the measurement) is no report
             kept_j[:, i] = take[:, 0]  # placement j = i: is its own conversion kept
         values.append(float(kept_j.mean(axis=0).sum()))
     return np.asarray(np.interp(sizes, np.asarray(SIZES, dtype=np.float64), np.asarray(values)), dtype=np.float64)
