@@ -51,7 +51,7 @@ from araopt.ledger.commit import (
     take_accounting,
     take_held,
 )
-from araopt.ledger.ledger import Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
+from araopt.ledger.ledger import MEASUREMENT_START, Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
 from araopt.ledger.lifetime import LookbackCover, ReleasePeriod
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
@@ -114,6 +114,7 @@ class MeasureConfig:
     attribution_columns: tuple[str, ...] = ()
     attribution_history: AttributionHistory | None = None  # (a release) the ledger's releases its lookback may hold
     draw_key: DrawKey | None = None  # (a release) the ledger's draw key (araopt.attribution.draws)
+    measurement_start_us: int | None = None  # (ARA) --measurement-start: recorded in the ledger entry
 
     @property
     def attribution(self) -> bool:
@@ -171,17 +172,21 @@ def _configure(args: argparse.Namespace, loaded: LoadedParams, version: Paramete
               file=sys.stderr)
     domain, origin = resolve_domain(args, version, inputs)
     history = period = None
+    start_us = measurement_start_us(args.measurement_start, inputs.first_time_us)
     if args.simulation_seed is None:  # a release: ARA's lifetime cap over the ledger's releases (before any work)
         ledger = Ledger.open(ledger_root(loaded.store, args.ledger), args.allow_rerelease)
         cover = None if lookback is None else LookbackCover.of_windows(
             footer.window() for footer in lookback.footers)
         period = ReleasePeriod(inputs.first_time_us, inputs.last_time_us, cover)
         ledger.check_lifetime(period)
-        start_us = measurement_start_us(args.measurement_start, inputs.first_time_us)
+        if start_us is None:  # an earlier release's declared start: the same measurement
+            start_us = ledger.recorded_start()
         if lookback is not None:  # the releases that cost the lookback's rows
             history = ledger.release_history(lookback.first_time_us, lookback.last_time_us, version, start_us)
+    elif lookback is not None and start_us is not None:  # a simulation: its lookback's rows before the start are free
+        history = ReleaseHistory.of([], start_us=start_us)
     return MeasureConfig(loaded, version, inputs, domain, origin, epsilon_note, lookback, history, period, days,
-                         days_note)
+                         days_note, measurement_start_us=start_us)
 
 
 def measurement_start_us(start: dt.date | None, first_time_us: int | None) -> int | None:
@@ -194,6 +199,12 @@ def measurement_start_us(start: dt.date | None, first_time_us: int | None) -> in
         raise InvalidInput(f"--measurement-start {start.isoformat()}: the input holds conversions from before it; "
                            f"a release measures days from the start on")
     return start_us
+
+
+def start_field(start_us: int | None) -> dict[str, int]:
+    """The ledger entry's record of a declared measurement start (privacy-safe tuning reads its releases
+    with it: ``optimize.private_inputs``); none when not declared."""
+    return {} if start_us is None else {MEASUREMENT_START: start_us}
 
 
 def _configure_attribution(args: argparse.Namespace, loaded: LoadedParams, version: ParameterVersion,
@@ -319,7 +330,8 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
                     extra = entry_fields(config.domain, config.draw_key)
                     carried = _carried(folder, config, summary, f"{id_dir}/held")
                 step = LedgerStep(ledger, period.exact, period.coarse,
-                                  ledger_entry(version, config.epsilon_note, summary, extra),
+                                  {**ledger_entry(version, config.epsilon_note, summary, extra),
+                                   **start_field(config.measurement_start_us)},
                                   charged_impressions(version, summary), held, period.minute, carried)
                 if others:
                     summary["conversions_in_other_ledgers"], warnings = released_elsewhere(others, period.exact)

@@ -14,6 +14,8 @@ domain (same layout checksum).
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import re
 import sys
@@ -24,7 +26,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.io import outputs
-from araopt.io.partitions import partition_day
+from araopt.io.partitions import DAY_US, partition_day
+from araopt.ledger.ledger import MEASUREMENT_START
 from araopt.ledger.verify import ReleaseVerifier, release_parameters
 from araopt.mechanism.exploration import Exploration
 from araopt.mechanism.keys import KeyDomain
@@ -92,10 +95,15 @@ def read_release(folder: str, day: str, domain: KeyDomain, first_party: FirstPar
                                   lambda name: _read(FileSystems.join(release_dir, name), "release file"))
     facts = release_facts(files)
     check_secure_release(release_dir, facts)
-    verifier.check_release(folder, day, files, facts, manifest)
+    entry = verifier.check_release(folder, day, files, facts, manifest)
     check_release_domain(release_dir, facts, domain)
     params = release_parameters(facts, domain, release_dir)
-    return release_record(release_dir, files, facts, params, domain, first_party), params
+    record = release_record(release_dir, files, facts, params, domain, first_party)
+    if entry.get(MEASUREMENT_START) is not None:  # measure --measurement-start: its days since the start
+        days = dt.date.fromisoformat(day).toordinal() - (dt.date(1970, 1, 1).toordinal()
+                                                         + int(entry[MEASUREMENT_START]) // DAY_US)
+        record = dataclasses.replace(record, days_since_start=days)
+    return record, params
 
 
 def read_aggregation_service_release(folder: str, domain: KeyDomain, first_party: FirstParty,

@@ -232,14 +232,17 @@ def test_measure_refuses_a_declared_start_after_its_own_first_conversion():
 def test_measure_from_a_declared_start_costs_the_days_before_it_nothing(tmp_path, three_days, capsys):
     """Day 2 released first, its day 1 as lookback: with ``--measurement-start`` on day 2 the day-1
     conversions registered nothing and the release keeps more than when they cost C = 3 (the browser
-    of an advertiser who started measuring that day); a start after the input's first day is refused."""
+    of an advertiser who started measuring that day); a later release of the same ledger inherits the
+    start; a start after the input's first day is refused."""
     log, days, release = three_days
     assert release(0, "early", "--measurement-start", "1970-01-02") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the input holds conversions from before it" in err[0]
     assert not (tmp_path / "early").exists()
     assert release(1, "fresh", "--lookback-days", "1", "--measurement-start", "1970-01-02") == 0
-    assert release(1, "charged", "--lookback-days", "1", "--allow-rerelease") == 0
+    # the same ledger, no flag: its recorded start is inherited; another ledger knows of no start
+    assert release(1, "inherited", "--lookback-days", "1", "--allow-rerelease") == 0
+    assert release(1, "charged", "--lookback-days", "1", "--ledger", str(tmp_path / "another-ledger")) == 0
     kept = {name: json.loads((tmp_path / name / "private" / "run_summary.json").read_text())["conversions_kept"]
-            for name in ("fresh", "charged")}
-    assert kept["fresh"] > kept["charged"]
+            for name in ("fresh", "inherited", "charged")}
+    assert kept["fresh"] == kept["inherited"] > kept["charged"]

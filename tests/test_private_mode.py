@@ -398,3 +398,29 @@ def test_a_declared_measurement_start_dates_each_release_and_one_after_a_release
     assert optimize(["--history", str(root), "--slices", SLICES, "--values", "value", "--epsilon", "8", "--output",
                      str(tmp_path / "joined.json"), "--measurement-start", date(1), "--no-progress"]) == 2
     assert "--measurement-start tells privacy-safe tuning" in capsys.readouterr().err
+
+
+def test_the_tuner_reads_the_start_measure_recorded_in_the_ledger(tmp_path, capsys, monkeypatch):
+    """``measure --measurement-start`` records the start in its ledger entry; privacy-safe tuning reads
+    its releases with it without being told again, and refuses another start (a measurement has one)."""
+    root = tmp_path
+    first_party, joined, domain = write_inputs(root, joined_log(3))
+    monkeypatch.setenv("ARAOPT_LEDGER", str(root / "ledger"))
+    cold = root / "cold.json"
+    assert optimize(private_args(root, first_party, domain, cold, "--as-of", date(0))) == 0
+    assert measure(["--input", str(joined / f"date={date(1)}"), "--params", str(cold), "--output",
+                    str(root / "releases" / f"date={date(1)}"), "--ledger", str(root / "ledger"), "--no-progress",
+                    "--lookback-days", "1", "--measurement-start", date(1)]) == 0
+    assert measure(["--input", str(joined / f"date={date(2)}"), "--params", str(cold), "--output",
+                    str(root / "releases" / f"date={date(2)}"), "--ledger", str(root / "ledger"), "--no-progress",
+                    "--lookback-days", "2"]) == 0  # no flag: the ledger's start, inherited
+    entries = json.loads((root / "ledger" / "ledger" / "index.json").read_text())["releases"]
+    assert entries[0]["measurement_start_us"] == entries[1]["measurement_start_us"]
+    assert entries[0]["measurement_start_us"] % 86_400_000_000 == 0
+    out = root / "learnt.json"
+    assert optimize(private_args(root, first_party, domain, out, "--as-of", date(2), "--allow-large-change")) == 0
+    assert ParameterVersion.load(str(out)).provenance.extra["measurement_start"] == date(1)
+    capsys.readouterr()
+    assert optimize(private_args(root, first_party, domain, root / "other.json", "--as-of", date(2),
+                                 "--measurement-start", date(0))) == 2
+    assert "more than one measurement start" in capsys.readouterr().err

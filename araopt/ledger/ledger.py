@@ -68,6 +68,9 @@ from araopt.version import Api, ParameterVersion
 RELEASE_FILES = "release_files"
 """A ledger entry's {path under release/: sha256} of the release folder's files (what its manifest lists):
 a release folder read later (the privacy-safe tuner) is checked against it."""
+MEASUREMENT_START = "measurement_start_us"
+"""A ledger entry's declared measurement start (``measure --measurement-start``, µs since the epoch;
+absent: none declared): the lifetime cap of later releases and the privacy-safe tuner read it."""
 
 
 def default_ledger_root() -> str:
@@ -249,6 +252,19 @@ class Ledger:
             raise StoreError(f"release ledger {self.store.uri}: {exc}") from None
         return found.before, len(overlaps)
 
+    def recorded_start(self) -> int | None:
+        """The measurement start the ledger's releases recorded (``MEASUREMENT_START``; None: none): a
+        release that declares none inherits it (one measurement, one start)."""
+        try:
+            releases, _ = self.store.read_ledger()
+        except StoreError as exc:
+            raise StoreError(f"release ledger: {exc}") from None
+        starts = {int(e[MEASUREMENT_START]) for e in releases if e.get(MEASUREMENT_START) is not None}
+        if len(starts) > 1:
+            raise InvalidParameters(f"the ledger {self.store.uri} records {len(starts)} measurement starts: a "
+                                    f"measurement has one start")
+        return starts.pop() if starts else None
+
     def release_history(self, first_time_us: int | None, last_time_us: int | None,
                         today: ParameterVersion, start_us: int | None = None) -> ReleaseHistory:
         """The earlier releases a lookback of conversion times [first, last] (None: unknown) may hold, each with the
@@ -265,6 +281,11 @@ class Ledger:
                 raise PrivacyRefusal(f"the declared measurement start is later than the conversions released by "
                                      f"ledger entry {early[0]}: a start cannot follow a release (it would cost that "
                                      f"release's conversions nothing)")
+            other = [e["id"] for e in releases if start_us is not None
+                     and e.get(MEASUREMENT_START) not in (None, start_us)]
+            if other:
+                raise InvalidParameters(f"ledger entry {other[0]} was released with another --measurement-start: a "
+                                        f"measurement has one start")
             known: dict[str, Params] = {today.checksum(): today.params}
             if any(e.get("mechanism") is None and e.get("params_sha256") not in known for e in releases):
                 known = {**self._store_versions(), **known}

@@ -232,7 +232,7 @@ def tune_on_releases(records: Sequence[ReleaseRecord], dates: Sequence[str], log
     provenance = {"as_of": as_of, "window": [first, as_of], "release_dates": list(dates),
                   "cold_start": not records, "first_party_rows_read": log.rows_read,
                   "first_party_rows_rejected": log.rejected, "first_party_rows_after_as_of": log.after_last_day,
-                  "measurement_start": measurement_start}
+                  "measurement_start": measurement_start_of(records, dates) or measurement_start}
     if not records:
         version = cold_start(log.between(first, as_of), epsilon, domain, values, exploration)
     else:
@@ -244,11 +244,28 @@ def tune_on_releases(records: Sequence[ReleaseRecord], dates: Sequence[str], log
     return PrivateTuning(version, tuple(dates), not records, log, last_release)
 
 
+def measurement_start_of(records: Sequence[ReleaseRecord], dates: Sequence[str]) -> str | None:
+    """The measurement start ``records`` (of ``dates``) were read with (ISO date; None: none)."""
+    for r, d in zip(records, dates, strict=True):
+        if r.days_since_start is not None:
+            return (dt.date.fromisoformat(d) - dt.timedelta(days=r.days_since_start)).isoformat()
+    return None
+
+
 def with_measurement_start(records: Sequence[ReleaseRecord], dates: Sequence[str],
                            measurement_start: str | None) -> list[ReleaseRecord]:
-    """``records`` (of ``dates``) each with its days since the measurement's declared start (None: none)."""
-    if measurement_start is None:
+    """``records`` (of ``dates``) each with its days since the measurement's start: the one declared here,
+    else the one their ledger entries recorded (``measure --measurement-start``); None: neither. Two
+    starts (the releases' own, or theirs and this one) are refused."""
+    recorded = {(dt.date.fromisoformat(d) - dt.timedelta(days=r.days_since_start)).isoformat()
+                for r, d in zip(records, dates, strict=True) if r.days_since_start is not None}
+    declared = recorded | ({measurement_start} if measurement_start is not None else set())
+    if len(declared) > 1:
+        raise InvalidInput(f"the releases learnt from and --measurement-start give more than one measurement start "
+                           f"({', '.join(sorted(declared))}): a measurement has one start")
+    if not declared:
         return list(records)
+    measurement_start = declared.pop()
     start = dt.date.fromisoformat(measurement_start)
     days = [(dt.date.fromisoformat(d) - start).days for d in dates]
     early = [d for d, n in zip(dates, days, strict=True) if n < 0]
