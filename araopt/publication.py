@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from araopt.attribution.calibrate import Retention, estimates_of
+from araopt.attribution.reconstruct import queries_without_signal as attribution_queries_without_signal
 from araopt.attribution.release import AttributionRelease, histogram_layout
 from araopt.calibration.calendar import Calendar
 from araopt.calibration.correct import CorrectedEstimates, correct, period_blocks_for
@@ -262,6 +263,7 @@ def attribution_release_json(rel: AttributionRelease, params_sha256: str, retent
             "domain": "data" if rel.domain.origin == DATA else rel.domain.origin,
             "interval_level": level, "simulation": rel.simulation_seed is not None,
             "bias_corrected": retention is not None, "estimates": estimates_of(retention),
+            "queries_without_signal": attribution_queries_without_signal(rel.estimates),
             "retention": None if retention is None else {"ratios": dict(zip(p.query_names, retention.ratios,
                                                                             strict=True)),
                                                          "spreads": dict(zip(p.query_names, retention.spreads,

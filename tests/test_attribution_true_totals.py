@@ -252,3 +252,17 @@ def test_the_guardrails_judge_attribution_versions_by_their_paper_view(fitted) -
     ara = ParameterVersion(params().paper_params())
     assert new_series(ara, small) == "api changed ara -> attribution"
     assert guard.check(large, 1.0, {"spec_defaults": 2.0}, ara) == []  # a new series: no move guards
+
+
+def test_a_release_says_which_queries_it_holds_no_signal_for(tmp_path, capsys) -> None:
+    """As the ARA target's: a query left almost no epsilon is noise over the whole histogram (its estimates
+    summed over the indices within two noise sds of 0), and release.json lists it; with its share of
+    the budget it is measured."""
+    p = params()
+    _, release = _measure(tmp_path, ParameterVersion.for_attribution(p, domain=layout(p)), users_log(3, 200),
+                          "funded", 1)
+    assert release["queries_without_signal"] == []
+    starved = params(epsilon_share=0.9999)
+    _, release = _measure(tmp_path, ParameterVersion.for_attribution(starved, domain=layout(starved)),
+                          users_log(3, 200), "starved", 1)
+    assert release["queries_without_signal"] == ["value"]

@@ -33,6 +33,7 @@ from araopt.mechanism.noise import (
     sample_discrete_laplace,
 )
 from araopt.mechanism.randomness import Simulation
+from araopt.mechanism.report import SIGNAL_SDS
 
 
 def noise_rate(query: AttributionQuery) -> float:
@@ -169,3 +170,16 @@ def reconstruct_histograms(params: AttributionParams, histograms: Mapping[tuple[
     for (name, task), noisy in histograms.items():
         out[(name, task)] = reconstruct(noisy, params.queries[params.query_names.index(name)], level)
     return out
+
+
+def queries_without_signal(estimates: Mapping[tuple[str, int], Estimate]) -> list[str]:
+    """The queries whose estimates, summed over every histogram index (and task), are within
+    ``mechanism.report.SIGNAL_SDS`` noise standard deviations of 0: the release says nothing of them (the
+    ARA target's ``mechanism.report.queries_without_signal``). Post-processing of the noised estimates and
+    the public noise scale."""
+    totals: dict[str, float] = {}
+    variances: dict[str, float] = {}
+    for (name, _), estimate in estimates.items():
+        totals[name] = totals.get(name, 0.0) + float(np.sum(estimate.values))
+        variances[name] = variances.get(name, 0.0) + estimate.noise_sd**2 * estimate.values.size
+    return [name for name, total in totals.items() if total <= SIGNAL_SDS * math.sqrt(variances[name])]
