@@ -179,8 +179,7 @@ def _configure(args: argparse.Namespace, loaded: LoadedParams, version: Paramete
             footer.window() for footer in lookback.footers)
         period = ReleasePeriod(inputs.first_time_us, inputs.last_time_us, cover)
         ledger.check_lifetime(period)
-        if start_us is None:  # an earlier release's declared start: the same measurement
-            start_us = ledger.recorded_start()
+        start_us = ledger.measurement_start(start_us)  # or an earlier release's: the same measurement
         if lookback is not None:  # the releases that cost the lookback's rows
             history = ledger.release_history(lookback.first_time_us, lookback.last_time_us, version, start_us)
     elif lookback is not None and start_us is not None:  # a simulation: its lookback's rows before the start are free

@@ -216,6 +216,35 @@ def test_a_declared_measurement_start_reaches_the_history_and_cannot_follow_a_re
         ledger.release_history(0, 2 * DAY, today, start_us=1 * DAY + 3 * H)
 
 
+def test_the_ledger_resolves_one_start_per_measurement_with_or_without_a_lookback(tmp_path):
+    """``Ledger.measurement_start`` runs on every release, lookback or not: the declared start, else the
+    recorded one (inherited); another start than the recorded one, or a start later than an ARA release's
+    first conversion (even one beyond a source life: it was measured then), is refused; an attribution
+    release (other budgets) does not bound an ARA start."""
+    from araopt.errors import InvalidParameters, PrivacyRefusal
+    from araopt.ledger.ledger import MEASUREMENT_START
+
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    assert ledger.measurement_start(None) is None
+    record(ledger, 0, 20 * H, ids=range(5), api="attribution")
+    assert ledger.measurement_start(1 * DAY) == DAY  # an attribution release does not bound it
+    record(ledger, 1 * DAY + 2 * H, 1 * DAY + 20 * H, **{MEASUREMENT_START: 1 * DAY})
+    assert ledger.measurement_start(None) == DAY  # inherited
+    assert ledger.measurement_start(DAY) == DAY
+    with pytest.raises(InvalidParameters, match="was released with another --measurement-start"):
+        ledger.measurement_start(DAY // 2)
+    later = Ledger.open(str(tmp_path / "later"), allow_rerelease=False)
+    record(later, 2 * H, 20 * H, ids=range(100, 200))  # 40 days before: no lookback reaches it
+    assert later.measurement_start(2 * H) == 2 * H  # at its first conversion: charged from there
+    for start in (2 * H + 1, 40 * DAY):
+        with pytest.raises(PrivacyRefusal, match="a start cannot follow a release"):
+            later.measurement_start(start)
+    record(later, 40 * DAY, 40 * DAY + H, ids=range(300, 400), **{MEASUREMENT_START: 0})
+    record(later, 41 * DAY, 41 * DAY + H, ids=range(400, 500), **{MEASUREMENT_START: DAY})  # forged
+    with pytest.raises(InvalidParameters, match="records 2 measurement starts"):
+        later.measurement_start(None)
+
+
 def test_measure_refuses_a_declared_start_after_its_own_first_conversion():
     import datetime as dt
 

@@ -33,7 +33,7 @@ from araopt.mechanism.noise import (
     sample_discrete_laplace,
 )
 from araopt.mechanism.randomness import Simulation
-from araopt.mechanism.report import SIGNAL_SDS
+from araopt.mechanism.report import without_signal
 
 
 def noise_rate(query: AttributionQuery) -> float:
@@ -182,4 +182,4 @@ def queries_without_signal(estimates: Mapping[tuple[str, int], Estimate]) -> lis
     for (name, _), estimate in estimates.items():
         totals[name] = totals.get(name, 0.0) + float(np.sum(estimate.values))
         variances[name] = variances.get(name, 0.0) + estimate.noise_sd**2 * estimate.values.size
-    return [name for name, total in totals.items() if total <= SIGNAL_SDS * math.sqrt(variances[name])]
+    return without_signal(list(totals), list(totals.values()), [math.sqrt(v) for v in variances.values()])

@@ -60,7 +60,15 @@ from araopt.io.rowset import (
 )
 from araopt.io.store import ParameterStore, StoreConflict, StoreError
 from araopt.io.stores import open_store
-from araopt.ledger.lifetime import HELD, HeldLookback, ReleasePeriod, held_counts, held_refusal, lifetime_refusal
+from araopt.ledger.lifetime import (
+    HELD,
+    HeldLookback,
+    ReleasePeriod,
+    held_counts,
+    held_refusal,
+    is_ara,
+    lifetime_refusal,
+)
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.params import Params
 from araopt.version import Api, ParameterVersion
@@ -252,9 +260,12 @@ class Ledger:
             raise StoreError(f"release ledger {self.store.uri}: {exc}") from None
         return found.before, len(overlaps)
 
-    def recorded_start(self) -> int | None:
-        """The measurement start the ledger's releases recorded (``MEASUREMENT_START``; None: none): a
-        release that declares none inherits it (one measurement, one start)."""
+    def measurement_start(self, declared_us: int | None) -> int | None:
+        """The measurement's start for a release (``MEASUREMENT_START``; None: none): the ``declared_us``
+        one, else the one the ledger's releases recorded (a release that declares none inherits it: one
+        measurement, one start). Refused (one line) when the ledger records two, when the declared one
+        differs from the recorded one, and when it is later than a recorded release's first conversion
+        (``check_start``)."""
         try:
             releases, _ = self.store.read_ledger()
         except StoreError as exc:
@@ -263,7 +274,9 @@ class Ledger:
         if len(starts) > 1:
             raise InvalidParameters(f"the ledger {self.store.uri} records {len(starts)} measurement starts: a "
                                     f"measurement has one start")
-        return starts.pop() if starts else None
+        start_us = declared_us if declared_us is not None else (starts.pop() if starts else None)
+        check_start(releases, start_us)
+        return start_us
 
     def release_history(self, first_time_us: int | None, last_time_us: int | None,
                         today: ParameterVersion, start_us: int | None = None) -> ReleaseHistory:
@@ -275,17 +288,7 @@ class Ledger:
         ``ReleaseHistory.start_us``) is later than a recorded release's first conversion."""
         try:
             releases, _ = self.store.read_ledger()
-            early = [e["id"] for e in releases if start_us is not None and e.get("rows", 0) > 0
-                     and e.get("first_time_us") is not None and e["first_time_us"] < start_us]
-            if early:
-                raise PrivacyRefusal(f"the declared measurement start is later than the conversions released by "
-                                     f"ledger entry {early[0]}: a start cannot follow a release (it would cost that "
-                                     f"release's conversions nothing)")
-            other = [e["id"] for e in releases if start_us is not None
-                     and e.get(MEASUREMENT_START) not in (None, start_us)]
-            if other:
-                raise InvalidParameters(f"ledger entry {other[0]} was released with another --measurement-start: a "
-                                        f"measurement has one start")
+            check_start(releases, start_us)
             known: dict[str, Params] = {today.checksum(): today.params}
             if any(e.get("mechanism") is None and e.get("params_sha256") not in known for e in releases):
                 known = {**self._store_versions(), **known}
@@ -464,3 +467,21 @@ def check_lookback(period: Sequence[RowSetPart] | Identities, lookback: Sequence
     if _lossy_shift(shifted):
         raise LedgerRefusal(f"--lookback: {_shift_said(shifted, 'the lookback')}, whose budget would be spent twice. "
                             f"Remove them from --lookback")
+
+
+def check_start(releases: Sequence[dict[str, Any]], start_us: int | None) -> None:
+    """Refuses (one line) a measurement start (``ReleaseHistory.start_us``; None: none) later than the
+    first conversion of a recorded ARA release (it would cost that release's conversions nothing) or other
+    than the start a recorded release declared (a measurement has one start)."""
+    if start_us is None:
+        return
+    early = [e["id"] for e in releases if is_ara(e) and e.get("rows", 0) > 0 and e.get("first_time_us") is not None
+             and e["first_time_us"] < start_us]
+    if early:
+        raise PrivacyRefusal(f"the declared measurement start is later than the conversions released by ledger "
+                             f"entry {early[0]}: a start cannot follow a release (it would cost that release's "
+                             f"conversions nothing)")
+    other = [e["id"] for e in releases if e.get(MEASUREMENT_START) not in (None, start_us)]
+    if other:
+        raise InvalidParameters(f"ledger entry {other[0]} was released with another --measurement-start: a "
+                                f"measurement has one start")

@@ -6,6 +6,7 @@ U order: column 0 is the count q_0, columns 1..d the value queries.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,6 +155,11 @@ def queries_without_signal(estimates: Estimates) -> list[str]:
     left a single budget unit at a clip near 0 (judged unmeasurable at this epsilon: publishing about 0
     scores as well), whose corrected interval then spans [0, far above the truth]. Post-processing of the
     noised estimates and their standard errors, both published."""
-    total = estimates.estimate.sum(axis=0)
-    sd = np.sqrt(np.square(estimates.std_error).sum(axis=0))
-    return [name for name, t, s in zip(estimates.query_names, total, sd, strict=True) if t <= SIGNAL_SDS * s]
+    return without_signal(estimates.query_names, estimates.estimate.sum(axis=0),
+                          np.sqrt(np.square(estimates.std_error).sum(axis=0)))
+
+
+def without_signal(names: Sequence[str], totals: Sequence[float], std_errors: Sequence[float]) -> list[str]:
+    """The ``names`` whose summed estimates ``totals`` are within ``SIGNAL_SDS`` of their ``std_errors``
+    of 0 (the one comparison of both targets' ``queries_without_signal``)."""
+    return [name for name, t, s in zip(names, totals, std_errors, strict=True) if t <= SIGNAL_SDS * s]

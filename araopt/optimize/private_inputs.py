@@ -246,10 +246,13 @@ def tune_on_releases(records: Sequence[ReleaseRecord], dates: Sequence[str], log
 
 def measurement_start_of(records: Sequence[ReleaseRecord], dates: Sequence[str]) -> str | None:
     """The measurement start ``records`` (of ``dates``) were read with (ISO date; None: none)."""
-    for r, d in zip(records, dates, strict=True):
-        if r.days_since_start is not None:
-            return (dt.date.fromisoformat(d) - dt.timedelta(days=r.days_since_start)).isoformat()
-    return None
+    return next(iter(_starts(records, dates)), None)
+
+
+def _starts(records: Sequence[ReleaseRecord], dates: Sequence[str]) -> set[str]:
+    """The measurement starts (ISO dates) ``records`` (of ``dates``) say by their days since the start."""
+    return {(dt.date.fromisoformat(d) - dt.timedelta(days=r.days_since_start)).isoformat()
+            for r, d in zip(records, dates, strict=True) if r.days_since_start is not None}
 
 
 def with_measurement_start(records: Sequence[ReleaseRecord], dates: Sequence[str],
@@ -257,9 +260,7 @@ def with_measurement_start(records: Sequence[ReleaseRecord], dates: Sequence[str
     """``records`` (of ``dates``) each with its days since the measurement's start: the one declared here,
     else the one their ledger entries recorded (``measure --measurement-start``); None: neither. Two
     starts (the releases' own, or theirs and this one) are refused."""
-    recorded = {(dt.date.fromisoformat(d) - dt.timedelta(days=r.days_since_start)).isoformat()
-                for r, d in zip(records, dates, strict=True) if r.days_since_start is not None}
-    declared = recorded | ({measurement_start} if measurement_start is not None else set())
+    declared = _starts(records, dates) | ({measurement_start} if measurement_start is not None else set())
     if len(declared) > 1:
         raise InvalidInput(f"the releases learnt from and --measurement-start give more than one measurement start "
                            f"({', '.join(sorted(declared))}): a measurement has one start")
