@@ -230,6 +230,11 @@ def test_replay_scores_every_method_on_every_day_private_safe_from_a_cold_start(
     assert private.loc[~private["calibrated"], "interval_width_count"].isna().all()
     assert found["private_interval_width_count"] == pytest.approx(private["interval_width_count"].mean())
     assert found["private_bias_count"] == pytest.approx(private["bias_count"].mean())
+    # every release says which queries it holds no signal for (none here); the tuned days also what the
+    # tuner predicted of that (the cold start's day predicts nothing)
+    assert (frame["without_signal"] == "").all() and found["private_without_signal_days"] == 0
+    assert private["predicted_without_signal"].isna().tolist() == [True, False, False]
+    assert found["private_without_signal_predicted"] == 1.0
     with pytest.raises(ValueError, match="window-days"):
         replay(conv, domain, ReplayConfig(8.0, window_days=30))
 
@@ -292,6 +297,7 @@ def test_when_the_last_release_contradicts_the_model_the_cold_start_rule_is_publ
     records, domain = _records()
     agreed = private_tune(records, 8.0, domain, ("value",)).version
     assert agreed.provenance is not None and agreed.provenance.extra["model_check"].startswith("the last release agrees")
+    assert agreed.provenance.extra["predicted_without_signal"] == []  # its value is measured at this epsilon
     # the last day's main keys show one slice at thirty times what the model expects of it beside the other
     # (the check is of how slices differ: the day's own kept count sets the level)
     contradicted = records[:-1] + [dataclasses.replace(records[-1], main=records[-1].main * np.array([[30.0], [1.0]]))]
@@ -397,3 +403,20 @@ def test_a_candidate_at_the_latest_releases_count_limit_makes_staying_possible()
     assert stay.params.count_limit == 12 and stay.params.queries[0].clip_threshold == 33.0
     assert _staying_candidate(stats, result, 8.0, [1.0, 2.0], ("s",), [record(8, [10.0, 10.0], 30.0)]) == []
     assert _staying_candidate(stats, result, 8.0, [1.0, 2.0], ("s",), [record(20, [10.0, 10.0], 30.0)]) == []
+
+
+def test_the_tuners_line_says_which_queries_its_version_leaves_without_signal():
+    """``describe`` (what ``optimize --private`` and ``nightly --private`` print) adds a NOTE naming the
+    queries the version's provenance predicts silent (``error_model.predicted_without_signal``)."""
+    from araopt.optimize.private_inputs import FirstPartyLog, PrivateTuning, describe
+
+    records, domain = _records()
+    version = private_tune(records, 8.0, domain, ("value",)).version
+    log = FirstPartyLog(np.zeros(0, dtype=np.int64), np.zeros((0, 1)), 0, {})
+    tuning = PrivateTuning(version, ("1970-01-02",), False, log)
+    assert "no signal" not in describe(tuning)
+    assert version.provenance is not None
+    silent = dataclasses.replace(version, provenance=dataclasses.replace(
+        version.provenance, extra={**version.provenance.extra, "predicted_without_signal": ["value"]}))
+    line = describe(dataclasses.replace(tuning, version=silent))
+    assert "NOTE: predicted to hold no signal for value" in line and "\n" not in line

@@ -286,3 +286,24 @@ def test_a_release_says_which_queries_it_holds_no_signal_for():
                "rows_read": len(frame), "rows_rejected": 0, "rows_rejected_by_reason": {}}
     notes = [line for line in summary_lines(summary, "out", True) if "no signal" in line]
     assert len(notes) == 1 and "for value:" in notes[0]
+
+
+def test_the_tuner_predicts_the_queries_a_release_will_hold_no_signal_for():
+    """``error_model.predicted_without_signal`` is the release's rule before the release: on the same
+    conversions, the starved value query is predicted silent and the release lists it; funded, neither
+    lists it. The prediction is what ``optimize --private`` and ``nightly --private`` print."""
+    from araopt.mechanism.params import QueryParams
+    from araopt.optimize.error_model import expected_error, predicted_without_signal
+
+    frame = make_frame(3000)
+    p = make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    domain = _domain(frame, p, DECLARED)
+    starved = dataclasses.replace(p, queries=(QueryParams("value", 20.0, 3 / 65_536),
+                                              QueryParams("items", 3.0, 1 - 3 / 65_536)))
+    for params, silent in ((p, []), (starved, ["value"])):
+        index = domain.slice_index(conv.slices)
+        predicted = predicted_without_signal(expected_error(conv, index, domain.num_slices, params), params)
+        released = release_json(publish(measure(conv, params, domain, simulation_seed=1).release,
+                                        ParameterVersion(params)), "0" * 64)["queries_without_signal"]
+        assert predicted == released == silent

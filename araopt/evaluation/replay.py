@@ -42,6 +42,7 @@ from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.params import Params
+from araopt.mechanism.report import queries_without_signal
 from araopt.optimize.private import (
     DAY_US,
     FirstParty,
@@ -141,6 +142,7 @@ class _Released:
     estimate: np.ndarray
     low: np.ndarray | None
     high: np.ndarray | None
+    without_signal: tuple[str, ...] = ()  # the release's queries_without_signal (mechanism.report)
 
 
 def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDomain, seed: int,
@@ -162,10 +164,11 @@ def _released(conversions: Conversions, version: ParameterVersion, domain: KeyDo
     frame = publication.frame()
     shape = release.estimates.estimate.shape
     point = frame["estimate"].to_numpy().reshape(shape)
+    silent = tuple(queries_without_signal(release.estimates))
     if publication.corrected is None:
-        return _Released(point, None, None), release
+        return _Released(point, None, None, silent), release
     return _Released(point, frame["ci_low"].to_numpy().reshape(shape),
-                     frame["ci_high"].to_numpy().reshape(shape)), release
+                     frame["ci_high"].to_numpy().reshape(shape), silent), release
 
 
 def _fully_informed(log: DailyLog, day: int, config: ReplayConfig, spec: StatisticsSpec, taus: np.ndarray
@@ -193,6 +196,7 @@ def _row(day: int, method: str, version: ParameterVersion | Params, released: _R
     for query in params.queries:
         row[f"clip_{query.column}"] = query.clip_threshold
     row["calibrated"] = released.low is not None
+    row["without_signal"] = ";".join(released.without_signal)  # what the release says it holds no signal for
     low, high = released.low, released.high
     for j, name in enumerate(query_names):  # coverage says nothing without the width it is bought with
         has = truth[:, j] > 0
@@ -209,6 +213,8 @@ def _row(day: int, method: str, version: ParameterVersion | Params, released: _R
         robust = extra.get("robust_prediction")
         if isinstance(robust, dict):  # privacy-safe tuning: which candidate it published, and why
             row["candidate"] = f"{robust.get('candidate')} ({robust.get('correction')})"
+        if "predicted_without_signal" in extra:  # privacy-safe tuning: what it predicted the release would say
+            row["predicted_without_signal"] = ";".join(str(q) for q in extra["predicted_without_signal"])
         if "model_check" in extra:
             row["model_check_fallback"] = str(extra["model_check"]).startswith("fallback")
         retention = extra.get("slice_retention")
@@ -289,8 +295,10 @@ def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
     / cold_start), the share of days private_safe is below both baselines, private_safe's mean
     interval coverage per query, the mean of its days' median interval width relative to the truth
     (over the slices with a positive true total) and of its days' mean signed relative error, the
-    share of its days that probed another count limit (its public schedule) and the mean of its
-    realised / published predicted RMSRE_tau."""
+    share of its days that probed another count limit (its public schedule), the mean of its
+    realised / published predicted RMSRE_tau, the share of its days whose release held no signal for
+    some query and the share of its tuned days on which the tuner predicted exactly the queries its
+    release said so of (``error_model.predicted_without_signal``)."""
     wide = frame.pivot(index="day", columns="method", values="rmsre_tau").sort_index().tail(last)
     out = {"days": float(len(wide))}
     if PRIVATE_SAFE in wide and FULLY_INFORMED in wide:
@@ -307,6 +315,14 @@ def summary(frame: pd.DataFrame, last: int = 14) -> dict[str, float]:
     private = frame[(frame["method"] == PRIVATE_SAFE) & frame["day"].isin(wide.index)]
     for column in [c for c in frame.columns if c.startswith(("coverage_", "interval_width_", "bias_"))]:
         out[f"private_{column}"] = float(private[column].mean())
+    if "without_signal" in private:
+        silent = private["without_signal"].fillna("").astype(str)
+        out["private_without_signal_days"] = float((silent != "").mean())
+        if "predicted_without_signal" in private:  # the cold start's day predicts nothing: not counted
+            said = private["predicted_without_signal"]
+            known = said.notna()
+            if known.any():
+                out["private_without_signal_predicted"] = float((said[known].astype(str) == silent[known]).mean())
     if "count_limit_probe" in private:
         out["private_probe_days"] = float(private["count_limit_probe"].fillna(False).astype(bool).mean())
     if "predicted_rmsre_tau" in private:

@@ -26,7 +26,7 @@ from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_mask
 from araopt.mechanism.encoding import expected_contribution, query_scales, rounding_variance
 from araopt.mechanism.params import Encoding, Params
-from araopt.mechanism.report import estimate_variance
+from araopt.mechanism.report import estimate_variance, without_signal
 from araopt.optimize.mechanisms import ARA_LINF
 
 ERROR_MODELS = (Objective.EXACT, Objective.RELAXED)
@@ -125,6 +125,16 @@ def expected_error(
     else:
         variance = relaxed_variance(params, m)
     return ErrorBreakdown(truth=truth, expected=expected, variance=variance)
+
+
+def predicted_without_signal(breakdown: ErrorBreakdown, params: Params) -> list[str]:
+    """The queries (``"count"``, then ``params``' value columns) whose expected estimates summed over the
+    domain are within ``mechanism.report.SIGNAL_SDS`` of their predicted standard error of 0: what the
+    release will list as ``queries_without_signal`` (``mechanism.report``), predicted before it, e.g. a
+    value query that Alg. 5 left a single budget unit (publishing about 0 scores as well at this
+    epsilon). The standard error includes the randomized rounding's (Alg. 3)."""
+    return without_signal(("count",) + params.query_columns, breakdown.expected.sum(axis=0),
+                          np.sqrt(breakdown.variance.sum(axis=0)))
 
 
 def relaxed_variance(params: Params, num_slices: int) -> np.ndarray:

@@ -49,7 +49,7 @@ from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain, slice_key
 from araopt.mechanism.params import Params, QueryParams
-from araopt.optimize.error_model import ErrorBreakdown, expected_error
+from araopt.optimize.error_model import ErrorBreakdown, expected_error, predicted_without_signal
 from araopt.optimize.heterogeneity import (
     CONTRADICTION,
     ValuePool,
@@ -424,6 +424,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         # the pseudo-history keeps its steady state; the release keeps what the count limits before it leave
         mixing, _ = mixing_factor(recent, released.params, model)
         breakdown = dataclasses.replace(breakdown, expected=breakdown.expected * mixing)
+        silent = predicted_without_signal(breakdown, released.params)
         scenarios = _scenarios(model, keys, kept_per_impression(released.params.count_limit), learnt)
         central = [scenarios[len(scenarios) // 2]]
         growth = horizon_growth(model, released.params.count_limit) if probe_day else np.ones(1)
@@ -439,7 +440,8 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
                 extra.update(robust_prediction={"candidate": "cold start" if version is cold else f"tuned {number}",
                                                 "correction": correction, "rmsre_tau": error,
                                                 **({"rmsre_tau_ahead": ahead} if probe_day else {}),
-                                                "retention_spread": float(np.median(spread[:, 0]))})
+                                                "retention_spread": float(np.median(spread[:, 0]))},
+                             predicted_without_signal=silent)
                 provenance = dataclasses.replace(provenance, predicted_rmsre_tau=error, extra=extra)
             scored.append(_Scored(error, centre, len(scored), version is cold,
                                   dataclasses.replace(released, correction=correction, provenance=provenance), ahead,
