@@ -32,6 +32,7 @@ from araopt.io.conversions import ValidationCounts, check_rejected_share
 from araopt.io.folders import REPORT_FOLDER, FolderFiles, write_folder
 from araopt.io.store import ParameterStore
 from araopt.optimize.attribution import AttributionTuning
+from araopt.optimize.error_model import recorded_without_signal
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.optimize.tune import TuningResult
 from araopt.optimize.workflow import AraTuning, TuneCandidates
@@ -276,6 +277,8 @@ def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: Val
         rows_rejected=counts.rows_rejected, objective=str(config.objective), taus=list(tuning.taus),
         tau_rule=tuning.tau_rule, release_period_days=config.release_period_days, lookback_days=config.lookback_days,
         model_predicted_rmsre_tau=_model_prediction(tuning), prediction=how,
+        predicted_without_signal=(recorded_without_signal(tuning.version.provenance.extra)
+                                  if tuning.version.provenance is not None else []),
         optimizer_seconds=tuning.optimization.seconds,
         per_count_limit=tuning.optimization.table().to_dict(orient="records"))
 

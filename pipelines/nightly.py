@@ -35,6 +35,7 @@ from araopt.nightly import (
     private_night,
 )
 from araopt.optimize import statistics as stats
+from araopt.optimize.error_model import without_signal_note
 from transforms.io import auto_shards, check_input, match_files
 from transforms.tuning import build_nightly
 
@@ -215,6 +216,8 @@ def print_report(report: dict, wall: float, path: str) -> None:
     page = path[:-len("report.json")] + "report.html" if path.endswith("report.json") else path
     print(f"  predicted RMSRE_tau {report['predicted_rmsre_tau']:.4g} vs {base}; {status} in {wall:.1f} s; report {path}; "
           f"its page {page}")
+    if note := without_signal_note(report.get("predicted_without_signal", [])):
+        print(f"  {note}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pandas as pd
 
 from araopt.errors import InvalidInput
 from araopt.io.files import micros_iso
+from araopt.optimize.error_model import recorded_without_signal, without_signal_note
 
 from . import options
 from .values import check_loss_factor, parse_special_days_option, parse_tau, resolve_as_of, split_columns
@@ -127,6 +128,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
             f"[optimizer {result.seconds:.2f} s]; estimates will be "
           + ("corrected to the true totals (calibrated on the history)" if version.correction == "ratio" else
              "the capped sums with intervals for the true totals (correcting would add more noise than bias)"))
+    if version.provenance is not None and (note := without_signal_note(recorded_without_signal(version.provenance.extra))):
+        print(f"{PROG}: {note}")
     return 0
 
 

@@ -46,6 +46,9 @@ def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys
     assert params.provenance.training_start == "2026-11-20" and params.provenance.training_end == "2026-11-22"
     report = json.loads((tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.json").read_text())
     assert report["published"] and report["predicted_rmsre_tau"] < min(report["baselines"].values())
+    # the tuned version measures every query (error_model.predicted_without_signal), and says so
+    assert report["predicted_without_signal"] == params.provenance.extra["predicted_without_signal"] == []
+    assert "no signal" not in capsys.readouterr().out
     assert (tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.png").stat().st_size > 1000
     page = (tmp_path / "store" / "reports" / "2026-11-22-r1" / "report.html").read_text()  # beside the PNG
     assert "PUBLISHED 2026-11-22-r1" in page and "Published parameter versions over time" in page
@@ -316,3 +319,17 @@ def test_the_night_tunes_and_calibrates_with_the_workflow_steps_and_records_the_
     assert closed.tuning.version.calibration is not None  # the conclusion attached the window's calibration
     expected = nightly_tuning(config).conclude(decision.tuning, tuple(calibration))
     assert closed.tuning.version.to_json() == expected.version.to_json()
+
+
+def test_the_nightly_line_names_a_query_the_version_leaves_without_signal(capsys):
+    """``print_report`` adds the NOTE for the queries the report predicts silent."""
+    from pipelines.nightly import print_report
+
+    report = {"as_of": "2026-11-22", "window": ["2026-11-20", "2026-11-22"], "rows_read": 10,
+              "params": {"count_limit": 3, "queries": [{"column": "v", "clip_threshold": 1e-5, "budget_fraction": 1e-4}]},
+              "baselines": {"baseline_q95": 0.9}, "predicted_rmsre_tau": 0.8, "version": "v"}
+    print_report(report, 1.0, "r/report.json")
+    assert "no signal" not in capsys.readouterr().out
+    print_report({**report, "predicted_without_signal": ["v"]}, 1.0, "r/report.json")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "no signal" in line]
+    assert len(lines) == 1 and "NOTE: predicted to hold no signal for v" in lines[0]

@@ -301,9 +301,9 @@ def test_the_tuner_predicts_the_queries_a_release_will_hold_no_signal_for():
     domain = _domain(frame, p, DECLARED)
     starved = dataclasses.replace(p, queries=(QueryParams("value", 20.0, 3 / 65_536),
                                               QueryParams("items", 3.0, 1 - 3 / 65_536)))
-    for params, silent in ((p, []), (starved, ["value"])):
+    for tuned, silent in ((p, []), (starved, ["value"])):
         index = domain.slice_index(conv.slices)
-        predicted = predicted_without_signal(expected_error(conv, index, domain.num_slices, params), params)
-        released = release_json(publish(measure(conv, params, domain, simulation_seed=1).release,
-                                        ParameterVersion(params)), "0" * 64)["queries_without_signal"]
+        predicted = predicted_without_signal(expected_error(conv, index, domain.num_slices, tuned), tuned)
+        released = release_json(publish(measure(conv, tuned, domain, simulation_seed=1).release,
+                                        ParameterVersion(tuned)), "0" * 64)["queries_without_signal"]
         assert predicted == released == silent

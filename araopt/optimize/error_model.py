@@ -14,9 +14,9 @@ total lands within d units of Gamma (documented approximation, baseline only).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from araopt.io.conversions import Conversions
 from araopt.mechanism.bounding import kept_mask
 from araopt.mechanism.encoding import expected_contribution, query_scales, rounding_variance
 from araopt.mechanism.params import Encoding, Params
-from araopt.mechanism.report import estimate_variance, without_signal
+from araopt.mechanism.report import SIGNAL_SDS, estimate_variance, without_signal
 from araopt.optimize.mechanisms import ARA_LINF
 
 ERROR_MODELS = (Objective.EXACT, Objective.RELAXED)
@@ -135,6 +135,24 @@ def predicted_without_signal(breakdown: ErrorBreakdown, params: Params) -> list[
     epsilon). The standard error includes the randomized rounding's (Alg. 3)."""
     return without_signal(("count",) + params.query_columns, breakdown.expected.sum(axis=0),
                           np.sqrt(breakdown.variance.sum(axis=0)))
+
+
+PREDICTED_WITHOUT_SIGNAL = "predicted_without_signal"
+"""The provenance field (``Provenance.extra``) where a tuner records ``predicted_without_signal``."""
+
+
+def recorded_without_signal(extra: Mapping[str, Any]) -> list[str]:
+    """The queries a version's provenance ``extra`` predicts its release will hold no signal for (none
+    when not recorded)."""
+    return [str(q) for q in extra.get(PREDICTED_WITHOUT_SIGNAL, ())]
+
+
+def without_signal_note(queries: Sequence[str]) -> str:
+    """The console's NOTE on the queries a tuned version is predicted to leave without signal ("" for none)."""
+    if not queries:
+        return ""
+    return (f"NOTE: predicted to hold no signal for {', '.join(queries)} (its domain total within {SIGNAL_SDS:g} "
+            f"noise standard errors of 0: the release will say so; a query these parameters leave unmeasured)")
 
 
 def relaxed_variance(params: Params, num_slices: int) -> np.ndarray:

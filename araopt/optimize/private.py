@@ -49,7 +49,12 @@ from araopt.mechanism.bounding import kept_per_impression
 from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import KeyDomain, slice_key
 from araopt.mechanism.params import Params, QueryParams
-from araopt.optimize.error_model import ErrorBreakdown, expected_error, predicted_without_signal
+from araopt.optimize.error_model import (
+    PREDICTED_WITHOUT_SIGNAL,
+    ErrorBreakdown,
+    expected_error,
+    predicted_without_signal,
+)
 from araopt.optimize.heterogeneity import (
     CONTRADICTION,
     ValuePool,
@@ -441,7 +446,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
                                                 "correction": correction, "rmsre_tau": error,
                                                 **({"rmsre_tau_ahead": ahead} if probe_day else {}),
                                                 "retention_spread": float(np.median(spread[:, 0]))},
-                             predicted_without_signal=silent)
+                             **{PREDICTED_WITHOUT_SIGNAL: silent})
                 provenance = dataclasses.replace(provenance, predicted_rmsre_tau=error, extra=extra)
             scored.append(_Scored(error, centre, len(scored), version is cold,
                                   dataclasses.replace(released, correction=correction, provenance=provenance), ahead,

@@ -25,7 +25,7 @@ from araopt.io.conversions import IMPRESSION_ID, time_as_micros
 from araopt.mechanism.exploration import Exploration, default_exploration
 from araopt.mechanism.keys import DATA, KeyDomain
 from araopt.mechanism.params import Params
-from araopt.mechanism.report import SIGNAL_SDS
+from araopt.optimize.error_model import recorded_without_signal, without_signal_note
 from araopt.optimize.private import DAY_US, FirstParty, ReleaseRecord, cold_start, private_tune
 from araopt.version import ParameterVersion, Provenance
 
@@ -291,16 +291,13 @@ def describe(tuning: PrivateTuning) -> str:
             + ", ".join(f"{q.column} clipped at {q.clip_threshold:.4g}" for q in params.queries)
             + f"; {arms:.1%} of impressions in exploration arms"
             + (f"; {check}" if (check := _model_check(tuning)) else "")
-            + (f"; NOTE: predicted to hold no signal for {', '.join(silent)} (its domain total within "
-               f"{SIGNAL_SDS:g} noise standard errors of 0: the release will say so; a query these parameters "
-               f"leave unmeasured)" if (silent := predicted_silent(tuning.version)) else ""))
+            + (f"; {note}" if (note := without_signal_note(predicted_silent(tuning.version))) else ""))
 
 
 def predicted_silent(version: ParameterVersion) -> list[str]:
     """The queries the tuner predicts its version's release will hold no signal for
     (``error_model.predicted_without_signal``, recorded in the provenance; none when not recorded)."""
-    provenance = version.provenance
-    return [str(q) for q in provenance.extra.get("predicted_without_signal", ())] if provenance is not None else []
+    return recorded_without_signal(version.provenance.extra) if version.provenance is not None else []
 
 
 def _model_check(tuning: PrivateTuning) -> str:

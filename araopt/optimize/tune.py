@@ -25,7 +25,8 @@ from araopt.io.files import utc_now_iso
 from araopt.mechanism.params import Encoding, L1Rounding, Params
 from araopt.optimize.baselines import Baseline, baselines
 from araopt.optimize.corrected import corrected_objective
-from araopt.optimize.objective import predicted_rmsre_tau
+from araopt.optimize.error_model import PREDICTED_WITHOUT_SIGNAL, predicted_without_signal
+from araopt.optimize.objective import predicted_rmsre_tau, statistics_breakdown
 from araopt.optimize.search import OptimizationResult, SearchContext, check_objective, optimize
 from araopt.optimize.statistics import SufficientStatistics
 from araopt.version import ParameterVersion, Provenance
@@ -181,6 +182,8 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
                  "release_period_days": release_period_days if release_period_days is not None else hist_days,
                  "history_days": hist_days, "volume_scale": statistics.volume_scale,
                  **({"estimator": dataclasses.asdict(estimator)} if estimator is not None else {}),
+                 PREDICTED_WITHOUT_SIGNAL: predicted_without_signal(
+                     statistics_breakdown(statistics, found.params, Objective.EXACT, period_loss=False), found.params),
                  **dict(provenance or {})}
         return ParameterVersion(
             found.params, domain=found.params.history_domain(statistics.slice_values()),
