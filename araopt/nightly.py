@@ -277,8 +277,7 @@ def nightly_report(decision: NightlyDecision, config: NightlyConfig, counts: Val
         rows_rejected=counts.rows_rejected, objective=str(config.objective), taus=list(tuning.taus),
         tau_rule=tuning.tau_rule, release_period_days=config.release_period_days, lookback_days=config.lookback_days,
         model_predicted_rmsre_tau=_model_prediction(tuning), prediction=how,
-        predicted_without_signal=(recorded_without_signal(tuning.version.provenance.extra)
-                                  if tuning.version.provenance is not None else []),
+        predicted_without_signal=recorded_without_signal(tuning.version),
         optimizer_seconds=tuning.optimization.seconds,
         per_count_limit=tuning.optimization.table().to_dict(orient="records"))
 

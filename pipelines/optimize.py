@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
             f"[optimizer {result.seconds:.2f} s]; estimates will be "
           + ("corrected to the true totals (calibrated on the history)" if version.correction == "ratio" else
              "the capped sums with intervals for the true totals (correcting would add more noise than bias)"))
-    if version.provenance is not None and (note := without_signal_note(recorded_without_signal(version.provenance.extra))):
+    if note := without_signal_note(recorded_without_signal(version)):
         print(f"{PROG}: {note}")
     return 0
 

@@ -14,9 +14,9 @@ total lands within d units of Gamma (documented approximation, baseline only).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from araopt.mechanism.encoding import expected_contribution, query_scales, round
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.report import SIGNAL_SDS, estimate_variance, without_signal
 from araopt.optimize.mechanisms import ARA_LINF
+from araopt.version import ParameterVersion
 
 ERROR_MODELS = (Objective.EXACT, Objective.RELAXED)
 """The paper's error models of Alg. 4's estimates (``constants.Objective``): Thm. 4.2 or Relaxation 4.5."""
@@ -141,9 +142,10 @@ PREDICTED_WITHOUT_SIGNAL = "predicted_without_signal"
 """The provenance field (``Provenance.extra``) where a tuner records ``predicted_without_signal``."""
 
 
-def recorded_without_signal(extra: Mapping[str, Any]) -> list[str]:
-    """The queries a version's provenance ``extra`` predicts its release will hold no signal for (none
-    when not recorded)."""
+def recorded_without_signal(version: ParameterVersion) -> list[str]:
+    """The queries ``version``'s provenance predicts its release will hold no signal for (none when not
+    recorded)."""
+    extra = version.provenance.extra if version.provenance is not None else {}
     return [str(q) for q in extra.get(PREDICTED_WITHOUT_SIGNAL, ())]
 
 

@@ -291,13 +291,7 @@ def describe(tuning: PrivateTuning) -> str:
             + ", ".join(f"{q.column} clipped at {q.clip_threshold:.4g}" for q in params.queries)
             + f"; {arms:.1%} of impressions in exploration arms"
             + (f"; {check}" if (check := _model_check(tuning)) else "")
-            + (f"; {note}" if (note := without_signal_note(predicted_silent(tuning.version))) else ""))
-
-
-def predicted_silent(version: ParameterVersion) -> list[str]:
-    """The queries the tuner predicts its version's release will hold no signal for
-    (``error_model.predicted_without_signal``, recorded in the provenance; none when not recorded)."""
-    return recorded_without_signal(version.provenance.extra) if version.provenance is not None else []
+            + (f"; {note}" if (note := without_signal_note(recorded_without_signal(tuning.version))) else ""))
 
 
 def _model_check(tuning: PrivateTuning) -> str:
