@@ -6,6 +6,7 @@ every sort path, refusals (entry-wise range, dtypes, shapes, NaN), inputs left u
 property test against a literal sequential Alg. 1.
 """
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -517,3 +518,34 @@ def test_sort_paths_agree_with_reference_lexsort(records, id_kind):
     assert order.tolist() == ref
     same = [imp[a] == imp[b] for a, b in zip(ref, ref[1:], strict=False)]
     assert (key[1:] == key[:-1]).tolist() == same
+
+
+@given(spellings=st.lists(st.sampled_from(["7", "07", "0000007", "7.0", "7.00"]), min_size=1, max_size=12),
+       others=st.lists(st.sampled_from(["8", "008", "x7", " 7", "+7", "7.5"]), max_size=8),
+       count_limit=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_an_impression_spelled_several_ways_is_capped_once(spellings, others, count_limit, seed):
+    """Alg. 1 keeps at most K(C) conversions (L1 <= Gamma) per impression, the impression being its
+    canonical id (``araopt.io.ids``): zero padding or a ``.0`` from a re-export does not make a second
+    one with a budget of its own."""
+    from araopt.io.conversions import Conversions
+    from araopt.io.ids import canonical_id_hash
+    from araopt.mechanism.bounding import kept_per_impression
+    from araopt.mechanism.measure import encode_and_bound
+
+    rng = np.random.default_rng(seed)
+    ids = list(rng.permutation(np.array(spellings + others, dtype=object)))
+    n = len(ids)
+    table = pa.table({"impression_id": pa.array(ids, pa.string()),
+                      "conversion_time": pa.array(rng.integers(0, 10, n) * 1_000_000, pa.timestamp("us", tz="UTC")),
+                      "s": rng.integers(0, 2, n), "value": rng.random(n) * 10})
+    conversions = Conversions.from_table(table, ["s"], ["value"])
+    params = Params(count_limit=count_limit, encoding="linf", epsilon=1.0, slice_columns=("s",),
+                    queries=(QueryParams("value", 5.0, 1.0),))
+    contributions, kept = encode_and_bound(conversions, params, simulation_seed=seed)
+    canonical = canonical_id_hash(conversions.impression_id)
+    for impression in np.unique(canonical):
+        mine = canonical == impression
+        assert contributions[mine & kept].sum() <= GAMMA
+        assert (mine & kept).sum() == min(int(mine.sum()), kept_per_impression(count_limit))
+    seven = canonical == canonical_id_hash(np.array([7]))[0]
+    assert (seven & kept).sum() == min(len(spellings), kept_per_impression(count_limit))

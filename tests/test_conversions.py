@@ -87,21 +87,6 @@ def test_categorical_slices_of_several_batches_and_of_repeated_dictionary_values
     assert domain.slice_index(conv.slices).tolist() == [0, 1, 0, 1]
 
 
-def test_isin_ids_agrees_with_numpy_for_string_integer_and_mixed_ids():
-    from araopt.io.conversions import isin_ids
-
-    rng = np.random.default_rng(3)
-    strings = np.array([f"imp-{i}" for i in rng.integers(0, 500, 2000)], dtype=object)
-    among = np.array([f"imp-{i}" for i in rng.integers(0, 500, 300)], dtype=object)
-    np.testing.assert_array_equal(isin_ids(strings, among), np.isin(strings, among))
-    ints = rng.integers(0, 500, 2000)
-    np.testing.assert_array_equal(isin_ids(ints, ints[:300]), np.isin(ints, ints[:300]))
-    mixed = np.array(["a", 1, "b", 2.5], dtype=object)
-    np.testing.assert_array_equal(isin_ids(mixed, np.array([1, "b"], dtype=object)), [False, True, True, False])
-    assert not isin_ids(strings, np.array([], dtype=object)).any()
-    assert isin_ids(np.array([], dtype=object), among).shape == (0,)
-
-
 def test_record_keys_are_computed_once_and_cannot_be_changed_in_place():
     conv = Conversions(np.array(["x", "y", "x"], dtype=object), np.array([3, 1, 2]), {"s": np.array([1, 2, 1])},
                        np.ones((3, 1)), ("value",))

@@ -33,19 +33,25 @@ def _table(ids: list[str], seed: int = 0) -> pa.Table:
     return validate_table(raw, ["s"], ["v"])[0]
 
 
-def test_sort_keys_order_and_group_exactly_as_the_ids():
-    ids = np.array(IDS * 3, dtype=object)
+def _canonical(v: str) -> tuple[int, int | str]:
+    """The canonical id's order (``araopt.io.ids``): decimal ids as their integer first, then other strings."""
+    mask, value = decimal_int64(pa.array([v]))
+    return (0, int(value[0])) if mask[0] else (1, v)
+
+
+def test_sort_keys_order_and_group_as_the_canonical_ids():
+    """Alg. 1 caps an impression once however its id is spelled: "007", "7" and "7.0" are one key (as
+    for the ledger, the shards and the arms); other strings keep their byte order after the integers."""
+    ids = np.array([*IDS, "7.0", "0007", "-000"] * 3, dtype=object)
     keys = id_sort_keys(ids)
     assert keys.dtype.kind == "i"
     for i in range(len(ids)):
         for j in range(len(ids)):
-            assert (keys[i] == keys[j]) == (ids[i] == ids[j])  # "007" and "7" stay two ids in Alg. 1's order
-            assert (keys[i] < keys[j]) == (ids[i] < ids[j])
-    times = np.arange(len(ids))[::-1].astype(np.int64) % 4
-    tie = np.arange(len(ids), dtype=np.uint64)[::-1].copy()
-    order_ids, _ = sort_by_impression(ids, times, tie)
-    order_keys, _ = sort_by_impression(keys, times, tie)
-    assert np.array_equal(order_ids, order_keys)
+            assert (keys[i] == keys[j]) == (_canonical(ids[i]) == _canonical(ids[j]))
+            assert (keys[i] < keys[j]) == (_canonical(ids[i]) < _canonical(ids[j]))
+    assert np.array_equal(id_sort_keys(pa.array(ids.tolist())), keys)  # Arrow strings: the same keys
+    mixed = np.array([7, "007", "x", 3], dtype=object)  # an integer in an object array is its decimal string
+    assert id_sort_keys(mixed).tolist() == [1, 1, 2, 0]
     ints = np.array([5, 3, 5], dtype=np.int64)
     assert id_sort_keys(ints) is ints or np.array_equal(id_sort_keys(ints), ints)
 
@@ -180,8 +186,9 @@ def test_distinct_count_is_the_number_of_distinct_values():
 
 
 def test_sort_keys_label_impressions_in_the_order_the_ids_first_appear():
-    """The calibration labels impressions by ``pd.factorize`` of their sort keys: the labels of the ids."""
+    """The calibration labels impressions by ``pd.factorize`` of their sort keys: the labels of the
+    canonical ids ("007" and "7" one impression)."""
     ids = np.array([IDS[i] for i in np.random.default_rng(6).integers(0, len(IDS), 500)], dtype=object)
     conv = Conversions.from_table(_table(list(ids)), ["s"], ["v"])
     assert np.array_equal(pd.factorize(conv.impression_sort_keys(), sort=False)[0],
-                          pd.factorize(np.asarray(conv.impression_id), sort=False)[0])
+                          pd.factorize(canonical_id_hash(conv.impression_id), sort=False)[0])

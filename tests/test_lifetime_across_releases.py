@@ -100,7 +100,7 @@ def test_an_input_whose_footers_say_no_times_is_refused_when_the_ledger_has_ara_
     ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
     ledger.check_lifetime(ReleasePeriod(None, None, None))
     record(ledger, 0, H)
-    with pytest.raises(LedgerRefusal, match="no conversion-time statistics"):
+    with pytest.raises(LedgerRefusal, match="do not bound its conversion times"):
         ledger.check_lifetime(ReleasePeriod(None, None, None))
 
 
@@ -275,3 +275,98 @@ def test_measure_from_a_declared_start_costs_the_days_before_it_nothing(tmp_path
     kept = {name: json.loads((tmp_path / name / "private" / "run_summary.json").read_text())["conversions_kept"]
             for name in ("fresh", "inherited", "charged")}
     assert kept["fresh"] == kept["inherited"] > kept["charged"]
+
+
+# ---- other conversions of the same hours: a day in parts, a late row, a footer that says too little ----
+def test_at_commit_a_release_of_other_conversions_of_the_same_hours_is_refused(tmp_path):
+    """Alg. 1 keeps a source's conversions in time order: two releases of the same hours each chose theirs
+    without the other's (an impression keeps C in each), so an ARA release whose window meets the
+    released rows' is refused, the boundary included; the same conversions again are the re-release
+    rules' to name."""
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    day0 = record(ledger, 2 * H, 20 * H, ids=range(100))
+    for first, last in ((5 * H, 15 * H), (H, 21 * H), (20 * H, 22 * H), (0, 2 * H)):
+        half = RowSet(np.arange(1000, 1010, dtype=np.uint64), first, last)
+        with pytest.raises(LedgerRefusal, match="within this input's window") as refused:
+            ledger.check_and_record(half, half.to_parquet_bytes(), {}, lifetime=period(first, last).held({}))
+        assert day0["id"] in str(refused.value) and "\n" not in str(refused.value)
+    same = RowSet(sorted_unique(np.arange(100, dtype=np.uint64)), 2 * H, 20 * H)
+    with pytest.raises(LedgerRefusal, match="already released"):
+        ledger.check_and_record(same, same.to_parquet_bytes(), {}, lifetime=period(2 * H, 20 * H).held({}))
+    assert len(ledger.store.read_ledger()[0]) == 1  # nothing recorded
+    after = RowSet(np.arange(1000, 1010, dtype=np.uint64), 20 * H + 1, 22 * H)  # one microsecond later: in reach
+    with pytest.raises(LedgerRefusal, match="--lookback-days"):
+        ledger.check_and_record(after, after.to_parquet_bytes(), {}, lifetime=period(20 * H + 1, 22 * H).held({}))
+
+
+def test_an_overlapping_release_is_made_with_allow_rerelease_and_records_what_it_met(tmp_path):
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    day0 = record(ledger, 2 * H, 20 * H, ids=range(100))
+    again = Ledger.open(str(tmp_path), allow_rerelease=True)
+    half = RowSet(np.arange(1000, 1010, dtype=np.uint64), 5 * H, 15 * H)
+    entry = again.check_and_record(half, half.to_parquet_bytes(), {}, lifetime=period(5 * H, 15 * H).held({})).entry
+    assert entry["windows_overlap"] == [day0["id"]]
+    later_day = RowSet(np.arange(2000, 2010, dtype=np.uint64), 40 * DAY, 40 * DAY + H)  # beyond a source life
+    entry = ledger.check_and_record(later_day, later_day.to_parquet_bytes(), {},
+                                    lifetime=period(40 * DAY, 40 * DAY + H).held({})).entry
+    assert "windows_overlap" not in entry
+
+
+def test_at_commit_the_period_is_the_released_rows_own_times_not_the_footers(tmp_path):
+    """The footers said day 6 (a file without statistics held day 4's rows): the rows' own window meets
+    day 5's release, which the footers' window had put after the input."""
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    day5 = record(ledger, 5 * DAY + 2 * H, 5 * DAY + 20 * H, ids=range(100))
+    footers = period(6 * DAY + H, 6 * DAY + 20 * H, (5 * DAY + 2 * H, 5 * DAY + 20 * H))
+    ledger.check_lifetime(footers)  # what the footers say passes
+    rows = RowSet(np.arange(1000, 1010, dtype=np.uint64), 4 * DAY + H, 6 * DAY + 20 * H)
+    with pytest.raises(LedgerRefusal, match="within this input's window"):
+        ledger.check_and_record(rows, rows.to_parquet_bytes(), {}, lifetime=footers.held({day5["id"]: 100}))
+    assert len(ledger.store.read_ledger()[0]) == 1
+    rows = RowSet(np.arange(1000, 1010, dtype=np.uint64), 6 * DAY + H, 6 * DAY + 20 * H)
+    ledger.check_and_record(rows, rows.to_parquet_bytes(), {}, lifetime=footers.held({day5["id"]: 100}))
+
+
+def test_a_file_whose_footer_does_not_bound_its_times_makes_the_input_window_unknown(tmp_path):
+    from transforms.io import read_footer, window_of
+
+    def write(name: str, times: list[int], statistics: bool) -> str:
+        path = str(tmp_path / name)
+        pq.write_table(pa.table({"impression_id": np.arange(len(times)),
+                                 "conversion_time": pa.array(times, pa.timestamp("us", tz="UTC"))}),
+                       path, write_statistics=statistics)
+        return path
+
+    day6 = read_footer(write("day6.parquet", [6 * DAY + H, 6 * DAY + 2 * H], True))
+    day4 = read_footer(write("day4.parquet", [4 * DAY + H], False))
+    empty = read_footer(write("empty.parquet", [], False))
+    assert day6.window() == (6 * DAY + H, 6 * DAY + 2 * H) and day4.window() == (None, None)
+    assert window_of([day6]) == window_of([day6, empty]) == (6 * DAY + H, 6 * DAY + 2 * H)  # no rows: no times
+    assert window_of([day6, day4]) == (None, None)
+
+
+@pytest.mark.slow
+def test_measure_refuses_a_day_released_in_two_parts(tmp_path, three_days, capsys):
+    """One day's rows in two files released one after the other: the second is refused at commit,
+    nothing of it published; a late row of a released day in the next day's file likewise."""
+    log, days, release = three_days
+    rows = day_rows(log, 0)
+    first = _write_day(log, rows[::2], tmp_path / "a" / "part-0.parquet")
+    second = _write_day(log, rows[1::2], tmp_path / "b" / "part-0.parquet")
+    from pipelines import measure as measure_cli
+
+    def run(path: str, out: str) -> int:
+        return measure_cli.run(["--input", path, "--params", str(tmp_path / "p.json"), "--domain",
+                                str(tmp_path / "slices.csv"), "--output", str(tmp_path / out),
+                                "--ledger", str(tmp_path / "ledger"), "--no-progress"])
+
+    assert run(first, "a-out") == 0
+    capsys.readouterr()
+    assert run(second, "b-out") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "within this input's window" in err[0]
+    assert not (tmp_path / "b-out").exists() and len(_entries(tmp_path)) == 1
+    late = np.concatenate([rows[1:2], day_rows(log, 1)])  # one unreleased row of day 0 in day 1's file
+    path = _write_day(log, late, tmp_path / "late" / "part-0.parquet")
+    assert run(path, "late-out") == 2
+    assert not (tmp_path / "late-out").exists() and len(_entries(tmp_path)) == 1

@@ -200,3 +200,24 @@ def test_daily_releases_with_lookback_record_only_the_days_rows_in_the_ledger(tm
                              str(tmp_path / "ledger")])
     assert again == 2 and "Release a log's days in time order" in capsys.readouterr().err
     assert not (tmp_path / "again").exists()
+
+
+@given(seed=st.integers(0, 10_000), count_limit=st.integers(1, 6))
+def test_a_lookback_whose_ids_are_spelled_otherwise_still_holds_the_impressions_earlier_conversions(seed, count_limit):
+    """A daily export that pads its ids (``"0000007"``) after one that did not (``"7"``): the lookback's
+    rows are still the period's impressions' (their canonical ids, ``araopt.io.ids``), so each day keeps
+    what one lifetime cap over the whole log keeps."""
+    log = multi_day_log(seed, impressions=40)
+    p = params("linf", count_limit)
+    _, lifetime = encode_and_bound(log, p, simulation_seed=9)
+    days = log.conversion_time // DAY
+
+    def spelled(rows: np.ndarray, width: int) -> Conversions:
+        part = log.take(rows)
+        ids = np.array([str(int(i)).zfill(width) for i in part.impression_id], dtype=object)
+        return Conversions(ids, part.conversion_time, part.slices, part.values, part.value_columns)
+
+    for day in np.unique(days):
+        batch = concat_periods(spelled(np.flatnonzero(days == day), 8), spelled(np.flatnonzero(days < day), 1))
+        m = measure(batch, p, simulation_seed=9)
+        assert m.kept[batch.period_mask()].sum() == lifetime[days == day].sum()

@@ -118,10 +118,15 @@ def read_footer(path: str) -> Footer:
         if not pa.types.is_timestamp(field.type) or field.name not in names:
             continue
         index = names.index(field.name)
-        first = last = None
+        first: int | None = None
+        last: int | None = None
         for g in range(meta.num_row_groups):
-            st = meta.row_group(g).column(index).statistics
+            group = meta.row_group(g)
+            st = group.column(index).statistics
             if st is None or not st.has_min_max or not isinstance(st.min_raw, int) or not isinstance(st.max_raw, int):
+                if group.num_rows and (st is None or st.null_count != group.num_rows):
+                    first = last = None  # a row group whose times the footer does not bound: the file's unknown
+                    break
                 continue
             lo, hi = (_micros(v, field.type.unit) for v in (st.min_raw, st.max_raw))
             first = lo if first is None else min(first, lo)
@@ -131,7 +136,11 @@ def read_footer(path: str) -> Footer:
 
 
 def window_of(footers: Sequence[Footer], column: str = CONVERSION_TIME) -> Window:
-    """The window of ``column`` over several files' footers (the earliest first, the latest last)."""
+    """The window of ``column`` over several files' footers (the earliest first, the latest last); unknown
+    (None, None) when a file with rows has none (its footer does not bound its times: a window of the
+    others would leave its rows out of the ledger's lifetime rules)."""
+    if any(footer.rows and footer.window(column) == (None, None) for footer in footers):
+        return None, None
     firsts = [f for f, _ in (footer.window(column) for footer in footers) if f is not None]
     lasts = [last for _, last in (footer.window(column) for footer in footers) if last is not None]
     return (min(firsts) if firsts else None), (max(lasts) if lasts else None)

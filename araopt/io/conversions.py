@@ -537,10 +537,13 @@ def split_periods(conversions: Conversions) -> tuple[Conversions, Conversions]:
 
 def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
     """The rows of a measured period and of its lookback in one batch, ``in_period`` set; lookback rows
-    of impressions without a conversion in the period are left out (they cannot change its ranks)."""
+    of impressions without a conversion in the period are left out (they cannot change its ranks). An
+    impression is its canonical id (``araopt.io.ids``: a lookback's ``"7"`` is the period's ``"0000007"``),
+    matched by its hash (a collision keeps a lookback row of another impression, which Alg. 1 then
+    groups apart: it changes no rank)."""
     if period.value_columns != lookback.value_columns or set(period.slices) != set(lookback.slices):
         raise InvalidInput("the period and its lookback must carry the same slice and value columns")
-    lookback = lookback.take(np.flatnonzero(isin_ids(lookback.impression_id, period.impression_id)))
+    lookback = lookback.take(np.flatnonzero(np.isin(lookback.id_hashes(), period.id_hashes())))
     both_times = period.impression_time is not None and lookback.impression_time is not None
     out = Conversions(
         np.concatenate([_normalise(period.impression_id), _normalise(lookback.impression_id)]),
@@ -556,24 +559,6 @@ def concat_periods(period: Conversions, lookback: Conversions) -> Conversions:
     if first is not None and second is not None:
         out._keep(ID_HASH, np.concatenate([first, second]))
     return out
-
-
-def isin_ids(ids: np.ndarray, among: np.ndarray) -> np.ndarray:
-    """Boolean mask of the ``ids`` that occur in ``among`` (impression ids, int64 or string), in time
-    linear in both lengths: ``np.isin`` compares object (string) arrays element by element against
-    every value of ``among`` (quadratic: hours for a million string ids)."""
-    a, b = _normalise(ids), _normalise(among)
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        return cast(np.ndarray, np.isin(a, b))
-    if len(a) and isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        try:  # strings: Arrow's hash set
-            left, right = pa.array(a, from_pandas=False), pa.array(b, from_pandas=False)
-            if pa.types.is_string(left.type) and left.type == right.type and not left.null_count + right.null_count:
-                return cast(np.ndarray, pc.is_in(left, value_set=right).to_numpy(zero_copy_only=False))
-        except (pa.ArrowException, TypeError, ValueError):  # other objects: pandas' hash table
-            pass
-    return cast(np.ndarray, pd.Series(a, dtype=object, copy=False).isin(pd.Series(np.asarray(b), dtype=object))
-                .to_numpy(dtype=bool))
 
 
 def _normalise(arr: np.ndarray) -> np.ndarray:

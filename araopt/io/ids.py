@@ -191,10 +191,13 @@ def with_id_hash(table: pa.Table, id_column: str = "impression_id") -> tuple[pa.
 
 
 def id_sort_keys(impression_id: IdArray) -> np.ndarray:
-    """Keys that order and group rows exactly as their ids do (Alg. 1's impression order): for string
-    ids their dense rank in UTF-8 byte (= code point) order, computed by Arrow over the distinct ids
-    (int64; no Python comparison per row); any other ids are returned as they are. Not canonical
-    (``"007"`` and ``"7"`` stay two ids, as in Alg. 1's order) and comparable only within one call."""
+    """Keys that order and group rows as their canonical ids do (Alg. 1's impression order; module doc):
+    for string ids the dense rank of each distinct id's canonical form, the decimal ones (``"007"``,
+    ``"7.0"``: the integer 7) before the others in integer order, the others in UTF-8 byte (= code point)
+    order, computed by Arrow over the distinct ids (int64; no Python comparison per row); integer ids are
+    returned as they are. Comparable only within one call. Canonical because the cap must see one
+    impression where the ledger, the shards and the arms do: ``"7"`` and ``"0000007"`` capped apart
+    would keep C reports each."""
     if isinstance(impression_id, pa.ChunkedArray):
         impression_id = impression_id.combine_chunks()
     if not isinstance(impression_id, pa.Array):
@@ -203,12 +206,24 @@ def id_sort_keys(impression_id: IdArray) -> np.ndarray:
             return arr
         try:
             impression_id = pa.array(arr, from_pandas=False)
-        except (pa.ArrowException, TypeError, ValueError):  # mixed or non-string objects
-            return arr
+        except (pa.ArrowException, TypeError, ValueError):  # a mixed object array: an integer is its decimal string
+            if any(v is None for v in arr.tolist()):
+                return arr
+            impression_id = pa.array([v if isinstance(v, str) else str(int(v)) for v in arr.tolist()],
+                                     type=pa.string())
     if not (pa.types.is_string(impression_id.type) or pa.types.is_large_string(impression_id.type)) \
             or impression_id.null_count or not len(impression_id):
         return np.asarray(impression_id.to_numpy(zero_copy_only=False))
     encoded = pc.dictionary_encode(impression_id)
-    rank = np.asarray(pc.rank(encoded.dictionary, sort_keys="ascending").to_numpy(), dtype=np.int64)
-    rank -= 1
+    distinct = encoded.dictionary
+    text_rank = np.asarray(pc.rank(distinct, sort_keys="ascending").to_numpy(), dtype=np.int64)
+    decimal, value = decimal_int64(distinct)
+    # the canonical form's order: (0, the integer) for a decimal id, (1, its byte rank) for another
+    kind = (~decimal).astype(np.int64)
+    minor = np.where(decimal, value, text_rank)
+    order = np.lexsort((minor, kind))
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (kind[order][1:] != kind[order][:-1]) | (minor[order][1:] != minor[order][:-1])
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.cumsum(new) - 1
     return cast(np.ndarray, rank[encoded.indices.to_numpy(zero_copy_only=False)])

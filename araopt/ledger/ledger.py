@@ -62,12 +62,15 @@ from araopt.io.store import ParameterStore, StoreConflict, StoreError
 from araopt.io.stores import open_store
 from araopt.ledger.lifetime import (
     HELD,
+    OVERLAPPING,
     HeldLookback,
     ReleasePeriod,
     held_counts,
     held_refusal,
     is_ara,
     lifetime_refusal,
+    overlap_refusal,
+    overlapping,
 )
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.params import Params
@@ -158,7 +161,9 @@ class Ledger:
         unless re-releasing is allowed (the shared releases are recorded: ``epochs_shared_with``), or (an
         ARA release, ``lifetime``) if an ARA release within a source life before it is not held whole by its
         lookback, or one within a source life after it was made first (``araopt.ledger.lifetime``: never allowed, whatever
-        ``allow_rerelease``; the lookback's counts are recorded: ``lookback_held``); else append the release
+        ``allow_rerelease``; the lookback's counts are recorded: ``lookback_held``), all over the released rows' own
+        first and last times, or if an ARA release of other conversions has a window meeting theirs (unless re-releasing
+        is allowed: recorded as ``windows_overlap``); else append the release
         (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under
         ``entry_id`` (a new one if None; a commit names it in its pending record first). Retries when
         another release is recorded meanwhile. ``rows`` and ``coarse`` are compared range by range
@@ -168,7 +173,10 @@ class Ledger:
         try:
             for _ in range(attempts):
                 releases, generation = self.store.read_ledger()
-                if lifetime is not None:  # the lifetime cap: with the ledger as it is now, before anything else
+                if lifetime is not None:  # the lifetime cap: with the ledger as it is now, before anything else,
+                    # over the released rows' own times (not the input's footers)
+                    lifetime = HeldLookback(lifetime.period.exactly(rows.first_time_us, rows.last_time_us),
+                                            lifetime.counts)
                     why = held_refusal(releases, lifetime, self.store.uri)
                     if why is not None:
                         raise LedgerRefusal(why)
@@ -197,6 +205,10 @@ class Ledger:
                     raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy,
                                                       shared, (minute_before, minute_rows) if by_minute else None,
                                                       shifted if by_shift else None))
+                if lifetime is not None and not self.allow_rerelease:  # other conversions of the same hours
+                    why = overlap_refusal(releases, lifetime.period, self.store.uri)
+                    if why is not None:
+                        raise LedgerRefusal(why)
                 number = 1 + found.most
                 record = {**entry, "id": entry_id or uuid.uuid4().hex, "recorded_at": utc_now_iso(), "rows": len(rows),
                           "first_time_us": rows.first_time_us, "last_time_us": rows.last_time_us,
@@ -212,6 +224,9 @@ class Ledger:
                     record.update(epochs_shared_with=shared, budget_carried_from=sorted(carried))
                 if lifetime is not None:
                     record[HELD] = held_counts(releases, lifetime)
+                    meet = overlapping(releases, lifetime.period)
+                    if meet:  # made with --allow-rerelease only (overlap_refusal)
+                        record[OVERLAPPING] = [e["id"] for e in meet]
                 try:
                     recorded = self.store.append_release(record, row_set, generation,
                                                          None if coarse is None else coarse.to_parquet_bytes,
@@ -227,7 +242,8 @@ class Ledger:
     def check_lifetime(self, period: ReleasePeriod) -> None:
         """Before any work: refuse (one line) a release of ``period`` whose lookback does not cover the ARA
         releases within a source life before it, or made after an ARA release within a source life after
-        it (``araopt.ledger.lifetime``); checked again, exactly, at commit (``check_and_record(lifetime=)``)."""
+        it (``araopt.ledger.lifetime``); checked again, exactly, at commit (``check_and_record(lifetime=)``), where
+        an ARA release whose window meets the released rows' is refused too (after the re-release rules)."""
         try:
             releases, _ = self.store.read_ledger()
         except StoreError as exc:

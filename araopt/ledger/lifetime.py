@@ -24,9 +24,18 @@ Attribution release spends no source budget):
   time order), so no lookback can make the two fit one budget: refused (release a log's days in order).
 * a first release, with no ARA release in reach, needs no lookback: nothing earlier was released.
 
-Releases whose windows overlap this release's are the re-release rules' (``Ledger.check_and_record``:
-the same conversions, exactly or by their coarse identity); two releases of *different* conversions of
-the same hours (a day released in two parts) are not refused here.
+* **overlapping**: a release whose conversion window meets this release's (a day released in two parts,
+  a late row of an earlier day in today's file) is refused (:func:`overlap_refusal`): Alg. 1 keeps a
+  source's conversions in time order, and two releases of the same hours each chose theirs without the
+  other's, so an impression could keep C reports in each. At commit, on the released rows' own times
+  and after the re-release rules of ``Ledger.check_and_record`` (the same conversions again, exactly or
+  by a lossy identity, are theirs to name; before the job an overlap may still be those). With
+  ``--allow-rerelease`` (the operator's explicit second spend) it is made and its entry records the
+  releases it meets (``OVERLAPPING``).
+
+At commit the period is the released rows' own first and last conversion times (``RowSet``), not the
+input's footers: a file without statistics, or a row outside what the footers said, cannot move the
+release out of these rules.
 """
 from __future__ import annotations
 
@@ -43,6 +52,9 @@ from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.version import Api
 
 LIFE_US = MAX_SOURCE_LIFE_DAYS * DAY_US
+OVERLAPPING = "windows_overlap"
+"""A ledger entry's ids of the earlier ARA releases whose conversion windows met its own (made only with
+``--allow-rerelease``; see module doc)."""
 HELD = "lookback_held"
 """A ledger entry's {earlier entry id: how many of its conversions this release's lookback held}, for
 the releases in reach (see module doc)."""
@@ -99,6 +111,10 @@ class ReleasePeriod:
         """This period with ``counts``: per ledger entry id, how many of its conversions the job's lookback held."""
         return HeldLookback(self, dict(counts))
 
+    def exactly(self, first_us: int | None, last_us: int | None) -> ReleasePeriod:
+        """This period with the released rows' own first and last conversion times (``RowSet``; None: no row)."""
+        return ReleasePeriod(first_us, last_us, self.cover)
+
 
 @dataclass(frozen=True)
 class HeldLookback:
@@ -122,6 +138,16 @@ def in_reach(entries: Sequence[dict[str, Any]], period: ReleasePeriod) -> list[d
             and (first is None or first - LIFE_US < e["last_time_us"] < first)]
 
 
+def overlapping(entries: Sequence[dict[str, Any]], period: ReleasePeriod) -> list[dict[str, Any]]:
+    """The ARA releases whose conversion windows meet the period's (both ends included; none when the
+    period's times are unknown: ``in_reach`` then holds every ARA release)."""
+    first, last = period.first_us, period.last_us
+    if first is None or last is None:
+        return []
+    return [e for e in entries if is_ara(e) and e.get("rows") and e.get("first_time_us") is not None
+            and e["first_time_us"] <= last and first <= e["last_time_us"]]
+
+
 def later(entries: Sequence[dict[str, Any]], period: ReleasePeriod) -> list[dict[str, Any]]:
     """The ARA releases of conversions after the period's last and within a source life of it."""
     last = period.last_us
@@ -131,12 +157,13 @@ def later(entries: Sequence[dict[str, Any]], period: ReleasePeriod) -> list[dict
 
 def lifetime_refusal(entries: Sequence[dict[str, Any]], period: ReleasePeriod, ledger: str) -> str | None:
     """Why the release of ``period`` may not be made with the ledger ``entries`` (``ledger``: its uri), from
-    the windows alone; None if it may (see module doc)."""
+    the windows alone, by the releases in reach and the later ones; None if it may (see module doc)."""
     reach = in_reach(entries, period)
     if period.first_us is None:
         if not reach:
             return None
-        return (f"the input's Parquet footers carry no conversion-time statistics, so araopt cannot tell which of the "
+        return (f"the input's Parquet footers do not bound its conversion times (a file, or a row group, without column "
+                f"statistics), so araopt cannot tell which of the "
                 f"{len(reach)} ARA release(s) in the ledger {ledger} share its impressions' budgets (ARA caps a "
                 f"source over its whole life): write the input with column statistics")
     first = period.first_us
@@ -168,8 +195,9 @@ def lifetime_refusal(entries: Sequence[dict[str, Any]], period: ReleasePeriod, l
 
 
 def held_refusal(entries: Sequence[dict[str, Any]], held: HeldLookback, ledger: str) -> str | None:
-    """At commit, with the ledger's ``entries`` as they are now: :func:`lifetime_refusal`, then whether the
-    lookback the job read held every conversion of each release in reach (``held.counts``)."""
+    """At commit, with the ledger's ``entries`` as they are now and ``held.period`` the released rows' own
+    times (``ReleasePeriod.exactly``): :func:`lifetime_refusal`, then whether the lookback the job read
+    held every conversion of each release in reach (``held.counts``)."""
     why = lifetime_refusal(entries, held.period, ledger)
     if why is not None:
         return why
@@ -182,6 +210,24 @@ def held_refusal(entries: Sequence[dict[str, Any]], held: HeldLookback, ledger: 
                     f"again (ARA caps a source over its whole life). Give the lookback every released day whole "
                     f"(--lookback-days N over the partitions the releases were made from)")
     return None
+
+
+def overlap_refusal(entries: Sequence[dict[str, Any]], period: ReleasePeriod, ledger: str) -> str | None:
+    """At commit (``period``: the released rows' own times, after the re-release rules judged whether they
+    are conversions released before): why the release may not be made beside the ledger's ARA releases
+    whose windows meet its own (``overlapping``); None if none does. ``--allow-rerelease`` skips this
+    check (the operator's second spend, recorded as ``OVERLAPPING``): the caller's."""
+    meet = overlapping(entries, period)
+    first, last = period.first_us, period.last_us
+    if not meet or first is None or last is None:
+        return None
+    e = meet[0]
+    return (f"the ledger {ledger} records {len(meet)} ARA release(s) of other conversions within this input's window "
+            f"({_iso(first)}..{_iso(last)}; e.g. {e['id']}: {_iso(e['first_time_us'])}..{_iso(e['last_time_us'])}): "
+            f"Alg. 1 keeps a source's conversions in time order, so two releases of the same hours each keep up to "
+            f"C reports per impression (a day released in parts, or a late row of a released day, spends its "
+            f"sources' budgets twice). Release each day's conversions once, whole, in time order (--allow-rerelease "
+            f"to spend the budgets again)")
 
 
 def held_counts(entries: Sequence[dict[str, Any]], held: HeldLookback) -> dict[str, int]:
