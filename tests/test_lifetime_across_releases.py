@@ -53,6 +53,17 @@ def test_a_release_after_an_earlier_one_of_the_same_source_life_needs_a_lookback
         ledger.check_lifetime(period(1 * DAY + H, 1 * DAY + 22 * H, (-1 * DAY + 2 * H, -1 * DAY + 20 * H)))
 
 
+def test_a_day_released_in_part_before_the_input_asks_for_those_conversions_not_for_lookback_days(tmp_path):
+    """Day 0 up to noon was released; the input is its afternoon (in time order): only a --lookback with
+    the morning's conversions holds them (--lookback-days reads the days before the input, none here)."""
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    record(ledger, 2 * H, 12 * H)
+    with pytest.raises(LedgerRefusal, match="released in part before it: pass --lookback") as refused:
+        ledger.check_lifetime(period(13 * H, 23 * H))
+    assert "--lookback-days 0" not in str(refused.value)
+    ledger.check_lifetime(period(13 * H, 23 * H, (2 * H, 12 * H)))  # the morning's file held
+
+
 def test_a_lookback_with_a_hole_on_a_released_day_is_refused(tmp_path):
     ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
     for day in range(3):

@@ -180,9 +180,12 @@ def lifetime_refusal(entries: Sequence[dict[str, Any]], period: ReleasePeriod, l
                 f"{MAX_SOURCE_LIFE_DAYS} days before this input's first conversion ({_iso(first)}) and {held} (e.g. "
                 f"{e['id']}: {_iso(e['first_time_us'])}..{_iso(e['last_time_us'])}): ARA caps a source over its whole "
                 f"life, so impressions of this input spent budget there, which Alg. 1 counts only through the "
-                f"lookback (else it keeps up to C reports per impression again). Pass --lookback-days {days} (the "
-                f"{days} day(s) before the input, beside its date= partitions) or --lookback with those days' "
-                f"conversions; releases of another log (other impressions) belong in a ledger of their own (--ledger)")
+                f"lookback (else it keeps up to C reports per impression again). "
+                + (f"Pass --lookback-days {days} (the {days} day(s) before the input, beside its date= partitions) or "
+                   f"--lookback with those days' conversions" if days else
+                   "This input's first day was released in part before it: pass --lookback with the conversions that "
+                   "release used (--lookback-days reads only the days before the input)")
+                + "; releases of another log (other impressions) belong in a ledger of their own (--ledger)")
     after = later(entries, period)
     if after and period.last_us is not None:
         e = after[0]
