@@ -226,3 +226,20 @@ def test_bad_input_refused():
     bad = Conversions(conv.impression_id, conv.conversion_time, conv.slices, conv.values * -1 - 1, conv.value_columns)
     with pytest.raises(ValueError, match="non-negative"):
         add_conversions(create_accumulator(StatisticsSpec(("s",), ("items", "price"))), bad)
+
+
+def test_batches_keep_an_impression_whole_however_its_id_is_spelled():
+    """``compute_statistics_in_memory`` splits by the canonical id (``araopt.io.ids``): an impression
+    whose rows say ``"7"``, ``"007"`` and ``"7.0"`` lies in one batch, so its ranks are its own."""
+    conv = preset_conversions("synth-travel", 3000)
+    rng = np.random.default_rng(4)
+    width = rng.integers(1, 9, len(conv))
+    ids = np.array([str(int(i)).zfill(int(w)) + (".0" if w == 8 else "") for i, w in zip(conv.impression_id, width,
+                                                                                       strict=True)], dtype=object)
+    spelled = Conversions(ids, conv.conversion_time, conv.slices, conv.values, conv.value_columns)
+    spec = StatisticsSpec(SLICES, ("value",))
+    one = compute_statistics_in_memory(conv, spec)
+    split = compute_statistics_in_memory(spelled, spec, batches=4)
+    assert np.array_equal(split.rank_counts, one.rank_counts)
+    assert np.array_equal(split.impression_sizes, one.impression_sizes)
+    assert split.num_impressions == one.num_impressions

@@ -628,12 +628,11 @@ def extract_output(acc: StatisticsAccumulator) -> SufficientStatistics:
 
 
 def compute_statistics_in_memory(conversions: Conversions, spec: StatisticsSpec, batches: int = 1) -> SufficientStatistics:
-    """Statistics of in-memory conversions (split into ``batches`` impression-complete batches, then merged)."""
+    """Statistics of in-memory conversions (split into ``batches`` impression-complete batches by the
+    canonical id's hash, ``araopt.io.ids``, then merged)."""
     if batches <= 1:
         return extract_output(add_conversions(create_accumulator(spec), conversions))
-    ids = np.asarray(conversions.impression_id)
-    _, inv = np.unique(ids.astype(str) if ids.dtype == object else conversions.impression_id, return_inverse=True)
-    part = inv.reshape(-1) % batches
+    part = conversions.id_hashes() % np.uint64(batches)
     accs = [add_conversions(create_accumulator(spec), conversions.take(np.flatnonzero(part == b))) for b in range(batches)]
     return extract_output(merge_accumulators(accs))
 
