@@ -277,10 +277,14 @@ def attribution_release_files(rel: AttributionRelease, params_sha256: str, simul
     the simulation's names, ``private/``), in the order they are written: the estimates (Parquet, CSV),
     the histogram layout (key_map.json, histogram_layout.csv), release.json, with ``debug_run`` the
     unnoised sums, and the exact accounting the driver reads back. Refused: a seeded release outside a
-    simulation (or secure noise inside one), more than ``max_rejected_fraction`` of the rows rejected."""
+    simulation (or secure noise inside one), the unnoised sums of a release that is not a simulation
+    (``Target.debug_needs_simulation``: the rule of every path, a graph wired from ``transforms/`` too),
+    more than ``max_rejected_fraction`` of the rows rejected."""
     if (rel.simulation_seed is not None) != simulation:
         raise PrivacyRefusal("a release noised with a simulation seed is written only as a simulation, and a "
                              "simulation only with seeded noise")
+    if debug_run and not simulation:
+        raise PrivacyRefusal("--debug-run writes unnoised sums: it needs --simulation-seed (a simulation)")
     counts = rel.counts
     if counts.rows_read and counts.rows_rejected > max_rejected_fraction * counts.rows_read:
         raise InvalidInput(f"{counts.rows_rejected:,} of {counts.rows_read:,} rows are invalid (more than "

@@ -325,3 +325,31 @@ def test_the_check_before_any_work_names_the_days_the_lookback_needs():
     assert ledger_draw_key([old, _entry("e1", T0, T0, key="a" * 16), _entry("e2", T0, T0, key="b" * 16)]) == \
         DrawKey("b" * 16)
     assert ledger_draw_key([old]) is None
+
+
+def test_an_earlier_release_under_another_budget_or_epoch_length_cannot_be_carried(tmp_path):
+    """The browsers' budgets are one configuration over an epoch's life: a release whose per-site budget
+    or epoch length differs from an earlier one's cannot simulate its conversions again (at a larger
+    budget it would accept reports that release refused; with shorter epochs it charges one of its
+    epochs a second budget), so that release is excluded and, sharing epochs, refuses the release."""
+    from araopt.io.rowset import RowSet
+    from araopt.ledger.attribution import attribution_history, carried_refusal, reach
+    from araopt.ledger.ledger import Ledger
+
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    ids = RowSet(sorted_unique(np.arange(10, dtype=np.uint64)), T0 + HOUR_US, T0 + 2 * HOUR_US)
+    recorded = ledger.check_and_record(ids, ids.to_parquet_bytes(), _entry("e1", T0 + HOUR_US, T0 + 2 * HOUR_US)).entry
+    key = DrawKey("k" * 16)
+    columns = ("campaign", "value")
+    first, last = T0 + DAY_US, T0 + 2 * DAY_US - 1
+    same = attribution_history(ledger, [recorded], key, (T0, T0 + DAY_US - 1), first, columns, _params())
+    assert [r.entry_id for r in same.releases] == [recorded["id"]] and same.excluded == ()
+    for other, what in ((AttributionParams.from_paper(4.0, 2, {COUNT: 0.3, "value": 0.7}, QUERIES, ("campaign",)),
+                         "per_site_budget 1 over 7-day epochs, this release's 4 over 7-day"),
+                        (AttributionParams.from_paper(1.0, 2, {COUNT: 0.3, "value": 0.7}, QUERIES, ("campaign",),
+                                                      epoch_days=1), "this release's 1 over 1-day")):
+        history = attribution_history(ledger, [recorded], key, (T0, T0 + DAY_US - 1), first, columns, other)
+        assert history.releases == () and len(history.excluded) == 1 and what in history.excluded[0][1]
+        window = reach(other, (T0 - DAY_US, first), (first, last))
+        why = carried_refusal([recorded], window, (first, last), None, history, "L")
+        assert why is not None and "cannot be simulated again" in why and what in why

@@ -381,3 +381,25 @@ def test_measure_refuses_a_day_released_in_two_parts(tmp_path, three_days, capsy
     path = _write_day(log, late, tmp_path / "late" / "part-0.parquet")
     assert run(path, "late-out") == 2
     assert not (tmp_path / "late-out").exists() and len(_entries(tmp_path)) == 1
+
+
+def test_a_lookback_whose_id_types_differ_from_the_input_is_refused_before_any_work(tmp_path):
+    """Ids are matched by type family: an impression's (and, W3C Attribution, a browser's) ids of another
+    type in the lookback would be other units; refused in one line (before, a browser_id int64 beside a
+    string one failed late, merging the shards)."""
+    from araopt.errors import InvalidInput
+    from transforms.io import check_input, check_lookback
+
+    def write(name: str, impression, browser) -> str:
+        path = str(tmp_path / name)
+        pq.write_table(pa.table({"impression_id": impression, "browser_id": browser,
+                                 "conversion_time": pa.array([DAY, DAY + H], pa.timestamp("us", tz="UTC")),
+                                 "s": [0, 1], "value": [1.0, 2.0]}), path)
+        return path
+
+    inputs = check_input(write("in.parquet", [1, 2], [7, 8]), ["s"], ["value"])
+    assert check_lookback(write("same.parquet", [3, 4], [9, 10]), inputs, ["s"], ["value"]).rows == 2
+    for name, impression, browser, column in (("browser.parquet", [3, 4], ["9", "10"], "browser_id"),
+                                              ("impression.parquet", ["3", "4"], [9, 10], "impression_id")):
+        with pytest.raises(InvalidInput, match=f"--lookback types differ from --input for \\['{column}'\\]"):
+            check_lookback(write(name, impression, browser), inputs, ["s"], ["value"])

@@ -349,3 +349,19 @@ def test_a_lookback_check_counts_exact_and_coarse_matches():
     with pytest.raises(LedgerRefusal, match="time to the second"):
         check_lookback(period, part(ids, times - 3 * 3_600_000_000))
     assert len(RowSet.merge(period)) == 1000
+
+
+def test_a_time_zone_shift_refuses_on_a_share_that_chance_cannot_reach_at_the_best_of_many_shifts():
+    """The best of ~200 shifts: a small release's different conversions of the same impressions match a
+    few by chance (2 of 12 in a red-team run refused a genuine day), so a match refuses when it is above
+    the share and either 10 conversions or most of the sample; a re-export matches all of it."""
+    from araopt.io.rowset import ShiftedMatch
+    from araopt.ledger.ledger import SHIFT_MIN_MATCHES, _lossy_shift
+
+    def lossy(matched: int, sampled: int) -> bool:
+        return _lossy_shift(ShiftedMatch(matched, sampled, -330))
+
+    assert not lossy(2, 12) and lossy(7, 12) and not lossy(6, 12)  # most of a small sample
+    assert lossy(12, 12) and lossy(3, 3) and lossy(1, 1)  # a small re-export, whole
+    assert lossy(SHIFT_MIN_MATCHES, 100) and not lossy(SHIFT_MIN_MATCHES - 1, 100)
+    assert lossy(410, 8192) and not lossy(409, 8192)  # above 5% of a full sample

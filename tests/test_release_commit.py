@@ -179,6 +179,8 @@ def test_an_attribution_release_is_written_as_a_simulation_exactly_when_its_nois
         attribution_release_files(_attribution_release(10, 0, None), "sha", True, False, 0.10)
     files = attribution_release_files(_attribution_release(10, 0, None), "sha", False, False, 0.10)
     assert outputs.private_file(outputs.DEBUG_HISTOGRAMS_CSV) not in files  # unnoised sums only when asked
+    with pytest.raises(PrivacyRefusal, match="unnoised sums: it needs --simulation-seed"):  # and only in simulation
+        attribution_release_files(_attribution_release(10, 0, None), "sha", False, True, 0.10)
     assert json.loads(files[outputs.release_file(outputs.RELEASE_JSON, False)])["simulation"] is False
 
 

@@ -283,7 +283,8 @@ def lookback_partitions(inputs: InputFiles, days: int) -> tuple[list[str], str]:
 def check_lookback(pattern: str | Sequence[str], inputs: InputFiles, slice_columns: Sequence[str],
                    value_columns: Sequence[str]) -> InputFiles:
     """Earlier conversions read only to cost each impression's budget (``measure --lookback``): checked
-    like the input (``check_input``), with the same id and slice types (ids would not match otherwise),
+    like the input (``check_input``), with the same id (impression, and browser when both carry one) and
+    slice types (ids would not match otherwise),
     and disjoint from it (a file in both would consume budget twice)."""
     lookback = check_input(pattern, slice_columns, value_columns)
     shared = sorted(set(lookback.paths) & set(inputs.paths))
@@ -292,6 +293,12 @@ def check_lookback(pattern: str | Sequence[str], inputs: InputFiles, slice_colum
                            f"earlier conversions only")
     families = {c: type_family(inputs.schema.field(c).type) for c in (IMPRESSION_ID, *slice_columns)}
     other = {c: type_family(lookback.schema.field(c).type) for c in families}
+    # a browser's rows (W3C Attribution) must be one browser in both, as an impression's ids must (each
+    # side's files agree on its type: ``attribution_columns``)
+    mine, theirs = (next((type_family(f.schema.field(BROWSER_ID).type) for f in side.footers
+                          if BROWSER_ID in f.schema.names), None) for side in (inputs, lookback))
+    if mine is not None and theirs is not None:
+        families[BROWSER_ID], other[BROWSER_ID] = mine, theirs
     differ = [c for c in families if families[c] != other[c]]
     if differ:
         raise InvalidInput(f"--lookback types differ from --input for {differ} ({[other[c] for c in differ]} vs "

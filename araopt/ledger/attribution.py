@@ -77,16 +77,26 @@ def ledger_draw_key(entries: Sequence[Mapping[str, Any]]) -> DrawKey | None:
     return None
 
 
-def _unusable(entry: Mapping[str, Any], key: DrawKey, columns: Sequence[str]) -> str | None:
-    """Why the conversions of ``entry`` cannot be simulated again as its release simulated them (None: they can)."""
+def _unusable(entry: Mapping[str, Any], key: DrawKey, columns: Sequence[str], params: AttributionParams
+              ) -> str | None:
+    """Why the conversions of ``entry`` cannot be simulated again as its release simulated them, for a release
+    of ``params`` (None: they can). The browsers' budgets are one configuration over an epoch's life
+    (``encoder.browser_config``: the per-site budget, the global budget and quota it sets, the epoch's
+    length): a release simulating an earlier one's conversions under another would carry a state that
+    release never left (at a larger budget it accepts reports the earlier release refused, and with
+    shorter epochs it charges one of its epochs a second budget)."""
     if entry.get(DRAW_KEY) is None or entry.get(LAYOUT) is None:
         return "recorded before releases kept their draws and layout"
     if entry[DRAW_KEY] != key.secret:
         return "drawn with another draw key than the ledger's latest"
-    params = _params_of(entry)
-    missing = [c for c in (*params.slice_columns, *params.value_columns) if c not in set(columns)]
+    earlier = _params_of(entry)
+    missing = [c for c in (*earlier.slice_columns, *earlier.value_columns) if c not in set(columns)]
     if missing:
         return f"its parameters read {missing}, which this release does not read"
+    if earlier.budget_micro != params.budget_micro or earlier.epoch_days != params.epoch_days:
+        return (f"its browsers' budgets were per_site_budget {earlier.per_site_budget:g} over {earlier.epoch_days}-day "
+                f"epochs, this release's {params.per_site_budget:g} over {params.epoch_days}-day epochs (a budget or "
+                f"an epoch changes in a new ledger)")
     return None
 
 
@@ -107,12 +117,13 @@ def _meets(entry: Mapping[str, Any], first_us: int | None, last_us: int | None) 
 
 def attribution_history(ledger: Ledger, entries: Sequence[Mapping[str, Any]], key: DrawKey,
                         lookback: tuple[int | None, int | None] | None, first_us: int | None,
-                        columns: Sequence[str]) -> AttributionHistory:
+                        columns: Sequence[str], params: AttributionParams) -> AttributionHistory:
     """The earlier attribution releases whose conversions a lookback of conversion times ``lookback``
     (first, last; None: no lookback) may hold, for a release whose first conversion is at ``first_us``:
     each with its parameters, layout and released row ids (``releases``), or why it cannot be simulated
     again (``excluded``: another draw key, no recorded layout, converted after ``first_us``, columns this
-    release does not read). ``columns``: the columns the release reads (its lookback rows have no others)."""
+    release does not read, another budget or epoch than ``params``'). ``columns``: the columns the release
+    reads (its lookback rows have no others)."""
     if lookback is None:
         return AttributionHistory()
     lo, hi = lookback
@@ -121,7 +132,7 @@ def attribution_history(ledger: Ledger, entries: Sequence[Mapping[str, Any]], ke
     for entry in entries:
         if not is_attribution(entry) or not _meets(entry, lo, hi):
             continue
-        why = _unusable(entry, key, columns)
+        why = _unusable(entry, key, columns, params)
         if why is None and (first_us is None or entry["last_time_us"] >= first_us):
             why = LATER
         if why is not None:
@@ -204,7 +215,7 @@ def prepare_release(ledger: Ledger, params: AttributionParams, columns: Sequence
     except StoreError as exc:
         raise StoreError(f"release ledger: {exc}") from None
     key = ledger_draw_key(entries) or DrawKey.new()
-    history = attribution_history(ledger, entries, key, lookback, conversions[0], columns)
+    history = attribution_history(ledger, entries, key, lookback, conversions[0], columns, params)
     if not ledger.allow_rerelease:
         cover = None if lookback is None else LookbackCover.of_windows(lookback_files)
         why = carried_refusal(entries, reach(params, impressions, conversions), conversions, cover, history,
