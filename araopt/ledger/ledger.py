@@ -174,9 +174,10 @@ class Ledger:
             for _ in range(attempts):
                 releases, generation = self.store.read_ledger()
                 if lifetime is not None:  # the lifetime cap: with the ledger as it is now, before anything else,
-                    # over the released rows' own times (not the input's footers)
-                    lifetime = HeldLookback(lifetime.period.exactly(rows.first_time_us, rows.last_time_us),
-                                            lifetime.counts)
+                    # over the released rows' own times (not the input's footers; no row spends no budget)
+                    if rows.first_time_us is not None and rows.last_time_us is not None:
+                        lifetime = HeldLookback(lifetime.period.exactly(rows.first_time_us, rows.last_time_us),
+                                                lifetime.counts)
                     why = held_refusal(releases, lifetime, self.store.uri)
                     if why is not None:
                         raise LedgerRefusal(why)
