@@ -94,6 +94,35 @@ def test_a_failed_commit_step_is_undone(tmp_path, monkeypatch):
     assert undone == [1] and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("where", ["right after the rename", "deleting the replaced folder"])
+def test_an_interrupt_once_the_release_is_in_place_does_not_undo_its_record(tmp_path, monkeypatch, where):
+    """Ctrl-C after the new run is in place (a red-team run: while --overwrite deleted the old folder) used
+    to take the ledger entry out while the release stayed published, so the same input could be released
+    again elsewhere: once in place, the record stands (the old folder is a leftover the next run removes)."""
+    import araopt.io.folders as folders
+
+    commit_run(RunFolder.prepare(str(tmp_path / "out"), overwrite=False), "old")
+    folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=True)
+    folder.write(outputs.release_file(outputs.RELEASE_JSON, False), json.dumps({"run": "new"}).encode())
+    move, undone = folders.move_into_place, []
+
+    def interrupted_after_move(staging, target):
+        move(staging, target)
+        raise KeyboardInterrupt
+
+    def interrupted_cleanup(replaced, target):
+        raise KeyboardInterrupt
+
+    if where == "right after the rename":
+        monkeypatch.setattr("araopt.io.folders.move_into_place", interrupted_after_move)
+    else:
+        monkeypatch.setattr("araopt.io.folders.remove_replaced", interrupted_cleanup)
+    with pytest.raises(KeyboardInterrupt):
+        folder.commit(False, {}, before_move=lambda: lambda: undone.append(1))
+    folder.abandon()
+    assert undone == [] and released_tag(tmp_path / "out") == "new"
+
+
 def test_overwrite_through_a_symlinked_output_replaces_the_folder_it_names(tmp_path, caplog):
     real, link = tmp_path / "real", tmp_path / "link"
     commit_run(RunFolder.prepare(str(real), overwrite=False), "old")

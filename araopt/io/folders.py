@@ -172,13 +172,20 @@ def new_staging(target: str) -> str:
     return f"{target}{STAGING_TAG}{uuid.uuid4().hex[:12]}"
 
 
-def move_into_place(staging: str, target: str) -> None:
-    """Two renames: the old ``target`` (if any) away, ``staging`` into place; then the old one deleted."""
+def move_into_place(staging: str, target: str) -> str | None:
+    """Two renames: the old ``target`` (if any) away, ``staging`` into place. Returns where the old one went
+    (None: there was none), for ``remove_replaced`` once the commit stands: deleting it is cleanup, and
+    an interrupt during it must not undo a release that is in place."""
     replaced = None
     if os.path.lexists(target):
         replaced = f"{target}{REPLACED_TAG}{uuid.uuid4().hex[:12]}"
         os.rename(target, replaced)
     os.rename(staging, target)
+    return replaced
+
+
+def remove_replaced(replaced: str | None, target: str) -> None:
+    """Delete the folder ``move_into_place`` moved away from ``target`` (a warning if it cannot)."""
     if replaced and not remove_local(replaced):
         _LOG.warning("could not remove the replaced folder %s (the next run into %s removes it)", replaced, target)
 
@@ -417,17 +424,27 @@ class OutputFolder:
                 self.settle(self.target)  # on gs:// the lease is the output's lock: settle killed commits
             self.check(at_commit=True)
             undo = before_move() if before_move is not None else None
+            last: str | None = None
+            replaced: str | None = None
             try:
                 written, last = seal() if seal is not None else self._seal_manifest(manifest or {})
                 if self.remote:
                     self._move_remote(last)
                 else:
-                    move_into_place(self.staging, self.target)
+                    replaced = move_into_place(self.staging, self.target)
             except BaseException:
-                if undo is not None:
-                    undo()
+                if not self._placed(last):  # in place (an interrupt right after the move): the release stands
+                    if undo is not None:
+                        undo()
+                    raise
+                self.clear_pending()
                 raise
             self.clear_pending()  # in place: whatever before_move recorded stands
+            # cleanup, after the commit stands (an interrupt here leaves a leftover the next run removes)
+            if self.remote:
+                self.staged.remove_all()
+            else:
+                remove_replaced(replaced, self.target)
         finally:
             if lease is not None:
                 lease.release()
@@ -464,7 +481,16 @@ class OutputFolder:
         if not target.create(last, staged.read(last)):
             raise OutputRefused(f"{self.target}/{last} was created by another run during this commit; nothing was "
                                 f"published by this run")
-        staged.remove_all()
+
+    def _placed(self, last: str | None) -> bool:
+        """Whether this commit's folder is in place: locally its staging folder was renamed into the target
+        (it exists no more), on gs:// the target's ``last`` file (the manifest, created last) is this run's."""
+        if last is None:
+            return False
+        if not self.remote:
+            return not os.path.lexists(self.staging)
+        target = FolderFiles(self.target)
+        return last in target.names() and target.read(last) == self.staged.read(last)
 
     # ---- pending records: a commit that records something outside the folder ---------------------
     @property

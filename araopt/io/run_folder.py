@@ -40,6 +40,7 @@ from araopt.io.folders import (
     move_into_place,
     read_uri,
     remove_local,
+    remove_replaced,
     remove_uri,
 )
 from araopt.io.gcs import is_gs
@@ -251,7 +252,7 @@ def settle_pending(target: str) -> list[tuple[str, str]]:
             if is_gs(target):
                 RunFolder(target, staging, True, RUN_FOLDER)._move_remote(outputs.manifest_file(False))
             else:
-                move_into_place(staging, target)
+                remove_replaced(move_into_place(staging, target), target)
             outcome = "finished"
         else:
             if not _take_out(ledger_uri, entry_id):
