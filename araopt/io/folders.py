@@ -442,7 +442,10 @@ class OutputFolder:
             self.clear_pending()  # in place: whatever before_move recorded stands
             # cleanup, after the commit stands (an interrupt here leaves a leftover the next run removes)
             if self.remote:
-                self.staged.remove_all()
+                try:
+                    self.staged.remove_all()
+                except Exception as exc:  # noqa: BLE001 - the release stands; a leftover is swept by the next run
+                    _LOG.warning("could not remove the staging folder %s (%s)", self.staging, exc)
             else:
                 remove_replaced(replaced, self.target)
         finally:
