@@ -440,11 +440,11 @@ class OutputFolder:
                 self.clear_pending()
                 raise
             self.clear_pending()  # in place: whatever before_move recorded stands
-            # cleanup, after the commit stands (an interrupt here leaves a leftover the next run removes)
+            # cleanup, after the commit stands (an interrupt here leaves a leftover: locally the next run sweeps it)
             if self.remote:
                 try:
                     self.staged.remove_all()
-                except Exception as exc:  # noqa: BLE001 - the release stands; a leftover is swept by the next run
+                except Exception as exc:  # noqa: BLE001 - the release stands; the staged copies are only storage
                     _LOG.warning("could not remove the staging folder %s (%s)", self.staging, exc)
             else:
                 remove_replaced(replaced, self.target)
