@@ -112,7 +112,7 @@ class DailyLog:
         period's impressions (the only earlier rows that change a period row's rank in Alg. 1)."""
         period = (self.day >= first) & (self.day <= last)
         before = (self.day >= first - lookback_days) & (self.day < first)
-        keys = self.conversions.impression_sort_keys()  # integers equal exactly where the ids are
+        keys = self.conversions.impression_sort_keys()  # integers equal exactly where the canonical ids are
         before &= np.isin(keys, keys[period])
         rows = np.flatnonzero(period | before)
         return self.conversions.take(rows).with_in_period(period[rows])

@@ -458,7 +458,7 @@ class Conversions:
         return self._keep(ID_HASH, canonical_id_hash(self.impression_id))
 
     def impression_sort_keys(self) -> np.ndarray:
-        """Keys that order and group the rows as their impression ids do (``araopt.io.ids.id_sort_keys``:
+        """Keys that order and group the rows as their canonical impression ids do (``araopt.io.ids.id_sort_keys``:
         integers for string ids), computed once per instance: what Alg. 1's order sorts."""
         cached = self._cache.get(_SORT_KEYS)
         if cached is not None:

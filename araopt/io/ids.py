@@ -1,7 +1,8 @@
 """The one canonical form and hash of an impression id, used wherever an id is hashed: the release
 ledger (``araopt.io.rowset``), the exploration arm assignment (``araopt.mechanism.exploration``, and so
 the ad server's registrations), the shard of the grouping step (``transforms.group``), the record keys
-of the tie-break (``Conversions.record_keys``) and the calibration's hash blocks.
+of the tie-break (``Conversions.record_keys``) and the calibration's hash blocks; and the impressions
+Alg. 1 caps (``id_sort_keys``, and a lookback's rows matched to the period's: ``concat_periods``).
 
 Canonical form: an impression id is an integer or a string. A string of ASCII decimal digits with
 an optional leading ``-`` and an optional fraction of zeros (``.``, ``.0``, ``.00`` ...) whose value fits

@@ -346,7 +346,7 @@ class ImpressionRanks:
 
     @classmethod
     def of(cls, conversions: Conversions, tie_breaker: np.ndarray | None = None) -> ImpressionRanks:
-        keys = conversions.impression_sort_keys()  # orders and groups as the ids do, compared as integers
+        keys = conversions.impression_sort_keys()  # groups as the canonical ids do, compared as integers
         order = impression_order(keys, conversions.conversion_time, tie_breaker)
         rank, group = ranks_within_impression(keys[order])
         return cls(order, rank, group)
