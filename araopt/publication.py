@@ -271,6 +271,10 @@ def attribution_release_json(rel: AttributionRelease, params_sha256: str, retent
                                                          "level": retention.level}}
 
 
+DEBUG_NEEDS_SIMULATION = "--debug-run writes unnoised sums: it needs --simulation-seed (a simulation)"
+"""Why a debug run's unnoised sums are refused outside simulation (the writer's rule, and the CLI's before any work)."""
+
+
 def attribution_release_files(rel: AttributionRelease, params_sha256: str, simulation: bool, debug_run: bool,
                               max_rejected_fraction: float, retention: Retention | None = None) -> dict[str, bytes]:
     """A W3C Attribution release's files by their path in the run folder (``io.outputs``: ``release/`` or
@@ -284,7 +288,7 @@ def attribution_release_files(rel: AttributionRelease, params_sha256: str, simul
         raise PrivacyRefusal("a release noised with a simulation seed is written only as a simulation, and a "
                              "simulation only with seeded noise")
     if debug_run and not simulation:
-        raise PrivacyRefusal("--debug-run writes unnoised sums: it needs --simulation-seed (a simulation)")
+        raise PrivacyRefusal(DEBUG_NEEDS_SIMULATION)
     counts = rel.counts
     if counts.rows_read and counts.rows_rejected > max_rejected_fraction * counts.rows_read:
         raise InvalidInput(f"{counts.rows_rejected:,} of {counts.rows_read:,} rows are invalid (more than "

@@ -32,7 +32,7 @@ from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.measure import check_measurable, shard_sums
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.release import Release, release_domain, release_step
-from araopt.publication import Publication, publish
+from araopt.publication import DEBUG_NEEDS_SIMULATION, Publication, publish
 from araopt.targets import check_domain, target_of
 from araopt.version import ParameterVersion
 
@@ -122,7 +122,7 @@ def resolve_release_domain(given: KeyDomain | None, given_source: str, version: 
 def check_debug_run(version: ParameterVersion, debug_run: bool, simulation_seed: int | None) -> None:
     """Refuse a debug run outside simulation where it would write unnoised sums (``Target.debug_needs_simulation``)."""
     if debug_run and simulation_seed is None and target_of(version).debug_needs_simulation:
-        raise PrivacyRefusal("--debug-run writes unnoised sums: it needs --simulation-seed (a simulation)")
+        raise PrivacyRefusal(DEBUG_NEEDS_SIMULATION)
 
 
 def data_domain(conversions: Conversions, params: Params) -> KeyDomain:

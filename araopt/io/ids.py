@@ -113,6 +113,12 @@ def _parse_decimal_int64(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
             np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64))
 
 
+def _mixed_text(values: np.ndarray) -> pa.Array:
+    """A mixed object array of ids as Arrow strings: an integer is its decimal string (one canonical form
+    with the strings), a missing id stays null."""
+    return pa.array([v if v is None or isinstance(v, str) else str(int(v)) for v in values.tolist()], type=pa.string())
+
+
 def canonical_id_hash(impression_id: IdArray) -> np.ndarray:
     """The 64-bit hash of every id's canonical form (module doc): equal for 123, "123" and "000123"."""
     if isinstance(impression_id, pd.Categorical):
@@ -133,9 +139,8 @@ def canonical_id_hash(impression_id: IdArray) -> np.ndarray:
             return np.asarray(pd.util.hash_array(arr.astype(object)), dtype=np.uint64)
         try:
             text = pa.array(arr.astype(object), type=pa.string())
-        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a mixed object array: an integer is its decimal string
-            text = pa.array([v if v is None or isinstance(v, str) else str(int(v)) for v in arr.tolist()],
-                            type=pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a mixed object array
+            text = _mixed_text(arr)
     encoded = pc.dictionary_encode(text)  # hash each distinct id once (an impression has several conversions)
     distinct = encoded.dictionary
     # categorize=False: the values are distinct already, and pandas' default factorizes them again first
@@ -207,11 +212,8 @@ def id_sort_keys(impression_id: IdArray) -> np.ndarray:
             return arr
         try:
             impression_id = pa.array(arr, from_pandas=False)
-        except (pa.ArrowException, TypeError, ValueError):  # a mixed object array: an integer is its decimal string
-            if any(v is None for v in arr.tolist()):
-                return arr
-            impression_id = pa.array([v if isinstance(v, str) else str(int(v)) for v in arr.tolist()],
-                                     type=pa.string())
+        except (pa.ArrowException, TypeError, ValueError):  # a mixed object array
+            impression_id = _mixed_text(arr)
     if not (pa.types.is_string(impression_id.type) or pa.types.is_large_string(impression_id.type)) \
             or impression_id.null_count or not len(impression_id):
         return np.asarray(impression_id.to_numpy(zero_copy_only=False))

@@ -206,8 +206,9 @@ class Ledger:
                     raise LedgerRefusal(self._refusal(rows, before, len(overlaps), coarse, coarse_before, lossy,
                                                       shared, (minute_before, minute_rows) if by_minute else None,
                                                       shifted if by_shift else None))
-                if lifetime is not None and not self.allow_rerelease:  # other conversions of the same hours
-                    why = overlap_refusal(releases, lifetime.period, self.store.uri)
+                meet = [] if lifetime is None else overlapping(releases, lifetime.period)
+                if lifetime is not None and meet and not self.allow_rerelease:  # other conversions of the same hours
+                    why = overlap_refusal(meet, lifetime.period, self.store.uri)
                     if why is not None:
                         raise LedgerRefusal(why)
                 number = 1 + found.most
@@ -225,7 +226,6 @@ class Ledger:
                     record.update(epochs_shared_with=shared, budget_carried_from=sorted(carried))
                 if lifetime is not None:
                     record[HELD] = held_counts(releases, lifetime)
-                    meet = overlapping(releases, lifetime.period)
                     if meet:  # made with --allow-rerelease only (overlap_refusal)
                         record[OVERLAPPING] = [e["id"] for e in meet]
                 try:

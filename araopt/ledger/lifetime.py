@@ -130,12 +130,16 @@ def is_ara(entry: dict[str, Any]) -> bool:
     return bool(entry.get("api", Api.ARA.value) == Api.ARA.value)
 
 
+def released_ara(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ledger's ARA releases that released conversions (their first and last times recorded)."""
+    return [e for e in entries if is_ara(e) and e.get("rows") and e.get("first_time_us") is not None]
+
+
 def in_reach(entries: Sequence[dict[str, Any]], period: ReleasePeriod) -> list[dict[str, Any]]:
     """The ARA releases whose conversions lie before the period and within a source life of its first
     conversion (all ARA releases with conversions when the period's times are unknown)."""
     first = period.first_us
-    return [e for e in entries if is_ara(e) and e.get("rows") and e.get("first_time_us") is not None
-            and (first is None or first - LIFE_US < e["last_time_us"] < first)]
+    return [e for e in released_ara(entries) if first is None or first - LIFE_US < e["last_time_us"] < first]
 
 
 def overlapping(entries: Sequence[dict[str, Any]], period: ReleasePeriod) -> list[dict[str, Any]]:
@@ -144,15 +148,13 @@ def overlapping(entries: Sequence[dict[str, Any]], period: ReleasePeriod) -> lis
     first, last = period.first_us, period.last_us
     if first is None or last is None:
         return []
-    return [e for e in entries if is_ara(e) and e.get("rows") and e.get("first_time_us") is not None
-            and e["first_time_us"] <= last and first <= e["last_time_us"]]
+    return [e for e in released_ara(entries) if e["first_time_us"] <= last and first <= e["last_time_us"]]
 
 
 def later(entries: Sequence[dict[str, Any]], period: ReleasePeriod) -> list[dict[str, Any]]:
     """The ARA releases of conversions after the period's last and within a source life of it."""
     last = period.last_us
-    return [e for e in entries if is_ara(e) and e.get("rows") and e.get("first_time_us") is not None
-            and last is not None and last < e["first_time_us"] < last + LIFE_US]
+    return [e for e in released_ara(entries) if last is not None and last < e["first_time_us"] < last + LIFE_US]
 
 
 def lifetime_refusal(entries: Sequence[dict[str, Any]], period: ReleasePeriod, ledger: str) -> str | None:
@@ -215,12 +217,11 @@ def held_refusal(entries: Sequence[dict[str, Any]], held: HeldLookback, ledger: 
     return None
 
 
-def overlap_refusal(entries: Sequence[dict[str, Any]], period: ReleasePeriod, ledger: str) -> str | None:
+def overlap_refusal(meet: Sequence[dict[str, Any]], period: ReleasePeriod, ledger: str) -> str | None:
     """At commit (``period``: the released rows' own times, after the re-release rules judged whether they
-    are conversions released before): why the release may not be made beside the ledger's ARA releases
-    whose windows meet its own (``overlapping``); None if none does. ``--allow-rerelease`` skips this
-    check (the operator's second spend, recorded as ``OVERLAPPING``): the caller's."""
-    meet = overlapping(entries, period)
+    are conversions released before): why the release may not be made beside ``meet``, the ledger's ARA
+    releases whose windows meet its own (``overlapping``); None if there are none. ``--allow-rerelease``
+    skips this check (the operator's second spend, recorded as ``OVERLAPPING``): the caller's."""
     first, last = period.first_us, period.last_us
     if not meet or first is None or last is None:
         return None
