@@ -282,11 +282,11 @@ class _FailFirstAttempt(_AddNoise):
         super().__init__(*args)
         self._marker = marker
 
-    def process(self, sums, counts, domain):
+    def process(self, impulse, merged, counts, domain):
         if not os.path.exists(self._marker):
             open(self._marker, "w").close()
             raise RuntimeError("injected failure on first attempt")
-        yield from super().process(sums, counts, domain)
+        yield from super().process(impulse, merged, counts, domain)
 
 
 @pytest.mark.slow

@@ -5,15 +5,18 @@ derived from the data by ``DomainFromData``).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
 
-from araopt.errors import Unsupported
+from araopt.errors import PrivacyRefusal, Unsupported
 from araopt.io.conversions import Conversions, ValidationCounts
+from araopt.io.ids import table_id_hash
 from araopt.mechanism import aggregate
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
@@ -62,6 +65,56 @@ class _EncodeAndBound(beam.DoFn):
         yield sums
 
 
+def shard_modulus(item: tuple[int, pa.Table]) -> tuple[int, int]:
+    """(shard key, the gcd of its rows' id hash minus the key): a shard of ``GroupByImpression(N)`` holds
+    every impression whose canonical id hash is the key modulo N, so N divides the gcd. 1 when a hash
+    lies below the key (no modulus above the key has it); 0: no row constrains it."""
+    key, table = item
+    if table.num_rows == 0:
+        return int(key), 0
+    hashed = table_id_hash(table)
+    if bool(np.any(hashed < np.uint64(key))):
+        return int(key), 1
+    return int(key), int(np.gcd.reduce(hashed - np.uint64(key)))
+
+
+class CompleteImpressions(beam.CombineFn):
+    """Whether the shards can be ``GroupByImpression``'s: distinct keys, and one modulus above every key
+    that each shard's id hashes meet (the gcd of theirs, ``shard_modulus``). Alg. 1 caps an impression
+    within its shard: an impression split over two shards would keep its budget once in each."""
+
+    def create_accumulator(self) -> tuple[list[int], int]:
+        return [], 0
+
+    def add_input(self, acc: tuple[list[int], int], item: tuple[int, int]) -> tuple[list[int], int]:
+        return [*acc[0], item[0]], math.gcd(acc[1], item[1])
+
+    def merge_accumulators(self, accs: Iterable[tuple[list[int], int]]) -> tuple[list[int], int]:
+        keys: list[int] = []
+        modulus = 0
+        for k, g in accs:
+            keys += k
+            modulus = math.gcd(modulus, g)
+        return keys, modulus
+
+    def extract_output(self, acc: tuple[list[int], int]) -> str | None:
+        keys, modulus = acc
+        if len(set(keys)) != len(keys):
+            return (f"{len(keys) - len(set(keys))} shard key(s) occur more than once: the shards were not grouped by "
+                    f"impression (GroupByImpression, or ReadAndValidate(num_shards=...))")
+        if keys and modulus != 0 and modulus <= max(keys):
+            return ("the shards' rows are not sharded by their impression's id hash (GroupByImpression, or "
+                    "ReadAndValidate(num_shards=...)): an impression may lie in two shards")
+        return None
+
+
+def _complete(sums: aggregate.DomainSums | None, problem: str | None) -> aggregate.DomainSums | None:
+    if problem is not None:
+        raise PrivacyRefusal(f"Alg. 1 caps each impression within its shard, so a shard must hold all of an "
+                             f"impression's conversions: {problem}")
+    return sums
+
+
 @beam.typehints.with_input_types(beam.typehints.Tuple[int, pa.Table])
 @beam.typehints.with_output_types(beam.typehints.Optional[aggregate.DomainSums])
 class EncodeBoundAndSum(beam.PTransform):
@@ -80,24 +133,33 @@ class EncodeBoundAndSum(beam.PTransform):
 
     def expand(self, shards: beam.PCollection[tuple[int, pa.Table]]) -> beam.PCollection[aggregate.DomainSums | None]:
         check_global_windowing(shards)
+        problem = (shards | "ShardModulus" >> beam.Map(shard_modulus)
+                   | "CompleteImpressions" >> beam.CombineGlobally(CompleteImpressions()))
         return (
             shards
             | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed, self._coverage_start, self._history),
                                              beam.pvalue.AsSingleton(self._domain))
             | "SumPerKey" >> beam.CombineGlobally(CombinerFn(aggregate.DomainSumsCombiner()))
+            | "OnlyWholeImpressions" >> beam.Map(_complete, beam.pvalue.AsSingleton(problem))
         )
 
 
 class _AddNoise(beam.DoFn):
-    """Runs once, on the single combined element: the release step (``araopt.mechanism.release.release_step``)."""
+    """Runs once, on one impulse, with the combined sums as a side input: the release step
+    (``araopt.mechanism.release.release_step``) on the one element, refused for any other number, so
+    sums flattened from two branches are not each noised (averaging two noisings halves the noise)."""
 
     def __init__(self, params: Params, simulation_seed: int | None, max_rejected_fraction: float):
         self._params = params
         self._seed = simulation_seed
         self._max_rejected = max_rejected_fraction
 
-    def process(self, sums: aggregate.DomainSums | None, counts: ValidationCounts, domain: KeyDomain,
+    def process(self, _: None, merged: list[aggregate.DomainSums | None], counts: ValidationCounts, domain: KeyDomain,
                 lookback_counts: ValidationCounts | None = None) -> Iterator[Release]:
+        if len(merged) != 1:  # (the sums themselves are unnoised: never in a message)
+            raise PrivacyRefusal(f"NoisyRelease noises one merged element (EncodeBoundAndSum's combine), got "
+                                 f"{len(merged)}: a graph that flattens sums would release every key more than once")
+        sums = merged[0]
         release = release_step(sums, counts, self._params, domain, simulation_seed=self._seed,
                                max_rejected_fraction=self._max_rejected, lookback_counts=lookback_counts)
         Metrics.counter(NAMESPACE, "keys_released").inc(domain.num_keys)
@@ -107,7 +169,8 @@ class _AddNoise(beam.DoFn):
 @beam.typehints.with_input_types(beam.typehints.Optional[aggregate.DomainSums])
 @beam.typehints.with_output_types(Release)
 class NoisyRelease(beam.PTransform):
-    """Merged sums -> one ``Release`` (noise exactly once per domain key, after the combine)."""
+    """Merged sums -> one ``Release`` (noise exactly once per domain key, after the combine). The merged
+    sums must be one element (``EncodeBoundAndSum``'s combine): more is refused when the step runs."""
 
     def __init__(self, params: Params, counts: beam.PCollection, domain: beam.PCollection,
                  simulation_seed: int | None = None, max_rejected_fraction: float = 0.10,
@@ -122,10 +185,12 @@ class NoisyRelease(beam.PTransform):
 
     def expand(self, merged: beam.PCollection[aggregate.DomainSums | None]) -> beam.PCollection[Release]:
         check_global_windowing(merged)
-        side = [beam.pvalue.AsSingleton(self._counts), beam.pvalue.AsSingleton(self._domain)]
+        side = [beam.pvalue.AsList(merged), beam.pvalue.AsSingleton(self._counts),
+                beam.pvalue.AsSingleton(self._domain)]
         if self._lookback_counts is not None:
             side.append(beam.pvalue.AsSingleton(self._lookback_counts))
-        return merged | "AddNoiseOncePerKey" >> beam.ParDo(_AddNoise(self._params, self._seed, self._max_rejected), *side)
+        return (merged.pipeline | "Once" >> beam.Create([None])
+                | "AddNoiseOncePerKey" >> beam.ParDo(_AddNoise(self._params, self._seed, self._max_rejected), *side))
 
 
 @beam.typehints.with_input_types(pa.Table)

@@ -42,6 +42,14 @@ def check_simulation_label(publication: Publication, simulation: bool) -> Public
     return publication
 
 
+def check_one_publication(count: int) -> None:
+    """A release folder holds one release: two publications flattened into one writer would write every
+    key twice, each noised on its own (their average halves the noise)."""
+    if count != 1:
+        raise PrivacyRefusal(f"WriteRelease writes exactly one release, got {count} publications (a graph that "
+                             f"flattens or re-noises sums releases every key more than once)")
+
+
 class _WriteSmallFiles(beam.DoFn):
     """Key map (JSON + CSV), estimates (Parquet + CSV) and release.json into the release folder."""
 
@@ -54,14 +62,21 @@ class _WriteSmallFiles(beam.DoFn):
         with FileSystems.create(FileSystems.join(self._output, outputs.release_file(name, self._simulation))) as fh:
             fh.write(data)
 
-    def process(self, publication: Publication) -> Iterator[str]:
+    def process(self, publication: Publication, count: int) -> Iterator[str]:
+        check_one_publication(count)
         check_simulation_label(publication, self._simulation)
         domain = publication.domain
         self._put(outputs.KEY_MAP_JSON, jsonio.dumps(domain.to_json(self._sha), indent=1).encode())
         self._put(outputs.KEY_MAP_CSV, outputs.csv_bytes(domain.key_table()))
-        frame = publication.frame()
+        frame = publication.release_frame()
         self._put(outputs.ESTIMATES_PARQUET, outputs.parquet_bytes(frame))
         self._put(outputs.ESTIMATES_CSV, outputs.csv_bytes(frame))
+        private_totals = publication.private_true_totals()
+        if private_totals is not None:  # a joined history's calibration stays with the operator
+            for name, data in ((outputs.TRUE_TOTALS_PARQUET, outputs.parquet_bytes(private_totals)),
+                               (outputs.TRUE_TOTALS_CSV, outputs.csv_bytes(private_totals))):
+                with FileSystems.create(FileSystems.join(self._output, outputs.private_file(name))) as fh:
+                    fh.write(data)
         arms = exploration_frame(publication.release)
         if arms is not None:
             self._put(outputs.EXPLORATION_PARQUET, outputs.parquet_bytes(arms))
@@ -86,26 +101,33 @@ class WriteRelease(beam.PTransform):
         self._simulation = simulation
 
     def _avro(self, pcoll: beam.PCollection[Publication], label: str, fn: Callable[[Any], list[dict[str, Any]]],
-              record: str, relative: str) -> beam.pvalue.PDone:
+              record: str, relative: str, count: beam.pvalue.AsSingleton) -> beam.pvalue.PDone:
         stem = relative[: -len(".avro")]
         simulation = self._simulation
+
+        def records(publication: Publication, n: int) -> list[dict[str, Any]]:
+            check_one_publication(n)
+            return fn(check_simulation_label(publication, simulation).release)
+
         return (
             pcoll
-            | f"{label}Records" >> beam.FlatMap(
-                lambda publication: fn(check_simulation_label(publication, simulation).release))
+            | f"{label}Records" >> beam.FlatMap(records, count)
             | f"Write{label}" >> beam.io.WriteToAvro(
                 FileSystems.join(self._output, stem), schema=avro.load_schema(record), num_shards=1,
                 shard_name_template="", file_name_suffix=".avro")
         )
 
     def expand(self, release: beam.PCollection[Publication]) -> beam.PCollection[str]:
+        count = beam.pvalue.AsSingleton(release | "CountPublications" >> beam.combiners.Count.Globally())
         self._avro(release, "SummaryReport", summary_records, avro.SUMMARY,
-                   outputs.release_file(outputs.SUMMARY_REPORT, self._simulation))
+                   outputs.release_file(outputs.SUMMARY_REPORT, self._simulation), count)
         self._avro(release, "OutputDomain", domain_records, avro.DOMAIN,
-                   outputs.release_file(outputs.OUTPUT_DOMAIN, self._simulation))
+                   outputs.release_file(outputs.OUTPUT_DOMAIN, self._simulation), count)
         if self._debug:
-            self._avro(release, "DebugReport", debug_records, avro.DEBUG, outputs.private_file(outputs.DEBUG_REPORT))
-        return release | "WriteKeyMapAndEstimates" >> beam.ParDo(_WriteSmallFiles(self._output, self._sha, self._simulation))
+            self._avro(release, "DebugReport", debug_records, avro.DEBUG, outputs.private_file(outputs.DEBUG_REPORT),
+                       count)
+        return release | "WriteKeyMapAndEstimates" >> beam.ParDo(
+            _WriteSmallFiles(self._output, self._sha, self._simulation), count)
 
 
 class WriteAttributionRelease(beam.DoFn):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from araopt.errors import InvalidInput
+from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.io.conversions import Conversions, ValidationCounts, concat_periods, split_periods
 from araopt.mechanism.aggregate import DomainSums, domain_sums
 from araopt.mechanism.bounding import bound_contributions
@@ -41,6 +41,13 @@ def rounding_uniforms(record_keys: np.ndarray, num_queries: int, simulation_seed
     return np.column_stack([keyed_uniforms(simulation_seed, record_keys, col) for col in range(num_queries)])
 
 
+LOOKBACK_NEEDS_HISTORY = (
+    "lookback rows are costed by the releases that used them: pass the release history (the ledger's, "
+    "Ledger.release_history) or ReleaseHistory.of([]) to declare that no release used them; without one they "
+    "would be costed at today's parameters, under an earlier release's at a lower count limit")
+"""Why a release (no simulation seed) with lookback rows needs a ``ReleaseHistory``, whatever path made it."""
+
+
 def encode_and_bound(
     conversions: Conversions, params: Params, simulation_seed: int | None = None,
     rng: np.random.Generator | None = None, history: ReleaseHistory | None = None,
@@ -51,6 +58,8 @@ def encode_and_bound(
     Lookback rows (``in_period`` False) cost the budget of the configuration that released them
     (``history``, from the release ledger; ``araopt.mechanism.lifetime``), not today's; their
     contributions are encoded with today's parameters but never summed."""
+    if conversions.has_lookback and history is None and simulation_seed is None:
+        raise PrivacyRefusal(LOOKBACK_NEEDS_HISTORY)
     keys = conversions.record_keys()
     uniforms = rounding_uniforms(keys, params.num_queries, simulation_seed)
     if uniforms is None and rng is None:
