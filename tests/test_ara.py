@@ -27,6 +27,7 @@ from araopt.ara.registrations import (
 from araopt.ara.simulate import browser_contributions, simulate_aggregation_service, simulate_browser
 from araopt.io import avro
 from araopt.mechanism.keys import DATA, DECLARED
+from araopt.mechanism.params import MAX_CLIP_THRESHOLD
 from araopt.publication import estimates_frame
 from araopt.version import ParameterVersion
 from chrome import chrome_sums, measure_unnoised
@@ -679,7 +680,7 @@ def test_an_impression_whose_slice_changes_between_conversions_is_one_source_for
 @pytest.mark.parametrize("name", sorted(ENCODINGS))
 def test_trigger_encoder_equals_core_encode_for_extreme_finite_values(name):
     spec = ENCODINGS[name]
-    thresholds = [1e-300, 0.5, 1e300]
+    thresholds = [1e-300, 0.5, MAX_CLIP_THRESHOLD]
     if spec["encoding"] == "l1":
         queries = tuple(QueryParams(f"q{i}", t) for i, t in enumerate(thresholds))
         extra = {"l1_rounding": spec.get("l1_rounding", "floor")}

@@ -65,6 +65,8 @@ def _write(tmp_path, data):
         (lambda d: d.update(count_limit=65537), "count_limit"),
         (lambda d: d["queries"][0].update(clip_threshold=0), "clip_threshold"),
         (lambda d: d["queries"][1].update(clip_threshold=-3), "clip_threshold"),
+        (lambda d: d["queries"][0].update(clip_threshold=1e308), "clip_threshold"),  # Alg. 4's scale overflows
+        (lambda d: d["queries"][0].update(clip_threshold=1.0000001e12), "clip_threshold"),
         (lambda d: d["queries"][0].update(budget_fraction=0.6), "budget_fraction"),
         (lambda d: d.update(encoding="l2"), "encoding"),
         (lambda d: d.update(surprise=1), "surprise"),

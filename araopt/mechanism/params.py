@@ -49,6 +49,11 @@ L1_ROUNDINGS = tuple(r.value for r in L1Rounding)
 FRACTION_TOLERANCE = 1e-9
 
 
+MAX_CLIP_THRESHOLD = 1e12
+"""The largest clip threshold C_l: Alg. 4 scales a noised sum (up to 2^62) by C_l over the query's scale,
+and its variance by the square; far above any conversion value, far below what overflows a float."""
+
+
 @dataclass(frozen=True)
 class QueryParams:
     """One value query q_l: its column, clip threshold C_l, budget fraction alpha_l and tau_l."""
@@ -62,8 +67,9 @@ class QueryParams:
         where = f"queries[{self.column!r}]"
         if not isinstance(self.column, str) or not self.column:
             raise InvalidParameters(f"queries: column must be a non-empty string, got {self.column!r}")
-        if not is_positive_finite(self.clip_threshold):
-            raise InvalidParameters(f"{where}.clip_threshold must be a finite number > 0, got {self.clip_threshold!r}")
+        if not is_positive_finite(self.clip_threshold) or self.clip_threshold > MAX_CLIP_THRESHOLD:
+            raise InvalidParameters(f"{where}.clip_threshold must be a finite number in (0, {MAX_CLIP_THRESHOLD:g}], "
+                                    f"got {self.clip_threshold!r}")
         if self.budget_fraction is not None and not (
             is_positive_finite(self.budget_fraction) and self.budget_fraction <= 1.0
         ):
