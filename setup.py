@@ -39,6 +39,7 @@ setup(
         "matplotlib>=3.8,<4",
         "tqdm>=4.66,<5",
         "publicsuffixlist>=1.0,<2",
+        "idna>=3.7,<4",
         # Beam stages --setup_file for Dataflow with `python -m build --sdist` (else a deprecated setup.py call)
         "build>=1.0,<2",
     ],

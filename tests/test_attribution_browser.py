@@ -60,3 +60,31 @@ def test_a_conversion_side_slice_chooses_the_task_not_the_index():
     assert saved == {1: [0], 2: [1]}
     assert [(e["task"], e["options"]["histogramSize"]) for s in streams for e in s.events
             if e["event"] == "measureConversion"] == [(0, 2), (1, 2), (0, 2)]
+
+
+SPELLINGS = ["xn--bcher-kva.example", "bücher.example", "bu\u0308cher.example", "bü\u00adcher.example",
+             "BÜCHER.Example", "bücher\u3002example", "https://shop.bücher.example:8443/cart"]
+
+
+@pytest.mark.parametrize("host", SPELLINGS)
+def test_every_spelling_of_a_site_is_the_site_the_browser_serialises(host):
+    """The browser's URL parser serialises a host by UTS #46 to ASCII: each spelling of one site is that
+    one site, so one privacy unit (a red team's log spelt one conversion site four ways and spent four
+    per-site budgets in one epoch)."""
+    assert parse_site(host) == "xn--bcher-kva.example"
+    assert parse_site("ａｄｖ.example") == "adv.example"  # full-width letters
+
+
+def test_the_spellings_of_a_site_share_one_site_code():
+    """What the per-site budgets are keyed by (``simulate.site_codes``): one code for every spelling."""
+    from araopt.attribution.simulate import site_codes
+
+    codes = site_codes(np.array(SPELLINGS + ["other.example"], dtype=object), "conversion_site")
+    assert len(set(codes[:-1].tolist())) == 1 and codes[-1] != codes[0]
+
+
+@pytest.mark.parametrize("host", ["xn--zz-\u00e9.example", "xn--.example", "b\u00fccher..example"])
+def test_a_host_uts46_rejects_is_no_site(host):
+    with pytest.raises(ApiError) as err:
+        parse_site(host)
+    assert err.value.name is ErrorName.SYNTAX_ERROR

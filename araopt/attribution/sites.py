@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+import idna
+
 from araopt.attribution.errors import ApiError, ErrorName
 
 _LABEL = re.compile(r"^[a-z0-9_\u0080-\U0010ffff][a-z0-9_\u0080-\U0010ffff-]*$")
@@ -29,6 +31,7 @@ def parse_site(value: str) -> str:
     host = host.rsplit("@", 1)[-1]
     name, colon, port = host.partition(":")
     host = name if not colon or port.isdigit() else ""  # a port is dropped; any other ':' is no host
+    host = _ascii_host(host, value)
     host = host[:-1] if host.endswith(".") else host
     labels = host.split(".")
     if (not host or len(host) > 253 or len(labels) < 2 or _IPV4.match(host)
@@ -38,6 +41,23 @@ def parse_site(value: str) -> str:
     if site == "localhost" or site.endswith(".localhost") or labels[-1] == "localhost":
         raise ApiError(ErrorName.SYNTAX_ERROR, f"invalid site {value!r}")
     return site
+
+
+def _ascii_host(host: str, value: str) -> str:
+    """The host as the browser's URL parser serialises it (UTS #46 non-transitional processing to ASCII,
+    ``idna``): ``bücher.example``, its decomposed or soft-hyphenated spellings, full-width letters and
+    ideographic full stops all become ``xn--bcher-kva.example``, so that one site is one privacy unit
+    whatever its spelling (each spelling would otherwise get a budget of its own). An ASCII host is
+    already serialised (lower case), its ``xn--`` labels checked; a host UTS #46 rejects is no host."""
+    try:
+        if not host.isascii():
+            return str(idna.encode(host, uts46=True, transitional=False).decode("ascii"))
+        for label in host.split("."):
+            if label.startswith("xn--"):
+                idna.decode(label)
+    except (idna.IDNAError, UnicodeError) as error:
+        raise ApiError(ErrorName.SYNTAX_ERROR, f"invalid site {value!r} ({error})") from None
+    return host
 
 
 def check_site(value: str, what: str) -> str:
