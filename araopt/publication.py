@@ -51,6 +51,10 @@ class Publication:
     calibration: Calibration | None = None
     correction: str = "ratio"
     corrected: CorrectedEstimates | None = None
+    public_calibration: bool = False
+    """Whether the calibration may leave with the release: privacy-safe tuning's (a post-processing of DP
+    releases and first-party data). A joined history's is that history's exact per-slice statistics
+    (estimate / capped_estimate is its ratio): its true totals are operator-private."""
 
     @property
     def params(self) -> Params:
@@ -61,8 +65,17 @@ class Publication:
         return self.release.domain
 
     def frame(self) -> pd.DataFrame:
-        """The estimates table (``estimates_frame``)."""
+        """The estimates table (``estimates_frame``), with the true totals of any calibration: the operator's."""
         return estimates_frame(self.release.estimates, self.release.domain, self.corrected, self.correction)
+
+    def release_frame(self) -> pd.DataFrame:
+        """The estimates table the release folder holds: the true totals only of a calibration that may leave
+        (``public_calibration``), else Alg. 4's (noised numbers only)."""
+        return self.frame() if self.public_calibration else estimates_frame(self.release.estimates, self.release.domain)
+
+    def private_true_totals(self) -> pd.DataFrame | None:
+        """The true totals that stay with the operator (a joined history's calibration), or None."""
+        return self.frame() if self.corrected is not None and not self.public_calibration else None
 
 
 def publish(release: Release, version: ParameterVersion, period_days: Sequence[Any] | None = None) -> Publication:
@@ -72,7 +85,20 @@ def publish(release: Release, version: ParameterVersion, period_days: Sequence[A
     corrected = (None if version.calibration is None
                  else true_totals(release.estimates, version.calibration, release.domain, release.params,
                                   calendar=version.calendar, period_days=period_days))
-    return Publication(release, version.calibration, version.correction, corrected)
+    public = joined_calibration_reason(version) is None
+    return Publication(release, version.calibration, version.correction, corrected, public)
+
+
+def joined_calibration_reason(version: ParameterVersion) -> str | None:
+    """Why estimates made with ``version``'s calibration (ARA's per-slice ratios, Attribution's retention) are
+    operator-private, or None: a calibration fitted on the joined history is that history's exact statistics,
+    read back from the estimates (estimate / capped_estimate); privacy-safe tuning's may leave."""
+    if (version.calibration is None and version.retention is None) or (
+            version.provenance is not None and version.provenance.privacy_safe):
+        return None
+    return ("the estimates of the true totals are calibrated on the joined history, whose exact per-slice ratios they "
+            "hold: the output is OPERATOR-PRIVATE, never publish it (publish Alg. 4's capped_estimate columns, or tune "
+            "with --private)")
 
 
 def true_totals(estimates: Estimates, calibration: Calibration, domain: KeyDomain,
@@ -164,12 +190,20 @@ def release_json(publication: Publication, params_sha256: str) -> dict[str, Any]
         "domain_layout_sha256": release.domain.layout_checksum(),
         "slices": release.domain.num_slices,
         "keys": release.domain.num_keys + (0 if release.exploration is None else release.exploration.estimate.size),
-        "estimates_of": ("the true totals (calibrated from history; point estimate: "
-                         + POINT_ESTIMATES[publication.correction]
-                         + ")") if publication.corrected is not None else
-                        "the capped-and-clipped sums (Alg. 4; no calibration)",
+        "estimates_of": ara_estimates_of(publication),
         "queries_without_signal": queries_without_signal(release.estimates),
     }
+
+
+def ara_estimates_of(publication: Publication) -> str:
+    """What the release folder's estimates are of (``Publication.release_frame``)."""
+    if publication.corrected is None:
+        return "the capped-and-clipped sums (Alg. 4; no calibration)"
+    if not publication.public_calibration:
+        return (f"the capped-and-clipped sums (Alg. 4); the true totals, calibrated on the joined history, are "
+                f"operator-private ({outputs.private_file(outputs.TRUE_TOTALS_CSV)})")
+    return ("the true totals (calibrated by privacy-safe tuning; point estimate: "
+            + POINT_ESTIMATES[publication.correction] + ")")
 
 
 def calibration_summary(publication: Publication) -> dict[str, Any] | None:
@@ -180,7 +214,8 @@ def calibration_summary(publication: Publication) -> dict[str, Any] | None:
     return {"retention_checksum": cal.retention_checksum, "params_checksum": cal.params_checksum, "method": cal.method,
             "history_blocks": cal.num_blocks, "period_blocks": corrected.period_blocks,
             "correction": publication.correction, "fallback_slices": corrected.fallback_slices,
-            "calendar_applied": corrected.calendar_applied, "calendar_note": corrected.calendar_note}
+            "calendar_applied": corrected.calendar_applied, "calendar_note": corrected.calendar_note,
+            "released": publication.public_calibration}
 
 
 def private_accounting(publication: Publication) -> dict[str, Any]:
@@ -296,13 +331,22 @@ def attribution_release_files(rel: AttributionRelease, params_sha256: str, simul
     def name(file: str) -> str:
         return outputs.release_file(file, simulation)
 
-    frame = rel.estimates_frame(retention)
+    # the retention calibration is the joined history's (its ratios, spreads and size): the true totals it makes
+    # stay with the operator, the release folder holds Alg. 4's estimates (noised numbers only)
+    frame = rel.estimates_frame(None)
+    released = attribution_release_json(rel, params_sha256, None)
+    if retention is not None:
+        released["true_totals"] = (f"operator-private ({outputs.private_file(outputs.TRUE_TOTALS_CSV)}): calibrated "
+                                   f"on the joined history, whose retention ratios they hold")
     files = {name(outputs.ESTIMATES_PARQUET): outputs.parquet_bytes(frame),
              name(outputs.ESTIMATES_CSV): outputs.csv_bytes(frame),
              name(outputs.KEY_MAP_JSON): jsonio.dumps(rel.domain.to_json(params_sha256), indent=1).encode(),
              name(outputs.HISTOGRAM_LAYOUT_CSV): outputs.csv_bytes(histogram_layout(rel.domain)),
-             name(outputs.RELEASE_JSON): jsonio.dumps(attribution_release_json(rel, params_sha256, retention),
-                                                      indent=1).encode()}
+             name(outputs.RELEASE_JSON): jsonio.dumps(released, indent=1).encode()}
+    if retention is not None:
+        totals = rel.estimates_frame(retention)
+        files[outputs.private_file(outputs.TRUE_TOTALS_PARQUET)] = outputs.parquet_bytes(totals)
+        files[outputs.private_file(outputs.TRUE_TOTALS_CSV)] = outputs.csv_bytes(totals)
     if debug_run:
         files[outputs.private_file(outputs.DEBUG_HISTOGRAMS_CSV)] = outputs.csv_bytes(rel.debug_frame())
     files[outputs.private_file(outputs.ACCOUNTING)] = jsonio.dumps(rel.accounting(), indent=1).encode()

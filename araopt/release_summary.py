@@ -57,7 +57,10 @@ def attribution_summary_lines(summary: dict[str, Any], output: str, simulation: 
         lines.append(f"  budgets carried: {summary.get('lookback_reports', 0):,} reports of "
                      f"{summary.get('lookback_rows', 0):,} lookback conversions ({summary['lookback_files']} file(s)) "
                      f"simulated again first, with {whose}")
-    return [*lines, f"  estimates are of {estimates_of(version.retention)}"]
+    private = ("" if version.retention is None else  # the joined history's retention: its true totals stay private
+               f"; calibrated on the joined history, so OPERATOR-PRIVATE in {outputs.private_file(outputs.TRUE_TOTALS_CSV)} "
+               f"(the release holds the clipped values the browsers accepted)")
+    return [*lines, f"  estimates are of {estimates_of(version.retention)}{private}"]
 
 
 def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> list[str]:
@@ -92,7 +95,10 @@ def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> lis
         lines.append(f"  estimates are of the TRUE totals (point estimate: {point}; intervals include the "
                      f"calibration's uncertainty for a period of {calibration['period_blocks']} history block(s))"
                      + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)"
-                        if unseen else ""))
+                        if unseen else "")
+                     + ("" if calibration.get("released", True) else
+                        f"; calibrated on the joined history, so OPERATOR-PRIVATE in {output}/"
+                        f"{outputs.private_file(outputs.TRUE_TOTALS_CSV)} (the release holds Alg. 4's estimates)"))
         if calibration.get("calendar_note"):
             lines.append(f"  NOTE: {calibration['calendar_note']}")
     return lines

@@ -61,6 +61,10 @@ class Api(StrEnum):
 """How estimates use a calibration: ``ratio`` divides by the retention ratio; ``none`` keeps the capped estimate."""
 
 
+PRIVACY_SAFE = "privacy-safe"
+"""How privacy-safe tuning's provenance begins its ``tuning`` entry (``optimize.private``)."""
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a parameter file came from and what error it is predicted to have."""
@@ -85,6 +89,12 @@ class Provenance:
         }
         out.update(dict(self.extra))
         return out
+
+    @property
+    def privacy_safe(self) -> bool:
+        """Whether privacy-safe tuning made the version: its calibration is a post-processing of DP releases
+        and first-party data, not of a joined history."""
+        return str(self.extra.get("tuning", "")).startswith(PRIVACY_SAFE)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Provenance:

@@ -105,7 +105,9 @@ def _run(args: argparse.Namespace, _: list[str]) -> int:
     summary_path = os.path.join(result_dir, outputs.private_file(outputs.RUN_SUMMARY))
     with open(summary_path) as fh:
         summary = json.load(fh)
-    estimates = pd.read_parquet(os.path.join(result_dir, outputs.release_file(outputs.ESTIMATES_PARQUET, False)))
+    true_totals = os.path.join(result_dir, outputs.private_file(outputs.TRUE_TOTALS_PARQUET))  # (joined calibration)
+    estimates = pd.read_parquet(true_totals if os.path.exists(true_totals)
+                                else os.path.join(result_dir, outputs.release_file(outputs.ESTIMATES_PARQUET, False)))
     plots = copy_plots(result_dir, os.path.join(out, "plots"))
     shutil.copy(os.path.join(report_dir, "report.png"), os.path.join(out, "plots", "nightly_report.png"))
     print_results(report, summary, estimates)

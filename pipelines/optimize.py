@@ -166,7 +166,7 @@ def _run_attribution(args: argparse.Namespace) -> int:
           + ", ".join(f"{n} {r:.3g} (spread {d:.3g})" for n, r, d in zip(version.retention.query_names,
                                                                         version.retention.ratios,
                                                                         version.retention.spreads, strict=True))
-          + ": measure with this version publishes estimates of the TRUE totals")
+          + ": measure with this version estimates the TRUE totals (operator-private: calibrated on this history)")
     return 0
 
 

@@ -17,6 +17,7 @@ from araopt.attribution.measure import measure
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
 from araopt.errors import InvalidInput, InvalidParameters
 from araopt.evaluation.attribution import true_totals
+from araopt.io import outputs
 from araopt.io.stores import open_store
 from araopt.mechanism.keys import DECLARED, KeyDomain
 from araopt.nightly import Guardrails, new_series
@@ -129,7 +130,8 @@ def test_the_published_table_divides_by_the_ratio_and_widens_by_the_spread(fitte
 
 
 # ---- measure, end to end (simulation mode: every draw seeded) --------------------------------------
-def _measure(tmp_path, version: ParameterVersion, log: pd.DataFrame, name: str, seed: int):
+def _run(tmp_path, version: ParameterVersion, log: pd.DataFrame, name: str, seed: int):
+    """measure in simulation: (its output folder, the released estimates, release.json)."""
     path = tmp_path / f"{name}.json"
     version.save(path)
     out = tmp_path / name
@@ -137,8 +139,25 @@ def _measure(tmp_path, version: ParameterVersion, log: pd.DataFrame, name: str, 
                  "--output", str(out), "--simulation-seed", str(seed), "--no-progress"])
     assert code == 0
     folder = os.path.join(out, "simulation")
-    return (pd.read_csv(os.path.join(folder, "SIMULATION-estimates.csv")),
+    return (out, pd.read_csv(os.path.join(folder, "SIMULATION-estimates.csv")),
             json.load(open(os.path.join(folder, "SIMULATION-release.json"))))
+
+
+def _measure(tmp_path, version: ParameterVersion, log: pd.DataFrame, name: str, seed: int):
+    out, released, release = _run(tmp_path, version, log, name, seed)
+    assert not os.path.exists(os.path.join(out, outputs.private_file(outputs.TRUE_TOTALS_CSV)))
+    return released, release
+
+
+def _measure_true_totals(tmp_path, version: ParameterVersion, log: pd.DataFrame, name: str, seed: int):
+    """A release with a retention fitted on the joined history: its true totals (operator-private, under
+    private/) and release.json; the release folder holds the accepted clipped values (Alg. 4's)."""
+    out, released, release = _run(tmp_path, version, log, name, seed)
+    assert not released["bias_corrected"].any() and release["bias_corrected"] is False and release["retention"] is None
+    assert "operator-private" in release["true_totals"]
+    totals = pd.read_csv(os.path.join(out, outputs.private_file(outputs.TRUE_TOTALS_CSV)))
+    np.testing.assert_array_equal(totals["capped_estimate"], released["estimate"])
+    return totals, release
 
 
 def _coverage(frame: pd.DataFrame, truth: np.ndarray, p: AttributionParams) -> float:
@@ -157,10 +176,9 @@ def test_measure_publishes_intervals_that_cover_the_true_totals(tmp_path, capsys
     p = params()
     test = users_log(2)
     truth = true_totals(p, test, layout(p))
-    frame, release = _measure(tmp_path, ParameterVersion.for_attribution(p, domain=layout(p), retention=fitted),
-                              test, "calibrated", 11)
-    assert frame["bias_corrected"].all() and release["bias_corrected"] is True
-    assert release["estimates"].startswith("the TRUE totals") and release["retention"]["level"] == 0.95
+    frame, release = _measure_true_totals(tmp_path, ParameterVersion.for_attribution(
+        p, domain=layout(p), retention=fitted), test, "calibrated", 11)
+    assert frame["bias_corrected"].all()
     assert "estimates are of the TRUE totals" in capsys.readouterr().out
     calibrated = _coverage(frame, truth, p)
     plain, release = _measure(tmp_path, ParameterVersion.for_attribution(p, domain=layout(p)), test, "plain", 11)

@@ -112,6 +112,30 @@ def test_the_count_correction_divides_the_count_only_with_the_same_intervals_of_
         dataclasses.replace(p, correction="values")
 
 
+def test_a_joined_historys_calibration_stays_with_the_operator_a_privacy_safe_one_is_released():
+    """A calibration fitted on the joined history is that history's exact per-slice statistics (estimate /
+    capped_estimate is its ratio, the same in every release): the release folder's table is Alg. 4's and the
+    true totals are operator-private; privacy-safe tuning's calibration (a post-processing of DP releases and
+    first-party data) is released with its true totals."""
+    from araopt.mechanism.measure import measure
+    from araopt.publication import publish, release_json
+    from araopt.version import PRIVACY_SAFE, Provenance
+
+    joined = calibrated(params(), history(seed=5))
+    release = measure(Conversions.from_table(history(seed=6), ["s"], ["v"]), joined.params, simulation_seed=2).release
+    publication = publish(release, joined)
+    table, private = publication.release_frame(), publication.private_true_totals()
+    assert private is not None and private["bias_corrected"].any()
+    assert not table["bias_corrected"].any()
+    np.testing.assert_array_equal(table["estimate"], table["capped_estimate"])
+    np.testing.assert_array_equal(table["ci_low"], release.estimates.ci_low.reshape(-1))
+    assert "operator-private" in release_json(publication, "0" * 64)["estimates_of"]
+    safe = dataclasses.replace(joined, provenance=Provenance(extra={"tuning": f"{PRIVACY_SAFE}: from releases"}))
+    released = publish(release, safe)
+    assert released.private_true_totals() is None
+    pd.testing.assert_frame_equal(released.release_frame(), private)
+
+
 def write(frame, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
@@ -137,7 +161,12 @@ def test_optimize_fits_the_calibration_and_measure_releases_true_totals(tmp_path
                                  str(tmp_path / "o"), "--domain", str(tmp_path / "dom.csv")]) == 0
     out = capsys.readouterr().out
     assert "estimates are of the TRUE totals" in out and "1 slice(s) absent from the history" in out
-    est = pd.read_csv(tmp_path / "o" / outputs.release_file(outputs.ESTIMATES_CSV, False))
+    # the true totals hold the joined history's per-slice ratios: operator-private; the release holds Alg. 4's
+    released = pd.read_csv(tmp_path / "o" / outputs.release_file(outputs.ESTIMATES_CSV, False))
+    assert not released["bias_corrected"].any()
+    np.testing.assert_array_equal(released["estimate"], released["capped_estimate"])
+    est = pd.read_csv(tmp_path / "o" / outputs.private_file(outputs.TRUE_TOTALS_CSV))
+    np.testing.assert_array_equal(est["capped_estimate"], released["capped_estimate"])
     assert list(est.columns) == ["s", "query", *ESTIMATE_COLUMNS]
     assert est["bias_corrected"].all() == (p.correction == "ratio")
     # the interval is cut at 0 (a total is never negative); the unbiased estimate is not, so it may lie below
@@ -147,12 +176,13 @@ def test_optimize_fits_the_calibration_and_measure_releases_true_totals(tmp_path
     assert summary["calibration"]["retention_checksum"] == p.calibration.retention_checksum
     assert summary["calibration"]["fallback_slices"] == 1
     release = json.loads((tmp_path / "o" / "release" / "release.json").read_text())
-    assert "true totals" in release["estimates_of"]
-    # reconstruct applies the same calibration to the same report
+    assert "true totals, calibrated on the joined history, are operator-private" in release["estimates_of"]
+    # reconstruct applies the same calibration to the same report, and says its output is operator-private
     assert run_reconstruct(["--summary-report", str(tmp_path / "o" / "release" / "summary_report.avro"), "--params",
                             str(tmp_path / "p.json"), "--key-map", str(tmp_path / "o" / "release" / "key_map.json"),
                             "--output", str(tmp_path / "r.csv")]) == 0
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "r.csv"), est)
+    assert "calibrated on the joined history" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
 
 from araopt import Conversions, KeyDomain, measure
 from araopt.errors import InvalidInput, PrivacyRefusal
@@ -131,17 +132,22 @@ def test_a_graph_built_from_transforms_refuses_a_data_derived_domain_outside_sim
     graph(SEED)
 
 
+def _hand_wired(pipe, tables, frame, p, origin):
+    """A hand-wired graph's start: the batches validated, a domain of ``origin``, the counts."""
+    validated = pipe | beam.Create(tables) | ValidateConversions(p.slice_columns, p.query_columns)
+    domain = pipe | "Domain" >> beam.Create([_domain(frame, p, origin)])
+    counts = validated.counts | "Counts" >> beam.CombineGlobally(ValidationCounts.merge)
+    return validated.valid, domain, counts
+
+
 def test_a_graph_built_from_transforms_refuses_a_declared_looking_data_domain():
     """The rule reads the domain's origin, not which transform made it: a data-derived key map given as
     the declared domain of a hand-built graph is refused too."""
     frame, p = make_frame(600), make_params()
     with pytest.raises(Exception, match="derived from the data"):
         with TestPipeline() as pipe:
-            validated = pipe | beam.Create(_tables(frame)) | ValidateConversions(p.slice_columns, p.query_columns)
-            domain = pipe | "Domain" >> beam.Create([_domain(frame, p, DATA)])
-            counts = validated.counts | "Counts" >> beam.CombineGlobally(ValidationCounts.merge)
-            _ = (validated.valid | GroupByImpression(4) | EncodeBoundAndSum(p, domain)
-                 | NoisyRelease(p, counts, domain))
+            valid, domain, counts = _hand_wired(pipe, _tables(frame), frame, p, DATA)
+            _ = valid | GroupByImpression(4) | EncodeBoundAndSum(p, domain) | NoisyRelease(p, counts, domain)
 
 
 def test_a_seeded_release_is_written_only_as_a_simulation(tmp_path):
@@ -307,3 +313,74 @@ def test_the_tuner_predicts_the_queries_a_release_will_hold_no_signal_for():
         released = release_json(publish(measure(conv, tuned, domain, simulation_seed=1).release,
                                         ParameterVersion(tuned)), "0" * 64)["queries_without_signal"]
         assert predicted == released == silent
+
+
+def test_a_graph_that_flattens_two_merged_sums_is_refused_before_any_noise():
+    """Noise exactly once per key: two encode-and-sum branches flattened into one ``NoisyRelease`` would
+    noise every key twice (their average halves the noise); the release step takes one element only."""
+    frame, p = make_frame(600), make_params()
+    with pytest.raises(Exception, match="noises one merged element .*got 2"):
+        with TestPipeline() as pipe:
+            valid, domain, counts = _hand_wired(pipe, _tables(frame), frame, p, DECLARED)
+            grouped = valid | GroupByImpression(4)
+            twice = (grouped | "A" >> EncodeBoundAndSum(p, domain), grouped | "B" >> EncodeBoundAndSum(p, domain))
+            _ = twice | beam.Flatten() | NoisyRelease(p, counts, domain)
+
+
+def test_a_writer_given_two_publications_writes_nothing(tmp_path):
+    """A release folder holds one release: two publications (two noisings of the same keys) flattened into
+    one ``WriteRelease`` are refused before a record is written."""
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    domain = _domain(frame, p, DECLARED)
+    pair = [publish(measure(conv, p, domain).release, ParameterVersion(p)) for _ in range(2)]
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match="exactly one release, got 2"):
+        with TestPipeline() as pipe:
+            _ = pipe | beam.Create(pair) | WriteRelease(str(out), "0" * 64)
+    assert not out.exists() or not any(f.is_file() and f.stat().st_size for f in out.rglob("*"))
+    with TestPipeline() as pipe:  # one is written
+        _ = pipe | beam.Create(pair[:1]) | WriteRelease(str(out), "0" * 64)
+    assert any(out.rglob("*.avro"))
+
+
+def test_lookback_rows_without_a_release_history_are_refused_outside_simulation():
+    """Alg. 1 over an impression's life costs each lookback row at the configuration of the release that
+    used it (``mechanism.lifetime``). Without a history a graph or an in-memory call would cost them at
+    today's parameters, under an earlier release at a lower count limit (a red team's hand-wired graph
+    kept 109,226 > 65,536 for an impression): a release (no seed) refuses; a declared empty history or a
+    simulation releases."""
+    from araopt.mechanism.lifetime import ReleaseHistory
+
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    conv = conv.with_in_period(np.arange(len(conv)) % 3 != 0)
+    domain = _domain(frame, p, DECLARED)
+    with pytest.raises(PrivacyRefusal, match="lookback rows are costed by the releases that used them"):
+        measure(conv, p, domain)
+    assert measure(conv, p, domain, history=ReleaseHistory.of([])).release.accounting.rows_read > 0
+    assert measure(conv, p, domain, simulation_seed=SEED).release.simulation_seed == SEED
+
+
+@pytest.mark.parametrize("keyed", ["all at key 0", "by batch"])
+def test_shards_that_are_not_grouped_by_impression_are_refused(keyed):
+    """Alg. 1 caps an impression within its shard: batches fed to ``EncodeBoundAndSum`` without
+    ``GroupByImpression`` split an impression's conversions over elements, each keeping up to the whole
+    budget (a red team's graph kept 131,072 for 17 impressions). Refused whether the batches share a key
+    or each has its own; grouped shards release."""
+    frame, p = make_frame(600), make_params()
+
+    tables = [pa.Table.from_pandas(part, preserve_index=False) for part in (frame.iloc[:250], frame.iloc[250:])]
+
+    def graph(group):
+        with TestPipeline() as pipe:
+            valid, domain, counts = _hand_wired(pipe, tables, frame, p, DECLARED)
+            shards = group(valid)
+            released = shards | EncodeBoundAndSum(p, domain) | NoisyRelease(p, counts, domain)
+            assert_that(released | beam.Map(lambda r: r.accounting.rows_read), equal_to([len(frame)]))
+
+    ungrouped = (beam.Map(lambda t: (0, t)) if keyed == "all at key 0" else
+                 beam.Map(lambda t: (int(t.num_rows > 250), t)))  # each batch its own key
+    with pytest.raises(Exception, match="a shard must hold all of an impression's conversions"):
+        graph(lambda valid: valid | ungrouped)
+    graph(lambda valid: valid | GroupByImpression(4))

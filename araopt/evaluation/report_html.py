@@ -264,7 +264,10 @@ def write_release_report(folder: RunFolder, summary: Mapping[str, Any], version:
     from araopt.io import avro, outputs
     from araopt.publication import ESTIMATE_COLUMNS
 
-    estimates = pd.read_parquet(io.BytesIO(folder.read(outputs.release_file(outputs.ESTIMATES_PARQUET, simulation))))
+    # the operator's page: the true totals of a joined history's calibration (operator-private) when there are any
+    table = (folder.read_or_none(outputs.private_file(outputs.TRUE_TOTALS_PARQUET))
+             or folder.read(outputs.release_file(outputs.ESTIMATES_PARQUET, simulation)))
+    estimates = pd.read_parquet(io.BytesIO(table))
     slice_columns = [c for c in estimates.columns if c != "query" and c not in ESTIMATE_COLUMNS]
     debug = None
     if debug_run and not folder.remote:

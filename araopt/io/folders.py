@@ -402,6 +402,9 @@ class OutputFolder:
     def read(self, relative: str) -> bytes:
         return self.staged.read(relative)
 
+    def read_or_none(self, relative: str) -> bytes | None:
+        return self.staged.read_or_none(relative)
+
     def check(self, at_commit: bool = False) -> None:
         """The overwrite rule on the target, local or gs://."""
         if not self.remote:

@@ -45,6 +45,10 @@ ESTIMATES_CSV = "estimates.csv"
 EXPLORATION_PARQUET = "exploration.parquet"
 EXPLORATION_CSV = "exploration.csv"
 RELEASE_JSON = "release.json"
+TRUE_TOTALS_PARQUET = "true_totals.parquet"
+TRUE_TOTALS_CSV = "true_totals.csv"
+"""(under private/) The estimates of the true totals by a joined history's calibration: that history's exact
+per-slice ratios are in them (``publication.Publication.private_true_totals``)."""
 RUN_SUMMARY = "run_summary.json"
 ACCOUNTING = "accounting.json"
 PRIVATE_README = "README.txt"
@@ -62,7 +66,9 @@ REPORT_HTML = "report.html"
 PRIVATE_README_TEXT = """OPERATOR-PRIVATE - DO NOT PUBLISH
 
 This folder holds exact, un-noised figures of the run (record counts, the debug report's unnoised
-metrics and noise) and raw input rows (the dead letter). They are not differentially private.
+metrics and noise), raw input rows (the dead letter) and the estimates of the true totals calibrated
+on a joined history (true_totals.csv: that history's per-slice ratios are in them). They are not
+differentially private.
 Only the files under the release folder (release/) may leave the building.
 """
 

@@ -82,7 +82,7 @@ from araopt.optimize.statistics import StatisticsSpec, SufficientStatistics
 from araopt.optimize.transient import SPREAD_DAYS
 from araopt.optimize.tune import TuningResult
 from araopt.optimize.workflow import AraTuning, InMemoryBackend, TuneCandidates
-from araopt.version import CORRECTIONS, ParameterVersion, Provenance, divided_queries
+from araopt.version import CORRECTIONS, PRIVACY_SAFE, ParameterVersion, Provenance, divided_queries
 
 __all__ = ["DAY_US", "CountLimitSchedule", "FirstParty", "ReleaseRecord", "cold_start", "first_party_taus", "learn",
            "private_tune", "pseudo_history", "retention_points", "with_release_ratios"]
@@ -377,7 +377,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
     ara = AraTuning(TuneCandidates(epsilon, {
         "objective": Objective.CORRECTED, "taus": taus, "release_period_days": release_period_days,
         "history_days": model.days, "slice_columns": domain.slice_columns, "max_count_limit": max_count_limit,
-        "provenance": {"tuning": "privacy-safe: DP releases and first-party conversions only",
+        "provenance": {"tuning": f"{PRIVACY_SAFE}: DP releases and first-party conversions only",
                        "releases": len(recent), "exploration_share": plan.total_share}}), release_period_days)
 
     def choose(stats: SufficientStatistics) -> tuple[_Candidates, tuple[ParameterVersion, ...]]:
@@ -392,7 +392,7 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         tuned = explored(result.version).provenance
         if tuned is not None:  # the cold-start rule as a candidate of this tuning: it carries the tuning's record
             cold = dataclasses.replace(cold, provenance=dataclasses.replace(tuned, extra={
-                **tuned.extra, "tuning": "privacy-safe: the cold-start rule, chosen against the tuned candidates"}))
+                **tuned.extra, "tuning": f"{PRIVACY_SAFE}: the cold-start rule, chosen against the tuned candidates"}))
         probes = _probe_candidates(stats, result, epsilon, taus, domain.slice_columns, schedule)
         probes += _staying_candidate(stats, result, epsilon, taus, domain.slice_columns, recent)
         versions = tuple([explored(v) for v, _ in result.candidates] + [explored(v) for v in probes] + [cold])
