@@ -152,3 +152,34 @@ def test_content_identities_tell_contents_and_copies_apart_whatever_the_order():
     assert len(set(content_ids(ids[1:], content[1:]).tolist()) & set(base.tolist())) == 2  # id 5 once: differs
     doubled = content_ids(np.concatenate([ids, ids]), np.concatenate([content, content]))
     assert not set(doubled.tolist()) & set(base.tolist())
+
+
+def test_an_entry_recorded_before_content_identities_is_carried_unchecked(tmp_path):
+    """An earlier release recorded without content identities (before they were kept) has nothing to
+    compare the lookback with: it is carried as before, named as unchecked (the CLI says so on stderr and
+    in the run summary); one recorded with them and held with other content is not carried."""
+    from araopt.attribution.lifetime import AttributionHistory, EarlierRelease
+    from araopt.io.rowset import RowSet
+    from araopt.ledger.attribution import carried_entries, content_check
+    from araopt.ledger.ledger import Ledger
+
+    params = _params()
+    layout = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])},
+                                         params.query_names).with_origin(DECLARED)
+    ledger = Ledger.open(str(tmp_path), allow_rerelease=False)
+    ids = RowSet(np.arange(1, 4, dtype=np.uint64), T0, T0 + HOUR_US)
+    recorded = content_ids(ids.ids, np.arange(3, dtype=np.uint64))
+    entry = {"api": "attribution", "mechanism": ParameterVersion.for_attribution(params, domain=layout).to_json()}
+    old = ledger.check_and_record(ids, ids.to_parquet_bytes(), dict(entry)).entry
+    later = RowSet(np.arange(5, 8, dtype=np.uint64), T0 + 2 * HOUR_US, T0 + 3 * HOUR_US)
+    new = ledger.check_and_record(later, later.to_parquet_bytes(), dict(entry),
+                                  content=RowSet(content_ids(later.ids, np.arange(3, dtype=np.uint64)), None, None)
+                                  ).entry
+    history = AttributionHistory((EarlierRelease(old["id"], params, layout, ids.ids),
+                                  EarlierRelease(new["id"], params, layout, later.ids)))
+    held = {old["id"]: 3, new["id"]: 3}
+    lookback = RowSet(np.sort(np.concatenate([recorded, content_ids(later.ids, np.array([0, 1, 7], np.uint64))])),
+                      None, None)
+    check = content_check(ledger, history, held, [lookback])
+    assert check.unchecked == (old["id"],) and dict(check.differ) == {new["id"]: 1}
+    assert carried_entries(history, held, check.differ) == frozenset({old["id"]})
