@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from araopt.attribution.content import lookback_specs
 from araopt.attribution.draws import DrawKey
 from araopt.attribution.lifetime import AttributionHistory
 from araopt.errors import InvalidInput, InvalidParameters
@@ -39,6 +40,8 @@ from araopt.io.run_folder import ROW_IDS, RunFolder, failures_settled
 from araopt.io.store import StoreError
 from araopt.ledger.attribution import (
     carried_entries,
+    content_check,
+    content_refusal,
     entry_fields,
     held_counts,
     prepare_release,
@@ -78,7 +81,7 @@ from transforms.io import (
     window_of,
 )
 from transforms.io import check_lookback as check_lookback_input
-from transforms.measure import HELD_SUFFIX, LOOKBACK_SUFFIX, ReleaseJob, build_release
+from transforms.measure import CONTENT_SUFFIX, HELD_SUFFIX, LOOKBACK_SUFFIX, ReleaseJob, build_release
 
 from . import options
 from .inputs import LoadedParams, load_params, read_domain
@@ -325,13 +328,15 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
             if ledger is not None:
                 held = None if config.period is None else config.period.held(take_held(folder))
                 extra, carried = None, frozenset[str]()
+                content = None
                 if config.attribution and config.domain is not None and config.draw_key is not None:
                     extra = entry_fields(config.domain, config.draw_key)
-                    carried = _carried(folder, config, summary, f"{id_dir}/held")
+                    carried = _carried(folder, config, summary, ledger, id_dir)
+                    content = merged_identities(folder, ROW_IDS + CONTENT_SUFFIX, f"{id_dir}/content").exact
                 step = LedgerStep(ledger, period.exact, period.coarse,
                                   {**ledger_entry(version, config.epsilon_note, summary, extra),
                                    **start_field(config.measurement_start_us)},
-                                  charged_impressions(version, summary), held, period.minute, carried)
+                                  charged_impressions(version, summary), held, period.minute, carried, content)
                 if others:
                     summary["conversions_in_other_ledgers"], warnings = released_elsewhere(others, period.exact)
                     for warning in warnings:
@@ -342,17 +347,35 @@ def _measure(args: argparse.Namespace, opts: Any, pipeline: Any, config: Measure
     return summary
 
 
-def _carried(folder: RunFolder, config: MeasureConfig, summary: dict[str, Any], directory: str) -> frozenset[str]:
-    """The earlier attribution releases whose every released conversion the job's lookback held (their
-    budgets carried: ``araopt.ledger.attribution``), from the lookback's row ids; the counts go to the run
-    summary (``lookback_held``)."""
+def _carried(folder: RunFolder, config: MeasureConfig, summary: dict[str, Any], ledger: Ledger,
+             directory: str) -> frozenset[str]:
+    """The earlier attribution releases whose every released conversion the job's lookback held, with the
+    content they released (their budgets carried: ``araopt.ledger.attribution``), from the lookback's row
+    ids and content identities; the counts go to the run summary (``lookback_held``; those held with other
+    content: ``lookback_content_differs``, refused unless re-releasing is allowed; those recorded before
+    content identities, carried unchecked: ``lookback_content_unchecked``)."""
     history = config.attribution_history
     if history is None or config.lookback is None:
         return frozenset()
-    lookback = merged_identities(folder, ROW_IDS + HELD_SUFFIX, directory).exact
+    lookback = merged_identities(folder, ROW_IDS + HELD_SUFFIX, f"{directory}/held").exact
     held = held_counts(history, lookback)
     summary["lookback_held"] = held
-    return carried_entries(history, held)
+    if not history.releases:
+        return carried_entries(history, held)
+    contents = [merged_identities(folder, f"{ROW_IDS}{HELD_SUFFIX}{CONTENT_SUFFIX}_{i}",
+                                  f"{directory}/held-content-{i}").exact for i in range(len(lookback_specs(history)))]
+    check = content_check(ledger, history, held, contents)
+    why = content_refusal(check, history, ledger.store.uri)
+    if why is not None and not ledger.allow_rerelease:
+        raise LedgerRefusal(why)
+    if check.differ:
+        summary["lookback_content_differs"] = dict(check.differ)
+    if check.unchecked:
+        summary["lookback_content_unchecked"] = list(check.unchecked)
+        print(f"araopt measure: note: {len(check.unchecked)} earlier attribution release(s) carried by the lookback "
+              f"were recorded before releases kept their rows' content ({', '.join(check.unchecked)}): their "
+              f"budget state is carried from the lookback's rows as they are, unchecked", file=sys.stderr)
+    return carried_entries(history, held, check.differ)
 
 
 def _run_facts(args: argparse.Namespace, opts: Any, config: MeasureConfig, num_shards: int, spilled: bool,

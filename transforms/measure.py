@@ -32,6 +32,7 @@ from types import EllipsisType
 import apache_beam as beam
 import pyarrow as pa
 
+from araopt.attribution.content import lookback_specs
 from araopt.attribution.draws import DrawKey
 from araopt.attribution.lifetime import AttributionHistory
 from araopt.attribution.release import AttributionRelease
@@ -50,7 +51,7 @@ from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
 from transforms.attribution import MeasureAttribution
 from transforms.io import InputFiles, release_days
 from transforms.release import WriteAttributionRelease, WriteRelease
-from transforms.rowset import CountHeldReleases, WriteRowIds
+from transforms.rowset import CountHeldReleases, WriteContentIds, WriteRowIds
 from transforms.validate import LOOKBACK_COUNTS, ReadAndValidate, lookback_rows, period_rows
 
 LOOKBACK_SUFFIX = "_lookback"
@@ -58,6 +59,12 @@ LOOKBACK_SUFFIX = "_lookback"
 HELD_SUFFIX = "_lookback_all"
 """An attribution release's lookback rows' ids, all of them (``ROW_IDS + HELD_SUFFIX``): which earlier
 releases the lookback held whole (``araopt.ledger.attribution``)."""
+CONTENT_SUFFIX = "_content"
+"""An attribution release's rows' content identities (``araopt.io.rowset.content_ids``: what the browsers'
+simulation reads of each released row id, and its copies) go beside its row ids (``ROW_IDS +
+CONTENT_SUFFIX``), and its lookback's, hashed as each earlier release hashed its rows, beside the lookback's
+(``ROW_IDS + HELD_SUFFIX + CONTENT_SUFFIX + "_<i>"``, ``i``: ``araopt.attribution.content.lookback_specs``):
+the ledger records the first, a later release compares the second with them."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,13 @@ def _attribution_release(read: dict[str, beam.PCollection], released: beam.PColl
         attribution_params(version), read["counts"], job.domain, job.simulation_seed, job.num_shards,
         target_of(version).group_column(columns), job.shuffle_dir, max_rejected_fraction=job.max_rejected_fraction,
         key=job.key, history=history)
+    if job.row_ids is not None and job.key is not None:  # a release: what its rows read, for the ledger
+        params, base = attribution_params(version), job.row_ids.rstrip("/")
+        _ = released | "ReleasedContentIds" >> WriteContentIds(base + CONTENT_SUFFIX, params)
+        if job.lookback is not None and history is not None and history.releases:
+            held = read["valid"] | "HeldLookbackRows" >> beam.Map(lookback_rows).with_output_types(pa.Table)
+            for i, spec in enumerate(lookback_specs(history)):
+                _ = held | f"HeldContentIds{i}" >> WriteContentIds(f"{base}{HELD_SUFFIX}{CONTENT_SUFFIX}_{i}", spec)
     _ = release | "WriteRelease" >> beam.ParDo(WriteAttributionRelease(folder.staging, version.checksum(),
                                                                        job.simulation_seed is not None, job.debug_run,
                                                                        job.max_rejected_fraction, version.retention))

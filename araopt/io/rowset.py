@@ -514,3 +514,57 @@ class SpilledRowSet:
                 sizes.append(len(ids))
             out.append(cls(folders[kind], tuple(sizes), first, last))
         return out[0], out[1], out[2]
+
+
+
+_RANGE_HIGH: Final = ~np.uint64((1 << (64 - RANGE_BITS)) - 1)
+_CONTENT_SALT: Final = np.uint64(0xD6E8FEB86659FD93)
+
+
+def fold_content(ids: np.ndarray, content: np.ndarray, mixed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct row ids, per id the sum of its rows' mixed content hashes): the multiset of a row
+    id's contents, every copy counted, in any order (``mixed``: ``content`` is already folded sums, as
+    an earlier fold returned them). Folds merge by folding their concatenation again (``mixed=True``)."""
+    ids, content = np.asarray(ids, dtype=np.uint64), np.array(content, dtype=np.uint64)
+    if len(ids) != len(content):
+        raise InvalidInput(f"{len(ids)} row ids but {len(content)} content hashes")
+    if not len(ids):
+        return ids, content
+    if not mixed:
+        mix_in_place(content, np.empty_like(content))
+    order = np.argsort(ids, kind="stable")
+    ids, content = ids[order], content[order]
+    starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
+    with np.errstate(over="ignore"):
+        return ids[starts], np.add.reduceat(content, starts, dtype=np.uint64)  # (wraps: a multiset hash)
+
+
+def folded_content_ids(ids: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """The content identities of a fold (:func:`fold_content`), sorted distinct: see :func:`content_ids`."""
+    if not len(ids):
+        return np.empty(0, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        words = np.asarray(sums, dtype=np.uint64) + _CONTENT_SALT
+        mix_in_place(words, np.empty_like(words))
+        words ^= ids
+        mix_in_place(words, np.empty_like(words))
+    return np.sort((ids & _RANGE_HIGH) | (words & ~_RANGE_HIGH))
+
+
+def content_ids(ids: np.ndarray, content: np.ndarray) -> np.ndarray:
+    """The content identities of some rows (their row ids, ``conversion_row_ids``, and one content hash per
+    row): per distinct row id one 64-bit id that keeps the row id's top ``RANGE_BITS`` bits (so it lies in
+    the row id's range: compared range by range with :func:`released_in`) and in the others a hash of the
+    row id and of the multiset of its rows' contents. Two sets of rows have the same content identity for
+    a row id iff (but for 2**-58 collisions) they hold that row id the same number of times with the same
+    contents. Sorted distinct."""
+    return folded_content_ids(*fold_content(ids, content))
+
+
+def content_ranges(ids: np.ndarray, content: np.ndarray) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:
+    """A batch's fold (:func:`fold_content`) cut into its non-empty id ranges (``RANGE_BITS``): (range, fold)."""
+    unique, sums = fold_content(ids, content)
+    offsets = _range_offsets(unique)
+    for i in range(1 << RANGE_BITS):
+        if offsets[i + 1] > offsets[i]:
+            yield i, (unique[offsets[i]:offsets[i + 1]], sums[offsets[i]:offsets[i + 1]])

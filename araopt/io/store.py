@@ -18,7 +18,8 @@ the sha256 of its row set) and is moved by compare-and-swap like ``latest`` (loc
 the content's digest; GCS: the object generation); ``ledger/rows/<sha256>.parquet`` holds each
 release's row set (``araopt.io.rowset``) and, since coarse identities, its coarse row set (optional
 entry fields ``coarse_row_set``, ``coarse_row_set_sha256``, ``coarse_row_set_bytes``; likewise
-``minute_row_set`` since minute identities), content-addressed
+``minute_row_set`` since minute identities, and ``content_row_set`` for an attribution release since
+content identities), content-addressed
 and create-only. Of two racing recorders
 exactly one appends; the other re-reads the index and checks again.
 
@@ -468,16 +469,18 @@ class ParameterStore(abc.ABC):
 
     def append_release(self, entry: dict[str, Any], row_set: bytes | Callable[[], bytes], expected_generation: int,
                        coarse_row_set: bytes | Callable[[], bytes] | None = None,
-                       minute_row_set: bytes | Callable[[], bytes] | None = None) -> dict[str, Any]:
+                       minute_row_set: bytes | Callable[[], bytes] | None = None,
+                       content_row_set: bytes | Callable[[], bytes] | None = None) -> dict[str, Any]:
         """Store ``row_set`` (and ``coarse_row_set`` and ``minute_row_set``, the coarse and minute
-        identities; create-only, named by their
+        identities, and ``content_row_set``, an attribution release's rows' content identities; create-only,
+        named by their
         sha256) and append ``entry`` (with a unique ``id``) to the index iff the index is still at
         ``expected_generation`` (:class:`StoreConflict` otherwise: read and check again). Returns the
         entry as recorded. A row set may be given as a function that makes its bytes: then only one
         row set's bytes are held at a time (a large release's are hundreds of MB)."""
         recorded = dict(entry)
         for field, given in (("row_set", row_set), ("coarse_row_set", coarse_row_set),
-                             ("minute_row_set", minute_row_set)):
+                             ("minute_row_set", minute_row_set), ("content_row_set", content_row_set)):
             if given is None:
                 continue
             data = given() if callable(given) else given

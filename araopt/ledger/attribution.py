@@ -21,16 +21,25 @@ reports use was simulated again whole (``araopt.attribution.lifetime``).
 * **At commit**, exactly (:func:`carried_entries`): the release's matched reports' impression times
   (the epochs its decisions read) against every earlier release's charged window, with the ledger as it
   is then (``Ledger.check_and_record``); an earlier release sharing an epoch must be one whose every
-  released conversion the job's lookback held (counted by the driver from the lookback's row ids).
+  released conversion the job's lookback held (counted by the driver from the lookback's row ids), and held
+  with the content it released (:func:`content_check`): each entry records, per released row id, a hash
+  of what the simulation read of its rows and how many copies there were (``CONTENT``); a lookback
+  matching by id but re-exported with other content (a site renamed, a browser remapped, a value refunded,
+  rows deduplicated) would carry another budget state than the one that release left, and is refused in
+  one line (:func:`content_refusal`). An entry recorded before content identities is carried as before,
+  unchecked (said on stderr and in the run summary: ``lookback_content_unchecked``).
 
 ``--allow-rerelease`` skips the check before any work; at commit it makes the release anyway and records
-the earlier releases it shares epochs with but did not carry (``epochs_shared_with``), as before.
+the earlier releases it shares epochs with but did not carry (``epochs_shared_with``), as before (one
+held with other content is not carried).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from araopt.attribution.content import spec_of
 from araopt.attribution.draws import DrawKey
 from araopt.attribution.lifetime import AttributionHistory, ChargedWindow, EarlierRelease
 from araopt.attribution.params import AttributionParams
@@ -50,6 +59,9 @@ ledger draws its browsers' epoch grids and roundings with it, so that a later re
 decisions again."""
 LAYOUT = "layout"
 """An attribution entry's histogram layout (``KeyDomain.to_json``): which rows called the browsers."""
+CONTENT = "content_row_set"
+"""An attribution entry's content identities (``araopt.io.rowset.content_ids``): per released row id, what the
+browsers' simulation read of it (``araopt.attribution.content``) and how many copies were released."""
 CARRIED = "budget_carried_from"
 """An attribution entry's earlier releases whose conversions its lookback simulated again whole."""
 
@@ -234,7 +246,62 @@ def held_counts(history: AttributionHistory, lookback: RowSet | SpilledRowSet | 
     return {r.entry_id: int(n) for r, n in zip(history.releases, found, strict=True)}
 
 
-def carried_entries(history: AttributionHistory, held: Mapping[str, int]) -> frozenset[str]:
-    """The earlier releases whose every released conversion the lookback held (so simulated again whole)."""
-    return frozenset(r.entry_id for r in history.releases if held.get(r.entry_id, 0) >= len(r.ids))
+def carried_entries(history: AttributionHistory, held: Mapping[str, int],
+                    differ: Mapping[str, int] | None = None) -> frozenset[str]:
+    """The earlier releases whose every released conversion the lookback held (so simulated again whole),
+    but those whose held rows' content differs from what they released (``differ``: :func:`content_check`)."""
+    return frozenset(r.entry_id for r in history.releases
+                     if held.get(r.entry_id, 0) >= len(r.ids) and not (differ or {}).get(r.entry_id))
+
+
+@dataclass(frozen=True)
+class ContentCheck:
+    """What :func:`content_check` found: per earlier release the lookback held whole by row id, how many of
+    its released row ids the lookback holds with other content or another number of copies (``differ``,
+    only those with some), and the releases recorded before content identities (``unchecked``)."""
+
+    differ: Mapping[str, int]
+    unchecked: tuple[str, ...]
+
+
+def content_check(ledger: Ledger, history: AttributionHistory, held: Mapping[str, int],
+                  lookback: Sequence[RowSet | SpilledRowSet]) -> ContentCheck:
+    """At commit: whether the lookback's rows are the rows each earlier release of ``history`` whose every
+    released conversion it held (``held``: :func:`held_counts`) simulated, not only their ids: its content
+    identities (``lookback[i]``, hashed under ``araopt.attribution.content.lookback_specs(history)[i]``)
+    against those the release's entry recorded (``CONTENT``). Simulated again with other content (a site
+    renamed, a browser remapped, a value refunded, an impression time moved, a row deduplicated or
+    repeated), its conversions would leave another budget state than the one it left. A release recorded
+    before content identities cannot be compared (``unchecked``)."""
+    entries, _ = ledger.store.read_ledger()
+    by_id = {e["id"]: e for e in entries}
+    differ: dict[str, int] = {}
+    unchecked: list[str] = []
+    for r in history.releases:
+        if held.get(r.entry_id, 0) < len(r.ids):
+            continue  # not held whole: not carried (the commit's rule)
+        entry = by_id.get(r.entry_id)
+        if entry is None or entry.get(CONTENT) is None:
+            unchecked.append(r.entry_id)
+            continue
+        recorded = RowSet.from_parquet_bytes(ledger.store.read_row_set(dict(entry), CONTENT),
+                                             f"ledger entry {r.entry_id}'s {CONTENT}").ids
+        same = released_in(lookback[spec_of(history, r)], [recorded]).per_set[0]
+        if same < len(recorded):
+            differ[r.entry_id] = len(recorded) - int(same)
+    return ContentCheck(differ, tuple(unchecked))
+
+
+def content_refusal(check: ContentCheck, history: AttributionHistory, ledger: str) -> str | None:
+    """Why the lookback cannot carry the budget state of the releases whose held rows differ (None: none do)."""
+    if not check.differ:
+        return None
+    name, n = list(check.differ.items())[-1]
+    rows = next(len(r.ids) for r in history.releases if r.entry_id == name)
+    return (f"{len(check.differ)} earlier attribution release(s) in the ledger {ledger} are held by the lookback with "
+            f"other content than they released (e.g. {name}: {n} of its {rows} conversions differ in browser, "
+            f"impression, site, value or slice, or in their number of copies: a re-export, not the rows it "
+            f"released): simulating them again would not carry the budget state it left, and this release would "
+            f"spend its browsers' per-site budgets again. Pass a lookback holding the rows exactly as released, or "
+            f"--allow-rerelease to release anyway (recorded)")
 

@@ -95,6 +95,7 @@ class LedgerStep:
     lifetime: HeldLookback | None = None  # an ARA release's period and its lookback's counts (araopt.ledger.lifetime)
     minute: RowSet | SpilledRowSet | None = None  # the minute identities (araopt.io.rowset.minute_row_ids)
     carried: frozenset[str] = frozenset()  # attribution: earlier releases its lookback simulated again whole
+    content: RowSet | SpilledRowSet | None = None  # attribution: the released rows' content identities
 
 
 def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], private: dict[str, Any],
@@ -117,7 +118,8 @@ def commit_release(folder: RunFolder, simulation: bool, public: dict[str, Any], 
             try:
                 recorded = ledger.check_and_record(step.rows, step.rows.to_parquet_bytes, entry, entry_id=entry_id,
                                                    coarse=step.coarse, charged=step.charged,
-                                                   lifetime=step.lifetime, minute=step.minute, carried=step.carried)
+                                                   lifetime=step.lifetime, minute=step.minute, carried=step.carried,
+                                                   content=step.content)
             except BaseException:
                 if ledger.rollback_entry(entry_id):  # refused (or failed): nothing recorded
                     folder.clear_pending()

@@ -148,7 +148,8 @@ class Ledger:
                          entry_id: str | None = None, coarse: RowSet | SpilledRowSet | None = None,
                          charged: ChargedWindow | None = None, lifetime: HeldLookback | None = None,
                          minute: RowSet | SpilledRowSet | None = None,
-                         carried: frozenset[str] = frozenset()) -> Recorded:
+                         carried: frozenset[str] = frozenset(),
+                         content: RowSet | SpilledRowSet | None = None) -> Recorded:
         """Refuse ``rows`` if any was released before, or if more than ``LOSSY_OVERLAP_SHARE`` of them
         match released conversions by their ``coarse`` identity (a lossy re-export: the time truncated,
         or shifted by a time zone) or by their ``minute`` identity (the time truncated or rounded to the
@@ -164,7 +165,8 @@ class Ledger:
         ``allow_rerelease``; the lookback's counts are recorded: ``lookback_held``), all over the released rows' own
         first and last times, or if an ARA release of other conversions has a window meeting theirs (unless re-releasing
         is allowed: recorded as ``windows_overlap``); else append the release
-        (``row_set``: its Parquet bytes, or a function making them) with ``entry``'s fields, under
+        (``row_set``: its Parquet bytes, or a function making them; ``content``: an attribution release's
+        rows' content identities, recorded as ``content_row_set``) with ``entry``'s fields, under
         ``entry_id`` (a new one if None; a commit names it in its pending record first). Retries when
         another release is recorded meanwhile. ``rows`` and ``coarse`` are compared range by range
         (``araopt.io.rowset.released_in``) with the earlier releases whose windows meet theirs only."""
@@ -231,7 +233,8 @@ class Ledger:
                 try:
                     recorded = self.store.append_release(record, row_set, generation,
                                                          None if coarse is None else coarse.to_parquet_bytes,
-                                                         None if minute is None else minute.to_parquet_bytes)
+                                                         None if minute is None else minute.to_parquet_bytes,
+                                                         None if content is None else content.to_parquet_bytes)
                 except StoreConflict:
                     continue
                 return Recorded(recorded, before, number)
