@@ -25,6 +25,12 @@ MIN_EPSILON: Final = 2.0**-20
 """Floor of epsilon (~9.5e-7): below it the noise sd exceeds 9e10 per key and the exact sampler's rate
 eps / Gamma would keep fewer than 16 bits (``mechanism.noise``). Google's DP library floors at 2^-50."""
 MAX_EPSILON: Final = 64.0
+MAX_CLIP_THRESHOLD: Final = 1e12
+"""The largest clip threshold C_l (either target): Alg. 4 scales a noised sum by C_l over the query's
+scale, and its variance by the square; far above any conversion value, far below what overflows a float."""
+MIN_ATTRIBUTION_CLIP: Final = 1e-12
+"""The smallest Attribution clip: its value scale maxValue / clip must stay finite (a clip of 5e-324 released
+0 +- 0 where nothing was measured)."""
 """Ceiling of epsilon: the Aggregation Service accepts eps in (0, 64]."""
 MAX_REJECTED_FRACTION: Final = 0.10
 """Like the Aggregation Service (which fails a job when more than 10% of reports are bad). The gate is

@@ -25,9 +25,9 @@ from araopt.ara.registrations import (
     validate_trigger_registration,
 )
 from araopt.ara.simulate import browser_contributions, simulate_aggregation_service, simulate_browser
+from araopt.constants import MAX_CLIP_THRESHOLD
 from araopt.io import avro
 from araopt.mechanism.keys import DATA, DECLARED
-from araopt.mechanism.params import MAX_CLIP_THRESHOLD
 from araopt.publication import estimates_frame
 from araopt.version import ParameterVersion
 from chrome import chrome_sums, measure_unnoised

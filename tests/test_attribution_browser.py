@@ -88,3 +88,52 @@ def test_a_host_uts46_rejects_is_no_site(host):
     with pytest.raises(ApiError) as err:
         parse_site(host)
     assert err.value.name is ErrorName.SYNTAX_ERROR
+
+
+@pytest.mark.parametrize("upper, lower", [("ΑΣ-b.example", "ασ-b.example"), ("shop.ΟΔΟΣ.example", "shop.οδοσ.example"),
+                                          ("https://ΟΔΟΣ-1.example/cart", "οδοσ-1.example")])
+def test_a_capital_sigma_is_the_site_of_its_lower_case(upper, lower):
+    """UTS #46 maps a capital sigma to sigma wherever it stands; Python's lower() applies the final-sigma rule
+    (a capital sigma before a hyphen or at the end became the final sigma, another site): the host is case
+    mapped by UTS #46 alone, so both spellings are one site, as in a browser."""
+    assert parse_site(upper) == parse_site(lower)
+
+
+def test_white_space_a_browser_refuses_is_no_site():
+    with pytest.raises(ApiError) as err:
+        parse_site("bücher.example\u3000")
+    assert err.value.name is ErrorName.SYNTAX_ERROR
+    assert parse_site(" a.example\t") == "a.example"  # ASCII white space around a host is trimmed
+
+
+def test_which_of_two_conversions_at_one_instant_a_browser_admits_does_not_depend_on_the_files_order():
+    """One impression converts on two sites at the same microsecond and the impression-site quota admits one
+    of them: which one is decided by the rows' content (``measure._tie_breaks``), not by their order in the
+    file, so a lookback re-exported in another order carries the budget state the release left (its content
+    identities are the same; a red team had day 2 accept reports the first order refused)."""
+    from araopt.attribution.measure import simulate_release
+    from araopt.attribution.params import AttributionQuery
+    from araopt.mechanism.keys import DECLARED
+
+    hour, t0 = 3_600_000_000, 1_767_225_600_000_000
+    queries = (AttributionQuery(COUNT, None), AttributionQuery("value", "value", max_value=255, clip=20.0))
+    params = AttributionParams.from_paper(1.0, 2, {COUNT: 0.3, "value": 0.7}, queries, ("campaign",))
+    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0])},
+                                         params.query_names).with_origin(DECLARED)
+
+    def row(imp, site, h, imp_site="pub.example", imp_hour=1):
+        return {"browser_id": 0, "impression_id": imp, "campaign": 0, "value": 20.0, "impression_site": imp_site,
+                "impression_time_us": t0 + imp_hour * hour, "conversion_site": site, "conversion_time_us": t0 + h * hour}
+
+    early = [row(0, s, h) for s, h in (("a.example", 2), ("b.example", 3), ("b.example", 4), ("c.example", 5),
+                                       ("c.example", 6), ("d.example", 7), ("d.example", 8))]
+    tie = [row(0, "a.example", 9), row(0, "e.example", 9)]
+    later = [row(1, "a.example", 30, imp_site="pub2.example", imp_hour=20)]
+    outcomes = []
+    for order in (tie, tie[::-1]):
+        _, sim = simulate_release(params, pd.DataFrame(early + order + later), domain, simulation_seed=7)
+        sites = sim.rows["conversion_site"].to_numpy()[sim.reports.row]
+        hours = sim.rows["conversion_time_us"].to_numpy()[sim.reports.row]
+        outcomes.append(sorted(zip(sites.tolist(), hours.tolist(), sim.reports.accepted.tolist(), strict=True)))
+    assert outcomes[0] == outcomes[1]
+    assert any(not accepted for _, _, accepted in outcomes[0])  # the quota did refuse something

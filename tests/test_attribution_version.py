@@ -58,6 +58,9 @@ def test_an_attribution_version_round_trips_with_its_paper_view(tmp_path):
     (lambda d: d.pop("attribution"), "needs its attribution parameters"),
     (lambda d: d.pop("api"), "need api 'attribution'"),
     (lambda d: d["attribution"].update(extra=1), "unknown field 'extra'"),
+    # a clip whose Alg. 4 scale or value scale overflows: -inf +- inf, or an exact-looking 0 +- 0
+    (lambda d: d["attribution"]["queries"][1].update(clip=1e308), "clip must be a finite number in"),
+    (lambda d: d["attribution"]["queries"][1].update(clip=5e-324), "clip must be a finite number in"),
 ])
 def test_inconsistent_attribution_files_are_refused_in_one_line(tmp_path, mutate, words):
     params = attribution_params()

@@ -384,3 +384,31 @@ def test_shards_that_are_not_grouped_by_impression_are_refused(keyed):
     with pytest.raises(Exception, match="a shard must hold all of an impression's conversions"):
         graph(lambda valid: valid | ungrouped)
     graph(lambda valid: valid | GroupByImpression(4))
+
+
+def test_sums_of_two_encode_and_sum_steps_are_not_merged_into_one_release():
+    """Each half of the rows grouped and capped on its own, then merged with the library's own combiner into
+    one element: an impression with rows in both halves would keep its budget once in each (a red team's
+    graph doubled every impression's total). Sums carry the grouping they were capped within; two do not merge."""
+    from transforms.combine import CombinerFn
+
+    frame, p = make_frame(600), make_params()
+    with pytest.raises(Exception, match="capped in 2 groupings by impression"):
+        with TestPipeline() as pipe:
+            valid, domain, counts = _hand_wired(pipe, _tables(frame), frame, p, DECLARED)
+            halves = [valid | f"Half{i}" >> beam.Map(lambda t, i=i: t.slice(0, t.num_rows // 2) if i else
+                                                     t.slice(t.num_rows // 2)) for i in range(2)]
+            sums = [h | f"Group{i}" >> GroupByImpression(4) | f"Encode{i}" >> EncodeBoundAndSum(p, domain)
+                    for i, h in enumerate(halves)]
+            merged = tuple(sums) | beam.Flatten() | beam.CombineGlobally(CombinerFn(aggregate.DomainSumsCombiner()))
+            _ = merged | NoisyRelease(p, counts, domain)
+    one = aggregate.empty(2, 2)
+    assert aggregate.merge([one, one]).grouping is None  # one grouping (in memory) merges
+
+
+@pytest.mark.parametrize("key", [-1, 2**64, "0", True])
+def test_a_shard_key_that_is_no_shard_number_is_refused_in_one_line(key):
+    from transforms.aggregate import shard_modulus
+
+    with pytest.raises(PrivacyRefusal, match="shard number"):
+        shard_modulus((key, pa.table({"impression_id": [1]})))

@@ -5,7 +5,9 @@ derived from the data by ``DomainFromData``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import uuid
 from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
@@ -43,11 +45,12 @@ class _EncodeAndBound(beam.DoFn):
     (``araopt.mechanism.measure.shard_sums``: encode, cap, per-key sums), with counters."""
 
     def __init__(self, params: Params, simulation_seed: int | None, coverage_start_us: int | None = None,
-                 history: ReleaseHistory | None = None):
+                 history: ReleaseHistory | None = None, grouping: str | None = None):
         self._params = params
         self._seed = simulation_seed
         self._coverage_start = coverage_start_us
         self._history = history
+        self._grouping = grouping
 
     def setup(self) -> None:
         self._kept = Metrics.counter(NAMESPACE, "conversions_kept")
@@ -58,7 +61,8 @@ class _EncodeAndBound(beam.DoFn):
         _, table = item
         params = self._params
         conv = Conversions.from_table(table, params.slice_columns, params.query_columns, categorical_slices=True)
-        sums = shard_sums(conv, params, domain, self._seed, self._history, self._coverage_start)
+        sums = dataclasses.replace(shard_sums(conv, params, domain, self._seed, self._history, self._coverage_start),
+                                   grouping=self._grouping)
         self._kept.inc(sums.kept)
         self._capped.inc(sums.capped)
         self._outside.inc(sums.outside_domain)
@@ -68,8 +72,11 @@ class _EncodeAndBound(beam.DoFn):
 def shard_modulus(item: tuple[int, pa.Table]) -> tuple[int, int]:
     """(shard key, the gcd of its rows' id hash minus the key): a shard of ``GroupByImpression(N)`` holds
     every impression whose canonical id hash is the key modulo N, so N divides the gcd. 1 when a hash
-    lies below the key (no modulus above the key has it); 0: no row constrains it."""
+    lies below the key (no modulus above the key has it); 0: no row constrains it. A key that is no
+    shard number (an integer in [0, 2^63)) is refused."""
     key, table = item
+    if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or not 0 <= int(key) < 2**63:
+        raise PrivacyRefusal(f"a shard key is GroupByImpression's shard number, an integer in [0, 2^63), got {key!r}")
     if table.num_rows == 0:
         return int(key), 0
     hashed = table_id_hash(table)
@@ -130,6 +137,7 @@ class EncodeBoundAndSum(beam.PTransform):
         self._seed = simulation_seed
         self._coverage_start = coverage_start_us
         self._history = history
+        self._grouping = uuid.uuid4().hex  # this step's grouping: its sums merge with no other step's
 
     def expand(self, shards: beam.PCollection[tuple[int, pa.Table]]) -> beam.PCollection[aggregate.DomainSums | None]:
         check_global_windowing(shards)
@@ -137,8 +145,8 @@ class EncodeBoundAndSum(beam.PTransform):
                    | "CompleteImpressions" >> beam.CombineGlobally(CompleteImpressions()))
         return (
             shards
-            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed, self._coverage_start, self._history),
-                                             beam.pvalue.AsSingleton(self._domain))
+            | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed, self._coverage_start, self._history,
+                                                             self._grouping), beam.pvalue.AsSingleton(self._domain))
             | "SumPerKey" >> beam.CombineGlobally(CombinerFn(aggregate.DomainSumsCombiner()))
             | "OnlyWholeImpressions" >> beam.Map(_complete, beam.pvalue.AsSingleton(problem))
         )

@@ -17,11 +17,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from araopt.attribution.errors import ApiError
 from araopt.attribution.lifetime import AttributionHistory, EarlierRelease
 from araopt.attribution.measure import row_keys
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.sites import parse_site
+from araopt.attribution.sites import site_hashes
 from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, IMPRESSION_SITE, IMPRESSION_TIME_US
 from araopt.io.ids import canonical_id_hash, mix_in_place
 from araopt.io.rowset import TIME_US
@@ -42,16 +41,7 @@ def _sites(column: pa.ChunkedArray) -> np.ndarray:
     the simulation refuses it anyway)."""
     if pa.types.is_dictionary(column.type):
         column = pc.cast(column, column.type.value_type)
-    codes, distinct = pd.factorize(column.to_numpy(zero_copy_only=False))
-    canonical = []
-    for value in distinct.tolist():
-        try:
-            canonical.append(parse_site(value))
-        except ApiError:
-            canonical.append(f"\x00{value}")
-    hashed = pd.util.hash_array(np.asarray(canonical, dtype=object))
-    out: np.ndarray = hashed[codes] if len(codes) else np.empty(0, dtype=np.uint64)
-    return out
+    return site_hashes(column.to_numpy(zero_copy_only=False))
 
 
 def row_contents(params: AttributionParams, table: pa.Table) -> np.ndarray:

@@ -38,6 +38,7 @@ from araopt.attribution.lifetime import AttributionHistory, ChargedWindow, lookb
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, aggregate, reconstruct
 from araopt.attribution.simulate import Calls, Reports, epoch_grid, reference_draws, report_sums, simulate_schedule
+from araopt.attribution.sites import site_hashes
 from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.io.conversions import (
     BROWSER_ID,
@@ -95,7 +96,7 @@ def _segment_draws(params: Sequence[AttributionParams], rows: pd.DataFrame, row_
         mask = row_set == i
         if mask.any():
             keys[mask] = row_keys(p, rows[mask])
-    order = np.argsort(keys, kind="stable")
+    order = np.lexsort((*_tie_breaks(rows), keys))
     read = [c for c in simulated_columns(params[0]) if c in rows and c != IN_PERIOD]
     if list(rows.columns) != read:  # (a shard's frame already holds just these: no copy then)
         rows = rows[read]
@@ -105,6 +106,21 @@ def _segment_draws(params: Sequence[AttributionParams], rows: pd.DataFrame, row_
     for q in range(width):
         u[:, q] = uniforms(source, keys, q)
     return rows, row_set, u
+
+
+def _tie_breaks(rows: pd.DataFrame) -> list[np.ndarray]:
+    """What orders rows whose draws' key (``row_keys``) is equal, least significant first: their impression
+    time, conversion site and impression site (canonical: ``sites.site_hashes``). The key holds the rest of
+    what the simulation reads, so the rows' order, and which of two conversions at one instant a quota or a
+    budget admits, is a function of their content, not of the order a file lists them in (the content a
+    ledger entry records: ``araopt.attribution.content``)."""
+    out = []
+    if IMPRESSION_TIME_US in rows:
+        out.append(rows[IMPRESSION_TIME_US].to_numpy(dtype=np.int64, na_value=0))
+    for column in (CONVERSION_SITE, IMPRESSION_SITE):
+        if column in rows:
+            out.append(site_hashes(rows[column].to_numpy(dtype=object)))
+    return out
 
 
 def epoch_starts(plan: Schedule, config: BrowserConfig, source: Draws) -> np.ndarray:

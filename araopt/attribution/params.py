@@ -24,7 +24,7 @@ from typing import Any
 
 from araopt.attribution.browser import DEFAULT_CONVERSION_EPSILON, deductions
 from araopt.attribution.config import MAX_CONVERSION_EPSILON, MAX_UNSIGNED_LONG, MICROEPSILONS
-from araopt.constants import CONTRIBUTION_BUDGET
+from araopt.constants import CONTRIBUTION_BUDGET, MAX_CLIP_THRESHOLD, MIN_ATTRIBUTION_CLIP
 from araopt.errors import InvalidParameters, is_positive_finite
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Encoding, Params, QueryParams
@@ -53,8 +53,9 @@ class AttributionQuery:
         if isinstance(self.max_value, bool) or not isinstance(self.max_value, int) or not (
                 1 <= self.max_value <= MAX_UNSIGNED_LONG):
             raise InvalidParameters(f"{where}.max_value must be an integer in [1, 2^32 - 1], got {self.max_value!r}")
-        if not is_positive_finite(self.clip):
-            raise InvalidParameters(f"{where}.clip must be a finite number > 0, got {self.clip!r}")
+        if not is_positive_finite(self.clip) or not MIN_ATTRIBUTION_CLIP <= self.clip <= MAX_CLIP_THRESHOLD:
+            raise InvalidParameters(f"{where}.clip must be a finite number in [{MIN_ATTRIBUTION_CLIP:g}, "
+                                    f"{MAX_CLIP_THRESHOLD:g}], got {self.clip!r}")
         if self.column is None and (self.max_value, self.clip) != (1, 1.0):
             raise InvalidParameters(f"{where}: the count query (no column) sends value 1 with maxValue 1")
 

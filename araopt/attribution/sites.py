@@ -13,18 +13,36 @@ import re
 from collections.abc import Iterable
 
 import idna
+import numpy as np
+import pandas as pd
 
 from araopt.attribution.errors import ApiError, ErrorName
 
 _LABEL = re.compile(r"^[a-z0-9_\u0080-\U0010ffff][a-z0-9_\u0080-\U0010ffff-]*$")
 _IPV4 = re.compile(r"^\d+(\.\d+){3}$")
+_ASCII_SPACE = " \t\n\r\f\v"
+
+
+def site_hashes(values: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each value's site (``parse_site``; a value that is no site hashes as itself, marked):
+    equal exactly where the values name one site."""
+    codes, distinct = pd.factorize(np.asarray(values, dtype=object))
+    canonical = []
+    for value in distinct.tolist():
+        try:
+            canonical.append(parse_site(value))
+        except ApiError:
+            canonical.append(f"\x00{value}")
+    hashed = pd.util.hash_array(np.asarray(canonical, dtype=object))
+    out: np.ndarray = hashed[codes] if len(codes) else np.empty(0, dtype=np.uint64)
+    return out
 
 
 def parse_site(value: str) -> str:
     """The site of ``value`` (a host or a URL), or ``SyntaxError``."""
     if not isinstance(value, str):
         raise ApiError(ErrorName.TYPE_ERROR, f"a site must be a string, got {value!r}")
-    host = value.strip().lower()
+    host = value.strip(_ASCII_SPACE)  # (UTS #46 refuses other white space; it does its own case mapping)
     if "://" in host:
         host = host.split("://", 1)[1]
     host = re.split(r"[/?#]", host, maxsplit=1)[0]
@@ -50,8 +68,9 @@ def _ascii_host(host: str, value: str) -> str:
     whatever its spelling (each spelling would otherwise get a budget of its own). An ASCII host is
     already serialised (lower case), its ``xn--`` labels checked; a host UTS #46 rejects is no host."""
     try:
-        if not host.isascii():
+        if not host.isascii():  # never str.lower() first: its final-sigma rule maps a capital sigma otherwise
             return str(idna.encode(host, uts46=True, transitional=False).decode("ascii"))
+        host = host.lower()
         for label in host.split("."):
             if label.startswith("xn--"):
                 idna.decode(label)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from araopt.errors import InvalidInput
+from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.mechanism.keys import DATA, KeyDomain
 
 DEFAULT_MAX_SLICES = 100_000
@@ -45,6 +45,9 @@ class DomainSums:
     impressions: int
     lookback_rows: int = 0
     rows_before_lookback: int = 0
+    grouping: str | None = None
+    """The grouping by impression the sums were capped within (one ``EncodeBoundAndSum``'s token; None:
+    in memory, one grouping): Alg. 1 caps an impression once per grouping, so sums of two are not merged."""
 
     @property
     def rows(self) -> int:
@@ -94,12 +97,17 @@ def merge(parts: Iterable[DomainSums]) -> DomainSums:
     shapes = {p.histogram.shape for p in parts}
     if len(shapes) != 1:
         raise InvalidInput(f"cannot merge sums over different domains: shapes {sorted(shapes)}")
+    groupings = {p.grouping for p in parts}
+    if len(groupings) != 1:
+        raise PrivacyRefusal(f"cannot merge sums capped in {len(groupings)} groupings by impression (two "
+                             f"EncodeBoundAndSum steps): Alg. 1 would keep an impression's budget once in each")
     hist = parts[0].histogram.copy()
     for p in parts[1:]:
         hist += p.histogram
     return DomainSums(hist, sum(p.kept for p in parts), sum(p.capped for p in parts),
                       sum(p.outside_domain for p in parts), sum(p.impressions for p in parts),
-                      sum(p.lookback_rows for p in parts), sum(p.rows_before_lookback for p in parts))
+                      sum(p.lookback_rows for p in parts), sum(p.rows_before_lookback for p in parts),
+                      parts[0].grouping)
 
 
 class TooManySlices(InvalidInput):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, cast
 
-from araopt.constants import CONTRIBUTION_BUDGET, COUNT_TAU, L1_ROUNDING_OF_A_FILE
+from araopt.constants import CONTRIBUTION_BUDGET, COUNT_TAU, L1_ROUNDING_OF_A_FILE, MAX_CLIP_THRESHOLD
 from araopt.errors import (
     InvalidParameters,
     check_contribution_budget,
@@ -47,11 +47,6 @@ class L1Rounding(StrEnum):
 ENCODINGS = tuple(e.value for e in Encoding)
 L1_ROUNDINGS = tuple(r.value for r in L1Rounding)
 FRACTION_TOLERANCE = 1e-9
-
-
-MAX_CLIP_THRESHOLD = 1e12
-"""The largest clip threshold C_l: Alg. 4 scales a noised sum (up to 2^62) by C_l over the query's scale,
-and its variance by the square; far above any conversion value, far below what overflows a float."""
 
 
 @dataclass(frozen=True)
