@@ -398,8 +398,8 @@ def test_sums_of_two_encode_and_sum_steps_are_not_merged_into_one_release():
             valid, domain, counts = _hand_wired(pipe, _tables(frame), frame, p, DECLARED)
             halves = [valid | f"Half{i}" >> beam.Map(lambda t, i=i: t.slice(0, t.num_rows // 2) if i else
                                                      t.slice(t.num_rows // 2)) for i in range(2)]
-            sums = [h | f"Group{i}" >> GroupByImpression(4) | f"Encode{i}" >> EncodeBoundAndSum(p, domain)
-                    for i, h in enumerate(halves)]
+            encode = EncodeBoundAndSum(p, domain)  # one transform applied to each half: still two groupings
+            sums = [h | f"Group{i}" >> GroupByImpression(4) | f"Encode{i}" >> encode for i, h in enumerate(halves)]
             merged = tuple(sums) | beam.Flatten() | beam.CombineGlobally(CombinerFn(aggregate.DomainSumsCombiner()))
             _ = merged | NoisyRelease(p, counts, domain)
     one = aggregate.empty(2, 2)

@@ -137,16 +137,17 @@ class EncodeBoundAndSum(beam.PTransform):
         self._seed = simulation_seed
         self._coverage_start = coverage_start_us
         self._history = history
-        self._grouping = uuid.uuid4().hex  # this step's grouping: its sums merge with no other step's
 
     def expand(self, shards: beam.PCollection[tuple[int, pa.Table]]) -> beam.PCollection[aggregate.DomainSums | None]:
         check_global_windowing(shards)
+        grouping = uuid.uuid4().hex  # this application's grouping: its sums merge with no other's (the same
+        # transform applied twice, to two halves of the rows, makes two)
         problem = (shards | "ShardModulus" >> beam.Map(shard_modulus)
                    | "CompleteImpressions" >> beam.CombineGlobally(CompleteImpressions()))
         return (
             shards
             | "EncodeAndBound" >> beam.ParDo(_EncodeAndBound(self._params, self._seed, self._coverage_start, self._history,
-                                                             self._grouping), beam.pvalue.AsSingleton(self._domain))
+                                                             grouping), beam.pvalue.AsSingleton(self._domain))
             | "SumPerKey" >> beam.CombineGlobally(CombinerFn(aggregate.DomainSumsCombiner()))
             | "OnlyWholeImpressions" >> beam.Map(_complete, beam.pvalue.AsSingleton(problem))
         )
