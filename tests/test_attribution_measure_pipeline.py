@@ -16,7 +16,7 @@ from apache_beam.testing.util import assert_that
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from araopt.attribution.measure import measure, row_keys, simulate_browsers
+from araopt.attribution.measure import measure, simulate_release
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
 from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, IMPRESSION_ID, ValidationCounts
 from araopt.mechanism.keys import DECLARED, KeyDomain
@@ -139,8 +139,8 @@ def test_no_privacy_unit_spends_more_than_its_per_site_epoch_budget_across_shard
         rows = part.to_pandas()
         for b in rows[BROWSER_ID].unique():
             assert owners.setdefault(b, shard) == shard
-        _, reports = simulate_browsers(params, rows, domain)
-        ordered = rows.iloc[np.argsort(row_keys(params, rows), kind="stable")]  # simulate_browsers' row order
+        _, simulated = simulate_release(params, rows, domain)
+        ordered, reports = simulated.rows, simulated.reports  # (the rows in the simulation's order)
         spent.append(pd.DataFrame({"browser": ordered[BROWSER_ID].to_numpy()[reports.row],
                                    "site": ordered[CONVERSION_SITE].to_numpy()[reports.row],
                                    "epoch": reports.epoch, "deducted": reports.deducted}))
