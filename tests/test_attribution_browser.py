@@ -137,3 +137,11 @@ def test_which_of_two_conversions_at_one_instant_a_browser_admits_does_not_depen
         outcomes.append(sorted(zip(sites.tolist(), hours.tolist(), sim.reports.accepted.tolist(), strict=True)))
     assert outcomes[0] == outcomes[1]
     assert any(not accepted for _, _, accepted in outcomes[0])  # the quota did refuse something
+
+
+@pytest.mark.parametrize("spelling", ["https://shop.example\n/c", "shop\n.example", "https://shop.example\n:8443/c",
+                                      "shop.exa\tmple", "shop.example\r\n"])
+def test_tab_and_newline_anywhere_are_removed_as_the_url_parser_does(spelling):
+    """The URL parser removes ASCII tab and newline anywhere before parsing; a label check that let a trailing
+    newline through made "example\\n" a second site (a red team's browser spent two per-site budgets)."""
+    assert parse_site(spelling) == "shop.example"

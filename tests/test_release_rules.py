@@ -412,3 +412,24 @@ def test_a_shard_key_that_is_no_shard_number_is_refused_in_one_line(key):
 
     with pytest.raises(PrivacyRefusal, match="shard number"):
         shard_modulus((key, pa.table({"impression_id": [1]})))
+
+
+def test_sums_capped_outside_encode_and_sum_are_not_released():
+    """A hand-made ParDo calling ``shard_sums`` on each half of the rows (its shards unchecked, no grouping):
+    merged into one element its sums keep an impression's budget once per half (a red team's graph kept 337
+    rows where the release keeps 179). ``NoisyRelease`` releases only ``EncodeBoundAndSum``'s sums."""
+    from araopt.mechanism.measure import shard_sums
+    from transforms.combine import CombinerFn
+
+    frame, p = make_frame(600), make_params()
+
+    def capped(item, domain):
+        return shard_sums(Conversions.from_table(item[1], p.slice_columns, p.query_columns, categorical_slices=True),
+                          p, domain)
+
+    with pytest.raises(Exception, match="releases the sums of EncodeBoundAndSum only"):
+        with TestPipeline() as pipe:
+            valid, domain, counts = _hand_wired(pipe, _tables(frame), frame, p, DECLARED)
+            sums = (valid | GroupByImpression(4) | beam.Map(capped, beam.pvalue.AsSingleton(domain))
+                    | beam.CombineGlobally(CombinerFn(aggregate.DomainSumsCombiner())))
+            _ = sums | NoisyRelease(p, counts, domain)

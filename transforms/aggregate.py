@@ -44,8 +44,8 @@ class _EncodeAndBound(beam.DoFn):
     """Per shard of complete impressions: the release workflow's distributed step
     (``araopt.mechanism.measure.shard_sums``: encode, cap, per-key sums), with counters."""
 
-    def __init__(self, params: Params, simulation_seed: int | None, coverage_start_us: int | None = None,
-                 history: ReleaseHistory | None = None, grouping: str | None = None):
+    def __init__(self, params: Params, simulation_seed: int | None, coverage_start_us: int | None,
+                 history: ReleaseHistory | None, grouping: str):
         self._params = params
         self._seed = simulation_seed
         self._coverage_start = coverage_start_us
@@ -169,6 +169,9 @@ class _AddNoise(beam.DoFn):
             raise PrivacyRefusal(f"NoisyRelease noises one merged element (EncodeBoundAndSum's combine), got "
                                  f"{len(merged)}: a graph that flattens sums would release every key more than once")
         sums = merged[0]
+        if sums is not None and sums.grouping is None:  # capped by hand: no step checked its shards
+            raise PrivacyRefusal("NoisyRelease releases the sums of EncodeBoundAndSum only (one grouping by "
+                                 "impression whose shards were checked): these were capped outside it")
         release = release_step(sums, counts, self._params, domain, simulation_seed=self._seed,
                                max_rejected_fraction=self._max_rejected, lookback_counts=lookback_counts)
         Metrics.counter(NAMESPACE, "keys_released").inc(domain.num_keys)

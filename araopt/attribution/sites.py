@@ -21,6 +21,7 @@ from araopt.attribution.errors import ApiError, ErrorName
 _LABEL = re.compile(r"^[a-z0-9_\u0080-\U0010ffff][a-z0-9_\u0080-\U0010ffff-]*$")
 _IPV4 = re.compile(r"^\d+(\.\d+){3}$")
 _ASCII_SPACE = " \t\n\r\f\v"
+_TAB_NEWLINE = str.maketrans("", "", "\t\n\r")
 
 
 def site_hashes(values: np.ndarray) -> np.ndarray:
@@ -42,7 +43,9 @@ def parse_site(value: str) -> str:
     """The site of ``value`` (a host or a URL), or ``SyntaxError``."""
     if not isinstance(value, str):
         raise ApiError(ErrorName.TYPE_ERROR, f"a site must be a string, got {value!r}")
-    host = value.strip(_ASCII_SPACE)  # (UTS #46 refuses other white space; it does its own case mapping)
+    # the URL parser removes ASCII tab and newline anywhere, then trims ASCII white space (UTS #46 refuses other
+    # white space, and maps case itself)
+    host = value.translate(_TAB_NEWLINE).strip(_ASCII_SPACE)
     if "://" in host:
         host = host.split("://", 1)[1]
     host = re.split(r"[/?#]", host, maxsplit=1)[0]
@@ -52,8 +55,8 @@ def parse_site(value: str) -> str:
     host = _ascii_host(host, value)
     host = host[:-1] if host.endswith(".") else host
     labels = host.split(".")
-    if (not host or len(host) > 253 or len(labels) < 2 or _IPV4.match(host)
-            or not all(_LABEL.match(label) for label in labels)):
+    if (not host or len(host) > 253 or len(labels) < 2 or _IPV4.fullmatch(host)
+            or not all(_LABEL.fullmatch(label) for label in labels)):
         raise ApiError(ErrorName.SYNTAX_ERROR, f"invalid site {value!r}")
     site = ".".join(labels[-2:])
     if site == "localhost" or site.endswith(".localhost") or labels[-1] == "localhost":
