@@ -20,6 +20,7 @@ from araopt.ara.registrations import (
     TriggerEncoder,
     validate_trigger_registration,
 )
+from araopt.constants import MAX_CLIP_THRESHOLD
 from araopt.mechanism.encoding import EncoderTable, count_scale, query_scales
 
 MAX_FLOAT = sys.float_info.max
@@ -48,9 +49,9 @@ def _params(kind: str, gamma: int, count_limit: int, thresholds: list[float], we
                                                                                           strict=True))), **extra)
 
 
-positive_finite = st.one_of(
-    st.floats(min_value=TINY, max_value=MAX_FLOAT, allow_nan=False, allow_infinity=False),
-    st.sampled_from([TINY, 2.2250738585072014e-308, 1e-300, 0.01, 1.0, 3.0, 1e300, MAX_FLOAT]),
+clip_thresholds = st.one_of(  # every clip a parameter file may hold (at most MAX_CLIP_THRESHOLD)
+    st.floats(min_value=TINY, max_value=MAX_CLIP_THRESHOLD, allow_nan=False, allow_infinity=False),
+    st.sampled_from([TINY, 2.2250738585072014e-308, 1e-300, 0.01, 1.0, 3.0, 1e11, MAX_CLIP_THRESHOLD]),
 )
 uniform = st.one_of(st.floats(0.0, 1.0, exclude_max=True), st.sampled_from([0.0, 0.5, LAST_UNIFORM]))
 
@@ -64,7 +65,7 @@ def configurations(draw):
     high = gamma if kind.startswith("l1") else max(1, int(gamma / (1.0002 * k)))
     # ARA sends at most 20 reports per source, so C > 20 cannot be registered (TriggerEncoder refuses it)
     count_limit = draw(st.integers(1, min(ARA_MAX_REPORTS_PER_SOURCE, high)))
-    thresholds = draw(st.lists(positive_finite, min_size=d, max_size=d))
+    thresholds = draw(st.lists(clip_thresholds, min_size=d, max_size=d))
     weights = draw(st.lists(st.integers(1, 1000), min_size=k, max_size=k))
     return _params(kind, gamma, count_limit, thresholds, weights)
 
@@ -136,10 +137,10 @@ def test_both_encoders_read_one_table(kind):
 
 
 def test_extreme_values_are_clipped_or_shrunk_never_overflowed():
-    """The largest finite value, with the smallest threshold: L-inf clips to the scale, L1 keeps the
-    direction of a vector whose norm overflows (both encoders)."""
+    """The largest finite value, with the smallest threshold (and the largest a file may hold): L-inf clips
+    to the scale, L1 keeps the direction of a vector whose norm overflows (both encoders)."""
     for kind in KINDS:
-        params = _params(kind, 65536, 2, [TINY, MAX_FLOAT], [1, 1, 1])
+        params = _params(kind, 65536, 2, [TINY, MAX_CLIP_THRESHOLD], [1, 1, 1])
         values = np.array([[MAX_FLOAT, MAX_FLOAT], [MAX_FLOAT, 0.0], [0.0, MAX_FLOAT]])
         uniforms = np.full((3, 2), LAST_UNIFORM)
         want = encode(values, params, uniforms=uniforms)

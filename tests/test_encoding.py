@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from araopt import Params, QueryParams, encode, randomized_round
+from araopt.constants import MAX_CLIP_THRESHOLD
 from araopt.mechanism.encoding import expected_contribution
 from factories import du_penc_params
 
@@ -339,7 +340,7 @@ def test_negative_value_message_prints_a_plain_number():
 
 # ---- every finite value is safe ----------------------------------------------------------------------
 ANY_FINITE_VALUES = [0.0, 5e-324, 1e-300, 0.25, 1.0, 3.0, 1e300, 1e308, np.finfo(np.float64).max]
-ANY_CLIP_THRESHOLDS = [1e-300, 1e-10, 0.5, 1.0, 1e300]
+ANY_CLIP_THRESHOLDS = [1e-300, 1e-10, 0.5, 1.0, MAX_CLIP_THRESHOLD]  # (the largest a parameter file may hold)
 
 
 def extreme_params(encoding, rounding, thresholds, count_limit=3):
