@@ -92,9 +92,11 @@ def publish(release: Release, version: ParameterVersion, period_days: Sequence[A
 def joined_calibration_reason(version: ParameterVersion) -> str | None:
     """Why estimates made with ``version``'s calibration (ARA's per-slice ratios, Attribution's retention) are
     operator-private, or None: a calibration fitted on the joined history is that history's exact statistics,
-    read back from the estimates (estimate / capped_estimate); privacy-safe tuning's may leave."""
-    if (version.calibration is None and version.retention is None) or (
-            version.provenance is not None and version.provenance.privacy_safe):
+    read back from the estimates (estimate / capped_estimate); privacy-safe tuning's may leave. Attribution's
+    retention is always the joined history's (no privacy-safe tuner fits one), whatever the provenance says:
+    the rule ``attribution_release_files`` applies."""
+    if version.retention is None and (version.calibration is None or (
+            version.provenance is not None and version.provenance.privacy_safe)):
         return None
     return ("the estimates of the true totals are calibrated on the joined history, whose exact per-slice ratios they "
             "hold: the output is OPERATOR-PRIVATE, never publish it (publish Alg. 4's capped_estimate columns, or tune "

@@ -58,9 +58,14 @@ def attribution_summary_lines(summary: dict[str, Any], output: str, simulation: 
                      f"{summary.get('lookback_rows', 0):,} lookback conversions ({summary['lookback_files']} file(s)) "
                      f"simulated again first, with {whose}")
     private = ("" if version.retention is None else  # the joined history's retention: its true totals stay private
-               f"; calibrated on the joined history, so OPERATOR-PRIVATE in {outputs.private_file(outputs.TRUE_TOTALS_CSV)} "
-               f"(the release holds the clipped values the browsers accepted)")
+               joined_note(outputs.private_file(outputs.TRUE_TOTALS_CSV), "the clipped values the browsers accepted"))
     return [*lines, f"  estimates are of {estimates_of(version.retention)}{private}"]
+
+
+def joined_note(private_path: str, released: str) -> str:
+    """The console's clause for true totals calibrated on the joined history (``publication.joined_calibration_reason``):
+    where they are kept and what the release holds instead."""
+    return f"; calibrated on the joined history, so OPERATOR-PRIVATE in {private_path} (the release holds {released})"
 
 
 def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> list[str]:
@@ -97,8 +102,7 @@ def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> lis
                      + (f"; {unseen:,} slice(s) absent from the history use the pooled ratio (wider intervals)"
                         if unseen else "")
                      + ("" if calibration.get("released", True) else
-                        f"; calibrated on the joined history, so OPERATOR-PRIVATE in {output}/"
-                        f"{outputs.private_file(outputs.TRUE_TOTALS_CSV)} (the release holds Alg. 4's estimates)"))
+                        joined_note(f"{output}/{outputs.private_file(outputs.TRUE_TOTALS_CSV)}", "Alg. 4's estimates")))
         if calibration.get("calendar_note"):
             lines.append(f"  NOTE: {calibration['calendar_note']}")
     return lines

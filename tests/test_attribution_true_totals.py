@@ -86,6 +86,21 @@ def test_a_version_carries_its_retention_through_a_round_trip(fitted) -> None:
     assert ParameterVersion.from_json(doc).checksum() != version.checksum()  # the checksum covers it
 
 
+def test_a_retention_is_operator_private_whatever_the_provenance_says(fitted) -> None:
+    """Attribution's retention is only ever fitted on a joined history (no privacy-safe tuner fits one): a
+    version whose provenance claims privacy-safe tuning is still held to the joined history's rule."""
+    from araopt.publication import joined_calibration_reason
+    from araopt.version import PRIVACY_SAFE, Provenance
+
+    p = params()
+    version = ParameterVersion.for_attribution(p, domain=layout(p), retention=fitted)
+    claimed = dataclasses.replace(version, provenance=Provenance(extra={"tuning": f"{PRIVACY_SAFE}: claimed"}))
+    assert claimed.provenance.privacy_safe
+    assert joined_calibration_reason(version) is not None
+    assert joined_calibration_reason(claimed) is not None
+    assert joined_calibration_reason(ParameterVersion.for_attribution(p, domain=layout(p))) is None
+
+
 def test_a_retention_fitted_for_other_parameters_is_refused(fitted) -> None:
     # another epsilon split keeps the paper view (C, C_l) but changes what the budget refuses
     other = params(epsilon_share=0.25)
