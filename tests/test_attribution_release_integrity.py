@@ -454,3 +454,32 @@ def test_rows_with_a_null_site_are_dead_lettered(tmp_path, capsys):
                  "--output", str(out), "--simulation-seed", "1", "--no-progress"]) == 0, capsys.readouterr().err
     summary = json.load(open(out / "private" / "run_summary.json"))
     assert summary["rows_rejected_by_reason"] == {"null_site": 2}
+
+
+def test_a_release_whose_lookback_has_no_history_is_refused_a_simulation_takes_its_own_parameters():
+    """A lookback row spent the per-site budget of the release that used it: one browser, one site, one
+    epoch; the earlier release spent the whole budget (its count at epsilon 10 of 10), so a browser
+    refuses today's conversion (epsilon 5). Without the history a release would simulate the lookback at
+    today's epsilon and spend 15 of 10: refused outside simulation, whatever path calls ``measure``."""
+    from araopt.attribution.lifetime import AttributionHistory, EarlierRelease
+    from araopt.errors import PrivacyRefusal
+    from araopt.io.rowset import conversion_row_ids
+
+    early = AttributionParams(10.0, (AttributionQuery(COUNT, None, epsilon=10.0),), ("campaign",))
+    today = AttributionParams(10.0, (AttributionQuery(COUNT, None, epsilon=5.0),), ("campaign",))
+    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0])},
+                                         today.query_names).with_origin(DECLARED)
+    row = {"browser_id": 0, "impression_id": 0, "campaign": 0, "impression_time_us": T0,
+           "conversion_site": "shop.example"}
+    rows = pd.DataFrame([{**row, "conversion_time_us": T0 + HOUR_US, "in_period": False},
+                         {**row, "conversion_time_us": T0 + 2 * HOUR_US, "in_period": True}])
+    ids = np.sort(conversion_row_ids(np.array([0]), np.array([T0 + HOUR_US])))
+    history = AttributionHistory((EarlierRelease("earlier", early, domain, ids),))
+    made = measure(today, rows, domain, history=history)
+    assert made.reports_refused == 1 and int(made.reports.accepted.sum()) == 1  # the lookback's, at epsilon 10
+    with pytest.raises(PrivacyRefusal, match="AttributionHistory"):
+        measure(today, rows, domain)
+    unused = measure(today, rows, domain, history=AttributionHistory())  # declared: no release used the lookback
+    assert unused.reports_refused == 0 and int(unused.reports.accepted.sum()) == 1
+    simulated = measure(today, rows, domain, simulation_seed=3)  # a simulation: the lookback at today's epsilon
+    assert simulated.reports_refused == 0 and int(simulated.reports.accepted.sum()) == 2

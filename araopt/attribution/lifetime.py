@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from araopt.attribution.params import AttributionParams
-from araopt.errors import InvalidInput
+from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.mechanism.keys import KeyDomain
 
 CHARGED = "charged_impressions"
@@ -124,12 +124,22 @@ class AttributionHistory:
         return out
 
 
+LOOKBACK_NEEDS_HISTORY = (
+    "lookback rows spent the per-site budgets of the releases that used them: pass the release history (the "
+    "ledger's, araopt.ledger.attribution) or AttributionHistory() to declare that no release used them; without "
+    "one they would be simulated with today's parameters, under an earlier release's larger epsilon")
+"""Why a release (no simulation seed) with lookback rows needs an ``AttributionHistory``, whatever path made it
+(ARA's rule: ``araopt.mechanism.measure.LOOKBACK_NEEDS_HISTORY``)."""
+
+
 def lookback_segments(history: AttributionHistory | None, row_ids: np.ndarray,
-                      params: AttributionParams, layout: KeyDomain) -> tuple[list[tuple[AttributionParams, KeyDomain]],
-                                                                            np.ndarray]:
+                      params: AttributionParams, layout: KeyDomain, simulation: bool
+                      ) -> tuple[list[tuple[AttributionParams, KeyDomain]], np.ndarray]:
     """The parameter sets of a release's rows (0: its own, ``params`` over ``layout``) and, per lookback row
-    id, its set (-1: not simulated). Without a history (a simulation: no ledger) every lookback row is
-    taken as released with the release's own parameters."""
+    id, its set (-1: not simulated). Without a history, only in a ``simulation`` (no ledger), every lookback
+    row is taken as released with the release's own parameters; a release without one is refused."""
+    if history is None and not simulation:
+        raise PrivacyRefusal(LOOKBACK_NEEDS_HISTORY)
     if history is None:
         return [(params, layout), (params, layout)], np.ones(len(row_ids), dtype=np.int64)
     found = history.segments(row_ids)

@@ -288,7 +288,7 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
             row_set = np.zeros(len(rows), dtype=np.int64)
             ids = conversion_row_ids(rows[IMPRESSION_ID].to_numpy()[lookback],
                                      rows[CONVERSION_TIME_US].to_numpy()[lookback])
-            segments, row_set[lookback] = lookback_segments(history, ids, params, domain)
+            segments, row_set[lookback] = lookback_segments(history, ids, params, domain, simulation_seed is not None)
     sim = simulate_segments(segments, rows, row_set, source, config, task_domain)
     reports, plan = sim.reports, sim.plan
     num_tasks = 1 if task_domain is None else task_domain.num_slices
