@@ -362,6 +362,39 @@ def test_lookback_rows_without_a_release_history_are_refused_outside_simulation(
     assert measure(conv, p, domain, simulation_seed=SEED).release.simulation_seed == SEED
 
 
+def test_sums_encoded_as_a_simulation_are_noised_only_as_one():
+    """The lookback's history is waived only in simulation: a graph whose encode step had a seed and whose
+    noise step had none would release secure-noised sums whose lookback was costed at today's parameters
+    (a red team's graph did, to release/ with differentially_private true). The sums say how they were
+    encoded; the release step refuses the other mode, either way round, on every path."""
+    from araopt.mechanism.lifetime import ReleaseHistory
+    from araopt.mechanism.measure import shard_sums
+    from araopt.mechanism.release import release_step
+
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    conv = conv.with_in_period(np.arange(len(conv)) % 3 != 0)
+    domain = _domain(frame, p, DECLARED)
+    simulated = shard_sums(conv, p, domain, simulation_seed=SEED)
+    assert simulated.simulated and simulated.lookback_rows > 0
+    counts, lookback = ValidationCounts(simulated.rows), ValidationCounts(simulated.lookback_rows)
+    with pytest.raises(PrivacyRefusal, match="one simulation or one release"):
+        release_step(simulated, counts, p, domain, lookback_counts=lookback)
+    made = release_step(simulated, counts, p, domain, simulation_seed=SEED, lookback_counts=lookback)
+    assert made.simulation_seed == SEED
+    secure = shard_sums(conv, p, domain, history=ReleaseHistory.of([]))
+    assert not secure.simulated
+    with pytest.raises(PrivacyRefusal, match="one simulation or one release"):
+        release_step(secure, counts, p, domain, simulation_seed=SEED, lookback_counts=lookback)
+    with pytest.raises(PrivacyRefusal, match="a simulation with a release"):
+        aggregate.merge([simulated, secure])
+    with pytest.raises(Exception, match="one simulation or one release"):
+        with TestPipeline() as pipe:
+            valid, domain_pc, counts_pc = _hand_wired(pipe, _tables(frame), frame, p, DECLARED)
+            _ = (valid | GroupByImpression(4) | EncodeBoundAndSum(p, domain_pc, simulation_seed=SEED)
+                 | NoisyRelease(p, counts_pc, domain_pc))
+
+
 @pytest.mark.parametrize("keyed", ["all at key 0", "by batch"])
 def test_shards_that_are_not_grouped_by_impression_are_refused(keyed):
     """Alg. 1 caps an impression within its shard: batches fed to ``EncodeBoundAndSum`` without

@@ -48,6 +48,9 @@ class DomainSums:
     grouping: str | None = None
     """The grouping by impression the sums were capped within (one ``EncodeBoundAndSum``'s token; None:
     in memory, one grouping): Alg. 1 caps an impression once per grouping, so sums of two are not merged."""
+    simulated: bool = False
+    """Encoded as a simulation (``simulation_seed``: seeded rounding, a lookback without a release history
+    costed at today's parameters): such sums are noised only as a simulation (``release.release_step``)."""
 
     @property
     def rows(self) -> int:
@@ -101,13 +104,15 @@ def merge(parts: Iterable[DomainSums]) -> DomainSums:
     if len(groupings) != 1:
         raise PrivacyRefusal(f"cannot merge sums capped in {len(groupings)} groupings by impression (two "
                              f"EncodeBoundAndSum steps): Alg. 1 would keep an impression's budget once in each")
+    if len({p.simulated for p in parts}) != 1:
+        raise PrivacyRefusal("cannot merge the sums of a simulation with a release's")
     hist = parts[0].histogram.copy()
     for p in parts[1:]:
         hist += p.histogram
     return DomainSums(hist, sum(p.kept for p in parts), sum(p.capped for p in parts),
                       sum(p.outside_domain for p in parts), sum(p.impressions for p in parts),
                       sum(p.lookback_rows for p in parts), sum(p.rows_before_lookback for p in parts),
-                      parts[0].grouping)
+                      parts[0].grouping, parts[0].simulated)
 
 
 class TooManySlices(InvalidInput):

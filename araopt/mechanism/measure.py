@@ -173,6 +173,7 @@ def measure(
     period = conversions.period_mask()
     sums = domain_sums(slice_idx, contributions, kept, histogram_height(params, domain),
                        impressions=distinct_count(conversions.impression_sort_keys()[period]), in_period=period)
+    sums = dataclasses.replace(sums, simulated=simulation_seed is not None)
     release = release_step(sums, ValidationCounts(int(period.sum())), params, domain, simulation_seed=simulation_seed,
                            lookback_counts=ValidationCounts(sums.lookback_rows), rng=noise_rng)
     return Measurement(release, sums.histogram, kept, (slice_idx >= 0) & (slice_idx < domain.num_slices))
@@ -196,7 +197,7 @@ def shard_sums(conversions: Conversions, params: Params, domain: KeyDomain, simu
                        rows_before_lookback=rows_before_coverage(conversions, coverage_start_us))
     if conversions.in_period is not None:
         sums = dataclasses.replace(sums, lookback_rows=lookback_rows)
-    return sums
+    return dataclasses.replace(sums, simulated=simulation_seed is not None)
 
 
 def rows_before_coverage(conversions: Conversions, coverage_start_us: int | None) -> int:

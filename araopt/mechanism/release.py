@@ -181,6 +181,13 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
                    secure_noise=rng is None and simulation_seed is None)
 
 
+SUMS_AND_NOISE_ONE_MODE = (
+    "the sums and their noise are one simulation or one release: sums encoded with a simulation seed (seeded "
+    "rounding, a lookback costed without the release history) are noised only with one, and a release's only "
+    "without (pass the same simulation_seed to EncodeBoundAndSum and NoisyRelease)")
+"""Why ``release_step`` refuses sums encoded in the other mode than its noise."""
+
+
 def release_step(sums: DomainSums | None, counts: ValidationCounts, params: Params, domain: KeyDomain, *,
                  simulation_seed: int | None = None, max_rejected_fraction: float = DEFAULT_MAX_REJECTED_FRACTION,
                  lookback_counts: ValidationCounts | None = None, rng: np.random.Generator | None = None) -> Release:
@@ -190,6 +197,8 @@ def release_step(sums: DomainSums | None, counts: ValidationCounts, params: Para
     (and the lookback's) and the sums, then :func:`noisy_release` (its rules, noise once per key: Alg. 2;
     Alg. 4). ``sums`` None: no shard produced any (an empty histogram over the domain)."""
     check_rejected_share(counts, max_rejected_fraction)
+    if sums is not None and sums.simulated != (simulation_seed is not None):
+        raise PrivacyRefusal(SUMS_AND_NOISE_ONE_MODE)
     if sums is None:
         sums = empty(histogram_height(params, domain), domain.num_columns)
     lookback = lookback_counts or ValidationCounts()
