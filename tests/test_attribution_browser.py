@@ -17,12 +17,16 @@ from araopt.mechanism.keys import KeyDomain
 
 @pytest.mark.parametrize("host, site", [  # what tldts' getDomain (the reference's parser) gives
     ("Foo.Example", "foo.example"), ("https://a.b.example/x", "b.example"), ("a_b.example", "a_b.example"),
-    ("a.example.", "a.example"), ("a.example:443", "a.example")])
+    ("a.example.", "a.example"), ("a.example:443", "a.example"),
+    # the URL parser ends an https URL's authority at a backslash: the host is before it, not after an '@'
+    ("https://evil.example\\@shop.example/", "evil.example"), ("https://a.evil.example\\x", "evil.example")])
 def test_a_host_becomes_its_site(host, site):
     assert parse_site(host) == site
 
 
-@pytest.mark.parametrize("host", ["1.2.3.4", "a..example", "-a.example", "a", "", ":", "a b.example", "localhost",
+@pytest.mark.parametrize("host", ["1.2.3.4", "127.1", "0x7f.1", "127.0.1", "10.0.1", "0x7f.0.0.1", "shop.1",
+                                  "shop.0x10", "shop.0x", "a.b.017", "１２７.１", "a..example", "-a.example", "a", "",
+                                  ":", "a b.example", "localhost",
                                   "x.localhost"])
 def test_what_is_no_site_is_a_syntax_error(host):
     with pytest.raises(ApiError) as err:

@@ -4,9 +4,10 @@ The reference implementation parses with tldts' ``getDomain`` (the Public Suffix
 applies the list's default rule ``*`` only: the public suffix is the host's last label, so the site
 is its last two labels. That equals tldts for every host whose public suffix has one label (``.com``,
 ``.example``, ``.test``: all the spec's cases); hosts under multi-label suffixes (``co.uk``,
-``github.io``) are taken one label too short. ``localhost`` and its subdomains, IP addresses, single
-labels and malformed hosts are a ``SyntaxError`` (a ``DOMException`` in the browser).
-"""
+``github.io``) are taken one label too short. ``localhost`` and its subdomains, IP addresses (any host whose last
+label is a number, as the URL parser reads IPv4: ``127.1``, ``0x7f.1``), single labels and malformed
+hosts are a ``SyntaxError`` (a ``DOMException`` in the browser). A backslash ends an https URL's
+authority, as ``/`` does (the URL parser's rule for special schemes)."""
 from __future__ import annotations
 
 import re
@@ -19,7 +20,10 @@ import pandas as pd
 from araopt.attribution.errors import ApiError, ErrorName
 
 _LABEL = re.compile(r"^[a-z0-9_\u0080-\U0010ffff][a-z0-9_\u0080-\U0010ffff-]*$")
-_IPV4 = re.compile(r"^\d+(\.\d+){3}$")
+_NUMBER = re.compile(r"\d+|0x[0-9a-f]*")
+"""A label the URL parser reads as an IPv4 number (decimal, octal, ``0x`` hex): a host whose last label is one
+is an IPv4 address (``127.1``, ``0x7f.1`` are 127.0.0.1) or invalid (``shop.1``): the WHATWG "ends in a number"
+rule."""
 _ASCII_SPACE = " \t\n\r\f\v"
 _TAB_NEWLINE = str.maketrans("", "", "\t\n\r")
 
@@ -48,14 +52,14 @@ def parse_site(value: str) -> str:
     host = value.translate(_TAB_NEWLINE).strip(_ASCII_SPACE)
     if "://" in host:
         host = host.split("://", 1)[1]
-    host = re.split(r"[/?#]", host, maxsplit=1)[0]
+    host = re.split(r"[/?#\\]", host, maxsplit=1)[0]  # a backslash ends the authority too (https is special)
     host = host.rsplit("@", 1)[-1]
     name, colon, port = host.partition(":")
     host = name if not colon or port.isdigit() else ""  # a port is dropped; any other ':' is no host
     host = _ascii_host(host, value)
     host = host[:-1] if host.endswith(".") else host
     labels = host.split(".")
-    if (not host or len(host) > 253 or len(labels) < 2 or _IPV4.fullmatch(host)
+    if (not host or len(host) > 253 or len(labels) < 2 or _NUMBER.fullmatch(labels[-1])
             or not all(_LABEL.fullmatch(label) for label in labels)):
         raise ApiError(ErrorName.SYNTAX_ERROR, f"invalid site {value!r}")
     site = ".".join(labels[-2:])
