@@ -65,6 +65,11 @@ PRIVACY_SAFE = "privacy-safe"
 """How privacy-safe tuning's provenance begins its ``tuning`` entry (``optimize.private``)."""
 
 
+JOINED_HISTORY_FIELDS = ("history", "row_accounting", "rows_read")
+"""Provenance fields only tuning on a joined history writes (``optimize --history``'s path, the Beam job's row
+accounting, ``nightly``'s rows read): a version carrying one was fitted on raw data, whatever else it says."""
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a parameter file came from and what error it is predicted to have."""
@@ -93,8 +98,10 @@ class Provenance:
     @property
     def privacy_safe(self) -> bool:
         """Whether privacy-safe tuning made the version: its calibration is a post-processing of DP releases
-        and first-party data, not of a joined history."""
-        return str(self.extra.get("tuning", "")).startswith(PRIVACY_SAFE)
+        and first-party data, not of a joined history. The claim is the operator's file (nothing signs it);
+        one that also records a joined history's reading (``JOINED_HISTORY_FIELDS``) is not believed."""
+        return (str(self.extra.get("tuning", "")).startswith(PRIVACY_SAFE)
+                and not any(f in self.extra for f in JOINED_HISTORY_FIELDS))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Provenance:

@@ -119,7 +119,7 @@ def test_a_joined_historys_calibration_stays_with_the_operator_a_privacy_safe_on
     first-party data) is released with its true totals."""
     from araopt.mechanism.measure import measure
     from araopt.publication import publish, release_json
-    from araopt.version import PRIVACY_SAFE, Provenance
+    from araopt.version import JOINED_HISTORY_FIELDS, PRIVACY_SAFE, Provenance
 
     joined = calibrated(params(), history(seed=5))
     release = measure(Conversions.from_table(history(seed=6), ["s"], ["v"]), joined.params, simulation_seed=2).release
@@ -134,6 +134,12 @@ def test_a_joined_historys_calibration_stays_with_the_operator_a_privacy_safe_on
     released = publish(release, safe)
     assert released.private_true_totals() is None
     pd.testing.assert_frame_equal(released.release_frame(), private)
+    # a joined version whose file was edited to claim privacy-safe tuning still records its joined reading
+    for field in JOINED_HISTORY_FIELDS:
+        forged = dataclasses.replace(joined, provenance=Provenance(extra={"tuning": f"{PRIVACY_SAFE}: edited",
+                                                                          field: "the joined history"}))
+        assert not forged.provenance.privacy_safe
+        assert publish(release, forged).private_true_totals() is not None
 
 
 def write(frame, path):
@@ -154,6 +160,7 @@ def test_optimize_fits_the_calibration_and_measure_releases_true_totals(tmp_path
                          "--max-count-limit", "6", "--output", str(tmp_path / "p.json"), "--no-progress"]) == 0
     p = ParameterVersion.load(tmp_path / "p.json")
     assert p.calibration is not None and p.correction in ("ratio", "none")
+    assert "history" in p.provenance.extra  # what marks it joined, whatever its 'tuning' is edited to say
     assert p.provenance.extra["estimator"]["correction"] == p.correction
     (tmp_path / "dom.csv").write_text("s\na\nb\nc\nnever-seen\n")  # a declared slice the history never had
     capsys.readouterr()

@@ -108,6 +108,7 @@ def test_the_first_version_is_the_cold_start_then_the_releases_teach(daily):
     assert cold.params.exploration is not None and learnt.params.exploration is not None
     assert learnt.provenance.extra["release_dates"] == [date(1), date(2)]
     assert learnt.calibration is not None  # estimates of the true totals from the releases' own ratio
+    assert learnt.provenance.privacy_safe  # so its releases carry those true totals (publication.joined_calibration_reason)
     assert learnt.domain.num_slices == 8  # the declared domain, never the data's
 
 
