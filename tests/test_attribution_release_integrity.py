@@ -304,6 +304,22 @@ def test_a_query_whose_noise_araopt_cannot_sample_is_refused_before_the_job(tmp_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("epsilon", [5e-324, 1e-300, 1e-12, 2.0**-21])
+def test_a_query_epsilon_below_aras_floor_is_refused_where_the_parameters_are_made(epsilon):
+    """A query epsilon far below one microepsilon: at 5e-324 each report deducted 0 and the count limit
+    divided by zero; at 1e-12 the run failed at the noise step in ARA's wording. Refused in one line, naming
+    the field, when the parameters are made (a file loads through the same check); in memory, a noise rate
+    outside the sampler's domain is refused in the Attribution wording."""
+    from araopt.errors import InvalidParameters
+
+    with pytest.raises(InvalidParameters, match=r"queries\['count'\]\.epsilon must lie in \[2\^-20"):
+        AttributionQuery(COUNT, None, epsilon)
+    assert AttributionQuery(COUNT, None, 2.0**-20).epsilon == 2.0**-20
+    tiny = AttributionParams(1.0, (AttributionQuery("value", "value", 2.0**-20, 2**32 - 1, 20.0),), ("campaign",))
+    with pytest.raises(InvalidParameters, match=r"queries\['value'\]: the noise rate"):
+        measure(tiny, _log(T0, T0 + HOUR_US, browsers=2, conversions=1), _domain(tiny), simulation_seed=1)
+
+
 # ---- one browser, one budget, whatever its id's spelling ------------------------------------------
 def test_a_browser_whose_id_is_spelt_two_ways_has_one_budget():
     """The grouping step shards browsers by the canonical id hash ("007" is 7: ``araopt.io.ids``), but

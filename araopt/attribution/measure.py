@@ -36,7 +36,7 @@ from araopt.attribution.encoder import (
 )
 from araopt.attribution.lifetime import AttributionHistory, ChargedWindow, lookback_segments
 from araopt.attribution.params import AttributionParams
-from araopt.attribution.reconstruct import Estimate, aggregate, reconstruct
+from araopt.attribution.reconstruct import Estimate, aggregate, check_noise_rates, reconstruct
 from araopt.attribution.simulate import Calls, Reports, epoch_grid, reference_draws, report_sums, simulate_schedule
 from araopt.attribution.sites import site_hashes
 from araopt.errors import InvalidInput, PrivacyRefusal
@@ -309,6 +309,7 @@ def noisy_release(params: AttributionParams, unnoised: Mapping[tuple[str, int], 
                   ) -> tuple[dict[tuple[str, int], np.ndarray], dict[tuple[str, int], Estimate]]:
     """The aggregation service's noisy histograms (secure noise unless ``simulation_seed``) and Alg. 4's
     estimates with their noise intervals, per (query, task)."""
+    check_noise_rates(params)  # one line naming the query, on every path (not the sampler's ARA wording)
     simulation = None if simulation_seed is None else Simulation(simulation_seed)
     noisy, estimates = {}, {}
     for stream, (key, sums) in enumerate(sorted(unnoised.items())):

@@ -24,7 +24,7 @@ from typing import Any
 
 from araopt.attribution.browser import DEFAULT_CONVERSION_EPSILON, deductions
 from araopt.attribution.config import MAX_CONVERSION_EPSILON, MAX_UNSIGNED_LONG, MICROEPSILONS
-from araopt.constants import CONTRIBUTION_BUDGET, MAX_CLIP_THRESHOLD, MIN_ATTRIBUTION_CLIP
+from araopt.constants import CONTRIBUTION_BUDGET, MAX_CLIP_THRESHOLD, MIN_ATTRIBUTION_CLIP, MIN_EPSILON
 from araopt.errors import InvalidParameters, is_positive_finite
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Encoding, Params, QueryParams
@@ -48,8 +48,9 @@ class AttributionQuery:
         where = f"queries[{self.name!r}]"
         if not isinstance(self.name, str) or not self.name:
             raise InvalidParameters(f"queries: name must be a non-empty string, got {self.name!r}")
-        if not is_positive_finite(self.epsilon) or self.epsilon > MAX_CONVERSION_EPSILON:
-            raise InvalidParameters(f"{where}.epsilon must lie in (0, {MAX_CONVERSION_EPSILON}], got {self.epsilon!r}")
+        if not is_positive_finite(self.epsilon) or not MIN_EPSILON <= self.epsilon <= MAX_CONVERSION_EPSILON:
+            raise InvalidParameters(f"{where}.epsilon must lie in [2^-20, {MAX_CONVERSION_EPSILON}] (ARA's floor: "
+                                    f"constants.MIN_EPSILON), got {self.epsilon!r}")
         if isinstance(self.max_value, bool) or not isinstance(self.max_value, int) or not (
                 1 <= self.max_value <= MAX_UNSIGNED_LONG):
             raise InvalidParameters(f"{where}.max_value must be an integer in [1, 2^32 - 1], got {self.max_value!r}")
