@@ -19,14 +19,15 @@ from araopt.mechanism.keys import KeyDomain
     ("Foo.Example", "foo.example"), ("https://a.b.example/x", "b.example"), ("a_b.example", "a_b.example"),
     ("a.example.", "a.example"), ("a.example:443", "a.example"),
     # the URL parser ends an https URL's authority at a backslash: the host is before it, not after an '@'
-    ("https://evil.example\\@shop.example/", "evil.example"), ("https://a.evil.example\\x", "evil.example")])
+    ("https://evil.example\\@shop.example/", "evil.example"), ("https://a.evil.example\\x", "evil.example"),
+    ("%73hop.example", "shop.example"), ("shop.example:", "shop.example")])
 def test_a_host_becomes_its_site(host, site):
     assert parse_site(host) == site
 
 
 @pytest.mark.parametrize("host", ["1.2.3.4", "127.1", "0x7f.1", "127.0.1", "10.0.1", "0x7f.0.0.1", "shop.1",
                                   "shop.0x10", "shop.0x", "a.b.017", "１２７.１", "a..example", "-a.example", "a", "",
-                                  ":", "a b.example", "localhost",
+                                  ":", "a b.example", "localhost", "%FF.example", "a%2Fb.example", "%zz.example",
                                   "x.localhost"])
 def test_what_is_no_site_is_a_syntax_error(host):
     with pytest.raises(ApiError) as err:
@@ -67,7 +68,8 @@ def test_a_conversion_side_slice_chooses_the_task_not_the_index():
 
 
 SPELLINGS = ["xn--bcher-kva.example", "bücher.example", "bu\u0308cher.example", "bü\u00adcher.example",
-             "BÜCHER.Example", "bücher\u3002example", "https://shop.bücher.example:8443/cart"]
+             "BÜCHER.Example", "bücher\u3002example", "https://shop.bücher.example:8443/cart",
+             "b%C3%BCcher.example", "https://b%c3%bccher%2Eexample:/"]  # percent-decoded, an empty port
 
 
 @pytest.mark.parametrize("host", SPELLINGS)

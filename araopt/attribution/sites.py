@@ -6,12 +6,14 @@ is its last two labels. That equals tldts for every host whose public suffix has
 ``.example``, ``.test``: all the spec's cases); hosts under multi-label suffixes (``co.uk``,
 ``github.io``) are taken one label too short. ``localhost`` and its subdomains, IP addresses (any host whose last
 label is a number, as the URL parser reads IPv4: ``127.1``, ``0x7f.1``), single labels and malformed
-hosts are a ``SyntaxError`` (a ``DOMException`` in the browser). A backslash ends an https URL's
-authority, as ``/`` does (the URL parser's rule for special schemes)."""
+hosts are a ``SyntaxError`` (a ``DOMException`` in the browser). As the URL parser does, a backslash
+ends an https URL's authority as ``/`` does (its rule for special schemes), an empty port is dropped, and
+a percent-encoded host is decoded (UTF-8) before it is serialised."""
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from urllib.parse import unquote
 
 import idna
 import numpy as np
@@ -55,7 +57,12 @@ def parse_site(value: str) -> str:
     host = re.split(r"[/?#\\]", host, maxsplit=1)[0]  # a backslash ends the authority too (https is special)
     host = host.rsplit("@", 1)[-1]
     name, colon, port = host.partition(":")
-    host = name if not colon or port.isdigit() else ""  # a port is dropped; any other ':' is no host
+    host = name if not colon or port == "" or port.isdigit() else ""  # a port (or none) is dropped; other ':' no host
+    if "%" in host:  # the URL parser percent-decodes a host (as UTF-8) before serialising it
+        try:
+            host = unquote(host, errors="strict")
+        except UnicodeDecodeError:
+            raise ApiError(ErrorName.SYNTAX_ERROR, f"invalid site {value!r} (its percent-encoding is not UTF-8)") from None
     host = _ascii_host(host, value)
     host = host[:-1] if host.endswith(".") else host
     labels = host.split(".")
