@@ -499,3 +499,19 @@ def test_a_release_whose_lookback_has_no_history_is_refused_a_simulation_takes_i
     assert unused.reports_refused == 0 and int(unused.reports.accepted.sum()) == 1
     simulated = measure(today, rows, domain, simulation_seed=3)  # a simulation: the lookback at today's epsilon
     assert simulated.reports_refused == 0 and int(simulated.reports.accepted.sum()) == 2
+    # the hand-wired way round it: browsers simulated with a seed (the lookback at today's epsilon), then noised
+    # as a release; refused by the release step, as ARA's sums are (mechanism.release.SUMS_AND_NOISE_ONE_MODE)
+    from araopt.attribution.measure import BrowserSums, simulate_browsers
+    from araopt.attribution.release import release
+    from araopt.io.conversions import ValidationCounts
+
+    seeded, _ = simulate_browsers(today, rows, domain, simulation_seed=3)
+    assert seeded.simulated
+    with pytest.raises(PrivacyRefusal, match="one simulation or one release"):
+        release([seeded], today, domain, ValidationCounts(seeded.rows), None)
+    assert release([seeded], today, domain, ValidationCounts(seeded.rows), 3).simulation_seed == 3
+    made, _ = simulate_browsers(today, rows, domain, history=history)
+    with pytest.raises(PrivacyRefusal, match="one simulation or one release"):
+        release([made], today, domain, ValidationCounts(made.rows), 3)
+    with pytest.raises(PrivacyRefusal, match="a simulation with a release"):
+        BrowserSums.merge([seeded, made])

@@ -151,7 +151,8 @@ def _attribution_release(rows_read: int, rejected: int, seed: int | None):
     domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])}, params.query_names
                                          ).with_origin(DECLARED)
     kept = rows_read - rejected
-    sums = BrowserSums({(q.name, 0): np.array([kept, 0]) for q in params.queries}, rows=kept, browsers=1)
+    sums = BrowserSums({(q.name, 0): np.array([kept, 0]) for q in params.queries}, rows=kept, browsers=1,
+                       simulated=seed is not None)  # sums made in the mode of their noise
     counts = ValidationCounts(rows_read, rejected, {"bad": rejected} if rejected else {})
     return release([sums], params, domain, counts, seed)
 

@@ -205,12 +205,17 @@ class BrowserSums:
     matched_last_ms: int | None = None
     lookback_rows: int = 0
     lookback_reports: int = 0
+    simulated: bool = False
+    """Simulated with a simulation seed (seeded draws, a lookback without a release history at the release's
+    own parameters): such sums are noised only as a simulation (``release.release``)."""
 
     @staticmethod
     def merge(parts: Iterable[BrowserSums]) -> BrowserSums:
         parts = list(parts)
         if not parts:
             raise InvalidInput("no browser sums to merge")
+        if len({p.simulated for p in parts}) != 1:
+            raise PrivacyRefusal("cannot merge the browser sums of a simulation with a release's")
         keys = sorted(parts[0].unnoised)
         unnoised = {k: np.asarray(np.sum([p.unnoised[k] for p in parts], axis=0, dtype=np.int64)) for k in keys}
         counts = {f: sum(getattr(p, f) for p in parts)
@@ -223,7 +228,7 @@ class BrowserSums:
         def last(name: str) -> int | None:
             return max((v for p in parts if (v := getattr(p, name)) is not None), default=None)
 
-        return replace(BrowserSums(unnoised, **counts),
+        return replace(BrowserSums(unnoised, **counts), simulated=parts[0].simulated,
                        charged_first_ms=first("charged_first_ms"), charged_last_ms=last("charged_last_ms"),
                        matched_first_ms=first("matched_first_ms"), matched_last_ms=last("matched_last_ms"))
 
@@ -300,7 +305,7 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
                        int((~plan.encoded & own_rows).sum()), int(own.sum()), int((reports.matched & own).sum()),
                        int((reports.refused & own).sum()), browsers,
                        *_ends(imp_ms[reports.accepted & own]), *_ends(imp_ms[reports.matched & own]),
-                       int(lookback.sum()), int((~own).sum()))
+                       int(lookback.sum()), int((~own).sum()), simulation_seed is not None)
     return sums, sim
 
 

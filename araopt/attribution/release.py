@@ -18,10 +18,10 @@ from araopt.attribution.lifetime import CHARGED, MATCHED
 from araopt.attribution.measure import BrowserSums, noisy_release
 from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, check_noise_rates, read_histograms, reconstruct_histograms
-from araopt.errors import InvalidInput, InvalidParameters
+from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
 from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts, check_rejected_share
 from araopt.mechanism.keys import DATA, ORIGIN_COLUMN, KeyDomain
-from araopt.mechanism.release import check_declared_domain
+from araopt.mechanism.release import SUMS_AND_NOISE_ONE_MODE, check_declared_domain
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,10 @@ def histogram_layout(domain: KeyDomain) -> pd.DataFrame:
     return frame
 
 
-def empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int) -> BrowserSums:
+def empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int, simulated: bool = False) -> BrowserSums:
     """No browser's sums: zeros per (query, task) over the histogram indices (the identity of the merge)."""
     return BrowserSums({(q.name, t): np.zeros(domain.num_slices, dtype=np.int64)
-                        for q in params.queries for t in range(num_tasks)})
+                        for q in params.queries for t in range(num_tasks)}, simulated=simulated)
 
 
 def release(sums: Sequence[BrowserSums], params: AttributionParams, domain: KeyDomain, counts: ValidationCounts,
@@ -94,7 +94,10 @@ def release(sums: Sequence[BrowserSums], params: AttributionParams, domain: KeyD
     (``araopt.mechanism.release``) first (at most ``max_rejected_fraction`` of the rows read rejected, a
     declared layout: one of origin ``data`` only in simulation, rows read = rejected + simulated), then
     noise once per index, Alg. 4."""
-    merged = BrowserSums.merge([empty_sums(params, domain, num_tasks), *sums])
+    simulation = simulation_seed is not None
+    if any(s.simulated != simulation for s in sums):
+        raise PrivacyRefusal(SUMS_AND_NOISE_ONE_MODE)
+    merged = BrowserSums.merge([empty_sums(params, domain, num_tasks, simulation), *sums])
     check_rejected_share(counts, max_rejected_fraction)
     check_declared_domain(domain, simulation_seed)
     if counts.rows_read - counts.rows_rejected != merged.rows:

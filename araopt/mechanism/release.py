@@ -182,10 +182,12 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
 
 
 SUMS_AND_NOISE_ONE_MODE = (
-    "the sums and their noise are one simulation or one release: sums encoded with a simulation seed (seeded "
-    "rounding, a lookback costed without the release history) are noised only with one, and a release's only "
-    "without (pass the same simulation_seed to EncodeBoundAndSum and NoisyRelease)")
-"""Why ``release_step`` refuses sums encoded in the other mode than its noise."""
+    "the sums and their noise are one simulation or one release: sums made with a simulation seed (seeded "
+    "draws, a lookback costed without the release history) are noised only with one, and a release's only "
+    "without (pass the same simulation_seed to the step that makes the sums and the one that noises them: "
+    "EncodeBoundAndSum and NoisyRelease, or the browsers' simulation and attribution.release.release)")
+"""Why the release step (ARA's ``release_step``, Attribution's ``release``) refuses sums made in the other mode
+than its noise."""
 
 
 def release_step(sums: DomainSums | None, counts: ValidationCounts, params: Params, domain: KeyDomain, *,
