@@ -76,7 +76,7 @@ def _daily_releases(log, params_of, key, config, lookback_days=None, carry=True)
             back = log[(log["day"] < day) & (log["day"] >= since)].assign(**{IN_PERIOD: False})
             frame = pd.concat([frame, back], ignore_index=True)
         sums, sim = simulate_release(params, frame.drop(columns="day"), _layout(params), config=config, key=key,
-                                     history=AttributionHistory(tuple(history)))
+                                     history=AttributionHistory(tuple(history), key=key))
         out.append((day, params, rows, sums, sim))
         history.append(EarlierRelease(f"day-{day}", params, _layout(params), sorted_unique(_ids(rows))))
     return out

@@ -267,7 +267,7 @@ def test_the_graph_built_from_transforms_carries_the_lookback():
     layout = _layout(params)
     earlier = log[log["day"] < 2]
     ids = sorted_unique(conversion_row_ids(earlier["impression_id"].to_numpy(), earlier["conversion_time_us"].to_numpy()))
-    history = AttributionHistory((EarlierRelease("e1", params, layout, ids),))
+    history = AttributionHistory((EarlierRelease("e1", params, layout, ids),), key=key)
     frame = log.assign(**{IN_PERIOD: log["day"] == 2}).drop(columns="day")
     expected, _ = simulate_release(params, frame, layout, key=key, history=history)
     own = int((log["day"] == 2).sum())

@@ -477,6 +477,7 @@ def test_a_release_whose_lookback_has_no_history_is_refused_a_simulation_takes_i
     epoch; the earlier release spent the whole budget (its count at epsilon 10 of 10), so a browser
     refuses today's conversion (epsilon 5). Without the history a release would simulate the lookback at
     today's epsilon and spend 15 of 10: refused outside simulation, whatever path calls ``measure``."""
+    from araopt.attribution.draws import DrawKey
     from araopt.attribution.lifetime import AttributionHistory, EarlierRelease
     from araopt.errors import PrivacyRefusal
     from araopt.io.rowset import conversion_row_ids
@@ -490,7 +491,7 @@ def test_a_release_whose_lookback_has_no_history_is_refused_a_simulation_takes_i
     rows = pd.DataFrame([{**row, "conversion_time_us": T0 + HOUR_US, "in_period": False},
                          {**row, "conversion_time_us": T0 + 2 * HOUR_US, "in_period": True}])
     ids = np.sort(conversion_row_ids(np.array([0]), np.array([T0 + HOUR_US])))
-    history = AttributionHistory((EarlierRelease("earlier", early, domain, ids),))
+    history = AttributionHistory((EarlierRelease("earlier", early, domain, ids),), key=DrawKey.new())
     made = measure(today, rows, domain, history=history)
     assert made.reports_refused == 1 and int(made.reports.accepted.sum()) == 1  # the lookback's, at epsilon 10
     with pytest.raises(PrivacyRefusal, match="AttributionHistory"):
@@ -515,3 +516,38 @@ def test_a_release_whose_lookback_has_no_history_is_refused_a_simulation_takes_i
         release([made], today, domain, ValidationCounts(made.rows), 3)
     with pytest.raises(PrivacyRefusal, match="a simulation with a release"):
         BrowserSums.merge([seeded, made])
+
+
+def test_a_lookback_is_simulated_again_with_the_draws_of_the_releases_that_used_it():
+    """An earlier release (the ledger's draw key K) rounded a value of 0.5 up to 1 and so spent the whole
+    per-site budget; today's conversion of value 1 is then refused by the browser. Simulated again with
+    fresh draws the lookback may round down, leave budget, and today's report spend it again (a red team's:
+    20 of 10 spent on 9 of 20 runs). The ledger's history carries K and a release draws with it; a history
+    without its key, or another key, is refused outside simulation."""
+    from araopt.attribution.draws import DrawKey
+    from araopt.attribution.lifetime import AttributionHistory, EarlierRelease
+    from araopt.errors import PrivacyRefusal
+    from araopt.io.rowset import conversion_row_ids
+
+    p = AttributionParams(10.0, (AttributionQuery("value", "value", 10.0, 1, 1.0),), ("campaign",))
+    domain = KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0])}, p.query_names
+                                         ).with_origin(DECLARED)
+
+    def row(hour: int, value: float, in_period: bool) -> dict:
+        return {"browser_id": 0, "impression_id": 0, "campaign": 0, "impression_time_us": T0, "value": value,
+                "conversion_site": "shop.example", "conversion_time_us": T0 + hour * HOUR_US, "in_period": in_period}
+
+    early = pd.DataFrame([row(1, 0.5, True)]).drop(columns="in_period")
+    keys = (DrawKey(f"{i:0>{len(DrawKey.new().secret)}}") for i in range(100))
+    key = next(k for k in keys if int(measure(p, early, domain, key=k).unnoised[("value", 0)].sum()) == 1)
+    ids = np.sort(conversion_row_ids(np.array([0]), np.array([T0 + HOUR_US])))
+    earlier = (EarlierRelease("earlier", p, domain, ids),)
+    rows = pd.DataFrame([row(1, 0.5, False), row(3, 1.0, True)])
+    for given in (None, key):  # the history's key, whether or not the caller passes it too
+        made = measure(p, rows, domain, history=AttributionHistory(earlier, key=key), key=given)
+        assert int(made.unnoised[("value", 0)].sum()) == 0 and made.reports_refused == 1
+    with pytest.raises(PrivacyRefusal, match="draw key those releases used"):
+        measure(p, rows, domain, history=AttributionHistory(earlier))
+    with pytest.raises(PrivacyRefusal, match="draw key those releases used"):
+        measure(p, rows, domain, history=AttributionHistory(earlier, key=key), key=DrawKey.new())
+    measure(p, rows, domain, history=AttributionHistory(earlier), simulation_seed=1)  # a simulation draws its own

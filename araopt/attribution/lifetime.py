@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from araopt.attribution.draws import DrawKey
 from araopt.attribution.params import AttributionParams
 from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.mechanism.keys import KeyDomain
@@ -92,10 +93,24 @@ class EarlierRelease:
 @dataclass(frozen=True)
 class AttributionHistory:
     """The earlier releases a lookback's conversions may belong to (``releases``, in ledger order), and
-    those whose conversions cannot be simulated again with why (``excluded``: (entry id, reason))."""
+    those whose conversions cannot be simulated again with why (``excluded``: (entry id, reason)), and the
+    draw key they were simulated with (``key``: the ledger's; their epoch grids and roundings are its
+    draws, so a lookback is simulated again only with it: ``draw_key``)."""
 
     releases: tuple[EarlierRelease, ...] = ()
     excluded: tuple[tuple[str, str], ...] = ()
+    key: DrawKey | None = None
+
+    def draw_key(self, key: DrawKey | None, simulation: bool) -> DrawKey | None:
+        """The key a release with this history draws with (``key``: the one given, None: this history's).
+        Outside a ``simulation``, a lookback held by earlier releases is simulated again only with their key:
+        fresh draws would round its values and place its epochs otherwise than the browsers did, and so
+        leave another budget than the one they left (a red team's: 20 of 10 spent on 9 of 20 runs)."""
+        if simulation or not self.releases:
+            return key
+        if self.key is None or (key is not None and key != self.key):
+            raise PrivacyRefusal(LOOKBACK_NEEDS_KEY)
+        return self.key
 
     @property
     def rebuilt(self) -> frozenset[str]:
@@ -123,6 +138,12 @@ class AttributionHistory:
             out[r.ids[where] == ids] = configs.index((r.params, r.layout))
         return out
 
+
+LOOKBACK_NEEDS_KEY = (
+    "a lookback held by earlier releases is simulated again with the draw key those releases used (the ledger's, "
+    "araopt.ledger.attribution.attribution_history records it): without it, or with another, its roundings and "
+    "epochs would differ from the browsers', and so would the budgets it left")
+"""Why a release whose history holds earlier releases needs their draw key (``AttributionHistory.draw_key``)."""
 
 LOOKBACK_NEEDS_HISTORY = (
     "lookback rows spent the per-site budgets of the releases that used them: pass the release history (the "

@@ -281,6 +281,8 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
                      config: BrowserConfig | None = None, key: DrawKey | None = None,
                      history: AttributionHistory | None = None) -> tuple[BrowserSums, Simulated]:
     """:func:`simulate_browsers` with the whole simulation (the rows in its order, the schedule)."""
+    if history is not None:  # a lookback held by earlier releases: their draws (the ledger's key)
+        key = history.draw_key(key, simulation_seed is not None)
     source: Draws = simulation_seed if simulation_seed is not None else (key if key is not None else DrawKey.new())
     config = config if config is not None else browser_config(params, domain.num_slices)
     segments: list[Segment] = [(params, domain)]

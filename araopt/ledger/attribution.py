@@ -153,7 +153,7 @@ def attribution_history(ledger: Ledger, entries: Sequence[Mapping[str, Any]], ke
         ids = RowSet.from_parquet_bytes(ledger.store.read_row_set(dict(entry)), entry["row_set"]).ids
         layout = KeyDomain.from_json(entry[LAYOUT], source=f"ledger entry {entry['id']}'s layout", embedded=True)
         releases.append(EarlierRelease(entry["id"], _params_of(entry), layout, ids))
-    return AttributionHistory(tuple(releases), tuple(excluded))
+    return AttributionHistory(tuple(releases), tuple(excluded), key)
 
 
 def reach(params: AttributionParams, impressions: tuple[int | None, int | None],
