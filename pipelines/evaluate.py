@@ -170,6 +170,7 @@ def _run_attribution(args: argparse.Namespace, names: Sequence[str], budgets: Se
 
     from araopt.evaluation.attribution import evaluate_attribution, evaluation_table
     from araopt.io.folders import EVALUATION_FOLDER, OutputFolder, check_target
+    from araopt.mechanism.keys import DATA
     from araopt.optimize.attribution import history_domain
 
     from .inputs import read_attribution_log, report_rejections
@@ -184,7 +185,7 @@ def _run_attribution(args: argparse.Namespace, names: Sequence[str], budgets: Se
             report_rejections(f"{PROG} ({name}, training log)", counts)
             test, counts, _ = read_attribution_log(test_path, slices, values)
             report_rejections(f"{PROG} ({name}, test log)", counts)
-            domain = history_domain(pd.concat([train[list(slices)], test[list(slices)]]), slices, values)
+            domain = history_domain(pd.concat([train[list(slices)], test[list(slices)]]), slices, values, DATA)
             evaluations = evaluate_attribution(train, test, domain, values, slices, budgets, runs=args.monte_carlo,
                                                seed=args.seed)
             table = evaluation_table(evaluations)

@@ -250,6 +250,12 @@ def test_optimize_stores_the_retention_fitted_for_the_chosen_parameters(history,
     version.retention.check_params(version.attribution)
     assert version.retention.rows > 0 and version.retention.indices == version.domain.num_slices
     assert "retention" in capsys.readouterr().out
+    # the history's layout is the version's domain (origin history, as ARA's): a release needs no --domain
+    from araopt.mechanism.keys import HISTORY
+    assert version.domain.origin == HISTORY
+    day = sorted(os.listdir(history))[-1]
+    assert main(["measure", "--api", "attribution", "--input", os.path.join(history, day), "--params", str(out),
+                 "--output", str(tmp_path / "release"), "--no-progress"]) == 0, capsys.readouterr().err
 
 
 def test_nightly_guards_reports_and_recognises_a_rerun(history, tmp_path, capsys) -> None:

@@ -54,7 +54,7 @@ from araopt.attribution.error import Simulated, error_terms, simulate_log
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
 from araopt.errors import InvalidParameters
 from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE
-from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.keys import HISTORY, KeyDomain
 from araopt.optimize.error_model import ErrorBreakdown, default_taus, rmsre_tau
 from araopt.optimize.mechanisms import ATTRIBUTION, split_fractions
 from araopt.optimize.workflow import Choose, HistoryRun
@@ -362,10 +362,13 @@ def _positive_quantile(values: pd.Series, quantile: float) -> float:
 
 # ------------------------------------------------------------------- the tuning workflow's steps
 
-def history_domain(rows: pd.DataFrame, slices: Sequence[str], values: Sequence[str]) -> KeyDomain:
+def history_domain(rows: pd.DataFrame, slices: Sequence[str], values: Sequence[str], origin: str = HISTORY
+                   ) -> KeyDomain:
     """The histogram layout of the history's impression-side slices (as ARA's optimize takes the
-    history's key domain)."""
-    return KeyDomain.from_slice_values(tuple(slices), {c: rows[c].to_numpy() for c in slices}, (COUNT, *values))
+    history's key domain: origin ``history``, which a release may use as its declared domain, as ARA's
+    ``Params.history_domain``; ``data`` for slices of the data a simulation measures)."""
+    return KeyDomain.from_slice_values(tuple(slices), {c: rows[c].to_numpy() for c in slices}, (COUNT, *values),
+                                       origin=origin)
 
 
 @dataclass(frozen=True)
