@@ -190,3 +190,20 @@ def test_the_tuning_workflow_runs_the_attribution_steps() -> None:
     with pytest.raises(InvalidParameters, match="the window has no valid rows"):
         tune_and_calibrate(AttributionBackend(rows.iloc[:0], 2, "the window"), AttributionSpec(SLICES, ("value",)),
                            AttributionTuner(1.0, 6, 2))
+
+
+def test_parameters_whose_noise_araopt_cannot_sample_are_infeasible_not_a_crash() -> None:
+    """A query's noise rate epsilon / (2 maxValue) below the exact sampler's 2^-36 cannot be released
+    (``reconstruct.check_noise_rates``): the error model scores such parameters infinite, so the search at a
+    tiny budget with large values takes others, where the sampler's check stopped the whole search."""
+    from araopt.attribution.params import AttributionParams, AttributionQuery
+    from araopt.attribution.reconstruct import check_noise_rates
+
+    rows = log(20, 1, value=np.linspace(1.0, 5e5, 80))
+    unsampleable = AttributionParams(1.0, (AttributionQuery(COUNT, None, 2.0**-20),
+                                           AttributionQuery("value", "value", 2.0**-20, 2**20, 5e5)), SLICES)
+    with pytest.raises(InvalidParameters, match="noise rate"):
+        check_noise_rates(unsampleable)
+    assert predicted_rmsre_tau(unsampleable, rows, domain(), np.array([5.0, 1e5])) == np.inf
+    result = optimize_attribution(AttributionProblem(3e-4, ("value",), SLICES), rows, domain(), simulation_seed=3)
+    check_noise_rates(result.params)  # what the search chose can be released

@@ -9,6 +9,7 @@ in the bias. The optimizer compares candidate parameters by ``mse`` or the relat
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from araopt.attribution.reconstruct import noise_rate
 from araopt.attribution.simulate import Reports, simulate_schedule
 from araopt.errors import InvalidParameters
 from araopt.mechanism.keys import KeyDomain
-from araopt.mechanism.noise import discrete_laplace_variance
+from araopt.mechanism.noise import MAX_NOISE_PARAMETER, MIN_NOISE_PARAMETER, discrete_laplace_variance
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,15 @@ def simulate_log(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomai
     return Simulated(plan.index, plan.encoded, values, reports)
 
 
+def _noise_variance(rate: float) -> float:
+    """The aggregation's noise variance at ``rate`` (DLap(a), ``noise_rate``); infinite outside the exact
+    sampler's domain: such parameters cannot be released (``check_noise_rates``), so the search never takes
+    them (tiny budgets with a large maxValue), where the sampler's check would stop the whole search."""
+    if not MIN_NOISE_PARAMETER <= rate <= MAX_NOISE_PARAMETER:
+        return math.inf
+    return discrete_laplace_variance(rate)
+
+
 def error_terms(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, simulation_seed: int,
                 simulated: Simulated | None = None) -> ErrorTerms:
     """The error terms of ``params`` on ``rows`` (one conversion-side task; every row in ``domain``);
@@ -98,5 +108,5 @@ def error_terms(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain
         scaled = clipped * q.value_scale
         frac = scaled - np.floor(scaled)
         rounding[qi] = np.bincount(index[rows_accepted], weights=frac * (1 - frac), minlength=size) / q.value_scale**2
-    noise = np.array([discrete_laplace_variance(noise_rate(q)) / q.value_scale**2 for q in queries])[:, None]
+    noise = np.array([_noise_variance(noise_rate(q)) / q.value_scale**2 for q in queries])[:, None]
     return ErrorTerms(truth, expected - truth, rounding + noise)
