@@ -81,12 +81,15 @@ def simulate_log(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomai
 
 
 def _noise_variance(rate: float) -> float:
-    """The aggregation's noise variance at ``rate`` (DLap(a), ``noise_rate``); infinite outside the exact
-    sampler's domain: such parameters cannot be released (``check_noise_rates``), so the search never takes
-    them (tiny budgets with a large maxValue), where the sampler's check would stop the whole search."""
-    if not MIN_NOISE_PARAMETER <= rate <= MAX_NOISE_PARAMETER:
+    """The aggregation's noise variance at ``rate`` (DLap(a), ``noise_rate``): Var DLap(a) = 2 e^{-a} /
+    expm1(-a)^2 for any a > 0 (infinite at 0). The error model needs the variance, not a draw: the sampler's
+    domain (``check_noise_rates``) is the release's rule, and the search scores candidates at a maxValue the
+    release does not use (``optimize.attribution.SEARCH_MAX_VALUE``), whose rate may lie below it."""
+    if MIN_NOISE_PARAMETER <= rate <= MAX_NOISE_PARAMETER:
+        return discrete_laplace_variance(rate)
+    if not rate > 0:
         return math.inf
-    return discrete_laplace_variance(rate)
+    return float(2.0 * math.exp(-rate) / math.expm1(-rate) ** 2)
 
 
 def error_terms(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, simulation_seed: int,

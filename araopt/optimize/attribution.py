@@ -52,6 +52,7 @@ from araopt.attribution.browser import DEFAULT_CONVERSION_EPSILON
 from araopt.attribution.calibrate import Retention, retention
 from araopt.attribution.error import Simulated, error_terms, simulate_log
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
+from araopt.attribution.reconstruct import check_noise_rates
 from araopt.errors import InvalidParameters
 from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE
 from araopt.mechanism.keys import HISTORY, KeyDomain
@@ -299,6 +300,7 @@ def optimize_attribution(problem: AttributionProblem, rows: pd.DataFrame, domain
         if chosen is None or value < chosen[0]:
             chosen = (value, candidate)
     assert chosen is not None
+    check_noise_rates(chosen[1])  # what is chosen must be releasable (one line, naming the query)
     return AttributionOptimization(chosen[1], chosen[0], tuple(float(t) for t in tau), tuple(search.scored))
 
 
