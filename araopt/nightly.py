@@ -55,7 +55,7 @@ class Guardrails:
         """Reasons not to publish (empty: publish), each naming the parameter and the likely cause;
         ``against_baselines=False``: the moves only (a rule's version, not a tuned one: ``private_problems``)."""
         problems = []
-        best_baseline = min(baseline_values.values())
+        best_baseline = min(baseline_values.values(), default=math.inf)  # (none releasable: nothing to beat)
         if against_baselines and not predicted < best_baseline:
             problems.append(f"the error model's RMSRE_tau {predicted:.4g} does not beat the best baseline "
                             f"{best_baseline:.4g} (both from the error model)")

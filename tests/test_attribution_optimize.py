@@ -215,3 +215,28 @@ def test_the_search_at_a_tiny_budget_scores_every_candidate_and_chooses_releasab
     scores = [c.rmsre_tau for c in result.candidates]
     assert np.isfinite(scores).all() and len({c.count_limit for c in result.candidates}) > 1  # it searched
     assert min(scores) < scores[0]  # and left its start (equal split, the 99% clip)
+
+
+def test_a_baseline_that_cannot_be_released_at_the_budget_is_listed_not_scored_and_stops_nothing() -> None:
+    """At a tiny budget the q95 baseline (C = 25 here) gives each query less than one microepsilon per
+    report, or a noise rate the sampler cannot draw: no method a user could run. It stopped optimize,
+    nightly and evaluate (a red team's: budget 2e-5); now the comparison lists it with why, the guardrails'
+    bar and the evaluation's best baseline leave it out, and a releasable baseline is still scored."""
+    from araopt.evaluation.attribution import evaluation_table
+    from araopt.optimize.attribution import comparison, releasable_baseline
+
+    rows = log(20, 25, value=np.linspace(1.0, 50.0, 2000))
+    taus = np.array([5.0, 50.0])
+    problem = AttributionProblem(2e-5, ("value",), SLICES)
+    why = releasable_baseline(EQUAL_Q95, problem, rows)
+    assert isinstance(why, str) and "microepsilon" in why
+    assert not isinstance(releasable_baseline(SPEC_DEFAULTS, problem, rows), str)
+    result = optimize_attribution(problem, rows, domain(), taus=taus, simulation_seed=3)
+    table = comparison(result, problem, rows, domain()).set_index("method")
+    assert table.loc[EQUAL_Q95, "note"].startswith("not releasable") and np.isnan(table.loc[EQUAL_Q95, "train RMSRE_tau"])
+    assert np.isfinite(table.loc[SPEC_DEFAULTS, "train RMSRE_tau"]) and table.loc[SPEC_DEFAULTS, "note"] == ""
+    (evaluation,) = evaluate_attribution(rows, rows, domain(), ("value",), SLICES, [2e-5], runs=1, seed=3)
+    assert evaluation.best_baseline is not None and evaluation.best_baseline.method == SPEC_DEFAULTS
+    evaluated = evaluation_table([evaluation]).set_index("method")
+    assert evaluated.loc[EQUAL_Q95, "note"].startswith("not releasable")
+    assert np.isfinite(evaluated.loc[OPTIMIZED, "ratio_to_best_baseline"])

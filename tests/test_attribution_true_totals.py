@@ -286,6 +286,7 @@ def test_the_guardrails_judge_attribution_versions_by_their_paper_view(fitted) -
     assert guard.check(large, 1.0, {"spec_defaults": 2.0}, small)[0].startswith("count limit moves 3 -> 12")
     assert guard.check(large, 2.0, {"spec_defaults": 2.0}, None)[0].startswith("the error model's RMSRE_tau 2")
     assert guard.check(large, 1.0, {"spec_defaults": 2.0}, None) == []
+    assert guard.check(large, 1.0, {}, None) == []  # no baseline releasable at the budget: nothing to beat
     shorter = ParameterVersion.for_attribution(dataclasses.replace(params(), lookback_days=7))
     assert new_series(small, shorter) == "epoch / lookback changed 7 / 30 -> 7 / 7 days"
     ara = ParameterVersion(params().paper_params())

@@ -87,9 +87,8 @@ def _noise_variance(rate: float) -> float:
     release does not use (``optimize.attribution.SEARCH_MAX_VALUE``), whose rate may lie below it."""
     if MIN_NOISE_PARAMETER <= rate <= MAX_NOISE_PARAMETER:
         return discrete_laplace_variance(rate)
-    if not rate > 0:
-        return math.inf
-    return float(2.0 * math.exp(-rate) / math.expm1(-rate) ** 2)
+    below = math.expm1(-rate) ** 2 if rate > 0 else 0.0  # (underflows to 0 below about 1.5e-162)
+    return math.inf if below == 0.0 else float(2.0 * math.exp(-rate) / below)
 
 
 def error_terms(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain, simulation_seed: int,

@@ -15,8 +15,10 @@ All metrics use the training taus (tau = 5 x training median, Sec. 5.1) for ever
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,9 +31,9 @@ from araopt.mechanism.keys import KeyDomain
 from araopt.optimize.attribution import (
     BASELINES,
     AttributionProblem,
-    baseline_params,
     optimize_attribution,
     predicted_rmsre_tau,
+    releasable_baseline,
     training_taus,
 )
 from araopt.optimize.error_model import realised_rmsre_tau
@@ -68,10 +70,13 @@ class MethodEvaluation:
     RMSRE_tau and the interval coverage of the true totals."""
 
     method: str
-    params: AttributionParams
+    params: AttributionParams | None
     analytic: float
     realised: float | None
     coverage: float | None
+    note: str | None = None
+    """Why a baseline was not evaluated (``params`` None: it cannot be released at this budget,
+    ``optimize.attribution.releasable_baseline``)."""
 
 
 def true_totals(params: AttributionParams, rows: pd.DataFrame, domain: KeyDomain) -> np.ndarray:
@@ -116,13 +121,16 @@ class BudgetEvaluation:
         return next(m for m in self.methods if m.method == OPTIMIZED)
 
     @property
-    def best_baseline(self) -> MethodEvaluation:
-        return min((m for m in self.methods if m.method != OPTIMIZED), key=lambda m: m.analytic)
+    def best_baseline(self) -> MethodEvaluation | None:
+        """The releasable baseline of the lowest analytic test RMSRE_tau (None: none is releasable)."""
+        return min((m for m in self.methods if m.method != OPTIMIZED and m.params is not None),
+                   key=lambda m: m.analytic, default=None)
 
     @property
     def ratio(self) -> float:
-        """Optimized over the best baseline (analytic test RMSRE_tau)."""
-        return self.optimized.analytic / self.best_baseline.analytic
+        """Optimized over the best baseline (analytic test RMSRE_tau; NaN without a releasable baseline)."""
+        best = self.best_baseline
+        return math.nan if best is None else self.optimized.analytic / best.analytic
 
     @property
     def generalization(self) -> float:
@@ -148,7 +156,10 @@ def evaluate_attribution(train: pd.DataFrame, test: pd.DataFrame, domain: KeyDom
         on_test = optimize_attribution(problem, test, domain, taus, seed)
         methods = []
         for name, params in ((OPTIMIZED, tuned.params),
-                             *((b, baseline_params(b, problem, train)) for b in BASELINES)):
+                             *((b, releasable_baseline(b, problem, train)) for b in BASELINES)):
+            if isinstance(params, str):  # a baseline that cannot be released at this budget: no method to run
+                methods.append(MethodEvaluation(name, None, math.nan, None, None, f"not releasable: {params}"))
+                continue
             released = true_total_intervals(retention(params, train, domain, seed, level)) if runs else None
             methods.append(evaluate_method(name, params, test, domain, taus, runs, seed, released))
         out.append(BudgetEvaluation(float(budget), tuple(methods),
@@ -161,14 +172,18 @@ def evaluation_table(evaluations: Sequence[BudgetEvaluation]) -> pd.DataFrame:
     baseline and (optimized) the generalization ratio."""
     rows = []
     for e in evaluations:
-        best = e.best_baseline.analytic
+        best = math.nan if e.best_baseline is None else e.best_baseline.analytic
         for m in e.methods:
-            q = m.params.queries
-            rows.append({"budget": e.budget, "method": m.method, "RMSRE_tau": m.analytic,
-                         "realised": m.realised, "coverage": m.coverage, "ratio_to_best_baseline": m.analytic / best,
-                         "C": m.params.count_limit(multi_epoch=True),
-                         "epsilons": ", ".join(f"{x.epsilon:.4g}" for x in q),
-                         "max_values": ", ".join(str(x.max_value) for x in q),
-                         "clips": ", ".join(f"{x.clip:.4g}" for x in q),
-                         "tuned_train/test": e.generalization if m.method == OPTIMIZED else None})
+            row: dict[str, Any] = {"budget": e.budget, "method": m.method, "RMSRE_tau": m.analytic,
+                                   "realised": m.realised, "coverage": m.coverage,
+                                   "ratio_to_best_baseline": m.analytic / best}
+            if m.params is not None:
+                q = m.params.queries
+                row.update({"C": m.params.count_limit(multi_epoch=True),
+                            "epsilons": ", ".join(f"{x.epsilon:.4g}" for x in q),
+                            "max_values": ", ".join(str(x.max_value) for x in q),
+                            "clips": ", ".join(f"{x.clip:.4g}" for x in q)})
+            row.update({"tuned_train/test": e.generalization if m.method == OPTIMIZED else None,
+                        "note": m.note or ""})
+            rows.append(row)
     return pd.DataFrame(rows)

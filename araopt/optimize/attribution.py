@@ -443,7 +443,7 @@ class AttributionTuning:
     def baselines(self) -> dict[str, float]:
         """Each baseline's predicted training RMSRE_tau (the guardrails' bar)."""
         return {str(r["method"]): float(r["train RMSRE_tau"]) for _, r in self.comparison.iterrows()
-                if r["method"] != "optimized"}
+                if r["method"] != "optimized" and np.isfinite(r["train RMSRE_tau"])}  # (releasable ones only)
 
 
 @dataclass(frozen=True)
@@ -472,15 +472,34 @@ class AttributionTuner:
                                  chosen.comparison)
 
 
+def releasable_baseline(name: str, problem: AttributionProblem, rows: pd.DataFrame) -> AttributionParams | str:
+    """``baseline_params``, or why that baseline cannot be released at this budget (a query's share below one
+    microepsilon per report, or a noise rate outside the sampler's domain: ``check_noise_rates``). Such a
+    baseline is no method a user could run: it is listed as not releasable, never scored as if it were, and
+    it stops nothing (a tiny budget's q95 baseline at C = 25 stopped optimize and nightly)."""
+    try:
+        params = baseline_params(name, problem, rows)
+        check_noise_rates(params)
+    except InvalidParameters as error:
+        return str(error)
+    return params
+
+
 def comparison(result: AttributionOptimization, problem: AttributionProblem, rows: pd.DataFrame,
                domain: KeyDomain) -> pd.DataFrame:
-    """The chosen parameters and the baselines on the history (predicted RMSRE_tau, ratio to optimized)."""
-    out = [("optimized", result.params, result.rmsre_tau)]
+    """The chosen parameters and the baselines on the history (predicted RMSRE_tau, ratio to optimized); a
+    baseline that cannot be released at this budget has no score, and its ``note`` says why."""
+    def row(name: str, p: AttributionParams, value: float) -> dict[str, Any]:
+        return {"method": name, "C": p.count_limit(multi_epoch=True),
+                "epsilons": ", ".join(f"{q.epsilon:.4g}" for q in p.queries),
+                "max_values": ", ".join(str(q.max_value) for q in p.queries),
+                "clips": ", ".join(f"{q.clip:.4g}" for q in p.queries), "lookback_days": p.lookback_days,
+                "train RMSRE_tau": value, "ratio": value / result.rmsre_tau, "note": ""}
+
+    out = [row("optimized", result.params, result.rmsre_tau)]
     for name in BASELINES:
-        p = baseline_params(name, problem, rows)
-        out.append((name, p, predicted_rmsre_tau(p, rows, domain, np.array(result.taus))))
-    return pd.DataFrame([{"method": name, "C": p.count_limit(multi_epoch=True),
-                          "epsilons": ", ".join(f"{q.epsilon:.4g}" for q in p.queries),
-                          "max_values": ", ".join(str(q.max_value) for q in p.queries),
-                          "clips": ", ".join(f"{q.clip:.4g}" for q in p.queries), "lookback_days": p.lookback_days,
-                          "train RMSRE_tau": value, "ratio": value / result.rmsre_tau} for name, p, value in out])
+        p = releasable_baseline(name, problem, rows)
+        out.append(row(name, p, predicted_rmsre_tau(p, rows, domain, np.array(result.taus)))
+                   if not isinstance(p, str) else
+                   {"method": name, "train RMSRE_tau": np.nan, "ratio": np.nan, "note": f"not releasable: {p}"})
+    return pd.DataFrame(out)
