@@ -330,12 +330,13 @@ def private_problems(version: ParameterVersion, previous: ParameterVersion | Non
     (whose predictions divide by a retention a capped probe does not claim) nor guarded as moves."""
     unguarded = PrivateDecision(version, (), False)
     predicted, baselines = unguarded.predicted, unguarded.baselines
-    if predicted is None or not baselines or is_cold_start_rule(version):
+    if predicted is None or is_cold_start_rule(version):
         return ()
     if previous is not None and (is_scheduled_probe(version) or is_scheduled_probe(previous)):
         previous = None  # the public count-limit schedule moves C to and from a probe: not a move to guard
+    # no baseline recorded (none releasable at the budget): nothing to beat, the moves are still guarded
     return tuple(guardrails.check(version, predicted, baselines, previous,
-                                  against_baselines=not is_scheduled_probe(version)))
+                                  against_baselines=bool(baselines) and not is_scheduled_probe(version)))
 
 
 def released_on_probe_day(version: ParameterVersion, release_date: str) -> bool:
@@ -476,13 +477,16 @@ def attribution_night(tuning: AttributionTuning, previous: ParameterVersion | No
     result, baselines = tuning.optimization, tuning.baselines
     version = dataclasses.replace(tuning.version, provenance=Provenance(
         training_start=window_start, training_end=as_of, rows=tuning.rows, created_at=created_at,
-        predicted_rmsre_tau=result.rmsre_tau, baseline_rmsre_tau=min(baselines.values()), objective="rmsre_tau",
+        predicted_rmsre_tau=result.rmsre_tau, baseline_rmsre_tau=min(baselines.values(), default=None),
+        objective="rmsre_tau",
         extra={"as_of": as_of, "run_id": run_id, "api": "attribution", "taus": list(result.taus),
-               "baselines": {k: {"rmsre_tau": v} for k, v in baselines.items()}}))
+               "baselines": {k: {"rmsre_tau": v} for k, v in baselines.items()},
+               "baselines_not_releasable": tuning.not_releasable}))
     decision = private_decision(version, previous, as_of, guardrails)
     assert version.retention is not None  # (the workflow fits it)
     report = run_report("joined history", as_of, run_id, budget, version, result.rmsre_tau, baselines,
                         expected_previous, decision.problems, decision.idempotent, decision.series, api="attribution",
+                        baselines_not_releasable=tuning.not_releasable,
                         window=[window_start, as_of], history_dates=list(dates), rows_read=tuning.rows,
                         taus=list(result.taus), retention=version.retention.to_json(),
                         per_count_limit=result.table().to_dict(orient="records"))

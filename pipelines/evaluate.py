@@ -187,7 +187,7 @@ def _run_attribution(args: argparse.Namespace, names: Sequence[str], budgets: Se
             report_rejections(f"{PROG} ({name}, test log)", counts)
             domain = history_domain(pd.concat([train[list(slices)], test[list(slices)]]), slices, values, DATA)
             evaluations = evaluate_attribution(train, test, domain, values, slices, budgets, runs=args.monte_carlo,
-                                               seed=args.seed)
+                                               seed=args.seed, max_count_limit=args.max_count_limit)
             table = evaluation_table(evaluations)
             table.insert(0, "dataset", name)
             tables.append(table)

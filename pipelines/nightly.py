@@ -192,9 +192,11 @@ def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
     assert version.retention is not None  # (the workflow fits it)
     status = (f"already published as {expected} (idempotent re-run)" if decision.idempotent
               else f"published {report['version']} to {args.store}")
+    best = (f"best baseline {min(tuning.baselines.values()):.4g}" if tuning.baselines
+            else "no baseline releasable at this budget")
     print(f"{prog}: api attribution, {tuning.rows:,} conversions in {len(dates)} day(s): C = "
-          f"{result.params.count_limit(multi_epoch=True)}, predicted RMSRE_tau {result.rmsre_tau:.4g} vs best "
-          f"baseline {min(tuning.baselines.values()):.4g}; retention "
+          f"{result.params.count_limit(multi_epoch=True)}, predicted RMSRE_tau {result.rmsre_tau:.4g} vs {best}; "
+          f"retention "
           + ", ".join(f"{n} {r:.3g}" for n, r in zip(version.retention.query_names, version.retention.ratios,
                                                    strict=True))
           + f"; {status}; report {directory}/report.json")

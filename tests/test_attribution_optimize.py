@@ -240,3 +240,21 @@ def test_a_baseline_that_cannot_be_released_at_the_budget_is_listed_not_scored_a
     evaluated = evaluation_table([evaluation]).set_index("method")
     assert evaluated.loc[EQUAL_Q95, "note"].startswith("not releasable")
     assert np.isfinite(evaluated.loc[OPTIMIZED, "ratio_to_best_baseline"])
+
+
+def test_the_search_stops_at_the_first_count_limit_no_split_fits_and_evaluate_takes_its_c_max() -> None:
+    """At a per-site budget of 3e-6 two queries fit one report each (1.5e-6 apiece) but not two: C = 2 leaves
+    a query below one microepsilon per report, which stopped the whole search (and optimize, nightly and
+    evaluate with it). Now the search ends at the first count limit no split fits; and evaluate searches up to
+    the C_max it is given (it used the default whatever --max-count-limit said)."""
+    rows = log(20, 3, value=np.linspace(1.0, 50.0, 240))
+    taus = np.array([5.0, 50.0])
+    result = optimize_attribution(AttributionProblem(3e-6, ("value",), SLICES), rows, domain(), taus=taus,
+                                  simulation_seed=3)
+    assert result.params.count_limit(multi_epoch=True) == 1
+    assert {c.count_limit for c in result.candidates} == {1}
+    with pytest.raises(InvalidParameters, match="microepsilon"):  # not even C = 1 fits: the one-line refusal
+        optimize_attribution(AttributionProblem(1.5e-6, ("value",), SLICES), rows, domain(), taus=taus)
+    (evaluation,) = evaluate_attribution(rows, rows, domain(), ("value",), SLICES, [1.0], max_count_limit=2)
+    assert evaluation.optimized.params is not None
+    assert evaluation.optimized.params.count_limit(multi_epoch=True) <= 2

@@ -306,3 +306,27 @@ def test_a_release_says_which_queries_it_holds_no_signal_for(tmp_path, capsys) -
     _, release = _measure(tmp_path, ParameterVersion.for_attribution(starved, domain=layout(starved)),
                           users_log(3, 200), "starved", 1)
     assert release["queries_without_signal"] == ["value"]
+
+
+def test_nightly_at_a_budget_no_baseline_fits_still_decides_and_guards_the_moves(history, tmp_path, capsys) -> None:
+    """At a per-site budget of 3e-6 neither baseline is releasable (spec defaults deduct more than the budget,
+    q95's shares are below one microepsilon): nightly crashed on an empty minimum. Now its report lists them as
+    not releasable, the version has nothing to beat, and a move is still guarded."""
+    from araopt.nightly import private_problems
+
+    store = str(tmp_path / "store")
+    dates = sorted(d.split("=")[1] for d in os.listdir(history))
+    argv = ["nightly", "--api", "attribution", "--history", history, "--as-of", dates[-1], "--window-days", "2",
+            "--store", store, "--slices", "campaign", "--values", "value", "--epsilon", "0.000003",
+            "--max-count-limit", "3", "--run-id", "tiny"]
+    assert main(argv) == 0, capsys.readouterr().err
+    report = json.load(open(os.path.join(store, "reports", f"{dates[-1]}-tiny", "report.json")))
+    assert report["baselines"] == {} and report["published"]
+    assert set(report["baselines_not_releasable"]) == {"spec_defaults", "baseline_q95"}
+    latest = ParameterVersion.from_bytes(open_store(store).resolve("latest").payload)
+    assert latest.provenance.baseline_rmsre_tau is None
+    assert latest.attribution is not None
+    moved = ParameterVersion.for_attribution(dataclasses.replace(latest.attribution, queries=tuple(
+        dataclasses.replace(q, clip=q.clip * 100) if q.column else q for q in latest.attribution.queries)),
+        domain=latest.domain, provenance=latest.provenance)
+    assert any("clip threshold" in p for p in private_problems(moved, latest, Guardrails()))

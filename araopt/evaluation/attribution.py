@@ -30,6 +30,7 @@ from araopt.errors import InvalidParameters
 from araopt.mechanism.keys import KeyDomain
 from araopt.optimize.attribution import (
     BASELINES,
+    DEFAULT_MAX_COUNT_LIMIT,
     AttributionProblem,
     optimize_attribution,
     predicted_rmsre_tau,
@@ -141,7 +142,8 @@ class BudgetEvaluation:
 def evaluate_attribution(train: pd.DataFrame, test: pd.DataFrame, domain: KeyDomain, value_columns: Sequence[str],
                          slice_columns: Sequence[str], budgets: Sequence[float], *, runs: int = 0, seed: int = 0,
                          lookbacks: Sequence[int] = (30,), epoch_days: int = 7,
-                         level: float = 0.95) -> tuple[BudgetEvaluation, ...]:
+                         level: float = 0.95, max_count_limit: int = DEFAULT_MAX_COUNT_LIMIT
+                         ) -> tuple[BudgetEvaluation, ...]:
     """The comparison for every budget (module docstring); the taus are the training taus; coverage is of
     each method's intervals of the true totals at ``level``, calibrated on the training log
     (``attribution.calibrate``)."""
@@ -151,7 +153,7 @@ def evaluate_attribution(train: pd.DataFrame, test: pd.DataFrame, domain: KeyDom
     out = []
     for budget in budgets:
         problem = AttributionProblem(float(budget), tuple(value_columns), tuple(slice_columns), epoch_days,
-                                     tuple(lookbacks))
+                                     tuple(lookbacks), max_count_limit)
         tuned = optimize_attribution(problem, train, domain, taus, seed)
         on_test = optimize_attribution(problem, test, domain, taus, seed)
         methods = []

@@ -227,21 +227,33 @@ class _Search:
 
     def run(self, count_limit: int, starts: Sequence[tuple[np.ndarray, np.ndarray]]
             ) -> tuple[float, np.ndarray, np.ndarray]:
-        """The alternating search at one C from each start; the best scored point."""
+        """The alternating search at one C from each start; the best scored point. A point whose split
+        gives a query less than one microepsilon per report at this C (``from_paper`` refuses it) is no
+        candidate: a start ends there, a step ends its start's rounds; with no point that fits, the refusal."""
         best: tuple[float, np.ndarray, np.ndarray] | None = None
+        refusal: InvalidParameters | None = None
         for fractions, clips in starts:
-            value, current = self.score(count_limit, fractions, clips)
+            try:
+                value, current = self.score(count_limit, fractions, clips)
+            except InvalidParameters as error:
+                refusal = error
+                continue
             if best is None or value < best[0]:
                 best = (value, fractions, clips)
             for _ in range(ROUNDS if self.problem.value_columns else 0):
                 clips = self.clip_step(count_limit, fractions, current)
                 fractions = split_fractions_safe(self.split_step(count_limit, clips, current))
-                value, current = self.score(count_limit, fractions, clips)
+                try:
+                    value, current = self.score(count_limit, fractions, clips)
+                except InvalidParameters:
+                    break
                 if value < best[0]:
                     best = (value, fractions, clips)
                 else:
                     break
-        assert best is not None
+        if best is None:
+            assert refusal is not None
+            raise refusal
         return best
 
     def _start_values(self) -> list[np.ndarray]:
@@ -276,7 +288,12 @@ def optimize_attribution(problem: AttributionProblem, rows: pd.DataFrame, domain
     worse = 0
     for count_limit in range(1, problem.max_count_limit + 1):
         starts = [search.start()] + ([] if best is None else [(best[2], best[3])])  # and the best so far
-        value, fractions, clips = search.run(count_limit, starts)
+        try:
+            value, fractions, clips = search.run(count_limit, starts)
+        except InvalidParameters:  # no split fits the budget at this C (below one microepsilon): nor above it
+            if best is None:
+                raise
+            break
         if best is None or value < best[0]:
             best, worse = (value, count_limit, fractions, clips), 0
         else:
@@ -444,6 +461,11 @@ class AttributionTuning:
         """Each baseline's predicted training RMSRE_tau (the guardrails' bar)."""
         return {str(r["method"]): float(r["train RMSRE_tau"]) for _, r in self.comparison.iterrows()
                 if r["method"] != "optimized" and np.isfinite(r["train RMSRE_tau"])}  # (releasable ones only)
+
+    @property
+    def not_releasable(self) -> dict[str, str]:
+        """The baselines that cannot be released at the budget, with why (``releasable_baseline``)."""
+        return {str(r["method"]): str(r["note"]) for _, r in self.comparison.iterrows() if r["note"]}
 
 
 @dataclass(frozen=True)
