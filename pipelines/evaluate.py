@@ -198,8 +198,10 @@ def _run_attribution(args: argparse.Namespace, names: Sequence[str], budgets: Se
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(results.to_string(index=False))
     opt = results[results["method"] == "optimized"]
-    print(f"{PROG}: api attribution, {len(opt)} (dataset, budget) cells: optimized / best baseline "
-          f"max {opt['ratio_to_best_baseline'].max():.4g}, tuned-on-train / tuned-on-test max "
+    ratios = opt["ratio_to_best_baseline"].dropna()  # (a cell with no releasable baseline has none)
+    versus = (f"optimized / best baseline max {ratios.max():.4g}" if len(ratios)
+              else "no baseline releasable at these budgets")
+    print(f"{PROG}: api attribution, {len(opt)} (dataset, budget) cells: {versus}, tuned-on-train / tuned-on-test max "
           f"{opt['tuned_train/test'].max():.4g}"
           + (f", coverage of the intervals of the true totals min {opt['coverage'].min():.4g}" if args.monte_carlo else "")
           + f"; wrote attribution.csv to {args.output}")

@@ -77,3 +77,10 @@ def test_evaluate_compares_with_the_baselines_per_budget(logs, tmp_path, capsys)
         opt = cell.loc[cell["method"] == "optimized"].iloc[0]
         assert opt["ratio_to_best_baseline"] == pytest.approx(opt["RMSRE_tau"] / best)
     assert np.isfinite(table["coverage"]).all()
+    # a budget at which no baseline can be released: listed with why, and the console says so (not "max nan")
+    tiny = str(tmp_path / "tiny")
+    assert main(["evaluate", "--api", "attribution", "--train", f"{logs}/train", "--test", f"{logs}/test",
+                 "--slices", "campaignId", "--values", "value", "--epsilons", "0.000003", "--output", tiny]) == 0
+    assert "no baseline releasable at these budgets" in capsys.readouterr().out
+    notes = pd.read_csv(os.path.join(tiny, "attribution.csv")).set_index("method")["note"]
+    assert notes[["spec_defaults", "baseline_q95"]].str.startswith("not releasable").all()
