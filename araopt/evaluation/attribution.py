@@ -33,6 +33,7 @@ from araopt.optimize.attribution import (
     DEFAULT_MAX_COUNT_LIMIT,
     AttributionProblem,
     optimize_attribution,
+    params_columns,
     predicted_rmsre_tau,
     releasable_baseline,
     training_taus,
@@ -180,11 +181,7 @@ def evaluation_table(evaluations: Sequence[BudgetEvaluation]) -> pd.DataFrame:
                                    "realised": m.realised, "coverage": m.coverage,
                                    "ratio_to_best_baseline": m.analytic / best}
             if m.params is not None:
-                q = m.params.queries
-                row.update({"C": m.params.count_limit(multi_epoch=True),
-                            "epsilons": ", ".join(f"{x.epsilon:.4g}" for x in q),
-                            "max_values": ", ".join(str(x.max_value) for x in q),
-                            "clips": ", ".join(f"{x.clip:.4g}" for x in q)})
+                row.update(params_columns(m.params))
             row.update({"tuned_train/test": e.generalization if m.method == OPTIMIZED else None,
                         "note": m.note or ""})
             rows.append(row)

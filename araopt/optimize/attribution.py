@@ -507,15 +507,19 @@ def releasable_baseline(name: str, problem: AttributionProblem, rows: pd.DataFra
     return params
 
 
+def params_columns(p: AttributionParams) -> dict[str, Any]:
+    """How a table shows a parameter set: C and, per query, epsilon, maxValue and clip."""
+    return {"C": p.count_limit(multi_epoch=True), "epsilons": ", ".join(f"{q.epsilon:.4g}" for q in p.queries),
+            "max_values": ", ".join(str(q.max_value) for q in p.queries),
+            "clips": ", ".join(f"{q.clip:.4g}" for q in p.queries)}
+
+
 def comparison(result: AttributionOptimization, problem: AttributionProblem, rows: pd.DataFrame,
                domain: KeyDomain) -> pd.DataFrame:
     """The chosen parameters and the baselines on the history (predicted RMSRE_tau, ratio to optimized); a
     baseline that cannot be released at this budget has no score, and its ``note`` says why."""
     def row(name: str, p: AttributionParams, value: float) -> dict[str, Any]:
-        return {"method": name, "C": p.count_limit(multi_epoch=True),
-                "epsilons": ", ".join(f"{q.epsilon:.4g}" for q in p.queries),
-                "max_values": ", ".join(str(q.max_value) for q in p.queries),
-                "clips": ", ".join(f"{q.clip:.4g}" for q in p.queries), "lookback_days": p.lookback_days,
+        return {"method": name, **params_columns(p), "lookback_days": p.lookback_days,
                 "train RMSRE_tau": value, "ratio": value / result.rmsre_tau, "note": ""}
 
     out = [row("optimized", result.params, result.rmsre_tau)]
