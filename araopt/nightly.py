@@ -466,28 +466,26 @@ def private_night(version: ParameterVersion, previous: ParameterVersion | None, 
 
 def attribution_night(tuning: AttributionTuning, previous: ParameterVersion | None, as_of: str, run_id: str,
                       budget: float, window_start: str, dates: Sequence[str], expected_previous: str | None,
-                      guardrails: Guardrails, created_at: str) -> tuple[PrivateDecision, dict[str, Any]]:
+                      guardrails: Guardrails, created_at: str, counts: ValidationCounts
+                      ) -> tuple[PrivateDecision, dict[str, Any]]:
     """``nightly --api attribution``'s decision on the version tuned on the window
     (the tuning workflow with ``optimize.attribution.AttributionTuner``): the version stamped with the
     run (window, rows, its prediction and the baselines', as-of date, run id), then the rules every
     night applies to a version that records its prediction and baselines (:func:`private_decision`: a
     re-run recognised, the guardrails against the latest published version ``previous``, a new series)
     and its run report (:func:`run_report`'s
-    schema, with the retention ratios). The caller concludes it (:func:`conclude_night`)."""
+    schema, with the retention ratios; ``counts``: the history's rows read and rejected). The caller
+    concludes it (:func:`conclude_night`)."""
     result, baselines = tuning.optimization, tuning.baselines
-    version = dataclasses.replace(tuning.version, provenance=Provenance(
-        training_start=window_start, training_end=as_of, rows=tuning.rows, created_at=created_at,
-        predicted_rmsre_tau=result.rmsre_tau, baseline_rmsre_tau=min(baselines.values(), default=None),
-        objective="rmsre_tau",
-        extra={"as_of": as_of, "run_id": run_id, "api": "attribution", "taus": list(result.taus),
-               "baselines": {k: {"rmsre_tau": v} for k, v in baselines.items()},
-               "baselines_not_releasable": tuning.not_releasable}))
+    version = dataclasses.replace(tuning.version, provenance=tuning.provenance(
+        window_start, as_of, created_at, counts, as_of=as_of, run_id=run_id))
     decision = private_decision(version, previous, as_of, guardrails)
     assert version.retention is not None  # (the workflow fits it)
     report = run_report("joined history", as_of, run_id, budget, version, result.rmsre_tau, baselines,
                         expected_previous, decision.problems, decision.idempotent, decision.series, api="attribution",
                         baselines_not_releasable=tuning.not_releasable,
-                        window=[window_start, as_of], history_dates=list(dates), rows_read=tuning.rows,
+                        window=[window_start, as_of], history_dates=list(dates),
+                        rows_read=counts.rows_read, rows_rejected=counts.rows_rejected,
                         taus=list(result.taus), retention=version.retention.to_json(),
                         per_count_limit=result.table().to_dict(orient="records"))
     return decision, report

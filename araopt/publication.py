@@ -337,6 +337,7 @@ def attribution_release_files(rel: AttributionRelease, params_sha256: str, simul
     # stay with the operator, the release folder holds Alg. 4's estimates (noised numbers only)
     frame = rel.estimates_frame(None)
     released = attribution_release_json(rel, params_sha256, None)
+    released["estimates"] = estimates_of(None, calibrated_privately=retention is not None)
     if retention is not None:
         released["true_totals"] = (f"operator-private ({outputs.private_file(outputs.TRUE_TOTALS_CSV)}): calibrated "
                                    f"on the joined history, whose retention ratios they hold")

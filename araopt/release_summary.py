@@ -10,6 +10,7 @@ from typing import Any
 
 from araopt.attribution.calibrate import estimates_of
 from araopt.io import outputs
+from araopt.mechanism.keys import HISTORY
 from araopt.mechanism.report import SIGNAL_SDS
 from araopt.version import POINT_ESTIMATES, Api, ParameterVersion
 
@@ -50,6 +51,8 @@ def attribution_summary_lines(summary: dict[str, Any], output: str, simulation: 
              f"{summary['conversions_kept']:,} kept + {summary['conversions_outside_domain']:,} outside the layout + "
              f"{summary['rows_rejected']:,} rejected; {summary['reports_refused_for_budget']:,} of "
              f"{summary['reports']:,} reports refused for budget"]
+    if summary.get("domain_kind") == HISTORY and not simulation:
+        lines.append(HISTORY_KEYS_NOTE)
     if summary.get("lookback_files"):  # the budgets carried from earlier releases (araopt.ledger.attribution)
         carried = summary.get("lookback_releases")
         whose = ("the version's parameters (simulation: no ledger)" if carried is None
@@ -60,6 +63,12 @@ def attribution_summary_lines(summary: dict[str, Any], output: str, simulation: 
     private = ("" if version.retention is None else  # the joined history's retention: its true totals stay private
                joined_note(outputs.private_file(outputs.TRUE_TOTALS_CSV), "the clipped values the browsers accepted"))
     return [*lines, f"  estimates are of {estimates_of(version.retention)}{private}"]
+
+
+HISTORY_KEYS_NOTE = ("  NOTE: the keys are the parameter version's training slices (those with a conversion in its "
+                     "training window), which the release lists without noise; where that is sensitive, pass --domain "
+                     "with your own campaign list (docs/privacy.md)")
+"""The console's note on a release over a domain of origin ``history`` (what it discloses; both APIs)."""
 
 
 def joined_note(private_path: str, released: str) -> str:
@@ -80,6 +89,8 @@ def summary_lines(summary: dict[str, Any], output: str, simulation: bool) -> lis
                  f"{summary['conversions_kept']:,} kept + {summary['conversions_dropped_by_cap']:,} dropped by the cap + "
                  f"{summary['conversions_kept_outside_domain']:,} outside the domain + {summary['rows_rejected']:,} "
                  f"rejected ({by_reason}); details in {output}/{outputs.PRIVATE_DIR}/")
+    if summary.get("domain_kind") == HISTORY and not simulation:
+        lines.append(HISTORY_KEYS_NOTE)
     if summary["conversions_kept_outside_domain"]:
         lines.append(f"  NOTE: conversions of slices outside the declared domain ({summary['domain']}) are counted, "
                      f"not released; to release a new campaign, list every slice to release in a file of your own "

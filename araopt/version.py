@@ -228,7 +228,7 @@ class ParameterVersion:
         if self.domain is not None:
             # the origin is kept (a release over a data-derived domain is refused outside simulation);
             # ``history``, the default, is left out: files of joined tuning keep their bytes and checksums
-            out["domain"] = {k: v for k, v in self.domain.to_json().items()
+            out["domain"] = {k: v for k, v in self.domain.to_json(learnt=True).items()
                              if k != "params_sha256" and not (k == "origin" and v == HISTORY)}
         if self.calibration is not None:
             out["correction"] = self.correction

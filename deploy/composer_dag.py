@@ -1,9 +1,11 @@
 """Airflow 3 (Cloud Composer 3) DAG: araopt nightly → measure, both as Dataflow Flex Templates.
 
 The alternative to deploy/scheduler-nightly.yaml when measurement should follow the nightly job:
-``nightly`` optimizes and publishes the parameters for the previous day; ``measure`` then resolves
-the store's ``latest`` (checksum-verified; run_summary.json records the version) and measures that
-day's reports. Each task waits for its Dataflow job to finish.
+``nightly`` optimizes on the window up to the day before the measured day and publishes the parameters;
+``measure`` then resolves the store's ``latest`` (checksum-verified; run_summary.json records the
+version) and measures the last complete day, the day after that window: a version is never used on the
+days it was tuned on (its key domain is their slices, and a release of them over it is refused).
+Each task waits for its Dataflow job to finish.
 
 Configure with Airflow Variables (``airflow variables set KEY VALUE``; defaults in brackets):
   araopt_project, araopt_region [us-central1], araopt_bucket,
@@ -25,11 +27,13 @@ REGION = "{{ var.value.get('araopt_region', 'us-central1') }}"
 BUCKET = "{{ var.value.araopt_bucket }}"
 TEMPLATES = "{{ var.value.get('araopt_template_prefix', 'gs://' ~ var.value.araopt_bucket ~ '/templates') }}"
 
-# as_of is the day before the run's logical date: the last complete day when the run starts at 02:15.
+# the measured day is the day before the run's logical date (the last complete day when the run starts at
+# 02:15); the nightly window ends the day before it (as_of), so the release is of a day after the version's
+# history (``mechanism.release.check_learnt_window``).
 
 NIGHTLY_PARAMETERS = {
     "history": "gs://{{ var.value.araopt_bucket }}/conversions/date=*/*.parquet",
-    "as_of": "{{ macros.ds_add(ds, -1) }}",
+    "as_of": "{{ macros.ds_add(ds, -2) }}",
     "window_days": "{{ var.value.get('araopt_window_days', '28') }}",
     "store": "gs://{{ var.value.araopt_bucket }}/params",
     "slices": "{{ var.value.araopt_slices }}",

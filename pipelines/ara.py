@@ -47,7 +47,7 @@ from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_output_file, ch
 from araopt.io.partitions import partition_days
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.params import Params
-from araopt.mechanism.release import operator_private_reason
+from araopt.mechanism.release import history_days_reason, operator_private_reason, with_version_end
 from araopt.publication import joined_calibration_reason
 from araopt.version import Api, ParameterVersion
 
@@ -202,9 +202,10 @@ def _reconstruct(args: argparse.Namespace) -> int:
     else:
         raise InvalidParameters("reconstruct needs the key map: pass --key-map M (written by export-ara or measure) or "
                                 "--conversions LOG to derive the domain from its slices")
-    private = private or joined_calibration_reason(version)
     data = avro.read_report(args.summary_report)
     days = report_days(args.days, list(data.paths), getattr(args, "summary_report_as_given", []))
+    domain = with_version_end(domain, file_version.domain)
+    private = private or history_days_reason(domain, days) or joined_calibration_reason(version)
     frame, counters = estimates_from_summary_report(data.buckets, data.metrics, version, domain, args.confidence,
                                                     period_days=days)
     check_report_matches(counters)
@@ -276,7 +277,9 @@ def _reconstruct_attribution(args: argparse.Namespace, version: ParameterVersion
     private = operator_private_reason(domain, f"--key-map {args.key_map}" if args.key_map else
                                       "the parameter version" if version.domain is not None
                                       else f"--conversions {args.conversions}")
-    private = private or joined_calibration_reason(version)
+    # (no report days here: over a history layout the estimates are operator-private)
+    private = private or history_days_reason(with_version_end(domain, version.domain), None) \
+        or joined_calibration_reason(version)
     paths = args.summary_report if isinstance(args.summary_report, list) else [args.summary_report]
     frames = []
     for path in paths:

@@ -37,7 +37,7 @@ from araopt.errors import InvalidParameters
 from araopt.io import jsonio, outputs
 from araopt.io.conversions import ValidationCounts
 from araopt.io.folders import EXPORT_FOLDER, OutputFolder, check_target
-from araopt.mechanism.keys import DATA, KeyDomain
+from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.release import check_declared_domain
 
 from . import options
@@ -128,7 +128,7 @@ def _export(args: argparse.Namespace) -> int:
             reports = sum(1 for c in cases for ev in c["events"] if ev["event"] == "measureConversion")
         summary = {
             "params_format": PARAMS_FORMAT, "layout_sha256": domain.layout_checksum(),
-            "domain_origin": "data" if domain.origin == DATA else "declared",
+            "domain_origin": domain.origin,
             "histogram_size": domain.num_slices, "queries": list(params.query_names),
             "conversions_read": 0 if counts is None else counts.rows_read,
             "conversions_rejected": {} if counts is None else dict(counts.rejected_by_reason),

@@ -173,7 +173,7 @@ def _run_attribution(args: argparse.Namespace, names: Sequence[str], budgets: Se
     from araopt.mechanism.keys import DATA
     from araopt.optimize.attribution import history_domain
 
-    from .inputs import read_attribution_log, report_rejections
+    from .inputs import read_attribution_history
 
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
@@ -181,10 +181,10 @@ def _run_attribution(args: argparse.Namespace, names: Sequence[str], budgets: Se
     tables = []
     with OutputFolder.prepare(args.output, args.overwrite, PROG, EVALUATION_FOLDER) as folder:
         for name, train_path, test_path in zip(names, args.train, args.test, strict=True):
-            train, counts, _ = read_attribution_log(train_path, slices, values)
-            report_rejections(f"{PROG} ({name}, training log)", counts)
-            test, counts, _ = read_attribution_log(test_path, slices, values)
-            report_rejections(f"{PROG} ({name}, test log)", counts)
+            train, _ = read_attribution_history(f"{PROG} ({name}, training log)", train_path, slices, values,
+                                                args.max_rejected_fraction, "training log")
+            test, _ = read_attribution_history(f"{PROG} ({name}, test log)", test_path, slices, values,
+                                               args.max_rejected_fraction, "test log")
             domain = history_domain(pd.concat([train[list(slices)], test[list(slices)]]), slices, values, DATA)
             evaluations = evaluate_attribution(train, test, domain, values, slices, budgets, runs=args.monte_carlo,
                                                seed=args.seed, max_count_limit=args.max_count_limit)

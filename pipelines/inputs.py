@@ -195,6 +195,20 @@ def read_attribution_log(pattern: str | Sequence[str], slices: Sequence[str], va
     return rows, ValidationCounts.merge(counts), inputs
 
 
+def read_attribution_history(prog: str, pattern: str | Sequence[str], slices: Sequence[str], values: Sequence[str],
+                             max_rejected_fraction: float, what: str = "history"
+                             ) -> tuple[pd.DataFrame, ValidationCounts]:
+    """A W3C Attribution log a tuning reads (optimize, nightly, evaluate): :func:`read_attribution_log`,
+    its rejected rows in one console line, and the same gate as ARA's histories (``check_rejected_share``:
+    refused when more than ``max_rejected_fraction`` of the rows read failed validation)."""
+    from araopt.io.conversions import check_rejected_share
+
+    rows, counts, _ = read_attribution_log(pattern, slices, values)
+    report_rejections(prog, counts)
+    check_rejected_share(counts, max_rejected_fraction, what=what)
+    return rows, counts
+
+
 def refuse_ara_only(args: argparse.Namespace, prog: str, names: Sequence[str]) -> None:
     """One line for an ARA-only option given with ``--api attribution``."""
     for name in names:

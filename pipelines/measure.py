@@ -56,7 +56,7 @@ from araopt.ledger.commit import (
 )
 from araopt.ledger.ledger import MEASUREMENT_START, Ledger, LedgerRefusal, check_lookback, ledger_root, other_ledgers
 from araopt.ledger.lifetime import LookbackCover, ReleasePeriod
-from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.keys import DATA, KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.release_summary import attribution_summary_lines, run_summary, summary_lines
 from araopt.release_workflow import check_debug_run, release_epsilon, resolve_release_domain
@@ -381,7 +381,8 @@ def _carried(folder: RunFolder, config: MeasureConfig, summary: dict[str, Any], 
 def _run_facts(args: argparse.Namespace, opts: Any, config: MeasureConfig, num_shards: int, spilled: bool,
                wall: float) -> dict[str, Any]:
     """How the run ran, for the run summary (after the parameters' facts)."""
-    common = {"runner": runner_name(opts), "wall_time_s": round(wall, 3)}
+    common = {"runner": runner_name(opts), "wall_time_s": round(wall, 3),
+              "domain_kind": config.domain.origin if config.domain is not None else DATA}
     if config.attribution:
         carried = config.attribution_history
         return {"domain": config.domain_origin, "num_shards": num_shards, **common,

@@ -167,7 +167,7 @@ def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
     from araopt.optimize.attribution import AttributionBackend, AttributionSpec, AttributionTuner
     from araopt.optimize.workflow import tune_and_calibrate
 
-    from .inputs import read_attribution_log, refuse_ara_only, report_rejections
+    from .inputs import read_attribution_history, refuse_ara_only
 
     prog = "araopt nightly"
     files, dates, _ = select_window(args.history, as_of, args.window_days, 0)
@@ -177,15 +177,14 @@ def _run_attribution(args: argparse.Namespace, as_of: str) -> int:
     values = split_columns(args.values, "--values")
     store = open_store(args.store)
     expected, previous = latest_version(store)
-    rows, counts, _ = read_attribution_log(files, slices, values)
-    report_rejections(prog, counts)
+    rows, counts = read_attribution_history(prog, files, slices, values, args.max_rejected_fraction)
     tuning = tune_and_calibrate(AttributionBackend(rows, args.seed, f"{prog}: the history"),
                                 AttributionSpec(slices, values), AttributionTuner(budget, args.max_count_limit, args.seed))
     run_id = args.run_id or uuid.uuid4().hex[:8]
     window_start = window(as_of, args.window_days).start.isoformat()
     guardrails = Guardrails(bool(args.allow_large_change), args.max_threshold_change_factor, args.max_count_limit_change)
     decision, report = attribution_night(tuning, previous, as_of, run_id, budget, window_start, dates, expected,
-                                         guardrails, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+                                         guardrails, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), counts)
     directory = conclude_night(store, args.store, report, decision.version, decision.idempotent, decision.problems,
                                as_of, run_id, expected)
     version, result = decision.version, tuning.optimization

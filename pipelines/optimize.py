@@ -137,23 +137,30 @@ def _run_attribution(args: argparse.Namespace) -> int:
     """``optimize --api attribution``: the history read in memory, tuned (the tuning workflow with the
     target's steps, ``optimize.attribution``: Alg. 5 for the target, the retention calibration on the same
     history), the version to ``--output``."""
+    import dataclasses
+
+    from araopt.attribution.encoder import CONVERSION_TIME_US
     from araopt.errors import check_epsilon
+    from araopt.io.files import utc_now_iso
     from araopt.io.folders import check_output_file
     from araopt.optimize.attribution import AttributionBackend, AttributionSpec, AttributionTuner
     from araopt.optimize.workflow import tune_and_calibrate
 
-    from .inputs import read_attribution_log, refuse_ara_only, report_rejections
+    from .inputs import read_attribution_history, refuse_ara_only
 
     refuse_ara_only(args, PROG, ("lookback", "tau", "special_days", "private"))
     budget = check_epsilon(args.epsilon, "--epsilon")
     slices = split_columns(args.slices, "--slices")
     values = split_columns(args.values, "--values")
     check_output_file(args.output, args.overwrite)
-    rows, counts, _ = read_attribution_log(args.history, slices, values)
-    report_rejections(PROG, counts)
+    rows, counts = read_attribution_history(PROG, args.history, slices, values, args.max_rejected_fraction)
     tuning = tune_and_calibrate(AttributionBackend(rows, args.seed, f"{PROG}: the history"),
                                 AttributionSpec(slices, values), AttributionTuner(budget, args.max_count_limit, args.seed))
-    version, p = tuning.version, tuning.optimization.params
+    days = pd.to_datetime(rows[CONVERSION_TIME_US], unit="us", utc=True).dt.date if len(rows) else None
+    version = dataclasses.replace(tuning.version, provenance=tuning.provenance(
+        None if days is None else days.min().isoformat(), None if days is None else days.max().isoformat(),
+        utc_now_iso(), counts, history=args.history))
+    p = tuning.optimization.params
     check_output_file(args.output, args.overwrite)
     version.save(args.output)
     print(result_table(tuning.comparison))

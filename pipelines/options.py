@@ -348,8 +348,9 @@ COMMANDS: Final[Mapping[str, Command]] = {
                                "impression's whole life (as the browser caps a source); not part of the history."}),
          "private", "releases", "first_party",
          ("measurement_start", {"help": _PRIVATE_START_HELP}),
-         ("domain", {"help": "With --private: the declared domain (a key map JSON, e.g. a release's key_map.json, "
-                             "or a .csv/.json list of slice values)."}),
+         ("domain", {"help": "With --private: the declared domain (a key map JSON of origin declared, e.g. the "
+                             "key_map.json of a release over a declared domain, or a .csv/.json list of slice "
+                             "values)."}),
          ("as_of", {"required": False, "help": "With --private: tune for the release after this day from the "
                                               "releases up to it (default: the latest release found)."}),
          ("window_days", {"required": False, "default": core.PRIVATE_WINDOW_DAYS,

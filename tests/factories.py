@@ -4,6 +4,7 @@ Test modules import from here, never from each other.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -237,6 +238,9 @@ def du_penc_conversions() -> Conversions:
     return Conversions.from_table(du_penc_frame(), ["campaign"], ["items", "value"])
 
 
-def history_version(params: Params, slice_values) -> ParameterVersion:
-    """``params`` as a parameter version carrying the domain of a history's slices (as optimize publishes)."""
-    return ParameterVersion(params, domain=params.history_domain(slice_values))
+def history_version(params: Params, slice_values, learnt_before=RELEASE_DAY) -> ParameterVersion:
+    """``params`` as a parameter version carrying the domain of a history's slices (as optimize publishes),
+    a history that ended at ``learnt_before`` (by default the day the factories' conversions are on)."""
+    domain = dataclasses.replace(params.history_domain(slice_values),
+                                 learnt_before_us=pd.Timestamp(learnt_before).value // 1000)
+    return ParameterVersion(params, domain=domain)

@@ -1,4 +1,5 @@
 """ARA export and reconstruction: registrations, limits, the browser/service round trip, bad input."""
+import dataclasses
 import json
 import os
 import random
@@ -27,7 +28,7 @@ from araopt.ara.registrations import (
 from araopt.ara.simulate import browser_contributions, simulate_aggregation_service, simulate_browser
 from araopt.constants import MAX_CLIP_THRESHOLD
 from araopt.io import avro
-from araopt.mechanism.keys import DATA, DECLARED
+from araopt.mechanism.keys import DATA, DECLARED, HISTORY
 from araopt.publication import estimates_frame
 from araopt.version import ParameterVersion
 from chrome import chrome_sums, measure_unnoised
@@ -592,6 +593,29 @@ def test_reconstruct_through_a_data_derived_key_map_marks_its_estimates_operator
     assert summary["operator_private"] is private and summary["domain_origin"] == origin
     err = capsys.readouterr().err
     assert ("OPERATOR-PRIVATE" in err and "--key-map" in err) is private, err
+
+
+@pytest.mark.parametrize("days, private", [("2026-11-19,2026-11-20", True), ("2026-11-21", False), (None, True)])
+def test_reconstruct_over_a_history_key_map_is_private_unless_the_report_is_after_the_history(tmp_path, capsys,
+                                                                                             days, private):
+    """A key map of a version's history domain (published without the history's end) read with that version:
+    a summary report of days the history covers may list keys learnt from the conversions it estimates (red
+    team, round fifteen: reconstruct of the training day over export-ara's key map), so its estimates are
+    operator-private, as are those of unknown days; a report after the history's end is not."""
+    params, _, metrics = _small_release(tmp_path)
+    end = int(np.datetime64("2026-11-21", "us").astype(np.int64))  # the history's last conversion: 11-20 23:59:59.999999
+    learnt = dataclasses.replace(du_penc_domain(params, HISTORY), learnt_before_us=end)
+    version = ParameterVersion(params, domain=learnt)
+    version.save(tmp_path / "p.json")
+    (tmp_path / "km.json").write_text(json.dumps(learnt.to_json(version.checksum())))
+    assert "learnt_before_us" not in json.loads((tmp_path / "km.json").read_text())  # as export-ara publishes it
+    avro.write_summary_report(tmp_path / "r.avro", learnt.buckets(), metrics)
+    assert run_reconstruct(["--summary-report", str(tmp_path / "r.avro"), "--params", str(tmp_path / "p.json"),
+                            "--key-map", str(tmp_path / "km.json"), "--out", str(tmp_path / "e.csv"),
+                            *(["--days", days] if days else [])]) == 0
+    summary = json.loads((tmp_path / "e.summary.json").read_text())
+    assert summary["operator_private"] is private and summary["domain_origin"] == HISTORY
+    assert ("OPERATOR-PRIVATE" in capsys.readouterr().err) is private
 
 
 def test_browser_report_cap_and_budget():

@@ -75,6 +75,12 @@ def test_the_optimizer_picks_the_count_limit_that_fits_every_browsers_conversion
     scored = {c.count_limit: c.rmsre_tau for c in result.candidates}
     assert min(scored, key=lambda c: scored[c]) == 4
     assert scored[3] > 2 * scored[4] and scored[5] > scored[4]
+    table = result.table()  # the nightly report's per-C table: one row per C, its best point
+    assert table["C"].tolist() == sorted({c.count_limit for c in result.candidates})
+    for _, row in table.iterrows():
+        at_c = [c.rmsre_tau for c in result.candidates if c.count_limit == row["C"]]
+        assert row["RMSRE_tau"] == min(at_c) and row["points scored"] == len(at_c)
+    assert table["points scored"].sum() == len(result.candidates) > len(table)  # points repeat a C
 
 
 def test_the_optimizer_is_deterministic_and_at_least_as_good_as_the_baselines() -> None:
@@ -258,3 +264,26 @@ def test_the_search_stops_at_the_first_count_limit_no_split_fits_and_evaluate_ta
     (evaluation,) = evaluate_attribution(rows, rows, domain(), ("value",), SLICES, [1.0], max_count_limit=2)
     assert evaluation.optimized.params is not None
     assert evaluation.optimized.params.count_limit(multi_epoch=True) <= 2
+
+
+def test_values_beyond_the_clip_range_are_searched_at_its_end_not_refused() -> None:
+    """Valid values of ~1e13 (finite, e.g. nano-units) put the search's start and grid above the largest
+    clip a parameter file holds; they are searched at MAX_CLIP_THRESHOLD (red team, round thirteen:
+    optimize and nightly stopped on a clip the user never set)."""
+    from araopt.constants import MAX_CLIP_THRESHOLD
+
+    g = np.random.default_rng(3)
+    rows = log(20, 2, value=g.lognormal(2.0, 1.0, 20 * 4 * 2) * 1e12)
+    result = optimize_attribution(AttributionProblem(4.0, ("value",), SLICES, max_count_limit=3), rows, domain(),
+                                  taus=np.array([5.0, 1e13]))
+    assert result.params.queries[1].clip == MAX_CLIP_THRESHOLD
+    assert all(c.clips[0] <= MAX_CLIP_THRESHOLD for c in result.candidates) and np.isfinite(result.rmsre_tau)
+    from araopt.optimize.attribution import BASELINES, releasable_baseline
+
+    problem = AttributionProblem(4.0, ("value",), SLICES, max_count_limit=3)
+    for name in BASELINES:  # the baselines' clips too (round fourteen: "not releasable: clip must be ...")
+        for scale, end in ((1e12, MAX_CLIP_THRESHOLD), (1e-14, 1e-12)):
+            tiny_or_huge = rows.assign(value=rows["value"] / 1e12 * scale)
+            baseline = releasable_baseline(name, problem, tiny_or_huge)
+            assert not isinstance(baseline, str), baseline
+            assert baseline.queries[1].clip == pytest.approx(end)

@@ -240,6 +240,17 @@ def test_a_layout_lists_one_known_origin():
                             {"campaign": "integer"}).origin == "data"
     assert domain_from_rows(rows[["campaign"]], ("campaign",), (COUNT,), False, (),
                             {"campaign": "integer"}).origin == DECLARED
+    # any spelling of the header is the origin column (red team, round fifteen: "Origin" and "origin " passed a
+    # history layout for a declared one), and a row without one is an error in one line, not a crash
+    for header in ("Origin", "origin ", " ORIGIN"):
+        spelt = rows[["campaign"]].assign(**{header: "history"})
+        assert domain_from_rows(spelt, ("campaign",), (COUNT,), False, (), {"campaign": "integer"}).origin == "history"
+    with pytest.raises(InvalidInput, match="a row without one"):
+        domain_from_rows(rows.assign(origin=["history", None]), ("campaign",), (COUNT,), False, (),
+                         {"campaign": "integer"})
+    with pytest.raises(InvalidInput, match="one is allowed"):
+        domain_from_rows(rows.assign(origin="data", Origin="data"), ("campaign",), (COUNT,), False, (),
+                         {"campaign": "integer"})
 
 
 # ---- rows the browsers cannot take: dead letter, not a failed job or a merged browser -------------

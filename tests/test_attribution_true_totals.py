@@ -5,8 +5,10 @@ accepted clipped values without it; ``nightly --api attribution``'s guardrails a
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -22,6 +24,7 @@ from araopt.io.stores import open_store
 from araopt.mechanism.keys import DECLARED, KeyDomain
 from araopt.nightly import Guardrails, new_series
 from araopt.version import Api, ParameterVersion
+from factories import error_line
 from pipelines.cli import main
 from w3c import log_parquet
 
@@ -170,6 +173,8 @@ def _measure_true_totals(tmp_path, version: ParameterVersion, log: pd.DataFrame,
     out, released, release = _run(tmp_path, version, log, name, seed)
     assert not released["bias_corrected"].any() and release["bias_corrected"] is False and release["retention"] is None
     assert "operator-private" in release["true_totals"]
+    assert "calibrated on the joined history" in release["estimates"]  # not "carry no retention calibration"
+    assert "carry no retention calibration" not in release["estimates"]
     totals = pd.read_csv(os.path.join(out, outputs.private_file(outputs.TRUE_TOTALS_CSV)))
     np.testing.assert_array_equal(totals["capped_estimate"], released["estimate"])
     return totals, release
@@ -209,6 +214,7 @@ def test_a_version_without_calibration_says_its_estimates_are_of_the_accepted_cl
     assert not frame["bias_corrected"].any() and release["bias_corrected"] is False and release["retention"] is None
     assert (frame["estimate"] == frame["capped_estimate"]).all()
     assert release["estimates"].startswith("the clipped values the browsers accepted")
+    assert "carry no retention calibration" in release["estimates"]
     assert "estimates are of the clipped values the browsers accepted" in capsys.readouterr().out
 
 
@@ -226,6 +232,23 @@ def test_reconstruct_on_a_calibrated_version_gives_the_same_table(tmp_path, caps
     want = published_frame(result.estimates, layout(p), p, fitted)
     assert got["bias_corrected"].all() and np.allclose(got["estimate"], want["estimate"])
     assert np.allclose(got["ci_low"], want["ci_low"]) and np.allclose(got["ci_high"], want["ci_high"])
+
+
+def test_an_attribution_release_over_the_layout_of_its_own_rows_is_refused(train) -> None:
+    """The tuner's layout (origin history) lists the training rows' slices up to the end of their last
+    day; a release of those rows over it would list the keys of the data it releases (the encode step's
+    rule, ``mechanism.release.check_learnt_window``, as ARA's)."""
+    from araopt.errors import PrivacyRefusal
+    from araopt.optimize.attribution import history_domain
+
+    p = params()
+    learnt = history_domain(train, p.slice_columns, ("value",))
+    assert learnt.learnt_before_us == int(train["conversion_time_us"].max()) + 1  # after its last conversion
+    with pytest.raises(PrivacyRefusal, match="training history whose last conversion"):
+        measure(p, train, learnt)
+    assert measure(p, train, learnt, simulation_seed=2).rows == len(train)  # a simulation may
+    later = dataclasses.replace(learnt, learnt_before_us=int(train["conversion_time_us"].min()))
+    assert measure(p, train, later).rows == len(train)  # every row from the history's end on
 
 
 # ---- optimize / nightly --------------------------------------------------------------------------
@@ -250,12 +273,33 @@ def test_optimize_stores_the_retention_fitted_for_the_chosen_parameters(history,
     version.retention.check_params(version.attribution)
     assert version.retention.rows > 0 and version.retention.indices == version.domain.num_slices
     assert "retention" in capsys.readouterr().out
-    # the history's layout is the version's domain (origin history, as ARA's): a release needs no --domain
+    # the history's layout is the version's domain (origin history, as ARA's): a release of later days
+    # needs no --domain; a release of the history's own days would list the keys of the data it releases
+    # (red team, round thirteen: one row decided a published key), so it is refused in one line
     from araopt.mechanism.keys import HISTORY
     assert version.domain.origin == HISTORY
-    day = sorted(os.listdir(history))[-1]
-    assert main(["measure", "--api", "attribution", "--input", os.path.join(history, day), "--params", str(out),
-                 "--output", str(tmp_path / "release"), "--no-progress"]) == 0, capsys.readouterr().err
+    first, last = sorted(os.listdir(history))
+    assert main(["measure", "--api", "attribution", "--input", os.path.join(history, last), "--params", str(out),
+                 "--output", str(tmp_path / "refused"), "--no-progress"]) == 2
+    assert "training history whose last conversion" in error_line(capsys.readouterr().err)
+    assert not os.path.exists(tmp_path / "refused")
+    earlier = tmp_path / "earlier"
+    shutil.copytree(os.path.join(history, first), earlier / first)
+    assert main(["optimize", "--api", "attribution", "--history", str(earlier), "--slices", "campaign", "--values",
+                 "value", "--epsilon", "4", "--max-count-limit", "3", "--output", str(tmp_path / "w.json")]) == 0
+    assert main(["measure", "--api", "attribution", "--input", os.path.join(history, last), "--params",
+                 str(tmp_path / "w.json"), "--output", str(tmp_path / "release"), "--no-progress"]) == 0, \
+        capsys.readouterr().err
+    assert "the keys are the parameter version's training slices" in capsys.readouterr().out  # what it discloses
+    # the published layout says it is the history's (red team, round fourteen: without an origin column it read
+    # back as a declared list and released the training day over it), and keeps no time from the data
+    layout_csv = tmp_path / "release" / "release" / "histogram_layout.csv"
+    published = pd.read_csv(layout_csv)
+    assert set(published["origin"]) == {"history"} and "learnt_before_us" not in published
+    assert main(["measure", "--api", "attribution", "--input", os.path.join(history, first), "--params",
+                 str(tmp_path / "w.json"), "--domain", str(layout_csv), "--output", str(tmp_path / "laundered"),
+                 "--ledger", str(tmp_path / "fresh-ledger"), "--no-progress"]) == 2
+    assert "training history whose last conversion" in error_line(capsys.readouterr().err)
 
 
 def test_nightly_guards_reports_and_recognises_a_rerun(history, tmp_path, capsys) -> None:
@@ -323,6 +367,11 @@ def test_nightly_at_a_budget_no_baseline_fits_still_decides_and_guards_the_moves
     report = json.load(open(os.path.join(store, "reports", f"{dates[-1]}-tiny", "report.json")))
     assert report["baselines"] == {} and report["published"]
     assert set(report["baselines_not_releasable"]) == {"spec_defaults", "baseline_q95"}
+    page = open(os.path.join(store, "reports", f"{dates[-1]}-tiny", "report.html")).read()
+    for name, why in report["baselines_not_releasable"].items():  # the page says so too, with why
+        assert f'data-v="{name}">{name}</td>' in page and html.escape(why) in page
+    counts = [row["C"] for row in report["per_count_limit"]]  # one row per count limit (its best point)
+    assert counts == sorted(set(counts))
     latest = ParameterVersion.from_bytes(open_store(store).resolve("latest").payload)
     assert latest.provenance.baseline_rmsre_tau is None
     assert latest.attribution is not None

@@ -84,3 +84,55 @@ def test_evaluate_compares_with_the_baselines_per_budget(logs, tmp_path, capsys)
     assert "no baseline releasable at these budgets" in capsys.readouterr().out
     notes = pd.read_csv(os.path.join(tiny, "attribution.csv")).set_index("method")["note"]
     assert notes[["spec_defaults", "baseline_q95"]].str.startswith("not releasable").all()
+
+
+def test_a_history_with_too_many_rejected_rows_is_refused_as_aras(logs, tmp_path, capsys) -> None:
+    """optimize, nightly and evaluate --api attribution gate the rejected share as ARA's histories do
+    (red team, round thirteen: 33 of 40 rows rejected and all three went on; nightly's report counted the
+    valid rows as read)."""
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "bad"
+    total = rejected = 0
+    for root, _, files in os.walk(f"{logs}/train"):
+        for name in (f for f in files if f.endswith(".parquet")):
+            frame = pq.read_table(os.path.join(root, name)).to_pandas()
+            broken = np.arange(len(frame)) % 4 == 0  # a quarter of the rows: a negative value
+            frame.loc[broken, "value"] = -1.0
+            os.makedirs(bad / os.path.relpath(root, f"{logs}/train"), exist_ok=True)
+            frame.to_parquet(bad / os.path.relpath(root, f"{logs}/train") / name, index=False)
+            total, rejected = total + len(frame), rejected + int(broken.sum())
+    dates = sorted(d.split("=")[1] for d in os.listdir(bad) if d.startswith("date="))
+    common = ["--slices", "campaignId", "--values", "value", "--max-count-limit", "3"]
+    runs = {"optimize": ["--history", str(bad), "--epsilon", "4", "--output", str(tmp_path / "p.json")],
+            "nightly": ["--history", str(bad), "--as-of", dates[-1], "--window-days", str(len(dates)), "--epsilon",
+                        "4", "--store", str(tmp_path / "store")],
+            "evaluate": ["--train", str(bad), "--test", f"{logs}/test", "--name", "bad", "--epsilons", "4",
+                         "--monte-carlo", "1", "--output", str(tmp_path / "eval")]}
+    for command, argv in runs.items():
+        assert main([command, "--api", "attribution", *argv, *common, "--max-rejected-fraction", "0.2"]) == 2
+        err = capsys.readouterr().err
+        assert f"{rejected:,} of {total:,}" in err and "failed validation, above the 20% threshold" in err, command
+    assert not os.path.exists(tmp_path / "p.json") and not os.path.exists(tmp_path / "eval")
+    main(["nightly", "--api", "attribution", *runs["nightly"], *common, "--max-rejected-fraction", "0.3",
+          "--run-id", "ok"])  # below the gate: tuned, and reported whether or not the guardrails publish
+    report = pd.read_json(os.path.join(tmp_path, "store", "reports", f"{dates[-1]}-ok", "report.json"),
+                          typ="series")
+    assert report["rows_read"] == total and report["rows_rejected"] == rejected
+
+
+def test_optimize_records_the_window_the_rows_and_the_baselines_as_nightly(logs, tmp_path) -> None:
+    """optimize --api attribution's version says what it was tuned on (red team, round fourteen: its
+    provenance was null), as nightly's does: the window, the rows, the row accounting, the baselines."""
+    out = str(tmp_path / "params.json")
+    assert main(["optimize", "--api", "attribution", "--history", f"{logs}/train", "--slices", "campaignId",
+                 "--values", "value", "--epsilon", "4", "--max-count-limit", "3", "--output", out]) == 0
+    version = ParameterVersion.load(out)
+    rows, counts, _ = read_log(f"{logs}/train", ("campaignId",), ("value",))
+    prov = version.provenance
+    days = sorted(d.split("=")[1] for d in os.listdir(f"{logs}/train") if d.startswith("date="))
+    assert (prov.training_start, prov.training_end) == (days[0], days[-1]) and prov.rows == len(rows)
+    assert prov.extra["row_accounting"]["rows_read"] == counts.rows_read and prov.extra["history"] == f"{logs}/train"
+    assert prov.predicted_rmsre_tau > 0 and prov.baseline_rmsre_tau == min(
+        b["rmsre_tau"] for b in prov.extra["baselines"].values())
+    assert not prov.privacy_safe  # a joined history's reading

@@ -187,8 +187,8 @@ def test_composer_dag_uses_airflow3_api_and_valid_parameters() -> None:
     def render(expression: str) -> str:
         """Evaluate the few Jinja forms the DAG uses (the real render is in deploy/check_dag.sh)."""
         expression = expression.strip()
-        if expression == "macros.ds_add(ds, -1)":
-            return "2025-03-01"
+        if match := re.fullmatch(r"macros\.ds_add\(ds, (-?\d+)\)", expression):  # ds = 2025-03-02
+            return str(dt.date(2025, 3, 2) + dt.timedelta(days=int(match.group(1))))
         if match := re.fullmatch(r"var\.value\.get\('(\w+)', '([^']*)'\)", expression):
             return variables.get(match.group(1), match.group(2))
         if match := re.fullmatch(r"var\.value\.(\w+)", expression):
@@ -198,8 +198,13 @@ def test_composer_dag_uses_airflow3_api_and_valid_parameters() -> None:
     def sample(parameters: dict[str, str]) -> dict[str, str]:
         return {k: re.sub(r"\{\{(.*?)\}\}", lambda m: render(m.group(1)), v) for k, v in parameters.items()}
 
-    assert_template_parameters_valid("nightly", sample(_dag_literal("NIGHTLY_PARAMETERS")))
-    assert_template_parameters_valid("measure", sample(_dag_literal("MEASURE_PARAMETERS")))
+    nightly, measure = sample(_dag_literal("NIGHTLY_PARAMETERS")), sample(_dag_literal("MEASURE_PARAMETERS"))
+    assert_template_parameters_valid("nightly", nightly)
+    assert_template_parameters_valid("measure", measure)
+    # the measured day follows the nightly window: a version is never used on the days it was tuned on (a
+    # release of them over its history domain is refused, test_release_rules)
+    measured = re.search(r"date=(\d{4}-\d{2}-\d{2})/", measure["input"]).group(1)
+    assert dt.date.fromisoformat(measured) == dt.date.fromisoformat(nightly["as_of"]) + dt.timedelta(days=1)
 
 
 def _scheduler_job() -> dict[str, Any]:

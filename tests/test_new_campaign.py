@@ -31,12 +31,13 @@ def test_a_campaign_launched_today_is_released_once_declared(tmp_path, capsys):
     assert set(estimates["s"]) == {"a", "b"}
     note = next(line for line in out.splitlines() if "outside the declared domain" in line)
     assert "--domain slices.csv" in note and "A new campaign" in note
+    assert "the keys are the parameter version's training slices" in out  # what a history domain discloses
 
     declared = domain_csv(tmp_path, ("a", "b", "new"))
     assert measure_pipeline.run([*base, "--output", str(tmp_path / "declared"), "--domain", declared,
                                  "--allow-rerelease"]) == 0
     out = capsys.readouterr().out
-    assert "outside the declared domain" not in out
+    assert "outside the declared domain" not in out and "training slices" not in out  # a declared domain: no note
     summary = read_json(tmp_path / "declared" / outputs.private_file(outputs.RUN_SUMMARY))
     assert summary["conversions_kept_outside_domain"] == 0
     estimates = pd.read_csv(tmp_path / "declared" / outputs.release_file(outputs.ESTIMATES_CSV, False))

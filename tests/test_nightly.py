@@ -37,7 +37,7 @@ def test_window_selection(tmp_path):
 
 
 def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys):
-    hist = write_history(tmp_path / "h")
+    hist = write_history(tmp_path / "h", days=("2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23"))
     store_uri = str(tmp_path / "store")
     assert nightly.run(nightly_args(hist, store_uri, extra=["--run-id", "r1"])) == 0
     store = open_store(store_uri)
@@ -59,9 +59,10 @@ def test_publish_then_measure_with_latest_then_idempotent_rerun(tmp_path, capsys
     assert "idempotent" in capsys.readouterr().out
     # the version carries the history's key domain: a real (secure) release needs no --domain
     assert params.domain is not None and params.domain.num_slices == len(report_slices(hist))
-    # the measurement job resolves `latest` and records the version it used
+    # the measurement job resolves `latest` and records the version it used (on the day after its window:
+    # a release of the window's own days over the history's domain is refused, test_release_rules)
     out = tmp_path / "out"
-    assert measure_pipeline.run(["--input", os.path.join(hist, "date=2026-11-22"), "--params", store_uri,
+    assert measure_pipeline.run(["--input", os.path.join(hist, "date=2026-11-23"), "--params", store_uri,
                                  "--output", str(out)]) == 0
     summary = json.loads((out / "private" / "run_summary.json").read_text())
     assert summary["parameters"]["version"] == "2026-11-22-r1" and summary["domain"] == "the parameter version"

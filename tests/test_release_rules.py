@@ -10,6 +10,7 @@ import json
 
 import apache_beam as beam
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
@@ -184,6 +185,72 @@ def test_a_release_noised_by_a_callers_generator_is_neither_a_release_nor_a_simu
 
 
 # ---- parameter files keep their domain's origin --------------------------------------------------------
+# ---- a history domain is never released over its own history ----------------------------------------
+def _learnt(frame, p, before_us):
+    return dataclasses.replace(_domain(frame, p, HISTORY), learnt_before_us=int(before_us))
+
+
+def test_a_history_domain_is_released_only_over_conversions_after_the_history_it_lists():
+    """A domain of origin ``history`` lists the slices of the training history; released over that
+    history's own conversions, one row of the released data would decide a published key (red team,
+    round thirteen: optimize then measure of one log released a campaign's only conversion's key). The
+    encode step refuses outside simulation a released conversion before the history's end, or a
+    history domain that does not say where its history ended."""
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    first = int(conv.conversion_time.min())
+    with pytest.raises(PrivacyRefusal, match="training history whose last conversion"):
+        measure(conv, p, _learnt(frame, p, first + 1))  # the first conversion is in the history
+    assert measure(conv, p, _learnt(frame, p, first)).domain.origin == HISTORY  # every one from its end on
+    assert measure(conv, p, _learnt(frame, p, first + 1), simulation_seed=SEED).release.simulation_seed == SEED
+    with pytest.raises(PrivacyRefusal, match="does not record"):
+        measure(conv, p, _domain(frame, p, HISTORY))
+    assert measure(conv, p, _domain(frame, p, DECLARED)).domain.origin == DECLARED  # declared: no window
+
+
+def test_lookback_rows_before_the_history_end_are_not_released_so_they_pass():
+    """Only the period's conversions are released: an impression's earlier conversions (the lookback,
+    which only spend budget) may lie in the history the domain was learnt on."""
+    from araopt.io.conversions import concat_periods
+    from araopt.mechanism.lifetime import ReleaseHistory
+
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    cut = int(np.sort(conv.conversion_time)[len(conv) // 2])  # the first released conversion's time
+    early = conv.conversion_time < cut
+    both = concat_periods(conv.take(np.flatnonzero(~early)), conv.take(np.flatnonzero(early)))
+    released = measure(both, p, _learnt(frame, p, cut), history=ReleaseHistory.of([]))
+    assert released.release.accounting.rows_read == int((~early).sum())
+    with pytest.raises(PrivacyRefusal, match="training history whose last conversion"):
+        measure(both, p, _learnt(frame, p, cut + 1), history=ReleaseHistory.of([]))
+
+
+def test_a_graph_built_from_transforms_refuses_a_history_domain_over_its_own_history():
+    frame, p = make_frame(600), make_params()
+    last = int(pd.to_datetime(frame["conversion_time"]).max().value // 1000)
+    with pytest.raises(Exception, match="training history whose last conversion"):
+        with TestPipeline() as pipe:
+            valid, _, counts = _hand_wired(pipe, _tables(frame), frame, p, DECLARED)
+            domain = pipe | "Learnt" >> beam.Create([_learnt(frame, p, last + 1)])
+            _ = valid | GroupByImpression(4) | EncodeBoundAndSum(p, domain) | NoisyRelease(p, counts, domain)
+
+
+def test_a_history_domain_keeps_where_its_history_ended_in_files_and_key_maps():
+    frame, p = make_frame(300), make_params()
+    learnt = _domain(frame, p, HISTORY).learnt_before(1_767_312_000_000_005)  # its last conversion, exactly
+    assert learnt.learnt_before_us == 1_767_312_000_000_006
+    version = ParameterVersion(p, domain=learnt)  # the operator-private version keeps it
+    assert ParameterVersion.from_bytes(version.to_bytes()).domain.learnt_before_us == learnt.learnt_before_us
+    # a published key map does not (a time read from the data, red team round fourteen): read back, its end is
+    # unknown, so it is refused over any conversions unless the version it came from gives its end
+    published = KeyDomain.from_json(learnt.to_json("0" * 64))
+    assert "learnt_before_us" not in learnt.to_json("0" * 64) and published.learnt_before_us is None
+    assert published.origin == HISTORY
+    assert "learnt_before_us" not in ParameterVersion(p, domain=_domain(frame, p, HISTORY)).to_json()["domain"]
+    with pytest.raises(InvalidInput, match="learnt_before_us"):
+        dataclasses.replace(learnt, learnt_before_us="2026-01-03")
+
+
 def test_parameter_files_keep_their_domains_origin():
     frame, p = make_frame(300), make_params()
     for origin in (DATA, DECLARED, HISTORY):
@@ -216,28 +283,72 @@ def test_measure_refuses_parameters_whose_domain_was_derived_from_the_data(tmp_p
     assert not out.exists()
 
 
+@pytest.mark.slow
+def test_measure_refuses_a_version_learnt_on_the_log_it_would_release(tmp_path, capsys):
+    """optimize on a log, then measure of the same log (red team, round thirteen: a campaign's only
+    conversion decided whether its key was published): refused in one line, nothing written; the next
+    day's log is released over the same version."""
+    frame = conversions()
+    data, _ = setup(tmp_path, frame)
+    learnt = tmp_path / "learnt.json"
+    assert optimize(["--history", data, "--slices", "s", "--values", "v", "--epsilon", "4", "--max-count-limit",
+                     "3", "--output", str(learnt), "--no-progress"]) == 0
+    last = int(pd.to_datetime(frame["conversion_time"]).max().value // 1000)
+    assert ParameterVersion.load(learnt).domain.learnt_before_us == last + 1
+    ledger = str(tmp_path / "ledger")
+    out = tmp_path / "out"
+    assert measure_pipeline.run(["--input", data, "--params", str(learnt), "--output", str(out), "--ledger", ledger,
+                                 "--no-progress"]) == 2
+    assert "training history whose last conversion is at 2026-11-20T23" in error_line(capsys.readouterr().err)
+    assert not out.exists()
+    later = frame.assign(conversion_time=frame["conversion_time"] + pd.Timedelta(days=1))
+    write(later, str(tmp_path / "next" / "part-0.parquet"))
+    assert measure_pipeline.run(["--input", str(tmp_path / "next"), "--params", str(learnt), "--output", str(out),
+                                 "--ledger", ledger, "--no-progress"]) == 0, capsys.readouterr().err
+    assert "the keys are the parameter version's training slices" in capsys.readouterr().out  # what it discloses
+    key_map = out / "release" / "key_map.json"  # published: its origin, not the data's last time
+    assert json.load(open(key_map))["origin"] == HISTORY and "learnt_before_us" not in json.load(open(key_map))
+    # read back as --domain with its version, the version's end applies: the training log is still refused,
+    # with another version (or none recording it) a history key map is refused over any conversions
+    assert measure_pipeline.run(["--input", data, "--params", str(learnt), "--output", str(tmp_path / "again"),
+                                 "--ledger", str(tmp_path / "ledger3"), "--domain", str(key_map), "--no-progress"]) == 2
+    assert "training history whose last conversion" in error_line(capsys.readouterr().err)
+    other = tmp_path / "other.json"
+    wider = pd.concat([later, later.head(1).assign(s="z")])  # another history's slices, which ended long ago
+    ParameterVersion(params(), domain=_learnt(wider, params(), 0)).save(other)
+    assert measure_pipeline.run(["--input", str(tmp_path / "next"), "--params", str(other), "--output",
+                                 str(tmp_path / "other-out"), "--ledger", str(tmp_path / "ledger2"), "--domain",
+                                 str(key_map), "--no-progress"]) == 2
+    assert "whose end it does not record" in error_line(capsys.readouterr().err)
+
+
 # ---- privacy-safe tuning takes a declared domain only ---------------------------------------------------
 def _first_party(tmp_path):
     frame = conversions(n=300)
     return write(frame[["conversion_time", "v"]], str(tmp_path / "fp" / "date=2026-11-20" / "part-0.parquet"))
 
 
-def _data_key_map(tmp_path):
+def _data_key_map(tmp_path, origin=DATA):
     frame, p = conversions(), params()
     path = tmp_path / "key_map.json"
-    path.write_text(json.dumps(_domain(frame, p, DATA).to_json("0" * 64)))
+    path.write_text(json.dumps(_domain(frame, p, origin).to_json("0" * 64)))
     return str(path)
 
 
-def test_optimize_private_refuses_a_key_map_derived_from_the_data(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("origin, why", [(DATA, "derived from a conversion log"),
+                                         (HISTORY, "a joined parameter version's training slices")])
+def test_optimize_private_refuses_a_key_map_derived_from_the_data(tmp_path, capsys, monkeypatch, origin, why):
+    """A key map of origin data, or history (a joined version's training slices, which a published key map
+    carries without where that history ended: the version could never release, red team round fifteen),
+    is no declared domain for privacy-safe tuning."""
     monkeypatch.setenv("ARAOPT_LEDGER", str(tmp_path / "ledger"))
     _first_party(tmp_path)
     out = tmp_path / "p.json"
     code = optimize(["--private", "--releases", str(tmp_path / "releases"), "--first-party", str(tmp_path / "fp"),
-                     "--domain", _data_key_map(tmp_path), "--slices", "s", "--values", "v", "--epsilon", "8",
+                     "--domain", _data_key_map(tmp_path, origin), "--slices", "s", "--values", "v", "--epsilon", "8",
                      "--output", str(out), "--no-progress"])
     assert code == 2
-    assert "derived from a conversion log" in error_line(capsys.readouterr().err, "araopt optimize")
+    assert why in error_line(capsys.readouterr().err, "araopt optimize")
     assert not out.exists()
 
 

@@ -106,10 +106,10 @@ def test_every_json_file_nightly_and_measure_write_is_strict(tmp_path, capsys):
     from pipelines import measure as measure_pipeline
     from pipelines import nightly
 
-    hist = write_history(tmp_path / "h", n=1500)
+    hist = write_history(tmp_path / "h", days=("2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23"), n=1500)
     store = str(tmp_path / "store")
-    assert nightly.run(nightly_args(hist, store)) == 0
-    assert measure_pipeline.run(["--input", os.path.join(hist, "date=2026-11-22"), "--params", store, "--output",
+    assert nightly.run(nightly_args(hist, store)) == 0  # (as of 11-22: the day after is released)
+    assert measure_pipeline.run(["--input", os.path.join(hist, "date=2026-11-23"), "--params", store, "--output",
                                  str(tmp_path / "out")]) == 0
     files = glob.glob(os.path.join(store, "**", "*.json"), recursive=True)
     files += glob.glob(os.path.join(str(tmp_path / "out"), "**", "*.json"), recursive=True)

@@ -177,12 +177,17 @@ def published_frame(estimates: Mapping[tuple[str, int], Estimate], domain: KeyDo
     return frame[[c for c in frame.columns if c not in PUBLISHED_COLUMNS] + list(PUBLISHED_COLUMNS)]
 
 
-def estimates_of(retention: Retention | None) -> str:
-    """What the published estimates estimate (release.json's ``estimates`` and the console)."""
+def estimates_of(retention: Retention | None, calibrated_privately: bool = False) -> str:
+    """What the published estimates estimate (release.json's ``estimates`` and the console);
+    ``calibrated_privately``: the version carries a retention calibrated on a joined history, whose true
+    totals stay operator-private (the release holds Alg. 4's estimates)."""
     if retention is None:
+        why = ("the version's retention is calibrated on the joined history, so the true totals it makes are "
+               "operator-private (private/) and the release holds these" if calibrated_privately else
+               "the parameters carry no retention calibration (araopt optimize / nightly --api attribution fit one "
+               "on the history)")
         return ("the clipped values the browsers accepted (noisy sum / value scale, Alg. 4; the interval covers the "
-                "aggregation's noise): the parameters carry no retention calibration, so bias_corrected is false "
-                "(araopt optimize / nightly --api attribution fit one on the history)")
+                f"aggregation's noise): {why}, so bias_corrected is false")
     return (f"the TRUE totals: Alg. 4's estimate / the retention ratio learnt on {retention.rows:,} conversions of "
             f"history (bias_corrected); the intervals include the calibration's uncertainty (the noise interval / "
             f"the ratio + the {retention.level:g} quantile of the indices' ratio spread x |estimate|)")

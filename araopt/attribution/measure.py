@@ -52,7 +52,7 @@ from araopt.io.ids import canonical_id_hash
 from araopt.io.rowset import conversion_row_ids
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.randomness import Simulation
-from araopt.mechanism.release import check_declared_domain
+from araopt.mechanism.release import check_declared_domain, check_learnt_window
 
 EPOCH_START_STREAM = 1 << 20
 """The keyed-uniform stream of the browsers' epoch starts (value rounding uses streams 0..queries-1)."""
@@ -296,6 +296,7 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
             ids = conversion_row_ids(rows[IMPRESSION_ID].to_numpy()[lookback],
                                      rows[CONVERSION_TIME_US].to_numpy()[lookback])
             segments, row_set[lookback] = lookback_segments(history, ids, params, domain, simulation_seed is not None)
+    check_learnt_window(domain, rows[CONVERSION_TIME_US].to_numpy()[~lookback], simulation_seed is not None)
     sim = simulate_segments(segments, rows, row_set, source, config, task_domain)
     reports, plan = sim.reports, sim.plan
     num_tasks = 1 if task_domain is None else task_domain.num_slices

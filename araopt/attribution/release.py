@@ -20,7 +20,7 @@ from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, check_noise_rates, read_histograms, reconstruct_histograms
 from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
 from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts, check_rejected_share
-from araopt.mechanism.keys import DATA, ORIGIN_COLUMN, KeyDomain
+from araopt.mechanism.keys import DECLARED, ORIGIN_COLUMN, KeyDomain
 from araopt.mechanism.release import SUMS_AND_NOISE_ONE_MODE, check_declared_domain
 
 
@@ -72,11 +72,12 @@ class AttributionRelease:
 
 def histogram_layout(domain: KeyDomain) -> pd.DataFrame:
     """The histogram layout: each histogram index with its impression-side slice values; a layout derived
-    from data also says so (an ``origin`` column, ``data`` on every row), so that read back as ``--domain``
-    it stays data-derived (refused outside simulation) instead of passing for a declared list of slices."""
+    from data (``data``) or from a training history (``history``) also says so (an ``origin`` column on
+    every row), so that read back as ``--domain`` it keeps its origin (refused outside simulation, or over
+    its history's own rows) instead of passing for a declared list of slices."""
     frame = pd.DataFrame({"histogram_index": range(domain.num_slices), **domain.slice_values()})
-    if domain.origin == DATA:
-        frame[ORIGIN_COLUMN] = DATA
+    if domain.origin != DECLARED:
+        frame[ORIGIN_COLUMN] = domain.origin
     return frame
 
 

@@ -387,12 +387,15 @@ def nightly_page(report: Mapping[str, Any], history: Sequence[Mapping[str, Any]]
     if version is not None:
         sections.append(("Chosen parameters", facts(parameter_facts(version, report.get("version")))))
     baselines = report.get("baselines") or {}
+    unreleasable = report.get("baselines_not_releasable") or {}  # (an Attribution night's: name -> why)
     predicted = report.get("predicted_rmsre_tau")
-    if baselines:
-        rows = [{"method": "optimized (this run)", RMSRE_TAU: predicted}] + [
-            {"method": name, RMSRE_TAU: value} for name, value in baselines.items()]
+    if baselines or unreleasable:
+        rows = [{"method": "optimized (this run)", RMSRE_TAU: predicted, "note": ""}] + [
+            {"method": name, RMSRE_TAU: value, "note": ""} for name, value in baselines.items()] + [
+            {"method": name, RMSRE_TAU: None, "note": str(why)} for name, why in unreleasable.items()]
+        frame = pd.DataFrame(rows) if unreleasable else pd.DataFrame(rows).drop(columns="note")
         sections.append((f"Predicted {RMSRE_TAU} of one release: optimized vs the paper's baselines",
-                         table(pd.DataFrame(rows), text_columns=("method",))))
+                         table(frame, text_columns=("method", "note"))))
     per_c = report.get("per_count_limit")
     if per_c:
         sections.append((f"Predicted {RMSRE_TAU} per count limit C (click a column to sort)",

@@ -105,12 +105,21 @@ class KeyDomain:
     baseline: bool = False
     conversion_slice_columns: tuple[str, ...] = ()
     origin: str = DATA  # see ORIGINS; not part of the layout (equality, checksum)
+    learnt_before_us: int | None = None
+    """Origin ``history``: the end (exclusive, microseconds since the epoch: its last conversion's time
+    plus one) of the training history whose slices it lists, so that a release never lists them over
+    that history's own conversions (``mechanism.release.check_learnt_window``); None: unknown. A time
+    read from the data: kept in the parameter version (operator-private), never in a published key map
+    (``to_json``). Not part of the layout (equality, checksum)."""
 
     def __post_init__(self) -> None:
         slices = np.asarray(self.slices, dtype=np.int64).reshape(-1, len(self.slice_columns))
         object.__setattr__(self, "slices", slices)
         if self.origin not in ORIGINS:
             raise InvalidInput(f"origin must be one of {ORIGINS}, got {self.origin!r}")
+        if self.learnt_before_us is not None and (isinstance(self.learnt_before_us, bool)
+                                                  or not isinstance(self.learnt_before_us, (int, np.integer))):
+            raise InvalidInput(f"learnt_before_us must be an integer (microseconds), got {self.learnt_before_us!r}")
         if len(self.dictionaries) != len(self.slice_columns):
             raise InvalidInput("one dictionary per slice column is required")
         for c, d in zip(self.slice_columns, self.dictionaries, strict=True):
@@ -162,11 +171,16 @@ class KeyDomain:
     def _with_slices(self, idx: np.ndarray) -> KeyDomain:
         idx = np.unique(np.asarray(idx, dtype=np.int64).reshape(-1, len(self.slice_columns)), axis=0)
         return KeyDomain(self.slice_columns, self.dictionaries, idx, self.query_names, self.baseline,
-                         self.conversion_slice_columns, self.origin)
+                         self.conversion_slice_columns, self.origin, self.learnt_before_us)
 
     def with_origin(self, origin: str) -> KeyDomain:
         """The same layout with another ``origin``."""
         return dataclasses.replace(self, origin=origin)
+
+    def learnt_before(self, last_conversion_us: int) -> KeyDomain:
+        """This domain of origin ``history`` learnt from conversions up to ``last_conversion_us`` (the
+        exact time: a release of the next partition, whatever the zone its days are cut in, is after it)."""
+        return dataclasses.replace(self, learnt_before_us=int(last_conversion_us) + 1)
 
     # ---- sizes and layout -------------------------------------------------------------------
     @property
@@ -315,7 +329,10 @@ class KeyDomain:
         return frame
 
     # ---- serialisation ------------------------------------------------------------------------
-    def to_json(self, params_sha256: str | None = None) -> dict[str, Any]:
+    def to_json(self, params_sha256: str | None = None, learnt: bool = False) -> dict[str, Any]:
+        """The key map (``learnt``: with ``learnt_before_us``, for the operator-private parameter version
+        only; a published key map of a history domain leaves it out, and read back as ``--domain`` it
+        takes the version's when their layouts match: ``mechanism.release.release_domain``)."""
         return {
             "format_version": KEYMAP_FORMAT_VERSION,
             "slice_columns": list(self.slice_columns),
@@ -329,6 +346,9 @@ class KeyDomain:
             "layout_sha256": self.layout_checksum(),
             "params_sha256": params_sha256,
             "origin": self.origin,
+            # (only when known and asked for: key maps and parameter files without it keep their bytes)
+            **({"learnt_before_us": int(self.learnt_before_us)} if learnt and self.learnt_before_us is not None
+               else {}),
         }
 
     def layout_checksum(self) -> str:
@@ -351,7 +371,7 @@ class KeyDomain:
             dicts = tuple(tuple(data["dictionaries"][c]) for c in cols)
             domain = cls(cols, dicts, np.asarray(data["slices"], dtype=np.int64).reshape(-1, len(cols)),
                          tuple(data["queries"]), data.get("bottom_name") == COUNT_NAME,
-                         tuple(data.get("conversion_slice_columns", ())), origin)
+                         tuple(data.get("conversion_slice_columns", ())), origin, data.get("learnt_before_us"))
         except (KeyError, TypeError, OverflowError) as exc:
             raise InvalidInput(f"{source}: malformed key map ({exc!r})") from None
         except ValueError as exc:
@@ -425,11 +445,17 @@ def domain_from_rows(rows: pd.DataFrame, slice_columns: Sequence[str], query_nam
     from data, e.g. ``export-attribution --conversions``) has that origin, one of ``ORIGINS`` on every row:
     a file written from the data does not become a declaration by being a CSV."""
     origin = DECLARED
-    if ORIGIN_COLUMN in rows.columns:
-        found = sorted(set(rows[ORIGIN_COLUMN].astype(str)))
+    # any spelling of the column (case, spaces) is the origin column: a header edited or re-exported by a
+    # spreadsheet must not turn a data- or history-derived layout into a declaration
+    named = [c for c in rows.columns if str(c).strip().lower() == ORIGIN_COLUMN and c not in slice_columns]
+    if len(named) > 1:
+        raise InvalidInput(f"{source}: {len(named)} origin columns ({named}): one is allowed")
+    if named:
+        column = rows[named[0]]
+        found = sorted({"" if pd.isna(v) else str(v) for v in column.tolist()})
         if len(found) != 1 or found[0] not in ORIGINS:
             raise InvalidInput(f"{source}: column {ORIGIN_COLUMN!r} must name one origin of {ORIGINS} on every row, got "
-                               f"{found}")
+                               f"{found} ('' is a row without one)")
         origin = found[0]
     missing = [c for c in slice_columns if c not in rows.columns]
     if missing:

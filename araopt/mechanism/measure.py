@@ -21,7 +21,13 @@ from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory, lifetime_norms
 from araopt.mechanism.params import Encoding, Params
 from araopt.mechanism.randomness import keyed_uniforms, secure_generator
-from araopt.mechanism.release import Release, histogram_height, release_domain, release_step
+from araopt.mechanism.release import (
+    Release,
+    check_learnt_window,
+    histogram_height,
+    release_domain,
+    release_step,
+)
 from araopt.mechanism.report import Estimates, SummaryReport
 from araopt.mechanism.sources import impression_slice_conflicts
 
@@ -46,6 +52,12 @@ LOOKBACK_NEEDS_HISTORY = (
     "Ledger.release_history) or ReleaseHistory.of([]) to declare that no release used them; without one they "
     "would be costed at today's parameters, under an earlier release's at a lower count limit")
 """Why a release (no simulation seed) with lookback rows needs a ``ReleaseHistory``, whatever path made it."""
+
+
+def check_released_times(conversions: Conversions, domain: KeyDomain, simulation_seed: int | None) -> None:
+    """``release.check_learnt_window`` on the conversions this release sums (the period's; the lookback's
+    only spend budget): every ARA path's encode step (``measure``, ``shard_sums``) runs it."""
+    check_learnt_window(domain, conversions.conversion_time[conversions.period_mask()], simulation_seed is not None)
 
 
 def encode_and_bound(
@@ -168,6 +180,7 @@ def measure(
         domain = KeyDomain.from_slice_values(params.slice_columns, conversions.slices, params.query_columns,
                                              baseline=params.encoding == Encoding.BASELINE,
                                              conversion_slice_columns=params.conversion_slice_columns)
+    check_released_times(conversions, domain, simulation_seed)
     contributions, kept = encode_and_bound(conversions, params, simulation_seed, rng, history)
     slice_idx = histogram_rows(conversions, params, domain)
     period = conversions.period_mask()
@@ -190,6 +203,7 @@ def shard_sums(conversions: Conversions, params: Params, domain: KeyDomain, simu
     if conversions.in_period is not None:
         lookback_rows = int((~conversions.period_mask()).sum())
         conversions = concat_periods(*split_periods(conversions))
+    check_released_times(conversions, domain, simulation_seed)
     contributions, kept = encode_and_bound(conversions, params, simulation_seed, history=history)
     period = conversions.period_mask()
     sums = domain_sums(histogram_rows(conversions, params, domain), contributions, kept, histogram_height(params, domain),

@@ -11,7 +11,8 @@ parameter version, the published files) is ``araopt.publication``'s.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts, check_rejected_share
 from araopt.mechanism.aggregate import DomainSums, empty
-from araopt.mechanism.keys import DATA, KeyDomain, check_domain_families
+from araopt.mechanism.keys import DATA, HISTORY, KeyDomain, check_domain_families
 from araopt.mechanism.params import Params
 from araopt.mechanism.report import Estimates, SummaryReport, reconstruct, summary_report
 
@@ -96,6 +97,61 @@ def check_declared_domain(domain: KeyDomain, simulation_seed: int | None, source
                              f"(--simulation-seed)")
 
 
+def check_learnt_window(domain: KeyDomain, released_times_us: np.ndarray, simulation: bool) -> None:
+    """A domain of origin ``history`` lists the slices of the training history it was learnt on
+    (``KeyDomain.learnt_before_us``): a release over it of that history's own conversions would reveal
+    which slices occur in the data it releases (:func:`check_declared_domain`'s rule: one row of the
+    released data would decide a published key). Outside simulation, refused when a released
+    conversion (``released_times_us``: the period's, not the lookback's) is before the end of that
+    history, or when the domain does not say where its history ended. Run by every path's encode step
+    (ARA's ``shard_sums`` and in-memory ``measure``, Attribution's ``simulate_release``)."""
+    if simulation or domain.origin != HISTORY:
+        return
+    if domain.learnt_before_us is None:
+        raise PrivacyRefusal("the key domain lists the slices of a training history whose end it does not record "
+                             "(a published key map or layout of another version's history domain, or a parameter "
+                             "file written before araopt recorded it): a release over the same conversions would "
+                             "reveal which slices occur in them; measure with the version it came from, re-run "
+                             "nightly or optimize, declare the domain (--domain, a .csv/.json list of slices), or run "
+                             "in simulation mode (--simulation-seed)")
+    times = np.asarray(released_times_us, dtype=np.int64)
+    if times.size and int(times.min()) < domain.learnt_before_us:
+        last = np.datetime64(int(domain.learnt_before_us) - 1, "us").astype("datetime64[s]")
+        raise PrivacyRefusal(f"the key domain lists the slices of a training history whose last conversion is at "
+                             f"{last} UTC (the parameter version's), and this release holds conversions from before "
+                             f"then: a release over the slices of the data it releases reveals which slices occur in "
+                             f"it; release later conversions, declare the domain (--domain, a .csv/.json list of "
+                             f"slices), or run in simulation mode (--simulation-seed)")
+
+
+def with_version_end(given: KeyDomain, carried: KeyDomain | None) -> KeyDomain:
+    """A published key map or layout of a history domain (which leaves out where its history ended:
+    ``KeyDomain.to_json``) given with the parameter version whose domain it is (the same layout): the
+    version's end applies (``check_learnt_window``). Otherwise ``given`` as it is (a history domain
+    without its end is refused outside simulation)."""
+    if (given.origin == HISTORY and given.learnt_before_us is None and carried is not None
+            and carried.origin == HISTORY and carried == given):
+        return dataclasses.replace(given, learnt_before_us=carried.learnt_before_us)
+    return given
+
+
+def history_days_reason(domain: KeyDomain, days: Sequence[str] | None) -> str | None:
+    """Why estimates over a history domain of a summary report (``reconstruct``) are operator-private, or
+    None: the report's ``days`` (UTC dates) are not all after the history the domain lists ended (or
+    either is unknown), so the aggregation service may have released the training conversions over keys
+    learnt from them (:func:`check_learnt_window`'s rule, which ``measure`` enforces)."""
+    if domain.origin != HISTORY:
+        return None
+    end = domain.learnt_before_us
+    if end is not None and days and all(int(np.datetime64(d, "us").astype(np.int64)) >= end for d in days):
+        return None
+    why = ("the report's days are unknown (pass --days)" if not days else
+           "the domain's end is unknown (give the key map with the parameter version it came from)" if end is None
+           else "the report covers days before the end of the training history the domain lists")
+    return (f"the domain is a parameter version's training slices and {why}: the estimates may list keys learnt "
+            f"from the conversions they estimate; the output is OPERATOR-PRIVATE, never publish it")
+
+
 def operator_private_reason(domain: KeyDomain, source: str) -> str | None:
     """Why an output listed over ``domain`` (``reconstruct``'s estimates) is operator-private, or None: a
     domain of origin ``data`` (a conversion log's slices, or a key map or layout written from one) lists
@@ -122,7 +178,7 @@ def release_domain(given: KeyDomain | None, given_source: str, carried: KeyDomai
     simulation, a domain of origin ``data`` outside simulation (:func:`check_declared_domain`), more
     than ``max_slices`` slices."""
     if given is not None:
-        domain, source = given, given_source
+        domain, source = with_version_end(given, carried), given_source
     elif carried is not None:
         domain, source = carried, "the parameter version"
         check_domain_families(domain, families, source="the parameters' domain")

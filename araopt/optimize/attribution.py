@@ -50,16 +50,18 @@ import pandas as pd
 
 from araopt.attribution.browser import DEFAULT_CONVERSION_EPSILON
 from araopt.attribution.calibrate import Retention, retention
+from araopt.attribution.encoder import CONVERSION_TIME_US
 from araopt.attribution.error import Simulated, error_terms, simulate_log
 from araopt.attribution.params import COUNT, AttributionParams, AttributionQuery
 from araopt.attribution.reconstruct import check_noise_rates
+from araopt.constants import MAX_CLIP_THRESHOLD, MIN_ATTRIBUTION_CLIP
 from araopt.errors import InvalidParameters
-from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE
+from araopt.io.conversions import BROWSER_ID, CONVERSION_SITE, ValidationCounts
 from araopt.mechanism.keys import HISTORY, KeyDomain
 from araopt.optimize.error_model import ErrorBreakdown, default_taus, rmsre_tau
 from araopt.optimize.mechanisms import ATTRIBUTION, split_fractions
 from araopt.optimize.workflow import Choose, HistoryRun
-from araopt.version import ParameterVersion
+from araopt.version import ParameterVersion, Provenance
 
 CLIP_QUANTILES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999, 1.0)
 """The clip step's grid: training quantiles of each value column."""
@@ -166,9 +168,20 @@ class AttributionOptimization:
     candidates: tuple[Candidate, ...]
 
     def table(self) -> pd.DataFrame:
+        """One row per count limit C scored: its best point (lowest RMSRE_tau, the first scored on a
+        tie, NaN last) and how many points the search scored at that C (the nightly report's per-C table)."""
+        best: dict[int, Candidate] = {}
+        points: dict[int, int] = {}
+        for c in self.candidates:
+            points[c.count_limit] = points.get(c.count_limit, 0) + 1
+            held = best.get(c.count_limit)
+            if held is None or c.rmsre_tau < held.rmsre_tau or (np.isnan(held.rmsre_tau) and not np.isnan(c.rmsre_tau)):
+                best[c.count_limit] = c
         return pd.DataFrame([{"C": c.count_limit, "fractions": ", ".join(f"{f:.3f}" for f in c.fractions),
-                              "clips": ", ".join(f"{t:.4g}" for t in c.clips), "RMSRE_tau": c.rmsre_tau}
-                             for c in self.candidates])
+                              "clips": ", ".join(f"{t:.4g}" for t in c.clips), "RMSRE_tau": c.rmsre_tau,
+                              "points scored": points[c.count_limit]}
+                             for _, c in sorted(best.items())],
+                            columns=["C", "fractions", "clips", "RMSRE_tau", "points scored"])
 
 
 class _Search:
@@ -182,7 +195,8 @@ class _Search:
             v = rows[col].to_numpy(dtype=np.float64)
             v = v[v > 0]
             grid = np.unique(np.quantile(v, CLIP_QUANTILES)) if v.size else np.array([1.0])
-            self.grids.append(grid[grid > 0] if (grid > 0).any() else np.array([1.0]))
+            grid = grid[grid > 0] if (grid > 0).any() else np.array([1.0])
+            self.grids.append(np.unique(clip_range(grid)))
         self.scored: list[Candidate] = []
 
     def score(self, count_limit: int, fractions: np.ndarray, clips: np.ndarray) -> tuple[float, Simulated]:
@@ -223,7 +237,7 @@ class _Search:
         """The paper's start: the 99% quantiles and an equal split."""
         d = len(self.problem.value_columns)
         clips = np.array([float(np.quantile(v, START_QUANTILE)) for v in self._start_values()])
-        return np.full(d + 1, 1.0 / (d + 1)), clips
+        return np.full(d + 1, 1.0 / (d + 1)), clip_range(clips)
 
     def run(self, count_limit: int, starts: Sequence[tuple[np.ndarray, np.ndarray]]
             ) -> tuple[float, np.ndarray, np.ndarray]:
@@ -262,6 +276,13 @@ class _Search:
             v = self.rows[col].to_numpy(dtype=np.float64)
             out.append(v[v > 0] if (v > 0).any() else np.array([1.0]))
         return out
+
+
+def clip_range(clips: np.ndarray) -> np.ndarray:
+    """Clips the search may try: within the range a parameter file holds ([MIN_ATTRIBUTION_CLIP,
+    MAX_CLIP_THRESHOLD]); values beyond it (finite, valid input) are clipped there, not an error about a
+    clip the user never set."""
+    return np.clip(np.asarray(clips, dtype=np.float64), MIN_ATTRIBUTION_CLIP, MAX_CLIP_THRESHOLD)
 
 
 def split_fractions_safe(fractions: np.ndarray) -> np.ndarray:
@@ -331,8 +352,6 @@ def privacy_unit_quantile(rows: pd.DataFrame, epoch_days: int, quantile: float) 
     """The ``quantile`` of conversions per privacy unit (browser x conversion site x epoch), epochs
     approximated by ``epoch_days`` windows of conversion time from the epoch (not the browsers' random
     starts)."""
-    from araopt.attribution.encoder import CONVERSION_TIME_US
-
     window = rows[CONVERSION_TIME_US].to_numpy() // (epoch_days * 86_400_000_000)
     keys = [rows[BROWSER_ID].to_numpy() if BROWSER_ID in rows else np.arange(len(rows)), window]
     if CONVERSION_SITE in rows:
@@ -369,14 +388,17 @@ BASELINES = (SPEC_DEFAULTS, EQUAL_Q95)
 
 
 def _positive_mean(values: pd.Series) -> float:
+    """The positive values' mean, within the clip range (a baseline's clip, as the search's)."""
     v = values.to_numpy(dtype=np.float64)
     mean = float(v[v > 0].mean()) if (v > 0).any() else 1.0
-    return mean
+    return float(clip_range(np.array([mean]))[0])
 
 
 def _positive_quantile(values: pd.Series, quantile: float) -> float:
+    """The positive values' ``quantile``, within the clip range (a baseline's clip, as the search's)."""
     v = values.to_numpy(dtype=np.float64)
-    return float(np.quantile(v[v > 0], quantile)) if (v > 0).any() else 1.0
+    q = float(np.quantile(v[v > 0], quantile)) if (v > 0).any() else 1.0
+    return float(clip_range(np.array([q]))[0])
 
 
 # ------------------------------------------------------------------- the tuning workflow's steps
@@ -386,8 +408,11 @@ def history_domain(rows: pd.DataFrame, slices: Sequence[str], values: Sequence[s
     """The histogram layout of the history's impression-side slices (as ARA's optimize takes the
     history's key domain: origin ``history``, which a release may use as its declared domain, as ARA's
     ``Params.history_domain``; ``data`` for slices of the data a simulation measures)."""
-    return KeyDomain.from_slice_values(tuple(slices), {c: rows[c].to_numpy() for c in slices}, (COUNT, *values),
-                                       origin=origin)
+    domain = KeyDomain.from_slice_values(tuple(slices), {c: rows[c].to_numpy() for c in slices}, (COUNT, *values),
+                                         origin=origin)
+    if origin == HISTORY and CONVERSION_TIME_US in rows and len(rows):  # the end of the history it lists
+        domain = domain.learnt_before(int(rows[CONVERSION_TIME_US].max()))
+    return domain
 
 
 @dataclass(frozen=True)
@@ -466,6 +491,23 @@ class AttributionTuning:
     def not_releasable(self) -> dict[str, str]:
         """The baselines that cannot be released at the budget, with why (``releasable_baseline``)."""
         return {str(r["method"]): str(r["note"]) for _, r in self.comparison.iterrows() if r["note"]}
+
+    def provenance(self, training_start: str | None, training_end: str | None, created_at: str | None,
+                   counts: ValidationCounts, **extra: Any) -> Provenance:
+        """What a version tuned here records (``optimize`` and ``nightly --api attribution``): the training
+        window, the rows trained on and the history's row accounting (a joined history's reading: such a
+        version is operator-private, ``version.JOINED_HISTORY_FIELDS``), its predicted RMSRE_tau and the
+        releasable baselines' (the guardrails' bar), the others with why; ``extra``: the run's own."""
+        result, baselines = self.optimization, self.baselines
+        return Provenance(
+            training_start=training_start, training_end=training_end, rows=self.rows, created_at=created_at,
+            predicted_rmsre_tau=result.rmsre_tau, baseline_rmsre_tau=min(baselines.values(), default=None),
+            objective="rmsre_tau",
+            extra={**extra, "api": "attribution", "taus": list(result.taus),
+                   "baselines": {k: {"rmsre_tau": v} for k, v in baselines.items()},
+                   "baselines_not_releasable": self.not_releasable,
+                   "row_accounting": {"rows_read": counts.rows_read, "rows_rejected": counts.rows_rejected,
+                                      "rejected_by_reason": dict(counts.rejected_by_reason)}})
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.io import outputs
 from araopt.io.conversions import IMPRESSION_ID, time_as_micros
 from araopt.mechanism.exploration import Exploration, default_exploration
-from araopt.mechanism.keys import DATA, KeyDomain
+from araopt.mechanism.keys import DATA, HISTORY, KeyDomain
 from araopt.mechanism.params import Params
 from araopt.optimize.error_model import recorded_without_signal, without_signal_note
 from araopt.optimize.private import DAY_US, FirstParty, ReleaseRecord, cold_start, private_tune
@@ -193,12 +193,19 @@ def domain_keys(domain: KeyDomain) -> tuple[tuple[Any, ...], ...]:
 def check_not_data_derived(domain: KeyDomain, source: str) -> None:
     """Privacy-safe tuning publishes its domain in the parameter version, and every release with that
     version is made over it: a domain derived from a conversion log (origin ``data``, e.g. a key map
-    written by ``export-ara --conversions``) would publish which slices occur in the data."""
+    written by ``export-ara --conversions``) would publish which slices occur in the data. A domain of
+    origin ``history`` (a joined version's training slices, e.g. a release's key map over it) is refused
+    too: it is learnt from a joined history and does not carry where that history ended, so no release
+    over it could be checked (``mechanism.release.check_learnt_window`` would refuse every one)."""
     if domain.origin == DATA:
         raise PrivacyRefusal(f"{source}: the domain was derived from a conversion log (key map origin 'data', e.g. "
                              f"written by export-ara --conversions): privacy-safe tuning takes only a declared domain "
-                             f"(a .csv/.json list of the campaigns' slices, or a key map of origin 'declared' or "
-                             f"'history')")
+                             f"(a .csv/.json list of the campaigns' slices, or a key map of origin 'declared')")
+    if domain.origin == HISTORY:
+        raise PrivacyRefusal(f"{source}: the domain is a joined parameter version's training slices (key map origin "
+                             f"'history', e.g. a release's key_map.json over such a version): privacy-safe tuning takes "
+                             f"only a declared domain (a .csv/.json list of the campaigns' slices, or a key map of "
+                             f"origin 'declared')")
 
 
 @dataclass(frozen=True)

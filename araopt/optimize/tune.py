@@ -175,6 +175,9 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
     base = baselines(statistics, epsilon, max_count_limit, result.taus, paper_objective, slice_columns)
 
     def finish(found: OptimizationResult, estimator: EstimatorChoice | None) -> ParameterVersion:
+        domain = found.params.history_domain(statistics.slice_values())
+        if statistics.time_range is not None:  # the end of the history it lists, so no release lists it over it
+            domain = domain.learnt_before(statistics.time_range[1])
         extra = {"optimizer": "araopt.optimize.search.optimize (ParameterOptimization, Alg. 5)", "encoding": str(encoding),
                  "max_count_limit": max_count_limit, "baselines": {b.name: b.to_json() for b in base},
                  "per_count_limit": [{"C": r.count_limit, "rmsre_tau": r.rmsre_tau} for r in found.per_count_limit],
@@ -186,7 +189,7 @@ def tune(statistics: SufficientStatistics, epsilon: float, *, encoding: str = En
                      statistics_breakdown(statistics, found.params, Objective.EXACT, period_loss=False), found.params),
                  **dict(provenance or {})}
         return ParameterVersion(
-            found.params, domain=found.params.history_domain(statistics.slice_values()),
+            found.params, domain=domain,
             correction=estimator.correction if estimator is not None else "ratio",
             provenance=Provenance(training_start=training_window[0], training_end=training_window[1],
                                   rows=statistics.num_conversions if rows is None else rows, created_at=utc_now_iso(),
