@@ -443,6 +443,31 @@ def test_export_refuses_a_data_derived_key_map_as_measure_does(tmp_path, capsys)
     assert run_export_ara([*base, "--out", str(tmp_path / "o")]) == 0, capsys.readouterr().err  # declared: fine
 
 
+def test_export_refuses_the_triggers_of_the_versions_own_training_history(tmp_path, capsys):
+    """export-ara --conversions of the log a version was learnt on, without a seed: the Aggregation
+    Service would release those triggers over the output domain with parameters read from them (red team,
+    round sixteen); refused in one line as measure refuses it, whatever the key map (a declared one gets
+    the version's end), nothing written; in simulation, or for conversions after the end, exported."""
+    params = du_penc_params()
+    frame = du_penc_frame()
+    frame.to_parquet(tmp_path / "log.parquet")
+    end = pd.Timestamp(frame["conversion_time"].max()) + pd.Timedelta(microseconds=1)
+    learnt = history_version(params, {"campaign": frame["campaign"].to_numpy()}, end)
+    learnt.save(tmp_path / "learnt.json")
+    (tmp_path / "km.json").write_text(json.dumps(du_penc_domain(params).to_json(learnt.checksum())))
+    base = ["--params", str(tmp_path / "learnt.json"), "--conversions", str(tmp_path / "log.parquet")]
+    for extra in ([], ["--key-map", str(tmp_path / "km.json")]):
+        assert run_export_ara([*base, *extra, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "training history whose last conversion is at 1970-01-01T07:00:00" in err, err
+        assert not (tmp_path / "o").exists()
+    assert run_export_ara([*base, "--out", str(tmp_path / "sim"), "--simulation-seed", "1"]) == 0, capsys.readouterr()
+    start = pd.Timestamp(frame["conversion_time"].min())  # a history that ended before these conversions
+    history_version(params, {"campaign": frame["campaign"].to_numpy()}, start).save(tmp_path / "before.json")
+    assert run_export_ara(["--params", str(tmp_path / "before.json"), "--conversions", str(tmp_path / "log.parquet"),
+                           "--out", str(tmp_path / "o")]) == 0, capsys.readouterr().err
+
+
 def test_export_triggers_are_labelled_operator_private(tmp_path, capsys):
     """triggers.jsonl carries each conversion's raw impression id and time: it is written under private/
     beside a README that says never to publish it, and the console names it operator-private."""

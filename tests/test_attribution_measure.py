@@ -1,6 +1,8 @@
 """One Attribution Level 1 measurement in memory: reproducible in simulation whatever the row order,
 refused without a declared domain outside simulation, and its estimates those of the browsers'
 reports (count exact when nothing is refused, values within the rounding)."""
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -118,3 +120,43 @@ def test_a_browsers_grid_is_keyed_by_its_canonical_id_and_the_key():
     many = np.arange(1000)
     assert (epoch_starts(Plan(many), config, key) != epoch_starts(Plan(many), config, DrawKey.new())).mean() > 0.9
     assert epoch_starts(Plan(many), config, 3).tolist() == epoch_starts(Plan(many), config, 3).tolist()
+
+
+def _with_tasks():
+    """A log with a conversion-side slice (``kind``: the aggregation task) and its parameters."""
+    log = _log().assign(kind=lambda f: f["impression_id"] % 2)
+    queries = (AttributionQuery(COUNT, None), AttributionQuery("value", "value", max_value=1023, clip=40.0))
+    params = AttributionParams.from_paper(4.0, 2, {COUNT: 0.2, "value": 0.8}, queries, ("campaign",),
+                                          conversion_slice_columns=("kind",), lookback_days=7)
+    layout = KeyDomain.from_slice_values(("campaign",), {"campaign": np.arange(4)}, params.query_names,
+                                         origin="declared")
+    return log, params, layout
+
+
+def _tasks(params, origin, learnt_before_us=None):
+    tasks = KeyDomain.from_slice_values(("kind",), {"kind": np.arange(2)}, params.query_names, origin=origin)
+    return tasks if learnt_before_us is None else dataclasses.replace(tasks, learnt_before_us=learnt_before_us)
+
+
+def test_the_task_domain_passes_the_release_rules_of_the_layout():
+    """The task domain lists the conversion-side slices of what is released, as the layout lists the
+    impression-side ones (red team, round sixteen: a task domain derived from the released data, or a
+    version's history domain over that history, was released without a seed). Refused outside
+    simulation on every path: the in-memory measure (``simulate_release``) and the graph's transform."""
+    from transforms.attribution import MeasureAttribution
+
+    log, params, layout = _with_tasks()
+    with pytest.raises(PrivacyRefusal, match="the task domain was derived from the data"):
+        measure(params, log, layout, task_domain=_tasks(params, "data"))
+    with pytest.raises(PrivacyRefusal, match="the task domain was derived from the data"):
+        MeasureAttribution(params, None, layout, None, 2, "browser_id", task_domain=_tasks(params, "data"))
+    assert measure(params, log, layout, task_domain=_tasks(params, "data"), simulation_seed=3).noisy
+    end = int(log["conversion_time_us"].max()) + 1  # a history ending after the last released conversion
+    with pytest.raises(PrivacyRefusal, match="training history whose last conversion"):
+        measure(params, log, layout, task_domain=_tasks(params, "history", end))
+    with pytest.raises(PrivacyRefusal, match="whose end it does not record"):
+        measure(params, log, layout, task_domain=_tasks(params, "history"))
+    start = int(log["conversion_time_us"].min())  # a history that ended before every released conversion
+    released = measure(params, log, layout, task_domain=_tasks(params, "history", start))
+    assert {task for _, task in released.noisy} == {0, 1}
+    assert measure(params, log, layout, task_domain=_tasks(params, "declared")).noisy

@@ -300,6 +300,15 @@ def test_optimize_stores_the_retention_fitted_for_the_chosen_parameters(history,
                  str(tmp_path / "w.json"), "--domain", str(layout_csv), "--output", str(tmp_path / "laundered"),
                  "--ledger", str(tmp_path / "fresh-ledger"), "--no-progress"]) == 2
     assert "training history whose last conversion" in error_line(capsys.readouterr().err)
+    # a declared list of the same campaigns: the version's count limit and clips were still read from that day
+    # (red team, round sixteen), so the version's end applies to any domain
+    declared = tmp_path / "declared.csv"
+    published[["campaign"]].to_csv(declared, index=False)
+    assert main(["measure", "--api", "attribution", "--input", os.path.join(history, first), "--params",
+                 str(tmp_path / "w.json"), "--domain", str(declared), "--output", str(tmp_path / "declared-out"),
+                 "--ledger", str(tmp_path / "ledger-3"), "--no-progress"]) == 2
+    assert "was learnt on a training history whose last conversion" in error_line(capsys.readouterr().err)
+    assert not os.path.exists(tmp_path / "declared-out")
 
 
 def test_nightly_guards_reports_and_recognises_a_rerun(history, tmp_path, capsys) -> None:

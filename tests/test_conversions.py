@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -95,3 +96,23 @@ def test_record_keys_are_computed_once_and_cannot_be_changed_in_place():
     fresh = Conversions(conv.impression_id.copy(), conv.conversion_time.copy(), {"s": conv.slices["s"].copy()},
                         conv.values.copy(), ("value",))
     np.testing.assert_array_equal(fresh.record_keys(), keys)
+
+
+def test_conversion_times_in_memory_are_microseconds_as_validation_requires():
+    """Every check on a conversion time (a version's training window, the lookback's 26 hours, the days a
+    release covers) compares microseconds: records built in memory with nanoseconds (pandas' native unit)
+    would pass them by a factor of 1,000 (red team, round sixteen: a training log in nanoseconds passed the
+    window check). Refused in one line, as validation dead-letters them."""
+    from araopt.errors import InvalidInput
+
+    def records(times):
+        n = len(times)
+        return Conversions(np.arange(n), np.asarray(times), {"s": np.zeros(n, dtype=np.int64)}, np.ones((n, 1)),
+                           ("v",))
+
+    now_us = 1_764_547_200_000_000  # 2025-12-01
+    assert len(records([-86_400_000_000, 0, now_us, 7_258_118_400_000_000 - 1])) == 4  # (simulations: relative)
+    for bad in ([now_us * 1000], [7_258_118_400_000_000], [float(now_us)]):
+        with pytest.raises(InvalidInput, match="microseconds since the epoch, before 2200"):
+            records(bad)
+    assert len(records(np.zeros(0, dtype=np.int64))) == 0

@@ -21,10 +21,17 @@ from araopt.errors import InvalidInput, PrivacyRefusal
 from araopt.io.conversions import ValidationCounts, type_family
 from araopt.mechanism import aggregate
 from araopt.mechanism.keys import DATA, DECLARED, HISTORY
-from araopt.mechanism.release import DATA_DERIVED, Accounting, noisy_release, release_domain
+from araopt.mechanism.release import (
+    DATA_DERIVED,
+    Accounting,
+    check_learnt_window,
+    noisy_release,
+    release_domain,
+    with_version_end,
+)
 from araopt.publication import publish, release_json
 from araopt.version import ParameterVersion
-from factories import conversions, error_line, make_frame, make_params, params, setup, write
+from factories import conversions, domain_csv, error_line, make_frame, make_params, params, setup, write
 from pipelines import measure as measure_pipeline
 from pipelines.optimize import run as optimize
 from transforms.aggregate import DomainFromData, EncodeBoundAndSum, NoisyRelease
@@ -235,6 +242,63 @@ def test_a_graph_built_from_transforms_refuses_a_history_domain_over_its_own_his
             _ = valid | GroupByImpression(4) | EncodeBoundAndSum(p, domain) | NoisyRelease(p, counts, domain)
 
 
+def test_a_version_learnt_on_a_history_releases_none_of_it_over_any_domain():
+    """A version's count limit and clips were read from its training history: released with them, that
+    history would be released with parameters read from itself (a clip at one order's value), whatever
+    the domain (red team, round sixteen: a declared --domain with the learnt version released the
+    training log). The version's end applies to a declared domain too, outside simulation."""
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    first = int(conv.conversion_time.min())
+    for origin in (DECLARED, DATA):
+        learnt = dataclasses.replace(_domain(frame, p, origin), learnt_before_us=first + 1)
+        with pytest.raises(PrivacyRefusal, match="was learnt on a training history whose last conversion"):
+            check_learnt_window(learnt, conv.conversion_time, simulation=False)
+        check_learnt_window(learnt, conv.conversion_time, simulation=True)
+        check_learnt_window(dataclasses.replace(learnt, learnt_before_us=first), conv.conversion_time, False)
+    with pytest.raises(PrivacyRefusal, match="was learnt on a training history"):
+        measure(conv, p, dataclasses.replace(_domain(frame, p, DECLARED), learnt_before_us=first + 1))
+    assert measure(conv, p, dataclasses.replace(_domain(frame, p, DECLARED), learnt_before_us=first)).release
+
+
+def test_release_domain_gives_a_declared_domain_its_versions_end():
+    """``with_version_end`` (``release_domain``, the graph builder, export-ara): a declared domain given
+    with a learnt version takes the later of the two ends; a published history key map of the version's
+    layout takes the version's; a history key map of another layout keeps none (refused over any
+    conversions); a version that records no end changes nothing."""
+    frame, p = make_frame(300), make_params()
+    families = {c: type_family(pa.array(frame[c]).type) for c in p.slice_columns}
+    carried = _learnt(frame, p, 5_000)
+    declared = _domain(frame, p, DECLARED)
+    domain, _ = release_domain(declared, "--domain d.csv", carried, families, None)
+    assert domain.origin == DECLARED and domain.learnt_before_us == 5_000
+    assert with_version_end(dataclasses.replace(declared, learnt_before_us=9_000), carried).learnt_before_us == 9_000
+    assert with_version_end(dataclasses.replace(declared, learnt_before_us=10), carried).learnt_before_us == 5_000
+    assert with_version_end(_domain(frame, p, HISTORY), carried).learnt_before_us == 5_000
+    other = _domain(frame.assign(geo=frame["geo"] + "x"), p, HISTORY)
+    assert other != carried and with_version_end(other, carried).learnt_before_us is None
+    assert with_version_end(declared, _domain(frame, p, HISTORY)).learnt_before_us is None
+    assert with_version_end(declared, None).learnt_before_us is None
+
+
+def test_a_graph_built_with_a_learnt_version_refuses_its_history_over_a_declared_domain(tmp_path):
+    """The job builder (``transforms.measure.build_release``, what measure runs and what a graph built
+    from ``transforms/`` can call) gives a declared domain its version's end before any release step."""
+    from araopt.io.run_folder import RunFolder
+    from transforms.io import check_input
+    from transforms.measure import ReleaseJob, build_release
+
+    frame, p = make_frame(600), make_params()
+    data = write(frame, str(tmp_path / "log" / "part-0.parquet"))
+    last = int(pd.to_datetime(frame["conversion_time"]).max().value // 1000)
+    version = ParameterVersion(p, domain=_learnt(frame, p, last + 1))
+    folder = RunFolder.prepare(str(tmp_path / "out"), overwrite=False)
+    with pytest.raises(Exception, match="was learnt on a training history"):
+        with TestPipeline() as pipe:
+            build_release(pipe, check_input(data, p.slice_columns, p.query_columns), version, folder,
+                          ReleaseJob(domain=_domain(frame, p, DECLARED)))
+
+
 def test_a_history_domain_keeps_where_its_history_ended_in_files_and_key_maps():
     frame, p = make_frame(300), make_params()
     learnt = _domain(frame, p, HISTORY).learnt_before(1_767_312_000_000_005)  # its last conversion, exactly
@@ -320,6 +384,13 @@ def test_measure_refuses_a_version_learnt_on_the_log_it_would_release(tmp_path, 
                                  str(tmp_path / "other-out"), "--ledger", str(tmp_path / "ledger2"), "--domain",
                                  str(key_map), "--no-progress"]) == 2
     assert "whose end it does not record" in error_line(capsys.readouterr().err)
+    # a declared list of slices: the version's count limit and clips were read from the training log (red team,
+    # round sixteen), so its end applies over any domain
+    assert measure_pipeline.run(["--input", data, "--params", str(learnt), "--output", str(tmp_path / "declared"),
+                                 "--ledger", str(tmp_path / "ledger4"), "--domain",
+                                 domain_csv(tmp_path, sorted(frame["s"].unique())), "--no-progress"]) == 2
+    assert "was learnt on a training history whose last conversion" in error_line(capsys.readouterr().err)
+    assert not (tmp_path / "declared").exists()
 
 
 # ---- privacy-safe tuning takes a declared domain only ---------------------------------------------------

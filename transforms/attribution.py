@@ -25,6 +25,7 @@ from araopt.attribution.params import AttributionParams
 from araopt.attribution.release import AttributionRelease, release
 from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts
 from araopt.mechanism.keys import KeyDomain
+from araopt.mechanism.release import check_declared_domain
 from transforms.group import GroupByImpression
 from transforms.validate import period_rows
 
@@ -125,6 +126,8 @@ class MeasureAttribution(beam.PTransform):
         super().__init__()
         if domain is None and simulation_seed is None:
             data_domain(params, pd.DataFrame(), None)  # refuses: a data-derived layout only in simulation
+        if task_domain is not None:  # conversion-side slices of what is released: declared (simulate_release)
+            check_declared_domain(task_domain, simulation_seed, "the task domain")
         self._params, self._counts, self._domain, self._seed = params, counts, domain, simulation_seed
         self._num_shards, self._unit, self._spill, self._tasks = num_shards, unit, spill_dir, task_domain
         self._max_rejected = max_rejected_fraction

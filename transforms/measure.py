@@ -26,7 +26,7 @@ rows join their browsers' shards and are simulated again first, carrying the bud
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import EllipsisType
 
 import apache_beam as beam
@@ -43,6 +43,7 @@ from araopt.io.run_folder import RunFolder
 from araopt.ledger.commit import HELD_FILE
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
+from araopt.mechanism.release import with_version_end
 from araopt.publication import Publication
 from araopt.release_workflow import ReleaseSpec, publish_release
 from araopt.targets import HeldLookback, Target, attribution_params, input_columns, target_of
@@ -104,6 +105,8 @@ def build_release(pipeline: beam.Pipeline, inputs: InputFiles, version: Paramete
     """Wire ``version``'s release (either target: ``araopt.targets.target_of``) into ``folder``'s staging
     location; returns the release PCollection (ARA's ``Release``, Attribution's ``AttributionRelease``)."""
     lookback, row_ids = job.lookback, job.row_ids
+    if job.domain is not None:  # the version's training window applies over a declared domain too
+        job = replace(job, domain=with_version_end(job.domain, version.domain))
     target = target_of(version)
     columns = job.columns
     if columns is None:

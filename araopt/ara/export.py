@@ -30,7 +30,7 @@ from araopt.errors import InvalidParameters
 from araopt.io.conversions import Conversions
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.measure import encode_and_bound
-from araopt.mechanism.release import check_declared_domain
+from araopt.mechanism.release import check_declared_domain, check_learnt_window, with_version_end
 from araopt.publication import histogram_buckets
 from araopt.version import ParameterVersion
 
@@ -57,7 +57,7 @@ def export_domain(version: ParameterVersion, key_map: KeyMap | None, params_sour
     if key_map is not None:
         domain = key_map.domain_for(version, params_source)
         check_declared_domain(domain, simulation_seed, f"--key-map {key_map.source}")
-        return domain, None
+        return with_version_end(domain, version.domain), None
     if version.domain is not None:
         return version.domain, None
     if conv is not None:
@@ -97,9 +97,13 @@ def export_ara(version: ParameterVersion, domain: KeyDomain, destination: str, c
                simulation_seed: int | None = None) -> AraExport:
     """The registrations of ``version`` over ``domain`` for ``destination`` (its site), with the triggers
     of ``conv`` (seeded rounding of their values with ``simulation_seed``, as ``measure`` rounds them);
-    ARA's limits checked over the domain first."""
+    ARA's limits checked over the domain first, and, outside simulation, that ``conv`` holds none of the
+    version's training history (``check_learnt_window``, as ``measure`` refuses to release it)."""
     params = version.params
     check_ara_limits(params, domain)
+    if conv is not None:  # the Aggregation Service would release these triggers over the output domain
+        check_learnt_window(with_version_end(domain, version.domain), conv.conversion_time[conv.period_mask()],
+                            simulation_seed is not None)
     sources = SourceEncoder(version, domain, destination)
     triggers = TriggerEncoder(version, domain)
     exploration = params.exploration

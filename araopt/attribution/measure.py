@@ -296,7 +296,11 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
             ids = conversion_row_ids(rows[IMPRESSION_ID].to_numpy()[lookback],
                                      rows[CONVERSION_TIME_US].to_numpy()[lookback])
             segments, row_set[lookback] = lookback_segments(history, ids, params, domain, simulation_seed is not None)
-    check_learnt_window(domain, rows[CONVERSION_TIME_US].to_numpy()[~lookback], simulation_seed is not None)
+    released_times = rows[CONVERSION_TIME_US].to_numpy()[~lookback]
+    for layout, name in ((domain, "the histogram layout"), (task_domain, "the task domain")):
+        if layout is not None:  # both list slices of what is released: the same release rules
+            check_declared_domain(layout, simulation_seed, name)
+            check_learnt_window(layout, released_times, simulation_seed is not None)
     sim = simulate_segments(segments, rows, row_set, source, config, task_domain)
     reports, plan = sim.reports, sim.plan
     num_tasks = 1 if task_domain is None else task_domain.num_slices

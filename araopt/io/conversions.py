@@ -361,7 +361,7 @@ class Conversions:
     """
 
     impression_id: np.ndarray
-    conversion_time: np.ndarray  # int64 microseconds since the epoch (any sortable int64 works)
+    conversion_time: np.ndarray  # int64 microseconds since the epoch, UTC, before 2200 (validated: from 1970)
     slices: Mapping[str, np.ndarray]  # or pd.Categorical (string columns, from_table(categorical_slices=True))
     values: np.ndarray  # (n, d) float64, in value_columns order
     value_columns: tuple[str, ...]
@@ -384,6 +384,13 @@ class Conversions:
             raise InvalidInput(f"mismatched array lengths: impression_id has {n}, {bad}")
         if self.in_period is not None and np.asarray(self.in_period).dtype != np.bool_:
             raise InvalidInput(f"in_period must be a boolean array, got dtype {np.asarray(self.in_period).dtype}")
+        times = np.asarray(self.conversion_time)
+        if times.size and (times.dtype.kind not in "iu" or int(times.max()) >= LATEST_CONVERSION_TIME_US):
+            # what every time is compared with (a version's training window, the lookback, the days) is in
+            # microseconds: a later time is nanoseconds (pandas' unit), which would pass a training window's
+            # end by a factor of 1,000 (earlier times, as a simulation's relative ones, only fail such checks)
+            raise InvalidInput(f"conversion_time must be integer microseconds since the epoch, before 2200 (as "
+                               f"validation requires; got dtype {times.dtype}, latest {times.max()})")
 
     def __len__(self) -> int:
         return len(self.impression_id)

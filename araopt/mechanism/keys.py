@@ -179,7 +179,9 @@ class KeyDomain:
 
     def learnt_before(self, last_conversion_us: int) -> KeyDomain:
         """This domain of origin ``history`` learnt from conversions up to ``last_conversion_us`` (the
-        exact time: a release of the next partition, whatever the zone its days are cut in, is after it)."""
+        exact recorded time: a release of later conversions is after it in any zone its days are cut in,
+        as long as both logs record true UTC times; a history exported as naive local time records an
+        end shifted by its offset, docs/privacy.md)."""
         return dataclasses.replace(self, learnt_before_us=int(last_conversion_us) + 1)
 
     # ---- sizes and layout -------------------------------------------------------------------

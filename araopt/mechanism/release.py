@@ -98,41 +98,58 @@ def check_declared_domain(domain: KeyDomain, simulation_seed: int | None, source
 
 
 def check_learnt_window(domain: KeyDomain, released_times_us: np.ndarray, simulation: bool) -> None:
-    """A domain of origin ``history`` lists the slices of the training history it was learnt on
-    (``KeyDomain.learnt_before_us``): a release over it of that history's own conversions would reveal
-    which slices occur in the data it releases (:func:`check_declared_domain`'s rule: one row of the
-    released data would decide a published key). Outside simulation, refused when a released
-    conversion (``released_times_us``: the period's, not the lookback's) is before the end of that
-    history, or when the domain does not say where its history ended. Run by every path's encode step
-    (ARA's ``shard_sums`` and in-memory ``measure``, Attribution's ``simulate_release``)."""
-    if simulation or domain.origin != HISTORY:
+    """No release of a parameter version's training history with that version (``KeyDomain.
+    learnt_before_us``: the end of the history its count limit, clips and, for origin ``history``, its
+    slices were learnt on). Over its history domain a release would reveal which slices occur in the data
+    it releases (:func:`check_declared_domain`'s rule: one row of the released data would decide a
+    published key); over any domain (a declared one gets the version's end: :func:`with_version_end`)
+    it would release data with parameters read from that same data (a clip at one order's value).
+    Outside simulation, refused when a released conversion (``released_times_us``: the period's, not the
+    lookback's) is before that end, or when a history domain does not say where its history ended. Run
+    by every path's encode step (ARA's ``shard_sums`` and in-memory ``measure``, Attribution's
+    ``simulate_release``)."""
+    if simulation:
         return
-    if domain.learnt_before_us is None:
+    if domain.origin == HISTORY and domain.learnt_before_us is None:
         raise PrivacyRefusal("the key domain lists the slices of a training history whose end it does not record "
                              "(a published key map or layout of another version's history domain, or a parameter "
                              "file written before araopt recorded it): a release over the same conversions would "
                              "reveal which slices occur in them; measure with the version it came from, re-run "
                              "nightly or optimize, declare the domain (--domain, a .csv/.json list of slices), or run "
                              "in simulation mode (--simulation-seed)")
+    if domain.learnt_before_us is None:
+        return
     times = np.asarray(released_times_us, dtype=np.int64)
     if times.size and int(times.min()) < domain.learnt_before_us:
         last = np.datetime64(int(domain.learnt_before_us) - 1, "us").astype("datetime64[s]")
-        raise PrivacyRefusal(f"the key domain lists the slices of a training history whose last conversion is at "
-                             f"{last} UTC (the parameter version's), and this release holds conversions from before "
-                             f"then: a release over the slices of the data it releases reveals which slices occur in "
-                             f"it; release later conversions, declare the domain (--domain, a .csv/.json list of "
-                             f"slices), or run in simulation mode (--simulation-seed)")
+        if domain.origin == HISTORY:
+            raise PrivacyRefusal(
+                f"the key domain lists the slices of a training history whose last conversion is at {last} UTC (the "
+                f"parameter version's), and this release holds conversions from before then: a release over the "
+                f"slices of the data it releases reveals which slices occur in it; release later conversions, "
+                f"declare the domain (--domain, a .csv/.json list of slices), or run in simulation mode "
+                f"(--simulation-seed)")
+        raise PrivacyRefusal(
+            f"the parameter version (its count limit and clips) was learnt on a training history whose last "
+            f"conversion is at {last} UTC, and this release holds conversions from before then: parameters read "
+            f"from the data they release reveal it, over any domain; release later conversions, or run in "
+            f"simulation mode (--simulation-seed)")
 
 
 def with_version_end(given: KeyDomain, carried: KeyDomain | None) -> KeyDomain:
-    """A published key map or layout of a history domain (which leaves out where its history ended:
-    ``KeyDomain.to_json``) given with the parameter version whose domain it is (the same layout): the
-    version's end applies (``check_learnt_window``). Otherwise ``given`` as it is (a history domain
-    without its end is refused outside simulation)."""
-    if (given.origin == HISTORY and given.learnt_before_us is None and carried is not None
-            and carried.origin == HISTORY and carried == given):
-        return dataclasses.replace(given, learnt_before_us=carried.learnt_before_us)
-    return given
+    """The domain a release given ``given`` (a declared domain, or a published key map or layout, which
+    leaves out where its history ended: ``KeyDomain.to_json``) is checked over when it releases with the
+    parameter version whose domain is ``carried``: that version's end (``check_learnt_window``: its
+    parameters were learnt on the history before it) applies to a domain of another origin (the later of
+    the two ends) and to a history domain of the same layout (the version's own, published). A history
+    domain of another layout keeps its own end (none: refused outside simulation)."""
+    if carried is None or carried.learnt_before_us is None:
+        return given
+    if given.origin == HISTORY and carried != given:
+        return given
+    end = carried.learnt_before_us if given.learnt_before_us is None else max(given.learnt_before_us,
+                                                                               carried.learnt_before_us)
+    return dataclasses.replace(given, learnt_before_us=int(end))
 
 
 def history_days_reason(domain: KeyDomain, days: Sequence[str] | None) -> str | None:
