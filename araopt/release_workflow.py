@@ -31,7 +31,7 @@ from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.lifetime import ReleaseHistory
 from araopt.mechanism.measure import check_measurable, shard_sums
 from araopt.mechanism.params import Encoding, Params
-from araopt.mechanism.release import Release, release_domain, release_step
+from araopt.mechanism.release import Release, release_domain, release_step, with_version_end
 from araopt.publication import DEBUG_NEEDS_SIMULATION, Publication, publish
 from araopt.targets import check_domain, target_of
 from araopt.version import ParameterVersion
@@ -93,7 +93,8 @@ def release_and_publish(backend: ReleaseBackend, spec: ReleaseSpec, domain: KeyD
                         rng: np.random.Generator | None = None) -> Publication:
     """The workflow: the backend's sums, the release step once (its rules, noise once per key), the
     publication. ``rng``: the noise's generator (tests); by default the secure one, or the seeded one
-    of a simulation."""
+    of a simulation. ``domain`` takes the version's training window (``with_version_end``)."""
+    domain = with_version_end(domain, spec.version.domain)
     merged = backend.domain_sums(spec, domain)
     release = release_step(merged.sums, merged.counts, spec.params, domain, simulation_seed=spec.simulation_seed,
                            max_rejected_fraction=spec.max_rejected_fraction, lookback_counts=merged.lookback_counts,

@@ -403,6 +403,11 @@ def test_export_without_domain_source_and_overwrite_guard(tmp_path, capsys):
     du_penc_frame().to_parquet(tmp_path / "log.parquet")
     args = ["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"),
             "--conversions", str(tmp_path / "log.parquet")]
+    # the log's slices as the output domain and its triggers: a simulation only (red team, round seventeen)
+    assert run_export_ara(args) == 2
+    assert "derived from the data it describes" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    args += ["--simulation-seed", "1"]
     assert run_export_ara(args) == 0
     assert run_export_ara(args) == 2 and "--overwrite" in capsys.readouterr().err
     assert run_export_ara(args + ["--overwrite"]) == 0
@@ -474,7 +479,7 @@ def test_export_triggers_are_labelled_operator_private(tmp_path, capsys):
     ParameterVersion(du_penc_params()).save(tmp_path / "p.json")
     du_penc_frame().to_parquet(tmp_path / "log.parquet")
     assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"), "--conversions",
-                           str(tmp_path / "log.parquet")]) == 0
+                           str(tmp_path / "log.parquet"), "--simulation-seed", "1"]) == 0
     out = capsys.readouterr().out
     assert not (tmp_path / "o" / "triggers.jsonl").exists()
     lines = (tmp_path / "o" / "private" / "triggers.jsonl").read_text().splitlines()

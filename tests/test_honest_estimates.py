@@ -155,7 +155,9 @@ def test_optimize_fits_the_calibration_and_measure_releases_true_totals(tmp_path
     from pipelines.optimize import run_optimize
 
     write(history(n=9000, seed=3), str(tmp_path / "hist" / "part-0.parquet"))
-    write(history(n=3000, seed=4, days=1), str(tmp_path / "day" / "part-0.parquet"))
+    day = history(n=3000, seed=4, days=1)  # the day after the history (its own days are refused: release_rules)
+    write(day.assign(conversion_time=day["conversion_time"] + pd.Timedelta(days=7)),
+          str(tmp_path / "day" / "part-0.parquet"))
     assert run_optimize(["--history", str(tmp_path / "hist"), "--slices", "s", "--values", "v", "--epsilon", "8",
                          "--max-count-limit", "6", "--output", str(tmp_path / "p.json"), "--no-progress"]) == 0
     p = ParameterVersion.load(tmp_path / "p.json")

@@ -139,7 +139,8 @@ def test_export_ara_key_maps_record_where_their_slices_come_from(tmp_path, capsy
     data = write_log(tmp_path)
     p = params()
     ParameterVersion(p).save(tmp_path / "p.json")
-    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e1"), "--conversions", data]) == 0
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e1"), "--conversions", data,
+                           "--simulation-seed", "1"]) == 0  # (without a seed: refused, test_ara)
     assert json.loads((tmp_path / "e1" / "key_map.json").read_text())["origin"] == "data"
     history_version(p, {"s": np.array(["a", "b", "c"])}).save(tmp_path / "ph.json")
     assert run_export_ara(["--params", str(tmp_path / "ph.json"), "--out", str(tmp_path / "e2")]) == 0
@@ -160,7 +161,8 @@ def test_measure_refuses_a_data_derived_key_map_outside_simulation(tmp_path, cap
 
     data = write_log(tmp_path)
     ParameterVersion(params()).save(tmp_path / "p.json")
-    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e"), "--conversions", data]) == 0
+    assert run_export_ara(["--params", str(tmp_path / "p.json"), "--out", str(tmp_path / "e"), "--conversions", data,
+                           "--simulation-seed", "1"]) == 0
     capsys.readouterr()
     args = ["--input", data, "--params", str(tmp_path / "p.json"), "--domain", str(tmp_path / "e" / "key_map.json"),
             "--output", str(tmp_path / "out")]

@@ -216,6 +216,7 @@ def test_export_ara_interrupted_mid_write_leaves_the_previous_export_whole(tmp_p
     ParameterVersion(du_penc_params()).save(tmp_path / "p.json")
     du_penc_frame().to_parquet(tmp_path / "log.parquet")
     argv = ["--params", str(tmp_path / "p.json"), "--conversions", str(tmp_path / "log.parquet"),
+            "--simulation-seed", "1",  # a domain from the log's own slices: simulation only
             "--out", str(tmp_path / "export")]
     assert run_export_ara(argv) == 0
     manifest = json.loads((tmp_path / "export" / MANIFEST).read_text())

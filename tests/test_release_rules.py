@@ -63,9 +63,12 @@ def test_the_release_step_refuses_a_data_derived_domain_outside_simulation():
     with pytest.raises(PrivacyRefusal, match="derived from the data"):
         noisy_release(_sums(data, p), p, data, _accounting())
     assert noisy_release(_sums(data, p), p, data, _accounting(), simulation_seed=SEED).simulation_seed == SEED
-    for origin in (DECLARED, HISTORY):
-        declared = _domain(frame, p, origin)
-        assert noisy_release(_sums(declared, p), p, declared, _accounting()).domain.origin == origin
+    declared = _domain(frame, p, DECLARED)
+    assert noisy_release(_sums(declared, p), p, declared, _accounting()).domain.origin == DECLARED
+    learnt = dataclasses.replace(_domain(frame, p, HISTORY), learnt_before_us=0)  # its history ended before
+    assert noisy_release(_sums(learnt, p), p, learnt, _accounting()).domain.origin == HISTORY
+    with pytest.raises(PrivacyRefusal, match="whose end it does not record"):  # where it ended is unknown
+        noisy_release(_sums(learnt, p), p, dataclasses.replace(learnt, learnt_before_us=None), _accounting())
 
 
 def test_the_release_step_gates_the_rejected_share():
@@ -297,6 +300,56 @@ def test_a_graph_built_with_a_learnt_version_refuses_its_history_over_a_declared
         with TestPipeline() as pipe:
             build_release(pipe, check_input(data, p.slice_columns, p.query_columns), version, folder,
                           ReleaseJob(domain=_domain(frame, p, DECLARED)))
+
+
+def test_the_release_step_checks_the_training_window_of_sums_built_by_hand():
+    """The encode step is not the only guard: sums wired by hand from the package's functions
+    (``encode_and_bound`` -> ``aggregate.domain_sums`` -> ``release_step``) record their earliest period
+    conversion (``DomainSums.first_time_us``), the release step checks it against the domain's window,
+    and sums that do not record it are refused over a domain with one (red team, round seventeen: such
+    a graph released the training log over its history domain). Merging keeps the earliest."""
+    from araopt.mechanism.aggregate import NO_CONVERSION, domain_sums, merge
+    from araopt.mechanism.measure import encode_and_bound, histogram_rows
+    from araopt.mechanism.release import release_step
+
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    first = int(conv.conversion_time.min())
+    learnt = _learnt(frame, p, first + 1)
+    contributions, kept = encode_and_bound(conv, p)
+    rows = histogram_rows(conv, p, learnt)
+
+    def sums(times):
+        return domain_sums(rows, contributions, kept, learnt.num_slices, conversion_time=times)
+
+    counts = ValidationCounts(len(conv))
+    with pytest.raises(PrivacyRefusal, match="do not record their earliest conversion"):
+        release_step(sums(None), counts, p, learnt)
+    with pytest.raises(PrivacyRefusal, match="training history whose last conversion"):
+        release_step(sums(conv.conversion_time), counts, p, learnt)
+    assert sums(conv.conversion_time).first_time_us == first
+    assert merge([sums(conv.conversion_time + 5), sums(conv.conversion_time)]).first_time_us == first
+    assert merge([sums(None), sums(conv.conversion_time)]).first_time_us is None
+    assert release_step(sums(conv.conversion_time), counts, p, _learnt(frame, p, first)).secure_noise
+    assert release_step(sums(None), counts, p, _domain(frame, p, DECLARED)).secure_noise  # no window to check
+    none = dataclasses.replace(sums(conv.conversion_time), first_time_us=NO_CONVERSION)  # sums of no period row
+    assert release_step(none, counts, p, learnt).secure_noise
+    assert aggregate.empty(2, 3).first_time_us == NO_CONVERSION
+
+
+def test_the_release_workflow_gives_a_declared_domain_its_versions_end():
+    """``release_workflow.release_and_publish`` takes the whole version: a declared domain gets its end
+    (red team, round seventeen: it released the training log over a declared domain)."""
+    from araopt.release_workflow import InMemoryReleaseBackend, ReleaseSpec, release_and_publish
+
+    frame, p = make_frame(300), make_params()
+    conv = Conversions.from_table(frame, p.slice_columns, p.query_columns)
+    first = int(conv.conversion_time.min())
+    version = ParameterVersion(p, domain=_learnt(frame, p, first + 1))
+    with pytest.raises(PrivacyRefusal, match="was learnt on a training history"):
+        release_and_publish(InMemoryReleaseBackend(conv), ReleaseSpec(version), _domain(frame, p, DECLARED))
+    earlier = ParameterVersion(p, domain=_learnt(frame, p, first))
+    assert release_and_publish(InMemoryReleaseBackend(conv), ReleaseSpec(earlier), _domain(frame, p, DECLARED))
 
 
 def test_a_history_domain_keeps_where_its_history_ended_in_files_and_key_maps():

@@ -98,10 +98,12 @@ def export_ara(version: ParameterVersion, domain: KeyDomain, destination: str, c
     """The registrations of ``version`` over ``domain`` for ``destination`` (its site), with the triggers
     of ``conv`` (seeded rounding of their values with ``simulation_seed``, as ``measure`` rounds them);
     ARA's limits checked over the domain first, and, outside simulation, that ``conv`` holds none of the
-    version's training history (``check_learnt_window``, as ``measure`` refuses to release it)."""
+    version's training history (``check_learnt_window``) and that the domain is not theirs (origin
+    ``data``: ``check_declared_domain``), as ``measure`` refuses to release them."""
     params = version.params
     check_ara_limits(params, domain)
     if conv is not None:  # the Aggregation Service would release these triggers over the output domain
+        check_declared_domain(domain, simulation_seed, "the output domain (the slices present in the conversion log)")
         check_learnt_window(with_version_end(domain, version.domain), conv.conversion_time[conv.period_mask()],
                             simulation_seed is not None)
     sources = SourceEncoder(version, domain, destination)

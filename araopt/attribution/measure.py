@@ -47,6 +47,7 @@ from araopt.io.conversions import (
     IMPRESSION_SITE,
     IMPRESSION_TIME_US,
     IN_PERIOD,
+    check_time_micros,
 )
 from araopt.io.ids import canonical_id_hash
 from araopt.io.rowset import conversion_row_ids
@@ -281,6 +282,9 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
                      config: BrowserConfig | None = None, key: DrawKey | None = None,
                      history: AttributionHistory | None = None) -> tuple[BrowserSums, Simulated]:
     """:func:`simulate_browsers` with the whole simulation (the rows in its order, the schedule)."""
+    for column in (CONVERSION_TIME_US, IMPRESSION_TIME_US):  # microseconds, as the windows compare them
+        if column in rows:
+            check_time_micros(rows[column].to_numpy(), column)
     if history is not None:  # a lookback held by earlier releases: their draws (the ledger's key)
         key = history.draw_key(key, simulation_seed is not None)
     source: Draws = simulation_seed if simulation_seed is not None else (key if key is not None else DrawKey.new())

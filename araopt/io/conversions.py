@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -350,6 +350,18 @@ def validate_table(
     return batch.valid, batch.rejected
 
 
+def check_time_micros(values: Any, column: str) -> None:
+    """Times given in memory (``Conversions``, the W3C measure's rows) are integer microseconds since the
+    epoch before 2200 (validation's bound): what every time is compared with (a version's training
+    window, the lookback, the days) is in microseconds, and nanoseconds (pandas' unit) would pass a
+    training window's end by a factor of 1,000. Earlier times (a simulation's relative ones) can only
+    fail such checks, so they stay allowed."""
+    times = np.asarray(values)
+    if times.size and (times.dtype.kind not in "iu" or int(times.max()) >= LATEST_CONVERSION_TIME_US):
+        raise InvalidInput(f"{column} must be integer microseconds since the epoch, before 2200 (as validation "
+                           f"requires; got dtype {times.dtype}, latest {times.max()})")
+
+
 @dataclass(frozen=True)
 class Conversions:
     """Validated conversion records as numpy arrays (the unit of work of the core).
@@ -384,13 +396,7 @@ class Conversions:
             raise InvalidInput(f"mismatched array lengths: impression_id has {n}, {bad}")
         if self.in_period is not None and np.asarray(self.in_period).dtype != np.bool_:
             raise InvalidInput(f"in_period must be a boolean array, got dtype {np.asarray(self.in_period).dtype}")
-        times = np.asarray(self.conversion_time)
-        if times.size and (times.dtype.kind not in "iu" or int(times.max()) >= LATEST_CONVERSION_TIME_US):
-            # what every time is compared with (a version's training window, the lookback, the days) is in
-            # microseconds: a later time is nanoseconds (pandas' unit), which would pass a training window's
-            # end by a factor of 1,000 (earlier times, as a simulation's relative ones, only fail such checks)
-            raise InvalidInput(f"conversion_time must be integer microseconds since the epoch, before 2200 (as "
-                               f"validation requires; got dtype {times.dtype}, latest {times.max()})")
+        check_time_micros(self.conversion_time, "conversion_time")
 
     def __len__(self) -> int:
         return len(self.impression_id)

@@ -26,6 +26,10 @@ DEFAULT_MAX_SLICES = 100_000
 """Default limit on the number of slices of a domain (declared or derived): ``--max-slices``."""
 
 
+NO_CONVERSION = 2**63 - 1
+"""``DomainSums.first_time_us`` of sums over no period row (later than any time)."""
+
+
 @dataclass(frozen=True)
 class DomainSums:
     """Integer sums of kept contributions per domain key, and the record accounting.
@@ -51,6 +55,10 @@ class DomainSums:
     simulated: bool = False
     """Encoded as a simulation (``simulation_seed``: seeded rounding, a lookback without a release history
     costed at today's parameters): such sums are noised only as a simulation (``release.release_step``)."""
+    first_time_us: int | None = None
+    """The earliest conversion time of the period's rows summed over (``NO_CONVERSION``: none; None:
+    unknown, sums built without their times): the release step checks it against the domain's training
+    window (``release.check_learnt_window``), whatever path made the sums."""
 
     @property
     def rows(self) -> int:
@@ -58,15 +66,17 @@ class DomainSums:
 
 
 def empty(num_slices: int, num_columns: int) -> DomainSums:
-    return DomainSums(np.zeros((num_slices, num_columns), dtype=np.int64), 0, 0, 0, 0)
+    return DomainSums(np.zeros((num_slices, num_columns), dtype=np.int64), 0, 0, 0, 0, first_time_us=NO_CONVERSION)
 
 
 def domain_sums(slice_index: np.ndarray, contributions: np.ndarray, kept: np.ndarray, num_slices: int,
                 impressions: int = 0, in_period: np.ndarray | None = None,
-                rows_before_lookback: int = 0) -> DomainSums:
+                rows_before_lookback: int = 0, conversion_time: np.ndarray | None = None) -> DomainSums:
     """Sum kept contributions of the period's rows per domain slice (``slice_index`` -1: outside the
     domain), vectorized. Rows with ``in_period`` False (lookback) were capped with the rest but are
-    neither summed nor counted as kept, capped or outside the domain."""
+    neither summed nor counted as kept, capped or outside the domain. ``conversion_time``: the rows'
+    times, whose earliest in the period the sums record (``DomainSums.first_time_us``; without them
+    unknown, and the release step refuses them over a domain with a training window)."""
     slice_index = np.asarray(slice_index, dtype=np.int64)
     contributions = np.asarray(contributions)
     kept = np.asarray(kept, dtype=bool)
@@ -87,9 +97,15 @@ def domain_sums(slice_index: np.ndarray, contributions: np.ndarray, kept: np.nda
     for col in range(contributions.shape[1]):
         # integer bincount: np.add.at is exact for int64 (no float weights, no 2^53 limit)
         np.add.at(hist[:, col], target, values[:, col])
+    first: int | None = None
+    if conversion_time is not None:
+        times = np.asarray(conversion_time, dtype=np.int64)
+        if len(times) != len(period):
+            raise InvalidInput(f"conversion_time {times.shape} does not align with in_period {period.shape}")
+        first = int(times[period].min()) if period.any() else NO_CONVERSION
     return DomainSums(hist[:num_slices], int(use.sum()), int((~kept & period).sum()),
                       int((kept & ~inside & period).sum()), int(impressions), int((~period).sum()),
-                      int(rows_before_lookback))
+                      int(rows_before_lookback), first_time_us=first)
 
 
 def merge(parts: Iterable[DomainSums]) -> DomainSums:
@@ -109,10 +125,12 @@ def merge(parts: Iterable[DomainSums]) -> DomainSums:
     hist = parts[0].histogram.copy()
     for p in parts[1:]:
         hist += p.histogram
+    firsts = [p.first_time_us for p in parts]
+    first = None if None in firsts else min(t for t in firsts if t is not None)
     return DomainSums(hist, sum(p.kept for p in parts), sum(p.capped for p in parts),
                       sum(p.outside_domain for p in parts), sum(p.impressions for p in parts),
                       sum(p.lookback_rows for p in parts), sum(p.rows_before_lookback for p in parts),
-                      parts[0].grouping, parts[0].simulated)
+                      parts[0].grouping, parts[0].simulated, first)
 
 
 class TooManySlices(InvalidInput):

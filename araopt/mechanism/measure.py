@@ -185,7 +185,8 @@ def measure(
     slice_idx = histogram_rows(conversions, params, domain)
     period = conversions.period_mask()
     sums = domain_sums(slice_idx, contributions, kept, histogram_height(params, domain),
-                       impressions=distinct_count(conversions.impression_sort_keys()[period]), in_period=period)
+                       impressions=distinct_count(conversions.impression_sort_keys()[period]), in_period=period,
+                       conversion_time=conversions.conversion_time)
     sums = dataclasses.replace(sums, simulated=simulation_seed is not None)
     release = release_step(sums, ValidationCounts(int(period.sum())), params, domain, simulation_seed=simulation_seed,
                            lookback_counts=ValidationCounts(sums.lookback_rows), rng=noise_rng)
@@ -208,7 +209,8 @@ def shard_sums(conversions: Conversions, params: Params, domain: KeyDomain, simu
     period = conversions.period_mask()
     sums = domain_sums(histogram_rows(conversions, params, domain), contributions, kept, histogram_height(params, domain),
                        impressions=distinct_count(conversions.impression_sort_keys()[period]), in_period=period,
-                       rows_before_lookback=rows_before_coverage(conversions, coverage_start_us))
+                       rows_before_lookback=rows_before_coverage(conversions, coverage_start_us),
+                       conversion_time=conversions.conversion_time)
     if conversions.in_period is not None:
         sums = dataclasses.replace(sums, lookback_rows=lookback_rows)
     return dataclasses.replace(sums, simulated=simulation_seed is not None)

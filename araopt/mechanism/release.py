@@ -238,6 +238,13 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
     if sums.histogram.shape != (height, domain.num_columns):
         raise InvalidInput(f"sums have shape {sums.histogram.shape}, the domain needs ({height}, {domain.num_columns})")
     check_release_rules(domain, accounting, simulation_seed, max_rejected_fraction)
+    if simulation_seed is None and sums.first_time_us is None and (domain.learnt_before_us is not None
+                                                                    or domain.origin == HISTORY):
+        raise PrivacyRefusal("the sums do not record their earliest conversion (sums built without their times: "
+                             "pass conversion_time to aggregate.domain_sums, or use shard_sums), so the release "
+                             "step cannot check them against the domain's training window (check_learnt_window)")
+    if sums.first_time_us is not None:  # the encode step checked it too; this holds for hand-built sums
+        check_learnt_window(domain, np.array([sums.first_time_us], dtype=np.int64), simulation_seed is not None)
     report = summary_report(sums.histogram, params.epsilon, params.contribution_budget, rng=rng,
                             simulation_seed=simulation_seed)
     m = domain.num_slices
