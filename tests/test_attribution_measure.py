@@ -162,6 +162,24 @@ def test_the_task_domain_passes_the_release_rules_of_the_layout():
     assert measure(params, log, layout, task_domain=_tasks(params, "declared")).noisy
 
 
+def test_the_browser_sums_record_their_earliest_released_conversion():
+    """What the release step checks against a training window (``BrowserSums.first_time_us``): the
+    earliest conversion of the release's own rows, a lookback row's not (it was released before), and
+    the earliest over every shard when shards merge."""
+    from araopt.attribution.measure import BrowserSums, simulate_browsers
+
+    log, params = _log(), _params(4.0)
+    layout = KeyDomain.from_slice_values(("campaign",), {"campaign": np.arange(4)}, params.query_names,
+                                         origin="declared")
+    times = log["conversion_time_us"]
+    sums, _ = simulate_browsers(params, log, layout, simulation_seed=3)
+    assert sums.first_time_us == int(times.min())
+    earliest = times == times.min()
+    looked_back, _ = simulate_browsers(params, log.assign(in_period=~earliest), layout, simulation_seed=3)
+    assert looked_back.first_time_us == int(times[~earliest].min()) > int(times.min())
+    assert BrowserSums.merge([looked_back, sums]).first_time_us == int(times.min())
+
+
 def test_times_in_other_units_are_refused_not_compared():
     """The rows' times are microseconds, as the training window and the lookback compare them: a log in
     nanoseconds (pandas' datetime64, or int64) would pass a version's window by a factor of 1,000 (red

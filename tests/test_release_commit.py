@@ -157,6 +157,35 @@ def _attribution_release(rows_read: int, rejected: int, seed: int | None):
     return release([sums], params, domain, counts, seed)
 
 
+def test_the_attribution_release_step_checks_the_training_window_of_sums_built_by_hand():
+    """Sums made without ``simulate_browsers`` (by hand, or another engine) pass the window rule at the
+    release step itself (``check_sums_window``, as ARA's ``noisy_release``): over a layout learnt on a
+    history, sums that do not say when their first conversion was are refused, as are sums holding a
+    conversion before the history's end; a conversion at the end is released; a simulation is not checked."""
+    params = _attribution_version().attribution
+    assert params is not None
+    end = 1_000_000_000
+    layout = dataclasses.replace(KeyDomain.from_slice_values(("campaign",), {"campaign": np.array([0, 1])},
+                                                             params.query_names).with_origin(DECLARED),
+                                 learnt_before_us=end)
+
+    def sums(first, seed=None):
+        return BrowserSums({(q.name, 0): np.array([5, 0]) for q in params.queries}, rows=5, browsers=1,
+                           simulated=seed is not None, first_time_us=first)
+
+    counts = ValidationCounts(5, 0, {})
+    with pytest.raises(PrivacyRefusal, match="do not record their earliest conversion"):
+        release([sums(None)], params, layout, counts, None)
+    with pytest.raises(PrivacyRefusal, match="whose last conversion is at"):
+        release([sums(end - 1)], params, layout, counts, None)
+    with pytest.raises(PrivacyRefusal, match="whose last conversion is at"):  # one shard's is enough
+        release([sums(end + 5), sums(end - 1)], params, layout, dataclasses.replace(counts, rows_read=10), None)
+    assert release([sums(end)], params, layout, counts, None).noisy
+    assert release([sums(None, 3)], params, layout, counts, 3).noisy
+    declared = dataclasses.replace(layout, learnt_before_us=None)  # no window: nothing to check
+    assert release([sums(None)], params, declared, counts, None).noisy
+
+
 def test_an_attribution_release_passes_at_the_rejected_share_and_is_refused_one_row_above():
     """The release step refuses one row above the share (nothing is noised: ``attribution.release.release``,
     the rule of every path), and the writer refuses such a release however it was made."""

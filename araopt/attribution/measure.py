@@ -51,6 +51,7 @@ from araopt.io.conversions import (
 )
 from araopt.io.ids import canonical_id_hash
 from araopt.io.rowset import conversion_row_ids
+from araopt.mechanism.aggregate import NO_CONVERSION
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.randomness import Simulation
 from araopt.mechanism.release import check_declared_domain, check_learnt_window
@@ -209,6 +210,10 @@ class BrowserSums:
     simulated: bool = False
     """Simulated with a simulation seed (seeded draws, a lookback without a release history at the release's
     own parameters): such sums are noised only as a simulation (``release.release``)."""
+    first_time_us: int | None = None
+    """The earliest conversion time (microseconds) of the release's own rows (``NO_CONVERSION``: none;
+    None: unknown, sums built by hand): the release step checks it against the layout's training window
+    (``araopt.mechanism.release.check_sums_window``)."""
 
     @staticmethod
     def merge(parts: Iterable[BrowserSums]) -> BrowserSums:
@@ -229,7 +234,9 @@ class BrowserSums:
         def last(name: str) -> int | None:
             return max((v for p in parts if (v := getattr(p, name)) is not None), default=None)
 
+        firsts = [p.first_time_us for p in parts]
         return replace(BrowserSums(unnoised, **counts), simulated=parts[0].simulated,
+                       first_time_us=None if None in firsts else min(t for t in firsts if t is not None),
                        charged_first_ms=first("charged_first_ms"), charged_last_ms=last("charged_last_ms"),
                        matched_first_ms=first("matched_first_ms"), matched_last_ms=last("matched_last_ms"))
 
@@ -316,7 +323,8 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
                        int((~plan.encoded & own_rows).sum()), int(own.sum()), int((reports.matched & own).sum()),
                        int((reports.refused & own).sum()), browsers,
                        *_ends(imp_ms[reports.accepted & own]), *_ends(imp_ms[reports.matched & own]),
-                       int(lookback.sum()), int((~own).sum()), simulation_seed is not None)
+                       int(lookback.sum()), int((~own).sum()), simulation_seed is not None,
+                       int(released_times.min()) if len(released_times) else NO_CONVERSION)
     return sums, sim
 
 

@@ -20,8 +20,9 @@ from araopt.attribution.params import AttributionParams
 from araopt.attribution.reconstruct import Estimate, check_noise_rates, read_histograms, reconstruct_histograms
 from araopt.errors import InvalidInput, InvalidParameters, PrivacyRefusal
 from araopt.io.conversions import DEFAULT_MAX_REJECTED_FRACTION, ValidationCounts, check_rejected_share
+from araopt.mechanism.aggregate import NO_CONVERSION
 from araopt.mechanism.keys import DECLARED, ORIGIN_COLUMN, KeyDomain
-from araopt.mechanism.release import SUMS_AND_NOISE_ONE_MODE, check_declared_domain
+from araopt.mechanism.release import SUMS_AND_NOISE_ONE_MODE, check_declared_domain, check_sums_window
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def histogram_layout(domain: KeyDomain) -> pd.DataFrame:
 def empty_sums(params: AttributionParams, domain: KeyDomain, num_tasks: int, simulated: bool = False) -> BrowserSums:
     """No browser's sums: zeros per (query, task) over the histogram indices (the identity of the merge)."""
     return BrowserSums({(q.name, t): np.zeros(domain.num_slices, dtype=np.int64)
-                        for q in params.queries for t in range(num_tasks)}, simulated=simulated)
+                        for q in params.queries for t in range(num_tasks)}, simulated=simulated,
+                       first_time_us=NO_CONVERSION)
 
 
 def release(sums: Sequence[BrowserSums], params: AttributionParams, domain: KeyDomain, counts: ValidationCounts,
@@ -101,6 +103,7 @@ def release(sums: Sequence[BrowserSums], params: AttributionParams, domain: KeyD
     merged = BrowserSums.merge([empty_sums(params, domain, num_tasks, simulation), *sums])
     check_rejected_share(counts, max_rejected_fraction)
     check_declared_domain(domain, simulation_seed)
+    check_sums_window(domain, merged.first_time_us, simulation, "use simulate_browsers")
     if counts.rows_read - counts.rows_rejected != merged.rows:
         raise InvalidInput(f"row accounting does not close: {counts.rows_read:,} rows read, {counts.rows_rejected:,} "
                            f"rejected, {merged.rows:,} simulated")

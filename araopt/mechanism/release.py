@@ -97,6 +97,19 @@ def check_declared_domain(domain: KeyDomain, simulation_seed: int | None, source
                              f"(--simulation-seed)")
 
 
+def check_sums_window(domain: KeyDomain, first_time_us: int | None, simulation: bool, how: str) -> None:
+    """The release step's own :func:`check_learnt_window`, on the earliest conversion the sums hold
+    (``first_time_us``; None: unknown), so that sums built by any path, by hand too, pass the rule the
+    encode step applies: outside simulation, sums that do not record it are refused over a domain with a
+    training window (``how``: how to build them with it)."""
+    if not simulation and first_time_us is None and (domain.learnt_before_us is not None or domain.origin == HISTORY):
+        raise PrivacyRefusal(f"the sums do not record their earliest conversion (sums built without their times: "
+                             f"{how}), so the release step cannot check them against the domain's training window "
+                             f"(check_learnt_window)")
+    if first_time_us is not None:
+        check_learnt_window(domain, np.array([first_time_us], dtype=np.int64), simulation)
+
+
 def check_learnt_window(domain: KeyDomain, released_times_us: np.ndarray, simulation: bool) -> None:
     """No release of a parameter version's training history with that version (``KeyDomain.
     learnt_before_us``: the end of the history its count limit, clips and, for origin ``history``, its
@@ -238,13 +251,8 @@ def noisy_release(sums: DomainSums, params: Params, domain: KeyDomain, accountin
     if sums.histogram.shape != (height, domain.num_columns):
         raise InvalidInput(f"sums have shape {sums.histogram.shape}, the domain needs ({height}, {domain.num_columns})")
     check_release_rules(domain, accounting, simulation_seed, max_rejected_fraction)
-    if simulation_seed is None and sums.first_time_us is None and (domain.learnt_before_us is not None
-                                                                    or domain.origin == HISTORY):
-        raise PrivacyRefusal("the sums do not record their earliest conversion (sums built without their times: "
-                             "pass conversion_time to aggregate.domain_sums, or use shard_sums), so the release "
-                             "step cannot check them against the domain's training window (check_learnt_window)")
-    if sums.first_time_us is not None:  # the encode step checked it too; this holds for hand-built sums
-        check_learnt_window(domain, np.array([sums.first_time_us], dtype=np.int64), simulation_seed is not None)
+    check_sums_window(domain, sums.first_time_us, simulation_seed is not None,
+                      "pass conversion_time to aggregate.domain_sums, or use shard_sums")
     report = summary_report(sums.histogram, params.epsilon, params.contribution_budget, rng=rng,
                             simulation_seed=simulation_seed)
     m = domain.num_slices
