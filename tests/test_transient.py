@@ -147,7 +147,7 @@ def test_releases_in_a_transient_identify_each_slice_s_conversions_per_impressio
     for tables in (True, False):
         days, pooled, truth = _transient_days(tables)
         posterior = slice_posterior(days, pooled, [np.arange(8) % 2])
-        errors[tables] = np.abs(np.log(posterior.mean_size() / truth))
+        errors[tables] = np.abs(np.log(posterior.family_mean() / truth))
     assert errors[True].max() < np.log(1.25)
     assert errors[False].max() > 2 * errors[True].max()
 

@@ -156,8 +156,10 @@ class SlicePosterior:
         at = np.stack([np.minimum((cdf < q).sum(axis=1), len(MEANS) - 1) for q in quantiles], axis=1)
         return np.asarray(self.ratio_table(kept_ranks)[at], dtype=np.float64)
 
-    def mean_size(self) -> np.ndarray:
-        """Posterior mean of every slice's geometric mean mu (the family's parameter)."""
+    def family_mean(self) -> np.ndarray:
+        """Posterior mean of every slice's geometric mean mu: the family's parameter, not the mean
+        conversions per impression of the slice's curve (``slice_curve(k).mean_size()``), which the
+        anchoring to the pool moves (what the tuner uses is the curve)."""
         return np.asarray(self.weights @ MEANS, dtype=np.float64)
 
     def dispersion(self, kept_ranks: np.ndarray) -> np.ndarray:
