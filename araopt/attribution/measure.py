@@ -51,7 +51,7 @@ from araopt.io.conversions import (
 )
 from araopt.io.ids import canonical_id_hash
 from araopt.io.rowset import conversion_row_ids
-from araopt.mechanism.aggregate import NO_CONVERSION
+from araopt.mechanism.aggregate import earliest, first_time
 from araopt.mechanism.keys import KeyDomain
 from araopt.mechanism.randomness import Simulation
 from araopt.mechanism.release import check_declared_domain, check_learnt_window
@@ -234,9 +234,8 @@ class BrowserSums:
         def last(name: str) -> int | None:
             return max((v for p in parts if (v := getattr(p, name)) is not None), default=None)
 
-        firsts = [p.first_time_us for p in parts]
         return replace(BrowserSums(unnoised, **counts), simulated=parts[0].simulated,
-                       first_time_us=None if None in firsts else min(t for t in firsts if t is not None),
+                       first_time_us=earliest(p.first_time_us for p in parts),
                        charged_first_ms=first("charged_first_ms"), charged_last_ms=last("charged_last_ms"),
                        matched_first_ms=first("matched_first_ms"), matched_last_ms=last("matched_last_ms"))
 
@@ -324,7 +323,7 @@ def simulate_release(params: AttributionParams, rows: pd.DataFrame, domain: KeyD
                        int((reports.refused & own).sum()), browsers,
                        *_ends(imp_ms[reports.accepted & own]), *_ends(imp_ms[reports.matched & own]),
                        int(lookback.sum()), int((~own).sum()), simulation_seed is not None,
-                       int(released_times.min()) if len(released_times) else NO_CONVERSION)
+                       first_time(released_times))
     return sums, sim
 
 

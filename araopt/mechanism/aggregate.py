@@ -30,6 +30,17 @@ NO_CONVERSION = 2**63 - 1
 """``DomainSums.first_time_us`` of sums over no period row (later than any time)."""
 
 
+def first_time(times: np.ndarray) -> int:
+    """The earliest of the released rows' times (``NO_CONVERSION``: no row): what sums record of them."""
+    return int(np.min(times)) if len(times) else NO_CONVERSION
+
+
+def earliest(firsts: Iterable[int | None]) -> int | None:
+    """The first time of merged sums: the earliest of the parts', unknown (None) when any part's is."""
+    known = list(firsts)
+    return None if None in known else min(t for t in known if t is not None)
+
+
 @dataclass(frozen=True)
 class DomainSums:
     """Integer sums of kept contributions per domain key, and the record accounting.
@@ -102,7 +113,7 @@ def domain_sums(slice_index: np.ndarray, contributions: np.ndarray, kept: np.nda
         times = np.asarray(conversion_time, dtype=np.int64)
         if len(times) != len(period):
             raise InvalidInput(f"conversion_time {times.shape} does not align with in_period {period.shape}")
-        first = int(times[period].min()) if period.any() else NO_CONVERSION
+        first = first_time(times[period])
     return DomainSums(hist[:num_slices], int(use.sum()), int((~kept & period).sum()),
                       int((kept & ~inside & period).sum()), int(impressions), int((~period).sum()),
                       int(rows_before_lookback), first_time_us=first)
@@ -125,12 +136,10 @@ def merge(parts: Iterable[DomainSums]) -> DomainSums:
     hist = parts[0].histogram.copy()
     for p in parts[1:]:
         hist += p.histogram
-    firsts = [p.first_time_us for p in parts]
-    first = None if None in firsts else min(t for t in firsts if t is not None)
     return DomainSums(hist, sum(p.kept for p in parts), sum(p.capped for p in parts),
                       sum(p.outside_domain for p in parts), sum(p.impressions for p in parts),
                       sum(p.lookback_rows for p in parts), sum(p.rows_before_lookback for p in parts),
-                      parts[0].grouping, parts[0].simulated, first)
+                      parts[0].grouping, parts[0].simulated, earliest(p.first_time_us for p in parts))
 
 
 class TooManySlices(InvalidInput):
