@@ -503,3 +503,38 @@ def test_string_and_multi_column_slices_match_the_key_domain():
     assert ce.fallback_slices == 0 and ce.estimate.shape == (3, 2)
     frame = ce.to_frame(dom.slice_values())
     assert list(frame["country"][:2]) == ["DE", "DE"] and frame["bias_corrected"].all()
+
+
+def test_the_point_ratio_moves_the_point_estimate_and_leaves_the_interval_the_mean_ratios():
+    """``Calibration.point_ratio`` (the privacy-safe tuner's typical day of a heavy-tailed value): the point
+    estimate is U / point_ratio, the interval is the one the mean ratio gives (it must still cover the days
+    that hold the tail); a point outside it widens it; it round-trips through JSON and is validated."""
+    params, cal = fitted()
+    cal = _fixed_ratio(cal, 0.5, 0.05)
+    point = cal.ratio.copy()
+    point[:, 1] = 0.8
+    with_point = dataclasses.replace(cal, point_ratio=point)
+    z = 1.959963984540054
+    U = np.array([[400.0, 900.0], [40.0, 90.0]])
+    se = np.full_like(U, 3.0)
+    est = Estimates(U, se, U - z * se, U + z * se, ("count", "value"), 0.95)
+    mean = cb.correct(est, cal, {"s": [0, 1]}, params=params)
+    typical = cb.correct(est, with_point, {"s": [0, 1]}, params=params)
+    np.testing.assert_allclose(typical.estimate[:, 0], mean.estimate[:, 0])
+    np.testing.assert_allclose(typical.estimate[:, 1], U[:, 1] / 0.8)
+    np.testing.assert_allclose(typical.ratio[:, 1], 0.8)
+    np.testing.assert_allclose(typical.ci_high, mean.ci_high)
+    np.testing.assert_allclose(typical.ci_low, np.minimum(mean.ci_low, typical.estimate))
+    assert (typical.ci_low <= typical.estimate).all() and (typical.estimate <= typical.ci_high).all()
+    unseen = cb.correct(est, with_point, {"s": [42, 43]}, params=params)  # unseen slices: the pooled ratio
+    np.testing.assert_allclose(unseen.estimate, U / 0.5)
+    back = cb.Calibration.from_bytes(with_point.to_bytes(), params=params)
+    np.testing.assert_array_equal(back.point_ratio, point)
+    assert "point_ratio" not in json.loads(cal.to_bytes())["slices"]
+    data = json.loads(with_point.to_bytes())
+    data["slices"]["point_ratio"][0][1] = 1.5
+    with pytest.raises(ValueError, match=r"point_ratio.*\(0, 1\]"):
+        cb.Calibration.from_json(data)
+    data["slices"]["point_ratio"] = [[0.5]]
+    with pytest.raises(ValueError, match="point_ratio"):
+        cb.Calibration.from_json(data)

@@ -264,3 +264,35 @@ def test_slices_that_differ_do_not_collapse_the_private_clip_below_the_cold_star
     tuned = private.iloc[1:]  # day 1 is the cold start itself
     assert (tuned["clip_value"] > 0.25 * median).all(), tuned["clip_value"].tolist()
     assert tuned["rmsre_tau"].mean() <= 1.1 * cold["rmsre_tau"].iloc[1:].mean()
+
+
+def test_a_heavy_tailed_value_is_corrected_for_the_typical_day_not_the_mean_one():
+    """``private.typical_day_factors``: dividing a day's clipped value by the mean ratio E[min(v, c)] / E[v]
+    over-corrects the days that hold no huge order (most of a small slice's days); the ratio that
+    minimises a day's mean squared relative error, E[x^2] / E[x] with x the day's clipped share, is the
+    factor times the mean one: checked here against that error minimised over a grid of ratios on
+    days drawn apart. Values without a tail keep the mean ratio (factor 1), large slices nearly."""
+    from araopt.optimize.private import typical_day_factors
+
+    rng = np.random.default_rng(4)
+    heavy = np.where(rng.random(40_000) < 0.01, 200.0 * (1 + rng.pareto(1.5, 40_000)), rng.lognormal(3.0, 0.5, 40_000))
+    clip = 40.0
+    keys = [(0,), (1,), (2,)]
+    model = PrivateModel(RetentionCurve(np.eye(1, MAX_SIZE)[0]),
+                         {(0,): np.array([20.0]), (1,): np.array([300.0]), (2,): np.array([20.0])},
+                         heavy[:, None], 10, value_scales={(0,): np.array([1.0]), (1,): np.array([1.0]),
+                                                           (2,): np.array([0.5])})
+    factors = typical_day_factors(model, keys, 0, clip)
+    np.testing.assert_array_equal(factors, typical_day_factors(model, keys, 0, clip))  # seeded: same inputs, same bytes
+    assert factors[0] > 1.15 and 1.0 < factors[1] < factors[0]  # fewer huge orders a day in a small slice
+    mean = np.minimum(heavy, clip).mean() / heavy.mean()
+    days = heavy[np.random.default_rng(9).integers(0, len(heavy), (4000, 20))]
+    x = np.minimum(days, clip).sum(axis=1) / days.sum(axis=1)
+    grid = mean * np.linspace(0.8, 3.0, 441)
+    best = grid[np.argmin([np.mean((x / g - 1.0) ** 2) for g in grid])]
+    assert factors[0] * mean == pytest.approx(best, rel=0.05)
+    halved = np.minimum(heavy, 2 * clip).mean() / heavy.mean()  # a slice at half the level: clip 2c on the pool
+    x_half = np.minimum(days, 2 * clip).sum(axis=1) / days.sum(axis=1)
+    assert factors[2] * halved == pytest.approx(np.mean(x_half**2) / np.mean(x_half), rel=0.05)
+    flat = dataclasses.replace(model, values=np.full((1000, 1), 25.0))
+    np.testing.assert_allclose(typical_day_factors(flat, keys, 0, clip), 1.0)

@@ -89,7 +89,9 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     ``slices``: the domain of the estimates (``KeyDomain``) or its slice values per column, in row
     order. ``params`` (recommended) is checked against the calibration's checksum. ``period_blocks``:
     how many calibration blocks the measured period spans. Slices the calibration never saw use the
-    pooled ratio with the wider unseen variance; they are counted in ``fallback_slices``.
+    pooled ratio with the wider unseen variance; they are counted in ``fallback_slices``. The point
+    estimate divides by the calibration's ``point_ratio`` where it has one, the interval is the mean
+    ratio's (``Calibration``).
     ``calendar`` and ``period_days`` (the measured period's dates, known from how it was cut, never
     from its rows): the period's day-type effects shift the ratios and their variance replaces the
     marginal period variance (``calibration.calendar``); without them the period is any P blocks and
@@ -120,6 +122,8 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
     seen = pos >= 0
     safe = np.where(seen, pos, 0)
     ratio = np.where(seen[:, None], calibration.ratio[safe], calibration.pooled_ratio[None, :])
+    point_source = calibration.ratio if calibration.point_ratio is None else calibration.point_ratio
+    point = np.where(seen[:, None], point_source[safe], calibration.pooled_ratio[None, :])
     var_long = np.where(seen[:, None], calibration.variance[safe], calibration.unseen_variance[None, :])
     kappa = np.where(seen[:, None], calibration.kappa[safe], calibration.pooled_kappa[None, :])
     fallback = ~seen[:, None] | ~np.where(seen[:, None], calibration.observed[safe], False)
@@ -133,8 +137,10 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
         calendar.check_calibration(calibration)
         adjustment = calendar.adjustment(period_days, calibration)
         ratio = ratio + adjustment.shift[None, :]
+        point = point + adjustment.shift[None, :]
         period_var, note, applied = adjustment.variance, adjustment.note(), adjustment.effects_applied
     ratio = np.clip(ratio, MIN_RATIO, 1.0)
+    point = np.clip(point, MIN_RATIO, 1.0)
     n_hat = np.maximum(U[:, 0] / ratio[:, 0], 1.0)
     var_other = (var_long + period_var[None, :]
                  + calibration.interaction_variance[None, :] / period_blocks)
@@ -191,11 +197,16 @@ def correct(estimates: Estimates, calibration: Calibration, slices: KeyDomain | 
         ci_high = np.maximum(ci_high, ci_high * ratio / low_ratio)
         ci_low = np.minimum(ci_low, ci_low * ratio / high_ratio)
         std = np.maximum(std, (ci_high - ci_low) / (2.0 * z))
+    # the point divides by the calibration's point ratio where it has one (the typical period's, above
+    # the mean ratio for a heavy-tailed value); the interval above is the mean ratio's, which covers the
+    # periods that hold the tail, and never excludes the point
+    est = U / point
+    ci_low, ci_high = np.minimum(ci_low, est), np.maximum(ci_high, est)
     ci_low, ci_high = nonnegative_interval(ci_low, ci_high)
     return CorrectedEstimates(
         estimate=est, std_error=std, ci_low=ci_low, ci_high=ci_high,
         capped_estimate=U.copy(),
-        capped_std_error=se.copy(), ratio=ratio, ratio_std_error=np.sqrt(var_other + var_sampling), fallback=fallback,
+        capped_std_error=se.copy(), ratio=point, ratio_std_error=np.sqrt(var_other + var_sampling), fallback=fallback,
         fallback_slices=int(fallback.any(axis=1).sum()), query_names=calibration.query_names, confidence=conf,
         period_blocks=int(period_blocks), retention_checksum=calibration.retention_checksum,
         calendar_note=note, calendar_applied=applied,

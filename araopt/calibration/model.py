@@ -160,6 +160,10 @@ class Calibration:
     Pooled (d+1): ``pooled_ratio`` mu, ``pooled_variance`` Var(mu), ``unseen_variance`` (used for
     slices absent from history), ``between_slice_variance``, ``interaction_variance``,
     ``pooled_kappa``. ``period_variance`` (B, d+1): row P-1 is V_period(P) for P consecutive blocks.
+    ``point_ratio`` (m, d+1, optional): the ratio the point estimate divides by where it differs from
+    ``ratio`` (the privacy-safe tuner's typical-period ratio of a heavy-tailed value,
+    ``optimize.private.typical_day_factors``); the interval stays built around ``ratio``, the mean
+    ratio, so it still covers the periods that hold the tail. None: the point divides by ``ratio``.
     """
 
     params_checksum: str
@@ -184,6 +188,7 @@ class Calibration:
     period_variance: np.ndarray
     num_blocks: int
     block_keys: tuple[str, ...] = ()
+    point_ratio: np.ndarray | None = None
     method: str = METHOD
     format: str = CALIBRATION_FORMAT
 
@@ -241,7 +246,8 @@ class Calibration:
             "period_variance": arr(self.period_variance),
             "slices": {"keys": [list(k) for k in self.slice_keys], "conversions": arr(self.conversions),
                        "blocks": arr(self.slice_blocks), "ratio": arr(self.ratio), "variance": arr(self.variance),
-                       "kappa": arr(self.kappa), "loss_rate": arr(self.loss_rate), "observed": arr(self.observed)},
+                       "kappa": arr(self.kappa), "loss_rate": arr(self.loss_rate), "observed": arr(self.observed),
+                       **({} if self.point_ratio is None else {"point_ratio": arr(self.point_ratio)})},
         }
 
     def to_bytes(self) -> bytes:
@@ -285,6 +291,8 @@ class Calibration:
                 pooled_loss_rate=np.asarray(pooled["loss_rate"], dtype=np.float64),
                 period_variance=np.asarray(data["period_variance"], dtype=np.float64).reshape(-1, d1),
                 num_blocks=data["num_blocks"], block_keys=tuple(str(b) for b in data.get("block_keys", ())),
+                point_ratio=(None if slices.get("point_ratio") is None
+                             else mat(slices["point_ratio"], "slices.point_ratio")),
                 method=data["method"], format=data["format"],
             )
         except KeyError as exc:
@@ -345,7 +353,10 @@ def _validate(cal: Calibration) -> None:
     pv = np.asarray(cal.period_variance)
     if pv.ndim != 2 or pv.shape[1] != d1 or pv.shape[0] < 1:
         raise InvalidInput(f"calibration field period_variance must be (blocks, {d1}), got {pv.shape}")
-    for name in ("ratio", "pooled_ratio"):
+    point_shape = None if cal.point_ratio is None else np.asarray(cal.point_ratio).shape
+    if point_shape is not None and point_shape != (m, d1):
+        raise InvalidInput(f"calibration field point_ratio has shape {point_shape}, expected {(m, d1)}")
+    for name in ("ratio", "pooled_ratio") + (() if cal.point_ratio is None else ("point_ratio",)):
         a = np.asarray(getattr(cal, name), dtype=np.float64)
         if not np.isfinite(a).all() or (a <= 0).any() or (a > 1).any():
             raise InvalidInput(f"calibration field {name}: retention ratios must lie in (0, 1], got "
