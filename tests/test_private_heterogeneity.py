@@ -190,6 +190,17 @@ def test_the_robust_prediction_is_the_plain_one_when_the_model_is_certain():
     doubt = [(1.0, np.array([1.0, 0.8]), np.array([1.0, 1.25])), (1.0, ones, ones),
              (1.0, np.array([1.0, 1.25]), np.array([1.0, 0.8]))]
     assert robust_rmsre_tau(breakdown, ratio, True, zero, taus, doubt) > corrected
+    # a point ratio (``Calibration.point_ratio``) is what the estimate divides by; the doubt of the ratio
+    # (``spread``) is about the mean ratio: T_hat's variance from it is (X / ratio)^2 spread / point^2
+    point = np.full_like(truth, 0.6)
+    spread = np.full_like(truth, 0.01)
+    got = robust_rmsre_tau(breakdown, ratio, True, spread, taus, certain, point)
+    want = ErrorBreakdown(truth, expected / 0.6, variance / 0.36 + 0.01 * (expected / 0.5) ** 2 / 0.36)
+    assert got == pytest.approx(rmsre_tau(want, taus).combined)
+    assert robust_rmsre_tau(breakdown, ratio, [True, False], spread, taus, certain, point) == pytest.approx(
+        rmsre_tau(ErrorBreakdown(truth, expected / np.array([0.6, 1.0]),
+                                 variance / np.array([0.36, 1.0]) + 0.01 * (expected / 0.5) ** 2
+                                 / np.array([0.36, 1.0])), taus).combined)
 
 
 def test_the_model_check_grows_with_the_scatter_and_forgives_what_the_retention_admits():

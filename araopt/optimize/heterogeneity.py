@@ -238,14 +238,17 @@ def ratio_elasticity(values: np.ndarray, scales: np.ndarray, clip: float) -> np.
 
 def robust_rmsre_tau(breakdown: ErrorBreakdown, ratio: np.ndarray, corrected: bool | Sequence[bool],
                      spread: np.ndarray, taus: np.ndarray,
-                     scenarios: Sequence[tuple[float, np.ndarray, np.ndarray]]) -> float:
-    """Predicted RMSRE_tau (Def. 3.2) of a release whose estimate is U / ratio (``corrected``: for every
+                     scenarios: Sequence[tuple[float, np.ndarray, np.ndarray]], point: np.ndarray | None = None
+                     ) -> float:
+    """Predicted RMSRE_tau (Def. 3.2) of a release whose estimate is U / point (``corrected``: for every
     query, or per query) or U, on a pseudo-history day (``breakdown``: its truths, Alg. 4's
     expectations and variances), averaged (in squares) over ``scenarios`` (weight, truth factor, kept
     factor) per slice: under a scenario a slice's true total is the model's times its truth factor and
     the release keeps the expectation times both factors. ``spread`` (m, queries): a further variance
-    of each slice's ratio the model cannot see (value levels through the clip)."""
-    r = np.where(np.asarray(corrected, dtype=bool), np.maximum(ratio, 1e-6), 1.0)
+    of each slice's mean ``ratio`` the model cannot see (value levels through the clip). ``point``: the
+    ratio the estimate divides by where it is not the mean ratio (``Calibration.point_ratio``)."""
+    divisor = ratio if point is None else point
+    r = np.where(np.asarray(corrected, dtype=bool), np.maximum(divisor, 1e-6), 1.0)
     total = 0.0
     weights = 0.0
     for weight, size, kept in scenarios:

@@ -251,7 +251,7 @@ prediction is tomorrow's."""
 
 
 def _over(breakdown: ErrorBreakdown, ratio: np.ndarray, divide: Sequence[bool], spread: np.ndarray, taus: np.ndarray,
-          scenarios: Sequence[tuple[float, np.ndarray, np.ndarray]], tomorrow: float
+          scenarios: Sequence[tuple[float, np.ndarray, np.ndarray]], tomorrow: float, point: np.ndarray
           ) -> Callable[[np.ndarray], float]:
     """A candidate's robust error (``heterogeneity.robust_rmsre_tau``) over days on which its release
     keeps tomorrow's share times each growth (and its calibration divides by the ratio moved alike),
@@ -260,7 +260,7 @@ def _over(breakdown: ErrorBreakdown, ratio: np.ndarray, divide: Sequence[bool], 
         return float(np.sqrt(np.mean([
             tomorrow**2 if abs(g - 1.0) < 1e-9 else
             robust_rmsre_tau(dataclasses.replace(breakdown, expected=breakdown.expected * g), ratio * g, divide,
-                             spread, taus, scenarios) ** 2 for g in np.asarray(growth, dtype=np.float64)])))
+                             spread, taus, scenarios, point * g) ** 2 for g in np.asarray(growth, dtype=np.float64)])))
     return over
 
 
@@ -421,7 +421,8 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         released = with_release_ratios(one.version, recent, model, bootstrap)
         if released.calibration is None:
             continue
-        ratio = _domain_ratio(released.calibration, keys)
+        ratio = _domain_ratio(released.calibration, keys, point=False)
+        point = _domain_ratio(released.calibration, keys)
         spread = _spread(model, released.params, ratio, keys)
         value_spread = spread - _spread(model, released.params, ratio, keys, values=False)
         breakdown = expected_error(day, day_index, domain.num_slices, released.params, Objective.EXACT,
@@ -435,9 +436,9 @@ def private_tune(records: Sequence[ReleaseRecord], epsilon: float, domain: KeyDo
         growth = horizon_growth(model, released.params.count_limit) if probe_day else np.ones(1)
         for correction in CORRECTIONS:
             divide = divided_queries(correction, len(taus_arr))
-            error = robust_rmsre_tau(breakdown, ratio, divide, value_spread, taus_arr, scenarios)
-            centre = robust_rmsre_tau(breakdown, ratio, divide, value_spread, taus_arr, central)
-            over = _over(breakdown, ratio, divide, value_spread, taus_arr, scenarios, error)
+            error = robust_rmsre_tau(breakdown, ratio, divide, value_spread, taus_arr, scenarios, point)
+            centre = robust_rmsre_tau(breakdown, ratio, divide, value_spread, taus_arr, central, point)
+            over = _over(breakdown, ratio, divide, value_spread, taus_arr, scenarios, error, point)
             ahead = over(growth)
             provenance = released.provenance
             if provenance is not None:
@@ -499,16 +500,16 @@ def _domain_keys(domain: KeyDomain) -> list[tuple[Any, ...]]:
     return [tuple(values[c][i] for c in domain.slice_columns) for i in range(domain.num_slices)]
 
 
-def _domain_ratio(cal: Calibration, keys: Sequence[tuple[Any, ...]]) -> np.ndarray:
+def _domain_ratio(cal: Calibration, keys: Sequence[tuple[Any, ...]], point: bool = True) -> np.ndarray:
     """The ratio the calibration's point estimate divides by per declared slice (its ``point_ratio``
-    where it has one; rows in ``keys`` order; unseen slices: pooled)."""
+    where it has one; ``point`` False: the mean ratio; rows in ``keys`` order; unseen slices: pooled)."""
     at = {slice_key(list(k)): i for i, k in enumerate(cal.slice_keys)}
     out = np.tile(np.asarray(cal.pooled_ratio, dtype=np.float64), (len(keys), 1))
-    point = cal.ratio if cal.point_ratio is None else cal.point_ratio
+    point_ratio = cal.ratio if cal.point_ratio is None or not point else cal.point_ratio
     for row, key in enumerate(keys):
         i = at.get(key)
         if i is not None:
-            out[row] = np.where(cal.observed[i], point[i], cal.pooled_ratio)
+            out[row] = np.where(cal.observed[i], point_ratio[i], cal.pooled_ratio)
     return out
 
 
