@@ -733,18 +733,16 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     per_slice[:, 0] = np.clip(ratio[0] * tilt, MIN_RATIO, 1.0)
     per_variance = np.tile(variance, (m, 1))
     pseudo_pooled = np.maximum(np.asarray(cal.pooled_ratio, dtype=np.float64), MIN_RATIO)
+    point = per_slice.copy()
     for q in range(1, len(ratio)):  # the pseudo-history's value ratios hold the slices' own retention
         seen = cal.observed[:, q]
         per_slice[seen, q] = np.clip(cal.ratio[seen, q] * ratio[q] / pseudo_pooled[q], MIN_RATIO, 1.0)
         per_variance[seen, q] += cal.variance[seen, q]
-    per_variance += _spread(model, params, per_slice, keys)
-    pooled_spread = _spread(model, params, ratio[None, :], [()])[0]
-    # the point divides a value by the typical day's ratio, the interval stays the mean ratio's (``Calibration``)
-    point = per_slice.copy()
-    for q in range(1, len(ratio)):
-        seen = cal.observed[:, q]
+        # the point divides a value by the typical day's ratio, the interval stays the mean ratio's (``Calibration``)
         typical = typical_day_factors(model, keys, q - 1, float(params.queries[q - 1].clip_threshold))
         point[seen, q] = np.clip(per_slice[seen, q] * typical[seen], MIN_RATIO, 1.0)
+    per_variance += _spread(model, params, per_slice, keys)
+    pooled_spread = _spread(model, params, ratio[None, :], [()])[0]
     calibration = dataclasses.replace(
         cal, ratio=per_slice, variance=per_variance, pooled_ratio=ratio, pooled_variance=variance + pooled_spread,
         unseen_variance=np.maximum(cal.unseen_variance, variance + pooled_spread),
