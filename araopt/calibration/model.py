@@ -162,8 +162,9 @@ class Calibration:
     ``pooled_kappa``. ``period_variance`` (B, d+1): row P-1 is V_period(P) for P consecutive blocks.
     ``point_ratio`` (m, d+1, optional): the ratio the point estimate divides by where it differs from
     ``ratio`` (the privacy-safe tuner's typical-period ratio of a heavy-tailed value,
-    ``optimize.private.typical_day_factors``); the interval stays built around ``ratio``, the mean
-    ratio, so it still covers the periods that hold the tail. None: the point divides by ``ratio``.
+    ``optimize.private.typical_day_factors``, and its divisor under the retention's doubt,
+    ``optimize.private.shrunk_point``); the interval stays built around ``ratio``, the mean ratio, so it
+    still covers the periods that hold the tail. None: the point divides by ``ratio``.
     """
 
     params_checksum: str
