@@ -200,6 +200,44 @@ def test_tomorrow_s_count_ratio_carries_the_transient_of_the_move_it_makes():
     assert factor * steady == pytest.approx(tomorrow, rel=0.02)  # the releases are the model's own
 
 
+
+def test_a_count_limit_never_released_moves_the_values_ratios_with_the_counts_transient():
+    """No release at the candidate's count limit (C = 3 after ten days at 1): its count ratio is the
+    model's, moved by the transient of the move (``mixing_factor``), and each value's ratio must move by
+    the same factor, keeping the pseudo-history's value over count (values do not go with the rank
+    here). Left at the pseudo-history's steady state, a value was divided by 1.47x its kept share on
+    synth-real-estate at epsilon = 8 (published -0.36 low at C = 11 after days at 5), and every such
+    candidate was scored with that bias."""
+    from araopt.optimize.private import mixing_factor, with_release_ratios
+    from araopt.optimize.private_model import PrivateModel
+    from araopt.optimize.retention import RetentionCurve
+    from araopt.version import ParameterVersion
+    from factories import fitted
+    from tests.test_honest_intervals import _posterior, record
+
+    posterior = _posterior(np.array([1.0, 8.0]))
+    curves = posterior.weights @ posterior.grid_weights
+    schedule = [1] * 10
+    pool = RetentionCurve(curves.mean(axis=0))
+    pool = dataclasses.replace(pool, points=tuple((k, float(pool.ratio(k)[0]), 1e-4) for k in (1, 2, 5, 20)))
+    model = PrivateModel(pool, {(0,): np.array([1000.0]), (1,): np.array([1000.0])},
+                         np.linspace(1.0, 10.0, 50)[:, None], 10, slices=posterior, slice_keys=((0,), (1,)),
+                         schedule=tuple(schedule))
+    records = [record(1, 1000.0 * kept_share(curves, schedule[:d + 1]), 2000.0) for d in range(len(schedule))]
+    params, cal = fitted()  # C = 3
+    before = cal.pooled_ratio.copy()
+    released = with_release_ratios(ParameterVersion(params, calibration=cal, correction="ratio"), records, model)
+    mixing, same = mixing_factor(records, params, model)
+    assert same == [] and mixing < 0.9
+    out = released.calibration
+    assert out is not None
+    assert out.pooled_ratio[0] == pytest.approx(mixing * model.pooled_ratio(kept_per_impression(3)))
+    assert out.pooled_ratio[1] == pytest.approx(cal.pooled_ratio[1] * mixing)
+    # every slice's value ratio moves with it (its own retention from the pseudo-history)
+    np.testing.assert_allclose(out.ratio[:, 1], np.clip(cal.ratio[:, 1] * mixing, 0, 1), rtol=1e-9)
+    np.testing.assert_array_equal(cal.pooled_ratio, before)  # the calibration given is not changed
+
+
 def _pool_weights() -> np.ndarray:
     """t_j of a pool whose impressions convert 1.5 times on average (70%) or 25 times (30%)."""
     n = np.arange(1, 257, dtype=np.float64)

@@ -725,8 +725,8 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
         k = kept_per_impression(params.count_limit)
         bootstrap = CurveBootstrap(model.curve) if bootstrap is None else bootstrap
         variance = np.full(len(ratio), float(bootstrap.ratio_variance([k])[0]))
-    ratio = np.asarray(ratio, dtype=np.float64)
-    variance = np.asarray(variance, dtype=np.float64)
+    ratio = np.array(ratio, dtype=np.float64)  # a copy: the calibration given is not changed
+    variance = np.array(variance, dtype=np.float64)
     m = cal.ratio.shape[0]
     keys = [slice_key(list(k)) for k in cal.slice_keys]
     kept = kept_per_impression(params.count_limit)
@@ -744,8 +744,10 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
             anchored = released_value_shares(same_releases, params, model.values)
             ratio[1:] = np.clip(np.where(np.isfinite(anchored), ratio[0] * anchored, ratio[1:] * mixing),
                                 MIN_RATIO, 1.0)
-    else:
+    else:  # no release at this count limit: the pseudo-history's value over count, moved as the count is
         ratio[0] = float(np.clip(mixing * main_share * pooled_model, MIN_RATIO, 1.0))
+        if not same:
+            ratio[1:] = np.clip(ratio[1:] * mixing, MIN_RATIO, 1.0)
     # the slice's own kept share tomorrow relative to the pool's (after the schedule's moves: ``optimize.transient``)
     table = model.kept_table(count_limit=params.count_limit) if model.schedule else None
     tilt = (model.ratios_of(keys, kept) / pooled_model if table is None
