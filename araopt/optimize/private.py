@@ -707,9 +707,11 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     sum T of past main releases at the same count limit and arms (exact first-party T), else the
     model's, times each slice's retention relative to the pool's (``private_model.PrivateModel``); a
     value query's is the pseudo-history's per-slice ratio (the slices' value levels and retention come
-    from the releases) rescaled to the releases' pooled one. Every slice's variance adds what the
-    calibration does not hold (``_spread``: the posterior variance of its retention, its value level's
-    through the clip): the intervals carry what the model cannot see. ``bootstrap``: the model's
+    from the releases), rescaled to the releases' pooled one when these very parameters were released;
+    its pooled ratio (for slices the pseudo-history did not see) the releases' at its count limit.
+    Every slice's variance adds what the calibration does not hold (``_spread``: the posterior variance
+    of its retention, its value level's through the clip): the intervals carry what the model cannot
+    see. ``bootstrap``: the model's
     curve's (``CurveBootstrap(model.curve)``, fitted once for every candidate of a tuning)."""
     cal = version.calibration
     if cal is None:
@@ -744,10 +746,8 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
             anchored = released_value_shares(same_releases, params, model.values)
             ratio[1:] = np.clip(np.where(np.isfinite(anchored), ratio[0] * anchored, ratio[1:] * mixing),
                                 MIN_RATIO, 1.0)
-    else:  # no release at this count limit: the pseudo-history's value over count, moved as the count is
+    else:
         ratio[0] = float(np.clip(mixing * main_share * pooled_model, MIN_RATIO, 1.0))
-        if not same:
-            ratio[1:] = np.clip(ratio[1:] * mixing, MIN_RATIO, 1.0)
     # the slice's own kept share tomorrow relative to the pool's (after the schedule's moves: ``optimize.transient``)
     table = model.kept_table(count_limit=params.count_limit) if model.schedule else None
     tilt = (model.ratios_of(keys, kept) / pooled_model if table is None
@@ -757,9 +757,15 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     per_variance = np.tile(variance, (m, 1))
     pseudo_pooled = np.maximum(np.asarray(cal.pooled_ratio, dtype=np.float64), MIN_RATIO)
     point = per_slice.copy()
-    for q in range(1, len(ratio)):  # the pseudo-history's value ratios hold the slices' own retention
+    # a slice's value ratio is the pseudo-history's (its own retention, level and clip, in the steady
+    # state), rescaled to the releases' pooled one only when these very parameters were released: the
+    # pseudo-history's pooled ratio is the slices' shrinkage mean, not the releases' conversion-weighted
+    # share (hetero-retail at C = 1: 0.385 against 0.116), and moved by the count's transient the
+    # values lost on hetero-retail and hetero-weekday at epsilon = 1 (docs/private-tuning-log.md, stop 57)
+    scale = ratio / pseudo_pooled if same else np.ones(len(ratio))
+    for q in range(1, len(ratio)):
         seen = cal.observed[:, q]
-        per_slice[seen, q] = np.clip(cal.ratio[seen, q] * ratio[q] / pseudo_pooled[q], MIN_RATIO, 1.0)
+        per_slice[seen, q] = np.clip(cal.ratio[seen, q] * scale[q], MIN_RATIO, 1.0)
         per_variance[seen, q] += cal.variance[seen, q]
         # the point divides a value by the typical day's ratio, the interval stays the mean ratio's (``Calibration``)
         typical = typical_day_factors(model, keys, q - 1, float(params.queries[q - 1].clip_threshold))
