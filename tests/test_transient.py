@@ -201,7 +201,6 @@ def test_tomorrow_s_count_ratio_carries_the_transient_of_the_move_it_makes():
     assert factor * steady == pytest.approx(tomorrow, rel=0.02)  # the releases are the model's own
 
 
-
 def test_a_slice_s_value_ratio_is_the_pseudo_history_s_unless_these_parameters_were_released():
     """``with_release_ratios`` at parameters never released (C = 3 after ten days at 1): the count's
     ratio is the model's moved by the transient of the move (``mixing_factor``); each slice's value

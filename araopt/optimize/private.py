@@ -711,8 +711,8 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     its pooled ratio (for slices the pseudo-history did not see) the releases' at its count limit.
     Every slice's variance adds what the calibration does not hold (``_spread``: the posterior variance
     of its retention, its value level's through the clip): the intervals carry what the model cannot
-    see. ``bootstrap``: the model's
-    curve's (``CurveBootstrap(model.curve)``, fitted once for every candidate of a tuning)."""
+    see. ``bootstrap``: the model's curve's (``CurveBootstrap(model.curve)``, fitted once for every
+    candidate of a tuning)."""
     cal = version.calibration
     if cal is None:
         return version
@@ -760,8 +760,8 @@ def with_release_ratios(version: ParameterVersion, records: Sequence[ReleaseReco
     # a slice's value ratio is the pseudo-history's (its own retention, level and clip, in the steady
     # state), rescaled to the releases' pooled one only when these very parameters were released: the
     # pseudo-history's pooled ratio is the slices' shrinkage mean, not the releases' conversion-weighted
-    # share (hetero-retail at C = 1: 0.385 against 0.116), and moved by the count's transient the
-    # values lost on hetero-retail and hetero-weekday at epsilon = 1 (docs/private-tuning-log.md, stop 57)
+    # share (hetero-retail at C = 1: 0.385 against 0.116); moved by the count's transient, the values
+    # lost on hetero-retail and hetero-weekday at epsilon = 1 (docs/private-tuning-log.md)
     scale = ratio / pseudo_pooled if same else np.ones(len(ratio))
     for q in range(1, len(ratio)):
         seen = cal.observed[:, q]
